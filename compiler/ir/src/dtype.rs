@@ -1,0 +1,98 @@
+//! Element types of IR values.
+
+use std::fmt;
+
+/// The element type of a tensor value.
+///
+/// Quantized types arrive with the quantization work; the float and integer
+/// types here are the ones ONNX models use for activations, weights and
+/// shape arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// IEEE 754 binary32.
+    F32,
+    /// IEEE 754 binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE 754 binary64.
+    F64,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 16-bit integer.
+    I16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Boolean, one byte per element (0 or 1).
+    Bool,
+}
+
+impl DType {
+    /// Every type, in a fixed order (used by the text parser and tests).
+    pub const ALL: [DType; 10] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+
+    /// Size of one element in bytes.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    /// Whether the type is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// Whether the type is a (signed or unsigned) integer type.
+    pub fn is_int(self) -> bool {
+        matches!(
+            self,
+            DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
+        )
+    }
+
+    /// The short name used in the text format (`f32`, `i64`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Parses a name produced by [`DType::name`].
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,296 @@
+//! Type and shape inference: the output type of an op from its input types.
+
+use crate::op::{Conv2d, Op, Pool2d};
+use crate::{DType, IrError, Shape, ValueType};
+
+/// numpy-style broadcast of two shapes.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Shape> {
+    let rank = a.len().max(b.len());
+    let mut out = Shape::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        out.push(match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
+/// Output extent of a sliding window along one axis.
+pub fn window_output_len(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    pad_begin: usize,
+    pad_end: usize,
+    dilation: usize,
+    ceil_mode: bool,
+) -> Option<usize> {
+    let span = dilation.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+    let padded = input + pad_begin + pad_end;
+    if padded < span || stride == 0 {
+        return None;
+    }
+    let steps = padded - span;
+    let mut out = if ceil_mode {
+        steps.div_ceil(stride) + 1
+    } else {
+        steps / stride + 1
+    };
+    // With ceil_mode the last window must start inside the input or left padding.
+    if ceil_mode && (out - 1) * stride >= input + pad_begin {
+        out -= 1;
+    }
+    Some(out)
+}
+
+/// Row-major strides of a shape, in elements.
+pub fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+/// Infers the output type of `op` applied to inputs of types `inputs`.
+pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
+    let name = op.name();
+    let (lo, hi) = op.arity();
+    if inputs.len() < lo || inputs.len() > hi {
+        return Err(IrError::ty(
+            name,
+            format!("takes {lo}..={hi} inputs, got {}", inputs.len()),
+        ));
+    }
+    match op {
+        Op::Input { .. } | Op::Constant(_) => Err(IrError::ty(
+            name,
+            "inputs and constants are added with add_input/add_const",
+        )),
+        Op::Unary(u) => {
+            let x = inputs[0];
+            if !x.dtype.is_float() && !(u.accepts_int() && x.dtype.is_int()) {
+                return Err(IrError::ty(name, format!("unsupported element type {}", x.dtype)));
+            }
+            Ok(x.clone())
+        }
+        Op::Binary(_) => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_dtype(name, a, b)?;
+            if a.dtype == DType::Bool {
+                return Err(IrError::ty(name, "arithmetic on bool"));
+            }
+            let shape = broadcast_shapes(&a.shape, &b.shape).ok_or_else(|| {
+                IrError::ty(name, format!("shapes {a} and {b} do not broadcast"))
+            })?;
+            Ok(ValueType::new(a.dtype, shape))
+        }
+        Op::MatMul => infer_matmul(inputs[0], inputs[1]),
+        Op::Gemm { trans_a, trans_b, .. } => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_dtype(name, a, b)?;
+            float_only(name, a)?;
+            if a.shape.len() != 2 || b.shape.len() != 2 {
+                return Err(IrError::ty(name, format!("A and B must be 2-D, got {a} and {b}")));
+            }
+            let (m, k) = if *trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+            let (k2, n) = if *trans_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            if k != k2 {
+                return Err(IrError::ty(name, format!("inner dimensions differ: {k} vs {k2}")));
+            }
+            if let Some(c) = inputs.get(2) {
+                same_dtype(name, a, c)?;
+                match broadcast_shapes(&c.shape, &[m, n]) {
+                    Some(s) if s.as_slice() == [m, n] => {}
+                    _ => return Err(IrError::ty(name, format!("C {c} does not broadcast to [{m},{n}]"))),
+                }
+            }
+            Ok(ValueType::new(a.dtype, [m, n]))
+        }
+        Op::Conv(c) => infer_conv(c, inputs),
+        Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            if x.shape.len() != 4 {
+                return Err(IrError::ty(name, format!("input must be 4-D NCHW, got {x}")));
+            }
+            let (oh, ow) = pool_output(name, p, x.shape[2], x.shape[3])?;
+            Ok(ValueType::new(x.dtype, [x.shape[0], x.shape[1], oh, ow]))
+        }
+        Op::GlobalAveragePool | Op::GlobalMaxPool => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            if x.shape.len() < 3 {
+                return Err(IrError::ty(name, format!("input must be at least 3-D, got {x}")));
+            }
+            let mut shape = x.shape.clone();
+            for d in shape.iter_mut().skip(2) {
+                *d = 1;
+            }
+            Ok(ValueType::new(x.dtype, shape))
+        }
+        Op::Softmax { axis } => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            if *axis >= x.shape.len() {
+                return Err(IrError::ty(name, format!("axis {axis} out of range for {x}")));
+            }
+            Ok(x.clone())
+        }
+        Op::Reshape { shape } => {
+            let x = inputs[0];
+            let n: usize = shape.iter().product();
+            if n != x.num_elements() {
+                return Err(IrError::ty(
+                    name,
+                    format!("cannot reshape {x} ({} elements) to {:?}", x.num_elements(), shape.as_slice()),
+                ));
+            }
+            Ok(ValueType::new(x.dtype, shape.as_slice()))
+        }
+        Op::Transpose { perm } => {
+            let x = inputs[0];
+            let mut seen = vec![false; x.shape.len()];
+            if perm.len() != x.shape.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
+                return Err(IrError::ty(name, format!("{:?} is not a permutation of the axes of {x}", perm.as_slice())));
+            }
+            Ok(ValueType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Shape>()))
+        }
+        Op::Concat { axis } => {
+            let first = inputs[0];
+            if *axis >= first.shape.len() {
+                return Err(IrError::ty(name, format!("axis {axis} out of range for {first}")));
+            }
+            let mut shape = first.shape.clone();
+            shape[*axis] = 0;
+            for x in inputs {
+                same_dtype(name, first, x)?;
+                let compatible = x.shape.len() == first.shape.len()
+                    && x.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
+                if !compatible {
+                    return Err(IrError::ty(name, format!("{x} does not match {first} outside axis {axis}")));
+                }
+                shape[*axis] += x.shape[*axis];
+            }
+            Ok(ValueType::new(first.dtype, shape))
+        }
+        Op::Gather { axis } => {
+            let (x, idx) = (inputs[0], inputs[1]);
+            if !matches!(idx.dtype, DType::I32 | DType::I64) {
+                return Err(IrError::ty(name, format!("indices must be i32 or i64, got {}", idx.dtype)));
+            }
+            if *axis >= x.shape.len() {
+                return Err(IrError::ty(name, format!("axis {axis} out of range for {x}")));
+            }
+            let mut shape: Shape = x.shape[..*axis].iter().copied().collect();
+            shape.extend(idx.shape.iter().copied());
+            shape.extend(x.shape[*axis + 1..].iter().copied());
+            Ok(ValueType::new(x.dtype, shape))
+        }
+        Op::Slice { axes } => {
+            let x = inputs[0];
+            if axes.len() != x.shape.len() {
+                return Err(IrError::ty(name, format!("{} axis specs for {x}", axes.len())));
+            }
+            for (i, a) in axes.iter().enumerate() {
+                if a.step == 0 {
+                    return Err(IrError::ty(name, "step 0"));
+                }
+                if a.len > 0 {
+                    let last = a.start as i64 + (a.len as i64 - 1) * a.step;
+                    if a.start >= x.shape[i] || last < 0 || last >= x.shape[i] as i64 {
+                        return Err(IrError::ty(name, format!("axis {i} reads outside [0,{})", x.shape[i])));
+                    }
+                }
+            }
+            Ok(ValueType::new(x.dtype, axes.iter().map(|a| a.len).collect::<Shape>()))
+        }
+        Op::Cast { to } => Ok(ValueType::new(*to, inputs[0].shape.clone())),
+    }
+}
+
+fn same_dtype(op: &'static str, a: &ValueType, b: &ValueType) -> Result<(), IrError> {
+    if a.dtype != b.dtype {
+        return Err(IrError::ty(op, format!("element types differ: {} and {}", a.dtype, b.dtype)));
+    }
+    Ok(())
+}
+
+fn float_only(op: &'static str, x: &ValueType) -> Result<(), IrError> {
+    if !x.dtype.is_float() {
+        return Err(IrError::ty(op, format!("needs a float input, got {}", x.dtype)));
+    }
+    Ok(())
+}
+
+fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
+    let name = "matmul";
+    same_dtype(name, a, b)?;
+    if a.dtype == DType::Bool || a.shape.is_empty() || b.shape.is_empty() {
+        return Err(IrError::ty(name, format!("unsupported operands {a} and {b}")));
+    }
+    // 1-D operands are promoted to matrices and the added dim removed after.
+    let a2: Shape = if a.shape.len() == 1 { Shape::from_slice(&[1, a.shape[0]]) } else { a.shape.clone() };
+    let b2: Shape = if b.shape.len() == 1 { Shape::from_slice(&[b.shape[0], 1]) } else { b.shape.clone() };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(IrError::ty(name, format!("inner dimensions differ: {a} @ {b}")));
+    }
+    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])
+        .ok_or_else(|| IrError::ty(name, format!("batch dims of {a} and {b} do not broadcast")))?;
+    let mut shape = batch;
+    if a.shape.len() > 1 {
+        shape.push(m);
+    }
+    if b.shape.len() > 1 {
+        shape.push(n);
+    }
+    Ok(ValueType::new(a.dtype, shape))
+}
+
+fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
+    let name = "conv";
+    let (x, w) = (inputs[0], inputs[1]);
+    same_dtype(name, x, w)?;
+    float_only(name, x)?;
+    if x.shape.len() != 4 || w.shape.len() != 4 {
+        return Err(IrError::ty(name, format!("X and W must be 4-D, got {x} and {w}")));
+    }
+    let (cin, cout) = (x.shape[1], w.shape[0]);
+    if c.group == 0 || cin % c.group != 0 || cout % c.group != 0 || w.shape[1] * c.group != cin {
+        return Err(IrError::ty(
+            name,
+            format!("W {w} does not fit {cin} input channels in {} groups", c.group),
+        ));
+    }
+    if let Some(b) = inputs.get(2) {
+        same_dtype(name, x, b)?;
+        if b.shape.as_slice() != [cout] {
+            return Err(IrError::ty(name, format!("bias must be [{cout}], got {b}")));
+        }
+    }
+    let pool = Pool2d {
+        kernel: [w.shape[2], w.shape[3]],
+        strides: c.strides,
+        pads: c.pads,
+        dilations: c.dilations,
+        ceil_mode: false,
+    };
+    let (oh, ow) = pool_output(name, &pool, x.shape[2], x.shape[3])?;
+    Ok(ValueType::new(x.dtype, [x.shape[0], cout, oh, ow]))
+}
+
+fn pool_output(op: &'static str, p: &Pool2d, h: usize, w: usize) -> Result<(usize, usize), IrError> {
+    let oh = window_output_len(h, p.kernel[0], p.strides[0], p.pads[0], p.pads[2], p.dilations[0], p.ceil_mode);
+    let ow = window_output_len(w, p.kernel[1], p.strides[1], p.pads[1], p.pads[3], p.dilations[1], p.ceil_mode);
+    match (oh, ow) {
+        (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok((oh, ow)),
+        _ => Err(IrError::ty(op, format!("window {:?} does not fit input {h}x{w} with pads {:?}", p.kernel, p.pads))),
+    }
+}

@@ -1,0 +1,40 @@
+//! `kiln-ir`: the typed graph IR at the centre of Kiln.
+//!
+//! A [`Graph`] holds single-output [`Node`]s in a petgraph `StableDiGraph`;
+//! each node carries an [`Op`] with typed attributes and the inferred
+//! [`ValueType`] (element type and concrete shape) of its value. Shapes are
+//! static: the frontend binds symbolic dims before building the graph.
+//!
+//! Every op has type inference ([`infer`]), a verifier rule ([`verify`]), a
+//! naive reference implementation ([`eval`]) and a line in the text format
+//! ([`text`]).
+//!
+//! # Example
+//! ```
+//! use kiln_ir::{Graph, Op, UnaryOp, ValueType, DType};
+//! let mut g = Graph::new();
+//! let x = g.add_input("x", ValueType::new(DType::F32, [2, 3]));
+//! let y = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "relu").unwrap();
+//! g.add_output("y", y);
+//! kiln_ir::verify::verify(&g).unwrap();
+//! ```
+#![deny(missing_docs)]
+
+mod dtype;
+mod error;
+pub mod eval;
+mod graph;
+pub mod infer;
+mod op;
+mod tensor;
+pub mod text;
+pub mod verify;
+
+pub use dtype::DType;
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId, ValueType};
+pub use op::{BinaryOp, Conv2d, Ints, Op, Pool2d, SliceAxis, UnaryOp};
+pub use tensor::{Data, Tensor};
+
+/// A concrete tensor shape.
+pub type Shape = smallvec::SmallVec<[usize; 6]>;

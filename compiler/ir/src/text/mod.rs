@@ -1,0 +1,1 @@
+//! Text format (being written).

@@ -1,0 +1,199 @@
+//! Decoding and validation of the structured sections.
+
+use super::cursor::Reader;
+use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
+use super::{
+    DType, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind, RelocTarget,
+    SectionKind, Step, TensorSpec,
+};
+
+/// Smallest encoded sizes, used to cap counts by the bytes that remain.
+const MIN_TENSOR: usize = 4 + 1 + 4 + 8;
+const RELOC_LEN: usize = 32;
+const MIN_KERNEL: usize = 4 + 8 + 8;
+const MIN_STEP: usize = 4 + 4;
+
+pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
+    let mut r = Reader::new(bytes, SectionKind::Meta);
+    let compiler_version = r.str("compiler version")?;
+    let target = r.str("target")?;
+    let options = r.str("options")?;
+    let source_sha256 = r.sha256("source hash")?;
+    let arena_size = r.u64("arena size")?;
+    let inputs = tensors(&mut r, "input")?;
+    let outputs = tensors(&mut r, "output")?;
+    r.finish()?;
+    let m = Metadata {
+        compiler_version,
+        target,
+        options,
+        source_sha256,
+        inputs,
+        outputs,
+        arena_size,
+    };
+    check_tensors(&m, "input", &m.inputs)?;
+    check_tensors(&m, "output", &m.outputs)?;
+    Ok(m)
+}
+
+fn tensors(r: &mut Reader<'_>, what: &str) -> Result<Vec<TensorSpec>, FormatError> {
+    let count = r.count(&format!("{what} count"), MIN_TENSOR)?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = r.str(&format!("{what} name"))?;
+        let code = r.u8("dtype")?;
+        let dtype = DType::from_u8(code).ok_or(FormatError::UnknownCode {
+            what: "dtype",
+            code: code.into(),
+        })?;
+        let rank = r.count(&format!("rank of {what} '{name}'"), 8)?;
+        let mut shape = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            shape.push(r.u64("dimension")?);
+        }
+        let arena_offset = r.u64("arena offset")?;
+        out.push(TensorSpec {
+            name,
+            dtype,
+            shape,
+            arena_offset,
+        });
+    }
+    Ok(out)
+}
+
+/// Every tensor lies inside the arena; names are unique.
+fn check_tensors(m: &Metadata, what: &str, specs: &[TensorSpec]) -> Result<(), FormatError> {
+    let bad = |detail: String| FormatError::Malformed {
+        section: SectionKind::Meta,
+        detail,
+    };
+    for (i, s) in specs.iter().enumerate() {
+        if specs[..i].iter().any(|o| o.name == s.name) {
+            return Err(bad(format!("{what} name '{}' appears twice", s.name)));
+        }
+        let end = s
+            .checked_byte_len()
+            .and_then(|len| len.checked_add(s.arena_offset));
+        match end {
+            Some(end) if end <= m.arena_size => {}
+            _ => {
+                return Err(bad(format!(
+                    "{what} '{}' ({}, {} bytes at arena offset {}) does not fit in the arena ({} bytes)",
+                    s.name,
+                    s.type_string(),
+                    s.checked_byte_len().map_or("too many".into(), |l| l.to_string()),
+                    s.arena_offset,
+                    m.arena_size
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn kernels(bytes: &[u8], text_len: u64) -> Result<Vec<KernelEntry>, FormatError> {
+    let mut r = Reader::new(bytes, SectionKind::Kernels);
+    let count = r.count("kernel count", MIN_KERNEL)?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = r.str("kernel name")?;
+        let text_offset = r.u64("kernel offset")?;
+        let len = r.u64("kernel length")?;
+        let end = text_offset.checked_add(len).filter(|&e| e <= text_len);
+        if end.is_none() || len == 0 {
+            return Err(r.error(format!(
+                "kernel '{name}' (TEXT bytes {text_offset}..{}) is empty or lies outside TEXT ({text_len} bytes)",
+                text_offset.saturating_add(len)
+            )));
+        }
+        out.push(KernelEntry {
+            name,
+            text_offset,
+            text_len: len,
+        });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+pub(crate) fn relocs(bytes: &[u8], text_len: u64, kernels: usize) -> Result<Vec<Reloc>, FormatError> {
+    let mut r = Reader::new(bytes, SectionKind::Relocs);
+    let count = r.count("relocation count", RELOC_LEN)?;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let offset = r.u64("relocation offset")?;
+        let kind_code = r.u32("relocation kind")?;
+        let target_kind = r.u32("relocation target kind")?;
+        let value = r.u64("relocation target")?;
+        let addend = r.i64("relocation addend")?;
+        let kind = RelocKind::from_u32(kind_code).ok_or(FormatError::UnknownCode {
+            what: "relocation kind",
+            code: kind_code.into(),
+        })?;
+        let end = offset.checked_add(kind.patch_width());
+        if !end.is_some_and(|e| e <= text_len) {
+            return Err(r.error(format!(
+                "relocation {i} patches TEXT bytes {offset}..{}, outside TEXT ({text_len} bytes)",
+                offset.saturating_add(kind.patch_width())
+            )));
+        }
+        let target = match target_kind {
+            TARGET_HOST => u32::try_from(value)
+                .ok()
+                .and_then(HostFn::from_u32)
+                .map(RelocTarget::Host)
+                .ok_or(FormatError::UnknownCode {
+                    what: "host function",
+                    code: value,
+                })?,
+            TARGET_KERNEL => match u32::try_from(value) {
+                Ok(k) if (k as usize) < kernels => RelocTarget::Kernel(k),
+                _ => {
+                    return Err(r.error(format!(
+                        "relocation {i} refers to kernel {value}, but there are {kernels}"
+                    )))
+                }
+            },
+            TARGET_TEXT if value <= text_len => RelocTarget::Text(value),
+            TARGET_TEXT => {
+                return Err(r.error(format!(
+                    "relocation {i} refers to TEXT offset {value}, outside TEXT ({text_len} bytes)"
+                )))
+            }
+            code => {
+                return Err(FormatError::UnknownCode {
+                    what: "relocation target kind",
+                    code: code.into(),
+                })
+            }
+        };
+        out.push(Reloc {
+            offset,
+            kind,
+            target,
+            addend,
+        });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+pub(crate) fn schedule(bytes: &[u8], kernels: usize) -> Result<Vec<Step>, FormatError> {
+    let mut r = Reader::new(bytes, SectionKind::Schedule);
+    let count = r.count("step count", MIN_STEP)?;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let kernel = r.u32("step kernel")?;
+        let node = r.str("step node name")?;
+        if kernel as usize >= kernels {
+            return Err(r.error(format!(
+                "step {i} ('{node}') calls kernel {kernel}, but there are {kernels}"
+            )));
+        }
+        out.push(Step { kernel, node });
+    }
+    r.finish()?;
+    Ok(out)
+}

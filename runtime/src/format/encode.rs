@@ -1,0 +1,73 @@
+//! Encoding of the structured sections (META, RELOCS, KERNELS, SCHEDULE).
+
+use super::cursor::Writer;
+use super::{KernelEntry, Metadata, Reloc, RelocTarget, Step, TensorSpec};
+
+/// On-disk codes of [`RelocTarget`] variants.
+pub(crate) const TARGET_HOST: u32 = 1;
+pub(crate) const TARGET_KERNEL: u32 = 2;
+pub(crate) const TARGET_TEXT: u32 = 3;
+
+pub(crate) fn meta(m: &Metadata) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.str(&m.compiler_version);
+    w.str(&m.target);
+    w.str(&m.options);
+    w.bytes(&m.source_sha256);
+    w.u64(m.arena_size);
+    tensors(&mut w, &m.inputs);
+    tensors(&mut w, &m.outputs);
+    w.0
+}
+
+fn tensors(w: &mut Writer, specs: &[TensorSpec]) {
+    w.len(specs.len());
+    for s in specs {
+        w.str(&s.name);
+        w.u8(s.dtype as u8);
+        w.len(s.shape.len());
+        for &d in &s.shape {
+            w.u64(d);
+        }
+        w.u64(s.arena_offset);
+    }
+}
+
+pub(crate) fn relocs(relocs: &[Reloc]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.len(relocs.len());
+    for r in relocs {
+        let (target_kind, target_value) = match r.target {
+            RelocTarget::Host(h) => (TARGET_HOST, u64::from(h as u32)),
+            RelocTarget::Kernel(k) => (TARGET_KERNEL, u64::from(k)),
+            RelocTarget::Text(t) => (TARGET_TEXT, t),
+        };
+        w.u64(r.offset);
+        w.u32(r.kind as u32);
+        w.u32(target_kind);
+        w.u64(target_value);
+        w.i64(r.addend);
+    }
+    w.0
+}
+
+pub(crate) fn kernels(kernels: &[KernelEntry]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.len(kernels.len());
+    for k in kernels {
+        w.str(&k.name);
+        w.u64(k.text_offset);
+        w.u64(k.text_len);
+    }
+    w.0
+}
+
+pub(crate) fn schedule(steps: &[Step]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.len(steps.len());
+    for s in steps {
+        w.u32(s.kernel);
+        w.str(&s.node);
+    }
+    w.0
+}

@@ -1,0 +1,81 @@
+//! Model metadata: inputs, outputs, arena size and provenance.
+
+use std::fmt;
+
+use super::DType;
+
+/// A model input or output: name, element type, static shape, and where the
+/// tensor lives in the arena (dense, row-major, little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Name of the ONNX graph input or output.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions (empty for a scalar).
+    pub shape: Vec<u64>,
+    /// Byte offset of the tensor in the arena.
+    pub arena_offset: u64,
+}
+
+impl TensorSpec {
+    /// Number of elements, or `None` on overflow.
+    pub fn num_elements(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Size of the tensor in bytes, or `None` on overflow.
+    pub fn checked_byte_len(&self) -> Option<u64> {
+        self.num_elements()?
+            .checked_mul(self.dtype.size_bytes() as u64)
+    }
+
+    /// Size of the tensor in bytes (saturating at `u64::MAX`; specs of a
+    /// parsed artifact never overflow).
+    pub fn byte_len(&self) -> u64 {
+        self.checked_byte_len().unwrap_or(u64::MAX)
+    }
+
+    /// The type as written in messages: `f32[1,3,224,224]`.
+    pub fn type_string(&self) -> String {
+        type_string(self.dtype, &self.shape)
+    }
+}
+
+/// Formats a dtype and shape as `f32[1,3,224,224]` (`f32[]` for a scalar).
+pub fn type_string(dtype: DType, shape: &[u64]) -> String {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("{dtype}[{}]", dims.join(","))
+}
+
+impl fmt::Display for TensorSpec {
+    /// `name: f32[1,3] @ arena+64`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} @ arena+{}",
+            self.name,
+            self.type_string(),
+            self.arena_offset
+        )
+    }
+}
+
+/// Everything about the model that is not code or weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// Version of the compiler that wrote the artifact.
+    pub compiler_version: String,
+    /// Target name as given to the compiler (`x86_64-v3`, `native`, ...).
+    pub target: String,
+    /// Compile options, as text (for `kiln inspect`).
+    pub options: String,
+    /// SHA-256 of the source model file.
+    pub source_sha256: [u8; 32],
+    /// Model inputs, in declared order.
+    pub inputs: Vec<TensorSpec>,
+    /// Model outputs, in declared order.
+    pub outputs: Vec<TensorSpec>,
+    /// Size of the arena (activations, inputs, outputs, scratch) in bytes.
+    pub arena_size: u64,
+}

@@ -1,0 +1,102 @@
+//! Addresses of the host functions artifact code may call ([`HostFn`]).
+
+use crate::format::HostFn;
+
+// The C math library; Rust's std already links it on Linux, the attribute
+// makes the dependency explicit (and matters for the staticlib).
+#[cfg_attr(target_os = "linux", link(name = "m"))]
+extern "C" {
+    fn expf(x: f32) -> f32;
+    fn logf(x: f32) -> f32;
+    fn tanhf(x: f32) -> f32;
+    fn powf(x: f32, y: f32) -> f32;
+    fn sinf(x: f32) -> f32;
+    fn cosf(x: f32) -> f32;
+    fn floorf(x: f32) -> f32;
+    fn ceilf(x: f32) -> f32;
+    fn truncf(x: f32) -> f32;
+    fn nearbyintf(x: f32) -> f32;
+    fn fmaf(x: f32, y: f32, z: f32) -> f32;
+    fn fmodf(x: f32, y: f32) -> f32;
+    fn sqrtf(x: f32) -> f32;
+    fn exp(x: f64) -> f64;
+    fn log(x: f64) -> f64;
+    fn tanh(x: f64) -> f64;
+    fn pow(x: f64, y: f64) -> f64;
+    fn floor(x: f64) -> f64;
+    fn ceil(x: f64) -> f64;
+    fn trunc(x: f64) -> f64;
+    fn nearbyint(x: f64) -> f64;
+    fn fma(x: f64, y: f64, z: f64) -> f64;
+    fn fmod(x: f64, y: f64) -> f64;
+    fn sqrt(x: f64) -> f64;
+    fn erff(x: f32) -> f32;
+    fn atanf(x: f32) -> f32;
+    fn atan2f(y: f32, x: f32) -> f32;
+    fn sinhf(x: f32) -> f32;
+    fn coshf(x: f32) -> f32;
+    fn asinf(x: f32) -> f32;
+    fn acosf(x: f32) -> f32;
+    fn tanf(x: f32) -> f32;
+}
+
+type F1 = unsafe extern "C" fn(f32) -> f32;
+type F2 = unsafe extern "C" fn(f32, f32) -> f32;
+type F3 = unsafe extern "C" fn(f32, f32, f32) -> f32;
+type D1 = unsafe extern "C" fn(f64) -> f64;
+type D2 = unsafe extern "C" fn(f64, f64) -> f64;
+type D3 = unsafe extern "C" fn(f64, f64, f64) -> f64;
+
+/// The address of `f` in this process.
+pub(crate) fn address(f: HostFn) -> u64 {
+    let addr = match f {
+        HostFn::Expf => expf as F1 as usize,
+        HostFn::Logf => logf as F1 as usize,
+        HostFn::Tanhf => tanhf as F1 as usize,
+        HostFn::Powf => powf as F2 as usize,
+        HostFn::Sinf => sinf as F1 as usize,
+        HostFn::Cosf => cosf as F1 as usize,
+        HostFn::Floorf => floorf as F1 as usize,
+        HostFn::Ceilf => ceilf as F1 as usize,
+        HostFn::Truncf => truncf as F1 as usize,
+        HostFn::Nearbyintf => nearbyintf as F1 as usize,
+        HostFn::Fmaf => fmaf as F3 as usize,
+        HostFn::Fmodf => fmodf as F2 as usize,
+        HostFn::Sqrtf => sqrtf as F1 as usize,
+        HostFn::Exp => exp as D1 as usize,
+        HostFn::Log => log as D1 as usize,
+        HostFn::Tanh => tanh as D1 as usize,
+        HostFn::Pow => pow as D2 as usize,
+        HostFn::Floor => floor as D1 as usize,
+        HostFn::Ceil => ceil as D1 as usize,
+        HostFn::Trunc => trunc as D1 as usize,
+        HostFn::Nearbyint => nearbyint as D1 as usize,
+        HostFn::Fma => fma as D3 as usize,
+        HostFn::Fmod => fmod as D2 as usize,
+        HostFn::Sqrt => sqrt as D1 as usize,
+        HostFn::Erff => erff as F1 as usize,
+        HostFn::Atanf => atanf as F1 as usize,
+        HostFn::Atan2f => atan2f as F2 as usize,
+        HostFn::Sinhf => sinhf as F1 as usize,
+        HostFn::Coshf => coshf as F1 as usize,
+        HostFn::Asinf => asinf as F1 as usize,
+        HostFn::Acosf => acosf as F1 as usize,
+        HostFn::Tanf => tanf as F1 as usize,
+    };
+    addr as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_host_fn_resolves() {
+        for f in HostFn::ALL {
+            assert_ne!(address(f), 0, "{}", f.name());
+        }
+        // SAFETY: the address is libm's expf, whose signature is F1.
+        let e: F1 = unsafe { std::mem::transmute(address(HostFn::Expf) as usize) };
+        assert_eq!(unsafe { e(0.0) }, 1.0);
+    }
+}
