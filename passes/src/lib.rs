@@ -1,1 +1,26 @@
-//! placeholder
+//! `kiln-passes`: the pass manager and the graph-to-graph passes.
+//!
+//! A pass is a [`Pass`]: a name and `run(&mut Graph) -> Result<PassStats>`.
+//! The [`PassManager`] runs a pipeline chosen by optimization level or by an
+//! explicit list of names, optionally verifies the graph after each pass and
+//! records per-pass statistics and timings.
+//!
+//! # Example
+//! ```
+//! use kiln_passes::{PassManager, PipelineOptions};
+//! let mut g = kiln_ir::Graph::new();
+//! let pm = PassManager::for_level(1).unwrap();
+//! let report = pm.run(&mut g, &PipelineOptions::default()).unwrap();
+//! assert_eq!(report.passes.len(), 2);
+//! ```
+#![deny(missing_docs)]
+
+mod dce;
+mod fold_constants;
+mod manager;
+
+pub use dce::DeadCodeElimination;
+pub use fold_constants::FoldConstants;
+pub use manager::{
+    Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
+};

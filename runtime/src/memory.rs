@@ -74,10 +74,7 @@ impl Drop for AlignedBuf {
 /// aligned, otherwise copied.
 pub(crate) enum Weights {
     /// A range of the mapped artifact file.
-    Mapped {
-        map: memmap2::Mmap,
-        offset: usize,
-    },
+    Mapped { map: memmap2::Mmap, offset: usize },
     /// An aligned copy.
     Owned(AlignedBuf),
 }
@@ -89,7 +86,7 @@ impl Weights {
         map: memmap2::Mmap,
         range: std::ops::Range<usize>,
     ) -> Result<Weights, Error> {
-        if (map.as_ptr() as usize + range.start) % ALIGN == 0 {
+        if (map.as_ptr() as usize + range.start).is_multiple_of(ALIGN) {
             Ok(Weights::Mapped {
                 map,
                 offset: range.start,

@@ -1,1 +1,149 @@
-//! placeholder
+//! Shared helpers for Kiln's end-to-end tests: fixture discovery, compiling
+//! a fixture, running it through the runtime and comparing with the
+//! committed onnxruntime references.
+//!
+//! Fixtures live in `fixtures/models/<name>/` (see `fixtures/README.md`).
+
+use kiln::compare::{compare, Comparison};
+use kiln::driver::{compile, CompileOptions};
+use kiln_runtime::{Model, Tensor};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// One fixture directory with its `meta.json`.
+pub struct Fixture {
+    /// Fixture name (directory name).
+    pub name: String,
+    /// Directory.
+    pub dir: PathBuf,
+    /// Parsed `meta.json`.
+    pub meta: Value,
+}
+
+impl Fixture {
+    /// Loads the fixture `name`.
+    pub fn load(name: &str) -> Fixture {
+        let dir = repo_root().join("fixtures/models").join(name);
+        let text = std::fs::read_to_string(dir.join("meta.json"))
+            .unwrap_or_else(|e| panic!("{name}: meta.json: {e}"));
+        Fixture {
+            name: name.to_string(),
+            meta: serde_json::from_str(&text).expect("meta.json parses"),
+            dir,
+        }
+    }
+
+    /// Every fixture name, sorted.
+    pub fn all_names() -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(repo_root().join("fixtures/models"))
+            .expect("fixtures/models exists")
+            .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Compile options binding the fixture's input shapes.
+    pub fn compile_options(&self) -> CompileOptions {
+        let mut opts = CompileOptions::default();
+        if let Some(shapes) = self.meta["input_shapes"].as_object() {
+            for (name, dims) in shapes {
+                let dims = dims
+                    .as_array()
+                    .expect("dims array")
+                    .iter()
+                    .map(|d| d.as_u64().expect("dim") as usize)
+                    .collect();
+                opts.import.input_shapes.insert(name.clone(), dims);
+            }
+        }
+        opts
+    }
+
+    /// The model path.
+    pub fn model_path(&self) -> PathBuf {
+        self.dir.join("model.onnx")
+    }
+
+    /// Compiles the fixture with `opts`, returning the artifact bytes.
+    pub fn compile_with(&self, opts: &CompileOptions) -> Result<Vec<u8>, String> {
+        compile(&self.model_path(), opts)
+            .map(|c| c.bytes)
+            .map_err(|e| format!("{}: compile: {e}", self.name))
+    }
+
+    fn tensors(&self, key: &str) -> Vec<Tensor> {
+        self.meta[key]
+            .as_array()
+            .expect("io list")
+            .iter()
+            .map(|io| {
+                let name = io["name"].as_str().expect("name");
+                let file = io["file"].as_str().expect("file");
+                kiln::npy::read_tensor(name, &self.dir.join(file))
+                    .unwrap_or_else(|e| panic!("{}: {e}", self.name))
+            })
+            .collect()
+    }
+
+    /// The reference inputs.
+    pub fn inputs(&self) -> Vec<Tensor> {
+        self.tensors("inputs")
+    }
+
+    /// The onnxruntime reference outputs.
+    pub fn reference_outputs(&self) -> Vec<Tensor> {
+        self.tensors("outputs")
+    }
+}
+
+/// Loads artifact bytes and runs them on `inputs`.
+pub fn run_artifact(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    let mut model = Model::from_bytes(bytes).map_err(|e| format!("load: {e}"))?;
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    model.run(&views).map_err(|e| format!("run: {e}"))
+}
+
+/// Compiles a fixture for the native target, runs it on its reference
+/// inputs, and compares every output with the onnxruntime reference.
+pub fn check_fixture(fixture: &Fixture) -> Result<Vec<Comparison>, String> {
+    let bytes = fixture.compile_with(&fixture.compile_options())?;
+    let outputs = run_artifact(&bytes, &fixture.inputs()).map_err(|e| format!("{}: {e}", fixture.name))?;
+    let references = fixture.reference_outputs();
+    if outputs.len() != references.len() {
+        return Err(format!(
+            "{}: {} outputs, reference has {}",
+            fixture.name,
+            outputs.len(),
+            references.len()
+        ));
+    }
+    Ok(outputs
+        .iter()
+        .zip(&references)
+        .map(|(o, r)| compare(o, r))
+        .collect())
+}
+
+/// Index of the largest value in each row of a `[rows, classes]` tensor.
+pub fn argmax_rows(t: &Tensor) -> Vec<usize> {
+    let classes = *t.shape.last().expect("rank >= 1") as usize;
+    let values = t.to_f32_vec().expect("f32 output");
+    values
+        .chunks(classes)
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+                .0
+        })
+        .collect()
+}

@@ -1,1 +1,21 @@
-//! placeholder
+//! `kiln`: the compiler driver behind the `kiln` command.
+//!
+//! [`driver::compile`] runs the whole pipeline: ONNX import
+//! (`kiln-onnx`), the pass pipeline (`kiln-passes`), code generation for the
+//! chosen target (`kiln-target-cpu`) and artifact serialization
+//! (`kiln-runtime`'s format). [`npy`] reads and writes `.npy`/`.npz`
+//! tensors for `kiln run`. The binary in `main.rs` only parses arguments
+//! and renders results and errors for people or, with `--json`, machines.
+//!
+//! # Example
+//! ```no_run
+//! use kiln::driver::{compile, CompileOptions};
+//! let out = compile(std::path::Path::new("model.onnx"), &CompileOptions::default())?;
+//! std::fs::write("model.kiln", &out.bytes)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod compare;
+pub mod driver;
+pub mod npy;

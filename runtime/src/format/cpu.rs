@@ -229,8 +229,14 @@ mod detect {
         add(is_x86_feature_detected!("avx512vl"), CpuFeatures::AVX512VL);
         add(is_x86_feature_detected!("avx512dq"), CpuFeatures::AVX512DQ);
         add(is_x86_feature_detected!("avx512bw"), CpuFeatures::AVX512BW);
-        add(is_x86_feature_detected!("avx512vnni"), CpuFeatures::AVX512VNNI);
-        add(is_x86_feature_detected!("avx512bf16"), CpuFeatures::AVX512BF16);
+        add(
+            is_x86_feature_detected!("avx512vnni"),
+            CpuFeatures::AVX512VNNI,
+        );
+        add(
+            is_x86_feature_detected!("avx512bf16"),
+            CpuFeatures::AVX512BF16,
+        );
         f
     }
 }
@@ -266,7 +272,10 @@ mod tests {
         let f = CpuFeatures::AVX2 | CpuFeatures::FMA | CpuFeatures(1 << 40);
         assert_eq!(f.names(), ["avx2", "fma"]);
         assert_eq!(f.describe(), ["avx2", "fma", "unknown feature bit 40"]);
-        assert_eq!(CpuFeatures::from_name("avx512vnni"), Some(CpuFeatures::AVX512VNNI));
+        assert_eq!(
+            CpuFeatures::from_name("avx512vnni"),
+            Some(CpuFeatures::AVX512VNNI)
+        );
         assert_eq!(CpuFeatures::NONE.to_string(), "none");
     }
 

@@ -176,12 +176,19 @@ mod tests {
         let msg = err.unwrap_err().to_string();
         assert!(msg.contains("kernel name needs 4294967295 bytes"), "{msg}");
         let err = Reader::new(&w.0, SectionKind::Relocs).count("relocation count", 32);
-        assert!(err.unwrap_err().to_string().contains("relocation count is 4294967295"));
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("relocation count is 4294967295"));
     }
 
     #[test]
     fn trailing_bytes_are_refused() {
         let r = Reader::new(&[1, 2], SectionKind::Schedule);
-        assert!(r.finish().unwrap_err().to_string().contains("2 unexpected bytes"));
+        assert!(r
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .contains("2 unexpected bytes"));
     }
 }

@@ -3,8 +3,8 @@
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    DType, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind, RelocTarget,
-    SectionKind, Step, TensorSpec,
+    DType, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind, RelocTarget, SectionKind,
+    Step, TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -118,7 +118,11 @@ pub(crate) fn kernels(bytes: &[u8], text_len: u64) -> Result<Vec<KernelEntry>, F
     Ok(out)
 }
 
-pub(crate) fn relocs(bytes: &[u8], text_len: u64, kernels: usize) -> Result<Vec<Reloc>, FormatError> {
+pub(crate) fn relocs(
+    bytes: &[u8],
+    text_len: u64,
+    kernels: usize,
+) -> Result<Vec<Reloc>, FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Relocs);
     let count = r.count("relocation count", RELOC_LEN)?;
     let mut out = Vec::with_capacity(count);
@@ -133,7 +137,7 @@ pub(crate) fn relocs(bytes: &[u8], text_len: u64, kernels: usize) -> Result<Vec<
             code: kind_code.into(),
         })?;
         let end = offset.checked_add(kind.patch_width());
-        if !end.is_some_and(|e| e <= text_len) {
+        if end.is_none_or(|e| e > text_len) {
             return Err(r.error(format!(
                 "relocation {i} patches TEXT bytes {offset}..{}, outside TEXT ({text_len} bytes)",
                 offset.saturating_add(kind.patch_width())

@@ -220,7 +220,9 @@ pub fn read_header(file: &[u8]) -> Result<Header, FormatError> {
         code: arch_code.into(),
     })?;
     if le_u32(file, 28) != 0 {
-        return Err(FormatError::SectionTable("reserved header field is not zero".into()));
+        return Err(FormatError::SectionTable(
+            "reserved header field is not zero".into(),
+        ));
     }
     let sections = read_table(file, table_end)?;
     Ok(Header {
@@ -268,7 +270,10 @@ fn read_table(file: &[u8], table_end: usize) -> Result<Vec<SectionEntry>, Format
             )));
         };
         // `offset` and `end` are within the file, so they fit in usize.
-        if file[prev_end as usize..offset as usize].iter().any(|&b| b != 0) {
+        if file[prev_end as usize..offset as usize]
+            .iter()
+            .any(|&b| b != 0)
+        {
             return Err(FormatError::SectionTable(format!(
                 "padding before section {expected} is not zero"
             )));

@@ -21,7 +21,9 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Number of elements, or `None` on overflow.
     pub fn num_elements(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Size of the tensor in bytes, or `None` on overflow.

@@ -1,1 +1,181 @@
-//! placeholder
+//! `kiln-target-cpu`: Kiln's CPU code generator.
+//!
+//! [`compile`] turns a (shape-static) [`kiln_ir::Graph`] into a
+//! [`kiln_runtime::format::Artifact`]:
+//!
+//! 1. **ISA** ([`CpuTarget`]): a fixed Cranelift ISA (x86-64 or AArch64) with
+//!    explicit feature flags; the same features are recorded in the artifact
+//!    so the runtime refuses CPUs that lack them.
+//! 2. **Memory plan**: constants go to the weights blob (64-byte aligned,
+//!    deduplicated), every other value gets a 64-byte aligned region of the
+//!    arena (a linear plan; Reshape aliases its input when that is safe).
+//! 3. **Lowering**: one Cranelift function per IR node (plus copy kernels for
+//!    outputs that are graph inputs or constants). Every kernel has the ABI
+//!    `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32` and returns
+//!    0, or 1 when a Gather index is out of range. Operand addresses are
+//!    compile-time offsets from those two pointers; loops have compile-time
+//!    trip counts; f32 work uses `f32x4` vectors with scalar tails.
+//! 4. **Emission**: each function is compiled with `Context::compile` alone;
+//!    the code (with its constant pool) is placed in one TEXT blob and its
+//!    relocations are translated to the artifact's own kinds (host `libm`
+//!    calls become absolute 64-bit addresses the loader patches).
+//!
+//! The same graph and options always give byte-identical artifacts.
+//!
+//! # Example
+//! ```
+//! use kiln_ir::{Graph, Op, UnaryOp, ValueType, DType};
+//! use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+//! let mut g = Graph::new();
+//! let x = g.add_input("x", ValueType::new(DType::F32, [2, 3]));
+//! let y = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "relu").unwrap();
+//! g.add_output("y", y);
+//! let opts = CpuOptions { target: CpuTarget::Aarch64, opt_level: 2 };
+//! let artifact = compile(&g, &opts, ArtifactInfo::default()).unwrap();
+//! assert_eq!(artifact.kernels.len(), 1);
+//! ```
+#![deny(missing_docs)]
+
+mod emit;
+mod isa;
+mod lower;
+mod plan;
+
+pub use isa::CpuTarget;
+
+use kiln_runtime::format::{Artifact, Metadata};
+
+/// Options of the CPU target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// The ISA level to generate code for.
+    pub target: CpuTarget,
+    /// Cranelift optimization: 0 = `none`, anything else = `speed`.
+    pub opt_level: u8,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            target: CpuTarget::Native,
+            opt_level: 2,
+        }
+    }
+}
+
+/// Provenance recorded in the artifact's metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArtifactInfo {
+    /// Version of the compiler writing the artifact.
+    pub compiler_version: String,
+    /// Compile options, as text (shown by `kiln inspect`).
+    pub options: String,
+    /// SHA-256 of the source model.
+    pub source_sha256: [u8; 32],
+}
+
+/// Why a graph could not be compiled for the CPU.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// The target name is not one of `native`, `x86_64-v3`, `x86_64-avx512`,
+    /// `aarch64`.
+    #[error("unknown CPU target '{0}' (expected native, x86_64-v3, x86_64-avx512 or aarch64)")]
+    UnknownTarget(String),
+    /// The target cannot be built here (e.g. `native` on an unsupported host).
+    #[error("CPU target {target}: {message}")]
+    Isa {
+        /// The target.
+        target: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The op (or this use of it) has no CPU lowering.
+    #[error("node '{node}': {op} is not supported by the CPU target: {detail}")]
+    UnsupportedOp {
+        /// Node name.
+        node: String,
+        /// Op name.
+        op: &'static str,
+        /// What exactly is unsupported.
+        detail: String,
+    },
+    /// The op has no CPU lowering for this element type.
+    #[error("node '{node}': {op} on {dtype} is not supported by the CPU target")]
+    UnsupportedDType {
+        /// Node name.
+        node: String,
+        /// Op name.
+        op: &'static str,
+        /// The element type.
+        dtype: kiln_ir::DType,
+    },
+    /// Cranelift rejected the generated function.
+    #[error("node '{node}': code generation failed: {message}")]
+    Codegen {
+        /// Node name.
+        node: String,
+        /// Cranelift's message.
+        message: String,
+    },
+    /// The generated code needs a relocation the artifact format cannot
+    /// express.
+    #[error("node '{node}': unsupported relocation {kind} to {target}")]
+    UnsupportedReloc {
+        /// Node name.
+        node: String,
+        /// Cranelift's relocation kind.
+        kind: String,
+        /// The relocation target.
+        target: String,
+    },
+    /// The graph is malformed (e.g. a cycle).
+    #[error(transparent)]
+    Graph(#[from] kiln_ir::IrError),
+    /// A size or offset does not fit the target's limits.
+    #[error("node '{node}': {message}")]
+    TooLarge {
+        /// Node name.
+        node: String,
+        /// What overflowed.
+        message: String,
+    },
+}
+
+/// Compiles `graph` for the CPU target `opts.target`.
+///
+/// Shapes must be static (they are, in the IR). The result is deterministic:
+/// the same graph, options and `meta` give the same artifact.
+pub fn compile(
+    graph: &kiln_ir::Graph,
+    opts: &CpuOptions,
+    meta: ArtifactInfo,
+) -> Result<Artifact, CpuError> {
+    let target = isa::build(opts)?;
+    let order = graph.topo_order()?;
+    let mut plan = plan::plan(graph, &order)?;
+    let mut text = emit::Text::new(target.arch);
+    for job in plan.jobs.clone() {
+        let name = job.name(graph);
+        let func = lower::lower_job(graph, &mut plan, &job, &target)?;
+        text.add(&name, func, &target)?;
+    }
+    let (text, kernels, relocs, schedule) = text.finish();
+    Ok(Artifact {
+        arch: target.arch,
+        features: target.features,
+        metadata: Metadata {
+            compiler_version: meta.compiler_version,
+            target: opts.target.to_string(),
+            options: meta.options,
+            source_sha256: meta.source_sha256,
+            inputs: plan.inputs,
+            outputs: plan.outputs,
+            arena_size: plan.arena_size,
+        },
+        weights: plan.weights.into_bytes(),
+        text,
+        kernels,
+        relocs,
+        schedule,
+    })
+}

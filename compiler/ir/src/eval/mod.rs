@@ -1,1 +1,519 @@
-//! Reference evaluator (being written).
+//! Naive reference evaluator: the ground truth for constant folding and for
+//! checking that a pass preserved a graph's meaning.
+//!
+//! Semantics are ONNX's. Arithmetic:
+//! - `f32` values are computed in `f32`, except that dot products (MatMul,
+//!   Gemm, Conv) and sums (AveragePool, GlobalAveragePool, the Softmax
+//!   denominator) accumulate in `f64` and are rounded to `f32` once;
+//!   elementwise ops go through the `f64` scalar semantics of
+//!   [`UnaryOp::apply`](crate::UnaryOp::apply) and
+//!   [`BinaryOp::apply_f64`](crate::BinaryOp::apply_f64) and are rounded once;
+//! - `f64` values are computed in `f64`;
+//! - `f16` and `bf16` values are widened to `f32`, computed as `f32`, and
+//!   rounded back;
+//! - integers use wrapping integer semantics; an integer division by zero is
+//!   an [`IrError::Eval`] error.
+//!
+//! Layout ops (Reshape, Transpose, Concat, Gather, Slice, Cast) work for
+//! every element type.
+
+mod conv;
+mod elementwise;
+mod layout;
+mod linalg;
+mod pool;
+mod softmax;
+
+use crate::infer::strides_of;
+use crate::{infer, DType, Data, Graph, IrError, NodeId, Op, Tensor, ValueType};
+use half::{bf16, f16};
+use std::collections::HashMap;
+use std::ops::{Add, Div, Mul, Sub};
+
+/// Evaluates one op on constant inputs; the output type equals
+/// [`infer::infer`] of the op on the input types.
+///
+/// `Op::Constant` (with no inputs) evaluates to its tensor; `Op::Input` has
+/// no value outside [`eval_graph`] and is an error.
+pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
+    let name = op.name();
+    match op {
+        Op::Input { .. } => {
+            return Err(eval_err(name, "a graph input has no value outside eval_graph"))
+        }
+        Op::Constant(t) if inputs.is_empty() => return Ok(t.clone()),
+        Op::Constant(_) => return Err(eval_err(name, "a constant takes no inputs")),
+        _ => {}
+    }
+    let types: Vec<ValueType> = inputs
+        .iter()
+        .map(|t| ValueType::new(t.dtype(), t.shape()))
+        .collect();
+    let type_refs: Vec<&ValueType> = types.iter().collect();
+    let out = infer::infer(op, &type_refs)?;
+    let data = match op {
+        Op::Input { .. } | Op::Constant(_) => unreachable!("handled above"),
+        Op::Reshape { .. } => return layout::reshape(inputs[0], &out),
+        Op::Cast { to } => return Ok(layout::cast(inputs[0], *to)),
+        Op::Unary(u) => elementwise::unary(*u, inputs[0])?,
+        Op::Binary(b) => elementwise::binary(*b, inputs[0], inputs[1], &out)?,
+        Op::MatMul => linalg::matmul(inputs[0], inputs[1], &out)?,
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => linalg::gemm(*alpha, *beta, *trans_a, *trans_b, inputs, &out)?,
+        Op::Conv(c) => conv::conv(c, inputs, &out)?,
+        Op::MaxPool(p) => pool::max_pool(p, inputs[0], &out)?,
+        Op::AveragePool {
+            pool,
+            count_include_pad,
+        } => pool::average_pool(pool, *count_include_pad, inputs[0], &out)?,
+        Op::GlobalAveragePool => pool::global_pool(false, inputs[0])?,
+        Op::GlobalMaxPool => pool::global_pool(true, inputs[0])?,
+        Op::Softmax { axis } => softmax::softmax(*axis, inputs[0])?,
+        Op::Transpose { perm } => layout::transpose(perm, inputs[0], &out),
+        Op::Concat { axis } => layout::concat(*axis, inputs)?,
+        Op::Gather { axis } => layout::gather(*axis, inputs[0], inputs[1])?,
+        Op::Slice { axes } => layout::slice(axes, inputs[0], &out),
+    };
+    if data.dtype() != out.dtype {
+        return Err(eval_err(
+            name,
+            format!("internal: produced {} for a {} value", data.dtype(), out),
+        ));
+    }
+    let n = data.len();
+    Tensor::new(&out.shape, data).ok_or_else(|| {
+        eval_err(
+            name,
+            format!("internal: produced {n} elements for a {out} value"),
+        )
+    })
+}
+
+/// Runs a whole graph on the given graph inputs (in graph input order) and
+/// returns its outputs in graph output order.
+///
+/// Each input must have the type of its `Input` node. Intermediate values are
+/// dropped as soon as their last user has run.
+pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrError> {
+    if inputs.len() != graph.inputs().len() {
+        return Err(eval_err(
+            "input",
+            format!(
+                "the graph has {} inputs, got {} values",
+                graph.inputs().len(),
+                inputs.len()
+            ),
+        ));
+    }
+    for (&id, t) in graph.inputs().iter().zip(inputs) {
+        let node = graph.node(id);
+        if t.dtype() != node.ty.dtype || t.shape() != &node.ty.shape {
+            return Err(eval_err(
+                "input",
+                format!(
+                    "input '{}' is {} but got a {}{:?} value",
+                    node.name,
+                    node.ty,
+                    t.dtype(),
+                    t.shape().as_slice()
+                ),
+            ));
+        }
+    }
+    let order = graph.topo_order()?;
+    // Remaining uses of each value (edges plus graph outputs), so that
+    // intermediates can be freed early.
+    let mut uses: HashMap<NodeId, usize> = HashMap::new();
+    for &id in &order {
+        for input in graph.inputs_of(id) {
+            *uses.entry(input).or_default() += 1;
+        }
+    }
+    for (_, id) in graph.outputs() {
+        *uses.entry(*id).or_default() += 1;
+    }
+    let mut values: HashMap<NodeId, Tensor> = HashMap::new();
+    for id in order {
+        let node = graph.node(id);
+        let at_node = |e: IrError| annotate(e, &node.name);
+        let value = match &node.op {
+            Op::Input { index } => inputs.get(*index).cloned().ok_or_else(|| {
+                eval_err("input", format!("no value for graph input #{index}"))
+            })?,
+            op => {
+                let args = graph.inputs_of(id);
+                let value = {
+                    let arg_values = args
+                        .iter()
+                        .map(|a| values.get(a))
+                        .collect::<Option<Vec<&Tensor>>>()
+                        .ok_or_else(|| at_node(eval_err(op.name(), "an input has no value")))?;
+                    eval(op, &arg_values).map_err(at_node)?
+                };
+                for a in args {
+                    let left = uses.get_mut(&a).expect("counted above");
+                    *left -= 1;
+                    if *left == 0 {
+                        values.remove(&a);
+                    }
+                }
+                value
+            }
+        };
+        if value.dtype() != node.ty.dtype || value.shape() != &node.ty.shape {
+            return Err(at_node(eval_err(
+                node.op.name(),
+                format!(
+                    "value is {}{:?} but the node's type is {}",
+                    value.dtype(),
+                    value.shape().as_slice(),
+                    node.ty
+                ),
+            )));
+        }
+        if uses.get(&id).copied().unwrap_or(0) > 0 {
+            values.insert(id, value);
+        }
+    }
+    graph
+        .outputs()
+        .iter()
+        .map(|(name, id)| {
+            values
+                .get(id)
+                .cloned()
+                .ok_or_else(|| eval_err("output", format!("output '{name}' has no value")))
+        })
+        .collect()
+}
+
+/// An [`IrError::Eval`] error.
+pub(crate) fn eval_err(op: &'static str, message: impl Into<String>) -> IrError {
+    IrError::Eval {
+        op,
+        message: message.into(),
+    }
+}
+
+/// Prefixes an error's message with the node it happened at.
+fn annotate(e: IrError, node: &str) -> IrError {
+    match e {
+        IrError::Eval { op, message } => IrError::Eval {
+            op,
+            message: format!("node '{node}': {message}"),
+        },
+        IrError::Type { op, message } => IrError::Type {
+            op,
+            message: format!("node '{node}': {message}"),
+        },
+        e => e,
+    }
+}
+
+/// Flat source offsets for every element of a row-major output of shape
+/// `shape`: element `idx` reads offset `base + Σ idx[i] * strides[i]`.
+///
+/// The one index helper behind broadcasting, transposes and slices.
+pub(crate) fn strided_offsets(shape: &[usize], base: usize, strides: &[isize]) -> Vec<usize> {
+    debug_assert_eq!(shape.len(), strides.len());
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let mut idx = vec![0usize; shape.len()];
+    let mut off = base as isize;
+    loop {
+        out.push(off as usize);
+        // Advance the odometer, last axis fastest.
+        let mut axis = shape.len();
+        loop {
+            if axis == 0 {
+                return out;
+            }
+            axis -= 1;
+            idx[axis] += 1;
+            off += strides[axis];
+            if idx[axis] < shape[axis] {
+                break;
+            }
+            off -= strides[axis] * shape[axis] as isize;
+            idx[axis] = 0;
+        }
+    }
+}
+
+/// numpy broadcasting: for every element of a row-major tensor of shape
+/// `to`, the flat index of the element of a tensor of shape `from` it reads.
+/// `from` must broadcast to `to` (as checked by inference).
+pub(crate) fn broadcast_offsets(from: &[usize], to: &[usize]) -> Vec<usize> {
+    debug_assert!(from.len() <= to.len());
+    let lead = to.len() - from.len();
+    let from_strides = strides_of(from);
+    let strides: Vec<isize> = (0..to.len())
+        .map(|i| {
+            if i < lead || from[i - lead] == 1 {
+                0
+            } else {
+                debug_assert_eq!(from[i - lead], to[i]);
+                from_strides[i - lead] as isize
+            }
+        })
+        .collect();
+    strided_offsets(to, 0, &strides)
+}
+
+/// An element type of [`Data`], for code generic over all of them.
+pub(crate) trait Elem: Copy {
+    /// The elements of `d` if it holds this type.
+    fn slice(d: &Data) -> Option<&[Self]>;
+    /// Wraps a vector in the matching [`Data`] variant.
+    fn wrap(v: Vec<Self>) -> Data;
+}
+
+macro_rules! impl_elem {
+    ($($t:ty => $variant:ident),* $(,)?) => {
+        $(impl Elem for $t {
+            fn slice(d: &Data) -> Option<&[Self]> {
+                match d {
+                    Data::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn wrap(v: Vec<Self>) -> Data {
+                Data::$variant(v)
+            }
+        })*
+    };
+}
+
+impl_elem!(
+    f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8,
+    u8 => U8, i16 => I16, i32 => I32, i64 => I64, bool => Bool,
+);
+
+/// Copies `v[idx[i]]` for every `i`.
+pub(crate) fn gather_elems<T: Elem>(v: &[T], idx: &[usize]) -> Data {
+    T::wrap(idx.iter().map(|&i| v[i]).collect())
+}
+
+/// The arithmetic types float kernels run in (`f32` and `f64`).
+pub(crate) trait Float:
+    Elem
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+{
+    /// Negative infinity.
+    const NEG_INFINITY: Self;
+    /// Rounds from f64.
+    fn from_f64(x: f64) -> Self;
+    /// Widens to f64.
+    fn to_f64(self) -> f64;
+    /// `e^self`.
+    fn exp(self) -> Self;
+}
+
+impl Float for f32 {
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+}
+
+impl Float for f64 {
+    const NEG_INFINITY: Self = f64::NEG_INFINITY;
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+}
+
+/// A float computation written once for `f32` and `f64`.
+pub(crate) trait FloatKernel {
+    /// Computes the output elements from the input elements (all inputs of
+    /// one type).
+    fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T>;
+}
+
+/// Runs `kernel` on float inputs that all have the same element type: `f32`
+/// and `f64` natively, `f16` and `bf16` widened to `f32` and rounded back.
+pub(crate) fn run_float(
+    op: &'static str,
+    inputs: &[&Tensor],
+    kernel: &impl FloatKernel,
+) -> Result<Data, IrError> {
+    fn slices<'a, T: Elem>(op: &'static str, inputs: &[&'a Tensor]) -> Result<Vec<&'a [T]>, IrError> {
+        inputs
+            .iter()
+            .map(|t| T::slice(t.data()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| eval_err(op, "inputs have different element types"))
+    }
+    let dtype = inputs[0].dtype();
+    if inputs.iter().any(|t| t.dtype() != dtype) {
+        return Err(eval_err(op, "inputs have different element types"));
+    }
+    let widened = || -> Vec<Vec<f32>> { inputs.iter().map(|t| t.to_f32_vec()).collect() };
+    Ok(match dtype {
+        DType::F32 => Data::F32(kernel.run(&slices::<f32>(op, inputs)?)),
+        DType::F64 => Data::F64(kernel.run(&slices::<f64>(op, inputs)?)),
+        DType::F16 => {
+            let w = widened();
+            let s: Vec<&[f32]> = w.iter().map(Vec::as_slice).collect();
+            Data::F16(kernel.run(&s).into_iter().map(f16::from_f32).collect())
+        }
+        DType::BF16 => {
+            let w = widened();
+            let s: Vec<&[f32]> = w.iter().map(Vec::as_slice).collect();
+            Data::BF16(kernel.run(&s).into_iter().map(bf16::from_f32).collect())
+        }
+        other => return Err(eval_err(op, format!("needs a float input, got {other}"))),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::{Data, Tensor};
+
+    /// An f32 tensor.
+    pub fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::new(shape, Data::F32(v.to_vec())).expect("element count")
+    }
+
+    /// An i64 tensor.
+    pub fn i64s(shape: &[usize], v: &[i64]) -> Tensor {
+        Tensor::new(shape, Data::I64(v.to_vec())).expect("element count")
+    }
+
+    /// `n` f32 values 0, 1, 2, ...
+    pub fn iota(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        f32s(shape, &(0..n).map(|i| i as f32).collect::<Vec<_>>())
+    }
+
+    /// Asserts elementwise closeness (absolute tolerance 1e-5).
+    #[track_caller]
+    pub fn assert_close(t: &Tensor, shape: &[usize], expected: &[f64]) {
+        assert_eq!(t.shape().as_slice(), shape, "shape");
+        let got = t.to_f64_vec();
+        assert_eq!(got.len(), expected.len(), "element count");
+        for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+            assert!(
+                (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                "element {i}: got {g}, expected {e}; all: {got:?}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::*;
+    use super::*;
+    use crate::{BinaryOp, UnaryOp};
+
+    #[test]
+    fn strided_offsets_walks_row_major() {
+        assert_eq!(strided_offsets(&[2, 3], 0, &[3, 1]), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(strided_offsets(&[3, 2], 0, &[1, 3]), vec![0, 3, 1, 4, 2, 5]);
+        assert_eq!(strided_offsets(&[3], 4, &[-2]), vec![4, 2, 0]);
+        assert_eq!(strided_offsets(&[], 7, &[]), vec![7]);
+        assert!(strided_offsets(&[2, 0], 0, &[0, 1]).is_empty());
+    }
+
+    #[test]
+    fn broadcast_offsets_repeat_size_one_and_missing_dims() {
+        // [2,1] -> [2,3]: each row repeats its single element.
+        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]), vec![0, 0, 0, 1, 1, 1]);
+        // [3] -> [2,3]: the vector repeats for each row.
+        assert_eq!(broadcast_offsets(&[3], &[2, 3]), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(broadcast_offsets(&[], &[2]), vec![0, 0]);
+    }
+
+    #[test]
+    fn eval_rejects_bad_inputs_through_inference() {
+        let a = f32s(&[2], &[1.0, 2.0]);
+        let b = f32s(&[3], &[1.0, 2.0, 3.0]);
+        let e = eval(&Op::Binary(BinaryOp::Add), &[&a, &b]).unwrap_err();
+        assert!(matches!(e, IrError::Type { op: "add", .. }), "{e:?}");
+        let e = eval(&Op::Input { index: 0 }, &[]).unwrap_err();
+        assert!(matches!(e, IrError::Eval { .. }), "{e:?}");
+        assert_eq!(eval(&Op::Constant(a.clone()), &[]).unwrap(), a);
+    }
+
+    #[test]
+    fn eval_graph_three_nodes() {
+        // y = relu(x + c) * x  with x = [-2, 1, 3], c = [1, 1, -5]
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [3]));
+        let c = g.add_const("c", f32s(&[3], &[1.0, 1.0, -5.0]));
+        let s = g.add_node(Op::Binary(BinaryOp::Add), &[x, c], "s").unwrap();
+        let r = g.add_node(Op::Unary(UnaryOp::Relu), &[s], "r").unwrap();
+        let y = g.add_node(Op::Binary(BinaryOp::Mul), &[r, x], "y").unwrap();
+        g.add_output("y", y);
+        g.add_output("s", s);
+        let out = eval_graph(&g, &[f32s(&[3], &[-2.0, 1.0, 3.0])]).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_close(&out[0], &[3], &[0.0, 2.0, 0.0]);
+        assert_close(&out[1], &[3], &[-1.0, 2.0, -2.0]);
+    }
+
+    #[test]
+    fn eval_graph_checks_inputs() {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [3]));
+        let y = g.add_node(Op::Unary(UnaryOp::Neg), &[x], "y").unwrap();
+        g.add_output("y", y);
+        let wrong_shape = eval_graph(&g, &[f32s(&[2], &[1.0, 2.0])]).unwrap_err();
+        assert!(matches!(wrong_shape, IrError::Eval { .. }), "{wrong_shape:?}");
+        let wrong_type = eval_graph(&g, &[i64s(&[3], &[1, 2, 3])]).unwrap_err();
+        assert!(matches!(wrong_type, IrError::Eval { .. }), "{wrong_type:?}");
+        assert!(eval_graph(&g, &[]).is_err());
+    }
+
+    #[test]
+    fn eval_graph_reports_the_failing_node() {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::I64, [2]));
+        let z = g.add_const("zero", i64s(&[1], &[0]));
+        let y = g.add_node(Op::Binary(BinaryOp::Div), &[x, z], "the_div").unwrap();
+        g.add_output("y", y);
+        match eval_graph(&g, &[i64s(&[2], &[4, 6])]).unwrap_err() {
+            IrError::Eval { op, message } => {
+                assert_eq!(op, "div");
+                assert!(message.contains("the_div"), "{message}");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn f16_and_bf16_round_trip_through_f32() {
+        let x = Tensor::new([2], Data::F16(vec![f16::from_f32(1.5), f16::from_f32(-2.0)])).unwrap();
+        let y = eval(&Op::Binary(BinaryOp::Mul), &[&x, &x]).unwrap();
+        assert_eq!(y.dtype(), DType::F16);
+        assert_close(&y, &[2], &[2.25, 4.0]);
+        let x = Tensor::new([1], Data::BF16(vec![bf16::from_f32(3.0)])).unwrap();
+        let y = eval(&Op::Unary(UnaryOp::Sqrt), &[&x]).unwrap();
+        assert_eq!(y.dtype(), DType::BF16);
+        assert_eq!(y.data(), &Data::BF16(vec![bf16::from_f32(3f32.sqrt())]));
+    }
+}

@@ -1,0 +1,692 @@
+//! Argument parsing, subcommands, and rendering results and errors.
+
+use clap::{Args, Parser, Subcommand};
+use kiln::compare::compare;
+use kiln::driver::{self, CompileOptions, DriverError, DumpIr};
+use kiln::npy::{self, NpyError};
+use kiln_onnx::OnnxError;
+use kiln_runtime::format::{Artifact, ArtifactView};
+use kiln_runtime::{DType, Model, Tensor, TensorSpec};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Exit codes, documented in the README.
+pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// Internal error (a Kiln bug).
+    pub const INTERNAL: i32 = 1;
+    /// Bad command line (clap's own code).
+    pub const USAGE: i32 = 2;
+    /// The model file is unreadable or malformed.
+    pub const BAD_MODEL: i32 = 3;
+    /// The model uses something Kiln does not support, or a dim is unbound.
+    pub const UNSUPPORTED: i32 = 4;
+    /// The artifact is invalid or cannot run on this machine.
+    pub const BAD_ARTIFACT: i32 = 5;
+    /// Inputs given to `run`/`bench` are wrong.
+    pub const BAD_INPUT: i32 = 6;
+    /// `run --check` found outputs outside tolerance.
+    pub const CHECK_FAILED: i32 = 7;
+    /// A file could not be read or written.
+    pub const IO: i32 = 8;
+}
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Kiln: an ahead-of-time compiler for ONNX models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile an ONNX model into a .kiln artifact.
+    Compile(CompileArgs),
+    /// Run an artifact on .npy/.npz inputs (or random inputs).
+    Run(RunArgs),
+    /// Describe an ONNX model or a .kiln artifact.
+    Inspect(InspectArgs),
+    /// Measure an artifact's latency.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Bind a whole input shape: NAME=1x3x224x224 (repeatable).
+    #[arg(long = "input-shape", value_name = "NAME=DIMS")]
+    input_shapes: Vec<String>,
+    /// Bind a symbolic dim by name: NAME=VALUE (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Optimization level: 0 imports as is, 1 folds constants and removes dead code.
+    #[arg(short = 'O', default_value_t = 1, value_name = "LEVEL")]
+    opt_level: u8,
+    /// Run exactly these passes, comma-separated (overrides -O).
+    #[arg(long, value_delimiter = ',')]
+    passes: Option<Vec<String>>,
+    /// Verify the graph after every pass.
+    #[arg(long)]
+    verify_each: bool,
+}
+
+#[derive(Args)]
+struct CompileArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Where to write the artifact.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Target: native, x86_64-v3, x86_64-avx512 or aarch64.
+    #[arg(long, default_value = "native")]
+    target: String,
+    #[command(flatten)]
+    model_args: ModelArgs,
+    /// Write IR dumps: `all`, `import`, or `after=PASS`.
+    #[arg(long, value_name = "WHICH")]
+    dump_ir: Option<String>,
+    /// Directory for IR dumps (default: next to the output).
+    #[arg(long)]
+    dump_dir: Option<PathBuf>,
+    /// Print a machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Clone)]
+struct InputArgs {
+    /// An input: NAME=file.npy (repeatable).
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    inputs: Vec<String>,
+    /// An .npz file whose array names are input names.
+    #[arg(long)]
+    inputs_npz: Option<PathBuf>,
+    /// Fill every input not given with deterministic random values.
+    #[arg(long)]
+    random: bool,
+    /// Seed for --random.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The artifact.
+    artifact: PathBuf,
+    #[command(flatten)]
+    inputs: InputArgs,
+    /// Write each output to DIR/<output name>.npy.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Compare outputs with DIR/<output name>.npy references.
+    #[arg(long, value_name = "DIR")]
+    check: Option<PathBuf>,
+    /// Tolerance of --check: max abs error relative to the output's scale.
+    #[arg(long, default_value_t = 1e-4)]
+    tolerance: f64,
+    /// Print a machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// An ONNX model or a .kiln artifact.
+    path: PathBuf,
+    #[command(flatten)]
+    model_args: ModelArgs,
+    /// Print a machine-readable description.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The artifact.
+    artifact: PathBuf,
+    #[command(flatten)]
+    inputs: InputArgs,
+    /// Timed runs.
+    #[arg(long, default_value_t = 200)]
+    runs: usize,
+    /// Untimed warm-up runs.
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Print a machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A failure rendered for people, with its exit code.
+struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: i32, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<DriverError> for Failure {
+    fn from(e: DriverError) -> Failure {
+        let code = match &e {
+            DriverError::Onnx(o) => match o {
+                OnnxError::Io { .. } => exit::IO,
+                OnnxError::Unsupported(_) | OnnxError::UnboundDim { .. } | OnnxError::UnsupportedDType { .. } => {
+                    exit::UNSUPPORTED
+                }
+                _ => exit::BAD_MODEL,
+            },
+            DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
+            | DriverError::Pass(kiln_passes::PassError::UnknownLevel(_)) => exit::USAGE,
+            DriverError::Pass(_) => exit::INTERNAL,
+            DriverError::Cpu(_) => exit::UNSUPPORTED,
+            DriverError::Io { .. } => exit::IO,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+impl From<kiln_runtime::Error> for Failure {
+    fn from(e: kiln_runtime::Error) -> Failure {
+        use kiln_runtime::Error as E;
+        let code = match &e {
+            E::Io { .. } => exit::IO,
+            E::Format(_) | E::UnsupportedArch { .. } | E::MissingCpuFeatures(_) => exit::BAD_ARTIFACT,
+            E::Kernel { .. } => exit::BAD_INPUT,
+            _ => exit::BAD_INPUT,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+impl From<NpyError> for Failure {
+    fn from(e: NpyError) -> Failure {
+        let code = match e {
+            NpyError::Io { .. } => exit::IO,
+            _ => exit::BAD_INPUT,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::OK };
+        }
+    };
+    let result = match cli.command {
+        Command::Compile(a) => cmd_compile(a),
+        Command::Run(a) => cmd_run(a),
+        Command::Inspect(a) => cmd_inspect(a),
+        Command::Bench(a) => cmd_bench(a),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            f.code
+        }
+    }
+}
+
+fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), Failure> {
+    s.rsplit_once('=')
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .ok_or_else(|| Failure::new(exit::USAGE, format!("{flag} expects NAME=VALUE, got '{s}'")))
+}
+
+fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Failure> {
+    let mut opts = CompileOptions {
+        target: target
+            .parse()
+            .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
+        opt_level: args.opt_level,
+        passes: args.passes.clone(),
+        verify_each: args.verify_each,
+        ..CompileOptions::default()
+    };
+    for s in &args.input_shapes {
+        let (name, dims) = parse_pair("--input-shape", s)?;
+        let dims = dims
+            .split('x')
+            .map(|d| d.parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| Failure::new(exit::USAGE, format!("--input-shape: '{dims}' is not like 1x3x224x224")))?;
+        opts.import.input_shapes.insert(name.to_string(), dims);
+    }
+    for s in &args.dims {
+        let (name, v) = parse_pair("--dim", s)?;
+        let v = v
+            .parse()
+            .map_err(|_| Failure::new(exit::USAGE, format!("--dim: '{v}' is not a number")))?;
+        opts.import.dims.insert(name.to_string(), v);
+    }
+    Ok(opts)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, bytes).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
+}
+
+fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
+    let mut opts = compile_options(&a.model_args, &a.target)?;
+    opts.dump_ir = match a.dump_ir.as_deref() {
+        None => DumpIr::None,
+        Some("all") => DumpIr::All,
+        Some("import") => DumpIr::After("import".into()),
+        Some(s) => match s.strip_prefix("after=") {
+            Some(pass) => DumpIr::After(pass.to_string()),
+            None => return Err(Failure::new(exit::USAGE, format!("--dump-ir: expected all, import or after=PASS, got '{s}'"))),
+        },
+    };
+    let start = Instant::now();
+    let out = driver::compile(&a.model, &opts)?;
+    let elapsed = start.elapsed();
+    write_file(&a.output, &out.bytes)?;
+    if !out.dumps.is_empty() {
+        let dir = a.dump_dir.clone().unwrap_or_else(|| {
+            let mut d = a.output.clone().into_os_string();
+            d.push(".ir");
+            PathBuf::from(d)
+        });
+        std::fs::create_dir_all(&dir).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        for (name, text) in &out.dumps {
+            write_file(&dir.join(name), text.as_bytes())?;
+        }
+        if !a.json {
+            eprintln!("wrote {} IR dump(s) to {}", out.dumps.len(), dir.display());
+        }
+    }
+    let meta = &out.artifact.metadata;
+    if a.json {
+        let passes: Vec<Value> = out
+            .report
+            .passes
+            .iter()
+            .map(|p| json!({"name": p.name, "removed": p.stats.removed, "added": p.stats.added, "rewritten": p.stats.rewritten, "nodes_after": p.nodes_after, "time_ms": p.time.as_secs_f64() * 1e3}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "output": a.output.display().to_string(),
+                "bytes": out.bytes.len(),
+                "target": opts.target.to_string(),
+                "kernels": out.artifact.kernels.len(),
+                "code_bytes": out.artifact.text.len(),
+                "weights_bytes": out.artifact.weights.len(),
+                "arena_bytes": meta.arena_size,
+                "inputs": specs_json(&meta.inputs),
+                "outputs": specs_json(&meta.outputs),
+                "passes": passes,
+                "compile_ms": elapsed.as_secs_f64() * 1e3,
+            })
+        );
+    } else {
+        println!(
+            "compiled {} -> {} ({} bytes: {} kernels, {} B code, {} B weights, {} B arena) in {:.1} ms",
+            a.model.display(),
+            a.output.display(),
+            out.bytes.len(),
+            out.artifact.kernels.len(),
+            out.artifact.text.len(),
+            out.artifact.weights.len(),
+            meta.arena_size,
+            elapsed.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+fn specs_json(specs: &[TensorSpec]) -> Value {
+    Value::Array(
+        specs
+            .iter()
+            .map(|s| json!({"name": s.name, "dtype": s.dtype.to_string(), "shape": s.shape}))
+            .collect(),
+    )
+}
+
+
+/// Deterministic pseudo-random tensor for a spec (SplitMix64).
+fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
+    let n: u64 = spec.shape.iter().product();
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let unit = |x: u64| (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+    match spec.dtype {
+        DType::F32 => {
+            let v: Vec<f32> = (0..n).map(|_| unit(next()) as f32).collect();
+            Tensor::from_f32(&spec.name, &spec.shape, &v)
+        }
+        DType::F64 => {
+            let v: Vec<f64> = (0..n).map(|_| unit(next())).collect();
+            Tensor::from_slice(&spec.name, &spec.shape, &v)
+        }
+        dtype => Tensor {
+            name: spec.name.clone(),
+            dtype,
+            shape: spec.shape.clone(),
+            data: vec![0; (n as usize) * dtype.size_bytes()],
+        },
+    }
+}
+
+fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
+    let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
+    if let Some(npz) = &args.inputs_npz {
+        for t in npy::read_npz(npz)? {
+            given.insert(t.name.clone(), t);
+        }
+    }
+    for s in &args.inputs {
+        let (name, path) = parse_pair("--input", s)?;
+        given.insert(name.to_string(), npy::read_tensor(name, Path::new(path))?);
+    }
+    let mut inputs = Vec::new();
+    for (i, spec) in model.inputs().iter().enumerate() {
+        match given.remove(&spec.name) {
+            Some(t) => inputs.push(t),
+            None if args.random => inputs.push(random_tensor(spec, args.seed.wrapping_add(i as u64))),
+            None => {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!("missing input '{}' ({}); give it with --input {}=FILE.npy or use --random", spec.name, spec.type_string(), spec.name),
+                ))
+            }
+        }
+    }
+    if let Some(name) = given.keys().next() {
+        let names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("unknown input '{name}'; the model's inputs are: {}", names.join(", ")),
+        ));
+    }
+    Ok(inputs)
+}
+
+fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let mut model = Model::load(&a.artifact)?;
+    let inputs = gather_inputs(&model, &a.inputs)?;
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let start = Instant::now();
+    let outputs = model.run(&views)?;
+    let latency = start.elapsed();
+    if let Some(dir) = &a.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        for t in &outputs {
+            npy::write_tensor(&dir.join(format!("{}.npy", npy::sanitize_name(&t.name))), t)?;
+        }
+    }
+    let mut checks = Vec::new();
+    if let Some(dir) = &a.check {
+        for t in &outputs {
+            let path = dir.join(format!("{}.npy", npy::sanitize_name(&t.name)));
+            let reference = npy::read_tensor(&t.name, &path)?;
+            checks.push(compare(t, &reference));
+        }
+    }
+    let failed = checks.iter().filter(|c| !c.passes(a.tolerance)).count();
+    if a.json {
+        let outs: Vec<Value> = outputs
+            .iter()
+            .map(|t| json!({"name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape}))
+            .collect();
+        let checks: Vec<Value> = checks
+            .iter()
+            .map(|c| json!({"name": c.name, "max_abs_error": c.max_abs_error, "rel_error": c.rel_error, "passed": c.passes(a.tolerance), "mismatch": c.mismatch}))
+            .collect();
+        println!("{}", json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks}));
+    } else {
+        for t in &outputs {
+            println!("{}: {}{}", t.name, t.type_string(), preview(t));
+        }
+        for c in &checks {
+            let verdict = if c.passes(a.tolerance) { "ok" } else { "FAILED" };
+            match &c.mismatch {
+                Some(m) => println!("check {}: FAILED ({m})", c.name),
+                None => println!(
+                    "check {}: {verdict} (max abs error {:.3e}, {:.3e} of output scale {:.3e}; tolerance {:.1e})",
+                    c.name, c.max_abs_error, c.rel_error, c.scale, a.tolerance
+                ),
+            }
+        }
+        println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
+    }
+    if failed > 0 {
+        return Err(Failure::new(exit::CHECK_FAILED, format!("{failed} output(s) differ from the reference beyond tolerance {:e}", a.tolerance)));
+    }
+    Ok(())
+}
+
+fn preview(t: &Tensor) -> String {
+    let values: Option<Vec<String>> = match t.dtype {
+        DType::F32 => t.to_vec::<f32>().map(|v| v.iter().take(8).map(|x| format!("{x:.6}")).collect()),
+        DType::I64 => t.to_vec::<i64>().map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        DType::I32 => t.to_vec::<i32>().map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        _ => None,
+    };
+    match values {
+        Some(v) => {
+            let n: u64 = t.shape.iter().product();
+            format!(" [{}{}]", v.join(", "), if n > 8 { ", ..." } else { "" })
+        }
+        None => String::new(),
+    }
+}
+
+fn is_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map(|_| magic == kiln_runtime::format::MAGIC)
+        .unwrap_or(false)
+}
+
+fn cmd_inspect(a: InspectArgs) -> Result<(), Failure> {
+    if is_artifact(&a.path) {
+        inspect_artifact(&a)
+    } else {
+        inspect_model(&a)
+    }
+}
+
+fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
+    let bytes = std::fs::read(&a.path).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
+    let view = ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let artifact: Artifact = view.into_artifact();
+    let hash = hex(&artifact.content_hash());
+    let m = &artifact.metadata;
+    let features = artifact.features.names();
+    if a.json {
+        let kernels: Vec<Value> = artifact
+            .kernels
+            .iter()
+            .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "kind": "artifact",
+                "format_version": kiln_runtime::format::FORMAT_VERSION,
+                "content_sha256": hash,
+                "arch": format!("{:?}", artifact.arch),
+                "features": features,
+                "compiler": m.compiler_version,
+                "target": m.target,
+                "options": m.options,
+                "source_sha256": hex(&m.source_sha256),
+                "inputs": specs_json(&m.inputs),
+                "outputs": specs_json(&m.outputs),
+                "arena_bytes": m.arena_size,
+                "weights_bytes": artifact.weights.len(),
+                "code_bytes": artifact.text.len(),
+                "relocations": artifact.relocs.len(),
+                "kernels": kernels,
+                "schedule_steps": artifact.schedule.len(),
+            })
+        );
+        return Ok(());
+    }
+    println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
+    println!("  format version {}, content sha256 {hash}", kiln_runtime::format::FORMAT_VERSION);
+    println!("  arch {:?}, requires CPU features: {}", artifact.arch, features.join(" "));
+    println!("  built by {} with: {}", m.compiler_version, m.options);
+    println!("  source model sha256 {}", hex(&m.source_sha256));
+    for s in &m.inputs {
+        println!("  input  {}: {} @ arena+{}", s.name, s.type_string(), s.arena_offset);
+    }
+    for s in &m.outputs {
+        println!("  output {}: {} @ arena+{}", s.name, s.type_string(), s.arena_offset);
+    }
+    println!(
+        "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
+        artifact.weights.len(),
+        artifact.text.len(),
+        artifact.kernels.len(),
+        artifact.relocs.len(),
+        artifact.schedule.len(),
+        m.arena_size
+    );
+    println!("  kernels:");
+    for (i, k) in artifact.kernels.iter().enumerate() {
+        println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
+    }
+    Ok(())
+}
+
+fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
+    let proto = kiln_onnx::load_model(&a.path).map_err(|e| Failure::from(DriverError::from(e)))?;
+    let summary = kiln_onnx::summarize(&proto);
+    let opts = compile_options(&a.model_args, "native")?;
+    let ir = driver::optimize(&a.path, &opts).map(|(g, _, _)| kiln_ir::text::print(&g));
+    let dims = |dims: &[kiln_onnx::DimSummary]| -> String {
+        dims.iter()
+            .map(|d| match d {
+                kiln_onnx::DimSummary::Known(n) => n.to_string(),
+                kiln_onnx::DimSummary::Symbolic(s) => s.clone(),
+                kiln_onnx::DimSummary::Unknown => "?".to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if a.json {
+        let io = |list: &[kiln_onnx::IoSummary]| -> Value {
+            Value::Array(list.iter().map(|i| json!({"name": i.name, "dtype": i.dtype, "dims": dims(&i.dims)})).collect())
+        };
+        let (ir_text, ir_error) = match &ir {
+            Ok(t) => (Some(t.clone()), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        println!(
+            "{}",
+            json!({
+                "kind": "onnx",
+                "ir_version": summary.ir_version,
+                "opsets": summary.opsets.iter().map(|(d, v)| json!({"domain": d, "version": v})).collect::<Vec<_>>(),
+                "producer": summary.producer,
+                "inputs": io(&summary.inputs),
+                "outputs": io(&summary.outputs),
+                "op_histogram": summary.op_histogram,
+                "initializers": summary.initializer_count,
+                "initializer_bytes": summary.initializer_bytes,
+                "ir": ir_text,
+                "ir_error": ir_error,
+            })
+        );
+        return Ok(());
+    }
+    println!("model {} (ir_version {}, producer '{}')", a.path.display(), summary.ir_version, summary.producer);
+    let opsets: Vec<String> = summary.opsets.iter().map(|(d, v)| format!("{}:{v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    println!("  opsets: {}", opsets.join(" "));
+    for i in &summary.inputs {
+        println!("  input  {}: {}[{}]", i.name, i.dtype, dims(&i.dims));
+    }
+    for o in &summary.outputs {
+        println!("  output {}: {}[{}]", o.name, o.dtype, dims(&o.dims));
+    }
+    println!("  initializers: {} ({} bytes)", summary.initializer_count, summary.initializer_bytes);
+    println!("  ops:");
+    for (op, n) in &summary.op_histogram {
+        println!("    {n:>5}  {op}");
+    }
+    match ir {
+        Ok(text) => {
+            println!("IR after -O{}:", opts.opt_level);
+            print!("{text}");
+        }
+        Err(e) => println!("IR not shown: {e}"),
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
+    if a.runs == 0 {
+        return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
+    }
+    let mut model = Model::load(&a.artifact)?;
+    let inputs = gather_inputs(&model, &a.inputs)?;
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let mut outputs: Vec<Vec<u8>> = model
+        .outputs()
+        .iter()
+        .map(|s| vec![0u8; s.byte_len() as usize])
+        .collect();
+    let mut run = |model: &mut Model| -> Result<(), Failure> {
+        let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|v| v.as_mut_slice()).collect();
+        model.run_into(&views, &mut outs)?;
+        Ok(())
+    };
+    for _ in 0..a.warmup {
+        run(&mut model)?;
+    }
+    let mut times = Vec::with_capacity(a.runs);
+    let total = Instant::now();
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        run(&mut model)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let wall = total.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    let (p50, p95, p99) = (pct(0.5), pct(0.95), pct(0.99));
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let throughput = a.runs as f64 / wall;
+    if a.json {
+        println!(
+            "{}",
+            json!({"artifact": a.artifact.display().to_string(), "runs": a.runs, "warmup": a.warmup, "threads": 1,
+                   "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": mean, "min_ms": times[0], "runs_per_s": throughput})
+        );
+    } else {
+        println!(
+            "{}: {} runs (1 thread): p50 {p50:.3} ms, p95 {p95:.3} ms, p99 {p99:.3} ms, mean {mean:.3} ms, {throughput:.1} runs/s",
+            a.artifact.display(),
+            a.runs
+        );
+    }
+    Ok(())
+}

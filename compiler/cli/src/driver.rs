@@ -1,0 +1,171 @@
+//! The compile pipeline: import → passes → codegen → artifact bytes.
+
+use kiln_ir::Graph;
+use kiln_onnx::{ImportOptions, OnnxError};
+use kiln_passes::{PassError, PassManager, PipelineOptions, PipelineReport};
+use kiln_runtime::format::Artifact;
+use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Which IR dumps to write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DumpIr {
+    /// No dumps.
+    #[default]
+    None,
+    /// The imported graph and the graph after every pass.
+    All,
+    /// The graph after one named pass (`import` for the imported graph).
+    After(String),
+}
+
+/// Everything that decides what `kiln compile` produces. Built once from
+/// the command line; recorded in the artifact (minus output locations).
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Code generation target.
+    pub target: CpuTarget,
+    /// Shape bindings for the frontend.
+    pub import: ImportOptions,
+    /// Optimization level (`-O`).
+    pub opt_level: u8,
+    /// Explicit pass list (`--passes`), overriding the level's pipeline.
+    pub passes: Option<Vec<String>>,
+    /// Verify the graph after every pass.
+    pub verify_each: bool,
+    /// IR dumps to produce.
+    pub dump_ir: DumpIr,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            target: CpuTarget::Native,
+            import: ImportOptions::default(),
+            opt_level: 1,
+            passes: None,
+            verify_each: false,
+            dump_ir: DumpIr::None,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// A canonical, deterministic rendering of the options, stored in the
+    /// artifact so `kiln inspect` can show how it was built.
+    pub fn canonical(&self) -> String {
+        let mut s = format!("target={} opt_level={}", self.target, self.opt_level);
+        if let Some(p) = &self.passes {
+            let _ = write!(s, " passes={}", p.join(","));
+        }
+        for (name, dims) in &self.import.input_shapes {
+            let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+            let _ = write!(s, " input_shape={name}={}", dims.join("x"));
+        }
+        for (name, v) in &self.import.dims {
+            let _ = write!(s, " dim={name}={v}");
+        }
+        s
+    }
+}
+
+/// The result of a compilation.
+pub struct Compiled {
+    /// The artifact.
+    pub artifact: Artifact,
+    /// Its serialized bytes (what `-o` writes).
+    pub bytes: Vec<u8>,
+    /// The final IR.
+    pub graph: Graph,
+    /// What each pass did.
+    pub report: PipelineReport,
+    /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
+    pub dumps: Vec<(String, String)>,
+}
+
+/// Errors of the driver; each wraps the failing stage's error.
+#[derive(Debug, Error)]
+pub enum DriverError {
+    /// Reading or importing the ONNX model failed.
+    #[error(transparent)]
+    Onnx(#[from] OnnxError),
+    /// The pass pipeline failed.
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    /// Code generation failed.
+    #[error(transparent)]
+    Cpu(#[from] CpuError),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Imports the model at `path` and runs the pass pipeline on it.
+pub fn optimize(
+    path: &Path,
+    opts: &CompileOptions,
+) -> Result<(Graph, PipelineReport, Vec<(String, String)>), DriverError> {
+    let mut graph = kiln_onnx::import(path, &opts.import)?;
+    let pm = match &opts.passes {
+        Some(names) => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            PassManager::from_names(&names)?
+        }
+        None => PassManager::for_level(opts.opt_level)?,
+    };
+    let mut dumps = Vec::new();
+    let wants = |pass: &str| match &opts.dump_ir {
+        DumpIr::None => false,
+        DumpIr::All => true,
+        DumpIr::After(p) => p == pass,
+    };
+    if wants("import") {
+        dumps.push(("00-import.kir".to_string(), kiln_ir::text::print(&graph)));
+    }
+    let pipeline = PipelineOptions {
+        verify_each: opts.verify_each,
+    };
+    let mut index = 0;
+    let report = pm.run_with(&mut graph, &pipeline, |pass, g| {
+        index += 1;
+        if wants(pass) {
+            dumps.push((format!("{index:02}-{pass}.kir"), kiln_ir::text::print(g)));
+        }
+    })?;
+    Ok((graph, report, dumps))
+}
+
+/// Compiles the ONNX model at `path` into an artifact.
+pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverError> {
+    let source = std::fs::read(path).map_err(|source| DriverError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (graph, report, dumps) = optimize(path, opts)?;
+    let info = ArtifactInfo {
+        compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
+        options: opts.canonical(),
+        source_sha256: Sha256::digest(&source).into(),
+    };
+    let cpu = CpuOptions {
+        target: opts.target,
+        opt_level: 1,
+    };
+    let artifact = kiln_target_cpu::compile(&graph, &cpu, info)?;
+    let bytes = artifact.to_bytes();
+    Ok(Compiled {
+        artifact,
+        bytes,
+        graph,
+        report,
+        dumps,
+    })
+}

@@ -1,0 +1,175 @@
+//! `.npy` / `.npz` tensor files for `kiln run`, via the `npyz` crate.
+
+use kiln_runtime::{DType, Tensor};
+use npyz::{TypeChar, WriterBuilder};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read};
+use std::path::Path;
+use thiserror::Error;
+
+/// Errors reading or writing tensor files.
+#[derive(Debug, Error)]
+pub enum NpyError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a readable `.npy`/`.npz`.
+    #[error("{path}: not a readable .npy file: {message}")]
+    Malformed {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The array's element type has no Kiln equivalent.
+    #[error("{path}: unsupported .npy element type '{descr}' (supported: f4, f8, i1, u1, i2, i4, i8, b1, little-endian)")]
+    UnsupportedType {
+        /// The file.
+        path: String,
+        /// numpy's type string.
+        descr: String,
+    },
+}
+
+fn dtype_of(path: &str, descr: &npyz::DType) -> Result<DType, NpyError> {
+    let unsupported = || NpyError::UnsupportedType {
+        path: path.to_string(),
+        descr: descr.descr(),
+    };
+    let npyz::DType::Plain(ts) = descr else {
+        return Err(unsupported());
+    };
+    if ts.endianness() == npyz::Endianness::Big && ts.size_field() > 1 {
+        return Err(unsupported());
+    }
+    Ok(match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 4) => DType::F32,
+        (TypeChar::Float, 8) => DType::F64,
+        (TypeChar::Int, 1) => DType::I8,
+        (TypeChar::Uint, 1) => DType::U8,
+        (TypeChar::Int, 2) => DType::I16,
+        (TypeChar::Int, 4) => DType::I32,
+        (TypeChar::Int, 8) => DType::I64,
+        (TypeChar::Bool, 1) => DType::Bool,
+        _ => return Err(unsupported()),
+    })
+}
+
+/// Reads one array from an `.npy` stream.
+fn read_npy<R: Read>(path: &str, name: &str, reader: R) -> Result<Tensor, NpyError> {
+    let malformed = |e: std::io::Error| NpyError::Malformed {
+        path: path.to_string(),
+        message: e.to_string(),
+    };
+    let file = npyz::NpyFile::new(reader).map_err(malformed)?;
+    if file.order() == npyz::Order::Fortran {
+        return Err(NpyError::Malformed {
+            path: path.to_string(),
+            message: "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
+        });
+    }
+    let dtype = dtype_of(path, &file.dtype())?;
+    let shape = file.shape().to_vec();
+    macro_rules! read_as {
+        ($t:ty) => {
+            Tensor::from_slice(name, &shape, &file.into_vec::<$t>().map_err(malformed)?)
+        };
+    }
+    Ok(match dtype {
+        DType::F32 => read_as!(f32),
+        DType::F64 => read_as!(f64),
+        DType::I8 => read_as!(i8),
+        DType::U8 => read_as!(u8),
+        DType::I16 => read_as!(i16),
+        DType::I32 => read_as!(i32),
+        DType::I64 => read_as!(i64),
+        DType::Bool => read_as!(bool),
+        _ => unreachable!("dtype_of returns only the types above"),
+    })
+}
+
+/// Reads an `.npy` file as the tensor named `name`.
+pub fn read_tensor(name: &str, path: &Path) -> Result<Tensor, NpyError> {
+    let p = path.display().to_string();
+    let file = File::open(path).map_err(|source| NpyError::Io {
+        path: p.clone(),
+        source,
+    })?;
+    read_npy(&p, name, BufReader::new(file))
+}
+
+/// Reads every array of an `.npz` file; array names are tensor names.
+pub fn read_npz(path: &Path) -> Result<Vec<Tensor>, NpyError> {
+    let p = path.display().to_string();
+    let io = |source| NpyError::Io {
+        path: p.clone(),
+        source,
+    };
+    let mut archive = npyz::npz::NpzArchive::open(path).map_err(io)?;
+    let names: Vec<String> = archive.array_names().map(str::to_string).collect();
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let file = archive.by_name(&name).map_err(io)?.ok_or_else(|| NpyError::Malformed {
+            path: p.clone(),
+            message: format!("array '{name}' listed but missing"),
+        })?;
+        tensors.push(read_npy(&p, &name, file)?);
+    }
+    Ok(tensors)
+}
+
+/// Replaces characters outside `[A-Za-z0-9_.-]` by `_` (output file names).
+pub fn sanitize_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' })
+        .collect()
+}
+
+/// Writes a tensor as an `.npy` file.
+pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
+    let p = path.display().to_string();
+    let io = |source| NpyError::Io {
+        path: p.clone(),
+        source,
+    };
+    let file = File::create(path).map_err(io)?;
+    let mut out = BufWriter::new(file);
+    macro_rules! write_as {
+        ($t:ty, $v:expr) => {{
+            let values: Vec<$t> = $v.ok_or_else(|| NpyError::Malformed {
+                path: p.clone(),
+                message: "tensor bytes do not match its type".into(),
+            })?;
+            let mut w = npyz::WriteOptions::new()
+                .default_dtype()
+                .shape(&tensor.shape)
+                .writer(&mut out)
+                .begin_nd()
+                .map_err(io)?;
+            w.extend(values).map_err(io)?;
+            w.finish().map_err(io)?;
+        }};
+    }
+    match tensor.dtype {
+        DType::F32 => write_as!(f32, tensor.to_vec::<f32>()),
+        DType::F64 => write_as!(f64, tensor.to_vec::<f64>()),
+        DType::I8 => write_as!(i8, tensor.to_vec::<i8>()),
+        DType::U8 => write_as!(u8, tensor.to_vec::<u8>()),
+        DType::I16 => write_as!(i16, tensor.to_vec::<i16>()),
+        DType::I32 => write_as!(i32, tensor.to_vec::<i32>()),
+        DType::I64 => write_as!(i64, tensor.to_vec::<i64>()),
+        DType::Bool => write_as!(bool, tensor.to_vec::<bool>()),
+        other => {
+            return Err(NpyError::UnsupportedType {
+                path: p,
+                descr: other.to_string(),
+            })
+        }
+    }
+    Ok(())
+}

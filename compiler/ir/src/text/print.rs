@@ -1,0 +1,283 @@
+//! The printer.
+
+use super::{PrintOptions, DENSE_LIMIT};
+use crate::op::{Conv2d, Pool2d};
+use crate::{Data, Graph, NodeId, Op, Tensor, UnaryOp};
+use half::{bf16, f16};
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+pub(super) fn print_graph(g: &Graph, opts: &PrintOptions) -> String {
+    // Inputs first, in input order, then everything else in topological
+    // order. A cyclic graph (only buildable with `add_edge_unchecked`) still
+    // prints, in index order, so that it can be looked at.
+    let inputs: Vec<NodeId> = g.inputs().iter().copied().filter(|&id| g.contains(id)).collect();
+    let input_set: HashSet<NodeId> = inputs.iter().copied().collect();
+    let order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
+    let body: Vec<NodeId> = order.into_iter().filter(|id| !input_set.contains(id)).collect();
+    let numbers: HashMap<NodeId, usize> =
+        inputs.iter().chain(&body).enumerate().map(|(i, &id)| (id, i)).collect();
+    let value = |id: NodeId| match numbers.get(&id) {
+        Some(n) => format!("%{n}"),
+        None => "%<removed>".to_string(),
+    };
+
+    let mut out = String::from("graph(");
+    for (i, &id) in inputs.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let node = g.node(id);
+        let _ = write!(out, "{}: {} {}", value(id), node.ty, quote(&node.name));
+    }
+    out.push_str(") {\n");
+    for &id in &body {
+        let node = g.node(id);
+        let _ = write!(out, "  {}: {} = ", value(id), node.ty);
+        match &node.op {
+            Op::Constant(t) => print_const(&mut out, t, opts),
+            op => {
+                out.push_str(op.name());
+                out.push('(');
+                let args: Vec<String> = g.inputs_of(id).into_iter().map(value).collect();
+                out.push_str(&args.join(", "));
+                out.push(')');
+                let attrs = attributes(op);
+                if !attrs.is_empty() {
+                    let _ = write!(out, " {{{}}}", attrs.join(", "));
+                }
+            }
+        }
+        if !node.name.is_empty() {
+            out.push_str("  # onnx: ");
+            out.push_str(&comment_name(&node.name));
+        }
+        out.push('\n');
+    }
+    out.push_str("  return");
+    for (i, (name, id)) in g.outputs().iter().enumerate() {
+        out.push_str(if i == 0 { " " } else { ", " });
+        let _ = write!(out, "{} {}", value(*id), quote(name));
+    }
+    out.push_str("\n}\n");
+    out
+}
+
+/// The attributes of `op`, each as `name=value`, all of them, in a fixed order.
+fn attributes(op: &Op) -> Vec<String> {
+    match op {
+        Op::Input { index } => vec![format!("index={index}")],
+        Op::Constant(_)
+        | Op::Binary(_)
+        | Op::MatMul
+        | Op::GlobalAveragePool
+        | Op::GlobalMaxPool => vec![],
+        Op::Unary(u) => match *u {
+            UnaryOp::LeakyRelu { alpha } => vec![format!("alpha={}", fmt_f32(alpha))],
+            UnaryOp::HardSigmoid { alpha, beta } => vec![
+                format!("alpha={}", fmt_f32(alpha)),
+                format!("beta={}", fmt_f32(beta)),
+            ],
+            UnaryOp::Clip { min, max } => vec![
+                format!("min={}", fmt_f32(min)),
+                format!("max={}", fmt_f32(max)),
+            ],
+            _ => vec![],
+        },
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => vec![
+            format!("alpha={}", fmt_f32(*alpha)),
+            format!("beta={}", fmt_f32(*beta)),
+            format!("trans_a={trans_a}"),
+            format!("trans_b={trans_b}"),
+        ],
+        Op::Conv(Conv2d {
+            strides,
+            pads,
+            dilations,
+            group,
+        }) => vec![
+            format!("strides={}", ints(strides)),
+            format!("pads={}", ints(pads)),
+            format!("dilations={}", ints(dilations)),
+            format!("group={group}"),
+        ],
+        Op::MaxPool(p) => pool_attributes(p),
+        Op::AveragePool {
+            pool,
+            count_include_pad,
+        } => {
+            let mut attrs = pool_attributes(pool);
+            attrs.push(format!("count_include_pad={count_include_pad}"));
+            attrs
+        }
+        Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
+            vec![format!("axis={axis}")]
+        }
+        Op::Reshape { shape } => vec![format!("shape={}", ints(shape))],
+        Op::Transpose { perm } => vec![format!("perm={}", ints(perm))],
+        Op::Slice { axes } => {
+            let axes: Vec<String> = axes
+                .iter()
+                .map(|a| format!("{}:{}:{}", a.start, a.step, a.len))
+                .collect();
+            vec![format!("axes=[{}]", axes.join(", "))]
+        }
+        Op::Cast { to } => vec![format!("to={to}")],
+    }
+}
+
+fn pool_attributes(p: &Pool2d) -> Vec<String> {
+    vec![
+        format!("kernel={}", ints(&p.kernel)),
+        format!("strides={}", ints(&p.strides)),
+        format!("pads={}", ints(&p.pads)),
+        format!("dilations={}", ints(&p.dilations)),
+        format!("ceil_mode={}", p.ceil_mode),
+    ]
+}
+
+fn ints(v: &[usize]) -> String {
+    let v: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", v.join(","))
+}
+
+fn print_const(out: &mut String, t: &Tensor, opts: &PrintOptions) {
+    if t.len() <= DENSE_LIMIT || opts.full_constants {
+        out.push_str("const dense<[");
+        let elements: Vec<String> = match t.data() {
+            Data::F32(v) => v.iter().map(|&x| fmt_f32(x)).collect(),
+            Data::F16(v) => v.iter().map(|&x| fmt_f16(x)).collect(),
+            Data::BF16(v) => v.iter().map(|&x| fmt_bf16(x)).collect(),
+            Data::F64(v) => v.iter().map(|&x| fmt_f64(x)).collect(),
+            Data::I8(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::U8(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::I16(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::I32(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::Bool(v) => v.iter().map(|x| x.to_string()).collect(),
+        };
+        out.push_str(&elements.join(", "));
+        out.push_str("]>");
+    } else {
+        let _ = write!(
+            out,
+            "const elided<{} x {}, fnv1a=0x{:016x}>",
+            t.len(),
+            t.dtype(),
+            fnv1a(t.data())
+        );
+    }
+}
+
+/// 64-bit FNV-1a of the little-endian bytes of the elements (bools as 0/1).
+pub(super) fn fnv1a(data: &Data) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    match data {
+        Data::F32(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::F16(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::BF16(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::F64(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::I8(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::U8(v) => eat(v),
+        Data::I16(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::I32(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::I64(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::Bool(v) => v.iter().for_each(|&x| eat(&[x as u8])),
+    }
+    h
+}
+
+/// Shortest text that parses back to the same bits: Rust's `{:?}` for
+/// finite values, `inf`/`-inf`, `nan` for the canonical quiet NaN and
+/// `nan:0x<bits>` for any other NaN.
+pub(super) fn fmt_f32(x: f32) -> String {
+    if x.is_nan() {
+        nan_text(x.to_bits() as u64, f32::NAN.to_bits() as u64, 8)
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else {
+        format!("{x:?}")
+    }
+}
+
+pub(super) fn fmt_f64(x: f64) -> String {
+    if x.is_nan() {
+        nan_text(x.to_bits(), f64::NAN.to_bits(), 16)
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// f16 values print as their (exact) f32 value, which converts back exactly.
+fn fmt_f16(x: f16) -> String {
+    if x.is_nan() {
+        nan_text(x.to_bits() as u64, f16::NAN.to_bits() as u64, 4)
+    } else {
+        fmt_f32(x.to_f32())
+    }
+}
+
+fn fmt_bf16(x: bf16) -> String {
+    if x.is_nan() {
+        nan_text(x.to_bits() as u64, bf16::NAN.to_bits() as u64, 4)
+    } else {
+        fmt_f32(x.to_f32())
+    }
+}
+
+fn nan_text(bits: u64, canonical: u64, digits: usize) -> String {
+    if bits == canonical {
+        "nan".to_string()
+    } else {
+        format!("nan:0x{bits:0digits$x}")
+    }
+}
+
+/// A double-quoted string literal: `\"`, `\\`, `\n`, `\r`, `\t`, and
+/// `\u{..}` for other control characters.
+pub(super) fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A node name after `# onnx: `: as is when it reads back unchanged (no
+/// control characters, no surrounding whitespace, not starting with a
+/// quote), else as a quoted string.
+fn comment_name(name: &str) -> String {
+    let plain = !name.starts_with('"')
+        && name.trim() == name
+        && !name.chars().any(|c| c.is_control());
+    if plain {
+        name.to_string()
+    } else {
+        quote(name)
+    }
+}

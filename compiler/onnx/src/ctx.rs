@@ -1,0 +1,325 @@
+//! The import context: the graph under construction, the ONNX value table,
+//! constant propagation and attribute access for op builders.
+
+use crate::{OnnxError, UnsupportedOp};
+use kiln_ir::{Graph, IrError, NodeId, Op, Tensor, ValueType};
+use std::collections::HashMap;
+use std::path::Path;
+use tract_onnx::pb::attribute_proto::AttributeType;
+use tract_onnx::pb::{AttributeProto, NodeProto, TensorProto};
+
+/// Results larger than this are not folded into constants at import.
+pub const FOLD_LIMIT_BYTES: usize = 16 << 20;
+
+/// A value during import: a graph node, a known constant, or both (a
+/// constant is added to the graph only when a computing node reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Val(usize);
+
+struct ValEntry {
+    name: String,
+    ty: ValueType,
+    konst: Option<Tensor>,
+    node: Option<NodeId>,
+}
+
+/// State shared by the op builders while one model is imported.
+pub struct ImportCtx<'a> {
+    /// The IR graph being built.
+    pub graph: Graph,
+    /// The default-domain opset of the model.
+    pub opset: i64,
+    /// Import options (for size limits).
+    pub(crate) opts: &'a crate::ImportOptions,
+    model_dir: Option<&'a Path>,
+    vals: Vec<ValEntry>,
+    names: HashMap<String, Val>,
+    /// Display name of the node being built.
+    node_name: String,
+    /// Op type of the node being built.
+    op_type: String,
+}
+
+impl<'a> ImportCtx<'a> {
+    pub(crate) fn new(opset: i64, opts: &'a crate::ImportOptions, model_dir: Option<&'a Path>) -> Self {
+        ImportCtx {
+            graph: Graph::new(),
+            opset,
+            opts,
+            model_dir,
+            vals: Vec::new(),
+            names: HashMap::new(),
+            node_name: String::new(),
+            op_type: String::new(),
+        }
+    }
+
+    pub(crate) fn set_current(&mut self, node_name: &str, op_type: &str) {
+        self.node_name = node_name.to_string();
+        self.op_type = op_type.to_string();
+    }
+
+    /// Display name of the node being built (the ONNX name, or
+    /// `<op_type>_<index>`).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    fn push(&mut self, name: String, ty: ValueType, konst: Option<Tensor>, node: Option<NodeId>) -> Val {
+        self.vals.push(ValEntry { name, ty, konst, node });
+        Val(self.vals.len() - 1)
+    }
+
+    /// Registers a graph input node under its ONNX name.
+    pub(crate) fn bind_input(&mut self, name: &str, id: NodeId) {
+        let ty = self.graph.node(id).ty.clone();
+        let v = self.push(name.to_string(), ty, None, Some(id));
+        self.names.insert(name.to_string(), v);
+    }
+
+    /// A constant value (added to the graph only when used by a node).
+    pub fn constant(&mut self, t: Tensor, name: impl Into<String>) -> Val {
+        let ty = ValueType::new(t.dtype(), t.shape().clone());
+        self.push(name.into(), ty, Some(t), None)
+    }
+
+    /// Binds an ONNX value name to `v`.
+    pub(crate) fn bind(&mut self, name: &str, v: Val) {
+        self.names.insert(name.to_string(), v);
+    }
+
+    /// The value bound to an ONNX name.
+    pub(crate) fn lookup(&self, name: &str) -> Option<Val> {
+        self.names.get(name).copied()
+    }
+
+    /// The static type of a value.
+    pub fn ty(&self, v: Val) -> &ValueType {
+        &self.vals[v.0].ty
+    }
+
+    /// The constant value of `v`, if it is known at import.
+    pub fn konst(&self, v: Val) -> Option<&Tensor> {
+        self.vals[v.0].konst.as_ref()
+    }
+
+    /// The graph node of `v`, adding a constant node on first use.
+    pub fn node_of(&mut self, v: Val) -> NodeId {
+        let e = &mut self.vals[v.0];
+        if let Some(id) = e.node {
+            return id;
+        }
+        let t = e.konst.clone().expect("a value is a node or a constant");
+        let id = self.graph.add_const(e.name.clone(), t);
+        self.vals[v.0].node = Some(id);
+        id
+    }
+
+    /// Applies an IR op to `inputs`: evaluated at import when every input is
+    /// a constant and the result is at most [`FOLD_LIMIT_BYTES`], otherwise
+    /// added to the graph. `suffix` distinguishes helper nodes of one ONNX
+    /// node (`None` for the node's main result).
+    pub fn op(&mut self, op: Op, inputs: &[Val], suffix: Option<&str>) -> Result<Val, OnnxError> {
+        let name = match suffix {
+            Some(s) => format!("{}/{s}", self.node_name),
+            None => self.node_name.clone(),
+        };
+        let types: Vec<&ValueType> = inputs.iter().map(|&v| self.ty(v)).collect();
+        let ty = kiln_ir::infer::infer(&op, &types).map_err(|e| self.ir_err(e))?;
+        let all_const = inputs.iter().all(|&v| self.konst(v).is_some());
+        if all_const && ty.size_bytes() <= FOLD_LIMIT_BYTES {
+            let tensors: Vec<&Tensor> = inputs.iter().map(|&v| self.konst(v).expect("checked")).collect();
+            // An op the evaluator cannot run is simply left in the graph.
+            if let Ok(t) = kiln_ir::eval::eval(&op, &tensors) {
+                if t.dtype() == ty.dtype && t.shape() == &ty.shape {
+                    return Ok(self.constant(t, name));
+                }
+            }
+        }
+        let ids: Vec<NodeId> = inputs.iter().map(|&v| self.node_of(v)).collect();
+        let id = self.graph.add_node(op, &ids, name).map_err(|e| self.ir_err(e))?;
+        let ty = self.graph.node(id).ty.clone();
+        let n = self.graph.node(id).name.clone();
+        Ok(self.push(n, ty, None, Some(id)))
+    }
+
+    /// Wraps an IR error with the current node.
+    pub fn ir_err(&self, source: IrError) -> OnnxError {
+        OnnxError::Node {
+            node: self.node_name.clone(),
+            op_type: self.op_type.clone(),
+            source,
+        }
+    }
+
+    /// An `Unsupported` error for the current node.
+    pub fn unsupported(&self, hint: impl Into<String>) -> OnnxError {
+        OnnxError::Unsupported(vec![UnsupportedOp {
+            op_type: self.op_type.clone(),
+            node_name: self.node_name.clone(),
+            domain: "ai.onnx".into(),
+            opset: self.opset,
+            hint: hint.into(),
+        }])
+    }
+
+    /// An `InvalidNode` error for the current node.
+    pub fn invalid(&self, message: impl Into<String>) -> OnnxError {
+        OnnxError::InvalidNode {
+            node: self.node_name.clone(),
+            op_type: self.op_type.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// An `InvalidAttribute` error for the current node.
+    pub fn bad_attr(&self, attribute: &str, message: impl Into<String>) -> OnnxError {
+        OnnxError::InvalidAttribute {
+            node: self.node_name.clone(),
+            attribute: attribute.to_string(),
+            message: message.into(),
+        }
+    }
+
+    // ---- inputs ----
+
+    /// Optional input `i` (absent or named "" gives `None`).
+    pub fn opt_input(&self, node: &NodeProto, i: usize) -> Option<Val> {
+        match node.input.get(i) {
+            Some(name) if !name.is_empty() => self.lookup(name),
+            _ => None,
+        }
+    }
+
+    /// Required input `i`.
+    pub fn input(&self, node: &NodeProto, i: usize) -> Result<Val, OnnxError> {
+        self.opt_input(node, i)
+            .ok_or_else(|| self.invalid(format!("required input {i} is missing")))
+    }
+
+    /// All present inputs, in order.
+    pub fn inputs(&self, node: &NodeProto) -> Vec<Val> {
+        (0..node.input.len()).filter_map(|i| self.opt_input(node, i)).collect()
+    }
+
+    /// Optional input `i` that must be known at compile time.
+    pub fn opt_const_input(&self, node: &NodeProto, i: usize) -> Result<Option<Tensor>, OnnxError> {
+        match self.opt_input(node, i) {
+            None => Ok(None),
+            Some(v) => match self.konst(v) {
+                Some(t) => Ok(Some(t.clone())),
+                None => Err(self.unsupported(format!("input {i} must be a compile-time constant"))),
+            },
+        }
+    }
+
+    /// Required input `i` that must be known at compile time.
+    pub fn const_input(&self, node: &NodeProto, i: usize) -> Result<Tensor, OnnxError> {
+        self.input(node, i)?;
+        Ok(self.opt_const_input(node, i)?.expect("present"))
+    }
+
+    // ---- attributes ----
+
+    fn attr<'n>(&self, node: &'n NodeProto, name: &str) -> Option<&'n AttributeProto> {
+        node.attribute.iter().find(|a| a.name == name)
+    }
+
+    /// The attribute `name`, checked to have protobuf type `want` (an
+    /// attribute with type UNDEFINED, as some old exporters write, is
+    /// accepted and read by content).
+    fn typed_attr<'n>(
+        &self,
+        node: &'n NodeProto,
+        name: &str,
+        want: AttributeType,
+    ) -> Result<Option<&'n AttributeProto>, OnnxError> {
+        let Some(a) = self.attr(node, name) else {
+            return Ok(None);
+        };
+        if a.r#type == want as i32 || a.r#type == AttributeType::Undefined as i32 {
+            return Ok(Some(a));
+        }
+        Err(OnnxError::AttributeType {
+            node: self.node_name.clone(),
+            attribute: name.to_string(),
+            expected: want.as_str_name().to_string(),
+            found: AttributeType::try_from(a.r#type)
+                .map(|t| t.as_str_name().to_string())
+                .unwrap_or_else(|_| format!("type code {}", a.r#type)),
+        })
+    }
+
+    /// Whether the node has attribute `name`.
+    pub fn has_attr(&self, node: &NodeProto, name: &str) -> bool {
+        self.attr(node, name).is_some()
+    }
+
+    /// An INT attribute.
+    pub fn attr_i(&self, node: &NodeProto, name: &str) -> Result<Option<i64>, OnnxError> {
+        Ok(self.typed_attr(node, name, AttributeType::Int)?.map(|a| a.i))
+    }
+
+    /// An INT attribute with a default.
+    pub fn attr_i_or(&self, node: &NodeProto, name: &str, default: i64) -> Result<i64, OnnxError> {
+        Ok(self.attr_i(node, name)?.unwrap_or(default))
+    }
+
+    /// A FLOAT attribute.
+    pub fn attr_f(&self, node: &NodeProto, name: &str) -> Result<Option<f32>, OnnxError> {
+        Ok(self.typed_attr(node, name, AttributeType::Float)?.map(|a| a.f))
+    }
+
+    /// A FLOAT attribute with a default.
+    pub fn attr_f_or(&self, node: &NodeProto, name: &str, default: f32) -> Result<f32, OnnxError> {
+        Ok(self.attr_f(node, name)?.unwrap_or(default))
+    }
+
+    /// An INTS attribute.
+    pub fn attr_ints(&self, node: &NodeProto, name: &str) -> Result<Option<Vec<i64>>, OnnxError> {
+        Ok(self
+            .typed_attr(node, name, AttributeType::Ints)?
+            .map(|a| a.ints.clone()))
+    }
+
+    /// A FLOATS attribute.
+    pub fn attr_floats(&self, node: &NodeProto, name: &str) -> Result<Option<Vec<f32>>, OnnxError> {
+        Ok(self
+            .typed_attr(node, name, AttributeType::Floats)?
+            .map(|a| a.floats.clone()))
+    }
+
+    /// A STRING attribute (lossy UTF-8).
+    pub fn attr_s(&self, node: &NodeProto, name: &str) -> Result<Option<String>, OnnxError> {
+        Ok(self
+            .typed_attr(node, name, AttributeType::String)?
+            .map(|a| String::from_utf8_lossy(&a.s).into_owned()))
+    }
+
+    /// A TENSOR attribute.
+    pub fn attr_t<'n>(&self, node: &'n NodeProto, name: &str) -> Result<Option<&'n TensorProto>, OnnxError> {
+        Ok(self
+            .typed_attr(node, name, AttributeType::Tensor)?
+            .and_then(|a| a.t.as_ref()))
+    }
+
+    /// The raw attribute (for ops whose attribute type changed across opsets).
+    pub fn raw_attr<'n>(&self, node: &'n NodeProto, name: &str) -> Option<&'n AttributeProto> {
+        self.attr(node, name)
+    }
+
+    /// Resolves a possibly negative axis against `rank`.
+    pub fn axis(&self, attribute: &str, axis: i64, rank: usize) -> Result<usize, OnnxError> {
+        let r = rank as i64;
+        let a = if axis < 0 { axis + r } else { axis };
+        if a < 0 || a >= r {
+            return Err(self.bad_attr(attribute, format!("axis {axis} is out of range for rank {rank}")));
+        }
+        Ok(a as usize)
+    }
+
+    /// Decodes a tensor attribute or constant with the model's size limit.
+    pub fn tensor(&self, t: &TensorProto, name: &str) -> Result<Tensor, OnnxError> {
+        crate::tensor::tensor_from_proto(t, name, self.model_dir, self.opts.max_initializer_bytes)
+    }
+}

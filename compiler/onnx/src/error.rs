@@ -1,0 +1,187 @@
+//! Errors of the ONNX frontend.
+
+use std::fmt;
+use thiserror::Error;
+
+/// One op the frontend cannot import, with where it is and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    /// The ONNX op type (`LSTM`).
+    pub op_type: String,
+    /// The node name (or `<op_type>_<index>` when the model leaves it empty).
+    pub node_name: String,
+    /// The op's domain; the default domain is spelled `ai.onnx`.
+    pub domain: String,
+    /// The opset version the model imports for that domain.
+    pub opset: i64,
+    /// Why, and what to do about it.
+    pub hint: String,
+}
+
+impl fmt::Display for UnsupportedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unsupported op '{}' (domain '{}', opset {}) at node '{}': {}",
+            self.op_type, self.domain, self.opset, self.node_name, self.hint
+        )
+    }
+}
+
+/// Formats a list of unsupported ops, one a line.
+fn list_unsupported(ops: &[UnsupportedOp]) -> String {
+    let mut s = match ops.len() {
+        1 => String::new(),
+        n => format!("{n} unsupported ops:"),
+    };
+    for (i, op) in ops.iter().enumerate() {
+        if ops.len() > 1 {
+            s.push_str("\n  ");
+        } else if i > 0 {
+            s.push('\n');
+        }
+        s.push_str(&op.to_string());
+    }
+    s
+}
+
+/// Errors from loading or importing an ONNX model. The messages name the
+/// node, op, value or file concerned; the frontend never panics on bad input.
+#[derive(Debug, Error)]
+pub enum OnnxError {
+    /// The bytes are not a (complete) ONNX ModelProto.
+    #[error("not a valid ONNX model: {0}")]
+    Decode(String),
+    /// Reading a file failed.
+    #[error("cannot read '{path}': {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The model is structurally broken in a way no other variant covers
+    /// (no graph, a value produced twice, a graph input without a type...).
+    #[error("invalid ONNX model: {0}")]
+    InvalidModel(String),
+    /// Ops Kiln cannot import; every one in the graph is listed.
+    #[error("{}", list_unsupported(.0))]
+    Unsupported(Vec<UnsupportedOp>),
+    /// A graph input has a symbolic or unknown dim that no option binds.
+    #[error(
+        "input '{input}' dim {dim_index}{} is {}; bind it with --input-shape {input}={}{}",
+        dim_name.as_ref().map(|n| format!(" ('{n}')")).unwrap_or_default(),
+        if dim_name.is_some() { "symbolic" } else { "unknown" },
+        suggested_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
+        dim_name.as_ref().map(|n| format!(" or --dim {n}=1")).unwrap_or_default()
+    )]
+    UnboundDim {
+        /// The graph input.
+        input: String,
+        /// Position of the dim.
+        dim_index: usize,
+        /// The `dim_param` name, if the model gives one.
+        dim_name: Option<String>,
+        /// An example shape for the message: the declared dims with every
+        /// unbound one shown as 1.
+        suggested_shape: Vec<usize>,
+    },
+    /// A bound input shape contradicts the model or names no input.
+    #[error("input shape for '{input}': {message}")]
+    InputShape {
+        /// The input named in the options.
+        input: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The node graph has a cycle.
+    #[error("the graph has a cycle through node '{0}'")]
+    Cycle(String),
+    /// A node reads a value that no node, initializer or graph input produces.
+    #[error("node '{node}' reads '{input}', which no node, initializer or graph input produces")]
+    MissingInput {
+        /// The reading node (or `graph output`).
+        node: String,
+        /// The value name.
+        input: String,
+    },
+    /// An attribute has the wrong protobuf type.
+    #[error("node '{node}': attribute '{attribute}' should be {expected}, found {found}")]
+    AttributeType {
+        /// The node.
+        node: String,
+        /// The attribute name.
+        attribute: String,
+        /// The type the op needs (`INT`, `FLOATS`...).
+        expected: String,
+        /// The type in the model.
+        found: String,
+    },
+    /// An attribute (or an attribute-like constant input) has a value the op
+    /// does not allow.
+    #[error("node '{node}': invalid attribute '{attribute}': {message}")]
+    InvalidAttribute {
+        /// The node.
+        node: String,
+        /// The attribute (or input) name.
+        attribute: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A node is malformed in a way not tied to one attribute (a required
+    /// input is missing, a used output cannot be produced...).
+    #[error("node '{node}' ({op_type}): {message}")]
+    InvalidNode {
+        /// The node.
+        node: String,
+        /// Its op type.
+        op_type: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Building the IR for a node failed (shape or type mismatch).
+    #[error("node '{node}' ({op_type}): {source}")]
+    Node {
+        /// The node.
+        node: String,
+        /// Its op type.
+        op_type: String,
+        /// The IR's complaint.
+        source: kiln_ir::IrError,
+    },
+    /// External tensor data is missing, out of range, or outside the model
+    /// directory.
+    #[error("external data of tensor '{tensor}': {message}")]
+    ExternalData {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor declares more bytes than the limit or than the data present.
+    #[error("tensor '{tensor}' declares {declared_bytes} bytes: {reason}")]
+    TooLarge {
+        /// The tensor.
+        tensor: String,
+        /// The byte size its dims and type declare (saturating).
+        declared_bytes: u64,
+        /// Why that is refused.
+        reason: String,
+    },
+    /// A tensor's stored data does not match its declared type and dims.
+    #[error("tensor '{tensor}': {message}")]
+    InvalidTensor {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value has an element type Kiln does not support.
+    #[error("'{value}' has element type {dtype}, which Kiln does not support")]
+    UnsupportedDType {
+        /// The value, tensor or attribute concerned.
+        value: String,
+        /// The ONNX type name.
+        dtype: String,
+    },
+}

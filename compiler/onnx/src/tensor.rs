@@ -1,0 +1,254 @@
+//! ONNX element types and `TensorProto` decoding (inline and external data).
+
+use crate::OnnxError;
+use half::{bf16, f16};
+use kiln_ir::{DType, Data, Tensor};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Component, Path};
+use tract_onnx::pb::{tensor_proto::DataType, TensorProto};
+
+/// The ONNX name of an element type code (`FLOAT`, `STRING`...).
+pub fn onnx_dtype_name(code: i32) -> String {
+    match DataType::try_from(code) {
+        Ok(t) => t.as_str_name().to_string(),
+        Err(_) => format!("type code {code}"),
+    }
+}
+
+/// Maps an ONNX `TensorProto.DataType` code to a Kiln element type.
+pub fn dtype_from_onnx(code: i32) -> Option<DType> {
+    Some(match DataType::try_from(code).ok()? {
+        DataType::Float => DType::F32,
+        DataType::Uint8 => DType::U8,
+        DataType::Int8 => DType::I8,
+        DataType::Int16 => DType::I16,
+        DataType::Int32 => DType::I32,
+        DataType::Int64 => DType::I64,
+        DataType::Bool => DType::Bool,
+        DataType::Float16 => DType::F16,
+        DataType::Double => DType::F64,
+        DataType::Bfloat16 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// Maps an ONNX element type code to a Kiln type, or an `UnsupportedDType`
+/// error naming `value`.
+pub fn dtype_or_err(code: i32, value: &str) -> Result<DType, OnnxError> {
+    dtype_from_onnx(code).ok_or_else(|| OnnxError::UnsupportedDType {
+        value: value.to_string(),
+        dtype: onnx_dtype_name(code),
+    })
+}
+
+/// Parses an ONNX type name as written in opset 1-5 `Cast.to` (`FLOAT`).
+pub fn dtype_from_onnx_name(name: &str) -> Option<DType> {
+    let code = DataType::from_str_name(&name.to_ascii_uppercase())?;
+    dtype_from_onnx(code as i32)
+}
+
+/// The element count of `dims`, or `None` on a negative dim or overflow.
+fn element_count(dims: &[i64]) -> Option<u64> {
+    dims.iter().try_fold(1u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
+}
+
+/// The byte size a tensor proto declares through its dims and type
+/// (saturating at `u64::MAX`); `None` for types Kiln does not support.
+pub fn declared_bytes(t: &TensorProto) -> Option<u64> {
+    let dtype = dtype_from_onnx(t.data_type)?;
+    Some(
+        element_count(&t.dims)
+            .and_then(|n| n.checked_mul(dtype.size_bytes() as u64))
+            .unwrap_or(u64::MAX),
+    )
+}
+
+/// Decodes a `TensorProto` into a tensor.
+///
+/// `name` names it in errors. Sizes are checked before anything is
+/// allocated: the declared size must not exceed `max_bytes` nor the data the
+/// proto (or its external file) actually holds. External data is read from
+/// `model_dir` and never from outside it.
+pub fn tensor_from_proto(
+    t: &TensorProto,
+    name: &str,
+    model_dir: Option<&Path>,
+    max_bytes: u64,
+) -> Result<Tensor, OnnxError> {
+    let dtype = dtype_or_err(t.data_type, name)?;
+    if t.dims.iter().any(|&d| d < 0) {
+        return Err(OnnxError::InvalidTensor {
+            tensor: name.to_string(),
+            message: format!("negative dim in {:?}", t.dims),
+        });
+    }
+    let too_large = |declared: u64, reason: String| OnnxError::TooLarge {
+        tensor: name.to_string(),
+        declared_bytes: declared,
+        reason,
+    };
+    let count = element_count(&t.dims);
+    let bytes = count.and_then(|n| n.checked_mul(dtype.size_bytes() as u64));
+    let (count, bytes) = match (count, bytes) {
+        (Some(c), Some(b)) if b <= max_bytes => (c, b),
+        (_, b) => {
+            return Err(too_large(
+                b.unwrap_or(u64::MAX),
+                format!("more than the limit of {max_bytes} bytes"),
+            ))
+        }
+    };
+    let count = usize::try_from(count).map_err(|_| too_large(bytes, "too many elements".into()))?;
+    let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+    let invalid = |message: String| OnnxError::InvalidTensor {
+        tensor: name.to_string(),
+        message,
+    };
+
+    let external = t.data_location == Some(1);
+    let data = if external {
+        let raw = read_external(t, name, model_dir, bytes)?;
+        Data::from_le_bytes(dtype, &raw).ok_or_else(|| invalid("external data length".into()))?
+    } else if !t.raw_data.is_empty() || count == 0 {
+        let present = t.raw_data.len() as u64;
+        if present < bytes {
+            return Err(too_large(bytes, format!("only {present} bytes of raw data are present")));
+        }
+        if present > bytes {
+            return Err(invalid(format!(
+                "raw_data holds {present} bytes but dims {:?} of {} need {bytes}",
+                t.dims, dtype
+            )));
+        }
+        Data::from_le_bytes(dtype, &t.raw_data).ok_or_else(|| invalid("raw data length".into()))?
+    } else {
+        typed_data(t, dtype, count, name)?
+    };
+    Tensor::new(&shape, data).ok_or_else(|| invalid("element count does not match dims".into()))
+}
+
+/// Decodes the typed repeated fields (`float_data`, `int32_data`, ...).
+fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result<Data, OnnxError> {
+    let present = match dtype {
+        DType::F32 => t.float_data.len(),
+        DType::F64 => t.double_data.len(),
+        DType::I64 => t.int64_data.len(),
+        _ => t.int32_data.len(),
+    };
+    if present != count {
+        let bytes = (count as u64).saturating_mul(dtype.size_bytes() as u64);
+        if present < count {
+            return Err(OnnxError::TooLarge {
+                tensor: name.to_string(),
+                declared_bytes: bytes,
+                reason: format!("only {present} of its {count} elements are present"),
+            });
+        }
+        return Err(OnnxError::InvalidTensor {
+            tensor: name.to_string(),
+            message: format!("holds {present} elements but its dims {:?} need {count}", t.dims),
+        });
+    }
+    let i32s = &t.int32_data;
+    Ok(match dtype {
+        DType::F32 => Data::F32(t.float_data.clone()),
+        DType::F64 => Data::F64(t.double_data.clone()),
+        DType::I64 => Data::I64(t.int64_data.clone()),
+        DType::I32 => Data::I32(i32s.clone()),
+        DType::I16 => Data::I16(i32s.iter().map(|&x| x as i16).collect()),
+        DType::I8 => Data::I8(i32s.iter().map(|&x| x as i8).collect()),
+        DType::U8 => Data::U8(i32s.iter().map(|&x| x as u8).collect()),
+        DType::Bool => Data::Bool(i32s.iter().map(|&x| x != 0).collect()),
+        DType::F16 => Data::F16(i32s.iter().map(|&x| f16::from_bits(x as u16)).collect()),
+        DType::BF16 => Data::BF16(i32s.iter().map(|&x| bf16::from_bits(x as u16)).collect()),
+    })
+}
+
+/// Reads `bytes` bytes of external data for `t` from inside `model_dir`.
+fn read_external(
+    t: &TensorProto,
+    name: &str,
+    model_dir: Option<&Path>,
+    bytes: u64,
+) -> Result<Vec<u8>, OnnxError> {
+    let err = |message: String| OnnxError::ExternalData {
+        tensor: name.to_string(),
+        message,
+    };
+    let key = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.as_str());
+    let location = key("location").ok_or_else(|| err("no 'location' entry".into()))?;
+    let parse = |k: &str| -> Result<Option<u64>, OnnxError> {
+        key(k)
+            .map(|v| v.trim().parse::<u64>().map_err(|_| err(format!("'{k}' is not a byte count: '{v}'"))))
+            .transpose()
+    };
+    let offset = parse("offset")?.unwrap_or(0);
+    let length = parse("length")?;
+
+    let rel = Path::new(location);
+    let escapes = location.is_empty()
+        || rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        return Err(err(format!(
+            "location '{location}' must be a relative path inside the model directory \
+             (absolute paths and '..' are refused)"
+        )));
+    }
+    let dir = model_dir.ok_or_else(|| {
+        err(format!(
+            "location '{location}' is relative to the model file, but the model was not loaded from a file"
+        ))
+    })?;
+    let canon_dir = dir
+        .canonicalize()
+        .map_err(|e| err(format!("cannot resolve model directory '{}': {e}", dir.display())))?;
+    let path = canon_dir.join(rel);
+    let canon = path
+        .canonicalize()
+        .map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
+    if !canon.starts_with(&canon_dir) {
+        return Err(err(format!(
+            "location '{location}' resolves to '{}', outside the model directory",
+            canon.display()
+        )));
+    }
+    let mut file = File::open(&canon).map_err(|e| err(format!("cannot open '{}': {e}", canon.display())))?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| err(format!("cannot stat '{}': {e}", canon.display())))?
+        .len();
+    if let Some(length) = length {
+        if length < bytes {
+            return Err(OnnxError::TooLarge {
+                tensor: name.to_string(),
+                declared_bytes: bytes,
+                reason: format!("its external data 'length' is only {length} bytes"),
+            });
+        }
+        if length > bytes {
+            return Err(err(format!("'length' is {length} bytes but the tensor needs {bytes}")));
+        }
+    }
+    match offset.checked_add(bytes) {
+        Some(end) if end <= file_len => {}
+        _ => {
+            return Err(err(format!(
+                "offset {offset} + {bytes} bytes is past the end of '{}' ({file_len} bytes)",
+                canon.display()
+            )))
+        }
+    }
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| err(format!("cannot seek in '{}': {e}", canon.display())))?;
+    // `bytes` is at most the limit and fits in the file: safe to allocate.
+    let mut buf = vec![0u8; bytes as usize];
+    file.read_exact(&mut buf)
+        .map_err(|e| err(format!("cannot read '{}': {e}", canon.display())))?;
+    Ok(buf)
+}

@@ -1,0 +1,174 @@
+//! The pass manager: pipelines, verification between passes, statistics.
+
+use crate::{DeadCodeElimination, FoldConstants};
+use kiln_ir::{Graph, IrError};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// What a pass did, for `--time-passes` and JSON reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassStats {
+    /// Nodes removed from the graph.
+    pub removed: usize,
+    /// Nodes added to the graph.
+    pub added: usize,
+    /// Nodes rewritten in place or replaced.
+    pub rewritten: usize,
+}
+
+impl PassStats {
+    /// Whether the pass changed the graph.
+    pub fn changed(&self) -> bool {
+        self.removed + self.added + self.rewritten > 0
+    }
+}
+
+/// A graph-to-graph transformation.
+pub trait Pass {
+    /// The pass's command-line name (`fold-constants`).
+    fn name(&self) -> &'static str;
+    /// Runs the pass once over the graph.
+    fn run(&self, graph: &mut Graph) -> Result<PassStats, PassError>;
+}
+
+/// Errors from running a pipeline.
+#[derive(Debug, Error)]
+pub enum PassError {
+    /// `--passes` or `-O` named something that does not exist.
+    #[error("unknown pass '{name}'; known passes: {known}")]
+    UnknownPass {
+        /// The unknown name.
+        name: String,
+        /// Comma-separated list of known names.
+        known: String,
+    },
+    /// Unsupported optimization level.
+    #[error("unknown optimization level {0}; use 0 or 1")]
+    UnknownLevel(u8),
+    /// A pass failed.
+    #[error("pass '{pass}' failed: {source}")]
+    Failed {
+        /// The pass.
+        pass: &'static str,
+        /// The IR error.
+        source: IrError,
+    },
+    /// The verifier rejected the graph a pass produced (a compiler bug).
+    #[error("the graph is invalid after pass '{pass}' (a Kiln bug; please report it): {source}")]
+    Verify {
+        /// The pass that produced the invalid graph.
+        pass: &'static str,
+        /// What the verifier found.
+        source: IrError,
+    },
+}
+
+/// How to run a pipeline.
+#[derive(Clone, Default)]
+pub struct PipelineOptions {
+    /// Run the verifier after every pass (always on in debug builds).
+    pub verify_each: bool,
+}
+
+/// One pass's entry in a [`PipelineReport`].
+#[derive(Clone, Debug)]
+pub struct PassRecord {
+    /// Pass name.
+    pub name: &'static str,
+    /// What it did.
+    pub stats: PassStats,
+    /// Wall time.
+    pub time: Duration,
+    /// Live nodes after the pass.
+    pub nodes_after: usize,
+}
+
+/// What a pipeline run did.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineReport {
+    /// One record per pass, in order.
+    pub passes: Vec<PassRecord>,
+}
+
+/// An ordered list of passes.
+pub struct PassManager {
+    passes: Vec<Box<dyn Pass>>,
+}
+
+/// Every pass by name, in a canonical order.
+fn registry() -> Vec<Box<dyn Pass>> {
+    vec![Box::new(FoldConstants::default()), Box::new(DeadCodeElimination)]
+}
+
+impl PassManager {
+    /// The pipeline of an optimization level: `0` imports as is, `1` folds
+    /// constants and removes dead code.
+    pub fn for_level(level: u8) -> Result<PassManager, PassError> {
+        match level {
+            0 => Ok(PassManager { passes: vec![] }),
+            1 => PassManager::from_names(&["fold-constants", "dce"]),
+            other => Err(PassError::UnknownLevel(other)),
+        }
+    }
+
+    /// A pipeline from explicit pass names (`--passes a,b,c`).
+    pub fn from_names(names: &[&str]) -> Result<PassManager, PassError> {
+        let mut passes = Vec::new();
+        for name in names {
+            let pass = registry()
+                .into_iter()
+                .find(|p| p.name() == *name)
+                .ok_or_else(|| PassError::UnknownPass {
+                    name: name.to_string(),
+                    known: PassManager::known_names().join(", "),
+                })?;
+            passes.push(pass);
+        }
+        Ok(PassManager { passes })
+    }
+
+    /// Names of every pass.
+    pub fn known_names() -> Vec<&'static str> {
+        registry().iter().map(|p| p.name()).collect()
+    }
+
+    /// Names of the passes in this pipeline.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// Runs the pipeline. `after_each` is called with every pass's name and
+    /// the graph it produced (for `--dump-ir`).
+    pub fn run_with(
+        &self,
+        graph: &mut Graph,
+        opts: &PipelineOptions,
+        mut after_each: impl FnMut(&str, &Graph),
+    ) -> Result<PipelineReport, PassError> {
+        let mut report = PipelineReport::default();
+        for pass in &self.passes {
+            let start = Instant::now();
+            let stats = pass.run(graph)?;
+            let time = start.elapsed();
+            if opts.verify_each || cfg!(debug_assertions) {
+                kiln_ir::verify::verify(graph).map_err(|source| PassError::Verify {
+                    pass: pass.name(),
+                    source,
+                })?;
+            }
+            report.passes.push(PassRecord {
+                name: pass.name(),
+                stats,
+                time,
+                nodes_after: graph.node_count(),
+            });
+            after_each(pass.name(), graph);
+        }
+        Ok(report)
+    }
+
+    /// Runs the pipeline without a per-pass hook.
+    pub fn run(&self, graph: &mut Graph, opts: &PipelineOptions) -> Result<PipelineReport, PassError> {
+        self.run_with(graph, opts, |_, _| {})
+    }
+}

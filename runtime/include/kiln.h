@@ -1,0 +1,83 @@
+/*
+ * kiln.h: C interface of the Kiln runtime (kiln-runtime, src/capi.rs).
+ *
+ * Link against the static library (libkiln_runtime.a, plus -lm -lpthread
+ * -ldl) or the shared library (libkiln_runtime.so).
+ *
+ * A KilnModel is a loaded, ready-to-run artifact. Functions that fail record
+ * a message readable with kiln_last_error() on the same thread. A model may
+ * be used from any thread, but not from two threads at once.
+ *
+ * An artifact is machine code: load only artifacts you trust, as you would a
+ * shared library.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types (the artifact format's dtype codes). */
+#define KILN_DTYPE_F32 1
+#define KILN_DTYPE_F16 2
+#define KILN_DTYPE_BF16 3
+#define KILN_DTYPE_F64 4
+#define KILN_DTYPE_I8 5
+#define KILN_DTYPE_U8 6
+#define KILN_DTYPE_I16 7
+#define KILN_DTYPE_I32 8
+#define KILN_DTYPE_I64 9
+#define KILN_DTYPE_BOOL 10
+
+/* Results of kiln_model_run. */
+#define KILN_OK 0
+#define KILN_ERROR_ARGUMENT 1 /* NULL model, array or buffer */
+#define KILN_ERROR_KERNEL 2   /* a kernel reported an error */
+#define KILN_ERROR_INTERNAL 3 /* a bug in the runtime */
+
+typedef struct KilnModel KilnModel;
+
+/* Loads, validates and prepares the artifact at `path` (UTF-8).
+ * Returns NULL on failure; see kiln_last_error(). */
+KilnModel *kiln_model_load(const char *path);
+
+/* Frees a model; NULL is ignored. */
+void kiln_model_free(KilnModel *m);
+
+/* The message of the most recent failure on this thread, or NULL if there
+ * was none. Valid until the next failing call on this thread. */
+const char *kiln_last_error(void);
+
+/* Inputs and outputs, in declared order. Indices run from 0 to
+ * num_inputs - 1 (num_outputs - 1). On a bad index or NULL model: names
+ * are NULL, dtype 0, rank and byte size -1, dims returns -1. */
+size_t kiln_model_num_inputs(const KilnModel *m);
+const char *kiln_model_input_name(const KilnModel *m, size_t i); /* valid while m lives */
+int kiln_model_input_dtype(const KilnModel *m, size_t i);        /* KILN_DTYPE_* */
+int64_t kiln_model_input_rank(const KilnModel *m, size_t i);
+int kiln_model_input_dims(const KilnModel *m, size_t i, uint64_t *out); /* room for rank values; 0 = ok */
+int64_t kiln_model_input_byte_size(const KilnModel *m, size_t i);
+
+size_t kiln_model_num_outputs(const KilnModel *m);
+const char *kiln_model_output_name(const KilnModel *m, size_t i);
+int kiln_model_output_dtype(const KilnModel *m, size_t i);
+int64_t kiln_model_output_rank(const KilnModel *m, size_t i);
+int kiln_model_output_dims(const KilnModel *m, size_t i, uint64_t *out);
+int64_t kiln_model_output_byte_size(const KilnModel *m, size_t i);
+
+/* Runs one inference. inputs[i] points to the data of input i and
+ * outputs[i] to a buffer for output i, in declared order, each exactly
+ * kiln_model_*_byte_size bytes of dense, row-major, little-endian elements.
+ * Returns KILN_OK or a KILN_ERROR_* code (see kiln_last_error()).
+ * Does not allocate. */
+int kiln_model_run(KilnModel *m, const void *const *inputs, void *const *outputs);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_H */

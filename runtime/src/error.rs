@@ -1,0 +1,139 @@
+//! Errors of loading and running a model.
+
+use std::path::PathBuf;
+
+use crate::format::{Arch, FormatError};
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bytes are not a valid artifact.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The artifact file could not be read.
+    #[error("cannot read '{}': {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The code is for another architecture.
+    #[error("the artifact is compiled for {artifact}, but this machine is {host}")]
+    UnsupportedArch {
+        /// Architecture of the artifact.
+        artifact: Arch,
+        /// Architecture of this machine.
+        host: &'static str,
+    },
+    /// The CPU lacks features the code needs.
+    #[error(
+        "this CPU lacks features the artifact needs: {}; recompile for this machine (e.g. --target native)",
+        .0.join(", ")
+    )]
+    MissingCpuFeatures(Vec<String>),
+    /// Executable memory could not be set up.
+    #[error("cannot map the artifact's code: {0}")]
+    CodeMemory(#[source] std::io::Error),
+    /// A PC-relative relocation cannot reach its target from where the code
+    /// was mapped.
+    #[error(
+        "relocation {index} at TEXT offset {offset} cannot reach its target: distance {distance} does not fit in 32 bits"
+    )]
+    RelocationOutOfRange {
+        /// Index in the relocation table.
+        index: usize,
+        /// Patch site in TEXT.
+        offset: u64,
+        /// The distance that did not fit.
+        distance: i128,
+    },
+    /// A buffer could not be allocated.
+    #[error("cannot allocate {bytes} bytes for the {what}")]
+    OutOfMemory {
+        /// Which buffer (`arena`, `weights`).
+        what: &'static str,
+        /// Requested size.
+        bytes: u64,
+    },
+    /// An input name the model does not have.
+    #[error("unknown input '{name}'; the model's inputs are: {expected}")]
+    UnknownInput {
+        /// The name given.
+        name: String,
+        /// The model's input names, comma-separated.
+        expected: String,
+    },
+    /// The same input name given twice.
+    #[error("input '{0}' is given more than once")]
+    DuplicateInput(String),
+    /// A declared input not given.
+    #[error("missing input '{name}' ({expected})")]
+    MissingInput {
+        /// The input's name.
+        name: String,
+        /// Its type, e.g. `f32[1,3,224,224]`.
+        expected: String,
+    },
+    /// An input with the wrong dtype or shape.
+    #[error("input '{name}': expected {expected}, given {given}")]
+    InputTypeMismatch {
+        /// The input's name.
+        name: String,
+        /// Declared type, e.g. `f32[1,3,48,192]`.
+        expected: String,
+        /// Given type.
+        given: String,
+    },
+    /// Input data whose length does not match its type.
+    #[error("input '{name}': {ty} needs {expected} bytes of data, given {given}")]
+    InputDataLength {
+        /// The input's name.
+        name: String,
+        /// Its type.
+        ty: String,
+        /// Bytes needed.
+        expected: u64,
+        /// Bytes given.
+        given: usize,
+    },
+    /// `run_into` got the wrong number of output buffers.
+    #[error("the model has {expected} outputs, but {given} output buffers were given")]
+    OutputCount {
+        /// Number of outputs.
+        expected: usize,
+        /// Number of buffers.
+        given: usize,
+    },
+    /// An output buffer of the wrong size.
+    #[error("output '{name}': {ty} needs a buffer of {expected} bytes, given {given}")]
+    OutputBufferSize {
+        /// The output's name.
+        name: String,
+        /// Its type.
+        ty: String,
+        /// Bytes needed.
+        expected: u64,
+        /// Bytes given.
+        given: usize,
+    },
+    /// A kernel returned a non-zero code.
+    #[error("{}", kernel_message(node, *code))]
+    Kernel {
+        /// Source node of the failing kernel call.
+        node: String,
+        /// The kernel's return code.
+        code: i32,
+    },
+}
+
+/// Kernel return code: an index (e.g. of Gather) was out of range.
+pub const KERNEL_INDEX_OUT_OF_RANGE: i32 = 1;
+
+fn kernel_message(node: &str, code: i32) -> String {
+    match code {
+        KERNEL_INDEX_OUT_OF_RANGE => format!("node '{node}': index out of range"),
+        _ => format!("node '{node}': kernel failed with code {code}"),
+    }
+}

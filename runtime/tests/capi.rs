@@ -1,0 +1,104 @@
+//! The C ABI, called from Rust as C would call it.
+
+mod common;
+
+use std::ffi::{c_void, CStr, CString};
+use std::ptr;
+
+use kiln_runtime::capi::*;
+
+fn last_error() -> String {
+    let e = kiln_last_error();
+    assert!(!e.is_null());
+    // SAFETY: a NUL-terminated string owned by the runtime.
+    unsafe { CStr::from_ptr(e) }.to_str().unwrap().to_owned()
+}
+
+fn write_temp(name: &str, bytes: &[u8]) -> CString {
+    let path = std::env::temp_dir().join(format!("kiln-capi-{}-{name}.kiln", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    CString::new(path.to_str().unwrap()).unwrap()
+}
+
+#[test]
+fn load_failure_sets_error() {
+    let path = CString::new("/nonexistent/x.kiln").unwrap();
+    // SAFETY: valid C string.
+    let m = unsafe { kiln_model_load(path.as_ptr()) };
+    assert!(m.is_null());
+    assert!(
+        last_error().starts_with("cannot load '/nonexistent/x.kiln': cannot read"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: NULL is allowed everywhere.
+    unsafe {
+        assert!(kiln_model_load(ptr::null()).is_null());
+        assert_eq!(kiln_model_num_inputs(ptr::null()), 0);
+        assert_eq!(kiln_model_input_rank(ptr::null(), 0), -1);
+        assert_eq!(
+            kiln_model_run(ptr::null_mut(), ptr::null(), ptr::null()),
+            KILN_ERROR_ARGUMENT
+        );
+        kiln_model_free(ptr::null_mut());
+    }
+}
+
+#[test]
+fn bad_artifact_message() {
+    let mut bytes = common::copy_model().to_bytes();
+    bytes[0] = 0;
+    let path = write_temp("bad", &bytes);
+    // SAFETY: valid C string.
+    let m = unsafe { kiln_model_load(path.as_ptr()) };
+    std::fs::remove_file(path.to_str().unwrap()).unwrap();
+    assert!(m.is_null());
+    assert!(last_error()
+        .ends_with(": not a Kiln artifact (the file does not start with \"KILNART\\0\")"));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn load_describe_run() {
+    let path = write_temp("copy", &common::copy_model().to_bytes());
+    // SAFETY: every pointer below is valid for the calls' contracts.
+    unsafe {
+        let m = kiln_model_load(path.as_ptr());
+        std::fs::remove_file(path.to_str().unwrap()).unwrap();
+        assert!(!m.is_null());
+        assert_eq!(kiln_model_num_inputs(m), 1);
+        assert_eq!(kiln_model_num_outputs(m), 1);
+        assert_eq!(
+            CStr::from_ptr(kiln_model_input_name(m, 0)).to_str(),
+            Ok("x")
+        );
+        assert_eq!(
+            CStr::from_ptr(kiln_model_output_name(m, 0)).to_str(),
+            Ok("y")
+        );
+        assert_eq!(kiln_model_input_dtype(m, 0), 1);
+        assert_eq!(kiln_model_output_rank(m, 0), 1);
+        let mut dims = [0u64; 1];
+        assert_eq!(kiln_model_output_dims(m, 0, dims.as_mut_ptr()), 0);
+        assert_eq!(dims, [2]);
+        assert_eq!(kiln_model_input_byte_size(m, 0), 8);
+        assert!(kiln_model_input_name(m, 1).is_null());
+        assert_eq!(last_error(), "input index 1 out of range (the model has 1)");
+
+        let x = [1.25f32, -3.0];
+        let mut y = [0f32; 2];
+        let inputs = [x.as_ptr().cast::<c_void>()];
+        let outputs = [y.as_mut_ptr().cast::<c_void>()];
+        assert_eq!(
+            kiln_model_run(m, inputs.as_ptr(), outputs.as_ptr()),
+            KILN_OK
+        );
+        assert_eq!(y, x);
+
+        let null_out = [ptr::null_mut::<c_void>()];
+        let rc = kiln_model_run(m, inputs.as_ptr(), null_out.as_ptr());
+        assert_eq!(rc, KILN_ERROR_ARGUMENT);
+        assert_eq!(last_error(), "kiln_model_run: output 0 ('y') is NULL");
+        kiln_model_free(m);
+    }
+}

@@ -1,0 +1,370 @@
+//! Artifact encoding and decoding: round trips, determinism, and a clear
+//! error for every kind of malformed file.
+
+mod common;
+
+use common::{copy_model, rich_artifact, spec};
+use kiln_runtime::format::{
+    read_header, Artifact, ArtifactView, DType, FormatError, RelocTarget, SectionKind,
+    FORMAT_VERSION, HEADER_LEN, SECTION_ALIGN, SECTION_ENTRY_LEN,
+};
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).into()
+}
+
+fn parse_err(bytes: &[u8]) -> FormatError {
+    Artifact::parse(bytes).expect_err("parse should fail")
+}
+
+/// Offset of the section table entry for `kind`.
+fn entry_at(kind: SectionKind) -> usize {
+    HEADER_LEN + (kind as usize - 1) * SECTION_ENTRY_LEN
+}
+
+fn section_range(bytes: &[u8], kind: SectionKind) -> std::ops::Range<usize> {
+    let s = read_header(bytes).unwrap().section(kind).clone();
+    s.offset as usize..(s.offset + s.length) as usize
+}
+
+/// Re-encodes `a` after `edit`, for tests of semantic validation (the
+/// checksums are then right, so parsing reaches the content checks).
+fn encode_with(edit: impl FnOnce(&mut Artifact)) -> Vec<u8> {
+    let mut a = rich_artifact();
+    edit(&mut a);
+    a.to_bytes()
+}
+
+#[test]
+fn round_trip() {
+    let a = rich_artifact();
+    let bytes = a.to_bytes();
+    assert_eq!(Artifact::parse(&bytes).unwrap(), a);
+    let view = ArtifactView::parse(&bytes).unwrap();
+    assert_eq!(view.header.version, FORMAT_VERSION);
+    assert_eq!(view.header.content_hash, a.content_hash());
+    assert_eq!(view.into_artifact(), a);
+}
+
+#[test]
+fn serialization_is_deterministic_and_canonical() {
+    let bytes = rich_artifact().to_bytes();
+    assert_eq!(bytes, rich_artifact().to_bytes());
+    assert_eq!(Artifact::parse(&bytes).unwrap().to_bytes(), bytes);
+}
+
+#[test]
+fn sections_are_aligned_and_weights_in_place() {
+    let bytes = rich_artifact().to_bytes();
+    let header = read_header(&bytes).unwrap();
+    for s in &header.sections {
+        assert_eq!(s.offset % SECTION_ALIGN, 0, "{}", s.kind);
+    }
+    let w = section_range(&bytes, SectionKind::Weights);
+    assert_eq!(bytes[w], rich_artifact().weights[..]);
+}
+
+#[test]
+fn content_hash_changes_with_content() {
+    let a = rich_artifact();
+    let mut b = a.clone();
+    b.weights[0] ^= 1;
+    assert_ne!(a.content_hash(), b.content_hash());
+}
+
+#[test]
+fn wrong_magic() {
+    let mut bytes = copy_model().to_bytes();
+    bytes[0] = b'X';
+    let err = parse_err(&bytes);
+    assert_eq!(err, FormatError::NotKiln);
+    assert!(err.to_string().starts_with("not a Kiln artifact"), "{err}");
+    assert_eq!(parse_err(b"\x7fELF\x02\x01\x01"), FormatError::NotKiln);
+}
+
+#[test]
+fn newer_version() {
+    let mut bytes = copy_model().to_bytes();
+    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let err = parse_err(&bytes);
+    assert_eq!(
+        err,
+        FormatError::NewerVersion {
+            found: 7,
+            supported: FORMAT_VERSION
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "artifact format version 7 is newer than this runtime supports (1)"
+    );
+}
+
+#[test]
+fn version_zero() {
+    let mut bytes = copy_model().to_bytes();
+    bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(parse_err(&bytes), FormatError::InvalidVersion(0));
+}
+
+#[test]
+fn truncated_file() {
+    let bytes = rich_artifact().to_bytes();
+    let err = parse_err(&bytes[..bytes.len() - 1]);
+    assert!(matches!(err, FormatError::Truncated(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("artifact is truncated: section SCHEDULE"),
+        "{err}"
+    );
+    let err = parse_err(&bytes[..20]);
+    assert_eq!(
+        err.to_string(),
+        "artifact is truncated: the header needs 64 bytes, the file has 20"
+    );
+    assert!(matches!(parse_err(&[]), FormatError::Truncated(_)));
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = rich_artifact().to_bytes();
+    for len in 0..bytes.len() {
+        assert!(Artifact::parse(&bytes[..len]).is_err(), "length {len}");
+    }
+}
+
+#[test]
+fn flipped_byte_in_text() {
+    let mut bytes = copy_model().to_bytes();
+    let text = section_range(&bytes, SectionKind::Text);
+    bytes[text.start + 1] ^= 0x10;
+    let err = parse_err(&bytes);
+    assert_eq!(err, FormatError::SectionChecksum(SectionKind::Text));
+    assert_eq!(err.to_string(), "checksum mismatch in section TEXT");
+}
+
+#[test]
+fn flipped_byte_in_header() {
+    let mut bytes = copy_model().to_bytes();
+    bytes[16] ^= 1; // features
+    assert_eq!(parse_err(&bytes), FormatError::HeaderChecksum);
+}
+
+#[test]
+fn every_flipped_byte_is_an_error() {
+    let bytes = rich_artifact().to_bytes();
+    for i in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x01;
+        assert!(
+            Artifact::parse(&b).is_err(),
+            "flipping byte {i} went unnoticed"
+        );
+    }
+}
+
+#[test]
+fn trailing_bytes() {
+    let mut bytes = copy_model().to_bytes();
+    bytes.push(0);
+    let err = parse_err(&bytes);
+    assert_eq!(
+        err,
+        FormatError::SectionTable("1 unexpected bytes after the last section".into())
+    );
+}
+
+#[test]
+fn section_out_of_file() {
+    let mut bytes = copy_model().to_bytes();
+    let at = entry_at(SectionKind::Weights) + 16;
+    bytes[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    // The header checksum catches it first ...
+    assert_eq!(parse_err(&bytes), FormatError::HeaderChecksum);
+    // ... and with a matching checksum, the range check does.
+    fix_header_hash(&mut bytes);
+    let err = parse_err(&bytes);
+    assert!(matches!(err, FormatError::Truncated(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("artifact is truncated: section WEIGHTS (bytes ")
+            && err.to_string().contains("extends past the end of the file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn misplaced_section() {
+    let mut bytes = copy_model().to_bytes();
+    let at = entry_at(SectionKind::Text) + 8;
+    let offset = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    bytes[at..at + 8].copy_from_slice(&(offset + 64).to_le_bytes());
+    fix_header_hash(&mut bytes);
+    let err = parse_err(&bytes);
+    assert!(
+        matches!(&err, FormatError::SectionTable(m) if m.starts_with("section TEXT starts at byte")),
+        "{err:?}"
+    );
+}
+
+fn malformed(bytes: &[u8], section: SectionKind, needle: &str) {
+    match parse_err(bytes) {
+        FormatError::Malformed { section: s, detail } => {
+            assert_eq!(s, section);
+            assert!(detail.contains(needle), "{detail:?} lacks {needle:?}");
+        }
+        other => panic!("expected Malformed in {section}, got {other:?}"),
+    }
+}
+
+#[test]
+fn kernel_outside_text() {
+    let bytes = encode_with(|a| a.kernels[1].text_len = 1000);
+    malformed(
+        &bytes,
+        SectionKind::Kernels,
+        "kernel 'copy' (TEXT bytes 32..1032)",
+    );
+    let bytes = encode_with(|a| a.kernels[1].text_offset = u64::MAX);
+    malformed(&bytes, SectionKind::Kernels, "lies outside TEXT");
+    let bytes = encode_with(|a| a.kernels[1].text_len = 0);
+    malformed(&bytes, SectionKind::Kernels, "is empty");
+}
+
+#[test]
+fn reloc_outside_text() {
+    // An Abs64 patch must fit entirely: TEXT is 43 bytes.
+    let bytes = encode_with(|a| a.relocs[1].offset = 40);
+    malformed(
+        &bytes,
+        SectionKind::Relocs,
+        "patches TEXT bytes 40..48, outside TEXT (43 bytes)",
+    );
+    let bytes = encode_with(|a| a.relocs[1].offset = u64::MAX - 2);
+    malformed(&bytes, SectionKind::Relocs, "outside TEXT");
+    let bytes = encode_with(|a| a.relocs[2].target = RelocTarget::Text(44));
+    malformed(&bytes, SectionKind::Relocs, "TEXT offset 44");
+}
+
+#[test]
+fn reloc_kernel_index() {
+    let bytes = encode_with(|a| a.relocs[0].target = RelocTarget::Kernel(2));
+    malformed(
+        &bytes,
+        SectionKind::Relocs,
+        "refers to kernel 2, but there are 2",
+    );
+}
+
+#[test]
+fn schedule_kernel_index() {
+    let bytes = encode_with(|a| a.schedule[1].kernel = 9);
+    malformed(
+        &bytes,
+        SectionKind::Schedule,
+        "step 1 ('/b') calls kernel 9, but there are 2",
+    );
+}
+
+#[test]
+fn tensor_outside_arena() {
+    let bytes = encode_with(|a| a.metadata.outputs[0].arena_offset = 28);
+    malformed(
+        &bytes,
+        SectionKind::Meta,
+        "output 'y' (f32[2], 8 bytes at arena offset 28) does not fit in the arena (32 bytes)",
+    );
+    let bytes = encode_with(|a| a.metadata.inputs[0].shape = vec![u64::MAX, 2]);
+    malformed(&bytes, SectionKind::Meta, "too many bytes");
+    let bytes = encode_with(|a| a.metadata.inputs[0].arena_offset = u64::MAX);
+    malformed(&bytes, SectionKind::Meta, "does not fit in the arena");
+}
+
+#[test]
+fn duplicate_input_names() {
+    let bytes = encode_with(|a| a.metadata.inputs.push(spec("x", DType::F32, &[], 0)));
+    malformed(&bytes, SectionKind::Meta, "input name 'x' appears twice");
+}
+
+/// Overwrites bytes of a section and fixes up its checksum and the header,
+/// to reach the decoder's checks for codes the writer cannot produce.
+fn patch_section(bytes: &mut [u8], kind: SectionKind, at: usize, new: &[u8]) {
+    let range = section_range(bytes, kind);
+    bytes[range.start + at..range.start + at + new.len()].copy_from_slice(new);
+    let digest = sha256(&bytes[range]);
+    let entry = entry_at(kind);
+    bytes[entry + 24..entry + 56].copy_from_slice(&digest);
+    fix_header_hash(bytes);
+}
+
+/// Recomputes the header's content hash after an edit of the header or
+/// section table.
+fn fix_header_hash(bytes: &mut [u8]) {
+    let table_end = HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN;
+    let mut hashed = bytes[..32].to_vec();
+    hashed.extend_from_slice(&bytes[64..table_end]);
+    let h = sha256(&hashed);
+    bytes[32..64].copy_from_slice(&h);
+}
+
+#[test]
+fn unknown_dtype_code() {
+    let mut bytes = copy_model().to_bytes();
+    // META: three strings, hash, arena size, input count, then the first
+    // input's name ("x") and its dtype byte.
+    let m = copy_model().metadata;
+    let at =
+        4 * 3 + m.compiler_version.len() + m.target.len() + m.options.len() + 32 + 8 + 4 + 4 + 1;
+    patch_section(&mut bytes, SectionKind::Meta, at, &[77]);
+    let err = parse_err(&bytes);
+    assert_eq!(
+        err,
+        FormatError::UnknownCode {
+            what: "dtype",
+            code: 77
+        }
+    );
+    assert_eq!(err.to_string(), "unknown dtype code 77");
+}
+
+#[test]
+fn unknown_reloc_codes() {
+    let base = rich_artifact().to_bytes();
+    // RELOCS: count, then 32-byte records: offset, kind, target kind, ...
+    let mut bytes = base.clone();
+    patch_section(&mut bytes, SectionKind::Relocs, 4 + 8, &9u32.to_le_bytes());
+    assert_eq!(
+        parse_err(&bytes).to_string(),
+        "unknown relocation kind code 9"
+    );
+    let mut bytes = base.clone();
+    patch_section(&mut bytes, SectionKind::Relocs, 4 + 12, &5u32.to_le_bytes());
+    assert_eq!(
+        parse_err(&bytes).to_string(),
+        "unknown relocation target kind code 5"
+    );
+    let mut bytes = base;
+    // Second record's target value: a host function code.
+    patch_section(
+        &mut bytes,
+        SectionKind::Relocs,
+        4 + 32 + 16,
+        &999u64.to_le_bytes(),
+    );
+    assert_eq!(
+        parse_err(&bytes).to_string(),
+        "unknown host function code 999"
+    );
+}
+
+#[test]
+fn absurd_counts_are_refused_without_allocating() {
+    let mut bytes = rich_artifact().to_bytes();
+    patch_section(&mut bytes, SectionKind::Relocs, 0, &u32::MAX.to_le_bytes());
+    malformed(
+        &bytes,
+        SectionKind::Relocs,
+        "relocation count is 4294967295",
+    );
+}

@@ -1,0 +1,293 @@
+//! Loading and running hand-assembled artifacts.
+
+mod common;
+
+use common::{copy_model, spec};
+use kiln_runtime::format::{Arch, CpuFeatures, DType};
+use kiln_runtime::{Error, Model, Tensor, TensorRef};
+
+fn load_err(bytes: &[u8]) -> Error {
+    Model::from_bytes(bytes).expect_err("loading should fail")
+}
+
+#[test]
+fn missing_cpu_feature() {
+    let mut a = copy_model();
+    let lacking = if cfg!(target_arch = "x86_64") {
+        CpuFeatures::NEON
+    } else {
+        CpuFeatures::AVX512F
+    };
+    a.arch = Arch::host().unwrap_or(Arch::X86_64);
+    a.features = lacking | CpuFeatures(1 << 50);
+    let err = load_err(&a.to_bytes());
+    let Error::MissingCpuFeatures(missing) = &err else {
+        panic!("expected MissingCpuFeatures, got {err:?}");
+    };
+    assert_eq!(missing, &[lacking.names()[0], "unknown feature bit 50"]);
+    assert!(
+        err.to_string().starts_with(&format!(
+            "this CPU lacks features the artifact needs: {}, unknown feature bit 50",
+            lacking.names()[0]
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_arch() {
+    let mut a = copy_model();
+    a.arch = if Arch::host() == Some(Arch::Aarch64) {
+        Arch::X86_64
+    } else {
+        Arch::Aarch64
+    };
+    let err = load_err(&a.to_bytes());
+    assert!(matches!(err, Error::UnsupportedArch { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the artifact is compiled for {}, but this machine is {}",
+            a.arch,
+            std::env::consts::ARCH
+        )
+    );
+}
+
+#[test]
+fn format_errors_pass_through() {
+    let mut bytes = copy_model().to_bytes();
+    *bytes.last_mut().unwrap() ^= 1;
+    let err = load_err(&bytes);
+    assert_eq!(err.to_string(), "checksum mismatch in section SCHEDULE");
+}
+
+#[test]
+fn missing_file() {
+    let err = Model::load("/nonexistent/model.kiln").unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("cannot read '/nonexistent/model.kiln': "),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_file() {
+    let path = temp_path("empty");
+    std::fs::write(&path, b"").unwrap();
+    let err = Model::load(&path).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        err.to_string().starts_with("artifact is truncated"),
+        "{err}"
+    );
+}
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("kiln-runtime-{}-{name}.kiln", std::process::id()))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86_64 {
+    use super::*;
+    use common::*;
+    use kiln_runtime::format::HostFn;
+    use kiln_runtime::TensorSpec;
+
+    fn x(values: &[f32; 2]) -> Tensor {
+        Tensor::from_f32("x", &[2], values)
+    }
+
+    #[test]
+    fn copy_kernel_runs() {
+        let mut m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        assert_eq!(m.inputs(), [spec("x", DType::F32, &[2], 0)]);
+        assert_eq!(m.outputs()[0].name, "y");
+        let out = m.run(&[x(&[1.5, -2.25]).view()]).unwrap();
+        assert_eq!(out, [Tensor::from_f32("y", &[2], &[1.5, -2.25])]);
+        // Again, with new data and the allocation-free entry point.
+        let mut y = [0u8; 8];
+        let values = [3.0f32, 4.0];
+        m.run_into(&[TensorRef::from_slice("x", &[2], &values)], &mut [&mut y])
+            .unwrap();
+        assert_eq!(y, Tensor::from_f32("y", &[2], &values).data[..]);
+    }
+
+    #[test]
+    fn load_from_file_maps_weights() {
+        let mut a = single_kernel(
+            WEIGHTS_TO_ARENA,
+            vec![],
+            vec![spec("w", DType::F32, &[2], 8)],
+        );
+        a.weights = Tensor::from_f32("", &[2], &[0.5, 8.0]).data;
+        let path = temp_path("weights");
+        std::fs::write(&path, a.to_bytes()).unwrap();
+        let loaded = Model::load(&path);
+        std::fs::remove_file(&path).unwrap();
+        let mut m = loaded.unwrap();
+        assert_eq!(m.content_hash(), a.content_hash());
+        let out = m.run(&[]).unwrap();
+        assert_eq!(out[0].to_f32_vec(), Some(vec![0.5, 8.0]));
+        // The same through `from_bytes`, which copies the weights.
+        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        assert_eq!(m.run(&[]).unwrap()[0].to_f32_vec(), Some(vec![0.5, 8.0]));
+    }
+
+    #[test]
+    fn host_functions_through_abs64_relocations() {
+        for (f, input, expected) in [
+            (HostFn::Expf, 1.0f32, 1.0f32.exp()),
+            (HostFn::Tanhf, 0.5, 0.5f32.tanh()),
+            (HostFn::Sqrtf, 2.0, 2.0f32.sqrt()),
+        ] {
+            let mut m = Model::from_bytes(&host_call_model(f).to_bytes()).unwrap();
+            let x = Tensor::from_f32("x", &[], &[input]);
+            let y = m.run(&[x.view()]).unwrap().remove(0);
+            assert_eq!(y.to_f32_vec(), Some(vec![expected]), "{}", f.name());
+        }
+    }
+
+    #[test]
+    fn kernel_calls_kernel_through_pcrel32_relocation() {
+        let mut m = Model::from_bytes(&rich_artifact().to_bytes()).unwrap();
+        let mask = Tensor::from_slice("mask", &[3, 1], &[true, false, true]);
+        let out = m.run(&[mask.view(), x(&[7.0, 8.0]).view()]).unwrap();
+        assert_eq!(out[0].to_f32_vec(), Some(vec![7.0, 8.0]));
+        assert_eq!(out[1].to_i64_vec(), Some(vec![0]));
+    }
+
+    #[test]
+    fn kernel_error_codes() {
+        let mut a = copy_model();
+        let fail_at = 32;
+        a.text.resize(fail_at, 0xCC);
+        a.text.extend(return_code(1));
+        a.text.extend(return_code(42));
+        a.kernels.push(kernel("oob", fail_at as u64, 6));
+        a.kernels.push(kernel("fail", fail_at as u64 + 6, 6));
+        a.schedule.push(step(1, "/gather"));
+        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
+        assert!(matches!(&err, Error::Kernel { code: 1, .. }), "{err:?}");
+        assert_eq!(err.to_string(), "node '/gather': index out of range");
+        a.schedule[1] = step(2, "/custom");
+        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "node '/custom': kernel failed with code 42"
+        );
+    }
+
+    fn two_input_model() -> Model {
+        let mut a = copy_model();
+        a.metadata.inputs.push(spec("b", DType::I64, &[1], 16));
+        a.metadata.arena_size = 24;
+        Model::from_bytes(&a.to_bytes()).unwrap()
+    }
+
+    fn run_err(m: &mut Model, inputs: &[TensorRef<'_>]) -> Error {
+        m.run(inputs).expect_err("run should fail")
+    }
+
+    #[test]
+    fn unknown_input() {
+        let mut m = two_input_model();
+        let foo = Tensor::from_f32("foo", &[2], &[0.0; 2]);
+        let err = run_err(&mut m, &[foo.view()]);
+        assert!(matches!(err, Error::UnknownInput { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "unknown input 'foo'; the model's inputs are: x, b"
+        );
+    }
+
+    #[test]
+    fn missing_input() {
+        let mut m = two_input_model();
+        let err = run_err(&mut m, &[x(&[0.0; 2]).view()]);
+        assert!(matches!(err, Error::MissingInput { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "missing input 'b' (i64[1])");
+    }
+
+    #[test]
+    fn duplicate_input() {
+        let mut m = two_input_model();
+        let x = x(&[0.0; 2]);
+        let err = run_err(&mut m, &[x.view(), x.view()]);
+        assert_eq!(err.to_string(), "input 'x' is given more than once");
+    }
+
+    #[test]
+    fn wrong_dtype_and_shape() {
+        let mut m = two_input_model();
+        let b = Tensor::from_i64("b", &[1], &[5]);
+        let wrong_dtype = Tensor::from_slice("x", &[2], &[1i32, 2]);
+        let err = run_err(&mut m, &[wrong_dtype.view(), b.view()]);
+        assert!(matches!(err, Error::InputTypeMismatch { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "input 'x': expected f32[2], given i32[2]");
+        let wrong_shape = Tensor::from_f32("x", &[1, 2], &[1.0, 2.0]);
+        let err = run_err(&mut m, &[b.view(), wrong_shape.view()]);
+        assert_eq!(
+            err.to_string(),
+            "input 'x': expected f32[2], given f32[1,2]"
+        );
+    }
+
+    #[test]
+    fn wrong_data_length() {
+        let mut m = two_input_model();
+        let b = Tensor::from_i64("b", &[1], &[5]);
+        let short = Tensor::from_f32("x", &[2], &[1.0]);
+        let err = run_err(&mut m, &[short.view(), b.view()]);
+        assert!(matches!(err, Error::InputDataLength { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "input 'x': f32[2] needs 8 bytes of data, given 4"
+        );
+    }
+
+    #[test]
+    fn wrong_output_buffers() {
+        let mut m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let x = x(&[1.0, 2.0]);
+        let err = m.run_into(&[x.view()], &mut []).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the model has 1 outputs, but 0 output buffers were given"
+        );
+        let err = m.run_into(&[x.view()], &mut [&mut [0u8; 4]]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "output 'y': f32[2] needs a buffer of 8 bytes, given 4"
+        );
+    }
+
+    #[test]
+    fn pcrel32_out_of_reach() {
+        let mut a = host_call_model(HostFn::Expf);
+        // A PC-relative reference 2^40 bytes away cannot be encoded.
+        a.relocs[0] = kiln_runtime::format::Reloc {
+            offset: 0,
+            kind: kiln_runtime::format::RelocKind::PcRel32,
+            target: kiln_runtime::format::RelocTarget::Text(0),
+            addend: 1 << 40,
+        };
+        let err = load_err(&a.to_bytes());
+        assert!(matches!(err, Error::RelocationOutOfRange { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn model_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Model>();
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let spec: TensorSpec = std::thread::spawn(move || m.outputs()[0].clone())
+            .join()
+            .unwrap();
+        assert_eq!(spec.byte_len(), 8);
+    }
+}

@@ -1,0 +1,99 @@
+//! Every fixture model, compiled for the native target and run through the
+//! runtime, matches its onnxruntime reference outputs.
+
+use kiln_tests::{argmax_rows, check_fixture, run_artifact, Fixture};
+
+/// fp32 bar of the foundation issue: max abs error relative to the output's
+/// scale.
+const FP32_TOLERANCE: f64 = 1e-4;
+
+fn check_all(names: &[String]) {
+    let mut failures = Vec::new();
+    println!("{:<40} {:>12} {:>12}", "fixture", "max abs err", "rel err");
+    for name in names {
+        let fixture = Fixture::load(name);
+        match check_fixture(&fixture) {
+            Ok(comparisons) => {
+                for c in comparisons {
+                    println!("{:<40} {:>12.3e} {:>12.3e}", format!("{name}:{}", c.name), c.max_abs_error, c.rel_error);
+                    if !c.passes(FP32_TOLERANCE) {
+                        failures.push(format!("{name}: output '{}': {c:?}", c.name));
+                    }
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn op_fixtures_match_onnxruntime() {
+    let names: Vec<String> = Fixture::all_names().into_iter().filter(|n| n.starts_with("op_")).collect();
+    assert!(names.len() > 100, "expected the op fixtures, found {}", names.len());
+    check_all(&names);
+}
+
+#[test]
+fn ppocr_cls_matches_onnxruntime() {
+    check_all(&["ppocr_cls".to_string()]);
+}
+
+fn check_accuracy(name: &str) {
+    check_all(&[name.to_string()]);
+    let fixture = Fixture::load(name);
+    let acc = &fixture.meta["accuracy"];
+    let images = kiln::npy::read_tensor(acc["input"].as_str().unwrap(), &fixture.dir.join(acc["images"].as_str().unwrap())).unwrap();
+    let labels = kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap())).unwrap();
+    let labels = labels.to_i64_vec().expect("i64 labels");
+    let mut opts = fixture.compile_options();
+    opts.import.input_shapes.insert(images.name.clone(), images.shape.iter().map(|&d| d as usize).collect());
+    let bytes = fixture.compile_with(&opts).unwrap();
+    let outputs = run_artifact(&bytes, &[images]).unwrap();
+    let scores = outputs.iter().find(|t| t.name == acc["output"].as_str().unwrap()).expect("scored output");
+    let predicted = argmax_rows(scores);
+    let correct = predicted.iter().zip(&labels).filter(|(p, l)| **p as i64 == **l).count();
+    let kiln_accuracy = correct as f64 / labels.len() as f64;
+    let ort_accuracy = acc["ort_accuracy"].as_f64().unwrap();
+    println!("{name}: Kiln accuracy {kiln_accuracy:.4} ({correct}/{}), onnxruntime {ort_accuracy:.4}", labels.len());
+    assert!((kiln_accuracy - ort_accuracy).abs() < 1e-9, "{name}: Kiln {kiln_accuracy} vs onnxruntime {ort_accuracy}");
+}
+
+#[test]
+fn digits_mlp_matches_onnxruntime_and_accuracy() {
+    check_accuracy("digits_mlp");
+}
+
+#[test]
+fn digits_cnn_matches_onnxruntime_and_accuracy() {
+    check_accuracy("digits_cnn");
+}
+
+#[test]
+fn same_input_and_options_give_identical_artifacts() {
+    for name in ["digits_cnn", "ppocr_cls", "op_conv_groups2"] {
+        let fixture = Fixture::load(name);
+        let opts = fixture.compile_options();
+        let a = fixture.compile_with(&opts).unwrap();
+        let b = fixture.compile_with(&opts).unwrap();
+        assert!(a == b, "{name}: two compilations differ");
+    }
+}
+
+#[test]
+fn aarch64_cross_compile_produces_a_valid_artifact() {
+    for name in ["digits_cnn", "ppocr_cls"] {
+        let fixture = Fixture::load(name);
+        let mut opts = fixture.compile_options();
+        opts.target = "aarch64".parse().unwrap();
+        let bytes = fixture.compile_with(&opts).unwrap();
+        let artifact = kiln_runtime::format::Artifact::parse(&bytes).expect("aarch64 artifact parses");
+        assert_eq!(artifact.arch, kiln_runtime::format::Arch::Aarch64);
+        assert!(!artifact.kernels.is_empty());
+        #[cfg(target_arch = "x86_64")]
+        {
+            let err = kiln_runtime::Model::from_bytes(&bytes).err().expect("an aarch64 artifact must not load on x86-64");
+            assert!(err.to_string().contains("aarch64") || err.to_string().to_lowercase().contains("arch"), "{err}");
+        }
+    }
+}
