@@ -44,11 +44,15 @@ fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     })
 }
 
-fn c_names(specs: &[TensorSpec]) -> Result<Vec<CString>, String> {
+fn c_names(path: &str, specs: &[TensorSpec]) -> Result<Vec<CString>, String> {
     (specs.iter())
         .map(|s| {
-            CString::new(s.name.as_str())
-                .map_err(|_| format!("name '{}' contains a NUL byte", s.name))
+            CString::new(s.name.as_str()).map_err(|_| {
+                format!(
+                    "cannot load '{path}': tensor name '{}' contains a NUL byte",
+                    s.name
+                )
+            })
         })
         .collect()
 }
@@ -72,18 +76,22 @@ pub unsafe extern "C" fn kiln_model_load(path: *const c_char) -> *mut KilnModel 
             return std::ptr::null_mut();
         };
         let loaded = Model::load(path)
-            .map_err(|e| e.to_string())
+            .map_err(|e| match e {
+                // Already names the file.
+                Error::Io { .. } => e.to_string(),
+                _ => format!("cannot load '{path}': {e}"),
+            })
             .and_then(|model| {
                 Ok(KilnModel {
-                    input_names: c_names(model.inputs())?,
-                    output_names: c_names(model.outputs())?,
+                    input_names: c_names(path, model.inputs())?,
+                    output_names: c_names(path, model.outputs())?,
                     model,
                 })
             });
         match loaded {
             Ok(m) => Box::into_raw(Box::new(m)),
             Err(message) => {
-                set_error(format!("cannot load '{path}': {message}"));
+                set_error(message);
                 std::ptr::null_mut()
             }
         }

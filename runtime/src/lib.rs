@@ -8,7 +8,7 @@
 //! allow-list), and only then makes the code executable (W^X). The arena is
 //! allocated once; an inference does not allocate (see [`Model::run_into`]).
 //!
-//! - [`format`]: the artifact format (writer and reader).
+//! - [`format`](mod@format): the artifact format (writer and reader).
 //! - [`Model`]: load and run.
 //! - [`capi`]: the C ABI declared in `include/kiln.h`.
 //!

@@ -1,0 +1,240 @@
+//! MatMul (numpy semantics) and Gemm. Float dot products accumulate in f64.
+
+use super::{broadcast_offsets, eval_err, run_float, Float, FloatKernel};
+use crate::infer::broadcast_shapes;
+use crate::{Data, IrError, Tensor, ValueType};
+
+/// The loop structure of a (batched, broadcast) matrix product.
+struct MatMulDims {
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Per output batch, the batch index read in A.
+    ia: Vec<usize>,
+    /// Per output batch, the batch index read in B.
+    ib: Vec<usize>,
+}
+
+impl MatMulDims {
+    /// Calls `dot(a_row, b_col)` for every output element in row-major
+    /// order: the dot product reads `a[a_row + kk]` and `b[b_col + kk * n]`.
+    fn each<V>(&self, mut dot: impl FnMut(usize, usize) -> V) -> Vec<V> {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let mut out = Vec::with_capacity(self.ia.len() * m * n);
+        for (&ba, &bb) in self.ia.iter().zip(&self.ib) {
+            for i in 0..m {
+                for j in 0..n {
+                    out.push(dot(ba * m * k + i * k, bb * k * n + j));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl FloatKernel for MatMulDims {
+    fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
+        let (a, b) = (inputs[0], inputs[1]);
+        self.each(|ar, bc| {
+            let acc: f64 = (0..self.k)
+                .map(|kk| a[ar + kk].to_f64() * b[bc + kk * self.n].to_f64())
+                .sum();
+            T::from_f64(acc)
+        })
+    }
+}
+
+/// numpy `matmul`: 1-D operands are promoted to a row (A) or column (B)
+/// matrix, batch dims broadcast. Integers accumulate with wrapping i64
+/// arithmetic.
+pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &ValueType) -> Result<Data, IrError> {
+    let promote = |s: &[usize], row: bool| -> Vec<usize> {
+        match (s.len(), row) {
+            (1, true) => vec![1, s[0]],
+            (1, false) => vec![s[0], 1],
+            _ => s.to_vec(),
+        }
+    };
+    let (a2, b2) = (promote(a.shape(), true), promote(b.shape(), false));
+    let (ra, rb) = (a2.len(), b2.len());
+    let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
+    let batch = broadcast_shapes(&a2[..ra - 2], &b2[..rb - 2])
+        .ok_or_else(|| eval_err("matmul", "batch dims do not broadcast"))?;
+    let dims = MatMulDims {
+        m,
+        k,
+        n,
+        ia: broadcast_offsets(&a2[..ra - 2], &batch),
+        ib: broadcast_offsets(&b2[..rb - 2], &batch),
+    };
+    debug_assert_eq!(dims.ia.len() * m * n, out.num_elements());
+    if a.dtype().is_float() {
+        return run_float("matmul", &[a, b], &dims);
+    }
+    if !a.dtype().is_int() {
+        return Err(eval_err("matmul", format!("unsupported element type {}", a.dtype())));
+    }
+    let (va, vb) = (a.to_i64_vec(), b.to_i64_vec());
+    let values = dims.each(|ar, bc| {
+        (0..k).fold(0i64, |acc, kk| {
+            acc.wrapping_add(va[ar + kk].wrapping_mul(vb[bc + kk * n]))
+        })
+    });
+    Ok(Data::from_i64s(a.dtype(), values.into_iter()))
+}
+
+struct GemmKernel {
+    alpha: f64,
+    beta: f64,
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    /// For every output element, the element of C it adds (if C is given).
+    ic: Option<Vec<usize>>,
+}
+
+impl FloatKernel for GemmKernel {
+    fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
+        let (a, b) = (inputs[0], inputs[1]);
+        let (m, k, n) = (self.m, self.k, self.n);
+        let mut out = Vec::with_capacity(m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0f64;
+                for kk in 0..k {
+                    let av = if self.trans_a { a[kk * m + i] } else { a[i * k + kk] };
+                    let bv = if self.trans_b { b[j * k + kk] } else { b[kk * n + j] };
+                    acc += av.to_f64() * bv.to_f64();
+                }
+                let mut y = self.alpha * acc;
+                if let (Some(ic), Some(c)) = (&self.ic, inputs.get(2)) {
+                    y += self.beta * c[ic[i * n + j]].to_f64();
+                }
+                out.push(T::from_f64(y));
+            }
+        }
+        out
+    }
+}
+
+/// `alpha * op(A) @ op(B) + beta * C`, C unidirectionally broadcast.
+pub(super) fn gemm(
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+    inputs: &[&Tensor],
+    out: &ValueType,
+) -> Result<Data, IrError> {
+    let a = inputs[0];
+    let (m, n) = (out.shape[0], out.shape[1]);
+    let k = if trans_a { a.shape()[0] } else { a.shape()[1] };
+    let kernel = GemmKernel {
+        alpha: alpha as f64,
+        beta: beta as f64,
+        trans_a,
+        trans_b,
+        m,
+        k,
+        n,
+        ic: inputs
+            .get(2)
+            .map(|c| broadcast_offsets(c.shape(), &out.shape)),
+    };
+    run_float("gemm", inputs, &kernel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::eval;
+    use super::super::test_util::*;
+    use crate::{Data, Op, Tensor};
+
+    fn gemm_op(alpha: f32, beta: f32, trans_a: bool, trans_b: bool) -> Op {
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        }
+    }
+
+    #[test]
+    fn matmul_2x2() {
+        let a = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let b = f32s(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
+        let y = eval(&Op::MatMul, &[&a, &b]).unwrap();
+        assert_close(&y, &[2, 2], &[19.0, 22.0, 43.0, 50.0]);
+    }
+
+    #[test]
+    fn matmul_batched_broadcast() {
+        // A: [2,1,1,2], A[i] = [[i+1, 1]]; B: [3,2,1], B[j] = [[j],[10]].
+        // out[i,j] = (i+1)*j + 10, shape [2,3,1,1].
+        let a = f32s(&[2, 1, 1, 2], &[1.0, 1.0, 2.0, 1.0]);
+        let b = f32s(&[3, 2, 1], &[0.0, 10.0, 1.0, 10.0, 2.0, 10.0]);
+        let y = eval(&Op::MatMul, &[&a, &b]).unwrap();
+        assert_close(&y, &[2, 3, 1, 1], &[10.0, 11.0, 12.0, 10.0, 12.0, 14.0]);
+    }
+
+    #[test]
+    fn matmul_one_dimensional_operands() {
+        let v = f32s(&[3], &[1.0, 2.0, 3.0]);
+        let m32 = f32s(&[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let m23 = f32s(&[2, 3], &[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
+        // [3] @ [3,2] -> [2]
+        let y = eval(&Op::MatMul, &[&v, &m32]).unwrap();
+        assert_close(&y, &[2], &[4.0, 5.0]);
+        // [2,3] @ [3] -> [2]
+        let y = eval(&Op::MatMul, &[&m23, &v]).unwrap();
+        assert_close(&y, &[2], &[4.0, 5.0]);
+        // [3] @ [3] -> []
+        let y = eval(&Op::MatMul, &[&v, &v]).unwrap();
+        assert_close(&y, &[], &[14.0]);
+        // [2,2,3] @ [3] -> [2,2]
+        let batch = f32s(&[2, 2, 3], &[1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.]);
+        let y = eval(&Op::MatMul, &[&batch, &v]).unwrap();
+        assert_close(&y, &[2, 2], &[1.0, 2.0, 3.0, 6.0]);
+    }
+
+    #[test]
+    fn matmul_integers() {
+        let a = Tensor::new([1, 2], Data::I32(vec![2, -3])).unwrap();
+        let b = Tensor::new([2, 2], Data::I32(vec![4, 5, 6, 7])).unwrap();
+        let y = eval(&Op::MatMul, &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::I32(vec![-10, -11]));
+    }
+
+    #[test]
+    fn gemm_transposes_alpha_beta_and_broadcast_c() {
+        // op(A) = [[1,2,3],[4,5,6]] stored transposed as [3,2];
+        // op(B) = [[1,0],[0,1],[1,1]] stored transposed as [2,3].
+        // op(A) @ op(B) = [[4,5],[10,11]].
+        let a = f32s(&[3, 2], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        let b = f32s(&[2, 3], &[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
+        let y = eval(&gemm_op(1.0, 1.0, true, true), &[&a, &b]).unwrap();
+        assert_close(&y, &[2, 2], &[4.0, 5.0, 10.0, 11.0]);
+        // alpha 2, C = [10, 20] broadcast along rows, beta 0.5.
+        let c = f32s(&[2], &[10.0, 20.0]);
+        let y = eval(&gemm_op(2.0, 0.5, true, true), &[&a, &b, &c]).unwrap();
+        assert_close(&y, &[2, 2], &[13.0, 20.0, 25.0, 32.0]);
+        // C = [[1],[2]] broadcast along columns.
+        let c = f32s(&[2, 1], &[1.0, 2.0]);
+        let y = eval(&gemm_op(2.0, 1.0, true, true), &[&a, &b, &c]).unwrap();
+        assert_close(&y, &[2, 2], &[9.0, 11.0, 22.0, 24.0]);
+        // Scalar C, no transposes: A' = [[1,2,3],[4,5,6]], B' = [[1,0],[0,1],[1,1]].
+        let at = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let bt = f32s(&[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let c = f32s(&[], &[-1.0]);
+        let y = eval(&gemm_op(1.0, 3.0, false, false), &[&at, &bt, &c]).unwrap();
+        assert_close(&y, &[2, 2], &[1.0, 2.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn gemm_rejects_integers() {
+        let a = Tensor::new([1, 1], Data::I32(vec![1])).unwrap();
+        assert!(eval(&gemm_op(1.0, 1.0, false, false), &[&a, &a]).is_err());
+    }
+}

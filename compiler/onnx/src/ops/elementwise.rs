@@ -1,0 +1,213 @@
+//! Elementwise ops: binary arithmetic (with legacy broadcasting), variadic
+//! Max/Min/Sum/Mean, unary activations, Clip and Softmax.
+
+use super::one;
+use crate::ctx::{ImportCtx, Val};
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, DType, Data, Op, Tensor, UnaryOp};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// A scalar constant of type `dtype`.
+pub(crate) fn scalar(ctx: &mut ImportCtx, dtype: DType, x: f64, name: &str) -> Val {
+    let t = Tensor::new([], Data::from_f64s(dtype, std::iter::once(x))).expect("scalar");
+    let name = format!("{}/{name}", ctx.node_name());
+    ctx.constant(t, name)
+}
+
+/// Reshapes `v` to `shape` (no node when it already has that shape).
+pub(crate) fn reshape_to(ctx: &mut ImportCtx, v: Val, shape: &[usize], suffix: &str) -> Result<Val, OnnxError> {
+    if ctx.ty(v).shape.as_slice() == shape {
+        return Ok(v);
+    }
+    ctx.op(Op::Reshape { shape: shape.iter().copied().collect() }, &[v], Some(suffix))
+}
+
+/// Casts `v` to `dtype` (no node when it already has that type).
+pub(crate) fn cast_to(ctx: &mut ImportCtx, v: Val, dtype: DType, suffix: &str) -> Result<Val, OnnxError> {
+    if ctx.ty(v).dtype == dtype {
+        return Ok(v);
+    }
+    ctx.op(Op::Cast { to: dtype }, &[v], Some(suffix))
+}
+
+fn binary(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> R {
+    let a = ctx.input(node, 0)?;
+    let mut b = ctx.input(node, 1)?;
+    // Opsets 1-6: `broadcast=1` with `axis` aligns B's dims at `axis` of A.
+    if ctx.opset < 7 && ctx.attr_i_or(node, "broadcast", 0)? == 1 {
+        let (ra, rb) = (ctx.ty(a).shape.len(), ctx.ty(b).shape.len());
+        if let Some(axis) = ctx.attr_i(node, "axis")? {
+            let axis = if axis < 0 { axis + ra as i64 } else { axis };
+            if axis < 0 || axis as usize + rb > ra {
+                return Err(ctx.bad_attr("axis", format!("B of rank {rb} does not fit A of rank {ra} at axis {axis}")));
+            }
+            let mut shape = vec![1; axis as usize];
+            shape.extend(ctx.ty(b).shape.iter().copied());
+            shape.resize(ra, 1);
+            b = reshape_to(ctx, b, &shape, "broadcast")?;
+        }
+    }
+    if op == BinaryOp::Pow {
+        // The exponent may have another type (opset 12+).
+        let dt = ctx.ty(a).dtype;
+        b = cast_to(ctx, b, dt, "exponent")?;
+    }
+    one(ctx.op(Op::Binary(op), &[a, b], None)?)
+}
+
+/// `Add`.
+pub fn add(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    binary(ctx, node, BinaryOp::Add)
+}
+/// `Sub`.
+pub fn sub(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    binary(ctx, node, BinaryOp::Sub)
+}
+/// `Mul`.
+pub fn mul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    binary(ctx, node, BinaryOp::Mul)
+}
+/// `Div`.
+pub fn div(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    binary(ctx, node, BinaryOp::Div)
+}
+/// `Pow`.
+pub fn pow(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    binary(ctx, node, BinaryOp::Pow)
+}
+
+/// Folds a variadic op into a chain of binary ops.
+fn chain(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> Result<Val, OnnxError> {
+    let inputs = ctx.inputs(node);
+    let Some((&first, rest)) = inputs.split_first() else {
+        return Err(ctx.invalid("needs at least one input"));
+    };
+    let mut acc = first;
+    for (i, &x) in rest.iter().enumerate() {
+        let suffix = format!("{}{}", op.name(), i + 1);
+        let last = i + 1 == rest.len();
+        acc = ctx.op(Op::Binary(op), &[acc, x], (!last).then_some(suffix.as_str()))?;
+    }
+    Ok(acc)
+}
+
+/// `Max` (variadic).
+pub fn max(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    one(chain(ctx, node, BinaryOp::Max)?)
+}
+/// `Min` (variadic).
+pub fn min(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    one(chain(ctx, node, BinaryOp::Min)?)
+}
+/// `Sum` (variadic).
+pub fn sum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    one(chain(ctx, node, BinaryOp::Add)?)
+}
+/// `Mean` (variadic): the sum divided by the input count.
+pub fn mean(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let n = ctx.inputs(node).len();
+    let s = chain(ctx, node, BinaryOp::Add)?;
+    if n == 1 {
+        return one(s);
+    }
+    let dt = ctx.ty(s).dtype;
+    let c = scalar(ctx, dt, n as f64, "count");
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[s, c], None)?)
+}
+
+fn unary(ctx: &mut ImportCtx, node: &NodeProto, op: UnaryOp) -> R {
+    let x = ctx.input(node, 0)?;
+    one(ctx.op(Op::Unary(op), &[x], None)?)
+}
+
+macro_rules! simple_unary {
+    ($($f:ident => $op:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        pub fn $f(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+            unary(ctx, node, UnaryOp::$op)
+        }
+    )*};
+}
+
+simple_unary! {
+    relu => Relu, "`Relu`.";
+    sigmoid => Sigmoid, "`Sigmoid`.";
+    tanh => Tanh, "`Tanh`.";
+    hard_swish => HardSwish, "`HardSwish`.";
+    neg => Neg, "`Neg`.";
+    abs => Abs, "`Abs`.";
+    sqrt => Sqrt, "`Sqrt`.";
+    exp => Exp, "`Exp`.";
+    log => Log, "`Log`.";
+    reciprocal => Reciprocal, "`Reciprocal`.";
+    floor => Floor, "`Floor`.";
+    ceil => Ceil, "`Ceil`.";
+}
+
+/// `LeakyRelu` (alpha defaults to 0.01).
+pub fn leaky_relu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 0.01)?;
+    unary(ctx, node, UnaryOp::LeakyRelu { alpha })
+}
+
+/// `HardSigmoid` (alpha 0.2, beta 0.5 by default).
+pub fn hard_sigmoid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 0.2)?;
+    let beta = ctx.attr_f_or(node, "beta", 0.5)?;
+    unary(ctx, node, UnaryOp::HardSigmoid { alpha, beta })
+}
+
+/// `Clip`: limits are attributes before opset 11 and optional constant
+/// inputs from 11 on; a missing limit is unbounded.
+pub fn clip(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let (min, max) = if ctx.opset < 11 {
+        (
+            ctx.attr_f_or(node, "min", f32::NEG_INFINITY)?,
+            ctx.attr_f_or(node, "max", f32::INFINITY)?,
+        )
+    } else {
+        let limit = |ctx: &ImportCtx, i: usize, default: f32| -> Result<f32, OnnxError> {
+            match ctx.opt_const_input(node, i)? {
+                None => Ok(default),
+                Some(t) if t.len() == 1 => Ok(t.to_f64_vec()[0] as f32),
+                Some(t) => Err(ctx.bad_attr(
+                    if i == 1 { "min" } else { "max" },
+                    format!("must be a scalar, got shape {:?}", t.shape().as_slice()),
+                )),
+            }
+        };
+        (limit(ctx, 1, f32::NEG_INFINITY)?, limit(ctx, 2, f32::INFINITY)?)
+    };
+    unary(ctx, node, UnaryOp::Clip { min, max })
+}
+
+/// `Softmax`. Before opset 13 it normalizes over the input flattened to 2-D
+/// at `axis` (default 1); from 13 over the single `axis` (default -1).
+pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let shape = ctx.ty(x).shape.clone();
+    let rank = shape.len();
+    if ctx.opset >= 13 {
+        let axis = ctx.attr_i_or(node, "axis", -1)?;
+        let axis = ctx.axis("axis", axis, rank)?;
+        return one(ctx.op(Op::Softmax { axis }, &[x], None)?);
+    }
+    let axis = ctx.attr_i_or(node, "axis", 1)?;
+    // axis may equal rank here (a [n, 1] view); normalize by hand.
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if a < 0 || a as usize > rank {
+        return Err(ctx.bad_attr("axis", format!("axis {axis} is out of range for rank {rank}")));
+    }
+    let a = a as usize;
+    if rank > 0 && a == rank - 1 {
+        // The flattened view has the last axis as its second dim.
+        return one(ctx.op(Op::Softmax { axis: a }, &[x], None)?);
+    }
+    let outer: usize = shape[..a].iter().product();
+    let inner: usize = shape[a..].iter().product();
+    let flat = reshape_to(ctx, x, &[outer, inner], "flatten")?;
+    let sm = ctx.op(Op::Softmax { axis: 1 }, &[flat], Some("softmax"))?;
+    one(ctx.op(Op::Reshape { shape: shape.iter().copied().collect() }, &[sm], None)?)
+}

@@ -1,0 +1,130 @@
+//! The op registry: ONNX op type → builder, plus the static checks that let
+//! the frontend report every unsupported op of a model at once.
+//!
+//! A builder turns one ONNX node into IR values through [`ImportCtx::op`]
+//! (which folds constants) and returns one value per ONNX output it
+//! produces; opset differences are a `match` inside the builder.
+
+use crate::ctx::{ImportCtx, Val};
+use crate::OnnxError;
+use tract_onnx::pb::NodeProto;
+
+pub mod constant;
+pub mod conv;
+pub mod elementwise;
+pub mod layout;
+pub mod linalg;
+pub mod norm;
+pub mod pool;
+
+/// Builds the IR for one ONNX node; returns the values of its leading outputs.
+pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
+
+/// The builder for a default-domain op type, if Kiln supports it.
+pub fn builder(op_type: &str) -> Option<Builder> {
+    use elementwise as e;
+    Some(match op_type {
+        "Add" => e::add,
+        "Sub" => e::sub,
+        "Mul" => e::mul,
+        "Div" => e::div,
+        "Pow" => e::pow,
+        "Max" => e::max,
+        "Min" => e::min,
+        "Sum" => e::sum,
+        "Mean" => e::mean,
+        "Relu" => e::relu,
+        "LeakyRelu" => e::leaky_relu,
+        "Sigmoid" => e::sigmoid,
+        "Tanh" => e::tanh,
+        "HardSigmoid" => e::hard_sigmoid,
+        "HardSwish" => e::hard_swish,
+        "Neg" => e::neg,
+        "Abs" => e::abs,
+        "Sqrt" => e::sqrt,
+        "Exp" => e::exp,
+        "Log" => e::log,
+        "Reciprocal" => e::reciprocal,
+        "Floor" => e::floor,
+        "Ceil" => e::ceil,
+        "Clip" => e::clip,
+        "Softmax" => e::softmax,
+        "Gemm" => linalg::gemm,
+        "MatMul" => linalg::matmul,
+        "Conv" => conv::conv,
+        "MaxPool" => pool::max_pool,
+        "AveragePool" => pool::average_pool,
+        "GlobalAveragePool" => pool::global_average_pool,
+        "GlobalMaxPool" => pool::global_max_pool,
+        "BatchNormalization" => norm::batch_norm,
+        "Flatten" => layout::flatten,
+        "Reshape" => layout::reshape,
+        "Transpose" => layout::transpose,
+        "Concat" => layout::concat,
+        "Identity" => layout::identity,
+        "Dropout" => layout::dropout,
+        "Gather" => layout::gather,
+        "Slice" => layout::slice,
+        "Squeeze" => layout::squeeze,
+        "Unsqueeze" => layout::unsqueeze,
+        "Cast" => layout::cast,
+        "Expand" => layout::expand,
+        "Constant" => constant::constant,
+        "Shape" => constant::shape,
+        "ConstantOfShape" => constant::constant_of_shape,
+        _ => return None,
+    })
+}
+
+/// Why an op type Kiln does not implement is unsupported.
+pub fn missing_op_hint(op_type: &str) -> String {
+    match op_type {
+        "LSTM" | "GRU" | "RNN" => {
+            format!("Kiln does not implement {op_type} yet (recurrent layers are not supported)")
+        }
+        "Loop" | "If" | "Scan" => {
+            format!("Kiln does not implement {op_type} yet (control flow needs static graphs)")
+        }
+        "ConvTranspose" => "Kiln does not implement ConvTranspose yet".into(),
+        _ => format!("Kiln does not implement {op_type} yet"),
+    }
+}
+
+/// Checks a supported node for features only visible in its attributes and
+/// output uses (training modes, used secondary outputs...). `used` says
+/// whether a value name is read by a node or is a graph output. Returns a
+/// hint when the node cannot be imported.
+pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Option<String> {
+    let used_output = |i: usize| node.output.get(i).is_some_and(|n| !n.is_empty() && used(n));
+    let attr_i = |name: &str| node.attribute.iter().find(|a| a.name == name).map(|a| a.i);
+    let has_attr = |name: &str| node.attribute.iter().any(|a| a.name == name);
+    match node.op_type.as_str() {
+        "MaxPool" if used_output(1) => {
+            Some("the 'Indices' output of MaxPool is not supported".into())
+        }
+        "Dropout" if used_output(1) => {
+            Some("the 'mask' output of Dropout is not supported (inference only)".into())
+        }
+        "BatchNormalization" => {
+            if opset >= 14 && attr_i("training_mode") == Some(1) {
+                Some("training-mode BatchNormalization is not supported; export the model in inference mode".into())
+            } else if (1..5).any(used_output) {
+                Some("the running-statistics outputs of BatchNormalization (training mode) are not supported".into())
+            } else {
+                None
+            }
+        }
+        "Constant" if has_attr("sparse_value") => {
+            Some("sparse Constant values are not supported".into())
+        }
+        "Constant" if has_attr("value_string") || has_attr("value_strings") => {
+            Some("string constants are not supported".into())
+        }
+        _ => None,
+    }
+}
+
+/// The single result of a one-output builder.
+pub(crate) fn one(v: Val) -> Result<Vec<Val>, OnnxError> {
+    Ok(vec![v])
+}
