@@ -141,6 +141,8 @@ pub(super) fn lex(text: &str) -> Result<Lexed, IrError> {
             c => return Err(err(line, format!("unexpected character {c:?}"))),
         }
     }
+    // End of input is reported on the last line that holds a token.
+    let line = tokens.last().map_or(line, |t: &Token| t.line);
     tokens.push(Token {
         tok: Tok::Eof,
         line,

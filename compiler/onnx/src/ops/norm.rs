@@ -1,0 +1,75 @@
+//! `BatchNormalization` in its inference form: `y = x * a + b` with
+//! `a = scale / sqrt(var + eps)` and `b = B - mean * a`.
+
+use super::elementwise::{cast_to, reshape_to, scalar};
+use super::one;
+use crate::ctx::{ImportCtx, Val};
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, Data, Op, Tensor, UnaryOp};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// `BatchNormalization` (inference). With constant parameters `a` and `b`
+/// are computed here in f64 and the node becomes one `mul` and one `add`
+/// with `[C, 1, 1]`-shaped constants; otherwise they are computed by IR ops.
+/// Training mode and the statistics outputs are rejected up front.
+pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let params: Vec<Val> = (1..5).map(|i| ctx.input(node, i)).collect::<Result<_, _>>()?;
+    let eps = ctx.attr_f_or(node, "epsilon", 1e-5)? as f64;
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() < 2 {
+        return Err(ctx.invalid(format!("X must have a channel axis, got {xt}")));
+    }
+    let c = xt.shape[1];
+    // Opsets < 9: `spatial=0` gives per-activation parameters shaped like
+    // X without its batch axis, which already broadcast as they are.
+    let spatial = ctx.opset >= 9 || ctx.attr_i_or(node, "spatial", 1)? != 0;
+    let pshape: Vec<usize> = if spatial {
+        let mut s = vec![c];
+        s.resize(xt.shape.len() - 1, 1);
+        s
+    } else {
+        xt.shape[1..].to_vec()
+    };
+    let n: usize = pshape.iter().product();
+    for (&p, name) in params.iter().zip(["scale", "B", "mean", "var"]) {
+        if ctx.ty(p).num_elements() != n {
+            return Err(ctx.invalid(format!(
+                "{name} has shape {:?}, expected {n} elements",
+                ctx.ty(p).shape.as_slice()
+            )));
+        }
+    }
+    let konsts: Option<Vec<Vec<f64>>> = params
+        .iter()
+        .map(|&p| ctx.konst(p).map(|t| t.to_f64_vec()))
+        .collect();
+    let (a, b) = if let Some(k) = konsts {
+        let (scale, bias, mean, var) = (&k[0], &k[1], &k[2], &k[3]);
+        let a: Vec<f64> = (0..n).map(|i| scale[i] / (var[i] + eps).sqrt()).collect();
+        let b: Vec<f64> = (0..n).map(|i| bias[i] - mean[i] * a[i]).collect();
+        let mk = |v: Vec<f64>| Tensor::new(&pshape, Data::from_f64s(xt.dtype, v.into_iter())).expect("param shape");
+        let name = ctx.node_name().to_string();
+        (
+            ctx.constant(mk(a), format!("{name}/scale")),
+            ctx.constant(mk(b), format!("{name}/shift")),
+        )
+    } else {
+        let mut p = Vec::with_capacity(4);
+        for (&v, name) in params.iter().zip(["scale", "B", "mean", "var"]) {
+            let v = cast_to(ctx, v, xt.dtype, &format!("{name}_cast"))?;
+            p.push(reshape_to(ctx, v, &pshape, &format!("{name}_reshape"))?);
+        }
+        let e = scalar(ctx, xt.dtype, eps, "epsilon");
+        let ve = ctx.op(Op::Binary(BinaryOp::Add), &[p[3], e], Some("var_eps"))?;
+        let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+        let a = ctx.op(Op::Binary(BinaryOp::Div), &[p[0], sd], Some("scale"))?;
+        let ma = ctx.op(Op::Binary(BinaryOp::Mul), &[p[2], a], Some("mean_scale"))?;
+        let b = ctx.op(Op::Binary(BinaryOp::Sub), &[p[1], ma], Some("shift"))?;
+        (a, b)
+    };
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[x, a], Some("mul"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Add), &[y, b], None)?)
+}
