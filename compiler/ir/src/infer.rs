@@ -8,8 +8,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Shape> {
     let rank = a.len().max(b.len());
     let mut out = Shape::with_capacity(rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out.push(match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -30,7 +38,9 @@ pub fn window_output_len(
     dilation: usize,
     ceil_mode: bool,
 ) -> Option<usize> {
-    let span = dilation.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+    let span = dilation
+        .checked_mul(kernel.checked_sub(1)?)?
+        .checked_add(1)?;
     let padded = input + pad_begin + pad_end;
     if padded < span || stride == 0 {
         return None;
@@ -74,8 +84,11 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         )),
         Op::Unary(u) => {
             let x = inputs[0];
-            if !x.dtype.is_float() && !(u.accepts_int() && x.dtype.is_int()) {
-                return Err(IrError::ty(name, format!("unsupported element type {}", x.dtype)));
+            if !(x.dtype.is_float() || u.accepts_int() && x.dtype.is_int()) {
+                return Err(IrError::ty(
+                    name,
+                    format!("unsupported element type {}", x.dtype),
+                ));
             }
             Ok(x.clone())
         }
@@ -85,29 +98,49 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             if a.dtype == DType::Bool {
                 return Err(IrError::ty(name, "arithmetic on bool"));
             }
-            let shape = broadcast_shapes(&a.shape, &b.shape).ok_or_else(|| {
-                IrError::ty(name, format!("shapes {a} and {b} do not broadcast"))
-            })?;
+            let shape = broadcast_shapes(&a.shape, &b.shape)
+                .ok_or_else(|| IrError::ty(name, format!("shapes {a} and {b} do not broadcast")))?;
             Ok(ValueType::new(a.dtype, shape))
         }
         Op::MatMul => infer_matmul(inputs[0], inputs[1]),
-        Op::Gemm { trans_a, trans_b, .. } => {
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => {
             let (a, b) = (inputs[0], inputs[1]);
             same_dtype(name, a, b)?;
             float_only(name, a)?;
             if a.shape.len() != 2 || b.shape.len() != 2 {
-                return Err(IrError::ty(name, format!("A and B must be 2-D, got {a} and {b}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("A and B must be 2-D, got {a} and {b}"),
+                ));
             }
-            let (m, k) = if *trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
-            let (k2, n) = if *trans_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            let (m, k) = if *trans_a {
+                (a.shape[1], a.shape[0])
+            } else {
+                (a.shape[0], a.shape[1])
+            };
+            let (k2, n) = if *trans_b {
+                (b.shape[1], b.shape[0])
+            } else {
+                (b.shape[0], b.shape[1])
+            };
             if k != k2 {
-                return Err(IrError::ty(name, format!("inner dimensions differ: {k} vs {k2}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("inner dimensions differ: {k} vs {k2}"),
+                ));
             }
             if let Some(c) = inputs.get(2) {
                 same_dtype(name, a, c)?;
                 match broadcast_shapes(&c.shape, &[m, n]) {
                     Some(s) if s.as_slice() == [m, n] => {}
-                    _ => return Err(IrError::ty(name, format!("C {c} does not broadcast to [{m},{n}]"))),
+                    _ => {
+                        return Err(IrError::ty(
+                            name,
+                            format!("C {c} does not broadcast to [{m},{n}]"),
+                        ))
+                    }
                 }
             }
             Ok(ValueType::new(a.dtype, [m, n]))
@@ -117,7 +150,10 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             let x = inputs[0];
             float_only(name, x)?;
             if x.shape.len() != 4 {
-                return Err(IrError::ty(name, format!("input must be 4-D NCHW, got {x}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("input must be 4-D NCHW, got {x}"),
+                ));
             }
             let (oh, ow) = pool_output(name, p, x.shape[2], x.shape[3])?;
             Ok(ValueType::new(x.dtype, [x.shape[0], x.shape[1], oh, ow]))
@@ -126,7 +162,10 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             let x = inputs[0];
             float_only(name, x)?;
             if x.shape.len() < 3 {
-                return Err(IrError::ty(name, format!("input must be at least 3-D, got {x}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("input must be at least 3-D, got {x}"),
+                ));
             }
             let mut shape = x.shape.clone();
             for d in shape.iter_mut().skip(2) {
@@ -138,7 +177,10 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             let x = inputs[0];
             float_only(name, x)?;
             if *axis >= x.shape.len() {
-                return Err(IrError::ty(name, format!("axis {axis} out of range for {x}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("axis {axis} out of range for {x}"),
+                ));
             }
             Ok(x.clone())
         }
@@ -148,7 +190,11 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             if n != x.num_elements() {
                 return Err(IrError::ty(
                     name,
-                    format!("cannot reshape {x} ({} elements) to {:?}", x.num_elements(), shape.as_slice()),
+                    format!(
+                        "cannot reshape {x} ({} elements) to {:?}",
+                        x.num_elements(),
+                        shape.as_slice()
+                    ),
                 ));
             }
             Ok(ValueType::new(x.dtype, shape.as_slice()))
@@ -156,24 +202,47 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         Op::Transpose { perm } => {
             let x = inputs[0];
             let mut seen = vec![false; x.shape.len()];
-            if perm.len() != x.shape.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
-                return Err(IrError::ty(name, format!("{:?} is not a permutation of the axes of {x}", perm.as_slice())));
+            if perm.len() != x.shape.len()
+                || perm
+                    .iter()
+                    .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "{:?} is not a permutation of the axes of {x}",
+                        perm.as_slice()
+                    ),
+                ));
             }
-            Ok(ValueType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Shape>()))
+            Ok(ValueType::new(
+                x.dtype,
+                perm.iter().map(|&p| x.shape[p]).collect::<Shape>(),
+            ))
         }
         Op::Concat { axis } => {
             let first = inputs[0];
             if *axis >= first.shape.len() {
-                return Err(IrError::ty(name, format!("axis {axis} out of range for {first}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("axis {axis} out of range for {first}"),
+                ));
             }
             let mut shape = first.shape.clone();
             shape[*axis] = 0;
             for x in inputs {
                 same_dtype(name, first, x)?;
                 let compatible = x.shape.len() == first.shape.len()
-                    && x.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
+                    && x.shape
+                        .iter()
+                        .zip(&first.shape)
+                        .enumerate()
+                        .all(|(i, (a, b))| i == *axis || a == b);
                 if !compatible {
-                    return Err(IrError::ty(name, format!("{x} does not match {first} outside axis {axis}")));
+                    return Err(IrError::ty(
+                        name,
+                        format!("{x} does not match {first} outside axis {axis}"),
+                    ));
                 }
                 shape[*axis] += x.shape[*axis];
             }
@@ -182,10 +251,16 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         Op::Gather { axis } => {
             let (x, idx) = (inputs[0], inputs[1]);
             if !matches!(idx.dtype, DType::I32 | DType::I64) {
-                return Err(IrError::ty(name, format!("indices must be i32 or i64, got {}", idx.dtype)));
+                return Err(IrError::ty(
+                    name,
+                    format!("indices must be i32 or i64, got {}", idx.dtype),
+                ));
             }
             if *axis >= x.shape.len() {
-                return Err(IrError::ty(name, format!("axis {axis} out of range for {x}")));
+                return Err(IrError::ty(
+                    name,
+                    format!("axis {axis} out of range for {x}"),
+                ));
             }
             let mut shape: Shape = x.shape[..*axis].iter().copied().collect();
             shape.extend(idx.shape.iter().copied());
@@ -195,7 +270,10 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         Op::Slice { axes } => {
             let x = inputs[0];
             if axes.len() != x.shape.len() {
-                return Err(IrError::ty(name, format!("{} axis specs for {x}", axes.len())));
+                return Err(IrError::ty(
+                    name,
+                    format!("{} axis specs for {x}", axes.len()),
+                ));
             }
             for (i, a) in axes.iter().enumerate() {
                 if a.step == 0 {
@@ -204,11 +282,17 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 if a.len > 0 {
                     let last = a.start as i64 + (a.len as i64 - 1) * a.step;
                     if a.start >= x.shape[i] || last < 0 || last >= x.shape[i] as i64 {
-                        return Err(IrError::ty(name, format!("axis {i} reads outside [0,{})", x.shape[i])));
+                        return Err(IrError::ty(
+                            name,
+                            format!("axis {i} reads outside [0,{})", x.shape[i]),
+                        ));
                     }
                 }
             }
-            Ok(ValueType::new(x.dtype, axes.iter().map(|a| a.len).collect::<Shape>()))
+            Ok(ValueType::new(
+                x.dtype,
+                axes.iter().map(|a| a.len).collect::<Shape>(),
+            ))
         }
         Op::Cast { to } => Ok(ValueType::new(*to, inputs[0].shape.clone())),
     }
@@ -216,14 +300,20 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
 
 fn same_dtype(op: &'static str, a: &ValueType, b: &ValueType) -> Result<(), IrError> {
     if a.dtype != b.dtype {
-        return Err(IrError::ty(op, format!("element types differ: {} and {}", a.dtype, b.dtype)));
+        return Err(IrError::ty(
+            op,
+            format!("element types differ: {} and {}", a.dtype, b.dtype),
+        ));
     }
     Ok(())
 }
 
 fn float_only(op: &'static str, x: &ValueType) -> Result<(), IrError> {
     if !x.dtype.is_float() {
-        return Err(IrError::ty(op, format!("needs a float input, got {}", x.dtype)));
+        return Err(IrError::ty(
+            op,
+            format!("needs a float input, got {}", x.dtype),
+        ));
     }
     Ok(())
 }
@@ -232,15 +322,29 @@ fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
     let name = "matmul";
     same_dtype(name, a, b)?;
     if a.dtype == DType::Bool || a.shape.is_empty() || b.shape.is_empty() {
-        return Err(IrError::ty(name, format!("unsupported operands {a} and {b}")));
+        return Err(IrError::ty(
+            name,
+            format!("unsupported operands {a} and {b}"),
+        ));
     }
     // 1-D operands are promoted to matrices and the added dim removed after.
-    let a2: Shape = if a.shape.len() == 1 { Shape::from_slice(&[1, a.shape[0]]) } else { a.shape.clone() };
-    let b2: Shape = if b.shape.len() == 1 { Shape::from_slice(&[b.shape[0], 1]) } else { b.shape.clone() };
+    let a2: Shape = if a.shape.len() == 1 {
+        Shape::from_slice(&[1, a.shape[0]])
+    } else {
+        a.shape.clone()
+    };
+    let b2: Shape = if b.shape.len() == 1 {
+        Shape::from_slice(&[b.shape[0], 1])
+    } else {
+        b.shape.clone()
+    };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
-        return Err(IrError::ty(name, format!("inner dimensions differ: {a} @ {b}")));
+        return Err(IrError::ty(
+            name,
+            format!("inner dimensions differ: {a} @ {b}"),
+        ));
     }
     let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])
         .ok_or_else(|| IrError::ty(name, format!("batch dims of {a} and {b} do not broadcast")))?;
@@ -260,13 +364,19 @@ fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
     same_dtype(name, x, w)?;
     float_only(name, x)?;
     if x.shape.len() != 4 || w.shape.len() != 4 {
-        return Err(IrError::ty(name, format!("X and W must be 4-D, got {x} and {w}")));
+        return Err(IrError::ty(
+            name,
+            format!("X and W must be 4-D, got {x} and {w}"),
+        ));
     }
     let (cin, cout) = (x.shape[1], w.shape[0]);
     if c.group == 0 || cin % c.group != 0 || cout % c.group != 0 || w.shape[1] * c.group != cin {
         return Err(IrError::ty(
             name,
-            format!("W {w} does not fit {cin} input channels in {} groups", c.group),
+            format!(
+                "W {w} does not fit {cin} input channels in {} groups",
+                c.group
+            ),
         ));
     }
     if let Some(b) = inputs.get(2) {
@@ -286,11 +396,38 @@ fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
     Ok(ValueType::new(x.dtype, [x.shape[0], cout, oh, ow]))
 }
 
-fn pool_output(op: &'static str, p: &Pool2d, h: usize, w: usize) -> Result<(usize, usize), IrError> {
-    let oh = window_output_len(h, p.kernel[0], p.strides[0], p.pads[0], p.pads[2], p.dilations[0], p.ceil_mode);
-    let ow = window_output_len(w, p.kernel[1], p.strides[1], p.pads[1], p.pads[3], p.dilations[1], p.ceil_mode);
+fn pool_output(
+    op: &'static str,
+    p: &Pool2d,
+    h: usize,
+    w: usize,
+) -> Result<(usize, usize), IrError> {
+    let oh = window_output_len(
+        h,
+        p.kernel[0],
+        p.strides[0],
+        p.pads[0],
+        p.pads[2],
+        p.dilations[0],
+        p.ceil_mode,
+    );
+    let ow = window_output_len(
+        w,
+        p.kernel[1],
+        p.strides[1],
+        p.pads[1],
+        p.pads[3],
+        p.dilations[1],
+        p.ceil_mode,
+    );
     match (oh, ow) {
         (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok((oh, ow)),
-        _ => Err(IrError::ty(op, format!("window {:?} does not fit input {h}x{w} with pads {:?}", p.kernel, p.pads))),
+        _ => Err(IrError::ty(
+            op,
+            format!(
+                "window {:?} does not fit input {h}x{w} with pads {:?}",
+                p.kernel, p.pads
+            ),
+        )),
     }
 }

@@ -76,7 +76,9 @@ impl UnaryOp {
             }
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             UnaryOp::Tanh => x.tanh(),
-            UnaryOp::HardSigmoid { alpha, beta } => (alpha as f64 * x + beta as f64).clamp(0.0, 1.0),
+            UnaryOp::HardSigmoid { alpha, beta } => {
+                (alpha as f64 * x + beta as f64).clamp(0.0, 1.0)
+            }
             UnaryOp::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
             UnaryOp::Clip { min, max } => x.max(min as f64).min(max as f64),
             UnaryOp::Neg => -x,

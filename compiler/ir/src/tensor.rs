@@ -177,7 +177,7 @@ impl Data {
     /// Decodes little-endian bytes; `None` when the length is not a multiple
     /// of the element size.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<Data> {
-        if bytes.len() % dtype.size_bytes() != 0 {
+        if !bytes.len().is_multiple_of(dtype.size_bytes()) {
             return None;
         }
         macro_rules! decode {

@@ -24,13 +24,19 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
         let mut slots: Vec<usize> = g.users_of_slots(id);
         slots.sort_unstable();
         if slots.iter().enumerate().any(|(i, &s)| i != s) {
-            return Err(fail(format!("input slots {slots:?} are not 0..{}", slots.len())));
+            return Err(fail(format!(
+                "input slots {slots:?} are not 0..{}",
+                slots.len()
+            )));
         }
         match &node.op {
             Op::Input { .. } => {}
             Op::Constant(t) => {
                 if t.dtype() != node.ty.dtype || t.shape() != &node.ty.shape {
-                    return Err(fail(format!("constant does not match its type {}", node.ty)));
+                    return Err(fail(format!(
+                        "constant does not match its type {}",
+                        node.ty
+                    )));
                 }
             }
             op => {
@@ -38,7 +44,10 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 let types: Vec<_> = inputs.iter().map(|&i| &g.node(i).ty).collect();
                 let ty = infer::infer(op, &types).map_err(|e| fail(e.to_string()))?;
                 if ty != node.ty {
-                    return Err(fail(format!("stored type {} but inference gives {ty}", node.ty)));
+                    return Err(fail(format!(
+                        "stored type {} but inference gives {ty}",
+                        node.ty
+                    )));
                 }
             }
         }

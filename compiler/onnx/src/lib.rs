@@ -1,1 +1,108 @@
-//! placeholder
+//! `kiln-onnx`: the ONNX frontend of Kiln.
+//!
+//! It decodes an ONNX `ModelProto` (with tract-onnx's protobuf types) and
+//! builds a [`kiln_ir::Graph`] with concrete shapes:
+//!
+//! 1. structural checks: every value read is produced (initializer, graph
+//!    input or node output) and the nodes form a DAG;
+//! 2. one scan over the whole graph that reports **every** unsupported op
+//!    at once ([`OnnxError::Unsupported`]);
+//! 3. graph inputs get concrete shapes: symbolic or unknown dims are bound
+//!    from [`ImportOptions::input_shapes`] or [`ImportOptions::dims`], and an
+//!    unbound one is an [`OnnxError::UnboundDim`] naming input and dim;
+//! 4. initializers are decoded (inline or external data, size-checked
+//!    before any allocation, never read from outside the model directory);
+//! 5. nodes are built in topological order by per-family builders in
+//!    [`ops`]; whenever all inputs of an op are constants (and always for
+//!    `Shape`) it is evaluated with [`kiln_ir::eval::eval`] and becomes a
+//!    constant, so shape subgraphs (Shape → Gather → Concat → Reshape)
+//!    vanish at import.
+//!
+//! Opsets 1 to 23 and later of the default domain are accepted; opset
+//! differences live inside each builder.
+//!
+//! ```no_run
+//! use kiln_onnx::{import, ImportOptions};
+//! let mut opts = ImportOptions::default();
+//! opts.dims.insert("batch".into(), 1);
+//! let graph = import(std::path::Path::new("model.onnx"), &opts)?;
+//! # Ok::<(), kiln_onnx::OnnxError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod ctx;
+mod error;
+mod import;
+pub mod ops;
+mod summary;
+mod tensor;
+
+pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
+pub use error::{OnnxError, UnsupportedOp};
+pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
+pub use tensor::{dtype_from_onnx, tensor_from_proto};
+pub use tract_onnx::pb::ModelProto;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Options of an import.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Whole shapes for graph inputs by name (`--input-shape x=1x3x224x224`).
+    /// The rank must match the model and known dims must agree.
+    pub input_shapes: BTreeMap<String, Vec<usize>>,
+    /// Values for named symbolic dims (`--dim batch=1`).
+    pub dims: BTreeMap<String, usize>,
+    /// The largest byte size one initializer (or constant tensor) may declare.
+    /// Default 4 GiB.
+    pub max_initializer_bytes: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            input_shapes: BTreeMap::new(),
+            dims: BTreeMap::new(),
+            max_initializer_bytes: 4 << 30,
+        }
+    }
+}
+
+/// Reads and decodes an ONNX model file (external data is not read here).
+pub fn load_model(path: &Path) -> Result<ModelProto, OnnxError> {
+    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    decode_model(&bytes)
+}
+
+/// Decodes ONNX protobuf bytes.
+pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
+    let model = <ModelProto as prost::Message>::decode(bytes).map_err(|e| OnnxError::Decode(e.to_string()))?;
+    // Protobuf accepts many byte strings as an empty message; an ONNX model
+    // has at least a graph or an opset.
+    if model.graph.is_none() && model.opset_import.is_empty() && model.ir_version == 0 {
+        return Err(OnnxError::Decode("the data holds no ONNX graph".into()));
+    }
+    Ok(model)
+}
+
+/// Loads the model at `path` and imports it; external data is read from the
+/// file's directory.
+pub fn import(path: &Path, opts: &ImportOptions) -> Result<kiln_ir::Graph, OnnxError> {
+    let model = load_model(path)?;
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    import_model(&model, dir, opts)
+}
+
+/// Imports a decoded model into IR. `model_dir` is where external tensor
+/// data lives (`None`: external data is an error).
+pub fn import_model(
+    model: &ModelProto,
+    model_dir: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<kiln_ir::Graph, OnnxError> {
+    import::import_model(model, model_dir, opts)
+}

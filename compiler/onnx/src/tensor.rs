@@ -44,8 +44,8 @@ pub fn dtype_or_err(code: i32, value: &str) -> Result<DType, OnnxError> {
 
 /// Parses an ONNX type name as written in opset 1-5 `Cast.to` (`FLOAT`).
 pub fn dtype_from_onnx_name(name: &str) -> Option<DType> {
-    let code = DataType::from_str_name(&name.to_ascii_uppercase())?;
-    dtype_from_onnx(code as i32)
+    let upper = name.to_ascii_uppercase();
+    (0..=23).find(|&c| onnx_dtype_name(c) == upper).and_then(dtype_from_onnx)
 }
 
 /// The element count of `dims`, or `None` on a negative dim or overflow.

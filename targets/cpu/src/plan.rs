@@ -89,11 +89,6 @@ impl Weights {
         off
     }
 
-    /// The bytes of a previously added entry.
-    pub(crate) fn get(&self, offset: u64, len: usize) -> &[u8] {
-        &self.bytes[offset as usize..offset as usize + len]
-    }
-
     /// The finished blob.
     pub(crate) fn into_bytes(self) -> Vec<u8> {
         self.bytes

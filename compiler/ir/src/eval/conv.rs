@@ -158,7 +158,11 @@ mod tests {
         let x = iota(&[1, 1, 5, 5]);
         let w = f32s(&[1, 1, 2, 2], &[1.0; 4]);
         let y = eval(&conv([1, 1], [0; 4], [2, 2], 1), &[&x, &w]).unwrap();
-        assert_close(&y, &[1, 1, 3, 3], &[24., 28., 32., 44., 48., 52., 64., 68., 72.]);
+        assert_close(
+            &y,
+            &[1, 1, 3, 3],
+            &[24., 28., 32., 44., 48., 52., 64., 68., 72.],
+        );
         // A 3x3 ones kernel with dilation 2 on the same input reads rows
         // and columns 0, 2, 4: 3 * (0 + 10 + 20) + 3 * (0 + 2 + 4) = 108.
         let w = f32s(&[1, 1, 3, 3], &[1.0; 9]);

@@ -31,7 +31,10 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor) -> Result<Data, IrError> {
         ));
     }
     let v = x.to_i64_vec();
-    Ok(Data::from_i64s(x.dtype(), v.into_iter().map(|v| apply(v, op))))
+    Ok(Data::from_i64s(
+        x.dtype(),
+        v.into_iter().map(|v| apply(v, op)),
+    ))
 }
 
 struct UnaryKernel(UnaryOp);
@@ -178,8 +181,17 @@ mod tests {
         let cases: [(UnaryOp, [f64; 4]); 6] = [
             (UnaryOp::Relu, [0.0, 0.0, 0.0, 3.0]),
             (UnaryOp::LeakyRelu { alpha: 0.1 }, [-0.2, -0.05, 0.0, 3.0]),
-            (UnaryOp::Clip { min: -1.0, max: 1.0 }, [-1.0, -0.5, 0.0, 1.0]),
-            (UnaryOp::HardSwish, [-1.0 / 3.0, -0.5 * (2.5 / 6.0), 0.0, 3.0]),
+            (
+                UnaryOp::Clip {
+                    min: -1.0,
+                    max: 1.0,
+                },
+                [-1.0, -0.5, 0.0, 1.0],
+            ),
+            (
+                UnaryOp::HardSwish,
+                [-1.0 / 3.0, -0.5 * (2.5 / 6.0), 0.0, 3.0],
+            ),
             (UnaryOp::Abs, [2.0, 0.5, 0.0, 3.0]),
             (UnaryOp::Floor, [-2.0, -1.0, 0.0, 3.0]),
         ];
@@ -199,7 +211,14 @@ mod tests {
         assert_eq!(relu.data(), &Data::I32(vec![0, 0, 2, 9]));
         let neg = eval(&Op::Unary(UnaryOp::Neg), &[&x]).unwrap();
         assert_eq!(neg.data(), &Data::I32(vec![5, 1, -2, -9]));
-        let clip = eval(&Op::Unary(UnaryOp::Clip { min: -2.0, max: 3.0 }), &[&x]).unwrap();
+        let clip = eval(
+            &Op::Unary(UnaryOp::Clip {
+                min: -2.0,
+                max: 3.0,
+            }),
+            &[&x],
+        )
+        .unwrap();
         assert_eq!(clip.data(), &Data::I32(vec![-2, -1, 2, 3]));
         assert!(eval(&Op::Unary(UnaryOp::Exp), &[&x]).is_err());
     }

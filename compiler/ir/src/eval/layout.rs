@@ -99,23 +99,41 @@ pub(super) fn gather(axis: usize, x: &Tensor, indices: &Tensor) -> Result<Data, 
 mod tests {
     use super::super::eval;
     use super::super::test_util::*;
-    use crate::{DType, Data, IrError, Ints, Op, SliceAxis, Tensor};
+    use crate::{DType, Data, Ints, IrError, Op, SliceAxis, Tensor};
 
     #[test]
     fn reshape_keeps_elements() {
         let x = iota(&[2, 3]);
-        let y = eval(&Op::Reshape { shape: Ints::from_slice(&[3, 1, 2]) }, &[&x]).unwrap();
+        let y = eval(
+            &Op::Reshape {
+                shape: Ints::from_slice(&[3, 1, 2]),
+            },
+            &[&x],
+        )
+        .unwrap();
         assert_close(&y, &[3, 1, 2], &[0., 1., 2., 3., 4., 5.]);
     }
 
     #[test]
     fn transpose_2d_and_3d() {
         let x = iota(&[2, 3]);
-        let y = eval(&Op::Transpose { perm: Ints::from_slice(&[1, 0]) }, &[&x]).unwrap();
+        let y = eval(
+            &Op::Transpose {
+                perm: Ints::from_slice(&[1, 0]),
+            },
+            &[&x],
+        )
+        .unwrap();
         assert_close(&y, &[3, 2], &[0., 3., 1., 4., 2., 5.]);
         // x[a,b,c] = 4a + 2b + c on [2,2,2]; perm [2,0,1]: y[c,a,b] = x[a,b,c].
         let x = Tensor::new([2, 2, 2], Data::I32((0..8).collect())).unwrap();
-        let y = eval(&Op::Transpose { perm: Ints::from_slice(&[2, 0, 1]) }, &[&x]).unwrap();
+        let y = eval(
+            &Op::Transpose {
+                perm: Ints::from_slice(&[2, 0, 1]),
+            },
+            &[&x],
+        )
+        .unwrap();
         assert_eq!(y.shape().as_slice(), &[2, 2, 2]);
         assert_eq!(y.data(), &Data::I32(vec![0, 2, 4, 6, 1, 3, 5, 7]));
     }
@@ -166,15 +184,39 @@ mod tests {
         // x[r,c] = 4r + c on [3,4]: rows 2, 0 (step -2), columns 1..3.
         let x = iota(&[3, 4]);
         let axes = [
-            SliceAxis { start: 2, step: -2, len: 2 },
-            SliceAxis { start: 1, step: 1, len: 2 },
+            SliceAxis {
+                start: 2,
+                step: -2,
+                len: 2,
+            },
+            SliceAxis {
+                start: 1,
+                step: 1,
+                len: 2,
+            },
         ];
-        let y = eval(&Op::Slice { axes: axes.into_iter().collect() }, &[&x]).unwrap();
+        let y = eval(
+            &Op::Slice {
+                axes: axes.into_iter().collect(),
+            },
+            &[&x],
+        )
+        .unwrap();
         assert_close(&y, &[2, 2], &[9., 10., 1., 2.]);
         // Full reversal of a bool vector.
         let b = Tensor::new([3], Data::Bool(vec![true, false, false])).unwrap();
-        let axes = [SliceAxis { start: 2, step: -1, len: 3 }];
-        let y = eval(&Op::Slice { axes: axes.into_iter().collect() }, &[&b]).unwrap();
+        let axes = [SliceAxis {
+            start: 2,
+            step: -1,
+            len: 3,
+        }];
+        let y = eval(
+            &Op::Slice {
+                axes: axes.into_iter().collect(),
+            },
+            &[&b],
+        )
+        .unwrap();
         assert_eq!(y.data(), &Data::Bool(vec![false, false, true]));
     }
 

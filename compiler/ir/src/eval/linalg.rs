@@ -72,7 +72,10 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &ValueType) -> Result<Data, Ir
         return run_float("matmul", &[a, b], &dims);
     }
     if !a.dtype().is_int() {
-        return Err(eval_err("matmul", format!("unsupported element type {}", a.dtype())));
+        return Err(eval_err(
+            "matmul",
+            format!("unsupported element type {}", a.dtype()),
+        ));
     }
     let (va, vb) = (a.to_i64_vec(), b.to_i64_vec());
     let values = dims.each(|ar, bc| {
@@ -104,8 +107,16 @@ impl FloatKernel for GemmKernel {
             for j in 0..n {
                 let mut acc = 0f64;
                 for kk in 0..k {
-                    let av = if self.trans_a { a[kk * m + i] } else { a[i * k + kk] };
-                    let bv = if self.trans_b { b[j * k + kk] } else { b[kk * n + j] };
+                    let av = if self.trans_a {
+                        a[kk * m + i]
+                    } else {
+                        a[i * k + kk]
+                    };
+                    let bv = if self.trans_b {
+                        b[j * k + kk]
+                    } else {
+                        b[kk * n + j]
+                    };
                     acc += av.to_f64() * bv.to_f64();
                 }
                 let mut y = self.alpha * acc;
@@ -194,7 +205,10 @@ mod tests {
         let y = eval(&Op::MatMul, &[&v, &v]).unwrap();
         assert_close(&y, &[], &[14.0]);
         // [2,2,3] @ [3] -> [2,2]
-        let batch = f32s(&[2, 2, 3], &[1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.]);
+        let batch = f32s(
+            &[2, 2, 3],
+            &[1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.],
+        );
         let y = eval(&Op::MatMul, &[&batch, &v]).unwrap();
         assert_close(&y, &[2, 2], &[1.0, 2.0, 3.0, 6.0]);
     }

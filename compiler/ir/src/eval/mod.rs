@@ -27,7 +27,7 @@ mod softmax;
 use crate::infer::strides_of;
 use crate::{infer, DType, Data, Graph, IrError, NodeId, Op, Tensor, ValueType};
 use half::{bf16, f16};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::{Add, Div, Mul, Sub};
 
 /// Evaluates one op on constant inputs; the output type equals
@@ -39,7 +39,10 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
     let name = op.name();
     match op {
         Op::Input { .. } => {
-            return Err(eval_err(name, "a graph input has no value outside eval_graph"))
+            return Err(eval_err(
+                name,
+                "a graph input has no value outside eval_graph",
+            ))
         }
         Op::Constant(t) if inputs.is_empty() => return Ok(t.clone()),
         Op::Constant(_) => return Err(eval_err(name, "a constant takes no inputs")),
@@ -96,8 +99,9 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
 /// Runs a whole graph on the given graph inputs (in graph input order) and
 /// returns its outputs in graph output order.
 ///
-/// Each input must have the type of its `Input` node. Intermediate values are
-/// dropped as soon as their last user has run.
+/// Each input must have the type of its `Input` node. Only the nodes the
+/// outputs depend on are evaluated, and intermediate values are dropped as
+/// soon as their last user has run.
 pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrError> {
     if inputs.len() != graph.inputs().len() {
         return Err(eval_err(
@@ -124,8 +128,20 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrErr
             ));
         }
     }
-    let order = graph.topo_order()?;
-    // Remaining uses of each value (edges plus graph outputs), so that
+    // Only nodes the outputs depend on run, so a dead node cannot fail.
+    let mut live: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<NodeId> = graph.outputs().iter().map(|(_, id)| *id).collect();
+    while let Some(id) = stack.pop() {
+        if live.insert(id) {
+            stack.extend(graph.inputs_of(id));
+        }
+    }
+    let order: Vec<NodeId> = graph
+        .topo_order()?
+        .into_iter()
+        .filter(|id| live.contains(id))
+        .collect();
+    // Remaining uses of each value (live edges plus graph outputs), so that
     // intermediates can be freed early.
     let mut uses: HashMap<NodeId, usize> = HashMap::new();
     for &id in &order {
@@ -141,9 +157,10 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrErr
         let node = graph.node(id);
         let at_node = |e: IrError| annotate(e, &node.name);
         let value = match &node.op {
-            Op::Input { index } => inputs.get(*index).cloned().ok_or_else(|| {
-                eval_err("input", format!("no value for graph input #{index}"))
-            })?,
+            Op::Input { index } => inputs
+                .get(*index)
+                .cloned()
+                .ok_or_else(|| eval_err("input", format!("no value for graph input #{index}")))?,
             op => {
                 let args = graph.inputs_of(id);
                 let value = {
@@ -360,7 +377,10 @@ pub(crate) fn run_float(
     inputs: &[&Tensor],
     kernel: &impl FloatKernel,
 ) -> Result<Data, IrError> {
-    fn slices<'a, T: Elem>(op: &'static str, inputs: &[&'a Tensor]) -> Result<Vec<&'a [T]>, IrError> {
+    fn slices<'a, T: Elem>(
+        op: &'static str,
+        inputs: &[&'a Tensor],
+    ) -> Result<Vec<&'a [T]>, IrError> {
         inputs
             .iter()
             .map(|t| T::slice(t.data()))
@@ -483,10 +503,29 @@ mod tests {
         let y = g.add_node(Op::Unary(UnaryOp::Neg), &[x], "y").unwrap();
         g.add_output("y", y);
         let wrong_shape = eval_graph(&g, &[f32s(&[2], &[1.0, 2.0])]).unwrap_err();
-        assert!(matches!(wrong_shape, IrError::Eval { .. }), "{wrong_shape:?}");
+        assert!(
+            matches!(wrong_shape, IrError::Eval { .. }),
+            "{wrong_shape:?}"
+        );
         let wrong_type = eval_graph(&g, &[i64s(&[3], &[1, 2, 3])]).unwrap_err();
         assert!(matches!(wrong_type, IrError::Eval { .. }), "{wrong_type:?}");
         assert!(eval_graph(&g, &[]).is_err());
+    }
+
+    #[test]
+    fn eval_graph_skips_dead_nodes() {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::I64, [1]));
+        let z = g.add_const("zero", i64s(&[1], &[0]));
+        let _dead = g
+            .add_node(Op::Binary(BinaryOp::Div), &[x, z], "dead")
+            .unwrap();
+        let y = g.add_node(Op::Binary(BinaryOp::Add), &[x, x], "y").unwrap();
+        g.add_output("y", y);
+        g.add_output("x", x);
+        let out = eval_graph(&g, &[i64s(&[1], &[21])]).unwrap();
+        assert_eq!(out[0].to_i64_vec(), vec![42]);
+        assert_eq!(out[1].to_i64_vec(), vec![21]);
     }
 
     #[test]
@@ -494,7 +533,9 @@ mod tests {
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::I64, [2]));
         let z = g.add_const("zero", i64s(&[1], &[0]));
-        let y = g.add_node(Op::Binary(BinaryOp::Div), &[x, z], "the_div").unwrap();
+        let y = g
+            .add_node(Op::Binary(BinaryOp::Div), &[x, z], "the_div")
+            .unwrap();
         g.add_output("y", y);
         match eval_graph(&g, &[i64s(&[2], &[4, 6])]).unwrap_err() {
             IrError::Eval { op, message } => {
@@ -507,7 +548,11 @@ mod tests {
 
     #[test]
     fn f16_and_bf16_round_trip_through_f32() {
-        let x = Tensor::new([2], Data::F16(vec![f16::from_f32(1.5), f16::from_f32(-2.0)])).unwrap();
+        let x = Tensor::new(
+            [2],
+            Data::F16(vec![f16::from_f32(1.5), f16::from_f32(-2.0)]),
+        )
+        .unwrap();
         let y = eval(&Op::Binary(BinaryOp::Mul), &[&x, &x]).unwrap();
         assert_eq!(y.dtype(), DType::F16);
         assert_close(&y, &[2], &[2.25, 4.0]);

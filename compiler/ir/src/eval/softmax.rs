@@ -20,7 +20,10 @@ impl FloatKernel for SoftmaxKernel {
         for o in 0..self.outer {
             for i in 0..inner {
                 let at = |d: usize| o * dim * inner + d * inner + i;
-                let max = (0..dim).fold(T::NEG_INFINITY, |m, d| if x[at(d)] > m { x[at(d)] } else { m });
+                let max = (0..dim).fold(
+                    T::NEG_INFINITY,
+                    |m, d| if x[at(d)] > m { x[at(d)] } else { m },
+                );
                 let mut sum = 0f64;
                 for d in 0..dim {
                     let e = (x[at(d)] - max).exp();
@@ -72,7 +75,11 @@ mod tests {
             assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-6, "{v:?}");
         }
         let third = 1.0 / 3.0;
-        assert_close(&y, &[2, 3], &[0.09003057, 0.24472847, 0.66524096, third, third, third]);
+        assert_close(
+            &y,
+            &[2, 3],
+            &[0.09003057, 0.24472847, 0.66524096, third, third, third],
+        );
     }
 
     #[test]

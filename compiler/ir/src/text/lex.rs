@@ -91,7 +91,10 @@ pub(super) fn lex(text: &str) -> Result<Lexed, IrError> {
                     i += 1;
                 }
                 if i == start {
-                    return Err(err(line, "expected a value name after `%` (like `%3` or `%x`)"));
+                    return Err(err(
+                        line,
+                        "expected a value name after `%` (like `%3` or `%x`)",
+                    ));
                 }
                 tokens.push(Token {
                     tok: Tok::Value(chars[start..i].iter().collect()),
@@ -108,7 +111,9 @@ pub(super) fn lex(text: &str) -> Result<Lexed, IrError> {
             }
             c if c.is_ascii_digit()
                 || ((c == '-' || c == '+')
-                    && chars.get(i + 1).is_some_and(|n| n.is_ascii_alphanumeric() || *n == '.')) =>
+                    && chars
+                        .get(i + 1)
+                        .is_some_and(|n| n.is_ascii_alphanumeric() || *n == '.')) =>
             {
                 let start = i;
                 i += 1;
@@ -164,12 +169,21 @@ fn is_hex(s: &[char]) -> bool {
 
 /// Lexes the string literal starting at `chars[start] == '"'`; returns its
 /// value and the index after the closing quote.
-pub(super) fn lex_string(chars: &[char], start: usize, line: usize) -> Result<(String, usize), IrError> {
+pub(super) fn lex_string(
+    chars: &[char],
+    start: usize,
+    line: usize,
+) -> Result<(String, usize), IrError> {
     let mut s = String::new();
     let mut i = start + 1;
     loop {
         match chars.get(i) {
-            None | Some('\n') => return Err(err(line, "unterminated string literal (a newline in a string is written `\\n`)")),
+            None | Some('\n') => {
+                return Err(err(
+                    line,
+                    "unterminated string literal (a newline in a string is written `\\n`)",
+                ))
+            }
             Some('"') => return Ok((s, i + 1)),
             Some('\\') => {
                 i += 1;

@@ -9,7 +9,7 @@
 //! }
 //! ```
 //!
-//! [`print`] numbers values in [`Graph::topo_order`] order (graph inputs
+//! [`print`](fn@print) numbers values in [`Graph::topo_order`] order (graph inputs
 //! first, in input order), so the dump of a graph does not depend on the
 //! petgraph indices it happens to use, and prints every attribute of every
 //! op. Constants with more than 16 elements are printed as an

@@ -3,7 +3,9 @@
 
 use super::lex::{lex, lex_string, Tok, Token};
 use crate::op::{Conv2d, Pool2d, SliceAxis};
-use crate::{BinaryOp, DType, Data, Graph, Ints, IrError, NodeId, Op, Shape, Tensor, UnaryOp, ValueType};
+use crate::{
+    BinaryOp, DType, Data, Graph, Ints, IrError, NodeId, Op, Shape, Tensor, UnaryOp, ValueType,
+};
 use half::{bf16, f16};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -148,7 +150,11 @@ impl Parser {
                             self.next();
                             return Ok((format!("nan:{bits}"), line));
                         }
-                        _ => return Err(self.unexpected("NaN bits after `nan:` (like `nan:0x7fc00001`)")),
+                        _ => {
+                            return Err(
+                                self.unexpected("NaN bits after `nan:` (like `nan:0x7fc00001`)")
+                            )
+                        }
                     }
                 }
                 Ok((s, line))
@@ -177,7 +183,10 @@ impl Parser {
         match self.peek().clone() {
             Tok::Value(v) => {
                 if let Some((_, first)) = self.values.get(&v) {
-                    return Err(err(line, format!("value %{v} is already defined on line {first}")));
+                    return Err(err(
+                        line,
+                        format!("value %{v} is already defined on line {first}"),
+                    ));
                 }
                 self.next();
                 Ok((v, line))
@@ -194,7 +203,9 @@ impl Parser {
         if !self.eat_punct(']') {
             loop {
                 let (d, line) = self.scalar("a dimension")?;
-                shape.push(parse_usize(&d).ok_or_else(|| err(line, format!("bad dimension `{d}`")))?);
+                shape.push(
+                    parse_usize(&d).ok_or_else(|| err(line, format!("bad dimension `{d}`")))?,
+                );
                 if self.eat_punct(']') {
                     break;
                 }
@@ -298,7 +309,11 @@ impl Parser {
                     self.expect_punct(',', "or `)` in the operand list")?;
                 }
             }
-            let attrs = if self.is_punct('{') { self.attributes()? } else { vec![] };
+            let attrs = if self.is_punct('{') {
+                self.attributes()?
+            } else {
+                vec![]
+            };
             (build_op(&op_name, op_line, attrs)?, args)
         };
         let last_line = self.tokens[self.pos.saturating_sub(1)].line;
@@ -366,7 +381,10 @@ impl Parser {
                      `PrintOptions {{ full_constants: true }}` to get a dump that parses"
                 ),
             )),
-            other => Err(err(line, format!("unknown constant form `{other}` (expected `dense<[...]>`)"))),
+            other => Err(err(
+                line,
+                format!("unknown constant form `{other}` (expected `dense<[...]>`)"),
+            )),
         }
     }
 
@@ -449,7 +467,10 @@ fn onnx_name(comment: &str, line: usize) -> Result<Option<String>, IrError> {
 
 fn unknown_dtype(name: &str) -> String {
     let known: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
-    format!("unknown element type `{name}` (known: {})", known.join(", "))
+    format!(
+        "unknown element type `{name}` (known: {})",
+        known.join(", ")
+    )
 }
 
 fn parse_usize(s: &str) -> Option<usize> {
@@ -522,7 +543,9 @@ fn parse_elements(dtype: DType, elements: &[(String, usize)]) -> Result<Data, Ir
     ) -> Result<Vec<T>, IrError> {
         elements
             .iter()
-            .map(|(s, line)| f(s).ok_or_else(|| err(*line, format!("`{s}` is not a valid {dtype} element"))))
+            .map(|(s, line)| {
+                f(s).ok_or_else(|| err(*line, format!("`{s}` is not a valid {dtype} element")))
+            })
             .collect()
     }
     Ok(match dtype {
@@ -569,10 +592,17 @@ impl Attrs {
         )
     }
 
-    fn required<T>(&mut self, name: &str, conv: fn(&mut Self, &str, AttrValue, usize) -> Result<T, IrError>) -> Result<T, IrError> {
+    fn required<T>(
+        &mut self,
+        name: &str,
+        conv: fn(&mut Self, &str, AttrValue, usize) -> Result<T, IrError>,
+    ) -> Result<T, IrError> {
         match self.take(name) {
             Some((v, line)) => conv(self, name, v, line),
-            None => Err(err(self.line, format!("{} needs attribute `{name}`", self.op))),
+            None => Err(err(
+                self.line,
+                format!("{} needs attribute `{name}`", self.op),
+            )),
         }
     }
 
@@ -597,7 +627,9 @@ impl Attrs {
 
     fn usize(&mut self, name: &str, v: AttrValue, line: usize) -> Result<usize, IrError> {
         match &v {
-            AttrValue::Num(s) => parse_usize(s).ok_or_else(|| self.bad(name, line, "a non-negative integer", &v)),
+            AttrValue::Num(s) => {
+                parse_usize(s).ok_or_else(|| self.bad(name, line, "a non-negative integer", &v))
+            }
             _ => Err(self.bad(name, line, "a non-negative integer", &v)),
         }
     }
@@ -631,17 +663,31 @@ impl Attrs {
         }
     }
 
-    fn array<const N: usize>(&mut self, name: &str, v: AttrValue, line: usize) -> Result<[usize; N], IrError> {
+    fn array<const N: usize>(
+        &mut self,
+        name: &str,
+        v: AttrValue,
+        line: usize,
+    ) -> Result<[usize; N], IrError> {
         let list = self.ints(name, v, line)?;
         <[usize; N]>::try_from(list.as_slice()).map_err(|_| {
             err(
                 line,
-                format!("attribute `{name}` of {} must have {N} elements, got {}", self.op, list.len()),
+                format!(
+                    "attribute `{name}` of {} must have {N} elements, got {}",
+                    self.op,
+                    list.len()
+                ),
             )
         })
     }
 
-    fn slice_axes(&mut self, name: &str, v: AttrValue, line: usize) -> Result<SmallVec<[SliceAxis; 4]>, IrError> {
+    fn slice_axes(
+        &mut self,
+        name: &str,
+        v: AttrValue,
+        line: usize,
+    ) -> Result<SmallVec<[SliceAxis; 4]>, IrError> {
         let expected = "a list of `start:step:len` like `[0:1:3, 2:-1:2]`";
         match &v {
             AttrValue::List(items) => items
@@ -699,10 +745,20 @@ const OPS: &[(&str, &[&str])] = &[
     ("matmul", &[]),
     ("gemm", &["alpha", "beta", "trans_a", "trans_b"]),
     ("conv", &["strides", "pads", "dilations", "group"]),
-    ("max_pool", &["kernel", "strides", "pads", "dilations", "ceil_mode"]),
+    (
+        "max_pool",
+        &["kernel", "strides", "pads", "dilations", "ceil_mode"],
+    ),
     (
         "average_pool",
-        &["kernel", "strides", "pads", "dilations", "ceil_mode", "count_include_pad"],
+        &[
+            "kernel",
+            "strides",
+            "pads",
+            "dilations",
+            "ceil_mode",
+            "count_include_pad",
+        ],
     ),
     ("global_average_pool", &[]),
     ("global_max_pool", &[]),
@@ -716,7 +772,11 @@ const OPS: &[(&str, &[&str])] = &[
     ("const", &[]),
 ];
 
-fn build_op(name: &str, line: usize, items: Vec<(String, AttrValue, usize)>) -> Result<Op, IrError> {
+fn build_op(
+    name: &str,
+    line: usize,
+    items: Vec<(String, AttrValue, usize)>,
+) -> Result<Op, IrError> {
     let mut a = Attrs {
         op: name.to_string(),
         line,

@@ -11,12 +11,24 @@ pub(super) fn print_graph(g: &Graph, opts: &PrintOptions) -> String {
     // Inputs first, in input order, then everything else in topological
     // order. A cyclic graph (only buildable with `add_edge_unchecked`) still
     // prints, in index order, so that it can be looked at.
-    let inputs: Vec<NodeId> = g.inputs().iter().copied().filter(|&id| g.contains(id)).collect();
+    let inputs: Vec<NodeId> = g
+        .inputs()
+        .iter()
+        .copied()
+        .filter(|&id| g.contains(id))
+        .collect();
     let input_set: HashSet<NodeId> = inputs.iter().copied().collect();
     let order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
-    let body: Vec<NodeId> = order.into_iter().filter(|id| !input_set.contains(id)).collect();
-    let numbers: HashMap<NodeId, usize> =
-        inputs.iter().chain(&body).enumerate().map(|(i, &id)| (id, i)).collect();
+    let body: Vec<NodeId> = order
+        .into_iter()
+        .filter(|id| !input_set.contains(id))
+        .collect();
+    let numbers: HashMap<NodeId, usize> = inputs
+        .iter()
+        .chain(&body)
+        .enumerate()
+        .map(|(i, &id)| (id, i))
+        .collect();
     let value = |id: NodeId| match numbers.get(&id) {
         Some(n) => format!("%{n}"),
         None => "%<removed>".to_string(),
@@ -272,9 +284,8 @@ pub(super) fn quote(s: &str) -> String {
 /// control characters, no surrounding whitespace, not starting with a
 /// quote), else as a quoted string.
 fn comment_name(name: &str) -> String {
-    let plain = !name.starts_with('"')
-        && name.trim() == name
-        && !name.chars().any(|c| c.is_control());
+    let plain =
+        !name.starts_with('"') && name.trim() == name && !name.chars().any(|c| c.is_control());
     if plain {
         name.to_string()
     } else {

@@ -1,0 +1,318 @@
+//! ModelProto → IR: structural checks, the unsupported-op scan, input
+//! binding, initializers, and the node walk in topological order.
+
+use crate::ctx::ImportCtx;
+use crate::tensor::{dtype_or_err, tensor_from_proto};
+use crate::{ops, ImportOptions, OnnxError, UnsupportedOp};
+use kiln_ir::{Graph, ValueType};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::path::Path;
+use tract_onnx::pb::tensor_shape_proto::dimension::Value as DimValue;
+use tract_onnx::pb::type_proto::Value as TypeValue;
+use tract_onnx::pb::{GraphProto, ModelProto, ValueInfoProto};
+
+/// The version a model imports for `domain` (`""` and `ai.onnx` are the
+/// default domain). A model without any default-domain import is opset 1.
+pub(crate) fn opset_of(model: &ModelProto, domain: &str) -> i64 {
+    let norm = |d: &str| if d == "ai.onnx" { "" } else { d }.to_string();
+    let want = norm(domain);
+    model
+        .opset_import
+        .iter()
+        .find(|o| norm(&o.domain) == want)
+        .map(|o| o.version)
+        .unwrap_or(if want.is_empty() { 1 } else { 0 })
+}
+
+/// The display name of node `i`: its name, or `<op_type>_<i>`.
+pub(crate) fn node_display_name(graph: &GraphProto, i: usize) -> String {
+    let n = &graph.node[i];
+    if n.name.is_empty() {
+        format!("{}_{i}", n.op_type)
+    } else {
+        n.name.clone()
+    }
+}
+
+/// Checks that every value read is produced and that the nodes form a DAG;
+/// returns the node indices in a topological order (the given order when
+/// the model is sorted, as ONNX requires).
+fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, OnnxError> {
+    let mut available: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    available.extend(graph.input.iter().map(|i| i.name.as_str()));
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in graph.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            if available.contains(o.as_str()) || producer.insert(o, i).is_some() {
+                return Err(OnnxError::InvalidModel(format!(
+                    "value '{o}' is produced more than once (node '{}')",
+                    names[i]
+                )));
+            }
+        }
+    }
+    for (i, n) in graph.node.iter().enumerate() {
+        for x in n.input.iter().filter(|x| !x.is_empty()) {
+            if !available.contains(x.as_str()) && !producer.contains_key(x.as_str()) {
+                return Err(OnnxError::MissingInput {
+                    node: names[i].clone(),
+                    input: x.clone(),
+                });
+            }
+        }
+    }
+    for o in &graph.output {
+        if !available.contains(o.name.as_str()) && !producer.contains_key(o.name.as_str()) {
+            return Err(OnnxError::MissingInput {
+                node: "graph output".into(),
+                input: o.name.clone(),
+            });
+        }
+    }
+    // Kahn's algorithm, smallest index first: the given order when valid.
+    let deps: Vec<Vec<usize>> = graph
+        .node
+        .iter()
+        .map(|n| {
+            let mut d: Vec<usize> = n
+                .input
+                .iter()
+                .filter(|x| !available.contains(x.as_str()))
+                .filter_map(|x| producer.get(x.as_str()).copied())
+                .collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        })
+        .collect();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); graph.node.len()];
+    let mut pending: Vec<usize> = vec![0; graph.node.len()];
+    for (i, d) in deps.iter().enumerate() {
+        pending[i] = d.len();
+        for &p in d {
+            users[p].push(i);
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<usize>> =
+        (0..graph.node.len()).filter(|&i| pending[i] == 0).map(Reverse).collect();
+    let mut order = Vec::with_capacity(graph.node.len());
+    while let Some(Reverse(i)) = ready.pop() {
+        order.push(i);
+        for &u in &users[i] {
+            pending[u] -= 1;
+            if pending[u] == 0 {
+                ready.push(Reverse(u));
+            }
+        }
+    }
+    if order.len() < graph.node.len() {
+        // Walk unfinished dependencies until a node repeats: it is on a cycle.
+        let mut seen = vec![false; graph.node.len()];
+        let mut i = (0..graph.node.len()).find(|&i| pending[i] > 0).expect("unfinished node");
+        while !seen[i] {
+            seen[i] = true;
+            i = *deps[i].iter().find(|&&d| pending[d] > 0).expect("unfinished dependency");
+        }
+        return Err(OnnxError::Cycle(names[i].clone()));
+    }
+    Ok(order)
+}
+
+/// Finds every node Kiln cannot import.
+fn scan_unsupported(model: &ModelProto, graph: &GraphProto, names: &[String]) -> Vec<UnsupportedOp> {
+    let mut used: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
+    for n in &graph.node {
+        used.extend(n.input.iter().map(|s| s.as_str()));
+    }
+    let is_used = |name: &str| used.contains(name);
+    let default_opset = opset_of(model, "");
+    let mut out = Vec::new();
+    for (i, n) in graph.node.iter().enumerate() {
+        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+        let domain = if default_domain { "ai.onnx".to_string() } else { n.domain.clone() };
+        let opset = opset_of(model, &domain);
+        let hint = if !default_domain {
+            Some(format!("ops of domain '{domain}' are not supported"))
+        } else if ops::builder(&n.op_type).is_none() {
+            Some(ops::missing_op_hint(&n.op_type))
+        } else {
+            ops::precheck(n, default_opset, &is_used)
+        };
+        if let Some(hint) = hint {
+            out.push(UnsupportedOp {
+                op_type: n.op_type.clone(),
+                node_name: names[i].clone(),
+                domain,
+                opset,
+                hint,
+            });
+        }
+    }
+    out
+}
+
+/// The declared dims of a graph input: `Some(d)` known, `None` with an
+/// optional `dim_param` name otherwise; `None` overall when no shape is
+/// declared.
+type DeclaredDims = Option<Vec<Result<usize, Option<String>>>>;
+
+fn declared_type(input: &ValueInfoProto) -> Result<(i32, DeclaredDims), OnnxError> {
+    let tensor = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(TypeValue::TensorType(t)) => t,
+        None => {
+            return Err(OnnxError::InvalidModel(format!(
+                "graph input '{}' has no tensor type",
+                input.name
+            )))
+        }
+    };
+    let dims = tensor.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(DimValue::DimValue(v)) if *v > 0 => Ok(*v as usize),
+                Some(DimValue::DimParam(p)) if !p.is_empty() => Err(Some(p.clone())),
+                _ => Err(None),
+            })
+            .collect()
+    });
+    Ok((tensor.elem_type, dims))
+}
+
+/// Binds the dims of one graph input from the options.
+fn bind_shape(
+    name: &str,
+    declared: &DeclaredDims,
+    opts: &ImportOptions,
+) -> Result<Vec<usize>, OnnxError> {
+    if let Some(given) = opts.input_shapes.get(name) {
+        if let Some(dims) = declared {
+            if dims.len() != given.len() {
+                return Err(OnnxError::InputShape {
+                    input: name.into(),
+                    message: format!("the model declares rank {}, the option gives {:?}", dims.len(), given),
+                });
+            }
+            for (i, (d, &g)) in dims.iter().zip(given).enumerate() {
+                if let Ok(d) = d {
+                    if *d != g {
+                        return Err(OnnxError::InputShape {
+                            input: name.into(),
+                            message: format!("dim {i} is {d} in the model but {g} in the option {given:?}"),
+                        });
+                    }
+                }
+            }
+        }
+        return Ok(given.clone());
+    }
+    let Some(dims) = declared else {
+        return Err(OnnxError::InputShape {
+            input: name.into(),
+            message: format!("the model declares no shape; give one with --input-shape {name}=..."),
+        });
+    };
+    let suggested: Vec<usize> = dims
+        .iter()
+        .map(|d| match d {
+            Ok(v) => *v,
+            Err(Some(p)) => opts.dims.get(p).copied().unwrap_or(1),
+            Err(None) => 1,
+        })
+        .collect();
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| match d {
+            Ok(v) => Ok(*v),
+            Err(Some(p)) if opts.dims.contains_key(p) => Ok(opts.dims[p]),
+            Err(p) => Err(OnnxError::UnboundDim {
+                input: name.into(),
+                dim_index: i,
+                dim_name: p.clone(),
+                suggested_shape: suggested.clone(),
+            }),
+        })
+        .collect()
+}
+
+/// Imports a decoded model; see [`crate::import_model`].
+pub(crate) fn import_model(
+    model: &ModelProto,
+    model_dir: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<Graph, OnnxError> {
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| OnnxError::InvalidModel("the model has no graph".into()))?;
+    let names: Vec<String> = (0..graph.node.len()).map(|i| node_display_name(graph, i)).collect();
+    let order = check_structure(graph, &names)?;
+    let unsupported = scan_unsupported(model, graph, &names);
+    if !unsupported.is_empty() {
+        return Err(OnnxError::Unsupported(unsupported));
+    }
+    if !graph.sparse_initializer.is_empty() {
+        return Err(OnnxError::InvalidModel("sparse initializers are not supported".into()));
+    }
+
+    let init_names: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let inputs: Vec<&ValueInfoProto> = graph
+        .input
+        .iter()
+        .filter(|i| !init_names.contains(i.name.as_str()))
+        .collect();
+    for name in opts.input_shapes.keys() {
+        if !inputs.iter().any(|i| &i.name == name) {
+            let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(OnnxError::InputShape {
+                input: name.clone(),
+                message: format!("the model has no input of that name (inputs: {})", list.join(", ")),
+            });
+        }
+    }
+
+    let mut ctx = ImportCtx::new(opset_of(model, ""), opts, model_dir);
+    for input in &inputs {
+        let (code, declared) = declared_type(input)?;
+        let dtype = dtype_or_err(code, &input.name)?;
+        let shape = bind_shape(&input.name, &declared, opts)?;
+        let id = ctx.graph.add_input(input.name.clone(), ValueType::new(dtype, shape));
+        ctx.bind_input(&input.name, id);
+    }
+    for t in &graph.initializer {
+        let tensor = tensor_from_proto(t, &t.name, model_dir, opts.max_initializer_bytes)?;
+        let v = ctx.constant(tensor, t.name.clone());
+        ctx.bind(&t.name, v);
+    }
+
+    for &i in &order {
+        let node = &graph.node[i];
+        ctx.set_current(&names[i], &node.op_type);
+        let build = ops::builder(&node.op_type).expect("checked by the scan");
+        let outs = build(&mut ctx, node)?;
+        for (k, name) in node.output.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            match outs.get(k) {
+                Some(&v) => ctx.bind(name, v),
+                None => {
+                    return Err(ctx.invalid(format!("output {k} ('{name}') cannot be produced")));
+                }
+            }
+        }
+    }
+
+    for o in &graph.output {
+        let v = ctx
+            .lookup(&o.name)
+            .ok_or_else(|| OnnxError::MissingInput {
+                node: "graph output".into(),
+                input: o.name.clone(),
+            })?;
+        let id = ctx.node_of(v);
+        ctx.graph.add_output(o.name.clone(), id);
+    }
+    Ok(ctx.graph)
+}

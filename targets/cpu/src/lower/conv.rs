@@ -1,0 +1,283 @@
+//! Direct 2-D convolution (NCHW input, OIHW weights, optional bias).
+//!
+//! Output rows and columns are split at compile time into segments with a
+//! fixed set of valid kernel taps (see [`window_segments`]), so the inner
+//! code has no bounds checks: within a segment every `(kh, kw)` tap is
+//! unrolled. A register tile covers up to 4 output channels × 8 output
+//! pixels (two `f32x4` per channel when `stride_w == 1`, otherwise 4 scalar
+//! pixels), accumulated over the group's input channels in registers and
+//! initialised with the bias. Groups (including depthwise) are an outer
+//! loop.
+
+use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_ir::Conv2d;
+
+use super::loops::{for_range, for_range_carry, nest};
+use super::pool::{window_segments, Seg};
+use super::{Kb, NodeCx};
+use crate::CpuError;
+
+/// Output channels per register tile.
+const OCB: usize = 4;
+
+/// Pixel group of a tile: 4 consecutive pixels (vector) or one pixel, at a
+/// pixel offset from the tile's first pixel.
+#[derive(Clone, Copy)]
+enum Pix {
+    Vec(usize),
+    One(usize),
+}
+
+impl Pix {
+    fn off(self) -> usize {
+        match self {
+            Pix::Vec(o) | Pix::One(o) => o,
+        }
+    }
+}
+
+/// Shapes and strides shared by every tile of one convolution.
+struct Geo {
+    cg: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    bias: bool,
+}
+
+/// Conv on f32.
+pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
+    for i in 0..cx.inputs.len() {
+        cx.float_input(i, false)?;
+    }
+    let (xloc, xty) = cx.inputs[0];
+    let (wloc, wty) = cx.inputs[1];
+    let (n, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (o, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let groups = c.group;
+    let og = o / groups;
+    let g = Geo {
+        cg,
+        h,
+        w,
+        kh,
+        kw,
+        oh,
+        ow,
+        sw: c.strides[1],
+        dh: c.dilations[0],
+        dw: c.dilations[1],
+        pt: c.pads[0],
+        pl: c.pads[1],
+        bias: cx.inputs.len() > 2,
+    };
+    if n * o * oh * ow == 0 {
+        return Ok(());
+    }
+    let sh = c.strides[0];
+    let segs_h = window_segments(oh, h, kh, sh, c.pads[0], c.pads[2], c.dilations[0]);
+    let segs_w = window_segments(ow, w, kw, g.sw, c.pads[1], c.pads[3], c.dilations[1]);
+    let x = kb.ptr(xloc);
+    let wp = kb.ptr(wloc);
+    let bp = match cx.inputs.get(2) {
+        Some(&(bloc, _)) => kb.ptr(bloc),
+        None => wp,
+    };
+    let y = kb.ptr(cx.out);
+    let plane = (h * w * 4) as i64;
+    let oplane = (oh * ow * 4) as i64;
+    let wsize = (cg * kh * kw * 4) as i64;
+    nest(
+        kb,
+        &[n, groups],
+        &[x, wp, bp, y],
+        &[
+            vec![cin as i64 * plane, cg as i64 * plane],
+            vec![0, og as i64 * wsize],
+            vec![0, (og * 4) as i64],
+            vec![o as i64 * oplane, og as i64 * oplane],
+        ],
+        &mut |kb, p| {
+            let (xg, wg, bg, yg) = (p[0], p[1], p[2], p[3]);
+            let rows = |kb: &mut Kb, ocb: usize, oc0: Value| {
+                let wo = kb.add_scaled(wg, oc0, wsize);
+                let bo = kb.add_scaled(bg, oc0, 4);
+                let yo = kb.add_scaled(yg, oc0, oplane);
+                for seg_h in &segs_h {
+                    let s = seg_h.start as i64;
+                    for_range(kb, s, s + seg_h.len as i64, 1, &mut |kb, o_h| {
+                        let x_oh = kb.add_scaled(xg, o_h, sh as i64 * (w * 4) as i64);
+                        let y_row = kb.add_scaled(yo, o_h, (ow * 4) as i64);
+                        for seg_w in &segs_w {
+                            row_segment(kb, &g, ocb, wo, bo, x_oh, y_row, seg_h, seg_w);
+                        }
+                    });
+                }
+            };
+            let ocb = OCB.min(og);
+            let full = og / ocb;
+            for_range(kb, 0, (full * ocb) as i64, ocb as i64, &mut |kb, oc0| {
+                rows(kb, ocb, oc0)
+            });
+            if og % ocb != 0 {
+                let oc0 = kb.iconst((full * ocb) as i64);
+                rows(kb, og % ocb, oc0);
+            }
+        },
+    );
+    Ok(())
+}
+
+/// All tiles of one output row segment.
+#[allow(clippy::too_many_arguments)]
+fn row_segment(
+    kb: &mut Kb,
+    g: &Geo,
+    ocb: usize,
+    wo: Value,
+    bo: Value,
+    x_oh: Value,
+    y_row: Value,
+    seg_h: &Seg,
+    seg_w: &Seg,
+) {
+    let (s0, len) = (seg_w.start, seg_w.len);
+    let (block, groups): (usize, Vec<Pix>) = if g.sw == 1 {
+        (8, vec![Pix::Vec(0), Pix::Vec(4)])
+    } else {
+        (4, (0..4).map(Pix::One).collect())
+    };
+    let nb = len / block;
+    let t = Tile {
+        g,
+        ocb,
+        wo,
+        bo,
+        x_oh,
+        y_row,
+        taps_h: &seg_h.taps,
+        taps_w: &seg_w.taps,
+    };
+    for_range(
+        kb,
+        s0 as i64,
+        (s0 + nb * block) as i64,
+        block as i64,
+        &mut |kb, o_w| t.emit(kb, o_w, &groups),
+    );
+    let rem = len % block;
+    if rem > 0 {
+        let mut tail = Vec::new();
+        let mut at = 0;
+        if g.sw == 1 && rem >= 4 {
+            tail.push(Pix::Vec(0));
+            at = 4;
+        }
+        tail.extend((at..rem).map(Pix::One));
+        let o_w = kb.iconst((s0 + nb * block) as i64);
+        t.emit(kb, o_w, &tail);
+    }
+}
+
+struct Tile<'a> {
+    g: &'a Geo,
+    ocb: usize,
+    wo: Value,
+    bo: Value,
+    x_oh: Value,
+    y_row: Value,
+    taps_h: &'a [usize],
+    taps_w: &'a [usize],
+}
+
+impl Tile<'_> {
+    fn emit(&self, kb: &mut Kb, o_w: Value, pix: &[Pix]) {
+        let g = self.g;
+        let any_vec = pix.iter().any(|p| matches!(p, Pix::Vec(_)));
+        let mut init = Vec::with_capacity(self.ocb * pix.len());
+        let zero = kb.b.ins().f32const(0.0);
+        for o in 0..self.ocb {
+            let s = if g.bias {
+                kb.load(F32, self.bo, (o * 4) as i64)
+            } else {
+                zero
+            };
+            let v = if any_vec {
+                Some(kb.b.ins().splat(F32X4, s))
+            } else {
+                None
+            };
+            for p in pix {
+                init.push(match p {
+                    Pix::Vec(_) => v.expect("vector group"),
+                    Pix::One(_) => s,
+                });
+            }
+        }
+        let w4 = (g.w * 4) as i64;
+        let x_px = kb.add_scaled(self.x_oh, o_w, (g.sw * 4) as i64);
+        let ksize = (g.kh * g.kw) as i64;
+        let acc = for_range_carry(kb, 0, g.cg as i64, 1, &init, &mut |kb, ic, acc| {
+            let xc = kb.add_scaled(x_px, ic, (g.h * g.w * 4) as i64);
+            let wc = kb.add_scaled(self.wo, ic, ksize * 4);
+            let mut acc = acc.to_vec();
+            for &th in self.taps_h {
+                let row = (th * g.dh) as i64 * w4 - g.pt as i64 * w4;
+                for &tw in self.taps_w {
+                    let col = ((tw * g.dw) as i64 - g.pl as i64) * 4;
+                    let xs: Vec<Value> = pix
+                        .iter()
+                        .map(|p| {
+                            let at = row + col + (p.off() * g.sw * 4) as i64;
+                            match p {
+                                Pix::Vec(_) => kb.load(F32X4, xc, at),
+                                Pix::One(_) => kb.load(F32, xc, at),
+                            }
+                        })
+                        .collect();
+                    for o in 0..self.ocb {
+                        let woff = ((o as i64 * g.cg as i64) * ksize
+                            + (th * g.kw + tw) as i64)
+                            * 4;
+                        let ws = kb.load(F32, wc, woff);
+                        let wv = if any_vec {
+                            Some(kb.b.ins().splat(F32X4, ws))
+                        } else {
+                            None
+                        };
+                        for (pi, p) in pix.iter().enumerate() {
+                            let wgt = match p {
+                                Pix::Vec(_) => wv.expect("vector group"),
+                                Pix::One(_) => ws,
+                            };
+                            let k = o * pix.len() + pi;
+                            acc[k] = kb.fmadd(wgt, xs[pi], acc[k]);
+                        }
+                    }
+                }
+            }
+            acc
+        });
+        let oplane = (g.oh * g.ow * 4) as i64;
+        let y_px = kb.add_scaled(self.y_row, o_w, 4);
+        for o in 0..self.ocb {
+            for (pi, p) in pix.iter().enumerate() {
+                kb.store(
+                    acc[o * pix.len() + pi],
+                    y_px,
+                    o as i64 * oplane + (p.off() * 4) as i64,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Elementwise kernels: unary ops, broadcasting binary ops, casts.
+//!
+//! [`map`] walks the (collapsed) output index space: outer dims as nested
+//! loops, the innermost dim as a vector loop (unrolled twice) plus a scalar
+//! tail when every operand is contiguous or broadcast along it, otherwise a
+//! scalar loop. Broadcast operands along the inner dim are loaded once and
+//! splatted outside the loop.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
+use cranelift_codegen::ir::{InstBuilder, Type, Value};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
+
+use super::loops::{collapse, for_range, nest};
+use super::{math, scalar_type, strides, vector_type, Kb, NodeCx};
+use crate::CpuError;
+
+/// One input of [`map`]: base pointer, element type, strides in elements
+/// over the output shape (0 where broadcast).
+pub(crate) struct MapIn {
+    pub ptr: Value,
+    pub dtype: DType,
+    pub strides: Vec<i64>,
+}
+
+/// The scalar or vector operation applied per element.
+pub(crate) type MapFn<'a> = &'a dyn Fn(&mut Kb, &[Value]) -> Value;
+
+/// Strides (elements) of an input of shape `input` broadcast to `out`.
+pub(crate) fn broadcast_strides(input: &[usize], out: &[usize]) -> Vec<i64> {
+    let off = out.len() - input.len();
+    let st = strides(input);
+    (0..out.len())
+        .map(|d| {
+            if d < off || input[d - off] == 1 {
+                0
+            } else {
+                st[d - off]
+            }
+        })
+        .collect()
+}
+
+/// Computes `out[idx] = f(in_0[idx], in_1[idx], ...)` over `shape`
+/// (output contiguous). With `vector`, `f` must also accept vectors of that
+/// type (all operands then share the element type).
+pub(crate) fn map(
+    kb: &mut Kb,
+    shape: &[usize],
+    out: (Value, DType),
+    ins: &[MapIn],
+    vector: Option<Type>,
+    f: MapFn,
+) {
+    if shape.iter().product::<usize>() == 0 {
+        return;
+    }
+    let osize = out.1.size_bytes() as i64;
+    let mut all: Vec<Vec<i64>> = vec![strides(shape).iter().map(|s| s * osize).collect()];
+    for i in ins {
+        let es = i.dtype.size_bytes() as i64;
+        all.push(i.strides.iter().map(|s| s * es).collect());
+    }
+    let (mut dims, mut st) = collapse(shape, &all);
+    if dims.is_empty() {
+        dims.push(1);
+        for s in st.iter_mut() {
+            s.push(0);
+        }
+    }
+    let inner = *dims.last().expect("non-empty");
+    let outer = &dims[..dims.len() - 1];
+    let inner_st: Vec<i64> = st.iter().map(|s| *s.last().expect("non-empty")).collect();
+    let outer_st: Vec<Vec<i64>> = st.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+    let vec_ok = vector.is_some()
+        && ins.iter().all(|i| i.dtype == out.1)
+        && inner_st[0] == osize
+        && inner_st[1..].iter().all(|&s| s == 0 || s == osize);
+    let mut bases = vec![out.0];
+    bases.extend(ins.iter().map(|i| i.ptr));
+    let out_ty = scalar_type(out.1).expect("checked by caller");
+    let in_tys: Vec<Type> = ins
+        .iter()
+        .map(|i| scalar_type(i.dtype).expect("checked by caller"))
+        .collect();
+    nest(kb, outer, &bases, &outer_st, &mut |kb, ptrs| {
+        if vec_ok {
+            inner_vector(kb, inner, osize, vector.expect("vec_ok"), ptrs, &inner_st, f);
+        } else {
+            for_range(kb, 0, inner as i64, 1, &mut |kb, i| {
+                let vals: Vec<Value> = (0..ins.len())
+                    .map(|j| {
+                        let p = kb.add_scaled(ptrs[j + 1], i, inner_st[j + 1]);
+                        kb.load(in_tys[j], p, 0)
+                    })
+                    .collect();
+                let r = f(kb, &vals);
+                debug_assert_eq!(kb.b.func.dfg.value_type(r), out_ty);
+                let p = kb.add_scaled(ptrs[0], i, inner_st[0]);
+                kb.store(r, p, 0);
+            });
+        }
+    });
+}
+
+/// The contiguous inner loop: two vectors per iteration, then one, then
+/// scalars. `ptrs[0]` is the output.
+fn inner_vector(
+    kb: &mut Kb,
+    n: usize,
+    esize: i64,
+    vty: Type,
+    ptrs: &[Value],
+    st: &[i64],
+    f: MapFn,
+) {
+    let sty = vty.lane_type();
+    let lanes = vty.lane_count() as usize;
+    // Broadcast operands: one scalar load, one splat.
+    let mut scalars = vec![None; ptrs.len()];
+    let mut splats = vec![None; ptrs.len()];
+    for j in 1..ptrs.len() {
+        if st[j] == 0 {
+            let s = kb.load(sty, ptrs[j], 0);
+            scalars[j] = Some(s);
+            if n >= lanes {
+                splats[j] = Some(kb.b.ins().splat(vty, s));
+            }
+        }
+    }
+    let vbytes = lanes as i64 * esize;
+    let nvec = (n / lanes) as i64;
+    let pairs = nvec / 2;
+    let one_vector = |kb: &mut Kb, off: Value, imm: i64| {
+        let vals: Vec<Value> = (1..ptrs.len())
+            .map(|j| match splats[j] {
+                Some(s) => s,
+                None => {
+                    let p = kb.b.ins().iadd(ptrs[j], off);
+                    kb.load(vty, p, imm)
+                }
+            })
+            .collect();
+        let r = f(kb, &vals);
+        let p = kb.b.ins().iadd(ptrs[0], off);
+        kb.store(r, p, imm);
+    };
+    for_range(kb, 0, pairs * 2 * vbytes, 2 * vbytes, &mut |kb, off| {
+        one_vector(kb, off, 0);
+        one_vector(kb, off, vbytes);
+    });
+    if nvec % 2 == 1 {
+        let off = kb.iconst((nvec - 1) * vbytes);
+        one_vector(kb, off, 0);
+    }
+    for t in (nvec as usize * lanes)..n {
+        let imm = t as i64 * esize;
+        let vals: Vec<Value> = (1..ptrs.len())
+            .map(|j| match scalars[j] {
+                Some(s) => s,
+                None => kb.load(sty, ptrs[j], imm),
+            })
+            .collect();
+        let r = f(kb, &vals);
+        kb.store(r, ptrs[0], imm);
+    }
+}
+
+fn out_and_input(kb: &mut Kb, cx: &NodeCx, i: usize) -> MapIn {
+    let (loc, ty) = cx.inputs[i];
+    MapIn {
+        ptr: kb.ptr(loc),
+        dtype: ty.dtype,
+        strides: broadcast_strides(&ty.shape, &cx.node.ty.shape),
+    }
+}
+
+/// Unary elementwise ops.
+pub(crate) fn unary(kb: &mut Kb, cx: &NodeCx, op: &UnaryOp) -> Result<(), CpuError> {
+    let d = cx.inputs[0].1.dtype;
+    let op = *op;
+    let int = matches!(
+        d,
+        DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
+    );
+    if !(matches!(d, DType::F32 | DType::F64) || (int && op.accepts_int())) {
+        return Err(cx.dtype_err(d));
+    }
+    let input = out_and_input(kb, cx, 0);
+    let out = (kb.ptr(cx.out), d);
+    let shape = cx.node.ty.shape.clone();
+    if int {
+        map(kb, &shape, out, &[input], None, &move |kb, v| {
+            unary_int(kb, op, v[0], d)
+        });
+    } else {
+        map(kb, &shape, out, &[input], vector_type(d), &move |kb, v| {
+            unary_float(kb, op, v[0])
+        });
+    }
+    Ok(())
+}
+
+fn clamp01(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let zero = kb.fconst(ty, 0.0);
+    let one = kb.fconst(ty, 1.0);
+    let x = kb.b.ins().fmax(x, zero);
+    kb.b.ins().fmin(x, one)
+}
+
+/// A float unary op on a scalar or vector.
+pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    match op {
+        UnaryOp::Relu => {
+            let z = kb.fconst(ty, 0.0);
+            kb.b.ins().fmax(x, z)
+        }
+        UnaryOp::LeakyRelu { alpha } => {
+            let z = kb.fconst(ty, 0.0);
+            let pos = kb.b.ins().fmax(x, z);
+            let neg = kb.b.ins().fmin(x, z);
+            let a = kb.fconst(ty, alpha as f64);
+            kb.fmadd(neg, a, pos)
+        }
+        UnaryOp::Sigmoid => {
+            let n = kb.b.ins().fneg(x);
+            let e = math::exp(kb, n);
+            let one = kb.fconst(ty, 1.0);
+            let d = kb.b.ins().fadd(one, e);
+            kb.b.ins().fdiv(one, d)
+        }
+        UnaryOp::Tanh => math::tanh(kb, x),
+        UnaryOp::HardSigmoid { alpha, beta } => {
+            let a = kb.fconst(ty, alpha as f64);
+            let b = kb.fconst(ty, beta as f64);
+            let t = kb.b.ins().fmul(x, a);
+            let t = kb.b.ins().fadd(t, b);
+            clamp01(kb, t)
+        }
+        UnaryOp::HardSwish => {
+            let six = kb.fconst(ty, 6.0);
+            let half = kb.fconst(ty, 0.5);
+            let t = kb.b.ins().fdiv(x, six);
+            let t = kb.b.ins().fadd(t, half);
+            let t = clamp01(kb, t);
+            kb.b.ins().fmul(x, t)
+        }
+        UnaryOp::Clip { min, max } => {
+            let lo = kb.fconst(ty, min as f64);
+            let hi = kb.fconst(ty, max as f64);
+            let t = kb.b.ins().fmax(x, lo);
+            kb.b.ins().fmin(t, hi)
+        }
+        UnaryOp::Neg => kb.b.ins().fneg(x),
+        UnaryOp::Abs => kb.b.ins().fabs(x),
+        UnaryOp::Sqrt => kb.b.ins().sqrt(x),
+        UnaryOp::Exp => math::exp(kb, x),
+        UnaryOp::Log => math::log(kb, x),
+        UnaryOp::Reciprocal => {
+            let one = kb.fconst(ty, 1.0);
+            kb.b.ins().fdiv(one, x)
+        }
+        UnaryOp::Floor => kb.b.ins().floor(x),
+        UnaryOp::Ceil => kb.b.ins().ceil(x),
+    }
+}
+
+/// Extends an integer element to i64 (signed, or unsigned for u8/bool).
+fn widen(kb: &mut Kb, x: Value, d: DType) -> Value {
+    match d {
+        DType::I64 => x,
+        DType::U8 | DType::Bool => kb.b.ins().uextend(I64, x),
+        _ => kb.b.ins().sextend(I64, x),
+    }
+}
+
+/// Narrows an i64 to the element type of `d` (wrapping).
+fn narrow(kb: &mut Kb, x: Value, d: DType) -> Value {
+    let t = scalar_type(d).expect("integer type");
+    if t == I64 {
+        x
+    } else {
+        kb.b.ins().ireduce(t, x)
+    }
+}
+
+fn select_lt(kb: &mut Kb, x: Value, bound: i64, then: i64) -> Value {
+    let c = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, bound);
+    let t = kb.iconst(then);
+    kb.b.ins().select(c, t, x)
+}
+
+fn select_gt(kb: &mut Kb, x: Value, bound: i64, then: i64) -> Value {
+    let c = kb.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, x, bound);
+    let t = kb.iconst(then);
+    kb.b.ins().select(c, t, x)
+}
+
+fn unary_int(kb: &mut Kb, op: UnaryOp, x: Value, d: DType) -> Value {
+    let x = widen(kb, x, d);
+    let r = match op {
+        UnaryOp::Relu => select_lt(kb, x, 0, 0),
+        UnaryOp::Neg => kb.b.ins().ineg(x),
+        UnaryOp::Abs => {
+            let n = kb.b.ins().ineg(x);
+            let c = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+            kb.b.ins().select(c, n, x)
+        }
+        UnaryOp::Clip { min, max } => {
+            // Reference semantics: clamp in f64, then truncate toward zero.
+            let (min, max) = (min as f64, max as f64);
+            let y = select_lt(kb, x, min.ceil() as i64, min.trunc() as i64);
+            select_gt(kb, y, max.floor() as i64, max.trunc() as i64)
+        }
+        _ => unreachable!("checked by accepts_int"),
+    };
+    narrow(kb, r, d)
+}
+
+/// Binary elementwise ops with broadcasting.
+pub(crate) fn binary(kb: &mut Kb, cx: &NodeCx, op: BinaryOp) -> Result<(), CpuError> {
+    let d = cx.inputs[0].1.dtype;
+    if matches!(d, DType::F16 | DType::BF16 | DType::Bool) {
+        return Err(cx.dtype_err(d));
+    }
+    let a = out_and_input(kb, cx, 0);
+    let b = out_and_input(kb, cx, 1);
+    let out = (kb.ptr(cx.out), d);
+    let shape = cx.node.ty.shape.clone();
+    if d.is_float() {
+        let vector = if op == BinaryOp::Pow {
+            None
+        } else {
+            vector_type(d)
+        };
+        map(kb, &shape, out, &[a, b], vector, &move |kb, v| {
+            binary_float(kb, op, v[0], v[1])
+        });
+    } else {
+        map(kb, &shape, out, &[a, b], None, &move |kb, v| {
+            let x = widen(kb, v[0], d);
+            let y = widen(kb, v[1], d);
+            let r = binary_int(kb, op, x, y);
+            narrow(kb, r, d)
+        });
+    }
+    Ok(())
+}
+
+fn binary_float(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
+    match op {
+        BinaryOp::Add => kb.b.ins().fadd(a, b),
+        BinaryOp::Sub => kb.b.ins().fsub(a, b),
+        BinaryOp::Mul => kb.b.ins().fmul(a, b),
+        BinaryOp::Div => kb.b.ins().fdiv(a, b),
+        BinaryOp::Pow => math::pow(kb, a, b),
+        BinaryOp::Max => kb.b.ins().fmax(a, b),
+        BinaryOp::Min => kb.b.ins().fmin(a, b),
+    }
+}
+
+/// Integer semantics on i64 (wrapping; division by zero gives 0 instead of
+/// trapping, and a negative exponent gives 0).
+fn binary_int(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
+    match op {
+        BinaryOp::Add => kb.b.ins().iadd(a, b),
+        BinaryOp::Sub => kb.b.ins().isub(a, b),
+        BinaryOp::Mul => kb.b.ins().imul(a, b),
+        BinaryOp::Div => {
+            let zero = kb.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+            let neg1 = kb.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+            let either = kb.b.ins().bor(zero, neg1);
+            let one = kb.iconst(1);
+            let safe = kb.b.ins().select(either, one, b);
+            let q = kb.b.ins().sdiv(a, safe);
+            let na = kb.b.ins().ineg(a);
+            let r = kb.b.ins().select(neg1, na, q);
+            let z = kb.iconst(0);
+            kb.b.ins().select(zero, z, r)
+        }
+        BinaryOp::Pow => {
+            let mut r = kb.iconst(1);
+            let mut base = a;
+            for bit in 0..32 {
+                let m = kb.b.ins().band_imm_u(b, 1i64 << bit);
+                let set = kb.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0);
+                let rb = kb.b.ins().imul(r, base);
+                r = kb.b.ins().select(set, rb, r);
+                base = kb.b.ins().imul(base, base);
+            }
+            let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, b, 0);
+            let z = kb.iconst(0);
+            kb.b.ins().select(neg, z, r)
+        }
+        BinaryOp::Max => kb.b.ins().smax(a, b),
+        BinaryOp::Min => kb.b.ins().smin(a, b),
+    }
+}
+
+/// Element type conversion (ONNX Cast: float to int truncates toward zero
+/// and saturates, like Rust `as`; to bool is `!= 0`).
+pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
+    let from = cx.inputs[0].1.dtype;
+    for d in [from, to] {
+        if scalar_type(d).is_none() {
+            return Err(cx.dtype_err(d));
+        }
+    }
+    let input = out_and_input(kb, cx, 0);
+    let out = (kb.ptr(cx.out), to);
+    let shape = cx.node.ty.shape.clone();
+    let vector = if from == to { vector_type(from) } else { None };
+    map(kb, &shape, out, &[input], vector, &move |kb, v| {
+        cast_value(kb, v[0], from, to)
+    });
+    Ok(())
+}
+
+fn int_range(d: DType) -> (i64, i64) {
+    match d {
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        DType::U8 => (0, u8::MAX as i64),
+        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
+    if from == to {
+        return x;
+    }
+    let to_ty = scalar_type(to).expect("checked");
+    if from.is_float() {
+        let from_ty = scalar_type(from).expect("checked");
+        if to.is_float() {
+            return if to_ty == F64 {
+                kb.b.ins().fpromote(F64, x)
+            } else {
+                kb.b.ins().fdemote(F32, x)
+            };
+        }
+        if to == DType::Bool {
+            let z = kb.fconst(from_ty, 0.0);
+            return kb.b.ins().fcmp(FloatCC::NotEqual, x, z);
+        }
+        let v = kb.b.ins().fcvt_to_sint_sat(I64, x);
+        if to == DType::I64 {
+            return v;
+        }
+        let (lo, hi) = int_range(to);
+        let lo = kb.iconst(lo);
+        let hi = kb.iconst(hi);
+        let v = kb.b.ins().smax(v, lo);
+        let v = kb.b.ins().smin(v, hi);
+        return kb.b.ins().ireduce(to_ty, v);
+    }
+    let v = widen(kb, x, from);
+    if to.is_float() {
+        return kb.b.ins().fcvt_from_sint(to_ty, v);
+    }
+    if to == DType::Bool {
+        return kb.b.ins().icmp_imm_s(IntCC::NotEqual, v, 0);
+    }
+    match to_ty {
+        I64 => v,
+        I8 | I16 | I32 => kb.b.ins().ireduce(to_ty, v),
+        _ => unreachable!("integer target"),
+    }
+}

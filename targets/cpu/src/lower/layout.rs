@@ -1,0 +1,201 @@
+//! Data movement: reshape copies, transpose, concat, slice, gather. These
+//! work on any element type by element size.
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I16, I32, I64, I8, I8X16};
+use cranelift_codegen::ir::{InstBuilder, Type, Value};
+use kiln_ir::{DType, Ints, SliceAxis};
+
+use super::loops::{collapse, for_range, nest};
+use super::{strides, Kb, NodeCx};
+use crate::CpuError;
+
+fn int_type(esize: usize) -> Type {
+    match esize {
+        1 => I8,
+        2 => I16,
+        4 => I32,
+        _ => I64,
+    }
+}
+
+/// Copies `n` bytes from `src` to `dst` (non-overlapping): 64-byte loop,
+/// then 16-byte chunks, then 8/4/2/1-byte pieces.
+pub(crate) fn copy_bytes(kb: &mut Kb, dst: Value, src: Value, n: u64) {
+    let n = n as i64;
+    let big = n / 64 * 64;
+    for_range(kb, 0, big, 64, &mut |kb, off| {
+        let s = kb.b.ins().iadd(src, off);
+        let d = kb.b.ins().iadd(dst, off);
+        let v: Vec<Value> = (0..4).map(|k| kb.load(I8X16, s, 16 * k)).collect();
+        for (k, v) in v.into_iter().enumerate() {
+            kb.store(v, d, 16 * k as i64);
+        }
+    });
+    let mut at = big;
+    for (width, ty) in [(16, I8X16), (8, I64), (4, I32), (2, I16), (1, I8)] {
+        while n - at >= width {
+            let v = kb.load(ty, src, at);
+            kb.store(v, dst, at);
+            at += width;
+        }
+    }
+}
+
+/// Copies elements of size `esize` over the index space `shape`, reading
+/// `src + sum(i_d * src_st[d])` and writing `dst + sum(i_d * dst_st[d])`
+/// (strides in bytes, may be negative).
+pub(crate) fn copy_strided(
+    kb: &mut Kb,
+    shape: &[usize],
+    dst: Value,
+    dst_st: Vec<i64>,
+    src: Value,
+    src_st: Vec<i64>,
+    esize: usize,
+) {
+    if shape.iter().product::<usize>() == 0 {
+        return;
+    }
+    let (mut dims, mut st) = collapse(shape, &[dst_st, src_st]);
+    if dims.is_empty() {
+        dims.push(1);
+        for s in st.iter_mut() {
+            s.push(0);
+        }
+    }
+    let e = esize as i64;
+    let n = *dims.last().expect("non-empty");
+    let (ds, ss) = (st[0][dims.len() - 1], st[1][dims.len() - 1]);
+    let outer = dims[..dims.len() - 1].to_vec();
+    let outer_st: Vec<Vec<i64>> = st.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+    let ty = int_type(esize);
+    nest(kb, &outer, &[dst, src], &outer_st, &mut |kb, p| {
+        if ds == e && ss == e {
+            copy_bytes(kb, p[0], p[1], (n * esize) as u64);
+        } else {
+            for_range(kb, 0, n as i64, 1, &mut |kb, i| {
+                let s = kb.add_scaled(p[1], i, ss);
+                let v = kb.load(ty, s, 0);
+                let d = kb.add_scaled(p[0], i, ds);
+                kb.store(v, d, 0);
+            });
+        }
+    });
+}
+
+fn esize_of(cx: &NodeCx) -> usize {
+    cx.node.ty.dtype.size_bytes()
+}
+
+fn bytes_strides(shape: &[usize], e: usize) -> Vec<i64> {
+    strides(shape).into_iter().map(|s| s * e as i64).collect()
+}
+
+/// Reshape into its own region: a plain copy.
+pub(crate) fn reshape(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
+    let src = kb.ptr(cx.inputs[0].0);
+    let dst = kb.ptr(cx.out);
+    copy_bytes(kb, dst, src, cx.node.ty.size_bytes() as u64);
+    Ok(())
+}
+
+/// Axis permutation.
+pub(crate) fn transpose(kb: &mut Kb, cx: &NodeCx, perm: &Ints) -> Result<(), CpuError> {
+    let e = esize_of(cx);
+    let in_st = bytes_strides(&cx.inputs[0].1.shape, e);
+    let src_st: Vec<i64> = perm.iter().map(|&p| in_st[p]).collect();
+    let shape = cx.node.ty.shape.clone();
+    let src = kb.ptr(cx.inputs[0].0);
+    let dst = kb.ptr(cx.out);
+    copy_strided(kb, &shape, dst, bytes_strides(&shape, e), src, src_st, e);
+    Ok(())
+}
+
+/// Strided slice (steps may be negative).
+pub(crate) fn slice(kb: &mut Kb, cx: &NodeCx, axes: &[SliceAxis]) -> Result<(), CpuError> {
+    let e = esize_of(cx);
+    let in_st = bytes_strides(&cx.inputs[0].1.shape, e);
+    let start: i64 = axes
+        .iter()
+        .zip(&in_st)
+        .map(|(a, s)| a.start as i64 * s)
+        .sum();
+    let src_st: Vec<i64> = axes.iter().zip(&in_st).map(|(a, s)| a.step * s).collect();
+    let shape = cx.node.ty.shape.clone();
+    let base = kb.ptr(cx.inputs[0].0);
+    let src = kb.add_off(base, start);
+    let dst = kb.ptr(cx.out);
+    copy_strided(kb, &shape, dst, bytes_strides(&shape, e), src, src_st, e);
+    Ok(())
+}
+
+/// Concatenation along `axis`.
+pub(crate) fn concat(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
+    let e = esize_of(cx);
+    let out_st = bytes_strides(&cx.node.ty.shape, e);
+    let out = kb.ptr(cx.out);
+    let mut at = 0i64;
+    for &(loc, ty) in &cx.inputs {
+        let src = kb.ptr(loc);
+        let dst = kb.add_off(out, at * out_st[axis]);
+        copy_strided(
+            kb,
+            &ty.shape,
+            dst,
+            out_st.clone(),
+            src,
+            bytes_strides(&ty.shape, e),
+            e,
+        );
+        at += ty.shape[axis] as i64;
+    }
+    Ok(())
+}
+
+/// Gather along `axis`; an index outside `[-dim, dim)` makes the kernel
+/// return 1.
+pub(crate) fn gather(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
+    let e = esize_of(cx);
+    let (xloc, xty) = cx.inputs[0];
+    let (iloc, ity) = cx.inputs[1];
+    let outer: usize = xty.shape[..axis].iter().product();
+    let dim = xty.shape[axis] as i64;
+    let inner = xty.shape[axis + 1..].iter().product::<usize>() * e;
+    let nidx = ity.num_elements();
+    if nidx == 0 || outer == 0 {
+        return Ok(());
+    }
+    let x = kb.ptr(xloc);
+    let idx = kb.ptr(iloc);
+    let out = kb.ptr(cx.out);
+    let isize = ity.dtype.size_bytes() as i64;
+    let ity_c = if ity.dtype == DType::I32 { I32 } else { I64 };
+    let fail = kb.fail_block();
+    for_range(kb, 0, nidx as i64, 1, &mut |kb, t| {
+        let p = kb.add_scaled(idx, t, isize);
+        let raw = kb.load(ity_c, p, 0);
+        let raw = if ity_c == I32 {
+            kb.b.ins().sextend(I64, raw)
+        } else {
+            raw
+        };
+        let adj = kb.b.ins().iadd_imm_s(raw, dim);
+        let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, raw, 0);
+        let v = kb.b.ins().select(neg, adj, raw);
+        let oob = kb.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, v, dim);
+        let ok = kb.b.create_block();
+        kb.b.ins().brif(oob, fail, &[], ok, &[]);
+        kb.b.switch_to_block(ok);
+        let src = kb.add_scaled(x, v, inner as i64);
+        let dst = kb.add_scaled(out, t, inner as i64);
+        nest(
+            kb,
+            &[outer],
+            &[dst, src],
+            &[vec![(nidx * inner) as i64], vec![dim * inner as i64]],
+            &mut |kb, p| copy_bytes(kb, p[0], p[1], inner as u64),
+        );
+    });
+    Ok(())
+}

@@ -1,0 +1,334 @@
+//! Matrix products: MatMul (batched, broadcast) and Gemm.
+//!
+//! One register-blocked loop nest: tiles of up to 4 rows × 8 columns (two
+//! `f32x4` accumulators per row) accumulated over K in registers, with row
+//! and column tails handled by smaller tiles (one vector, then scalar
+//! columns). A B operand whose columns are not contiguous (Gemm `trans_b`
+//! on a non-constant B) uses scalar 4-column tiles; a constant B with
+//! `trans_b` is transposed at compile time instead.
+
+use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_ir::{Data, DType};
+
+use super::elementwise::broadcast_strides;
+use super::loops::{collapse, for_range, for_range_carry, nest};
+use super::Kb;
+use super::NodeCx;
+use crate::plan::{Base, Loc, Weights};
+use crate::CpuError;
+
+/// Rows per register tile.
+const MR: usize = 4;
+
+/// One matrix product `out = alpha * A @ B + beta * C`, addresses in bytes.
+#[derive(Clone, Copy)]
+struct Gemm {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// A[i, k] at `a + i * a_rs + k * a_ks`.
+    a: Value,
+    a_rs: i64,
+    a_ks: i64,
+    /// B[k, j] at `b + k * b_ks + j * b_cs`.
+    b: Value,
+    b_ks: i64,
+    b_cs: i64,
+    /// C[i, j] at `c + i * c_rs + j * c_cs` (strides 0 where broadcast).
+    c: Option<(Value, i64, i64)>,
+    alpha: f32,
+    beta: f32,
+    /// out[i, j] at `out + i * out_rs + j * 4`.
+    out: Value,
+    out_rs: i64,
+}
+
+/// A column group of a tile: a vector of 4 columns or one column, at a
+/// column offset from the tile's first column.
+#[derive(Clone, Copy)]
+enum Col {
+    Vec(usize),
+    One(usize),
+}
+
+impl Col {
+    fn off(self) -> usize {
+        match self {
+            Col::Vec(o) | Col::One(o) => o,
+        }
+    }
+}
+
+fn emit(kb: &mut Kb, g: &Gemm) {
+    if g.m == 0 || g.n == 0 {
+        return;
+    }
+    let full = g.m / MR;
+    for_range(kb, 0, (full * MR) as i64, MR as i64, &mut |kb, i0| rows(kb, g, MR, i0));
+    if g.m % MR != 0 {
+        let i0 = kb.iconst((full * MR) as i64);
+        rows(kb, g, g.m % MR, i0);
+    }
+}
+
+fn rows(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value) {
+    let vec_b = g.b_cs == 4;
+    let (block, groups): (usize, Vec<Col>) = if vec_b {
+        (8, vec![Col::Vec(0), Col::Vec(4)])
+    } else {
+        (4, (0..4).map(Col::One).collect())
+    };
+    let nb = g.n / block;
+    for_range(kb, 0, (nb * block) as i64, block as i64, &mut |kb, j0| {
+        tile(kb, g, mr, i0, j0, &groups)
+    });
+    let rem = g.n % block;
+    if rem > 0 {
+        let mut tail = Vec::new();
+        let mut at = 0;
+        if vec_b && rem >= 4 {
+            tail.push(Col::Vec(0));
+            at = 4;
+        }
+        tail.extend((at..rem).map(Col::One));
+        let j0 = kb.iconst((nb * block) as i64);
+        tile(kb, g, mr, i0, j0, &tail);
+    }
+}
+
+fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
+    let any_vec = cols.iter().any(|c| matches!(c, Col::Vec(_)));
+    let a_row = kb.add_scaled(g.a, i0, g.a_rs);
+    let b_col = kb.add_scaled(g.b, j0, g.b_cs);
+    let zero_s = kb.b.ins().f32const(0.0);
+    let zero_v = if any_vec {
+        Some(kb.b.ins().splat(F32X4, zero_s))
+    } else {
+        None
+    };
+    let mut init = Vec::with_capacity(mr * cols.len());
+    for _ in 0..mr {
+        for c in cols {
+            init.push(match c {
+                Col::Vec(_) => zero_v.expect("vector group"),
+                Col::One(_) => zero_s,
+            });
+        }
+    }
+    let acc = for_range_carry(kb, 0, g.k as i64, 1, &init, &mut |kb, kk, acc| {
+        let a_k = kb.add_scaled(a_row, kk, g.a_ks);
+        let b_k = kb.add_scaled(b_col, kk, g.b_ks);
+        let bv: Vec<Value> = cols
+            .iter()
+            .map(|c| match c {
+                Col::Vec(o) => kb.load(F32X4, b_k, *o as i64 * g.b_cs),
+                Col::One(o) => kb.load(F32, b_k, *o as i64 * g.b_cs),
+            })
+            .collect();
+        let mut out = Vec::with_capacity(acc.len());
+        for r in 0..mr {
+            let a_s = kb.load(F32, a_k, r as i64 * g.a_rs);
+            let a_v = if any_vec {
+                Some(kb.b.ins().splat(F32X4, a_s))
+            } else {
+                None
+            };
+            for (ci, c) in cols.iter().enumerate() {
+                let a = match c {
+                    Col::Vec(_) => a_v.expect("vector group"),
+                    Col::One(_) => a_s,
+                };
+                out.push(kb.fmadd(a, bv[ci], acc[r * cols.len() + ci]));
+            }
+        }
+        out
+    });
+    let out_row = kb.add_scaled(g.out, i0, g.out_rs);
+    let out_p = kb.add_scaled(out_row, j0, 4);
+    let c_p = g.c.map(|(c, rs, cs)| {
+        let row = kb.add_scaled(c, i0, rs);
+        (kb.add_scaled(row, j0, cs), rs, cs)
+    });
+    for r in 0..mr {
+        for (ci, col) in cols.iter().enumerate() {
+            let is_vec = matches!(col, Col::Vec(_));
+            let ty = if is_vec { F32X4 } else { F32 };
+            let mut v = acc[r * cols.len() + ci];
+            if g.alpha != 1.0 {
+                let a = kb.fconst(ty, g.alpha as f64);
+                v = kb.b.ins().fmul(v, a);
+            }
+            if let Some((c, rs, cs)) = c_p {
+                let at = r as i64 * rs + col.off() as i64 * cs;
+                let cv = if is_vec && cs == 0 {
+                    let s = kb.load(F32, c, at);
+                    kb.b.ins().splat(F32X4, s)
+                } else if is_vec && cs != 4 {
+                    let mut lanes = kb.load(F32, c, at);
+                    lanes = kb.b.ins().splat(F32X4, lanes);
+                    for l in 1..4u8 {
+                        let s = kb.load(F32, c, at + l as i64 * cs);
+                        lanes = kb.b.ins().insertlane(lanes, s, l);
+                    }
+                    lanes
+                } else {
+                    kb.load(ty, c, at)
+                };
+                v = if g.beta == 1.0 {
+                    kb.b.ins().fadd(v, cv)
+                } else {
+                    let beta = kb.fconst(ty, g.beta as f64);
+                    kb.fmadd(cv, beta, v)
+                };
+            }
+            kb.store(v, out_p, r as i64 * g.out_rs + col.off() as i64 * 4);
+        }
+    }
+}
+
+/// numpy-semantics MatMul on f32.
+pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
+    let d = cx.float_input(0, false)?;
+    debug_assert_eq!(d, DType::F32);
+    let (aloc, aty) = cx.inputs[0];
+    let (bloc, bty) = cx.inputs[1];
+    let a_sh: Vec<usize> = if aty.shape.len() == 1 {
+        vec![1, aty.shape[0]]
+    } else {
+        aty.shape.to_vec()
+    };
+    let b_sh: Vec<usize> = if bty.shape.len() == 1 {
+        vec![bty.shape[0], 1]
+    } else {
+        bty.shape.to_vec()
+    };
+    let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
+    let n = b_sh[b_sh.len() - 1];
+    let a_batch = &a_sh[..a_sh.len() - 2];
+    let b_batch = &b_sh[..b_sh.len() - 2];
+    let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)
+        .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?;
+    let mk = (m * k * 4) as i64;
+    let kn = (k * n * 4) as i64;
+    let mn = (m * n * 4) as i64;
+    let out_st: Vec<i64> = super::strides(&batch).iter().map(|s| s * mn).collect();
+    let a_st: Vec<i64> = broadcast_strides(a_batch, &batch)
+        .iter()
+        .map(|s| s * mk)
+        .collect();
+    let b_st: Vec<i64> = broadcast_strides(b_batch, &batch)
+        .iter()
+        .map(|s| s * kn)
+        .collect();
+    let (dims, st) = collapse(&batch, &[out_st, a_st, b_st]);
+    let a = kb.ptr(aloc);
+    let b = kb.ptr(bloc);
+    let out = kb.ptr(cx.out);
+    nest(kb, &dims, &[out, a, b], &st, &mut |kb, p| {
+        emit(
+            kb,
+            &Gemm {
+                m,
+                n,
+                k,
+                a: p[1],
+                a_rs: (k * 4) as i64,
+                a_ks: 4,
+                b: p[2],
+                b_ks: (n * 4) as i64,
+                b_cs: 4,
+                c: None,
+                alpha: 1.0,
+                beta: 1.0,
+                out: p[0],
+                out_rs: (n * 4) as i64,
+            },
+        )
+    });
+    Ok(())
+}
+
+/// ONNX Gemm on f32: `alpha * op(A) @ op(B) + beta * C`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    weights: &mut Weights,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<(), CpuError> {
+    for i in 0..cx.inputs.len() {
+        cx.float_input(i, false)?;
+    }
+    let (aloc, aty) = cx.inputs[0];
+    let (mut bloc, bty) = cx.inputs[1];
+    let (m, k) = if trans_a {
+        (aty.shape[1], aty.shape[0])
+    } else {
+        (aty.shape[0], aty.shape[1])
+    };
+    let n = cx.node.ty.shape[1];
+    let (a_rs, a_ks) = if trans_a {
+        (4, (m * 4) as i64)
+    } else {
+        ((k * 4) as i64, 4)
+    };
+    let (mut b_ks, mut b_cs) = if trans_b {
+        (4, (k * 4) as i64)
+    } else {
+        ((n * 4) as i64, 4)
+    };
+    if trans_b {
+        // A constant B is stored transposed ([N, K]); pack it as [K, N].
+        if let Some(Data::F32(v)) = cx.graph.constant(cx.input_ids[1]).map(|t| t.data()) {
+            let mut packed = Vec::with_capacity(k * n * 4);
+            for kk in 0..k {
+                for j in 0..n {
+                    packed.extend_from_slice(&v[j * k + kk].to_le_bytes());
+                }
+            }
+            bloc = Loc {
+                base: Base::Weights,
+                offset: weights.add(&packed),
+            };
+            b_ks = (n * 4) as i64;
+            b_cs = 4;
+        }
+    }
+    let _ = bty;
+    let a = kb.ptr(aloc);
+    let b = kb.ptr(bloc);
+    let c = if beta != 0.0 {
+        cx.inputs.get(2).map(|&(cloc, cty)| {
+            let st = broadcast_strides(&cty.shape, &[m, n]);
+            let p = kb.ptr(cloc);
+            (p, st[0] * 4, st[1] * 4)
+        })
+    } else {
+        None
+    };
+    let out = kb.ptr(cx.out);
+    emit(
+        kb,
+        &Gemm {
+            m,
+            n,
+            k,
+            a,
+            a_rs,
+            a_ks,
+            b,
+            b_ks,
+            b_cs,
+            c,
+            alpha,
+            beta,
+            out,
+            out_rs: (n * 4) as i64,
+        },
+    );
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Transcendental functions in Cranelift IR.
+//!
+//! `exp` on f32 (scalar or `f32x4`) is inline: Cody–Waite range reduction
+//! `x = n·ln2 + r`, |r| ≤ ln2/2, a degree-5 minimax polynomial for
+//! `(e^r - 1 - r)/r²` (Cephes `expf` coefficients, < 1 ulp), and the scale
+//! `2^n` applied as two exponent-built factors so results that round to
+//! subnormals are exact-rounded once and overflow gives +inf. Other
+//! functions call the host `libm` (lane by lane for vectors).
+
+use cranelift_codegen::ir::types::{F32, F64, I32, I32X4};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
+use kiln_runtime::format::HostFn;
+
+use super::Kb;
+
+/// Bit pattern of 1.5·2²³: adding it rounds a float below 2²² to an
+/// integer and leaves that integer in the low mantissa bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `e^x` for an f32 / f32x4 / f64 value.
+pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    if ty.lane_type() == F64 {
+        return kb.call_host_lanes(HostFn::Exp, &[x]);
+    }
+    let ity = if ty.is_vector() { I32X4 } else { I32 };
+    let hi = kb.fconst(ty, 88.8);
+    let lo = kb.fconst(ty, -104.0);
+    let x = kb.b.ins().fmin(x, hi);
+    let x = kb.b.ins().fmax(x, lo);
+    // n = round(x / ln 2)
+    let log2e = kb.fconst(ty, std::f64::consts::LOG2_E);
+    let magic = kb.fconst(ty, ROUND_MAGIC as f64);
+    let t = kb.fmadd(x, log2e, magic);
+    let n = kb.b.ins().fsub(t, magic);
+    // r = x - n ln2 (two parts; n·C1 is exact)
+    let c1 = kb.fconst(ty, -0.693_359_375);
+    let c2 = kb.fconst(ty, 2.121_944_4e-4);
+    let r = kb.fmadd(n, c1, x);
+    let r = kb.fmadd(n, c2, r);
+    // p(r) = 1 + r + r² · P(r)
+    let coeffs = [
+        1.987_569_150_0e-4,
+        1.398_199_950_7e-3,
+        8.333_451_907_3e-3,
+        4.166_579_589_4e-2,
+        1.666_666_545_9e-1,
+        5.000_000_120_1e-1,
+    ];
+    let mut p = kb.fconst(ty, coeffs[0]);
+    for &c in &coeffs[1..] {
+        let cv = kb.fconst(ty, c);
+        p = kb.fmadd(p, r, cv);
+    }
+    let r2 = kb.b.ins().fmul(r, r);
+    let one = kb.fconst(ty, 1.0);
+    let r1 = kb.b.ins().fadd(r, one);
+    let p = kb.fmadd(p, r2, r1);
+    // 2^n = 2^n1 · 2^n2 with n1 = n >> 1, n2 = n - n1.
+    let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+    let tbits = kb.b.ins().bitcast(ity, flags, t);
+    let magic_bits = kb.b.ins().iconst(I32, ROUND_MAGIC.to_bits() as i64);
+    let magic_bits = kb.splat_to(ity, magic_bits);
+    let ni = kb.b.ins().isub(tbits, magic_bits);
+    let n1 = kb.b.ins().sshr_imm_s(ni, 1);
+    let n2 = kb.b.ins().isub(ni, n1);
+    let bias = kb.b.ins().iconst(I32, 127);
+    let bias = kb.splat_to(ity, bias);
+    let mut out = p;
+    for e in [n1, n2] {
+        let e = kb.b.ins().iadd(e, bias);
+        let e = kb.b.ins().ishl_imm_u(e, 23);
+        let s = kb.b.ins().bitcast(ty, flags, e);
+        out = kb.b.ins().fmul(out, s);
+    }
+    out
+}
+
+/// `tanh(x)` via the host (lane by lane).
+pub(crate) fn tanh(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let f = if ty.lane_type() == F32 {
+        HostFn::Tanhf
+    } else {
+        HostFn::Tanh
+    };
+    kb.call_host_lanes(f, &[x])
+}
+
+/// `ln(x)` via the host (lane by lane).
+pub(crate) fn log(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let f = if ty.lane_type() == F32 {
+        HostFn::Logf
+    } else {
+        HostFn::Log
+    };
+    kb.call_host_lanes(f, &[x])
+}
+
+/// `x^y` via the host (lane by lane).
+pub(crate) fn pow(kb: &mut Kb, x: Value, y: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let f = if ty.lane_type() == F32 {
+        HostFn::Powf
+    } else {
+        HostFn::Pow
+    };
+    kb.call_host_lanes(f, &[x, y])
+}

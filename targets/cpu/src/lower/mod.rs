@@ -1,0 +1,361 @@
+//! Lowering: one Cranelift function per kernel.
+//!
+//! [`Kb`] (kernel builder) wraps a `FunctionBuilder` with the two kernel
+//! arguments (arena and weights pointers) and small helpers for addresses,
+//! constants, loads/stores and host calls. The op families live in
+//! submodules; loop construction is in [`loops`].
+
+mod conv;
+mod elementwise;
+mod layout;
+mod linalg;
+pub(crate) mod loops;
+mod math;
+mod pool;
+mod softmax;
+
+use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I16, I32, I64, I8};
+use cranelift_codegen::ir::{
+    AbiParam, Block, ExtFuncData, ExternalName, FuncRef, Function, InstBuilder, MemFlagsData,
+    Signature, Type, UserExternalName, UserFuncName, Value,
+};
+use cranelift_codegen::isa::CallConv;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use kiln_ir::{DType, Graph, Node, NodeId, Op, ValueType};
+use kiln_runtime::format::HostFn;
+
+use crate::emit::HOST_NAMESPACE;
+use crate::isa::Target;
+use crate::plan::{Base, Job, Loc, Plan, Weights};
+use crate::CpuError;
+
+/// Memory flags of every tensor access: cannot trap (the plan keeps every
+/// access in bounds), but no alignment promise.
+pub(crate) fn mem() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// The kernel builder.
+pub(crate) struct Kb<'a> {
+    /// The underlying function builder.
+    pub b: FunctionBuilder<'a>,
+    arena: Value,
+    weights: Value,
+    /// Whether `fma` is a native instruction.
+    pub fma: bool,
+    /// Whether vector `floor`/`ceil` are native instructions.
+    #[allow(dead_code)]
+    pub round: bool,
+    host: Vec<(HostFn, FuncRef)>,
+    fail: Option<Block>,
+    call_conv: CallConv,
+}
+
+impl Kb<'_> {
+    /// The address of `loc`.
+    pub(crate) fn ptr(&mut self, loc: Loc) -> Value {
+        let base = match loc.base {
+            Base::Arena => self.arena,
+            Base::Weights => self.weights,
+        };
+        self.add_off(base, loc.offset as i64)
+    }
+
+    /// An `i64` constant.
+    pub(crate) fn iconst(&mut self, v: i64) -> Value {
+        self.b.ins().iconst(I64, v)
+    }
+
+    /// `p + off`.
+    pub(crate) fn add_off(&mut self, p: Value, off: i64) -> Value {
+        if off == 0 {
+            p
+        } else {
+            self.b.ins().iadd_imm_s(p, off)
+        }
+    }
+
+    /// `p + idx * scale` (`idx` an `i64`).
+    pub(crate) fn add_scaled(&mut self, p: Value, idx: Value, scale: i64) -> Value {
+        match scale {
+            0 => p,
+            1 => self.b.ins().iadd(p, idx),
+            s if s > 0 && (s as u64).is_power_of_two() => {
+                let t = self.b.ins().ishl_imm_u(idx, s.trailing_zeros() as i64);
+                self.b.ins().iadd(p, t)
+            }
+            s => {
+                let t = self.b.ins().imul_imm_s(idx, s);
+                self.b.ins().iadd(p, t)
+            }
+        }
+    }
+
+    /// Loads a `ty` at `p + off`.
+    pub(crate) fn load(&mut self, ty: Type, p: Value, off: i64) -> Value {
+        match i32::try_from(off) {
+            Ok(o) => self.b.ins().load(ty, mem(), p, o),
+            Err(_) => {
+                let q = self.add_off(p, off);
+                self.b.ins().load(ty, mem(), q, 0)
+            }
+        }
+    }
+
+    /// Stores `v` at `p + off`.
+    pub(crate) fn store(&mut self, v: Value, p: Value, off: i64) {
+        match i32::try_from(off) {
+            Ok(o) => {
+                self.b.ins().store(mem(), v, p, o);
+            }
+            Err(_) => {
+                let q = self.add_off(p, off);
+                self.b.ins().store(mem(), v, q, 0);
+            }
+        }
+    }
+
+    /// A float constant of type `ty` (scalar or vector: splatted).
+    pub(crate) fn fconst(&mut self, ty: Type, v: f64) -> Value {
+        let lane = ty.lane_type();
+        let s = if lane == F64 {
+            self.b.ins().f64const(v)
+        } else {
+            self.b.ins().f32const(v as f32)
+        };
+        self.splat_to(ty, s)
+    }
+
+    /// Splats a scalar to `ty` when `ty` is a vector.
+    pub(crate) fn splat_to(&mut self, ty: Type, s: Value) -> Value {
+        if ty.is_vector() {
+            self.b.ins().splat(ty, s)
+        } else {
+            s
+        }
+    }
+
+    /// `a * b + c`, fused when the target has FMA.
+    pub(crate) fn fmadd(&mut self, a: Value, b: Value, c: Value) -> Value {
+        if self.fma {
+            self.b.ins().fma(a, b, c)
+        } else {
+            let t = self.b.ins().fmul(a, b);
+            self.b.ins().fadd(t, c)
+        }
+    }
+
+    /// Calls host function `f` on scalars.
+    pub(crate) fn call_host(&mut self, f: HostFn, args: &[Value]) -> Value {
+        let fref = match self.host.iter().find(|(h, _)| *h == f) {
+            Some((_, r)) => *r,
+            None => {
+                let ty = self.b.func.dfg.value_type(args[0]);
+                let mut sig = Signature::new(self.call_conv);
+                for _ in args {
+                    sig.params.push(AbiParam::new(ty));
+                }
+                sig.returns.push(AbiParam::new(ty));
+                let signature = self.b.import_signature(sig);
+                let name = self
+                    .b
+                    .func
+                    .declare_imported_user_function(UserExternalName::new(HOST_NAMESPACE, f as u32));
+                let r = self.b.import_function(ExtFuncData {
+                    name: ExternalName::user(name),
+                    signature,
+                    colocated: false,
+                    patchable: false,
+                });
+                self.host.push((f, r));
+                r
+            }
+        };
+        let call = self.b.ins().call(fref, args);
+        self.b.inst_results(call)[0]
+    }
+
+    /// Applies a scalar host function lane by lane (or once, for scalars).
+    pub(crate) fn call_host_lanes(&mut self, f: HostFn, args: &[Value]) -> Value {
+        let ty = self.b.func.dfg.value_type(args[0]);
+        if !ty.is_vector() {
+            return self.call_host(f, args);
+        }
+        let mut out = args[0];
+        for lane in 0..ty.lane_count() as u8 {
+            let lanes: Vec<Value> = args
+                .iter()
+                .map(|&a| self.b.ins().extractlane(a, lane))
+                .collect();
+            let r = self.call_host(f, &lanes);
+            out = self.b.ins().insertlane(out, r, lane);
+        }
+        out
+    }
+
+    /// The block that returns 1 (index out of range).
+    pub(crate) fn fail_block(&mut self) -> Block {
+        *self.fail.get_or_insert_with(|| self.b.create_block())
+    }
+}
+
+/// The Cranelift scalar type holding one element of `d`, if any.
+pub(crate) fn scalar_type(d: DType) -> Option<Type> {
+    Some(match d {
+        DType::F32 => F32,
+        DType::F64 => F64,
+        DType::I8 | DType::U8 | DType::Bool => I8,
+        DType::I16 => I16,
+        DType::I32 => I32,
+        DType::I64 => I64,
+        DType::F16 | DType::BF16 => return None,
+    })
+}
+
+/// The 128-bit vector type for float `d`, if there is one.
+pub(crate) fn vector_type(d: DType) -> Option<Type> {
+    match d {
+        DType::F32 => Some(F32X4),
+        DType::F64 => Some(F64X2),
+        _ => None,
+    }
+}
+
+/// Row-major strides of `shape`, in elements.
+pub(crate) fn strides(shape: &[usize]) -> Vec<i64> {
+    kiln_ir::infer::strides_of(shape)
+        .into_iter()
+        .map(|s| s as i64)
+        .collect()
+}
+
+/// What a node's lowering sees: the node, its operands and its output.
+pub(crate) struct NodeCx<'g> {
+    pub graph: &'g Graph,
+    pub node: &'g Node,
+    pub input_ids: Vec<NodeId>,
+    pub inputs: Vec<(Loc, &'g ValueType)>,
+    pub out: Loc,
+}
+
+impl NodeCx<'_> {
+    pub(crate) fn dtype_err(&self, d: DType) -> CpuError {
+        CpuError::UnsupportedDType {
+            node: self.node.name.clone(),
+            op: self.node.op.name(),
+            dtype: d,
+        }
+    }
+
+    pub(crate) fn unsupported(&self, detail: impl Into<String>) -> CpuError {
+        CpuError::UnsupportedOp {
+            node: self.node.name.clone(),
+            op: self.node.op.name(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The input's element type, checked to be f32 (or f64 when `f64_ok`).
+    pub(crate) fn float_input(&self, i: usize, f64_ok: bool) -> Result<DType, CpuError> {
+        let d = self.inputs[i].1.dtype;
+        match d {
+            DType::F32 => Ok(d),
+            DType::F64 if f64_ok => Ok(d),
+            _ => Err(self.dtype_err(d)),
+        }
+    }
+}
+
+/// Builds the Cranelift function of one job.
+pub(crate) fn lower_job(
+    graph: &Graph,
+    plan: &mut Plan,
+    job: &Job,
+    target: &Target,
+) -> Result<Function, CpuError> {
+    let call_conv = target.isa.default_call_conv();
+    let mut sig = Signature::new(call_conv);
+    sig.params.push(AbiParam::new(I64));
+    sig.params.push(AbiParam::new(I64));
+    sig.returns.push(AbiParam::new(I32));
+    let mut func = Function::with_name_signature(UserFuncName::user(0, 0), sig);
+    let mut fctx = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(&mut func, &mut fctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let arena = b.block_params(entry)[0];
+    let weights = b.block_params(entry)[1];
+    let mut kb = Kb {
+        b,
+        arena,
+        weights,
+        fma: target.fma,
+        round: target.round,
+        host: Vec::new(),
+        fail: None,
+        call_conv,
+    };
+    match job {
+        Job::Node(id) => lower_node(&mut kb, graph, plan, *id)?,
+        Job::Copy { src, dst, bytes, .. } => {
+            let s = kb.ptr(*src);
+            let d = kb.ptr(*dst);
+            layout::copy_bytes(&mut kb, d, s, *bytes);
+        }
+    }
+    let zero = kb.b.ins().iconst(I32, 0);
+    kb.b.ins().return_(&[zero]);
+    if let Some(fail) = kb.fail {
+        kb.b.switch_to_block(fail);
+        let one = kb.b.ins().iconst(I32, 1);
+        kb.b.ins().return_(&[one]);
+    }
+    kb.b.seal_all_blocks();
+    kb.b.finalize(target.isa.frontend_config());
+    Ok(func)
+}
+
+fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result<(), CpuError> {
+    let node = graph.node(id);
+    let input_ids = graph.inputs_of(id);
+    let inputs = input_ids
+        .iter()
+        .map(|i| (plan.locs[i], &graph.node(*i).ty))
+        .collect();
+    let cx = NodeCx {
+        graph,
+        node,
+        input_ids,
+        inputs,
+        out: plan.locs[&id],
+    };
+    let weights: &mut Weights = &mut plan.weights;
+    match &node.op {
+        Op::Input { .. } | Op::Constant(_) => Ok(()),
+        Op::Unary(u) => elementwise::unary(kb, &cx, u),
+        Op::Binary(op) => elementwise::binary(kb, &cx, *op),
+        Op::Cast { to } => elementwise::cast(kb, &cx, *to),
+        Op::MatMul => linalg::matmul(kb, &cx),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => linalg::gemm(kb, &cx, weights, *alpha, *beta, *trans_a, *trans_b),
+        Op::Conv(c) => conv::conv(kb, &cx, c),
+        Op::MaxPool(p) => pool::pool(kb, &cx, p, pool::Kind::Max),
+        Op::AveragePool {
+            pool: p,
+            count_include_pad,
+        } => pool::pool(kb, &cx, p, pool::Kind::Avg(*count_include_pad)),
+        Op::GlobalAveragePool => pool::global(kb, &cx, false),
+        Op::GlobalMaxPool => pool::global(kb, &cx, true),
+        Op::Softmax { axis } => softmax::softmax(kb, &cx, *axis),
+        Op::Reshape { .. } => layout::reshape(kb, &cx),
+        Op::Transpose { perm } => layout::transpose(kb, &cx, perm),
+        Op::Concat { axis } => layout::concat(kb, &cx, *axis),
+        Op::Gather { axis } => layout::gather(kb, &cx, *axis),
+        Op::Slice { axes } => layout::slice(kb, &cx, axes),
+    }
+}

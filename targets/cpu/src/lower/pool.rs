@@ -1,0 +1,244 @@
+//! Pooling: MaxPool, AveragePool (windows with static bounds) and the
+//! global pools.
+//!
+//! Sliding windows are split at compile time into *segments*: runs of
+//! consecutive output positions whose set of in-bounds window taps (and
+//! count of taps inside the padded input) is the same. Each segment is a
+//! loop whose body unrolls exactly its valid taps, so no bounds checks run.
+
+use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_ir::Pool2d;
+
+use super::loops::{for_range, for_range_carry};
+use super::Kb;
+use super::NodeCx;
+use crate::CpuError;
+
+/// A run of output positions `start..start + len` along one axis sharing
+/// the same valid taps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Seg {
+    /// First output position.
+    pub start: usize,
+    /// Number of positions.
+    pub len: usize,
+    /// Kernel taps that read inside the input.
+    pub taps: Vec<usize>,
+    /// Number of taps inside the padded input (`[-pad_begin, input + pad_end)`).
+    pub padded: usize,
+}
+
+/// Splits the output positions of one window axis into [`Seg`]s.
+pub(crate) fn window_segments(
+    out: usize,
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    pad_begin: usize,
+    pad_end: usize,
+    dilation: usize,
+) -> Vec<Seg> {
+    let mut segs: Vec<Seg> = Vec::new();
+    for o in 0..out {
+        let base = (o * stride) as i64 - pad_begin as i64;
+        let pos = |t: usize| base + (t * dilation) as i64;
+        let taps: Vec<usize> = (0..kernel)
+            .filter(|&t| pos(t) >= 0 && pos(t) < input as i64)
+            .collect();
+        let padded = (0..kernel)
+            .filter(|&t| pos(t) >= -(pad_begin as i64) && pos(t) < (input + pad_end) as i64)
+            .count();
+        match segs.last_mut() {
+            Some(s) if s.taps == taps && s.padded == padded => s.len += 1,
+            _ => segs.push(Seg {
+                start: o,
+                len: 1,
+                taps,
+                padded,
+            }),
+        }
+    }
+    segs
+}
+
+/// Max or average pooling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Maximum.
+    Max,
+    /// Mean; `true` counts padded positions in the divisor.
+    Avg(bool),
+}
+
+/// MaxPool / AveragePool on NCHW f32.
+pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(), CpuError> {
+    cx.float_input(0, false)?;
+    let (xloc, xty) = cx.inputs[0];
+    let (h, w) = (xty.shape[2], xty.shape[3]);
+    let planes = xty.shape[0] * xty.shape[1];
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let [sh, sw] = p.strides;
+    let [dh, dw] = p.dilations;
+    let [pt, pl, _, _] = p.pads;
+    // Windows past the end padding (ceil_mode) count as padding too, but
+    // not in the divisor: the padded bound is pad_end.
+    let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);
+    let segs_w = window_segments(ow, w, p.kernel[1], sw, pl, p.pads[3], dw);
+    let x = kb.ptr(xloc);
+    let y = kb.ptr(cx.out);
+    let w4 = (w * 4) as i64;
+    for_range(kb, 0, planes as i64, 1, &mut |kb, plane| {
+        let xp = kb.add_scaled(x, plane, (h * w * 4) as i64);
+        let yp = kb.add_scaled(y, plane, (oh * ow * 4) as i64);
+        for sh_seg in &segs_h {
+            let start = sh_seg.start as i64;
+            for_range(kb, start, start + sh_seg.len as i64, 1, &mut |kb, o_h| {
+                let x_oh = kb.add_scaled(xp, o_h, sh as i64 * w4);
+                let y_row = kb.add_scaled(yp, o_h, (ow * 4) as i64);
+                for sw_seg in &segs_w {
+                    let taps: Vec<i64> = sh_seg
+                        .taps
+                        .iter()
+                        .flat_map(|&th| {
+                            sw_seg.taps.iter().map(move |&tw| {
+                                (th * dh) as i64 * w4 - pt as i64 * w4
+                                    + ((tw * dw) as i64 - pl as i64) * 4
+                            })
+                        })
+                        .collect();
+                    let divisor = match kind {
+                        Kind::Max => 1,
+                        Kind::Avg(true) => sh_seg.padded * sw_seg.padded,
+                        Kind::Avg(false) => taps.len(),
+                    };
+                    let pix = PoolPix {
+                        kind,
+                        taps: &taps,
+                        divisor,
+                        sw,
+                    };
+                    let (s0, len) = (sw_seg.start, sw_seg.len);
+                    let lanes = if sw == 1 { 4 } else { 1 };
+                    let nv = len / lanes;
+                    for_range(
+                        kb,
+                        s0 as i64,
+                        (s0 + nv * lanes) as i64,
+                        lanes as i64,
+                        &mut |kb, o_w| pix.emit(kb, x_oh, y_row, o_w, lanes == 4),
+                    );
+                    for t in s0 + nv * lanes..s0 + len {
+                        let o_w = kb.iconst(t as i64);
+                        pix.emit(kb, x_oh, y_row, o_w, false);
+                    }
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+struct PoolPix<'a> {
+    kind: Kind,
+    /// Byte offsets of the valid taps relative to the window origin row
+    /// pointer plus `o_w * sw * 4`.
+    taps: &'a [i64],
+    divisor: usize,
+    sw: usize,
+}
+
+impl PoolPix<'_> {
+    /// One output pixel (or four consecutive ones when `vector`, `sw == 1`).
+    fn emit(&self, kb: &mut Kb, x_oh: Value, y_row: Value, o_w: Value, vector: bool) {
+        let ty = if vector { F32X4 } else { F32 };
+        let px = kb.add_scaled(x_oh, o_w, (self.sw * 4) as i64);
+        let mut acc = match self.kind {
+            Kind::Max => kb.fconst(ty, f64::NEG_INFINITY),
+            Kind::Avg(_) => kb.fconst(ty, 0.0),
+        };
+        for &t in self.taps {
+            let v = kb.load(ty, px, t);
+            acc = match self.kind {
+                Kind::Max => kb.b.ins().fmax(acc, v),
+                Kind::Avg(_) => kb.b.ins().fadd(acc, v),
+            };
+        }
+        if matches!(self.kind, Kind::Avg(_)) && self.divisor > 0 {
+            let d = kb.fconst(ty, self.divisor as f64);
+            acc = kb.b.ins().fdiv(acc, d);
+        }
+        let py = kb.add_scaled(y_row, o_w, 4);
+        kb.store(acc, py, 0);
+    }
+}
+
+/// GlobalAveragePool / GlobalMaxPool: one reduction per (n, c) plane.
+pub(crate) fn global(kb: &mut Kb, cx: &NodeCx, max: bool) -> Result<(), CpuError> {
+    cx.float_input(0, false)?;
+    let (xloc, xty) = cx.inputs[0];
+    let planes = xty.shape[0] * xty.shape[1];
+    let size: usize = xty.shape[2..].iter().product();
+    let x = kb.ptr(xloc);
+    let y = kb.ptr(cx.out);
+    for_range(kb, 0, planes as i64, 1, &mut |kb, plane| {
+        let xp = kb.add_scaled(x, plane, (size * 4) as i64);
+        let r = reduce(kb, xp, size, max);
+        let r = if max {
+            r
+        } else {
+            let d = kb.fconst(F32, size as f64);
+            kb.b.ins().fdiv(r, d)
+        };
+        let py = kb.add_scaled(y, plane, 4);
+        kb.store(r, py, 0);
+    });
+    Ok(())
+}
+
+/// Sum or max of `n` contiguous f32 at `p`.
+pub(crate) fn reduce(kb: &mut Kb, p: Value, n: usize, max: bool) -> Value {
+    let init = if max { f64::NEG_INFINITY } else { 0.0 };
+    let combine = |kb: &mut Kb, a: Value, b: Value| {
+        if max {
+            kb.b.ins().fmax(a, b)
+        } else {
+            kb.b.ins().fadd(a, b)
+        }
+    };
+    let nv = n / 4;
+    let mut acc = kb.fconst(F32, init);
+    if nv > 0 {
+        let v0 = kb.fconst(F32X4, init);
+        let v = for_range_carry(kb, 0, (nv * 16) as i64, 16, &[v0], &mut |kb, off, c| {
+            let q = kb.b.ins().iadd(p, off);
+            let x = kb.load(F32X4, q, 0);
+            vec![combine(kb, c[0], x)]
+        })[0];
+        for lane in 0..4u8 {
+            let s = kb.b.ins().extractlane(v, lane);
+            acc = combine(kb, acc, s);
+        }
+    }
+    for t in nv * 4..n {
+        let s = kb.load(F32, p, (t * 4) as i64);
+        acc = combine(kb, acc, s);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_segments;
+
+    #[test]
+    fn segments_split_at_borders() {
+        // 3-tap window, pad 1, stride 1 over 5 inputs: left border, interior, right border.
+        let s = window_segments(5, 5, 3, 1, 1, 1, 1);
+        assert_eq!(s.len(), 3);
+        assert_eq!((s[0].start, s[0].len, s[0].taps.clone()), (0, 1, vec![1, 2]));
+        assert_eq!((s[1].start, s[1].len, s[1].taps.clone()), (1, 3, vec![0, 1, 2]));
+        assert_eq!((s[2].start, s[2].len, s[2].taps.clone()), (4, 1, vec![0, 1]));
+        assert!(s.iter().all(|s| s.padded == 3));
+    }
+}

@@ -1,0 +1,122 @@
+//! Softmax along any axis: max, `exp(x - max)` with its sum, then division.
+//!
+//! When the axis is innermost each row is contiguous and every pass runs on
+//! `f32x4` with a scalar tail. Otherwise four neighbouring positions of the
+//! inner dims form the vector lanes and the passes walk the axis with the
+//! axis stride (scalar for the last `inner % 4` positions).
+
+use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::{InstBuilder, Type, Value};
+
+use super::loops::{for_range, for_range_carry};
+use super::pool::reduce;
+use super::{math, Kb, NodeCx};
+use crate::CpuError;
+
+/// Softmax on f32.
+pub(crate) fn softmax(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
+    cx.float_input(0, false)?;
+    let shape = &cx.node.ty.shape;
+    let outer: usize = shape[..axis].iter().product();
+    let len = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    if outer * len * inner == 0 {
+        return Ok(());
+    }
+    let x = kb.ptr(cx.inputs[0].0);
+    let y = kb.ptr(cx.out);
+    let block = (len * inner * 4) as i64;
+    for_range(kb, 0, outer as i64, 1, &mut |kb, o| {
+        let xo = kb.add_scaled(x, o, block);
+        let yo = kb.add_scaled(y, o, block);
+        if inner == 1 {
+            row(kb, xo, yo, len);
+        } else {
+            let stride = (inner * 4) as i64;
+            let nv = inner / 4;
+            for_range(kb, 0, (nv * 16) as i64, 16, &mut |kb, off| {
+                let px = kb.b.ins().iadd(xo, off);
+                let py = kb.b.ins().iadd(yo, off);
+                column(kb, px, py, len, stride, F32X4);
+            });
+            for c in nv * 4..inner {
+                let px = kb.add_off(xo, (c * 4) as i64);
+                let py = kb.add_off(yo, (c * 4) as i64);
+                column(kb, px, py, len, stride, F32);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Softmax of `len` contiguous values.
+fn row(kb: &mut Kb, px: Value, py: Value, len: usize) {
+    let m = reduce(kb, px, len, true);
+    let nv = len / 4;
+    let mut sum = kb.fconst(F32, 0.0);
+    if nv > 0 {
+        let mv = kb.b.ins().splat(F32X4, m);
+        let z = kb.fconst(F32X4, 0.0);
+        let s = for_range_carry(kb, 0, (nv * 16) as i64, 16, &[z], &mut |kb, off, c| {
+            let a = kb.b.ins().iadd(px, off);
+            let v = kb.load(F32X4, a, 0);
+            let d = kb.b.ins().fsub(v, mv);
+            let e = math::exp(kb, d);
+            let b = kb.b.ins().iadd(py, off);
+            kb.store(e, b, 0);
+            vec![kb.b.ins().fadd(c[0], e)]
+        })[0];
+        for lane in 0..4u8 {
+            let l = kb.b.ins().extractlane(s, lane);
+            sum = kb.b.ins().fadd(sum, l);
+        }
+    }
+    for t in nv * 4..len {
+        let v = kb.load(F32, px, (t * 4) as i64);
+        let d = kb.b.ins().fsub(v, m);
+        let e = math::exp(kb, d);
+        kb.store(e, py, (t * 4) as i64);
+        sum = kb.b.ins().fadd(sum, e);
+    }
+    if nv > 0 {
+        let sv = kb.b.ins().splat(F32X4, sum);
+        for_range(kb, 0, (nv * 16) as i64, 16, &mut |kb, off| {
+            let b = kb.b.ins().iadd(py, off);
+            let v = kb.load(F32X4, b, 0);
+            let q = kb.b.ins().fdiv(v, sv);
+            kb.store(q, b, 0);
+        });
+    }
+    for t in nv * 4..len {
+        let v = kb.load(F32, py, (t * 4) as i64);
+        let q = kb.b.ins().fdiv(v, sum);
+        kb.store(q, py, (t * 4) as i64);
+    }
+}
+
+/// Softmax of `len` values `stride` bytes apart, on `ty` lanes at once.
+fn column(kb: &mut Kb, px: Value, py: Value, len: usize, stride: i64, ty: Type) {
+    let n = len as i64 * stride;
+    let init = kb.fconst(ty, f64::NEG_INFINITY);
+    let m = for_range_carry(kb, 0, n, stride, &[init], &mut |kb, off, c| {
+        let a = kb.b.ins().iadd(px, off);
+        let v = kb.load(ty, a, 0);
+        vec![kb.b.ins().fmax(c[0], v)]
+    })[0];
+    let z = kb.fconst(ty, 0.0);
+    let s = for_range_carry(kb, 0, n, stride, &[z], &mut |kb, off, c| {
+        let a = kb.b.ins().iadd(px, off);
+        let v = kb.load(ty, a, 0);
+        let d = kb.b.ins().fsub(v, m);
+        let e = math::exp(kb, d);
+        let b = kb.b.ins().iadd(py, off);
+        kb.store(e, b, 0);
+        vec![kb.b.ins().fadd(c[0], e)]
+    })[0];
+    for_range(kb, 0, n, stride, &mut |kb, off| {
+        let b = kb.b.ins().iadd(py, off);
+        let v = kb.load(ty, b, 0);
+        let q = kb.b.ins().fdiv(v, s);
+        kb.store(q, b, 0);
+    });
+}

@@ -1,0 +1,134 @@
+//! Shared test helpers: deterministic random tensors, compile → serialize →
+//! load → run, and comparison with the IR reference evaluator.
+#![allow(dead_code)]
+
+use kiln_ir::{DType, Data, Graph, Tensor};
+use kiln_runtime::format::{Artifact, DType as FDType};
+use kiln_runtime::{Model, TensorRef};
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+/// splitmix64.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn f64(&mut self, lo: f64, hi: f64) -> f64 {
+        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        lo + u * (hi - lo)
+    }
+
+    /// Uniform integer in `[lo, hi]`.
+    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
+    }
+}
+
+/// A random tensor: floats in [-3, 3), ints in [-20, 20] (u8 in [0, 40]),
+/// bools 50/50.
+pub fn rand_tensor(rng: &mut Rng, dtype: DType, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = match dtype {
+        DType::F32 => Data::F32((0..n).map(|_| rng.f64(-3.0, 3.0) as f32).collect()),
+        DType::F64 => Data::F64((0..n).map(|_| rng.f64(-3.0, 3.0)).collect()),
+        DType::Bool => Data::Bool((0..n).map(|_| rng.int(0, 1) == 1).collect()),
+        DType::U8 => Data::U8((0..n).map(|_| rng.int(0, 40) as u8).collect()),
+        d => Data::from_i64s(d, (0..n).map(|_| rng.int(-20, 20))),
+    };
+    Tensor::new(shape, data).unwrap()
+}
+
+pub fn f32_tensor(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    rand_tensor(rng, DType::F32, shape)
+}
+
+pub fn fdtype(d: DType) -> FDType {
+    FDType::from_name(d.name()).unwrap()
+}
+
+/// Compiles for the host, serializes, loads and runs.
+pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_runtime::Error> {
+    let opts = CpuOptions {
+        target: CpuTarget::Native,
+        opt_level: 2,
+    };
+    let artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
+    let bytes = artifact.to_bytes();
+    Artifact::parse(&bytes).expect("artifact parses");
+    let mut model = Model::from_bytes(&bytes)?;
+    let names: Vec<String> = g.inputs().iter().map(|&i| g.node(i).name.clone()).collect();
+    let shapes: Vec<Vec<u64>> = inputs
+        .iter()
+        .map(|t| t.shape().iter().map(|&d| d as u64).collect())
+        .collect();
+    let datas: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
+    let refs: Vec<TensorRef> = (0..inputs.len())
+        .map(|i| TensorRef::new(&names[i], fdtype(inputs[i].dtype()), &shapes[i], &datas[i]))
+        .collect();
+    let outs = model.run(&refs)?;
+    Ok(g
+        .outputs()
+        .iter()
+        .zip(outs)
+        .map(|((_, id), t)| {
+            let ty = &g.node(*id).ty;
+            Tensor::new(&ty.shape, Data::from_le_bytes(ty.dtype, &t.data).unwrap()).unwrap()
+        })
+        .collect())
+}
+
+/// Compares compiled results with the reference evaluator. Floats must
+/// agree within `1e-5` relative, plus `abs_scale * max|expected|` absolute
+/// (for long dot products whose result may cancel to near zero).
+pub fn check_with(g: &Graph, inputs: &[Tensor], abs_scale: f64) {
+    let expected = kiln_ir::eval::eval_graph(g, inputs).expect("reference evaluation");
+    let got = compile_run(g, inputs).expect("run");
+    assert_eq!(expected.len(), got.len());
+    for (k, (e, a)) in expected.iter().zip(&got).enumerate() {
+        assert_eq!(e.shape(), a.shape(), "output {k} shape");
+        assert_eq!(e.dtype(), a.dtype(), "output {k} dtype");
+        if e.dtype().is_float() {
+            let ev = e.to_f64_vec();
+            let av = a.to_f64_vec();
+            let scale = ev.iter().fold(0.0f64, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
+            for (i, (x, y)) in ev.iter().zip(&av).enumerate() {
+                let ok = (x.is_nan() && y.is_nan())
+                    || x == y
+                    || (x - y).abs() <= 1e-5 * x.abs() + abs_scale * scale + 1e-37;
+                assert!(ok, "output {k} element {i}: expected {x}, got {y} (graph outputs {:?})", g.outputs());
+            }
+        } else {
+            assert_eq!(e.data(), a.data(), "output {k}");
+        }
+    }
+}
+
+/// [`check_with`] for elementwise results (no absolute slack).
+pub fn check(g: &Graph, inputs: &[Tensor]) {
+    check_with(g, inputs, 0.0)
+}
+
+/// Random inputs for every graph input, then [`check_with`].
+pub fn check_rand(g: &Graph, seed: u64, abs_scale: f64) {
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| {
+            let ty = &g.node(i).ty;
+            rand_tensor(&mut rng, ty.dtype, &ty.shape)
+        })
+        .collect();
+    check_with(g, &inputs, abs_scale);
+}

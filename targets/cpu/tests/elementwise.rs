@@ -1,0 +1,247 @@
+//! Unary, binary (broadcasting) and cast kernels against the reference evaluator.
+
+mod common;
+
+use common::{check, check_rand, check_with, Rng};
+use kiln_ir::{BinaryOp, DType, Data, Graph, Op, Tensor, UnaryOp, ValueType};
+
+fn unary_graph(op: UnaryOp, dtype: DType, shape: &[usize]) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(dtype, shape));
+    let y = g.add_node(Op::Unary(op), &[x], "u").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+const FLOAT_UNARY: [UnaryOp; 15] = [
+    UnaryOp::Relu,
+    UnaryOp::LeakyRelu { alpha: 0.1 },
+    UnaryOp::Sigmoid,
+    UnaryOp::Tanh,
+    UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
+    UnaryOp::HardSwish,
+    UnaryOp::Clip { min: -1.0, max: 2.5 },
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Sqrt,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Reciprocal,
+    UnaryOp::Floor,
+    UnaryOp::Ceil,
+];
+
+#[test]
+fn float_unary_ops_on_odd_sizes() {
+    for (i, op) in FLOAT_UNARY.into_iter().enumerate() {
+        for shape in [&[1][..], &[7], &[3, 13], &[2, 3, 8]] {
+            let g = unary_graph(op, DType::F32, shape);
+            let mut rng = Rng::new(i as u64);
+            let n: usize = shape.iter().product();
+            // Positive inputs for sqrt/log.
+            let positive = matches!(op, UnaryOp::Sqrt | UnaryOp::Log);
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    let x = rng.f64(-3.0, 3.0) as f32;
+                    if positive {
+                        x.abs() + 1e-3
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            check(&g, &[Tensor::new(shape, Data::F32(v)).unwrap()]);
+        }
+    }
+}
+
+#[test]
+fn float_unary_ops_on_f64() {
+    for op in [UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Exp, UnaryOp::HardSwish, UnaryOp::Neg] {
+        check_rand(&unary_graph(op, DType::F64, &[11]), 3, 0.0);
+    }
+}
+
+#[test]
+fn exp_edge_values() {
+    let g = unary_graph(UnaryOp::Exp, DType::F32, &[12]);
+    let v = vec![
+        0.0, -0.0, 1.0, -1.0, 88.0, 88.7, 89.0, -87.0, -95.0, -103.0, -120.0, 20.5,
+    ];
+    check(&g, &[Tensor::new([12], Data::F32(v)).unwrap()]);
+    let v = vec![f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-8, -1e-8, 0.34657];
+    check(&unary_graph(UnaryOp::Exp, DType::F32, &[6]), &[Tensor::new([6], Data::F32(v)).unwrap()]);
+}
+
+#[test]
+fn exp_is_accurate_over_a_dense_sweep() {
+    let n = 4001;
+    let g = unary_graph(UnaryOp::Exp, DType::F32, &[n]);
+    let v: Vec<f32> = (0..n).map(|i| -100.0 + 190.0 * i as f32 / (n - 1) as f32).collect();
+    check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
+    let g = unary_graph(UnaryOp::Sigmoid, DType::F32, &[n]);
+    let v: Vec<f32> = (0..n).map(|i| -30.0 + 60.0 * i as f32 / (n - 1) as f32).collect();
+    check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
+}
+
+#[test]
+fn integer_unary_ops() {
+    for d in [DType::I32, DType::I64, DType::I8, DType::I16] {
+        for op in [
+            UnaryOp::Relu,
+            UnaryOp::Neg,
+            UnaryOp::Abs,
+            UnaryOp::Clip { min: -4.5, max: 7.0 },
+        ] {
+            check_rand(&unary_graph(op, d, &[9]), 5, 0.0);
+        }
+    }
+}
+
+fn binary_graph(op: BinaryOp, dtype: DType, a: &[usize], b: &[usize]) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("a", ValueType::new(dtype, a));
+    let y = g.add_input("b", ValueType::new(dtype, b));
+    let z = g.add_node(Op::Binary(op), &[x, y], "bin").unwrap();
+    g.add_output("z", z);
+    g
+}
+
+const SHAPES: [(&[usize], &[usize]); 9] = [
+    (&[7], &[7]),
+    (&[2, 3, 5], &[2, 3, 5]),
+    (&[2, 3, 5], &[5]),
+    (&[2, 3, 5], &[3, 1]),
+    (&[2, 1, 5], &[1, 3, 1]),
+    (&[1, 4, 3, 3], &[1, 4, 1, 1]),
+    (&[4, 1], &[1, 9]),
+    (&[], &[6]),
+    (&[10], &[]),
+];
+
+#[test]
+fn broadcasting_binary_f32() {
+    for (i, op) in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (a, b) in SHAPES {
+            let g = binary_graph(op, DType::F32, a, b);
+            if op == BinaryOp::Pow {
+                // Positive bases so results are defined.
+                let mut rng = Rng::new(i as u64);
+                let n: usize = a.iter().product();
+                let m: usize = b.iter().product();
+                let x: Vec<f32> = (0..n).map(|_| rng.f64(0.1, 3.0) as f32).collect();
+                let y: Vec<f32> = (0..m).map(|_| rng.f64(-2.0, 2.0) as f32).collect();
+                check(
+                    &g,
+                    &[
+                        Tensor::new(a, Data::F32(x)).unwrap(),
+                        Tensor::new(b, Data::F32(y)).unwrap(),
+                    ],
+                );
+            } else {
+                check_rand(&g, i as u64, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_binary_ops() {
+    for d in [DType::I64, DType::I32, DType::I8, DType::U8, DType::I16] {
+        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min] {
+            for (a, b) in SHAPES {
+                check_rand(&binary_graph(op, d, a, b), 11, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn i64_add_large_values_and_division() {
+    let g = binary_graph(BinaryOp::Add, DType::I64, &[4], &[4]);
+    let a = Tensor::new([4], Data::I64(vec![i64::MAX, -5, 1 << 40, 7])).unwrap();
+    let b = Tensor::new([4], Data::I64(vec![1, 5, 1 << 41, -9])).unwrap();
+    check(&g, &[a.clone(), b.clone()]);
+    let g = binary_graph(BinaryOp::Div, DType::I64, &[4], &[4]);
+    let b = Tensor::new([4], Data::I64(vec![-1, 3, -7, 2])).unwrap();
+    check(&g, &[a, b]);
+    let g = binary_graph(BinaryOp::Div, DType::I32, &[5], &[5]);
+    let a = Tensor::new([5], Data::I32(vec![i32::MIN, -7, 7, 100, -100])).unwrap();
+    let b = Tensor::new([5], Data::I32(vec![-1, 2, -2, 7, 9])).unwrap();
+    check(&g, &[a, b]);
+    let g = binary_graph(BinaryOp::Pow, DType::I64, &[4], &[4]);
+    let a = Tensor::new([4], Data::I64(vec![3, -2, 7, 0])).unwrap();
+    let b = Tensor::new([4], Data::I64(vec![4, 5, 0, 3])).unwrap();
+    check(&g, &[a, b]);
+}
+
+#[test]
+fn integer_division_by_zero_does_not_trap() {
+    let g = binary_graph(BinaryOp::Div, DType::I32, &[2], &[2]);
+    let a = Tensor::new([2], Data::I32(vec![5, 6])).unwrap();
+    let b = Tensor::new([2], Data::I32(vec![0, 3])).unwrap();
+    let out = common::compile_run(&g, &[a, b]).unwrap();
+    assert_eq!(out[0].to_i64_vec(), [0, 2]);
+}
+
+#[test]
+fn casts_between_supported_types() {
+    let types = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::Bool,
+    ];
+    for from in types {
+        for to in types {
+            let mut g = Graph::new();
+            let x = g.add_input("x", ValueType::new(from, [9]));
+            let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+            g.add_output("y", y);
+            check_rand(&g, 17, 0.0);
+        }
+    }
+}
+
+#[test]
+fn float_to_int_casts_saturate_and_truncate() {
+    let v = vec![1e10, -1e10, 300.7, -300.7, -0.9, 0.9, f32::NAN, 127.5, -128.9, 255.9, 2.5];
+    let n = v.len();
+    for to in [DType::I8, DType::U8, DType::I16, DType::I32, DType::I64, DType::Bool] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [n]));
+        let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+        g.add_output("y", y);
+        check(&g, &[Tensor::new([n], Data::F32(v.clone())).unwrap()]);
+    }
+}
+
+#[test]
+fn chained_elementwise_graph_with_constants() {
+    let mut rng = Rng::new(9);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [3, 17]));
+    let c = g.add_const("c", common::f32_tensor(&mut rng, &[17]));
+    let s = g.add_const("s", Tensor::scalar_f32(0.5));
+    let a = g.add_node(Op::Binary(BinaryOp::Mul), &[x, c], "mul").unwrap();
+    let b = g.add_node(Op::Binary(BinaryOp::Add), &[a, s], "add").unwrap();
+    let r = g.add_node(Op::Unary(UnaryOp::Sigmoid), &[b], "sig").unwrap();
+    g.add_output("r", r);
+    g.add_output("a", a);
+    check_with(&g, &[common::f32_tensor(&mut rng, &[3, 17])], 0.0);
+}
