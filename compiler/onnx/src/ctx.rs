@@ -41,7 +41,11 @@ pub struct ImportCtx<'a> {
 }
 
 impl<'a> ImportCtx<'a> {
-    pub(crate) fn new(opset: i64, opts: &'a crate::ImportOptions, model_dir: Option<&'a Path>) -> Self {
+    pub(crate) fn new(
+        opset: i64,
+        opts: &'a crate::ImportOptions,
+        model_dir: Option<&'a Path>,
+    ) -> Self {
         ImportCtx {
             graph: Graph::new(),
             opset,
@@ -65,8 +69,19 @@ impl<'a> ImportCtx<'a> {
         &self.node_name
     }
 
-    fn push(&mut self, name: String, ty: ValueType, konst: Option<Tensor>, node: Option<NodeId>) -> Val {
-        self.vals.push(ValEntry { name, ty, konst, node });
+    fn push(
+        &mut self,
+        name: String,
+        ty: ValueType,
+        konst: Option<Tensor>,
+        node: Option<NodeId>,
+    ) -> Val {
+        self.vals.push(ValEntry {
+            name,
+            ty,
+            konst,
+            node,
+        });
         Val(self.vals.len() - 1)
     }
 
@@ -127,8 +142,15 @@ impl<'a> ImportCtx<'a> {
         let types: Vec<&ValueType> = inputs.iter().map(|&v| self.ty(v)).collect();
         let ty = kiln_ir::infer::infer(&op, &types).map_err(|e| self.ir_err(e))?;
         let all_const = inputs.iter().all(|&v| self.konst(v).is_some());
-        if all_const && ty.size_bytes() <= FOLD_LIMIT_BYTES {
-            let tensors: Vec<&Tensor> = inputs.iter().map(|&v| self.konst(v).expect("checked")).collect();
+        let bytes = ty
+            .shape
+            .iter()
+            .try_fold(ty.dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
+        if all_const && bytes.is_some_and(|b| b <= FOLD_LIMIT_BYTES) {
+            let tensors: Vec<&Tensor> = inputs
+                .iter()
+                .map(|&v| self.konst(v).expect("checked"))
+                .collect();
             // An op the evaluator cannot run is simply left in the graph.
             if let Ok(t) = kiln_ir::eval::eval(&op, &tensors) {
                 if t.dtype() == ty.dtype && t.shape() == &ty.shape {
@@ -137,7 +159,10 @@ impl<'a> ImportCtx<'a> {
             }
         }
         let ids: Vec<NodeId> = inputs.iter().map(|&v| self.node_of(v)).collect();
-        let id = self.graph.add_node(op, &ids, name).map_err(|e| self.ir_err(e))?;
+        let id = self
+            .graph
+            .add_node(op, &ids, name)
+            .map_err(|e| self.ir_err(e))?;
         let ty = self.graph.node(id).ty.clone();
         let n = self.graph.node(id).name.clone();
         Ok(self.push(n, ty, None, Some(id)))
@@ -199,7 +224,9 @@ impl<'a> ImportCtx<'a> {
 
     /// All present inputs, in order.
     pub fn inputs(&self, node: &NodeProto) -> Vec<Val> {
-        (0..node.input.len()).filter_map(|i| self.opt_input(node, i)).collect()
+        (0..node.input.len())
+            .filter_map(|i| self.opt_input(node, i))
+            .collect()
     }
 
     /// Optional input `i` that must be known at compile time.
@@ -257,7 +284,9 @@ impl<'a> ImportCtx<'a> {
 
     /// An INT attribute.
     pub fn attr_i(&self, node: &NodeProto, name: &str) -> Result<Option<i64>, OnnxError> {
-        Ok(self.typed_attr(node, name, AttributeType::Int)?.map(|a| a.i))
+        Ok(self
+            .typed_attr(node, name, AttributeType::Int)?
+            .map(|a| a.i))
     }
 
     /// An INT attribute with a default.
@@ -267,7 +296,9 @@ impl<'a> ImportCtx<'a> {
 
     /// A FLOAT attribute.
     pub fn attr_f(&self, node: &NodeProto, name: &str) -> Result<Option<f32>, OnnxError> {
-        Ok(self.typed_attr(node, name, AttributeType::Float)?.map(|a| a.f))
+        Ok(self
+            .typed_attr(node, name, AttributeType::Float)?
+            .map(|a| a.f))
     }
 
     /// A FLOAT attribute with a default.
@@ -297,7 +328,11 @@ impl<'a> ImportCtx<'a> {
     }
 
     /// A TENSOR attribute.
-    pub fn attr_t<'n>(&self, node: &'n NodeProto, name: &str) -> Result<Option<&'n TensorProto>, OnnxError> {
+    pub fn attr_t<'n>(
+        &self,
+        node: &'n NodeProto,
+        name: &str,
+    ) -> Result<Option<&'n TensorProto>, OnnxError> {
         Ok(self
             .typed_attr(node, name, AttributeType::Tensor)?
             .and_then(|a| a.t.as_ref()))
@@ -313,7 +348,10 @@ impl<'a> ImportCtx<'a> {
         let r = rank as i64;
         let a = if axis < 0 { axis + r } else { axis };
         if a < 0 || a >= r {
-            return Err(self.bad_attr(attribute, format!("axis {axis} is out of range for rank {rank}")));
+            return Err(self.bad_attr(
+                attribute,
+                format!("axis {axis} is out of range for rank {rank}"),
+            ));
         }
         Ok(a as usize)
     }

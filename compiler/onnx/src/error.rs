@@ -28,21 +28,19 @@ impl fmt::Display for UnsupportedOp {
     }
 }
 
-/// Formats a list of unsupported ops, one a line.
+/// Formats a list of unsupported ops: one inline, several one a line.
 fn list_unsupported(ops: &[UnsupportedOp]) -> String {
-    let mut s = match ops.len() {
-        1 => String::new(),
-        n => format!("{n} unsupported ops:"),
-    };
-    for (i, op) in ops.iter().enumerate() {
-        if ops.len() > 1 {
-            s.push_str("\n  ");
-        } else if i > 0 {
-            s.push('\n');
+    match ops {
+        [one] => one.to_string(),
+        _ => {
+            let mut s = format!("{} unsupported ops:", ops.len());
+            for op in ops {
+                s.push_str("\n  ");
+                s.push_str(&op.to_string());
+            }
+            s
         }
-        s.push_str(&op.to_string());
     }
-    s
 }
 
 /// Errors from loading or importing an ONNX model. The messages name the

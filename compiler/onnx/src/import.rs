@@ -94,8 +94,10 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
             users[p].push(i);
         }
     }
-    let mut ready: BinaryHeap<Reverse<usize>> =
-        (0..graph.node.len()).filter(|&i| pending[i] == 0).map(Reverse).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..graph.node.len())
+        .filter(|&i| pending[i] == 0)
+        .map(Reverse)
+        .collect();
     let mut order = Vec::with_capacity(graph.node.len());
     while let Some(Reverse(i)) = ready.pop() {
         order.push(i);
@@ -109,10 +111,15 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
     if order.len() < graph.node.len() {
         // Walk unfinished dependencies until a node repeats: it is on a cycle.
         let mut seen = vec![false; graph.node.len()];
-        let mut i = (0..graph.node.len()).find(|&i| pending[i] > 0).expect("unfinished node");
+        let mut i = (0..graph.node.len())
+            .find(|&i| pending[i] > 0)
+            .expect("unfinished node");
         while !seen[i] {
             seen[i] = true;
-            i = *deps[i].iter().find(|&&d| pending[d] > 0).expect("unfinished dependency");
+            i = *deps[i]
+                .iter()
+                .find(|&&d| pending[d] > 0)
+                .expect("unfinished dependency");
         }
         return Err(OnnxError::Cycle(names[i].clone()));
     }
@@ -120,7 +127,11 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
 }
 
 /// Finds every node Kiln cannot import.
-fn scan_unsupported(model: &ModelProto, graph: &GraphProto, names: &[String]) -> Vec<UnsupportedOp> {
+fn scan_unsupported(
+    model: &ModelProto,
+    graph: &GraphProto,
+    names: &[String],
+) -> Vec<UnsupportedOp> {
     let mut used: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
     for n in &graph.node {
         used.extend(n.input.iter().map(|s| s.as_str()));
@@ -130,7 +141,11 @@ fn scan_unsupported(model: &ModelProto, graph: &GraphProto, names: &[String]) ->
     let mut out = Vec::new();
     for (i, n) in graph.node.iter().enumerate() {
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        let domain = if default_domain { "ai.onnx".to_string() } else { n.domain.clone() };
+        let domain = if default_domain {
+            "ai.onnx".to_string()
+        } else {
+            n.domain.clone()
+        };
         let opset = opset_of(model, &domain);
         let hint = if !default_domain {
             Some(format!("ops of domain '{domain}' are not supported"))
@@ -191,7 +206,11 @@ fn bind_shape(
             if dims.len() != given.len() {
                 return Err(OnnxError::InputShape {
                     input: name.into(),
-                    message: format!("the model declares rank {}, the option gives {:?}", dims.len(), given),
+                    message: format!(
+                        "the model declares rank {}, the option gives {:?}",
+                        dims.len(),
+                        given
+                    ),
                 });
             }
             for (i, (d, &g)) in dims.iter().zip(given).enumerate() {
@@ -199,7 +218,9 @@ fn bind_shape(
                     if *d != g {
                         return Err(OnnxError::InputShape {
                             input: name.into(),
-                            message: format!("dim {i} is {d} in the model but {g} in the option {given:?}"),
+                            message: format!(
+                                "dim {i} is {d} in the model but {g} in the option {given:?}"
+                            ),
                         });
                     }
                 }
@@ -246,14 +267,18 @@ pub(crate) fn import_model(
         .graph
         .as_ref()
         .ok_or_else(|| OnnxError::InvalidModel("the model has no graph".into()))?;
-    let names: Vec<String> = (0..graph.node.len()).map(|i| node_display_name(graph, i)).collect();
+    let names: Vec<String> = (0..graph.node.len())
+        .map(|i| node_display_name(graph, i))
+        .collect();
     let order = check_structure(graph, &names)?;
     let unsupported = scan_unsupported(model, graph, &names);
     if !unsupported.is_empty() {
         return Err(OnnxError::Unsupported(unsupported));
     }
     if !graph.sparse_initializer.is_empty() {
-        return Err(OnnxError::InvalidModel("sparse initializers are not supported".into()));
+        return Err(OnnxError::InvalidModel(
+            "sparse initializers are not supported".into(),
+        ));
     }
 
     let init_names: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
@@ -267,9 +292,17 @@ pub(crate) fn import_model(
             let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
             return Err(OnnxError::InputShape {
                 input: name.clone(),
-                message: format!("the model has no input of that name (inputs: {})", list.join(", ")),
+                message: format!(
+                    "the model has no input of that name (inputs: {})",
+                    list.join(", ")
+                ),
             });
         }
+    }
+
+    let mut used: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
+    for n in &graph.node {
+        used.extend(n.input.iter().map(|s| s.as_str()));
     }
 
     let mut ctx = ImportCtx::new(opset_of(model, ""), opts, model_dir);
@@ -277,7 +310,19 @@ pub(crate) fn import_model(
         let (code, declared) = declared_type(input)?;
         let dtype = dtype_or_err(code, &input.name)?;
         let shape = bind_shape(&input.name, &declared, opts)?;
-        let id = ctx.graph.add_input(input.name.clone(), ValueType::new(dtype, shape));
+        let fits = shape
+            .iter()
+            .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
+            .is_some_and(|b| b <= isize::MAX as usize);
+        if !fits {
+            return Err(OnnxError::InputShape {
+                input: input.name.clone(),
+                message: format!("shape {shape:?} is too large to address"),
+            });
+        }
+        let id = ctx
+            .graph
+            .add_input(input.name.clone(), ValueType::new(dtype, shape));
         ctx.bind_input(&input.name, id);
     }
     for t in &graph.initializer {
@@ -297,6 +342,9 @@ pub(crate) fn import_model(
             }
             match outs.get(k) {
                 Some(&v) => ctx.bind(name, v),
+                // An unused secondary output (BatchNormalization statistics,
+                // MaxPool indices, Dropout mask) need not exist.
+                None if !used.contains(name.as_str()) => {}
                 None => {
                     return Err(ctx.invalid(format!("output {k} ('{name}') cannot be produced")));
                 }
@@ -305,12 +353,10 @@ pub(crate) fn import_model(
     }
 
     for o in &graph.output {
-        let v = ctx
-            .lookup(&o.name)
-            .ok_or_else(|| OnnxError::MissingInput {
-                node: "graph output".into(),
-                input: o.name.clone(),
-            })?;
+        let v = ctx.lookup(&o.name).ok_or_else(|| OnnxError::MissingInput {
+            node: "graph output".into(),
+            input: o.name.clone(),
+        })?;
         let id = ctx.node_of(v);
         ctx.graph.add_output(o.name.clone(), id);
     }

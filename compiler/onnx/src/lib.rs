@@ -41,6 +41,7 @@ pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 pub use error::{OnnxError, UnsupportedOp};
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
 pub use tensor::{dtype_from_onnx, tensor_from_proto};
+pub use tract_onnx::pb;
 pub use tract_onnx::pb::ModelProto;
 
 use std::collections::BTreeMap;
@@ -80,7 +81,8 @@ pub fn load_model(path: &Path) -> Result<ModelProto, OnnxError> {
 
 /// Decodes ONNX protobuf bytes.
 pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
-    let model = <ModelProto as prost::Message>::decode(bytes).map_err(|e| OnnxError::Decode(e.to_string()))?;
+    let model = <ModelProto as prost::Message>::decode(bytes)
+        .map_err(|e| OnnxError::Decode(e.to_string()))?;
     // Protobuf accepts many byte strings as an empty message; an ONNX model
     // has at least a graph or an opset.
     if model.graph.is_none() && model.opset_import.is_empty() && model.ir_version == 0 {
@@ -93,7 +95,13 @@ pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
 /// file's directory.
 pub fn import(path: &Path, opts: &ImportOptions) -> Result<kiln_ir::Graph, OnnxError> {
     let model = load_model(path)?;
-    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    let dir = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
     import_model(&model, dir, opts)
 }
 

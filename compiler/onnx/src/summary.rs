@@ -75,7 +75,9 @@ fn io_summary(v: &ValueInfoProto) -> IoSummary {
                         .iter()
                         .map(|d| match &d.value {
                             Some(DimValue::DimValue(v)) if *v > 0 => DimSummary::Known(*v as usize),
-                            Some(DimValue::DimParam(p)) if !p.is_empty() => DimSummary::Symbolic(p.clone()),
+                            Some(DimValue::DimParam(p)) if !p.is_empty() => {
+                                DimSummary::Symbolic(p.clone())
+                            }
                             _ => DimSummary::Unknown,
                         })
                         .collect()
@@ -106,7 +108,10 @@ pub fn summarize(model: &ModelProto) -> ModelSummary {
         };
         *op_histogram.entry(key).or_insert(0) += 1;
     }
-    let producer = match (model.producer_name.as_str(), model.producer_version.as_str()) {
+    let producer = match (
+        model.producer_name.as_str(),
+        model.producer_version.as_str(),
+    ) {
         (n, "") => n.to_string(),
         (n, v) => format!("{n} {v}"),
     };
@@ -116,7 +121,11 @@ pub fn summarize(model: &ModelProto) -> ModelSummary {
             .opset_import
             .iter()
             .map(|o| {
-                let d = if o.domain.is_empty() { "ai.onnx" } else { &o.domain };
+                let d = if o.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &o.domain
+                };
                 (d.to_string(), o.version)
             })
             .collect(),

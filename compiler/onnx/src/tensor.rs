@@ -45,7 +45,9 @@ pub fn dtype_or_err(code: i32, value: &str) -> Result<DType, OnnxError> {
 /// Parses an ONNX type name as written in opset 1-5 `Cast.to` (`FLOAT`).
 pub fn dtype_from_onnx_name(name: &str) -> Option<DType> {
     let upper = name.to_ascii_uppercase();
-    (0..=23).find(|&c| onnx_dtype_name(c) == upper).and_then(dtype_from_onnx)
+    (0..=23)
+        .find(|&c| onnx_dtype_name(c) == upper)
+        .and_then(dtype_from_onnx)
 }
 
 /// The element count of `dims`, or `None` on a negative dim or overflow.
@@ -115,7 +117,10 @@ pub fn tensor_from_proto(
     } else if !t.raw_data.is_empty() || count == 0 {
         let present = t.raw_data.len() as u64;
         if present < bytes {
-            return Err(too_large(bytes, format!("only {present} bytes of raw data are present")));
+            return Err(too_large(
+                bytes,
+                format!("only {present} bytes of raw data are present"),
+            ));
         }
         if present > bytes {
             return Err(invalid(format!(
@@ -149,7 +154,10 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
         }
         return Err(OnnxError::InvalidTensor {
             tensor: name.to_string(),
-            message: format!("holds {present} elements but its dims {:?} need {count}", t.dims),
+            message: format!(
+                "holds {present} elements but its dims {:?} need {count}",
+                t.dims
+            ),
         });
     }
     let i32s = &t.int32_data;
@@ -178,11 +186,20 @@ fn read_external(
         tensor: name.to_string(),
         message,
     };
-    let key = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.as_str());
+    let key = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.as_str())
+    };
     let location = key("location").ok_or_else(|| err("no 'location' entry".into()))?;
     let parse = |k: &str| -> Result<Option<u64>, OnnxError> {
         key(k)
-            .map(|v| v.trim().parse::<u64>().map_err(|_| err(format!("'{k}' is not a byte count: '{v}'"))))
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| err(format!("'{k}' is not a byte count: '{v}'")))
+            })
             .transpose()
     };
     let offset = parse("offset")?.unwrap_or(0);
@@ -205,9 +222,12 @@ fn read_external(
             "location '{location}' is relative to the model file, but the model was not loaded from a file"
         ))
     })?;
-    let canon_dir = dir
-        .canonicalize()
-        .map_err(|e| err(format!("cannot resolve model directory '{}': {e}", dir.display())))?;
+    let canon_dir = dir.canonicalize().map_err(|e| {
+        err(format!(
+            "cannot resolve model directory '{}': {e}",
+            dir.display()
+        ))
+    })?;
     let path = canon_dir.join(rel);
     let canon = path
         .canonicalize()
@@ -218,7 +238,8 @@ fn read_external(
             canon.display()
         )));
     }
-    let mut file = File::open(&canon).map_err(|e| err(format!("cannot open '{}': {e}", canon.display())))?;
+    let mut file =
+        File::open(&canon).map_err(|e| err(format!("cannot open '{}': {e}", canon.display())))?;
     let file_len = file
         .metadata()
         .map_err(|e| err(format!("cannot stat '{}': {e}", canon.display())))?
@@ -232,7 +253,9 @@ fn read_external(
             });
         }
         if length > bytes {
-            return Err(err(format!("'length' is {length} bytes but the tensor needs {bytes}")));
+            return Err(err(format!(
+                "'length' is {length} bytes but the tensor needs {bytes}"
+            )));
         }
     }
     match offset.checked_add(bytes) {

@@ -36,7 +36,8 @@ fn shape_of(v: &Value) -> Vec<usize> {
 
 /// Imports one fixture; returns a failure description or None.
 fn check_fixture(dir: &Path) -> Result<(), String> {
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
     let mut opts = ImportOptions::default();
     if let Some(shapes) = meta.get("input_shapes").and_then(|v| v.as_object()) {
         for (k, v) in shapes {
@@ -48,7 +49,11 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
 
     let outs = meta["outputs"].as_array().unwrap();
     if outs.len() != g.outputs().len() {
-        return Err(format!("{} outputs, meta has {}", g.outputs().len(), outs.len()));
+        return Err(format!(
+            "{} outputs, meta has {}",
+            g.outputs().len(),
+            outs.len()
+        ));
     }
     for (o, (name, id)) in outs.iter().zip(g.outputs()) {
         if o["name"].as_str().unwrap() != name {
@@ -57,7 +62,9 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
         let want = shape_of(&o["shape"]);
         let got = g.node(*id).ty.shape.to_vec();
         if want != got {
-            return Err(format!("output '{name}' has shape {got:?}, expected {want:?}"));
+            return Err(format!(
+                "output '{name}' has shape {got:?}, expected {want:?}"
+            ));
         }
     }
 
@@ -70,18 +77,42 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
             .iter()
             .find(|m| m["name"].as_str() == Some(name))
             .ok_or_else(|| format!("no meta input for '{name}'"))?;
-        inputs.push(read_npy(&dir.join(m["file"].as_str().unwrap()), m["dtype"].as_str().unwrap()));
+        inputs.push(read_npy(
+            &dir.join(m["file"].as_str().unwrap()),
+            m["dtype"].as_str().unwrap(),
+        ));
     }
     let results = kiln_ir::eval::eval_graph(&g, &inputs).map_err(|e| format!("eval: {e}"))?;
     for (o, got) in outs.iter().zip(&results) {
-        let want = read_npy(&dir.join(o["file"].as_str().unwrap()), o["dtype"].as_str().unwrap());
+        let want = read_npy(
+            &dir.join(o["file"].as_str().unwrap()),
+            o["dtype"].as_str().unwrap(),
+        );
         if got.dtype() != want.dtype() {
-            return Err(format!("output '{}' is {}, expected {}", o["name"], got.dtype(), want.dtype()));
+            return Err(format!(
+                "output '{}' is {}, expected {}",
+                o["name"],
+                got.dtype(),
+                want.dtype()
+            ));
         }
         if got.shape() != want.shape() {
-            return Err(format!("output '{}' shape {:?} vs {:?}", o["name"], got.shape(), want.shape()));
+            return Err(format!(
+                "output '{}' shape {:?} vs {:?}",
+                o["name"],
+                got.shape(),
+                want.shape()
+            ));
         }
         let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        if g.is_empty() || g.len() != w.len() {
+            return Err(format!(
+                "output '{}' has {} values, expected {}",
+                o["name"],
+                g.len(),
+                w.len()
+            ));
+        }
         let mut worst = (0.0f64, 0usize);
         for (i, (a, b)) in g.iter().zip(&w).enumerate() {
             let err = (a - b).abs();
@@ -114,7 +145,11 @@ fn all_fixtures_import_and_match_onnxruntime() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let t = std::time::Instant::now();
         let r = check_fixture(dir);
-        eprintln!("{name}: {} ({:.2}s)", if r.is_ok() { "ok" } else { "FAILED" }, t.elapsed().as_secs_f64());
+        eprintln!(
+            "{name}: {} ({:.2}s)",
+            if r.is_ok() { "ok" } else { "FAILED" },
+            t.elapsed().as_secs_f64()
+        );
         if let Err(e) = r {
             failures.push(format!("{name}: {e}"));
         }

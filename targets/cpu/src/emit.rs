@@ -5,9 +5,7 @@ use cranelift_codegen::binemit::Reloc as CReloc;
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::{ExternalName, Function, LibCall};
 use cranelift_codegen::{print_errors, Context, FinalizedRelocTarget};
-use kiln_runtime::format::{
-    Arch, HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step,
-};
+use kiln_runtime::format::{Arch, HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
 
 use crate::isa::Target;
 use crate::CpuError;
@@ -37,7 +35,12 @@ impl Text {
     }
 
     /// Compiles `func` (the kernel of node `name`), appends it and schedules it.
-    pub(crate) fn add(&mut self, name: &str, func: Function, target: &Target) -> Result<(), CpuError> {
+    pub(crate) fn add(
+        &mut self,
+        name: &str,
+        func: Function,
+        target: &Target,
+    ) -> Result<(), CpuError> {
         let mut ctx = Context::for_function(func);
         if let Err(e) = ctx.compile(&*target.isa, &mut ControlPlane::default()) {
             return Err(CpuError::Codegen {

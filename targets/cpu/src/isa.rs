@@ -144,7 +144,14 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         ("preserve_frame_pointers", "true"),
         ("unwind_info", "false"),
         ("enable_probestack", "false"),
-        ("enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" }),
+        (
+            "enable_verifier",
+            if cfg!(debug_assertions) {
+                "true"
+            } else {
+                "false"
+            },
+        ),
     ] {
         flags
             .set(name, value)
@@ -157,7 +164,11 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let mut builder = isa::lookup_by_name(triple).map_err(|e| err(format!("{triple}: {e}")))?;
     if arch == Arch::X86_64 {
         for (feat, flag) in X86_FLAGS {
-            let on = if features.contains(feat) { "true" } else { "false" };
+            let on = if features.contains(feat) {
+                "true"
+            } else {
+                "false"
+            };
             builder
                 .set(flag, on)
                 .map_err(|e| err(format!("setting {flag}: {e}")))?;

@@ -18,9 +18,15 @@ const FLOAT_UNARY: [UnaryOp; 15] = [
     UnaryOp::LeakyRelu { alpha: 0.1 },
     UnaryOp::Sigmoid,
     UnaryOp::Tanh,
-    UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
+    UnaryOp::HardSigmoid {
+        alpha: 0.2,
+        beta: 0.5,
+    },
     UnaryOp::HardSwish,
-    UnaryOp::Clip { min: -1.0, max: 2.5 },
+    UnaryOp::Clip {
+        min: -1.0,
+        max: 2.5,
+    },
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Sqrt,
@@ -57,7 +63,13 @@ fn float_unary_ops_on_odd_sizes() {
 
 #[test]
 fn float_unary_ops_on_f64() {
-    for op in [UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Exp, UnaryOp::HardSwish, UnaryOp::Neg] {
+    for op in [
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Exp,
+        UnaryOp::HardSwish,
+        UnaryOp::Neg,
+    ] {
         check_rand(&unary_graph(op, DType::F64, &[11]), 3, 0.0);
     }
 }
@@ -69,18 +81,32 @@ fn exp_edge_values() {
         0.0, -0.0, 1.0, -1.0, 88.0, 88.7, 89.0, -87.0, -95.0, -103.0, -120.0, 20.5,
     ];
     check(&g, &[Tensor::new([12], Data::F32(v)).unwrap()]);
-    let v = vec![f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-8, -1e-8, 0.34657];
-    check(&unary_graph(UnaryOp::Exp, DType::F32, &[6]), &[Tensor::new([6], Data::F32(v)).unwrap()]);
+    let v = vec![
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-8,
+        -1e-8,
+        0.34657,
+    ];
+    check(
+        &unary_graph(UnaryOp::Exp, DType::F32, &[6]),
+        &[Tensor::new([6], Data::F32(v)).unwrap()],
+    );
 }
 
 #[test]
 fn exp_is_accurate_over_a_dense_sweep() {
     let n = 4001;
     let g = unary_graph(UnaryOp::Exp, DType::F32, &[n]);
-    let v: Vec<f32> = (0..n).map(|i| -100.0 + 190.0 * i as f32 / (n - 1) as f32).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|i| -100.0 + 190.0 * i as f32 / (n - 1) as f32)
+        .collect();
     check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
     let g = unary_graph(UnaryOp::Sigmoid, DType::F32, &[n]);
-    let v: Vec<f32> = (0..n).map(|i| -30.0 + 60.0 * i as f32 / (n - 1) as f32).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|i| -30.0 + 60.0 * i as f32 / (n - 1) as f32)
+        .collect();
     check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
 }
 
@@ -91,7 +117,10 @@ fn integer_unary_ops() {
             UnaryOp::Relu,
             UnaryOp::Neg,
             UnaryOp::Abs,
-            UnaryOp::Clip { min: -4.5, max: 7.0 },
+            UnaryOp::Clip {
+                min: -4.5,
+                max: 7.0,
+            },
         ] {
             check_rand(&unary_graph(op, d, &[9]), 5, 0.0);
         }
@@ -159,7 +188,13 @@ fn broadcasting_binary_f32() {
 #[test]
 fn integer_binary_ops() {
     for d in [DType::I64, DType::I32, DType::I8, DType::U8, DType::I16] {
-        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min] {
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Max,
+            BinaryOp::Min,
+        ] {
             for (a, b) in SHAPES {
                 check_rand(&binary_graph(op, d, a, b), 11, 0.0);
             }
@@ -220,9 +255,28 @@ fn casts_between_supported_types() {
 
 #[test]
 fn float_to_int_casts_saturate_and_truncate() {
-    let v = vec![1e10, -1e10, 300.7, -300.7, -0.9, 0.9, f32::NAN, 127.5, -128.9, 255.9, 2.5];
+    let v = vec![
+        1e10,
+        -1e10,
+        300.7,
+        -300.7,
+        -0.9,
+        0.9,
+        f32::NAN,
+        127.5,
+        -128.9,
+        255.9,
+        2.5,
+    ];
     let n = v.len();
-    for to in [DType::I8, DType::U8, DType::I16, DType::I32, DType::I64, DType::Bool] {
+    for to in [
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ] {
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::F32, [n]));
         let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
@@ -238,10 +292,46 @@ fn chained_elementwise_graph_with_constants() {
     let x = g.add_input("x", ValueType::new(DType::F32, [3, 17]));
     let c = g.add_const("c", common::f32_tensor(&mut rng, &[17]));
     let s = g.add_const("s", Tensor::scalar_f32(0.5));
-    let a = g.add_node(Op::Binary(BinaryOp::Mul), &[x, c], "mul").unwrap();
-    let b = g.add_node(Op::Binary(BinaryOp::Add), &[a, s], "add").unwrap();
-    let r = g.add_node(Op::Unary(UnaryOp::Sigmoid), &[b], "sig").unwrap();
+    let a = g
+        .add_node(Op::Binary(BinaryOp::Mul), &[x, c], "mul")
+        .unwrap();
+    let b = g
+        .add_node(Op::Binary(BinaryOp::Add), &[a, s], "add")
+        .unwrap();
+    let r = g
+        .add_node(Op::Unary(UnaryOp::Sigmoid), &[b], "sig")
+        .unwrap();
     g.add_output("r", r);
     g.add_output("a", a);
     check_with(&g, &[common::f32_tensor(&mut rng, &[3, 17])], 0.0);
+}
+
+#[test]
+fn tanh_is_accurate_over_a_dense_sweep() {
+    let n = 6001;
+    let g = unary_graph(UnaryOp::Tanh, DType::F32, &[n]);
+    let v: Vec<f32> = (0..n)
+        .map(|i| {
+            let t = -1.0 + 2.0 * i as f32 / (n - 1) as f32;
+            // Dense near zero and around the 0.3 switch, sparse far out.
+            t * t * t * 12.0
+        })
+        .collect();
+    check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
+    let v = vec![
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-7,
+        0.2999,
+        0.3,
+        0.3001,
+        9.0,
+        -20.0,
+        100.0,
+        f32::INFINITY,
+        f32::NAN,
+    ];
+    let g = unary_graph(UnaryOp::Tanh, DType::F32, &[v.len()]);
+    check(&g, &[Tensor::new([v.len()], Data::F32(v)).unwrap()]);
 }

@@ -46,7 +46,11 @@ pub fn shape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     } else {
         (0, dims.len())
     };
-    let v = if start < end { dims[start..end].to_vec() } else { vec![] };
+    let v = if start < end {
+        dims[start..end].to_vec()
+    } else {
+        vec![]
+    };
     let name = ctx.node_name().to_string();
     one(ctx.constant(Tensor::vec_i64(v), name))
 }
@@ -65,7 +69,9 @@ pub fn constant_of_shape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             let dtype = dtype_or_err(tp.data_type, &format!("{name}.value"))?;
             let t = ctx.tensor(tp, &format!("{name}.value"))?;
             if t.len() != 1 {
-                return Err(ctx.bad_attr("value", format!("must hold one element, has {}", t.len())));
+                return Err(
+                    ctx.bad_attr("value", format!("must hold one element, has {}", t.len()))
+                );
             }
             (dtype, t)
         }

@@ -33,7 +33,12 @@ impl Window {
         } else {
             (
                 [self.strides[0], self.strides[1]],
-                [self.pads_begin[0], self.pads_begin[1], self.pads_end[0], self.pads_end[1]],
+                [
+                    self.pads_begin[0],
+                    self.pads_begin[1],
+                    self.pads_end[0],
+                    self.pads_end[1],
+                ],
                 [self.dilations[0], self.dilations[1]],
             )
         }
@@ -79,7 +84,10 @@ pub(crate) fn window(
                 p[n..].iter().map(|&x| x as usize).collect(),
             ),
             Some(p) => {
-                return Err(ctx.bad_attr("pads", format!("expected {} non-negative values, got {p:?}", 2 * n)))
+                return Err(ctx.bad_attr(
+                    "pads",
+                    format!("expected {} non-negative values, got {p:?}", 2 * n),
+                ))
             }
         },
         "VALID" => (vec![0; n], vec![0; n]),
@@ -139,12 +147,19 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let xs = ctx.ty(x).shape.clone();
     let ws = ctx.ty(w).shape.clone();
     if ws.len() != xs.len() {
-        return Err(ctx.invalid(format!("W has rank {} but X has rank {}", ws.len(), xs.len())));
+        return Err(ctx.invalid(format!(
+            "W has rank {} but X has rank {}",
+            ws.len(),
+            xs.len()
+        )));
     }
     let kernel: Vec<usize> = ws[2..].to_vec();
     if let Some(k) = ctx.attr_ints(node, "kernel_shape")? {
         if k.len() != nsp || k.iter().zip(&kernel).any(|(&a, &b)| a != b as i64) {
-            return Err(ctx.bad_attr("kernel_shape", format!("{k:?} does not match W {:?}", ws.as_slice())));
+            return Err(ctx.bad_attr(
+                "kernel_shape",
+                format!("{k:?} does not match W {:?}", ws.as_slice()),
+            ));
         }
     }
     let group = ctx.attr_i_or(node, "group", 1)?;
@@ -170,5 +185,11 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     inputs.extend(b);
     let y = ctx.op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
-    one(ctx.op(Op::Reshape { shape: [ys[0], ys[1], ys[3]].into_iter().collect() }, &[y], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: [ys[0], ys[1], ys[3]].into_iter().collect(),
+        },
+        &[y],
+        None,
+    )?)
 }

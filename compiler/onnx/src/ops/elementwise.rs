@@ -17,15 +17,31 @@ pub(crate) fn scalar(ctx: &mut ImportCtx, dtype: DType, x: f64, name: &str) -> V
 }
 
 /// Reshapes `v` to `shape` (no node when it already has that shape).
-pub(crate) fn reshape_to(ctx: &mut ImportCtx, v: Val, shape: &[usize], suffix: &str) -> Result<Val, OnnxError> {
+pub(crate) fn reshape_to(
+    ctx: &mut ImportCtx,
+    v: Val,
+    shape: &[usize],
+    suffix: &str,
+) -> Result<Val, OnnxError> {
     if ctx.ty(v).shape.as_slice() == shape {
         return Ok(v);
     }
-    ctx.op(Op::Reshape { shape: shape.iter().copied().collect() }, &[v], Some(suffix))
+    ctx.op(
+        Op::Reshape {
+            shape: shape.iter().copied().collect(),
+        },
+        &[v],
+        Some(suffix),
+    )
 }
 
 /// Casts `v` to `dtype` (no node when it already has that type).
-pub(crate) fn cast_to(ctx: &mut ImportCtx, v: Val, dtype: DType, suffix: &str) -> Result<Val, OnnxError> {
+pub(crate) fn cast_to(
+    ctx: &mut ImportCtx,
+    v: Val,
+    dtype: DType,
+    suffix: &str,
+) -> Result<Val, OnnxError> {
     if ctx.ty(v).dtype == dtype {
         return Ok(v);
     }
@@ -41,7 +57,10 @@ fn binary(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> R {
         if let Some(axis) = ctx.attr_i(node, "axis")? {
             let axis = if axis < 0 { axis + ra as i64 } else { axis };
             if axis < 0 || axis as usize + rb > ra {
-                return Err(ctx.bad_attr("axis", format!("B of rank {rb} does not fit A of rank {ra} at axis {axis}")));
+                return Err(ctx.bad_attr(
+                    "axis",
+                    format!("B of rank {rb} does not fit A of rank {ra} at axis {axis}"),
+                ));
             }
             let mut shape = vec![1; axis as usize];
             shape.extend(ctx.ty(b).shape.iter().copied());
@@ -88,7 +107,11 @@ fn chain(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> Result<Val, Onn
     for (i, &x) in rest.iter().enumerate() {
         let suffix = format!("{}{}", op.name(), i + 1);
         let last = i + 1 == rest.len();
-        acc = ctx.op(Op::Binary(op), &[acc, x], (!last).then_some(suffix.as_str()))?;
+        acc = ctx.op(
+            Op::Binary(op),
+            &[acc, x],
+            (!last).then_some(suffix.as_str()),
+        )?;
     }
     Ok(acc)
 }
@@ -178,7 +201,10 @@ pub fn clip(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                 )),
             }
         };
-        (limit(ctx, 1, f32::NEG_INFINITY)?, limit(ctx, 2, f32::INFINITY)?)
+        (
+            limit(ctx, 1, f32::NEG_INFINITY)?,
+            limit(ctx, 2, f32::INFINITY)?,
+        )
     };
     unary(ctx, node, UnaryOp::Clip { min, max })
 }
@@ -198,7 +224,10 @@ pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     // axis may equal rank here (a [n, 1] view); normalize by hand.
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     if a < 0 || a as usize > rank {
-        return Err(ctx.bad_attr("axis", format!("axis {axis} is out of range for rank {rank}")));
+        return Err(ctx.bad_attr(
+            "axis",
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
     }
     let a = a as usize;
     if rank > 0 && a == rank - 1 {
@@ -209,5 +238,11 @@ pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let inner: usize = shape[a..].iter().product();
     let flat = reshape_to(ctx, x, &[outer, inner], "flatten")?;
     let sm = ctx.op(Op::Softmax { axis: 1 }, &[flat], Some("softmax"))?;
-    one(ctx.op(Op::Reshape { shape: shape.iter().copied().collect() }, &[sm], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: shape.iter().copied().collect(),
+        },
+        &[sm],
+        None,
+    )?)
 }

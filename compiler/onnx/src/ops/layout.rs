@@ -24,7 +24,13 @@ pub fn flatten(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = a as usize;
     let outer: usize = shape[..a].iter().product();
     let inner: usize = shape[a..].iter().product();
-    one(ctx.op(Op::Reshape { shape: [outer, inner].into_iter().collect() }, &[x], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: [outer, inner].into_iter().collect(),
+        },
+        &[x],
+        None,
+    )?)
 }
 
 /// Resolves an ONNX Reshape target (`0` copies the input dim unless
@@ -47,7 +53,11 @@ fn resolve_shape(
             -1 => return Err(bad(format!("more than one -1 in {target:?}"))),
             0 if !allowzero => match input.get(i) {
                 Some(&v) => out.push(v),
-                None => return Err(bad(format!("0 at position {i} of {target:?} has no input dim to copy"))),
+                None => {
+                    return Err(bad(format!(
+                        "0 at position {i} of {target:?} has no input dim to copy"
+                    )))
+                }
             },
             d if d >= 0 => out.push(d as usize),
             d => return Err(bad(format!("invalid dim {d} in {target:?}"))),
@@ -56,8 +66,10 @@ fn resolve_shape(
     let total: usize = input.iter().product();
     if let Some(i) = infer_at {
         let known: usize = out.iter().product();
-        if known == 0 || total % known != 0 {
-            return Err(bad(format!("cannot infer -1 in {target:?} for input shape {input:?}")));
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(bad(format!(
+                "cannot infer -1 in {target:?} for input shape {input:?}"
+            )));
         }
         out[i] = total / known;
     }
@@ -77,7 +89,13 @@ pub fn reshape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let allowzero = ctx.opset >= 14 && ctx.attr_i_or(node, "allowzero", 0)? != 0;
     let input = ctx.ty(x).shape.clone();
     let shape = resolve_shape(ctx, &input, &target, allowzero)?;
-    one(ctx.op(Op::Reshape { shape: shape.into_iter().collect() }, &[x], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: shape.into_iter().collect(),
+        },
+        &[x],
+        None,
+    )?)
 }
 
 /// `Transpose` (default: reverse the axes).
@@ -181,8 +199,12 @@ pub fn slice(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let shape = ctx.ty(x).shape.clone();
     let r = shape.len();
     let (starts, ends, axes, steps) = if ctx.opset < 10 {
-        let starts = ctx.attr_ints(node, "starts")?.ok_or_else(|| ctx.bad_attr("starts", "is required"))?;
-        let ends = ctx.attr_ints(node, "ends")?.ok_or_else(|| ctx.bad_attr("ends", "is required"))?;
+        let starts = ctx
+            .attr_ints(node, "starts")?
+            .ok_or_else(|| ctx.bad_attr("starts", "is required"))?;
+        let ends = ctx
+            .attr_ints(node, "ends")?
+            .ok_or_else(|| ctx.bad_attr("ends", "is required"))?;
         (starts, ends, ctx.attr_ints(node, "axes")?, None)
     } else {
         let starts = ctx.const_input(node, 1)?.to_i64_vec();
@@ -197,7 +219,12 @@ pub fn slice(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if ends.len() != n || axes.len() != n || steps.len() != n {
         return Err(ctx.bad_attr(
             "starts",
-            format!("starts, ends, axes and steps differ in length ({n}, {}, {}, {})", ends.len(), axes.len(), steps.len()),
+            format!(
+                "starts, ends, axes and steps differ in length ({n}, {}, {}, {})",
+                ends.len(),
+                axes.len(),
+                steps.len()
+            ),
         ));
     }
     let mut spec: Vec<Option<SliceAxis>> = vec![None; r];
@@ -214,7 +241,13 @@ pub fn slice(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let axes = spec
         .into_iter()
         .zip(shape.iter())
-        .map(|(s, &d)| s.unwrap_or(SliceAxis { start: 0, step: 1, len: d }))
+        .map(|(s, &d)| {
+            s.unwrap_or(SliceAxis {
+                start: 0,
+                step: 1,
+                len: d,
+            })
+        })
         .collect();
     one(ctx.op(Op::Slice { axes }, &[x], None)?)
 }
@@ -244,14 +277,28 @@ pub fn squeeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             for a in axes {
                 let i = ctx.axis("axes", a, shape.len())?;
                 if shape[i] != 1 {
-                    return Err(ctx.bad_attr("axes", format!("cannot squeeze axis {a} of size {}", shape[i])));
+                    return Err(ctx.bad_attr(
+                        "axes",
+                        format!("cannot squeeze axis {a} of size {}", shape[i]),
+                    ));
                 }
                 drop[i] = true;
             }
         }
     }
-    let out: Vec<usize> = shape.iter().zip(&drop).filter(|(_, &d)| !d).map(|(&s, _)| s).collect();
-    one(ctx.op(Op::Reshape { shape: out.into_iter().collect() }, &[x], None)?)
+    let out: Vec<usize> = shape
+        .iter()
+        .zip(&drop)
+        .filter(|(_, &d)| !d)
+        .map(|(&s, _)| s)
+        .collect();
+    one(ctx.op(
+        Op::Reshape {
+            shape: out.into_iter().collect(),
+        },
+        &[x],
+        None,
+    )?)
 }
 
 /// `Unsqueeze` → Reshape (axes refer to the output rank).
@@ -270,9 +317,21 @@ pub fn unsqueeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let mut dims = shape.iter();
     let out: Vec<usize> = insert
         .iter()
-        .map(|&ins| if ins { 1 } else { *dims.next().expect("rank counted") })
+        .map(|&ins| {
+            if ins {
+                1
+            } else {
+                *dims.next().expect("rank counted")
+            }
+        })
         .collect();
-    one(ctx.op(Op::Reshape { shape: out.into_iter().collect() }, &[x], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: out.into_iter().collect(),
+        },
+        &[x],
+        None,
+    )?)
 }
 
 /// `Cast` (`to` is a type code from opset 6, a type name before).
@@ -283,11 +342,15 @@ pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         None => return Err(ctx.bad_attr("to", "is required")),
         Some(a) if a.r#type == AttributeType::String as i32 => {
             let name = String::from_utf8_lossy(&a.s).into_owned();
-            dtype_from_onnx_name(&name).ok_or(OnnxError::UnsupportedDType { value: what, dtype: name })?
+            dtype_from_onnx_name(&name).ok_or(OnnxError::UnsupportedDType {
+                value: what,
+                dtype: name,
+            })?
         }
         Some(_) => {
             let code = ctx.attr_i(node, "to")?.unwrap_or_default();
-            let code = i32::try_from(code).map_err(|_| ctx.bad_attr("to", format!("invalid type code {code}")))?;
+            let code = i32::try_from(code)
+                .map_err(|_| ctx.bad_attr("to", format!("invalid type code {code}")))?;
             dtype_or_err(code, &what)?
         }
     };
@@ -343,8 +406,12 @@ pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let target: Vec<usize> = target.iter().map(|&d| d as usize).collect();
     let xs = ctx.ty(x).shape.clone();
-    let out = broadcast_shapes(&xs, &target)
-        .ok_or_else(|| ctx.bad_attr("shape", format!("{target:?} does not broadcast with {:?}", xs.as_slice())))?;
+    let out = broadcast_shapes(&xs, &target).ok_or_else(|| {
+        ctx.bad_attr(
+            "shape",
+            format!("{target:?} does not broadcast with {:?}", xs.as_slice()),
+        )
+    })?;
     if out == xs {
         return one(x);
     }
@@ -353,7 +420,10 @@ pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "Expand of a value computed at run time is not supported yet (Kiln's IR has no broadcast op); only constant inputs fold",
         ));
     };
-    let bytes = out.iter().product::<usize>().saturating_mul(t.dtype().size_bytes());
+    let bytes = out
+        .iter()
+        .product::<usize>()
+        .saturating_mul(t.dtype().size_bytes());
     if bytes > FOLD_LIMIT_BYTES {
         return Err(ctx.unsupported(format!(
             "Expand would fold into a {bytes}-byte constant, more than the {FOLD_LIMIT_BYTES}-byte folding limit"
@@ -396,10 +466,19 @@ mod tests {
     fn reshape_targets() {
         let opts = crate::ImportOptions::default();
         let ctx = ImportCtx::new(13, &opts, None);
-        assert_eq!(resolve_shape(&ctx, &[2, 3, 4], &[0, -1], false).unwrap(), vec![2, 12]);
-        assert_eq!(resolve_shape(&ctx, &[2, 3, 4], &[-1], false).unwrap(), vec![24]);
+        assert_eq!(
+            resolve_shape(&ctx, &[2, 3, 4], &[0, -1], false).unwrap(),
+            vec![2, 12]
+        );
+        assert_eq!(
+            resolve_shape(&ctx, &[2, 3, 4], &[-1], false).unwrap(),
+            vec![24]
+        );
         assert!(resolve_shape(&ctx, &[2, 3, 4], &[-1, -1], false).is_err());
         assert!(resolve_shape(&ctx, &[2, 3, 4], &[5, -1], false).is_err());
-        assert_eq!(resolve_shape(&ctx, &[0, 3], &[0, 3], true).unwrap(), vec![0, 3]);
+        assert_eq!(
+            resolve_shape(&ctx, &[0, 3], &[0, 3], true).unwrap(),
+            vec![0, 3]
+        );
     }
 }

@@ -16,7 +16,9 @@ type R = Result<Vec<Val>, OnnxError>;
 /// Training mode and the statistics outputs are rejected up front.
 pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
-    let params: Vec<Val> = (1..5).map(|i| ctx.input(node, i)).collect::<Result<_, _>>()?;
+    let params: Vec<Val> = (1..5)
+        .map(|i| ctx.input(node, i))
+        .collect::<Result<_, _>>()?;
     let eps = ctx.attr_f_or(node, "epsilon", 1e-5)? as f64;
     let xt = ctx.ty(x).clone();
     if xt.shape.len() < 2 {
@@ -50,7 +52,9 @@ pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let (scale, bias, mean, var) = (&k[0], &k[1], &k[2], &k[3]);
         let a: Vec<f64> = (0..n).map(|i| scale[i] / (var[i] + eps).sqrt()).collect();
         let b: Vec<f64> = (0..n).map(|i| bias[i] - mean[i] * a[i]).collect();
-        let mk = |v: Vec<f64>| Tensor::new(&pshape, Data::from_f64s(xt.dtype, v.into_iter())).expect("param shape");
+        let mk = |v: Vec<f64>| {
+            Tensor::new(&pshape, Data::from_f64s(xt.dtype, v.into_iter())).expect("param shape")
+        };
         let name = ctx.node_name().to_string();
         (
             ctx.constant(mk(a), format!("{name}/scale")),

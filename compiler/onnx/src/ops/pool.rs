@@ -19,13 +19,22 @@ fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R
         Some(k) if k.len() == nsp && k.iter().all(|&v| v > 0) => {
             k.iter().map(|&v| v as usize).collect::<Vec<_>>()
         }
-        Some(k) => return Err(ctx.bad_attr("kernel_shape", format!("expected {nsp} positive values, got {k:?}"))),
+        Some(k) => {
+            return Err(ctx.bad_attr(
+                "kernel_shape",
+                format!("expected {nsp} positive values, got {k:?}"),
+            ))
+        }
         None => return Err(ctx.bad_attr("kernel_shape", "is required")),
     };
     let win = window(ctx, node, &xs[2..], &kernel)?;
     let ceil_mode = ctx.attr_i_or(node, "ceil_mode", 0)? != 0;
     let (strides, pads, dilations) = win.to_2d();
-    let kernel2 = if nsp == 1 { [1, kernel[0]] } else { [kernel[0], kernel[1]] };
+    let kernel2 = if nsp == 1 {
+        [1, kernel[0]]
+    } else {
+        [kernel[0], kernel[1]]
+    };
     let op = make(Pool2d {
         kernel: kernel2,
         strides,
@@ -39,7 +48,13 @@ fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R
     let x4 = lift(ctx, x, "x2d")?;
     let y = ctx.op(op, &[x4], Some("pool2d"))?;
     let ys = ctx.ty(y).shape.clone();
-    one(ctx.op(Op::Reshape { shape: [ys[0], ys[1], ys[3]].into_iter().collect() }, &[y], None)?)
+    one(ctx.op(
+        Op::Reshape {
+            shape: [ys[0], ys[1], ys[3]].into_iter().collect(),
+        },
+        &[y],
+        None,
+    )?)
 }
 
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`

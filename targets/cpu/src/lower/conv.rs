@@ -129,7 +129,7 @@ pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError>
             for_range(kb, 0, (full * ocb) as i64, ocb as i64, &mut |kb, oc0| {
                 rows(kb, ocb, oc0)
             });
-            if og % ocb != 0 {
+            if !og.is_multiple_of(ocb) {
                 let oc0 = kb.iconst((full * ocb) as i64);
                 rows(kb, og % ocb, oc0);
             }
@@ -246,9 +246,7 @@ impl Tile<'_> {
                         })
                         .collect();
                     for o in 0..self.ocb {
-                        let woff = ((o as i64 * g.cg as i64) * ksize
-                            + (th * g.kw + tw) as i64)
-                            * 4;
+                        let woff = ((o as i64 * g.cg as i64) * ksize + (th * g.kw + tw) as i64) * 4;
                         let ws = kb.load(F32, wc, woff);
                         let wv = if any_vec {
                             Some(kb.b.ins().splat(F32X4, ws))

@@ -85,7 +85,15 @@ pub(crate) fn map(
         .collect();
     nest(kb, outer, &bases, &outer_st, &mut |kb, ptrs| {
         if vec_ok {
-            inner_vector(kb, inner, osize, vector.expect("vec_ok"), ptrs, &inner_st, f);
+            inner_vector(
+                kb,
+                inner,
+                osize,
+                vector.expect("vec_ok"),
+                ptrs,
+                &inner_st,
+                f,
+            );
         } else {
             for_range(kb, 0, inner as i64, 1, &mut |kb, i| {
                 let vals: Vec<Value> = (0..ins.len())

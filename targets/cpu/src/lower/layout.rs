@@ -183,7 +183,9 @@ pub(crate) fn gather(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuErr
         let adj = kb.b.ins().iadd_imm_s(raw, dim);
         let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, raw, 0);
         let v = kb.b.ins().select(neg, adj, raw);
-        let oob = kb.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, v, dim);
+        let oob =
+            kb.b.ins()
+                .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, v, dim);
         let ok = kb.b.create_block();
         kb.b.ins().brif(oob, fail, &[], ok, &[]);
         kb.b.switch_to_block(ok);

@@ -9,7 +9,7 @@
 
 use cranelift_codegen::ir::types::{F32, F32X4};
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_ir::{Data, DType};
+use kiln_ir::{DType, Data};
 
 use super::elementwise::broadcast_strides;
 use super::loops::{collapse, for_range, for_range_carry, nest};
@@ -65,8 +65,10 @@ fn emit(kb: &mut Kb, g: &Gemm) {
         return;
     }
     let full = g.m / MR;
-    for_range(kb, 0, (full * MR) as i64, MR as i64, &mut |kb, i0| rows(kb, g, MR, i0));
-    if g.m % MR != 0 {
+    for_range(kb, 0, (full * MR) as i64, MR as i64, &mut |kb, i0| {
+        rows(kb, g, MR, i0)
+    });
+    if !g.m.is_multiple_of(MR) {
         let i0 = kb.iconst((full * MR) as i64);
         rows(kb, g, g.m % MR, i0);
     }

@@ -9,6 +9,9 @@ use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
 
 use super::Kb;
 
+/// A loop body with carried values: `(builder, induction var, carried) -> next carried`.
+pub(crate) type CarryBody<'a> = dyn FnMut(&mut Kb, Value, &[Value]) -> Vec<Value> + 'a;
+
 /// Runs `body(i, carried)` for `i = start, start + step, ... < end`
 /// (`step > 0`), threading the carried values; returns their final values.
 pub(crate) fn for_range_carry(
@@ -17,7 +20,7 @@ pub(crate) fn for_range_carry(
     end: i64,
     step: i64,
     carry: &[Value],
-    body: &mut dyn FnMut(&mut Kb, Value, &[Value]) -> Vec<Value>,
+    body: &mut CarryBody,
 ) -> Vec<Value> {
     debug_assert!(step > 0);
     let trips = if end > start {
@@ -33,10 +36,7 @@ pub(crate) fn for_range_carry(
         return body(kb, i, carry);
     }
     let limit = start + trips * step;
-    let types: Vec<_> = carry
-        .iter()
-        .map(|&v| kb.b.func.dfg.value_type(v))
-        .collect();
+    let types: Vec<_> = carry.iter().map(|&v| kb.b.func.dfg.value_type(v)).collect();
     let header = kb.b.create_block();
     kb.b.append_block_param(header, I64);
     for &t in &types {

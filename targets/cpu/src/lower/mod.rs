@@ -160,7 +160,10 @@ impl Kb<'_> {
                 let name = self
                     .b
                     .func
-                    .declare_imported_user_function(UserExternalName::new(HOST_NAMESPACE, f as u32));
+                    .declare_imported_user_function(UserExternalName::new(
+                        HOST_NAMESPACE,
+                        f as u32,
+                    ));
                 let r = self.b.import_function(ExtFuncData {
                     name: ExternalName::user(name),
                     signature,
@@ -298,7 +301,9 @@ pub(crate) fn lower_job(
     };
     match job {
         Job::Node(id) => lower_node(&mut kb, graph, plan, *id)?,
-        Job::Copy { src, dst, bytes, .. } => {
+        Job::Copy {
+            src, dst, bytes, ..
+        } => {
             let s = kb.ptr(*src);
             let d = kb.ptr(*dst);
             layout::copy_bytes(&mut kb, d, s, *bytes);

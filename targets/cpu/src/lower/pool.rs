@@ -236,9 +236,18 @@ mod tests {
         // 3-tap window, pad 1, stride 1 over 5 inputs: left border, interior, right border.
         let s = window_segments(5, 5, 3, 1, 1, 1, 1);
         assert_eq!(s.len(), 3);
-        assert_eq!((s[0].start, s[0].len, s[0].taps.clone()), (0, 1, vec![1, 2]));
-        assert_eq!((s[1].start, s[1].len, s[1].taps.clone()), (1, 3, vec![0, 1, 2]));
-        assert_eq!((s[2].start, s[2].len, s[2].taps.clone()), (4, 1, vec![0, 1]));
+        assert_eq!(
+            (s[0].start, s[0].len, s[0].taps.clone()),
+            (0, 1, vec![1, 2])
+        );
+        assert_eq!(
+            (s[1].start, s[1].len, s[1].taps.clone()),
+            (1, 3, vec![0, 1, 2])
+        );
+        assert_eq!(
+            (s[2].start, s[2].len, s[2].taps.clone()),
+            (4, 1, vec![0, 1])
+        );
         assert!(s.iter().all(|s| s.padded == 3));
     }
 }

@@ -77,8 +77,7 @@ pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_run
         .map(|i| TensorRef::new(&names[i], fdtype(inputs[i].dtype()), &shapes[i], &datas[i]))
         .collect();
     let outs = model.run(&refs)?;
-    Ok(g
-        .outputs()
+    Ok(g.outputs()
         .iter()
         .zip(outs)
         .map(|((_, id), t)| {
@@ -101,12 +100,19 @@ pub fn check_with(g: &Graph, inputs: &[Tensor], abs_scale: f64) {
         if e.dtype().is_float() {
             let ev = e.to_f64_vec();
             let av = a.to_f64_vec();
-            let scale = ev.iter().fold(0.0f64, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
+            let scale = ev.iter().fold(
+                0.0f64,
+                |m, v| if v.is_finite() { m.max(v.abs()) } else { m },
+            );
             for (i, (x, y)) in ev.iter().zip(&av).enumerate() {
                 let ok = (x.is_nan() && y.is_nan())
                     || x == y
                     || (x - y).abs() <= 1e-5 * x.abs() + abs_scale * scale + 1e-37;
-                assert!(ok, "output {k} element {i}: expected {x}, got {y} (graph outputs {:?})", g.outputs());
+                assert!(
+                    ok,
+                    "output {k} element {i}: expected {x}, got {y} (graph outputs {:?})",
+                    g.outputs()
+                );
             }
         } else {
             assert_eq!(e.data(), a.data(), "output {k}");

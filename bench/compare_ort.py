@@ -1,0 +1,73 @@
+"""Latency of Kiln beside onnxruntime on the same fixture models, inputs and
+machine, one thread each, in the same run.
+
+    .venv/bin/python bench/compare_ort.py [--runs 300] [fixture ...]
+
+Builds nothing: expects target/release/kiln (cargo build --release -p kiln).
+Prints a table of p50/p95 per fixture and the ratio ORT p50 / Kiln p50
+(above 1 means Kiln is faster).
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KILN = os.path.join(ROOT, "target", "release", "kiln")
+DEFAULT = ["ppocr_cls", "digits_cnn", "digits_mlp", "op_conv_basic", "op_gemm_basic"]
+
+
+def ort_bench(fixture_dir, meta, runs, warmup):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(os.path.join(fixture_dir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+    feeds = {i["name"]: np.load(os.path.join(fixture_dir, i["file"])) for i in meta["inputs"]}
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return np.percentile(times, 50), np.percentile(times, 95)
+
+
+def kiln_bench(fixture_dir, meta, runs, warmup, tmp):
+    art = os.path.join(tmp, meta["name"] + ".kiln")
+    cmd = [KILN, "compile", os.path.join(fixture_dir, "model.onnx"), "-o", art]
+    for name, dims in meta.get("input_shapes", {}).items():
+        cmd += ["--input-shape", f"{name}=" + "x".join(str(d) for d in dims)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    cmd = [KILN, "bench", art, "--runs", str(runs), "--warmup", str(warmup), "--json"]
+    for i in meta["inputs"]:
+        cmd += ["--input", f"{i['name']}={os.path.join(fixture_dir, i['file'])}"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return out["p50_ms"], out["p95_ms"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("fixtures", nargs="*", default=DEFAULT)
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    args = ap.parse_args()
+    print(f"onnxruntime {ort.__version__}, 1 thread, {args.runs} runs after {args.warmup} warm-up")
+    print(f"{'fixture':<22} {'kiln p50':>10} {'kiln p95':>10} {'ort p50':>10} {'ort p95':>10} {'ort/kiln':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.fixtures:
+            d = os.path.join(ROOT, "fixtures", "models", name)
+            meta = json.load(open(os.path.join(d, "meta.json")))
+            k50, k95 = kiln_bench(d, meta, args.runs, args.warmup, tmp)
+            o50, o95 = ort_bench(d, meta, args.runs, args.warmup)
+            print(f"{name:<22} {k50:>9.3f}ms {k95:>9.3f}ms {o50:>9.3f}ms {o95:>9.3f}ms {o50 / k50:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,765 @@
+//! Frontend behaviour on hand-built ModelProtos: malformed models, error
+//! messages, external data, size limits, folding.
+
+use kiln_ir::{BinaryOp, DType, Data, Op};
+use kiln_onnx::pb::attribute_proto::AttributeType;
+use kiln_onnx::pb::tensor_shape_proto::{dimension, Dimension};
+use kiln_onnx::pb::type_proto;
+use kiln_onnx::pb::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use kiln_onnx::{
+    import, import_model, load_model, summarize, DimSummary, ImportOptions, OnnxError,
+};
+use prost::Message;
+use std::path::{Path, PathBuf};
+
+// ---- builders ----
+
+enum D {
+    K(i64),
+    S(&'static str),
+}
+
+fn value_info(name: &str, elem: i32, dims: &[D]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            denotation: String::new(),
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| Dimension {
+                            denotation: String::new(),
+                            value: Some(match d {
+                                D::K(v) => dimension::Value::DimValue(*v),
+                                D::S(s) => dimension::Value::DimParam(s.to_string()),
+                            }),
+                        })
+                        .collect(),
+                }),
+            })),
+        }),
+        doc_string: String::new(),
+    }
+}
+
+fn f32_input(name: &str, dims: &[i64]) -> ValueInfoProto {
+    value_info(name, 1, &dims.iter().map(|&d| D::K(d)).collect::<Vec<_>>())
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn attr_i(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Int as i32,
+        i,
+        ..Default::default()
+    }
+}
+
+fn attr_f(name: &str, f: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Float as i32,
+        f,
+        ..Default::default()
+    }
+}
+
+fn f32_tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    }
+}
+
+fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: &[&str],
+    inits: Vec<TensorProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
+        producer_name: "kiln-tests".into(),
+        graph: Some(GraphProto {
+            name: "g".into(),
+            node: nodes,
+            input: inputs,
+            output: outputs
+                .iter()
+                .map(|o| ValueInfoProto {
+                    name: o.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            initializer: inits,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn relu_model() -> ModelProto {
+    model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![f32_input("x", &[2, 3])],
+        &["y"],
+        vec![],
+    )
+}
+
+fn err(m: &ModelProto) -> OnnxError {
+    import_model(m, None, &ImportOptions::default()).expect_err("import should fail")
+}
+
+/// A fresh directory under the system temp dir.
+fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "kiln-onnx-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write_model(dir: &Path, m: &ModelProto) -> PathBuf {
+    let p = dir.join("model.onnx");
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    p
+}
+
+// ---- decoding ----
+
+#[test]
+fn truncated_file_is_not_a_valid_model() {
+    let dir = temp_dir("trunc");
+    let bytes = relu_model().encode_to_vec();
+    let p = dir.join("model.onnx");
+    std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
+    let e = load_model(&p).unwrap_err();
+    assert!(matches!(e, OnnxError::Decode(_)), "{e:?}");
+    assert!(e.to_string().starts_with("not a valid ONNX model: "), "{e}");
+}
+
+#[test]
+fn non_onnx_file_is_rejected() {
+    let dir = temp_dir("garbage");
+    let p = dir.join("model.onnx");
+    std::fs::write(&p, b"this is certainly not a protobuf \xff\xff\xff\xff").unwrap();
+    let e = import(&p, &ImportOptions::default()).unwrap_err();
+    assert!(matches!(e, OnnxError::Decode(_)), "{e:?}");
+    std::fs::write(&p, b"").unwrap();
+    assert!(matches!(load_model(&p).unwrap_err(), OnnxError::Decode(_)));
+    let missing = dir.join("nope.onnx");
+    assert!(matches!(
+        load_model(&missing).unwrap_err(),
+        OnnxError::Io { .. }
+    ));
+}
+
+#[test]
+fn valid_model_round_trips_through_a_file() {
+    let dir = temp_dir("ok");
+    let p = write_model(&dir, &relu_model());
+    let g = import(&p, &ImportOptions::default()).unwrap();
+    kiln_ir::verify::verify(&g).unwrap();
+    assert_eq!(g.outputs()[0].0, "y");
+    assert_eq!(g.node(g.outputs()[0].1).ty.shape.as_slice(), &[2, 3]);
+}
+
+// ---- structure ----
+
+#[test]
+fn cycle_is_reported_with_a_node() {
+    let m = model(
+        vec![
+            node("Add", "a", &["x", "c"], &["b"]),
+            node("Relu", "r", &["b"], &["c"]),
+            node("Relu", "out", &["b"], &["y"]),
+        ],
+        vec![f32_input("x", &[2])],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    match &e {
+        OnnxError::Cycle(n) => assert!(n == "a" || n == "r", "{n}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("cycle"), "{e}");
+}
+
+#[test]
+fn nodes_out_of_order_still_import() {
+    let m = model(
+        vec![
+            node("Relu", "second", &["h"], &["y"]),
+            node("Neg", "first", &["x"], &["h"]),
+        ],
+        vec![f32_input("x", &[2])],
+        &["y"],
+        vec![],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    kiln_ir::verify::verify(&g).unwrap();
+}
+
+#[test]
+fn missing_initializer_is_reported() {
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[2, 3])],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    match &e {
+        OnnxError::MissingInput { node, input } => {
+            assert_eq!((node.as_str(), input.as_str()), ("mm", "W"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        e.to_string().contains("'mm'") && e.to_string().contains("'W'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn dangling_input_name_is_reported() {
+    let m = model(
+        vec![
+            node("Relu", "", &["x"], &["h"]),
+            node("Add", "", &["h", "typo_h"], &["y"]),
+        ],
+        vec![f32_input("x", &[2])],
+        &["y"],
+        vec![],
+    );
+    match err(&m) {
+        OnnxError::MissingInput { node, input } => {
+            assert_eq!(node, "Add_1");
+            assert_eq!(input, "typo_h");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---- unsupported ops ----
+
+#[test]
+fn unsupported_op_names_op_node_domain_and_opset() {
+    let m = model(
+        vec![node("LSTM", "rnn1", &["x"], &["y"])],
+        vec![f32_input("x", &[2])],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    let OnnxError::Unsupported(list) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(list.len(), 1);
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("unsupported op 'LSTM' (domain 'ai.onnx', opset 13) at node 'rnn1': "),
+        "{msg}"
+    );
+    assert!(msg.contains("Kiln does not implement LSTM yet"), "{msg}");
+}
+
+#[test]
+fn all_unsupported_ops_are_reported_together() {
+    let mut custom = node("FancyOp", "f", &["h"], &["h2"]);
+    custom.domain = "com.example".into();
+    let mut m = model(
+        vec![
+            node("Erf", "erf0", &["x"], &["h"]),
+            custom,
+            node("Relu", "fine", &["h2"], &["h3"]),
+            node("NonZero", "", &["h3"], &["y"]),
+        ],
+        vec![f32_input("x", &[2])],
+        &["y"],
+        vec![],
+    );
+    m.opset_import.push(OperatorSetIdProto {
+        domain: "com.example".into(),
+        version: 3,
+    });
+    let e = err(&m);
+    let OnnxError::Unsupported(list) = &e else {
+        panic!("{e:?}")
+    };
+    let got: Vec<_> = list
+        .iter()
+        .map(|u| {
+            (
+                u.op_type.as_str(),
+                u.node_name.as_str(),
+                u.domain.as_str(),
+                u.opset,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("Erf", "erf0", "ai.onnx", 13),
+            ("FancyOp", "f", "com.example", 3),
+            ("NonZero", "NonZero_3", "ai.onnx", 13)
+        ]
+    );
+    let msg = e.to_string();
+    assert!(msg.starts_with("3 unsupported ops:"), "{msg}");
+    assert!(msg.contains("domain 'com.example'"), "{msg}");
+}
+
+#[test]
+fn used_maxpool_indices_are_unsupported() {
+    let mut n = node("MaxPool", "mp", &["x"], &["y", "idx"]);
+    n.attribute.push(AttributeProto {
+        name: "kernel_shape".into(),
+        r#type: AttributeType::Ints as i32,
+        ints: vec![2, 2],
+        ..Default::default()
+    });
+    let m = model(
+        vec![n.clone()],
+        vec![f32_input("x", &[1, 1, 4, 4])],
+        &["y", "idx"],
+        vec![],
+    );
+    let e = err(&m);
+    assert!(e.to_string().contains("'Indices'"), "{e}");
+    // Unused Indices are fine.
+    let m = model(vec![n], vec![f32_input("x", &[1, 1, 4, 4])], &["y"], vec![]);
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    assert_eq!(g.node(g.outputs()[0].1).ty.shape.as_slice(), &[1, 1, 3, 3]);
+}
+
+#[test]
+fn non_constant_reshape_target_is_unsupported() {
+    let m = model(
+        vec![node("Reshape", "rs", &["x", "s"], &["y"])],
+        vec![f32_input("x", &[2, 3]), value_info("s", 7, &[D::K(2)])],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    assert!(
+        e.to_string()
+            .contains("input 1 must be a compile-time constant"),
+        "{e}"
+    );
+}
+
+// ---- dims ----
+
+#[test]
+fn unbound_symbolic_dim_names_input_and_dim() {
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![value_info(
+            "x",
+            1,
+            &[D::S("batch"), D::K(3), D::K(224), D::K(224)],
+        )],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    match &e {
+        OnnxError::UnboundDim {
+            input,
+            dim_index,
+            dim_name,
+            ..
+        } => {
+            assert_eq!(
+                (input.as_str(), *dim_index, dim_name.as_deref()),
+                ("x", 0, Some("batch"))
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        "input 'x' dim 0 ('batch') is symbolic; bind it with --input-shape x=1x3x224x224 or --dim batch=1"
+    );
+
+    // Bound by --dim.
+    let mut opts = ImportOptions::default();
+    opts.dims.insert("batch".into(), 5);
+    let g = import_model(&m, None, &opts).unwrap();
+    assert_eq!(g.node(g.inputs()[0]).ty.shape.as_slice(), &[5, 3, 224, 224]);
+
+    // Bound by --input-shape; a contradicting known dim is refused.
+    let mut opts = ImportOptions::default();
+    opts.input_shapes.insert("x".into(), vec![2, 3, 224, 224]);
+    let g = import_model(&m, None, &opts).unwrap();
+    assert_eq!(g.node(g.inputs()[0]).ty.shape.as_slice(), &[2, 3, 224, 224]);
+    opts.input_shapes.insert("x".into(), vec![2, 4, 224, 224]);
+    assert!(matches!(
+        import_model(&m, None, &opts).unwrap_err(),
+        OnnxError::InputShape { .. }
+    ));
+    opts.input_shapes.clear();
+    opts.input_shapes.insert("nope".into(), vec![1]);
+    assert!(matches!(
+        import_model(&m, None, &opts).unwrap_err(),
+        OnnxError::InputShape { .. }
+    ));
+}
+
+#[test]
+fn summary_keeps_symbolic_dims() {
+    let m = model(
+        vec![
+            node("Relu", "r", &["x"], &["y"]),
+            node("Relu", "r2", &["y"], &["z"]),
+        ],
+        vec![value_info("x", 1, &[D::S("batch"), D::K(3)])],
+        &["z"],
+        vec![f32_tensor("unused", &[4], &[1.0; 4])],
+    );
+    let s = summarize(&m);
+    assert_eq!(
+        s.inputs[0].dims,
+        vec![DimSummary::Symbolic("batch".into()), DimSummary::Known(3)]
+    );
+    assert_eq!(s.inputs[0].dtype, "f32");
+    assert_eq!(s.op_histogram.get("Relu"), Some(&2));
+    assert_eq!((s.initializer_count, s.initializer_bytes), (1, 16));
+    assert_eq!(s.opsets, vec![("ai.onnx".to_string(), 13)]);
+}
+
+// ---- attributes ----
+
+#[test]
+fn wrong_attribute_type_is_reported() {
+    let mut n = node("LeakyRelu", "lr", &["x"], &["y"]);
+    n.attribute.push(attr_i("alpha", 2));
+    let m = model(vec![n], vec![f32_input("x", &[2])], &["y"], vec![]);
+    let e = err(&m);
+    match &e {
+        OnnxError::AttributeType {
+            node,
+            attribute,
+            expected,
+            found,
+        } => {
+            assert_eq!((node.as_str(), attribute.as_str()), ("lr", "alpha"));
+            assert_eq!((expected.as_str(), found.as_str()), ("FLOAT", "INT"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn shape_errors_name_the_node() {
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![f32_input("x", &[2, 3]), f32_input("w", &[4, 5])],
+        &["y"],
+        vec![],
+    );
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::Node { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("node 'mm' (MatMul): "), "{e}");
+}
+
+// ---- external data and sizes ----
+
+fn external_model(location: &str, offset: Option<u64>, length: Option<u64>) -> ModelProto {
+    let mut entries = vec![StringStringEntryProto {
+        key: "location".into(),
+        value: location.into(),
+    }];
+    if let Some(o) = offset {
+        entries.push(StringStringEntryProto {
+            key: "offset".into(),
+            value: o.to_string(),
+        });
+    }
+    if let Some(l) = length {
+        entries.push(StringStringEntryProto {
+            key: "length".into(),
+            value: l.to_string(),
+        });
+    }
+    let w = TensorProto {
+        name: "W".into(),
+        dims: vec![3],
+        data_type: 1,
+        data_location: Some(1),
+        external_data: entries,
+        ..Default::default()
+    };
+    model(
+        vec![node("Add", "add", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[3])],
+        &["y"],
+        vec![w],
+    )
+}
+
+#[test]
+fn external_data_is_read_from_the_model_directory() {
+    let dir = temp_dir("ext");
+    let mut bytes = vec![0xAAu8; 8]; // padding before the tensor
+    for x in [1.5f32, -2.0, 3.25] {
+        bytes.extend(x.to_le_bytes());
+    }
+    std::fs::create_dir_all(dir.join("weights")).unwrap();
+    std::fs::write(dir.join("weights/w.bin"), &bytes).unwrap();
+    let p = write_model(&dir, &external_model("weights/w.bin", Some(8), Some(12)));
+    let g = import(&p, &ImportOptions::default()).unwrap();
+    let add = g.outputs()[0].1;
+    let w = g.inputs_of(add)[1];
+    assert_eq!(g.constant(w).unwrap().to_f32_vec(), vec![1.5, -2.0, 3.25]);
+
+    // Out-of-range offset and missing files are errors, not panics.
+    let p = write_model(&dir, &external_model("weights/w.bin", Some(16), None));
+    assert!(matches!(
+        import(&p, &ImportOptions::default()).unwrap_err(),
+        OnnxError::ExternalData { .. }
+    ));
+    let p = write_model(&dir, &external_model("weights/missing.bin", None, None));
+    assert!(matches!(
+        import(&p, &ImportOptions::default()).unwrap_err(),
+        OnnxError::ExternalData { .. }
+    ));
+}
+
+#[test]
+fn external_data_outside_the_model_directory_is_refused() {
+    let root = temp_dir("escape");
+    let inner = root.join("model");
+    std::fs::create_dir_all(&inner).unwrap();
+    let mut secret = Vec::new();
+    for x in [1.0f32, 2.0, 3.0] {
+        secret.extend(x.to_le_bytes());
+    }
+    std::fs::write(root.join("secret.bin"), &secret).unwrap();
+    for loc in ["../secret.bin", "sub/../../secret.bin"] {
+        let p = write_model(&inner, &external_model(loc, None, None));
+        let e = import(&p, &ImportOptions::default()).unwrap_err();
+        assert!(matches!(e, OnnxError::ExternalData { .. }), "{loc}: {e:?}");
+        assert!(
+            e.to_string()
+                .contains("relative path inside the model directory"),
+            "{e}"
+        );
+    }
+    let abs = root.join("secret.bin").display().to_string();
+    let p = write_model(&inner, &external_model(&abs, None, None));
+    assert!(matches!(
+        import(&p, &ImportOptions::default()).unwrap_err(),
+        OnnxError::ExternalData { .. }
+    ));
+    // A symlink pointing outside is refused as well.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(root.join("secret.bin"), inner.join("link.bin")).unwrap();
+        let p = write_model(&inner, &external_model("link.bin", None, None));
+        let e = import(&p, &ImportOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("outside the model directory"), "{e}");
+    }
+}
+
+#[test]
+fn huge_declared_initializer_in_a_tiny_file_is_too_large() {
+    // 2^40 floats declared, 4 bytes present: refused before allocating.
+    let w = f32_tensor("W", &[1 << 40], &[1.0]);
+    let m = model(
+        vec![node("Add", "add", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[1])],
+        &["y"],
+        vec![w],
+    );
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    assert!(e.to_string().contains("'W'"), "{e}");
+
+    // Under the limit but more than the data present: also refused.
+    let w = f32_tensor("W", &[100_000_000], &[1.0]);
+    let m = model(
+        vec![node("Add", "add", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[1])],
+        &["y"],
+        vec![w],
+    );
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    assert!(e.to_string().contains("only 4 bytes"), "{e}");
+
+    // Overflowing dims.
+    let w = f32_tensor("W", &[i64::MAX, i64::MAX], &[1.0]);
+    let m = model(
+        vec![node("Add", "add", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[1])],
+        &["y"],
+        vec![w],
+    );
+    assert!(matches!(err(&m), OnnxError::TooLarge { .. }));
+
+    // A lower limit applies.
+    let w = f32_tensor("W", &[4], &[1.0; 4]);
+    let m = model(
+        vec![node("Add", "add", &["x", "W"], &["y"])],
+        vec![f32_input("x", &[4])],
+        &["y"],
+        vec![w],
+    );
+    let opts = ImportOptions {
+        max_initializer_bytes: 8,
+        ..Default::default()
+    };
+    assert!(matches!(
+        import_model(&m, None, &opts).unwrap_err(),
+        OnnxError::TooLarge { .. }
+    ));
+}
+
+#[test]
+fn unsupported_dtype_names_the_value() {
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![value_info("x", 8, &[D::K(2)])],
+        &["y"],
+        vec![],
+    );
+    match err(&m) {
+        OnnxError::UnsupportedDType { value, dtype } => {
+            assert_eq!((value.as_str(), dtype.as_str()), ("x", "STRING"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---- folding ----
+
+#[test]
+fn batch_norm_folds_into_mul_and_add() {
+    let c = 2;
+    let inits = vec![
+        f32_tensor("scale", &[c], &[2.0, 0.5]),
+        f32_tensor("bias", &[c], &[1.0, -1.0]),
+        f32_tensor("mean", &[c], &[3.0, 0.0]),
+        f32_tensor("var", &[c], &[4.0, 1.0]),
+    ];
+    let mut n = node(
+        "BatchNormalization",
+        "bn",
+        &["x", "scale", "bias", "mean", "var"],
+        &["y"],
+    );
+    n.attribute.push(attr_f("epsilon", 0.0));
+    let m = model(vec![n], vec![f32_input("x", &[1, 2, 2, 2])], &["y"], inits);
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    kiln_ir::verify::verify(&g).unwrap();
+    let add = g.outputs()[0].1;
+    assert_eq!(g.node(add).op, Op::Binary(BinaryOp::Add));
+    let [mul, shift] = g.inputs_of(add)[..] else {
+        panic!()
+    };
+    assert_eq!(g.node(mul).op, Op::Binary(BinaryOp::Mul));
+    let [x, scale] = g.inputs_of(mul)[..] else {
+        panic!()
+    };
+    assert_eq!(x, g.inputs()[0]);
+    // a = scale / sqrt(var + eps) = [1, 0.5]; b = B - mean * a = [-2, -1].
+    let a = g.constant(scale).unwrap();
+    assert_eq!(a.shape().as_slice(), &[2, 1, 1]);
+    assert_eq!(a.to_f32_vec(), vec![1.0, 0.5]);
+    assert_eq!(g.constant(shift).unwrap().to_f32_vec(), vec![-2.0, -1.0]);
+    // Only input, two constants, mul and add.
+    assert_eq!(g.node_count(), 5);
+}
+
+#[test]
+fn shape_subgraphs_fold_to_a_reshape() {
+    // Shape -> Gather(0) -> Unsqueeze -> Concat([-1]) -> Reshape
+    let i64_t = |name: &str, dims: &[i64], v: &[i64]| TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let m = model(
+        vec![
+            node("Shape", "shape", &["x"], &["s"]),
+            node("Gather", "g", &["s", "zero"], &["n"]),
+            node("Unsqueeze", "u", &["n", "axes"], &["n1"]),
+            node("Concat", "cat", &["n1", "minus1"], &["target"]),
+            node("Reshape", "rs", &["x", "target"], &["y"]),
+        ],
+        vec![value_info("x", 1, &[D::S("N"), D::K(3), D::K(4)])],
+        &["y"],
+        vec![
+            i64_t("zero", &[], &[0]),
+            i64_t("axes", &[1], &[0]),
+            i64_t("minus1", &[1], &[-1]),
+        ],
+    );
+    let mut cat = m.clone();
+    cat.graph.as_mut().unwrap().node[3]
+        .attribute
+        .push(attr_i("axis", 0));
+    let mut opts = ImportOptions::default();
+    opts.dims.insert("N".into(), 2);
+    let g = import_model(&cat, None, &opts).unwrap();
+    kiln_ir::verify::verify(&g).unwrap();
+    let y = g.outputs()[0].1;
+    assert!(matches!(&g.node(y).op, Op::Reshape { shape } if shape.as_slice() == [2, 12]));
+    assert_eq!(g.node_count(), 2, "{}", kiln_ir::text::print(&g));
+}
+
+#[test]
+fn constant_outputs_and_identity_aliases() {
+    let mut c = node("Constant", "c", &[], &["k"]);
+    c.attribute.push(AttributeProto {
+        name: "value_ints".into(),
+        r#type: AttributeType::Ints as i32,
+        ints: vec![1, 2, 3],
+        ..Default::default()
+    });
+    let m = model(
+        vec![c, node("Identity", "id", &["x"], &["y"])],
+        vec![f32_input("x", &[2])],
+        &["y", "k"],
+        vec![],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    assert_eq!(g.outputs()[0].1, g.inputs()[0]);
+    let k = g.constant(g.outputs()[1].1).unwrap();
+    assert_eq!(k.dtype(), DType::I64);
+    assert_eq!(k.data(), &Data::I64(vec![1, 2, 3]));
+}

@@ -1,0 +1,290 @@
+//! Conv, pools and softmax against the reference evaluator.
+
+mod common;
+
+use common::{check_rand, f32_tensor, Rng};
+use kiln_ir::{Conv2d, DType, Graph, Op, Pool2d, ValueType};
+
+#[allow(clippy::too_many_arguments)]
+fn conv_graph(
+    x: [usize; 4],
+    oc: usize,
+    k: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    group: usize,
+    bias: bool,
+) -> Graph {
+    let mut rng = Rng::new(x.iter().sum::<usize>() as u64 * 31 + oc as u64);
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(&mut rng, &[oc, x[1] / group, k[0], k[1]]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(&mut rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides,
+        pads,
+        dilations,
+        group,
+    });
+    let y = g.add_node(op, &ins, "conv").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn conv_variants() {
+    let cases = [
+        // plain 3x3, pad 1
+        conv_graph(
+            [1, 3, 8, 8],
+            4,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        // odd width, tails in oc and ow
+        conv_graph(
+            [2, 2, 7, 13],
+            5,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            false,
+        ),
+        // stride 2, asymmetric pads
+        conv_graph(
+            [1, 3, 9, 11],
+            6,
+            [3, 3],
+            [2, 2],
+            [0, 1, 2, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        // dilation 2
+        conv_graph(
+            [1, 2, 10, 12],
+            3,
+            [3, 3],
+            [1, 1],
+            [2, 2, 2, 2],
+            [2, 2],
+            1,
+            true,
+        ),
+        // groups
+        conv_graph(
+            [1, 4, 6, 6],
+            6,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            2,
+            true,
+        ),
+        // depthwise
+        conv_graph(
+            [1, 8, 9, 9],
+            8,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            8,
+            true,
+        ),
+        // depthwise stride 2 with multiplier 2
+        conv_graph(
+            [1, 3, 10, 10],
+            6,
+            [5, 5],
+            [2, 2],
+            [2, 2, 2, 2],
+            [1, 1],
+            3,
+            false,
+        ),
+        // 1x1
+        conv_graph(
+            [1, 16, 5, 5],
+            9,
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            true,
+        ),
+        // non-square kernel, stride (1, 3), big pads
+        conv_graph(
+            [1, 2, 6, 17],
+            3,
+            [2, 4],
+            [1, 3],
+            [3, 2, 1, 4],
+            [1, 1],
+            1,
+            true,
+        ),
+        // kernel larger than padded region parts, dilation 3 x 1
+        conv_graph(
+            [2, 1, 12, 5],
+            2,
+            [3, 2],
+            [2, 1],
+            [0, 0, 0, 0],
+            [3, 1],
+            1,
+            true,
+        ),
+        // wide rows: vector loop over many blocks
+        conv_graph(
+            [1, 2, 5, 40],
+            4,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+    ];
+    for (i, g) in cases.iter().enumerate() {
+        check_rand(g, 200 + i as u64, 1e-5);
+    }
+}
+
+fn pool_graph(op: Op, x: [usize; 4]) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let y = g.add_node(op, &[xi], "pool").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+fn window(k: [usize; 2], s: [usize; 2], pads: [usize; 4], d: [usize; 2], ceil: bool) -> Pool2d {
+    Pool2d {
+        kernel: k,
+        strides: s,
+        pads,
+        dilations: d,
+        ceil_mode: ceil,
+    }
+}
+
+#[test]
+fn pools_with_pads_strides_and_ceil_mode() {
+    let windows = [
+        window([2, 2], [2, 2], [0, 0, 0, 0], [1, 1], false),
+        window([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], false),
+        window([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], false),
+        window([2, 2], [2, 2], [0, 0, 0, 0], [1, 1], true),
+        window([3, 3], [2, 2], [1, 1, 0, 0], [1, 1], true),
+        window([2, 3], [1, 2], [1, 0, 1, 2], [2, 1], false),
+        window([3, 2], [3, 1], [0, 1, 2, 1], [1, 2], true),
+    ];
+    let mut seed = 300;
+    for p in windows {
+        for x in [[1, 2, 7, 9], [2, 3, 8, 13]] {
+            for op in [
+                Op::MaxPool(p.clone()),
+                Op::AveragePool {
+                    pool: p.clone(),
+                    count_include_pad: false,
+                },
+                Op::AveragePool {
+                    pool: p.clone(),
+                    count_include_pad: true,
+                },
+            ] {
+                seed += 1;
+                check_rand(&pool_graph(op, x), seed, 1e-6);
+            }
+        }
+    }
+}
+
+#[test]
+fn global_pools() {
+    for x in [[1, 3, 5, 5], [2, 4, 1, 1], [1, 2, 7, 3]] {
+        check_rand(&pool_graph(Op::GlobalAveragePool, x), 1, 1e-6);
+        check_rand(&pool_graph(Op::GlobalMaxPool, x), 2, 0.0);
+    }
+}
+
+fn softmax_graph(shape: &[usize], axis: usize) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, shape));
+    let y = g.add_node(Op::Softmax { axis }, &[x], "softmax").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn softmax_on_every_axis() {
+    let mut seed = 400;
+    for shape in [&[3, 5, 7][..], &[2, 9], &[4, 4, 8], &[13], &[2, 3, 1, 6]] {
+        for axis in 0..shape.len() {
+            seed += 1;
+            check_rand(&softmax_graph(shape, axis), seed, 0.0);
+        }
+    }
+}
+
+#[test]
+fn small_cnn_end_to_end() {
+    use kiln_ir::{Ints, UnaryOp};
+    let mut rng = Rng::new(1234);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 3, 12, 12]));
+    let w1 = g.add_const("w1", f32_tensor(&mut rng, &[8, 3, 3, 3]));
+    let b1 = g.add_const("b1", f32_tensor(&mut rng, &[8]));
+    let c1 = Op::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [1, 1, 1, 1],
+        dilations: [1, 1],
+        group: 1,
+    });
+    let y = g.add_node(c1, &[x, w1, b1], "conv1").unwrap();
+    let y = g.add_node(Op::Unary(UnaryOp::Relu), &[y], "relu1").unwrap();
+    let y = g
+        .add_node(
+            Op::MaxPool(window([2, 2], [2, 2], [0; 4], [1, 1], false)),
+            &[y],
+            "pool1",
+        )
+        .unwrap();
+    let y = g.add_node(Op::GlobalAveragePool, &[y], "gap").unwrap();
+    let y = g
+        .add_node(
+            Op::Reshape {
+                shape: Ints::from_slice(&[1, 8]),
+            },
+            &[y],
+            "flatten",
+        )
+        .unwrap();
+    let w2 = g.add_const("w2", f32_tensor(&mut rng, &[10, 8]));
+    let b2 = g.add_const("b2", f32_tensor(&mut rng, &[10]));
+    let gemm = Op::Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = g.add_node(gemm, &[y, w2, b2], "fc").unwrap();
+    let y = g.add_node(Op::Softmax { axis: 1 }, &[y], "prob").unwrap();
+    g.add_output("prob", y);
+    check_rand(&g, 99, 1e-5);
+}
