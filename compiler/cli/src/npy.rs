@@ -60,13 +60,16 @@ fn dtype_of(path: &str, descr: &npyz::DType) -> Result<DType, NpyError> {
     })
 }
 
-/// Reads one array from an `.npy` stream.
-fn read_npy<R: Read>(path: &str, name: &str, reader: R) -> Result<Tensor, NpyError> {
-    let malformed = |e: std::io::Error| NpyError::Malformed {
+fn malformed(path: &str) -> impl Fn(std::io::Error) -> NpyError + '_ {
+    move |e| NpyError::Malformed {
         path: path.to_string(),
         message: e.to_string(),
-    };
-    let file = npyz::NpyFile::new(reader).map_err(malformed)?;
+    }
+}
+
+/// Converts one parsed `.npy` array into a tensor.
+fn tensor_from_npy<R: Read>(path: &str, name: &str, file: npyz::NpyFile<R>) -> Result<Tensor, NpyError> {
+    let malformed = malformed(path);
     if file.order() == npyz::Order::Fortran {
         return Err(NpyError::Malformed {
             path: path.to_string(),
@@ -100,7 +103,8 @@ pub fn read_tensor(name: &str, path: &Path) -> Result<Tensor, NpyError> {
         path: p.clone(),
         source,
     })?;
-    read_npy(&p, name, BufReader::new(file))
+    let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(malformed(&p))?;
+    tensor_from_npy(&p, name, npy)
 }
 
 /// Reads every array of an `.npz` file; array names are tensor names.
@@ -118,7 +122,7 @@ pub fn read_npz(path: &Path) -> Result<Vec<Tensor>, NpyError> {
             path: p.clone(),
             message: format!("array '{name}' listed but missing"),
         })?;
-        tensors.push(read_npy(&p, &name, file)?);
+        tensors.push(tensor_from_npy(&p, &name, file)?);
     }
     Ok(tensors)
 }

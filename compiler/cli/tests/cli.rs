@@ -111,7 +111,7 @@ fn bad_artifacts_are_rejected_before_running() {
 
     let mut artifact = Artifact::parse(&bytes).unwrap();
     let absent = if cfg!(target_arch = "x86_64") { CpuFeatures::NEON } else { CpuFeatures::AVX512F };
-    artifact.features = CpuFeatures(artifact.features.0 | absent);
+    artifact.features = artifact.features | absent;
     check("features.kiln", artifact.to_bytes(), &["feature"]);
 }
 

@@ -70,9 +70,6 @@ pub(crate) struct Target {
     /// Whether a fused multiply-add instruction exists (so `fma` does not
     /// become a libcall).
     pub fma: bool,
-    /// Whether SSE4.1-class rounding instructions exist (`floor`/`ceil` on
-    /// vectors); always true on AArch64.
-    pub round: bool,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -177,19 +174,15 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let isa = builder
         .finish(settings::Flags::new(flags))
         .map_err(|e| err(e.to_string()))?;
-    let (fma, round) = match arch {
-        Arch::X86_64 => (
-            features.contains(CpuFeatures::FMA),
-            features.contains(CpuFeatures::SSE41),
-        ),
-        Arch::Aarch64 => (true, true),
+    let fma = match arch {
+        Arch::X86_64 => features.contains(CpuFeatures::FMA),
+        Arch::Aarch64 => true,
     };
     Ok(Target {
         isa,
         arch,
         features,
         fma,
-        round,
     })
 }
 

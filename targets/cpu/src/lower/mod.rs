@@ -43,9 +43,6 @@ pub(crate) struct Kb<'a> {
     weights: Value,
     /// Whether `fma` is a native instruction.
     pub fma: bool,
-    /// Whether vector `floor`/`ceil` are native instructions.
-    #[allow(dead_code)]
-    pub round: bool,
     host: Vec<(HostFn, FuncRef)>,
     fail: Option<Block>,
     call_conv: CallConv,
@@ -294,7 +291,6 @@ pub(crate) fn lower_job(
         arena,
         weights,
         fma: target.fma,
-        round: target.round,
         host: Vec::new(),
         fail: None,
         call_conv,

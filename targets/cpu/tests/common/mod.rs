@@ -64,6 +64,13 @@ pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_run
         opt_level: 2,
     };
     let artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
+    // Every graph must also cross-compile for AArch64 into a valid artifact.
+    let arm = CpuOptions {
+        target: CpuTarget::Aarch64,
+        opt_level: 2,
+    };
+    let arm = compile(g, &arm, ArtifactInfo::default()).expect("compile for aarch64");
+    Artifact::parse(&arm.to_bytes()).expect("aarch64 artifact parses");
     let bytes = artifact.to_bytes();
     Artifact::parse(&bytes).expect("artifact parses");
     let mut model = Model::from_bytes(&bytes)?;
