@@ -40,7 +40,9 @@ mod tests {
         let unused = g.add_input("unused", ValueType::new(DType::F32, [4]));
         let live = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "live").unwrap();
         let dead1 = g.add_node(Op::Unary(UnaryOp::Exp), &[x], "dead1").unwrap();
-        let dead2 = g.add_node(Op::Unary(UnaryOp::Neg), &[dead1], "dead2").unwrap();
+        let dead2 = g
+            .add_node(Op::Unary(UnaryOp::Neg), &[dead1], "dead2")
+            .unwrap();
         g.add_output("y", live);
         let stats = DeadCodeElimination.run(&mut g).unwrap();
         assert_eq!(stats.removed, 2);

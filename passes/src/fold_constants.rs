@@ -74,8 +74,12 @@ mod tests {
         let x = g.add_input("x", ValueType::new(DType::F32, [2]));
         let a = g.add_const("a", Tensor::new([2], Data::F32(vec![1.0, 2.0])).unwrap());
         let b = g.add_const("b", Tensor::new([2], Data::F32(vec![10.0, 20.0])).unwrap());
-        let ab = g.add_node(Op::Binary(BinaryOp::Add), &[a, b], "ab").unwrap();
-        let y = g.add_node(Op::Binary(BinaryOp::Mul), &[x, ab], "y").unwrap();
+        let ab = g
+            .add_node(Op::Binary(BinaryOp::Add), &[a, b], "ab")
+            .unwrap();
+        let y = g
+            .add_node(Op::Binary(BinaryOp::Mul), &[x, ab], "y")
+            .unwrap();
         g.add_output("y", y);
         let stats = FoldConstants::default().run(&mut g).unwrap();
         assert_eq!(stats.rewritten, 1);

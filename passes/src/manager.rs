@@ -97,7 +97,10 @@ pub struct PassManager {
 
 /// Every pass by name, in a canonical order.
 fn registry() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(FoldConstants::default()), Box::new(DeadCodeElimination)]
+    vec![
+        Box::new(FoldConstants::default()),
+        Box::new(DeadCodeElimination),
+    ]
 }
 
 impl PassManager {
@@ -168,7 +171,11 @@ impl PassManager {
     }
 
     /// Runs the pipeline without a per-pass hook.
-    pub fn run(&self, graph: &mut Graph, opts: &PipelineOptions) -> Result<PipelineReport, PassError> {
+    pub fn run(
+        &self,
+        graph: &mut Graph,
+        opts: &PipelineOptions,
+    ) -> Result<PipelineReport, PassError> {
         self.run_with(graph, opts, |_, _| {})
     }
 }

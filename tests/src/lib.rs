@@ -45,7 +45,12 @@ impl Fixture {
     pub fn all_names() -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(repo_root().join("fixtures/models"))
             .expect("fixtures/models exists")
-            .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                e.expect("dir entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         names.sort();
         names
@@ -116,7 +121,8 @@ pub fn run_artifact(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, Stri
 /// inputs, and compares every output with the onnxruntime reference.
 pub fn check_fixture(fixture: &Fixture) -> Result<Vec<Comparison>, String> {
     let bytes = fixture.compile_with(&fixture.compile_options())?;
-    let outputs = run_artifact(&bytes, &fixture.inputs()).map_err(|e| format!("{}: {e}", fixture.name))?;
+    let outputs =
+        run_artifact(&bytes, &fixture.inputs()).map_err(|e| format!("{}: {e}", fixture.name))?;
     let references = fixture.reference_outputs();
     if outputs.len() != references.len() {
         return Err(format!(
@@ -142,7 +148,13 @@ pub fn argmax_rows(t: &Tensor) -> Vec<usize> {
         .map(|row| {
             row.iter()
                 .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                    if v > best.1 {
+                        (i, v)
+                    } else {
+                        best
+                    }
+                })
                 .0
         })
         .collect()

@@ -15,7 +15,12 @@ fn check_all(names: &[String]) {
         match check_fixture(&fixture) {
             Ok(comparisons) => {
                 for c in comparisons {
-                    println!("{:<40} {:>12.3e} {:>12.3e}", format!("{name}:{}", c.name), c.max_abs_error, c.rel_error);
+                    println!(
+                        "{:<40} {:>12.3e} {:>12.3e}",
+                        format!("{name}:{}", c.name),
+                        c.max_abs_error,
+                        c.rel_error
+                    );
                     if !c.passes(FP32_TOLERANCE) {
                         failures.push(format!("{name}: output '{}': {c:?}", c.name));
                     }
@@ -24,13 +29,25 @@ fn check_all(names: &[String]) {
             Err(e) => failures.push(e),
         }
     }
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn op_fixtures_match_onnxruntime() {
-    let names: Vec<String> = Fixture::all_names().into_iter().filter(|n| n.starts_with("op_")).collect();
-    assert!(names.len() > 100, "expected the op fixtures, found {}", names.len());
+    let names: Vec<String> = Fixture::all_names()
+        .into_iter()
+        .filter(|n| n.starts_with("op_"))
+        .collect();
+    assert!(
+        names.len() > 100,
+        "expected the op fixtures, found {}",
+        names.len()
+    );
     check_all(&names);
 }
 
@@ -43,20 +60,44 @@ fn check_accuracy(name: &str) {
     check_all(&[name.to_string()]);
     let fixture = Fixture::load(name);
     let acc = &fixture.meta["accuracy"];
-    let images = kiln::npy::read_tensor(acc["input"].as_str().unwrap(), &fixture.dir.join(acc["images"].as_str().unwrap())).unwrap();
-    let labels = kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap())).unwrap();
+    let images = kiln::npy::read_tensor(
+        acc["input"].as_str().unwrap(),
+        &fixture.dir.join(acc["images"].as_str().unwrap()),
+    )
+    .unwrap();
+    let labels =
+        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
+            .unwrap();
     let labels = labels.to_i64_vec().expect("i64 labels");
     let mut opts = fixture.compile_options();
-    opts.import.input_shapes.insert(images.name.clone(), images.shape.iter().map(|&d| d as usize).collect());
+    opts.import.input_shapes.insert(
+        images.name.clone(),
+        images.shape.iter().map(|&d| d as usize).collect(),
+    );
     let bytes = fixture.compile_with(&opts).unwrap();
     let outputs = run_artifact(&bytes, &[images]).unwrap();
-    let scores = outputs.iter().find(|t| t.name == acc["output"].as_str().unwrap()).expect("scored output");
+    let scores = outputs
+        .iter()
+        .find(|t| t.name == acc["output"].as_str().unwrap())
+        .expect("scored output");
     let predicted = argmax_rows(scores);
-    let correct = predicted.iter().zip(&labels).filter(|(p, l)| **p as i64 == **l).count();
+    let correct = predicted
+        .iter()
+        .zip(&labels)
+        .filter(|(p, l)| **p as i64 == **l)
+        .count();
     let kiln_accuracy = correct as f64 / labels.len() as f64;
     let ort_accuracy = acc["ort_accuracy"].as_f64().unwrap();
-    println!("{name}: Kiln accuracy {kiln_accuracy:.4} ({correct}/{}), onnxruntime {ort_accuracy:.4}", labels.len());
-    assert!((kiln_accuracy - ort_accuracy).abs() < 1e-9, "{name}: Kiln {kiln_accuracy} vs onnxruntime {ort_accuracy}");
+    println!(
+        "{name}: Kiln accuracy {kiln_accuracy:.4} ({correct}/{}), onnxruntime {ort_accuracy:.4}",
+        labels.len()
+    );
+    // meta.json rounds the accuracy; within half a sample means the same count.
+    let half_sample = 0.5 / labels.len() as f64;
+    assert!(
+        (kiln_accuracy - ort_accuracy).abs() < half_sample,
+        "{name}: Kiln {kiln_accuracy} vs onnxruntime {ort_accuracy}"
+    );
 }
 
 #[test]
@@ -87,13 +128,20 @@ fn aarch64_cross_compile_produces_a_valid_artifact() {
         let mut opts = fixture.compile_options();
         opts.target = "aarch64".parse().unwrap();
         let bytes = fixture.compile_with(&opts).unwrap();
-        let artifact = kiln_runtime::format::Artifact::parse(&bytes).expect("aarch64 artifact parses");
+        let artifact =
+            kiln_runtime::format::Artifact::parse(&bytes).expect("aarch64 artifact parses");
         assert_eq!(artifact.arch, kiln_runtime::format::Arch::Aarch64);
         assert!(!artifact.kernels.is_empty());
         #[cfg(target_arch = "x86_64")]
         {
-            let err = kiln_runtime::Model::from_bytes(&bytes).err().expect("an aarch64 artifact must not load on x86-64");
-            assert!(err.to_string().contains("aarch64") || err.to_string().to_lowercase().contains("arch"), "{err}");
+            let err = kiln_runtime::Model::from_bytes(&bytes)
+                .err()
+                .expect("an aarch64 artifact must not load on x86-64");
+            assert!(
+                err.to_string().contains("aarch64")
+                    || err.to_string().to_lowercase().contains("arch"),
+                "{err}"
+            );
         }
     }
 }

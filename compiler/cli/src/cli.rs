@@ -35,7 +35,11 @@ pub mod exit {
 }
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Kiln: an ahead-of-time compiler for ONNX models")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: an ahead-of-time compiler for ONNX models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -179,9 +183,9 @@ impl From<DriverError> for Failure {
         let code = match &e {
             DriverError::Onnx(o) => match o {
                 OnnxError::Io { .. } => exit::IO,
-                OnnxError::Unsupported(_) | OnnxError::UnboundDim { .. } | OnnxError::UnsupportedDType { .. } => {
-                    exit::UNSUPPORTED
-                }
+                OnnxError::Unsupported(_)
+                | OnnxError::UnboundDim { .. }
+                | OnnxError::UnsupportedDType { .. } => exit::UNSUPPORTED,
                 _ => exit::BAD_MODEL,
             },
             DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
@@ -199,7 +203,9 @@ impl From<kiln_runtime::Error> for Failure {
         use kiln_runtime::Error as E;
         let code = match &e {
             E::Io { .. } => exit::IO,
-            E::Format(_) | E::UnsupportedArch { .. } | E::MissingCpuFeatures(_) => exit::BAD_ARTIFACT,
+            E::Format(_) | E::UnsupportedArch { .. } | E::MissingCpuFeatures(_) => {
+                exit::BAD_ARTIFACT
+            }
             E::Kernel { .. } => exit::BAD_INPUT,
             _ => exit::BAD_INPUT,
         };
@@ -222,7 +228,11 @@ pub fn main() -> i32 {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { exit::USAGE } else { exit::OK };
+            return if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
         }
     };
     let result = match cli.command {
@@ -262,7 +272,12 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
             .split('x')
             .map(|d| d.parse::<usize>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| Failure::new(exit::USAGE, format!("--input-shape: '{dims}' is not like 1x3x224x224")))?;
+            .map_err(|_| {
+                Failure::new(
+                    exit::USAGE,
+                    format!("--input-shape: '{dims}' is not like 1x3x224x224"),
+                )
+            })?;
         opts.import.input_shapes.insert(name.to_string(), dims);
     }
     for s in &args.dims {
@@ -276,7 +291,8 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
+    std::fs::write(path, bytes)
+        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
 }
 
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
@@ -287,11 +303,19 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         Some("import") => DumpIr::After("import".into()),
         Some(s) => match s.strip_prefix("after=") {
             Some(pass) => DumpIr::After(pass.to_string()),
-            None => return Err(Failure::new(exit::USAGE, format!("--dump-ir: expected all, import or after=PASS, got '{s}'"))),
+            None => {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!("--dump-ir: expected all, import or after=PASS, got '{s}'"),
+                ))
+            }
         },
     };
     let start = Instant::now();
-    let out = driver::compile(&a.model, &opts)?;
+    let out = driver::compile(&a.model, &opts).map_err(|e| {
+        let f = Failure::from(e);
+        Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
+    })?;
     let elapsed = start.elapsed();
     write_file(&a.output, &out.bytes)?;
     if !out.dumps.is_empty() {
@@ -300,7 +324,8 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             d.push(".ir");
             PathBuf::from(d)
         });
-        std::fs::create_dir_all(&dir).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
         for (name, text) in &out.dumps {
             write_file(&dir.join(name), text.as_bytes())?;
         }
@@ -357,7 +382,6 @@ fn specs_json(specs: &[TensorSpec]) -> Value {
     )
 }
 
-
 /// Deterministic pseudo-random tensor for a spec (SplitMix64).
 fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
     let n: u64 = spec.shape.iter().product();
@@ -399,25 +423,38 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
         let (name, path) = parse_pair("--input", s)?;
         given.insert(name.to_string(), npy::read_tensor(name, Path::new(path))?);
     }
+    if let Some(name) = given
+        .keys()
+        .find(|n| !model.inputs().iter().any(|s| &s.name == *n))
+    {
+        let names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "unknown input '{name}'; the model's inputs are: {}",
+                names.join(", ")
+            ),
+        ));
+    }
     let mut inputs = Vec::new();
     for (i, spec) in model.inputs().iter().enumerate() {
         match given.remove(&spec.name) {
             Some(t) => inputs.push(t),
-            None if args.random => inputs.push(random_tensor(spec, args.seed.wrapping_add(i as u64))),
+            None if args.random => {
+                inputs.push(random_tensor(spec, args.seed.wrapping_add(i as u64)))
+            }
             None => {
                 return Err(Failure::new(
                     exit::BAD_INPUT,
-                    format!("missing input '{}' ({}); give it with --input {}=FILE.npy or use --random", spec.name, spec.type_string(), spec.name),
+                    format!(
+                        "missing input '{}' ({}); give it with --input {}=FILE.npy or use --random",
+                        spec.name,
+                        spec.type_string(),
+                        spec.name
+                    ),
                 ))
             }
         }
-    }
-    if let Some(name) = given.keys().next() {
-        let names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
-        return Err(Failure::new(
-            exit::BAD_INPUT,
-            format!("unknown input '{name}'; the model's inputs are: {}", names.join(", ")),
-        ));
     }
     Ok(inputs)
 }
@@ -430,7 +467,8 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let outputs = model.run(&views)?;
     let latency = start.elapsed();
     if let Some(dir) = &a.output_dir {
-        std::fs::create_dir_all(dir).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
         for t in &outputs {
             npy::write_tensor(&dir.join(format!("{}.npy", npy::sanitize_name(&t.name))), t)?;
         }
@@ -453,13 +491,20 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             .iter()
             .map(|c| json!({"name": c.name, "max_abs_error": c.max_abs_error, "rel_error": c.rel_error, "passed": c.passes(a.tolerance), "mismatch": c.mismatch}))
             .collect();
-        println!("{}", json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks}));
+        println!(
+            "{}",
+            json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks})
+        );
     } else {
         for t in &outputs {
             println!("{}: {}{}", t.name, t.type_string(), preview(t));
         }
         for c in &checks {
-            let verdict = if c.passes(a.tolerance) { "ok" } else { "FAILED" };
+            let verdict = if c.passes(a.tolerance) {
+                "ok"
+            } else {
+                "FAILED"
+            };
             match &c.mismatch {
                 Some(m) => println!("check {}: FAILED ({m})", c.name),
                 None => println!(
@@ -471,16 +516,28 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
     }
     if failed > 0 {
-        return Err(Failure::new(exit::CHECK_FAILED, format!("{failed} output(s) differ from the reference beyond tolerance {:e}", a.tolerance)));
+        return Err(Failure::new(
+            exit::CHECK_FAILED,
+            format!(
+                "{failed} output(s) differ from the reference beyond tolerance {:e}",
+                a.tolerance
+            ),
+        ));
     }
     Ok(())
 }
 
 fn preview(t: &Tensor) -> String {
     let values: Option<Vec<String>> = match t.dtype {
-        DType::F32 => t.to_vec::<f32>().map(|v| v.iter().take(8).map(|x| format!("{x:.6}")).collect()),
-        DType::I64 => t.to_vec::<i64>().map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
-        DType::I32 => t.to_vec::<i32>().map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        DType::F32 => t
+            .to_vec::<f32>()
+            .map(|v| v.iter().take(8).map(|x| format!("{x:.6}")).collect()),
+        DType::I64 => t
+            .to_vec::<i64>()
+            .map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        DType::I32 => t
+            .to_vec::<i32>()
+            .map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
         _ => None,
     };
     match values {
@@ -510,8 +567,10 @@ fn cmd_inspect(a: InspectArgs) -> Result<(), Failure> {
 }
 
 fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
-    let bytes = std::fs::read(&a.path).map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
-    let view = ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let bytes = std::fs::read(&a.path)
+        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
+    let view =
+        ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
     let artifact: Artifact = view.into_artifact();
     let hash = hex(&artifact.content_hash());
     let m = &artifact.metadata;
@@ -547,15 +606,32 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
         return Ok(());
     }
     println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
-    println!("  format version {}, content sha256 {hash}", kiln_runtime::format::FORMAT_VERSION);
-    println!("  arch {:?}, requires CPU features: {}", artifact.arch, features.join(" "));
+    println!(
+        "  format version {}, content sha256 {hash}",
+        kiln_runtime::format::FORMAT_VERSION
+    );
+    println!(
+        "  arch {:?}, requires CPU features: {}",
+        artifact.arch,
+        features.join(" ")
+    );
     println!("  built by {} with: {}", m.compiler_version, m.options);
     println!("  source model sha256 {}", hex(&m.source_sha256));
     for s in &m.inputs {
-        println!("  input  {}: {} @ arena+{}", s.name, s.type_string(), s.arena_offset);
+        println!(
+            "  input  {}: {} @ arena+{}",
+            s.name,
+            s.type_string(),
+            s.arena_offset
+        );
     }
     for s in &m.outputs {
-        println!("  output {}: {} @ arena+{}", s.name, s.type_string(), s.arena_offset);
+        println!(
+            "  output {}: {} @ arena+{}",
+            s.name,
+            s.type_string(),
+            s.arena_offset
+        );
     }
     println!(
         "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
@@ -590,7 +666,11 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     };
     if a.json {
         let io = |list: &[kiln_onnx::IoSummary]| -> Value {
-            Value::Array(list.iter().map(|i| json!({"name": i.name, "dtype": i.dtype, "dims": dims(&i.dims)})).collect())
+            Value::Array(
+                list.iter()
+                    .map(|i| json!({"name": i.name, "dtype": i.dtype, "dims": dims(&i.dims)}))
+                    .collect(),
+            )
         };
         let (ir_text, ir_error) = match &ir {
             Ok(t) => (Some(t.clone()), None),
@@ -614,8 +694,17 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    println!("model {} (ir_version {}, producer '{}')", a.path.display(), summary.ir_version, summary.producer);
-    let opsets: Vec<String> = summary.opsets.iter().map(|(d, v)| format!("{}:{v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    println!(
+        "model {} (ir_version {}, producer '{}')",
+        a.path.display(),
+        summary.ir_version,
+        summary.producer
+    );
+    let opsets: Vec<String> = summary
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{}:{v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
     println!("  opsets: {}", opsets.join(" "));
     for i in &summary.inputs {
         println!("  input  {}: {}[{}]", i.name, i.dtype, dims(&i.dims));
@@ -623,7 +712,10 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     for o in &summary.outputs {
         println!("  output {}: {}[{}]", o.name, o.dtype, dims(&o.dims));
     }
-    println!("  initializers: {} ({} bytes)", summary.initializer_count, summary.initializer_bytes);
+    println!(
+        "  initializers: {} ({} bytes)",
+        summary.initializer_count, summary.initializer_bytes
+    );
     println!("  ops:");
     for (op, n) in &summary.op_histogram {
         println!("    {n:>5}  {op}");

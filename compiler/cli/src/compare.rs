@@ -35,7 +35,11 @@ fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
         I16 => t.to_vec::<i16>()?.into_iter().map(f64::from).collect(),
         I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
         I64 => t.to_vec::<i64>()?.into_iter().map(|x| x as f64).collect(),
-        Bool => t.to_vec::<bool>()?.into_iter().map(|b| b as u8 as f64).collect(),
+        Bool => t
+            .to_vec::<bool>()?
+            .into_iter()
+            .map(|b| b as u8 as f64)
+            .collect(),
         _ => return None,
     })
 }
@@ -67,7 +71,9 @@ pub fn compare(actual: &Tensor, reference: &Tensor) -> Comparison {
         } else {
             (x - y).abs()
         };
-        c.max_abs_error = c.max_abs_error.max(if err.is_nan() { f64::INFINITY } else { err });
+        c.max_abs_error = c
+            .max_abs_error
+            .max(if err.is_nan() { f64::INFINITY } else { err });
         if y.is_finite() {
             c.scale = c.scale.max(y.abs());
         }

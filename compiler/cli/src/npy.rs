@@ -68,12 +68,17 @@ fn malformed(path: &str) -> impl Fn(std::io::Error) -> NpyError + '_ {
 }
 
 /// Converts one parsed `.npy` array into a tensor.
-fn tensor_from_npy<R: Read>(path: &str, name: &str, file: npyz::NpyFile<R>) -> Result<Tensor, NpyError> {
+fn tensor_from_npy<R: Read>(
+    path: &str,
+    name: &str,
+    file: npyz::NpyFile<R>,
+) -> Result<Tensor, NpyError> {
     let malformed = malformed(path);
     if file.order() == npyz::Order::Fortran {
         return Err(NpyError::Malformed {
             path: path.to_string(),
-            message: "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
+            message: "Fortran-ordered arrays are not supported; save with np.ascontiguousarray"
+                .into(),
         });
     }
     let dtype = dtype_of(path, &file.dtype())?;
@@ -118,10 +123,13 @@ pub fn read_npz(path: &Path) -> Result<Vec<Tensor>, NpyError> {
     let names: Vec<String> = archive.array_names().map(str::to_string).collect();
     let mut tensors = Vec::with_capacity(names.len());
     for name in names {
-        let file = archive.by_name(&name).map_err(io)?.ok_or_else(|| NpyError::Malformed {
-            path: p.clone(),
-            message: format!("array '{name}' listed but missing"),
-        })?;
+        let file = archive
+            .by_name(&name)
+            .map_err(io)?
+            .ok_or_else(|| NpyError::Malformed {
+                path: p.clone(),
+                message: format!("array '{name}' listed but missing"),
+            })?;
         tensors.push(tensor_from_npy(&p, &name, file)?);
     }
     Ok(tensors)
@@ -130,7 +138,13 @@ pub fn read_npz(path: &Path) -> Result<Vec<Tensor>, NpyError> {
 /// Replaces characters outside `[A-Za-z0-9_.-]` by `_` (output file names).
 pub fn sanitize_name(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 

@@ -33,9 +33,17 @@ fn kiln(args: &[&str]) -> Outcome {
 fn expect_failure(args: &[&str], code: i32, needles: &[&str]) {
     let o = kiln(args);
     assert_eq!(o.code, code, "kiln {args:?}: stderr: {}", o.stderr);
-    assert!(o.stderr.starts_with("error: "), "kiln {args:?}: {}", o.stderr);
+    assert!(
+        o.stderr.starts_with("error: "),
+        "kiln {args:?}: {}",
+        o.stderr
+    );
     for n in needles {
-        assert!(o.stderr.contains(n), "kiln {args:?}: expected '{n}' in: {}", o.stderr);
+        assert!(
+            o.stderr.contains(n),
+            "kiln {args:?}: expected '{n}' in: {}",
+            o.stderr
+        );
     }
     assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
 }
@@ -45,7 +53,14 @@ const MLP: &str = "fixtures/models/digits_mlp/model.onnx";
 /// Compiles the digits MLP with batch 1 into `dir`.
 fn compile_mlp(dir: &Path) -> PathBuf {
     let out = dir.join("mlp.kiln");
-    let o = kiln(&["compile", MLP, "--input-shape", "input=1x64", "-o", out.to_str().unwrap()]);
+    let o = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=1x64",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     out
 }
@@ -65,23 +80,44 @@ fn bad_onnx_files_give_clear_errors() {
         ("cycle.onnx", 3, &["cycle"]),
         ("missing_initializer.onnx", 3, &["bias", "add_bias"]),
         ("dangling_input.onnx", 3, &["nowhere", "mul_nowhere"]),
-        ("unsupported_op.onnx", 4, &["Einsum", "my_einsum", "ai.onnx", "13"]),
+        (
+            "unsupported_op.onnx",
+            4,
+            &["Einsum", "my_einsum", "ai.onnx", "13"],
+        ),
         ("unbound_dim.onnx", 4, &["'x'", "batch", "--input-shape"]),
-        ("wrong_attribute_type.onnx", 3, &["axis", "softmax_bad_axis"]),
+        (
+            "wrong_attribute_type.onnx",
+            3,
+            &["axis", "softmax_bad_axis"],
+        ),
         ("shape_mismatch.onnx", 3, &["matmul_bad"]),
     ];
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.kiln");
     for (file, code, needles) in cases {
         let path = format!("fixtures/bad/{file}");
-        expect_failure(&["compile", &path, "-o", out.to_str().unwrap()], *code, needles);
+        expect_failure(
+            &["compile", &path, "-o", out.to_str().unwrap()],
+            *code,
+            needles,
+        );
         assert!(!out.exists(), "{file}: no artifact may be written on error");
     }
 }
 
 #[test]
 fn missing_model_file_is_an_io_error() {
-    expect_failure(&["compile", "fixtures/does_not_exist.onnx", "-o", "/tmp/x.kiln"], 8, &["does_not_exist.onnx"]);
+    expect_failure(
+        &[
+            "compile",
+            "fixtures/does_not_exist.onnx",
+            "-o",
+            "/tmp/x.kiln",
+        ],
+        8,
+        &["does_not_exist.onnx"],
+    );
 }
 
 #[test]
@@ -94,7 +130,11 @@ fn bad_artifacts_are_rejected_before_running() {
     let check = |name: &str, data: Vec<u8>, needles: &[&str]| {
         let path = dir.path().join(name);
         std::fs::write(&path, data).unwrap();
-        expect_failure(&["run", path.to_str().unwrap(), "--input", &input_arg], 5, needles);
+        expect_failure(
+            &["run", path.to_str().unwrap(), "--input", &input_arg],
+            5,
+            needles,
+        );
     };
 
     check("truncated.kiln", bytes[..bytes.len() / 2].to_vec(), &[]);
@@ -110,7 +150,11 @@ fn bad_artifacts_are_rejected_before_running() {
     check("version.kiln", version, &["999"]);
 
     let mut artifact = Artifact::parse(&bytes).unwrap();
-    let absent = if cfg!(target_arch = "x86_64") { CpuFeatures::NEON } else { CpuFeatures::AVX512F };
+    let absent = if cfg!(target_arch = "x86_64") {
+        CpuFeatures::NEON
+    } else {
+        CpuFeatures::AVX512F
+    };
     artifact.features = artifact.features | absent;
     check("features.kiln", artifact.to_bytes(), &["feature"]);
 }
@@ -129,22 +173,45 @@ fn run_input_errors_name_what_is_wrong() {
         &["'inputs'", "input"],
     );
     let wrong_shape = dir.path().join("shape.npy");
-    write_tensor(&wrong_shape, &Tensor::from_f32("input", &[2, 64], &[0.0; 128])).unwrap();
+    write_tensor(
+        &wrong_shape,
+        &Tensor::from_f32("input", &[2, 64], &[0.0; 128]),
+    )
+    .unwrap();
     expect_failure(
-        &["run", art, "--input", &format!("input={}", wrong_shape.display())],
+        &[
+            "run",
+            art,
+            "--input",
+            &format!("input={}", wrong_shape.display()),
+        ],
         6,
         &["f32[1,64]", "f32[2,64]"],
     );
     let wrong_dtype = dir.path().join("dtype.npy");
     write_tensor(&wrong_dtype, &Tensor::from_i64("input", &[1, 64], &[0; 64])).unwrap();
     expect_failure(
-        &["run", art, "--input", &format!("input={}", wrong_dtype.display())],
+        &[
+            "run",
+            art,
+            "--input",
+            &format!("input={}", wrong_dtype.display()),
+        ],
         6,
         &["f32[1,64]", "i64[1,64]"],
     );
     let garbage = dir.path().join("garbage.npy");
     std::fs::write(&garbage, b"not numpy").unwrap();
-    expect_failure(&["run", art, "--input", &format!("input={}", garbage.display())], 6, &["garbage.npy"]);
+    expect_failure(
+        &[
+            "run",
+            art,
+            "--input",
+            &format!("input={}", garbage.display()),
+        ],
+        6,
+        &["garbage.npy"],
+    );
 }
 
 #[test]
@@ -152,7 +219,14 @@ fn run_writes_outputs_and_checks_against_references() {
     let dir = tempfile::tempdir().unwrap();
     let art = dir.path().join("cls.kiln");
     let m = "fixtures/models/ppocr_cls";
-    let o = kiln(&["compile", &format!("{m}/model.onnx"), "--input-shape", "x=1x3x48x192", "-o", art.to_str().unwrap()]);
+    let o = kiln(&[
+        "compile",
+        &format!("{m}/model.onnx"),
+        "--input-shape",
+        "x=1x3x48x192",
+        "-o",
+        art.to_str().unwrap(),
+    ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     let outdir = dir.path().join("out");
     let o = kiln(&[
@@ -166,7 +240,12 @@ fn run_writes_outputs_and_checks_against_references() {
         &format!("{m}/outputs"),
     ]);
     assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
-    assert!(o.stdout.contains("check save_infer_model/scale_0.tmp_1: ok"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("check save_infer_model/scale_0.tmp_1: ok"),
+        "{}",
+        o.stdout
+    );
     // The output name has a '/', which becomes '_' in the file name.
     let written = read_tensor("y", &outdir.join("save_infer_model_scale_0.tmp_1.npy")).unwrap();
     assert_eq!(written.shape, vec![1, 2]);
@@ -174,8 +253,19 @@ fn run_writes_outputs_and_checks_against_references() {
     // A wrong reference makes --check fail with exit code 7.
     let wrong = dir.path().join("wrong");
     std::fs::create_dir_all(&wrong).unwrap();
-    write_tensor(&wrong.join("save_infer_model_scale_0.tmp_1.npy"), &Tensor::from_f32("y", &[1, 2], &[0.5, 0.5])).unwrap();
-    let o = kiln(&["run", art.to_str().unwrap(), "--input", &format!("x={m}/inputs/x.npy"), "--check", wrong.to_str().unwrap()]);
+    write_tensor(
+        &wrong.join("save_infer_model_scale_0.tmp_1.npy"),
+        &Tensor::from_f32("y", &[1, 2], &[0.5, 0.5]),
+    )
+    .unwrap();
+    let o = kiln(&[
+        "run",
+        art.to_str().unwrap(),
+        "--input",
+        &format!("x={m}/inputs/x.npy"),
+        "--check",
+        wrong.to_str().unwrap(),
+    ]);
     assert_eq!(o.code, 7, "{}", o.stderr);
 }
 
@@ -191,7 +281,9 @@ fn json_outputs_parse() {
     assert_eq!(v["inputs"][0]["shape"], serde_json::json!([1, 64]));
     assert!(v["content_sha256"].as_str().unwrap().len() == 64);
 
-    let o = kiln(&["bench", art, "--random", "--runs", "5", "--warmup", "1", "--json"]);
+    let o = kiln(&[
+        "bench", art, "--random", "--runs", "5", "--warmup", "1", "--json",
+    ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert!(v["p50_ms"].as_f64().unwrap() > 0.0);
@@ -208,13 +300,27 @@ fn dump_ir_writes_numbered_files() {
     let dir = tempfile::tempdir().unwrap();
     let dumps = dir.path().join("ir");
     let o = kiln(&[
-        "compile", MLP, "--input-shape", "input=1x64", "-o", dir.path().join("m.kiln").to_str().unwrap(),
-        "--dump-ir", "all", "--dump-dir", dumps.to_str().unwrap(),
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=1x64",
+        "-o",
+        dir.path().join("m.kiln").to_str().unwrap(),
+        "--dump-ir",
+        "all",
+        "--dump-dir",
+        dumps.to_str().unwrap(),
     ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
-    let mut names: Vec<String> = std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&dumps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
-    assert_eq!(names, ["00-import.kir", "01-fold-constants.kir", "02-dce.kir"]);
+    assert_eq!(
+        names,
+        ["00-import.kir", "01-fold-constants.kir", "02-dce.kir"]
+    );
     let text = std::fs::read_to_string(dumps.join("02-dce.kir")).unwrap();
     // A dump without full constants parses back unless it elides weights.
     if let Err(e) = kiln_ir::text::parse(&text) {

@@ -18,11 +18,26 @@ pub struct SmArch {
 
 /// The architectures in the design: Volta through Hopper.
 pub const SUPPORTED_SMS: [SmArch; 5] = [
-    SmArch { sm: 70, ptx_isa: (6, 0) },
-    SmArch { sm: 80, ptx_isa: (7, 0) },
-    SmArch { sm: 86, ptx_isa: (7, 1) },
-    SmArch { sm: 89, ptx_isa: (7, 8) },
-    SmArch { sm: 90, ptx_isa: (7, 8) },
+    SmArch {
+        sm: 70,
+        ptx_isa: (6, 0),
+    },
+    SmArch {
+        sm: 80,
+        ptx_isa: (7, 0),
+    },
+    SmArch {
+        sm: 86,
+        ptx_isa: (7, 1),
+    },
+    SmArch {
+        sm: 89,
+        ptx_isa: (7, 8),
+    },
+    SmArch {
+        sm: 90,
+        ptx_isa: (7, 8),
+    },
 ];
 
 #[cfg(test)]
@@ -30,6 +45,8 @@ mod tests {
     #[test]
     fn sm_table_is_sorted_and_isa_monotonic() {
         let t = super::SUPPORTED_SMS;
-        assert!(t.windows(2).all(|w| w[0].sm < w[1].sm && w[0].ptx_isa <= w[1].ptx_isa));
+        assert!(t
+            .windows(2)
+            .all(|w| w[0].sm < w[1].sm && w[0].ptx_isa <= w[1].ptx_isa));
     }
 }
