@@ -134,9 +134,9 @@ fn aarch64_cross_compile_produces_a_valid_artifact() {
         assert!(!artifact.kernels.is_empty());
         #[cfg(target_arch = "x86_64")]
         {
-            let err = kiln_runtime::Model::from_bytes(&bytes)
-                .err()
-                .expect("an aarch64 artifact must not load on x86-64");
+            let Err(err) = kiln_runtime::Model::from_bytes(&bytes) else {
+                panic!("an aarch64 artifact must not load on x86-64");
+            };
             assert!(
                 err.to_string().contains("aarch64")
                     || err.to_string().to_lowercase().contains("arch"),

@@ -653,7 +653,7 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     let proto = kiln_onnx::load_model(&a.path).map_err(|e| Failure::from(DriverError::from(e)))?;
     let summary = kiln_onnx::summarize(&proto);
     let opts = compile_options(&a.model_args, "native")?;
-    let ir = driver::optimize(&a.path, &opts).map(|(g, _, _)| kiln_ir::text::print(&g));
+    let ir = driver::optimize(&a.path, &opts).map(|o| kiln_ir::text::print(&o.graph));
     let dims = |dims: &[kiln_onnx::DimSummary]| -> String {
         dims.iter()
             .map(|d| match d {

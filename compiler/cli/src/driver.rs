@@ -108,11 +108,18 @@ pub enum DriverError {
     },
 }
 
+/// An imported and optimized graph, before code generation.
+pub struct Optimized {
+    /// The final IR.
+    pub graph: Graph,
+    /// What each pass did.
+    pub report: PipelineReport,
+    /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
+    pub dumps: Vec<(String, String)>,
+}
+
 /// Imports the model at `path` and runs the pass pipeline on it.
-pub fn optimize(
-    path: &Path,
-    opts: &CompileOptions,
-) -> Result<(Graph, PipelineReport, Vec<(String, String)>), DriverError> {
+pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let mut graph = kiln_onnx::import(path, &opts.import)?;
     let pm = match &opts.passes {
         Some(names) => {
@@ -140,7 +147,11 @@ pub fn optimize(
             dumps.push((format!("{index:02}-{pass}.kir"), kiln_ir::text::print(g)));
         }
     })?;
-    Ok((graph, report, dumps))
+    Ok(Optimized {
+        graph,
+        report,
+        dumps,
+    })
 }
 
 /// Compiles the ONNX model at `path` into an artifact.
@@ -149,7 +160,11 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         path: path.to_path_buf(),
         source,
     })?;
-    let (graph, report, dumps) = optimize(path, opts)?;
+    let Optimized {
+        graph,
+        report,
+        dumps,
+    } = optimize(path, opts)?;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
         options: opts.canonical(),
