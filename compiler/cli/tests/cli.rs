@@ -155,7 +155,7 @@ fn bad_artifacts_are_rejected_before_running() {
     } else {
         CpuFeatures::AVX512F
     };
-    artifact.features = artifact.features | absent;
+    artifact.features |= absent;
     check("features.kiln", artifact.to_bytes(), &["feature"]);
 }
 
