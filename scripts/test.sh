@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite: build everything, run every test with nextest, then
 # compile and run the C ABI example with gcc against the runtime library.
-# Needs only cargo (+ cargo-nextest if present) and gcc; fixtures are committed.
+# Needs only cargo (+ cargo-nextest if present), gcc and python3 with pip (for
+# the conformance cases, generated from PyPI's onnx); fixtures are committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The ONNX node conformance cases (tests/tests/conformance.rs): installs the
+# pinned onnx into target/conformance-venv and generates them when missing.
+bash scripts/conformance-data.sh
+
 cargo build --workspace --all-targets --locked
+
+# Architecture invariant: the runtime carries no compiler crate.
+if cargo tree -p kiln-runtime -e normal,build --prefix none --locked | grep -E '^(cranelift|tract|petgraph|prost|protobuf)'; then
+    echo "error: kiln-runtime depends on a compiler crate (see docs/architecture.md)" >&2
+    exit 1
+fi
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --no-fail-fast
 else

@@ -7,8 +7,11 @@
 //!    explicit feature flags; the same features are recorded in the artifact
 //!    so the runtime refuses CPUs that lack them.
 //! 2. **Memory plan**: constants go to the weights blob (64-byte aligned,
-//!    deduplicated), every other value gets a 64-byte aligned region of the
-//!    arena (a linear plan; Reshape aliases its input when that is safe).
+//!    deduplicated); every other value gets a 64-byte aligned region of one
+//!    arena, assigned by liveness over the schedule with greedy best-fit
+//!    packing and in-place reuse for elementwise kernels (Reshape aliases its
+//!    input when that is safe). [`memory_plan`] and [`plan_stats`] show the
+//!    plan without compiling.
 //! 3. **Lowering**: one Cranelift function per IR node (plus copy kernels for
 //!    outputs that are graph inputs or constants). Every kernel has the ABI
 //!    `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32` and returns
@@ -42,6 +45,7 @@ mod lower;
 mod plan;
 
 pub use isa::CpuTarget;
+pub use plan::{memory_plan, plan_stats, MemoryPlan, PlanStats, PlannedValue, Step, ValueKind};
 
 use kiln_runtime::format::{Artifact, Metadata};
 

@@ -1,5 +1,27 @@
 //! Memory plan: where every value lives (weights blob or arena) and which
 //! kernels run, in order.
+//!
+//! Constants go to the weights blob. Every other value lives in one arena,
+//! placed by liveness (the `plan-memory` step):
+//!
+//! 1. **Schedule.** Kernels run in the graph's deterministic topological
+//!    order, then the output copies. Graph inputs are written at step 0,
+//!    kernel `k` runs at step `k + 1`.
+//! 2. **Liveness.** A value is live from the step that writes it to the last
+//!    step that reads it; graph outputs stay live to the end. A Reshape that
+//!    aliases its input joins the input's buffer, so the buffer lives until
+//!    the alias's last use too.
+//! 3. **In place.** An elementwise kernel (unary, binary, same-size cast)
+//!    writes over an input whose buffer dies at that step when the input has
+//!    the output's element count and element size: the lowering then reads
+//!    each element before it writes the same element (see
+//!    `lower/elementwise.rs`, `map`). The output joins the input's buffer.
+//! 4. **Offsets.** Buffers are packed by [`pack::pack`]: greedy best fit,
+//!    largest first, 64-byte aligned, reusing the space of dead buffers.
+//!
+//! [`memory_plan`] exposes the result (and [`PlanStats`]) without compiling.
+
+mod pack;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -109,6 +131,127 @@ pub(crate) struct Plan {
     pub outputs: Vec<TensorSpec>,
     /// Kernels, in execution order.
     pub jobs: Vec<Job>,
+    /// The arena plan, for inspection and tests.
+    pub memory: MemoryPlan,
+}
+
+/// Arena statistics of a memory plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// The planned arena size in bytes (what the artifact records).
+    pub arena_bytes: u64,
+    /// The sum of all arena values, each rounded up to 64 bytes: the arena
+    /// a plan without reuse (one region per value) would need.
+    pub total_bytes: u64,
+    /// The most bytes live at any one step (a lower bound for the arena).
+    pub peak_live_bytes: u64,
+    /// Arena values (graph inputs, kernel outputs, output copies).
+    pub values: usize,
+    /// Distinct buffers after aliasing and in-place reuse.
+    pub buffers: usize,
+    /// Kernels that write over one of their inputs.
+    pub in_place: usize,
+    /// Reshapes that alias their input (no kernel, no buffer).
+    pub aliases: usize,
+}
+
+impl std::fmt::Display for PlanStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "arena {} bytes (peak live {}, sum of values {}): {} values in {} buffers, {} in place, {} aliases",
+            self.arena_bytes,
+            self.peak_live_bytes,
+            self.total_bytes,
+            self.values,
+            self.buffers,
+            self.in_place,
+            self.aliases
+        )
+    }
+}
+
+/// How an arena value comes to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValueKind {
+    /// A graph input, copied into the arena before step 1.
+    Input,
+    /// The output of the kernel at `step`; `in_place_of` is the input whose
+    /// buffer it overwrites, if any.
+    Kernel {
+        /// The step (1-based position in [`MemoryPlan::steps`]).
+        step: u32,
+        /// The input node whose buffer this kernel writes over.
+        in_place_of: Option<NodeId>,
+    },
+    /// A Reshape without a kernel: it shares the buffer of `of`.
+    Alias {
+        /// The reshaped node.
+        of: NodeId,
+    },
+    /// The copy of a graph output made at `step` (an output that is a graph
+    /// input, a constant or a repeat of an earlier output).
+    OutputCopy {
+        /// The step (1-based position in [`MemoryPlan::steps`]).
+        step: u32,
+    },
+}
+
+/// One value's place in the arena.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedValue {
+    /// Node name, or `output:<name>` for an output copy.
+    pub name: String,
+    /// The node (`None` for an output copy).
+    pub node: Option<NodeId>,
+    /// How the value is produced.
+    pub kind: ValueKind,
+    /// Byte offset in the arena (64-byte aligned).
+    pub offset: u64,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// One kernel of the schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The kernel of a node.
+    Node(NodeId),
+    /// A copy of graph output `output` from `src`'s value.
+    Copy {
+        /// The graph output's name.
+        output: String,
+        /// The copied node.
+        src: NodeId,
+    },
+}
+
+/// The arena plan of a graph, as [`compile`](crate::compile) uses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Arena size in bytes.
+    pub arena_size: u64,
+    /// Kernels in execution order; kernel `k` (0-based) runs at step `k + 1`,
+    /// graph inputs are written at step 0.
+    pub steps: Vec<Step>,
+    /// Every arena value: graph inputs and kernel outputs in schedule
+    /// order, then output copies, then aliasing reshapes. Constants (and
+    /// reshapes of constants) live in the weights and are not listed.
+    pub values: Vec<PlannedValue>,
+    /// Statistics.
+    pub stats: PlanStats,
+}
+
+/// The arena plan [`compile`](crate::compile) would use for `graph`.
+pub fn memory_plan(graph: &Graph) -> Result<MemoryPlan, CpuError> {
+    let order = graph.topo_order()?;
+    Ok(plan(graph, &order)?.memory)
+}
+
+/// Arena statistics of the plan [`compile`](crate::compile) would use for
+/// `graph`: planned bytes vs the sum of all values.
+pub fn plan_stats(graph: &Graph) -> Result<PlanStats, CpuError> {
+    Ok(memory_plan(graph)?.stats)
 }
 
 pub(crate) fn align(x: u64) -> u64 {
@@ -132,85 +275,329 @@ pub(crate) fn format_dtype(d: kiln_ir::DType) -> FDType {
     }
 }
 
+/// A kernel before offsets are known.
+enum ProtoJob {
+    Node(NodeId),
+    Copy {
+        output: String,
+        src: NodeId,
+        dst: usize,
+        bytes: u64,
+    },
+}
+
+/// An arena value during planning.
+struct Val {
+    bytes: u64,
+    /// Step that writes it.
+    def: u32,
+    /// Last step that reads it (through its aliases too).
+    last: u32,
+    node: Option<NodeId>,
+    name: String,
+    kind: ValueKind,
+}
+
+fn find(parent: &mut [usize], mut v: usize) -> usize {
+    while parent[v] != v {
+        parent[v] = parent[parent[v]];
+        v = parent[v];
+    }
+    v
+}
+
+/// Whether `id`'s kernel may write over an input with `id`'s element count
+/// and element size: the lowering (`elementwise::map`) reads every element
+/// of such an input at the same index it writes, before writing it.
+fn in_place_capable(graph: &Graph, id: NodeId) -> bool {
+    matches!(
+        graph.node(id).op,
+        Op::Unary(_) | Op::Binary(_) | Op::Cast { .. }
+    )
+}
+
+fn too_large(graph: &Graph, id: NodeId) -> CpuError {
+    CpuError::TooLarge {
+        node: graph.node(id).name.clone(),
+        message: "the schedule has more than 2^32 steps".into(),
+    }
+}
+
 /// Plans memory for `graph`, whose nodes are given in topological `order`.
 pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
-    let mut arena = 0u64;
-    let mut alloc = |bytes: u64| {
-        let off = align(arena);
-        arena = off + bytes;
-        Loc {
-            base: Base::Arena,
-            offset: off,
-        }
-    };
     let mut weights = Weights::default();
-    let mut locs = HashMap::new();
-    let mut jobs = Vec::new();
+    let mut locs: HashMap<NodeId, Loc> = HashMap::new();
+    // Arena values; `val_of` maps every arena-resident node (aliases
+    // included) to its value.
+    let mut vals: Vec<Val> = Vec::new();
+    let mut val_of: HashMap<NodeId, usize> = HashMap::new();
+    let mut aliases: Vec<NodeId> = Vec::new();
+    let mut proto: Vec<ProtoJob> = Vec::new();
+    let step_of = |n: usize, id: NodeId| u32::try_from(n).map_err(|_| too_large(graph, id));
     for &id in order {
         let node = graph.node(id);
         let bytes = node.ty.size_bytes() as u64;
-        let loc = match &node.op {
-            Op::Input { .. } => alloc(bytes),
-            Op::Constant(t) => Loc {
-                base: Base::Weights,
-                offset: weights.add(&t.data().to_le_bytes()),
-            },
-            Op::Reshape { .. } => {
+        let new_val = |vals: &mut Vec<Val>, def: u32, kind: ValueKind| {
+            vals.push(Val {
+                bytes,
+                def,
+                last: def,
+                node: Some(id),
+                name: node.name.clone(),
+                kind,
+            });
+            vals.len() - 1
+        };
+        match &node.op {
+            Op::Input { .. } => {
+                let v = new_val(&mut vals, 0, ValueKind::Input);
+                val_of.insert(id, v);
+            }
+            Op::Constant(t) => {
+                let loc = Loc {
+                    base: Base::Weights,
+                    offset: weights.add(&t.data().to_le_bytes()),
+                };
+                locs.insert(id, loc);
+            }
+            Op::Reshape { .. } if !is_output(id) && !is_output(graph.inputs_of(id)[0]) => {
                 let input = graph.inputs_of(id)[0];
-                if !is_output(id) && !is_output(input) {
-                    locs[&input]
-                } else {
-                    jobs.push(Job::Node(id));
-                    alloc(bytes)
+                match val_of.get(&input) {
+                    Some(&v) => {
+                        val_of.insert(id, v);
+                        aliases.push(id);
+                    }
+                    None => {
+                        let loc = locs[&input];
+                        locs.insert(id, loc);
+                    }
                 }
             }
             _ => {
-                jobs.push(Job::Node(id));
-                alloc(bytes)
+                proto.push(ProtoJob::Node(id));
+                let step = step_of(proto.len(), id)?;
+                let v = new_val(
+                    &mut vals,
+                    step,
+                    ValueKind::Kernel {
+                        step,
+                        in_place_of: None,
+                    },
+                );
+                val_of.insert(id, v);
             }
-        };
-        locs.insert(id, loc);
+        }
     }
-    let spec = |name: &str, id: NodeId, loc: Loc| {
+    // Output copies, and the values the outputs point at.
+    let mut out_val: Vec<Option<usize>> = Vec::new();
+    let mut seen: Vec<NodeId> = Vec::new();
+    for (name, id) in graph.outputs() {
+        let node = graph.node(*id);
+        let needs_copy = matches!(node.op, Op::Input { .. } | Op::Constant(_))
+            || seen.contains(id)
+            || !val_of.contains_key(id);
+        seen.push(*id);
+        if needs_copy {
+            let bytes = node.ty.size_bytes() as u64;
+            let step = step_of(proto.len() + 1, *id)?;
+            vals.push(Val {
+                bytes,
+                def: step,
+                last: step,
+                node: None,
+                name: format!("output:{name}"),
+                kind: ValueKind::OutputCopy { step },
+            });
+            proto.push(ProtoJob::Copy {
+                output: name.clone(),
+                src: *id,
+                dst: vals.len() - 1,
+                bytes,
+            });
+            out_val.push(Some(vals.len() - 1));
+        } else {
+            out_val.push(None);
+        }
+    }
+    let end = step_of(proto.len() + 1, order.last().copied().unwrap_or_default())?;
+    // Liveness: last reads, outputs to the end.
+    for (k, job) in proto.iter().enumerate() {
+        let step = k as u32 + 1;
+        let reads = match job {
+            ProtoJob::Node(id) => graph.inputs_of(*id),
+            ProtoJob::Copy { src, .. } => vec![*src],
+        };
+        for r in reads {
+            if let Some(&v) = val_of.get(&r) {
+                vals[v].last = vals[v].last.max(step);
+            }
+        }
+    }
+    for (k, (_, id)) in graph.outputs().iter().enumerate() {
+        let v = match out_val[k] {
+            Some(v) => v,
+            None => val_of[id],
+        };
+        vals[v].last = end;
+    }
+    // In-place reuse, in schedule order: buffers (union-find roots) only
+    // ever grow forward in time.
+    let mut parent: Vec<usize> = (0..vals.len()).collect();
+    let mut in_place = 0;
+    for (k, job) in proto.iter().enumerate() {
+        let ProtoJob::Node(id) = *job else { continue };
+        if !in_place_capable(graph, id) {
+            continue;
+        }
+        let step = k as u32 + 1;
+        let out_ty = &graph.node(id).ty;
+        let out = val_of[&id];
+        if vals[out].bytes == 0 {
+            continue;
+        }
+        let inputs = graph.inputs_of(id);
+        let same_indexing = |n: NodeId| {
+            let t = &graph.node(n).ty;
+            t.num_elements() == out_ty.num_elements()
+                && t.dtype.size_bytes() == out_ty.dtype.size_bytes()
+        };
+        let roots: Vec<Option<usize>> = inputs
+            .iter()
+            .map(|n| val_of.get(n).map(|&v| find(&mut parent, v)))
+            .collect();
+        for (&input, &root) in inputs.iter().zip(&roots) {
+            let Some(root) = root else { continue };
+            if vals[root].last != step || vals[root].bytes != vals[out].bytes {
+                continue;
+            }
+            // Every operand read from this buffer must be read at the
+            // output's own index.
+            let ok = inputs
+                .iter()
+                .zip(&roots)
+                .all(|(&n, &r)| r != Some(root) || same_indexing(n));
+            if !ok {
+                continue;
+            }
+            parent[out] = root;
+            vals[root].last = vals[root].last.max(vals[out].last);
+            if let ValueKind::Kernel { in_place_of, .. } = &mut vals[out].kind {
+                *in_place_of = Some(input);
+            }
+            in_place += 1;
+            break;
+        }
+    }
+    // Offsets.
+    let roots: Vec<usize> = (0..vals.len())
+        .filter(|&v| find(&mut parent, v) == v)
+        .collect();
+    let intervals: Vec<pack::Interval> = roots
+        .iter()
+        .map(|&r| pack::Interval {
+            bytes: vals[r].bytes,
+            start: vals[r].def,
+            end: vals[r].last,
+        })
+        .collect();
+    let (root_offsets, arena_size) = pack::pack(&intervals);
+    let mut offset = vec![0u64; vals.len()];
+    for (i, &r) in roots.iter().enumerate() {
+        offset[r] = root_offsets[i];
+    }
+    for v in 0..vals.len() {
+        let r = find(&mut parent, v);
+        offset[v] = offset[r];
+    }
+    let arena = |offset: u64| Loc {
+        base: Base::Arena,
+        offset,
+    };
+    for &id in order {
+        if let Some(&v) = val_of.get(&id) {
+            locs.insert(id, arena(offset[v]));
+        }
+    }
+    let mut jobs = Vec::with_capacity(proto.len());
+    let mut steps = Vec::with_capacity(proto.len());
+    for job in &proto {
+        match job {
+            ProtoJob::Node(id) => {
+                jobs.push(Job::Node(*id));
+                steps.push(Step::Node(*id));
+            }
+            ProtoJob::Copy {
+                output,
+                src,
+                dst,
+                bytes,
+            } => {
+                jobs.push(Job::Copy {
+                    name: format!("output:{output}"),
+                    src: locs[src],
+                    dst: arena(offset[*dst]),
+                    bytes: *bytes,
+                });
+                steps.push(Step::Copy {
+                    output: output.clone(),
+                    src: *src,
+                });
+            }
+        }
+    }
+    let spec = |name: &str, id: NodeId, offset: u64| {
         let ty = &graph.node(id).ty;
         TensorSpec {
             name: name.to_owned(),
             dtype: format_dtype(ty.dtype),
             shape: ty.shape.iter().map(|&d| d as u64).collect(),
-            arena_offset: loc.offset,
+            arena_offset: offset,
         }
     };
     let inputs = graph
         .inputs()
         .iter()
-        .map(|&id| spec(&graph.node(id).name, id, locs[&id]))
+        .map(|&id| spec(&graph.node(id).name, id, offset[val_of[&id]]))
         .collect();
-    let mut outputs = Vec::new();
-    let mut seen: Vec<NodeId> = Vec::new();
-    for (name, id) in graph.outputs() {
-        let node = graph.node(*id);
-        let src = locs[id];
-        let needs_copy = matches!(node.op, Op::Input { .. } | Op::Constant(_))
-            || seen.contains(id)
-            || src.base != Base::Arena;
-        seen.push(*id);
-        let loc = if needs_copy {
-            let bytes = node.ty.size_bytes() as u64;
-            let dst = alloc(bytes);
-            jobs.push(Job::Copy {
-                name: format!("output:{name}"),
-                src,
-                dst,
-                bytes,
-            });
-            dst
-        } else {
-            src
-        };
-        outputs.push(spec(name, *id, loc));
+    let outputs = graph
+        .outputs()
+        .iter()
+        .zip(&out_val)
+        .map(|((name, id), v)| spec(name, *id, offset[v.unwrap_or_else(|| val_of[id])]))
+        .collect();
+    // The public view.
+    let mut values: Vec<PlannedValue> = Vec::with_capacity(vals.len() + aliases.len());
+    for (v, val) in vals.iter().enumerate() {
+        values.push(PlannedValue {
+            name: val.name.clone(),
+            node: val.node,
+            kind: val.kind.clone(),
+            offset: offset[v],
+            bytes: val.bytes,
+        });
     }
-    let arena_size = align(arena).max(ALIGN);
+    for &id in &aliases {
+        let node = graph.node(id);
+        values.push(PlannedValue {
+            name: node.name.clone(),
+            node: Some(id),
+            kind: ValueKind::Alias {
+                of: graph.inputs_of(id)[0],
+            },
+            offset: offset[val_of[&id]],
+            bytes: node.ty.size_bytes() as u64,
+        });
+    }
+    let stats = PlanStats {
+        arena_bytes: arena_size,
+        total_bytes: vals.iter().map(|v| align(v.bytes)).sum(),
+        peak_live_bytes: pack::peak_live(&intervals),
+        values: vals.len(),
+        buffers: roots.iter().filter(|&&r| vals[r].bytes > 0).count(),
+        in_place,
+        aliases: aliases.len(),
+    };
     Ok(Plan {
         locs,
         weights,
@@ -218,5 +605,11 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
         inputs,
         outputs,
         jobs,
+        memory: MemoryPlan {
+            arena_size,
+            steps,
+            values,
+            stats,
+        },
     })
 }
