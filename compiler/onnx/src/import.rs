@@ -173,8 +173,16 @@ fn scan_unsupported(
 type DeclaredDims = Option<Vec<Result<usize, Option<String>>>>;
 
 fn declared_type(input: &ValueInfoProto) -> Result<(i32, DeclaredDims), OnnxError> {
-    let tensor = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-        Some(TypeValue::TensorType(t)) => t,
+    let tensor = match input.r#type.as_ref().map(|t| t.value.as_ref()) {
+        Some(Some(TypeValue::TensorType(t))) => t,
+        // A type whose kind the protobuf schema does not know: sequence,
+        // map or optional values.
+        Some(None) => {
+            return Err(OnnxError::UnsupportedDType {
+                value: input.name.clone(),
+                dtype: "a non-tensor type (sequence, map or optional)".into(),
+            })
+        }
         None => {
             return Err(OnnxError::InvalidModel(format!(
                 "graph input '{}' has no tensor type",
