@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build -p kiln-runtime -p kiln --locked
+# Same command as scripts/test.sh, so nothing is rebuilt with other features.
+cargo build --workspace --all-targets --locked
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 gcc -std=c11 -Wall -Wextra -Werror -O2 -I runtime/include tests/c/example.c \
