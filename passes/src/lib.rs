@@ -16,11 +16,15 @@
 #![deny(missing_docs)]
 
 mod dce;
+mod fold_batchnorm;
 mod fold_constants;
 mod manager;
+mod simplify;
 
 pub use dce::DeadCodeElimination;
+pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use manager::{
     Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
 };
+pub use simplify::Simplify;

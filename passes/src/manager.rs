@@ -1,6 +1,6 @@
 //! The pass manager: pipelines, verification between passes, statistics.
 
-use crate::{DeadCodeElimination, FoldConstants};
+use crate::{DeadCodeElimination, FoldBatchNorm, FoldConstants, Simplify};
 use kiln_ir::{Graph, IrError};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -43,7 +43,7 @@ pub enum PassError {
         known: String,
     },
     /// Unsupported optimization level.
-    #[error("unknown optimization level {0}; use 0 or 1")]
+    #[error("unknown optimization level {0}; use 0, 1 or 2")]
     UnknownLevel(u8),
     /// A pass failed.
     #[error("pass '{pass}' failed: {source}")]
@@ -99,17 +99,21 @@ pub struct PassManager {
 fn registry() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(FoldConstants::default()),
+        Box::new(Simplify::default()),
+        Box::new(FoldBatchNorm),
         Box::new(DeadCodeElimination),
     ]
 }
 
 impl PassManager {
     /// The pipeline of an optimization level: `0` imports as is, `1` folds
-    /// constants and removes dead code.
+    /// constants and removes dead code, `2` also simplifies and folds
+    /// per-channel scale/shift (BatchNormalization) into Conv/Gemm/MatMul.
     pub fn for_level(level: u8) -> Result<PassManager, PassError> {
         match level {
             0 => Ok(PassManager { passes: vec![] }),
             1 => PassManager::from_names(&["fold-constants", "dce"]),
+            2 => PassManager::from_names(&["fold-constants", "simplify", "fold-batchnorm", "dce"]),
             other => Err(PassError::UnknownLevel(other)),
         }
     }

@@ -12,6 +12,14 @@
 //! - [`Model`]: load and run.
 //! - [`capi`]: the C ABI declared in `include/kiln.h`.
 //!
+//! # Threads
+//!
+//! [`Model`] is `Send + Sync`. [`Model::run`] takes `&mut self` (one arena
+//! per model), so concurrent runs are allowed on different `Model`
+//! instances, e.g. one per thread loaded from the same bytes, and one
+//! instance is shared between threads behind a `Mutex`. The load test in
+//! `tests/tests/robustness_load.rs` runs both from four threads.
+//!
 //! # Example
 //! ```no_run
 //! use kiln_runtime::{Model, Tensor};

@@ -104,6 +104,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Pass(p) => format!("passes::{}", variant(p)),
         DriverError::Cpu(c) => format!("cpu::{}", variant(c)),
         DriverError::Io { .. } => "io".to_string(),
+        DriverError::ArenaTooLarge { .. } => "arena_too_large".to_string(),
     }
 }
 

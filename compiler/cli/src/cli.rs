@@ -65,8 +65,9 @@ struct ModelArgs {
     /// Bind a symbolic dim by name: NAME=VALUE (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
-    /// Optimization level: 0 imports as is, 1 folds constants and removes dead code.
-    #[arg(short = 'O', default_value_t = 1, value_name = "LEVEL")]
+    /// Optimization level: 0 imports as is, 1 folds constants and removes dead code,
+    /// 2 also simplifies and folds BatchNormalization into Conv/Gemm/MatMul.
+    #[arg(short = 'O', default_value_t = 2, value_name = "LEVEL")]
     opt_level: u8,
     /// Run exactly these passes, comma-separated (overrides -O).
     #[arg(long, value_delimiter = ',')]
@@ -94,6 +95,11 @@ struct CompileArgs {
     /// Directory for IR dumps (default: next to the output).
     #[arg(long)]
     dump_dir: Option<PathBuf>,
+    /// Compile a second time in a separate process (another working
+    /// directory, another thread-count environment) and fail unless both
+    /// artifacts are byte-identical.
+    #[arg(long)]
+    verify_reproducible: bool,
     /// Print a machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -191,7 +197,7 @@ impl From<DriverError> for Failure {
             DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
             | DriverError::Pass(kiln_passes::PassError::UnknownLevel(_)) => exit::USAGE,
             DriverError::Pass(_) => exit::INTERNAL,
-            DriverError::Cpu(_) => exit::UNSUPPORTED,
+            DriverError::Cpu(_) | DriverError::ArenaTooLarge { .. } => exit::UNSUPPORTED,
             DriverError::Io { .. } => exit::IO,
         };
         Failure::new(code, e.to_string())
@@ -317,6 +323,11 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
     })?;
     let elapsed = start.elapsed();
+    let reproducible = if a.verify_reproducible {
+        Some(verify_reproducible(&a, &out.bytes)?)
+    } else {
+        None
+    };
     write_file(&a.output, &out.bytes)?;
     if !out.dumps.is_empty() {
         let dir = a.dump_dir.clone().unwrap_or_else(|| {
@@ -355,6 +366,8 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "outputs": specs_json(&meta.outputs),
                 "passes": passes,
                 "compile_ms": elapsed.as_secs_f64() * 1e3,
+                "content_sha256": hex(&out.artifact.content_hash()),
+                "reproducible": reproducible.is_some().then_some(true),
             })
         );
     } else {
@@ -369,8 +382,99 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             meta.arena_size,
             elapsed.as_secs_f64() * 1e3
         );
+        if let Some(how) = &reproducible {
+            println!(
+                "reproducible: {how} gave identical bytes (content sha256 {})",
+                hex(&out.artifact.content_hash())
+            );
+        }
     }
     Ok(())
+}
+
+/// `--verify-reproducible`: compiles the model again in a child process of
+/// this executable, with another working directory and another thread
+/// count in the environment (`RAYON_NUM_THREADS`, `KILN_NUM_THREADS`; the
+/// compiler is single-threaded today, so these guard future parallelism),
+/// and compares its artifact with `bytes`. Returns how the second build was
+/// made; fails with the first differing offset and its section otherwise.
+fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure> {
+    let internal = |m: String| Failure::new(exit::INTERNAL, format!("--verify-reproducible: {m}"));
+    let exe = std::env::current_exe().map_err(|e| internal(format!("current executable: {e}")))?;
+    let model = std::path::absolute(&a.model)
+        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.model.display())))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("kiln-repro-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+    let second = dir.join("second.kiln");
+    // Every option that decides the artifact (see `compile_options`).
+    let m = &a.model_args;
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "compile".into(),
+        model.into(),
+        "-o".into(),
+        second.clone().into(),
+        "--target".into(),
+        a.target.clone().into(),
+        format!("-O{}", m.opt_level).into(),
+    ];
+    for s in &m.input_shapes {
+        args.extend(["--input-shape".into(), s.into()]);
+    }
+    for s in &m.dims {
+        args.extend(["--dim".into(), s.into()]);
+    }
+    if let Some(p) = &m.passes {
+        args.extend(["--passes".into(), p.join(",").into()]);
+    }
+    if m.verify_each {
+        args.push("--verify-each".into());
+    }
+    let threads = match std::env::var("RAYON_NUM_THREADS").as_deref() {
+        Ok("1") => "3",
+        _ => "1",
+    };
+    let result = std::process::Command::new(&exe)
+        .args(&args)
+        .current_dir(&dir)
+        .env("RAYON_NUM_THREADS", threads)
+        .env("KILN_NUM_THREADS", threads)
+        .output();
+    let second_bytes = std::fs::read(&second);
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = result.map_err(|e| internal(format!("cannot run {}: {e}", exe.display())))?;
+    if !output.status.success() {
+        return Err(internal(format!(
+            "the second compilation failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    let second_bytes = second_bytes.map_err(|e| internal(format!("{}: {e}", second.display())))?;
+    if let Some((offset, region)) = driver::first_difference(bytes, &second_bytes) {
+        let hash = |b: &[u8]| {
+            kiln_runtime::format::read_header(b)
+                .map(|h| hex(&h.content_hash))
+                .unwrap_or_else(|_| "unreadable".into())
+        };
+        return Err(internal(format!(
+            "not reproducible: a second compilation in a separate process gave different bytes; \
+             first difference at offset {offset} in {region} \
+             ({} vs {} bytes, content sha256 {} vs {})",
+            bytes.len(),
+            second_bytes.len(),
+            hash(bytes),
+            hash(&second_bytes)
+        )));
+    }
+    Ok(format!(
+        "a second compilation in a separate process (working directory {}, RAYON_NUM_THREADS={threads})",
+        dir.display()
+    ))
 }
 
 fn specs_json(specs: &[TensorSpec]) -> Value {

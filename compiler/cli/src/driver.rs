@@ -38,17 +38,26 @@ pub struct CompileOptions {
     pub verify_each: bool,
     /// IR dumps to produce.
     pub dump_ir: DumpIr,
+    /// The largest arena (inputs, outputs, activations) an artifact may
+    /// need; a larger one is [`DriverError::ArenaTooLarge`]. It bounds what a
+    /// small model claiming huge shapes makes the runtime allocate.
+    /// Default [`DEFAULT_MAX_ARENA_BYTES`].
+    pub max_arena_bytes: u64,
 }
+
+/// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
+pub const DEFAULT_MAX_ARENA_BYTES: u64 = 16 << 30;
 
 impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             target: CpuTarget::Native,
             import: ImportOptions::default(),
-            opt_level: 1,
+            opt_level: 2,
             passes: None,
             verify_each: false,
             dump_ir: DumpIr::None,
+            max_arena_bytes: DEFAULT_MAX_ARENA_BYTES,
         }
     }
 }
@@ -98,6 +107,15 @@ pub enum DriverError {
     /// Code generation failed.
     #[error(transparent)]
     Cpu(#[from] CpuError),
+    /// The compiled model needs a larger arena than
+    /// [`CompileOptions::max_arena_bytes`] allows.
+    #[error("the model needs a {arena_bytes}-byte arena, more than the limit of {limit} bytes (its shapes are too large)")]
+    ArenaTooLarge {
+        /// Arena bytes the artifact would need.
+        arena_bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -175,6 +193,12 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         opt_level: 1,
     };
     let artifact = kiln_target_cpu::compile(&graph, &cpu, info)?;
+    if artifact.metadata.arena_size > opts.max_arena_bytes {
+        return Err(DriverError::ArenaTooLarge {
+            arena_bytes: artifact.metadata.arena_size,
+            limit: opts.max_arena_bytes,
+        });
+    }
     let bytes = artifact.to_bytes();
     Ok(Compiled {
         artifact,
@@ -183,4 +207,61 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         report,
         dumps,
     })
+}
+
+/// Where two artifacts' bytes first differ: the offset and the region of
+/// the file holding it (a header field, a section-table entry, a section or
+/// the padding between sections), as named by the first artifact's layout.
+/// `None` when the bytes are identical.
+pub fn first_difference(a: &[u8], b: &[u8]) -> Option<(u64, String)> {
+    use kiln_runtime::format::{read_header, SectionKind, HEADER_LEN, SECTION_ENTRY_LEN};
+    let offset = match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => i,
+        None if a.len() == b.len() => return None,
+        None => a.len().min(b.len()),
+    };
+    let table_end = HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN;
+    let region = if offset < HEADER_LEN {
+        let field = match offset {
+            0..8 => "magic",
+            8..12 => "version",
+            12..16 => "arch",
+            16..24 => "features",
+            24..28 => "section count",
+            28..32 => "reserved",
+            _ => "content hash",
+        };
+        format!("header ({field})")
+    } else if offset < table_end {
+        let i = (offset - HEADER_LEN) / SECTION_ENTRY_LEN;
+        format!(
+            "section table (entry {}: {})",
+            i,
+            SectionKind::ALL[i].name()
+        )
+    } else {
+        match read_header(a) {
+            Ok(h) => h
+                .sections
+                .iter()
+                .find(|s| (s.offset..s.offset + s.length).contains(&(offset as u64)))
+                .map(|s| {
+                    format!(
+                        "section {} (+{} of {} bytes)",
+                        s.kind.name(),
+                        offset as u64 - s.offset,
+                        s.length
+                    )
+                })
+                .unwrap_or_else(|| {
+                    if offset >= a.len() || offset >= b.len() {
+                        format!("end of file (lengths {} and {})", a.len(), b.len())
+                    } else {
+                        "padding between sections".to_string()
+                    }
+                }),
+            Err(e) => format!("unparsable artifact ({e})"),
+        }
+    };
+    Some((offset as u64, region))
 }

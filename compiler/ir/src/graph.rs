@@ -32,6 +32,14 @@ impl ValueType {
         self.shape.iter().product()
     }
 
+    /// Size in bytes, or `None` when it does not fit in an `isize`.
+    pub fn checked_size_bytes(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize)
+    }
+
     /// Size in bytes.
     pub fn size_bytes(&self) -> usize {
         self.num_elements() * self.dtype.size_bytes()
@@ -112,6 +120,15 @@ impl Graph {
     ) -> Result<NodeId, IrError> {
         let types: Vec<&ValueType> = inputs.iter().map(|&i| &self.g[i].ty).collect();
         let ty = infer::infer(&op, &types)?;
+        // Inference checks each dim, not their product: a shape whose
+        // byte size does not fit in an `isize` (e.g. a Conv with 2^40 pads)
+        // is an error here, so later code may multiply dims freely.
+        if ty.checked_size_bytes().is_none() {
+            return Err(IrError::ty(
+                op.name(),
+                format!("output {ty} is too large to address"),
+            ));
+        }
         let id = self.g.add_node(Node {
             op,
             name: name.into(),

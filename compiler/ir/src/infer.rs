@@ -295,7 +295,82 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             ))
         }
         Op::Cast { to } => Ok(ValueType::new(*to, inputs[0].shape.clone())),
+        Op::Compare(_) => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_dtype(name, a, b)?;
+            Ok(ValueType::new(DType::Bool, broadcast2(name, a, b)?))
+        }
+        Op::Logical(_) => {
+            let (a, b) = (inputs[0], inputs[1]);
+            bool_only(name, a)?;
+            bool_only(name, b)?;
+            Ok(ValueType::new(DType::Bool, broadcast2(name, a, b)?))
+        }
+        Op::Not => {
+            bool_only(name, inputs[0])?;
+            Ok(inputs[0].clone())
+        }
+        Op::Where => {
+            let (c, x, y) = (inputs[0], inputs[1], inputs[2]);
+            bool_only(name, c)?;
+            same_dtype(name, x, y)?;
+            let xy = broadcast2(name, x, y)?;
+            let shape = broadcast_shapes(&c.shape, &xy).ok_or_else(|| {
+                IrError::ty(
+                    name,
+                    format!("condition {c} does not broadcast with {x} and {y}"),
+                )
+            })?;
+            Ok(ValueType::new(x.dtype, shape))
+        }
+        Op::Reduce {
+            op,
+            axes,
+            keep_dims,
+        } => {
+            let x = inputs[0];
+            if !(x.dtype.is_float() || op.accepts_int() && x.dtype.is_int()) {
+                return Err(IrError::ty(
+                    name,
+                    format!("unsupported element type {}", x.dtype),
+                ));
+            }
+            let rank = x.shape.len();
+            if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= rank) {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "axes {:?} must be strictly increasing and below the rank of {x}",
+                        axes.as_slice()
+                    ),
+                ));
+            }
+            let mut shape = Shape::new();
+            for (d, &n) in x.shape.iter().enumerate() {
+                if !axes.contains(&d) {
+                    shape.push(n);
+                } else if *keep_dims {
+                    shape.push(1);
+                }
+            }
+            Ok(ValueType::new(x.dtype, shape))
+        }
     }
+}
+
+fn broadcast2(op: &'static str, a: &ValueType, b: &ValueType) -> Result<Shape, IrError> {
+    broadcast_shapes(&a.shape, &b.shape)
+        .ok_or_else(|| IrError::ty(op, format!("shapes {a} and {b} do not broadcast")))
+}
+
+fn bool_only(op: &'static str, x: &ValueType) -> Result<(), IrError> {
+    if x.dtype != DType::Bool {
+        return Err(IrError::ty(
+            op,
+            format!("needs a bool input, got {}", x.dtype),
+        ));
+    }
+    Ok(())
 }
 
 fn same_dtype(op: &'static str, a: &ValueType, b: &ValueType) -> Result<(), IrError> {

@@ -33,7 +33,9 @@ pub mod verify;
 pub use dtype::DType;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId, ValueType};
-pub use op::{BinaryOp, Conv2d, Ints, Op, Pool2d, SliceAxis, UnaryOp};
+pub use op::{
+    BinaryOp, CompareOp, Conv2d, Ints, LogicalOp, Op, Pool2d, ReduceOp, SliceAxis, UnaryOp,
+};
 pub use tensor::{Data, Tensor};
 
 /// A concrete tensor shape.

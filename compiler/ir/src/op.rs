@@ -148,6 +148,127 @@ impl BinaryOp {
     }
 }
 
+/// Elementwise comparisons with broadcasting; the output is `bool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum CompareOp {
+    Equal,
+    Less,
+    Greater,
+    LessOrEqual,
+    GreaterOrEqual,
+}
+
+impl CompareOp {
+    /// Text-format name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CompareOp::Equal => "equal",
+            CompareOp::Less => "less",
+            CompareOp::Greater => "greater",
+            CompareOp::LessOrEqual => "less_or_equal",
+            CompareOp::GreaterOrEqual => "greater_or_equal",
+        }
+    }
+
+    /// Scalar semantics on any ordered values (IEEE for floats: every
+    /// comparison with NaN is false).
+    pub fn apply<T: PartialOrd>(&self, a: T, b: T) -> bool {
+        match self {
+            CompareOp::Equal => a == b,
+            CompareOp::Less => a < b,
+            CompareOp::Greater => a > b,
+            CompareOp::LessOrEqual => a <= b,
+            CompareOp::GreaterOrEqual => a >= b,
+        }
+    }
+}
+
+/// Elementwise boolean operations with broadcasting (`bool` in and out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum LogicalOp {
+    And,
+    Or,
+    Xor,
+}
+
+impl LogicalOp {
+    /// Text-format name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LogicalOp::And => "and",
+            LogicalOp::Or => "or",
+            LogicalOp::Xor => "xor",
+        }
+    }
+
+    /// Scalar semantics.
+    pub fn apply(&self, a: bool, b: bool) -> bool {
+        match self {
+            LogicalOp::And => a && b,
+            LogicalOp::Or => a || b,
+            LogicalOp::Xor => a != b,
+        }
+    }
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
+}
+
+impl ReduceOp {
+    /// Text-format name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Mean => "reduce_mean",
+            ReduceOp::Max => "reduce_max",
+            ReduceOp::Min => "reduce_min",
+            ReduceOp::Prod => "reduce_prod",
+            ReduceOp::L1 => "reduce_l1",
+            ReduceOp::L2 => "reduce_l2",
+            ReduceOp::LogSum => "reduce_log_sum",
+            ReduceOp::LogSumExp => "reduce_log_sum_exp",
+            ReduceOp::SumSquare => "reduce_sum_square",
+        }
+    }
+
+    /// Every reduction, in text-format order.
+    pub const ALL: [ReduceOp; 10] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+        ReduceOp::L1,
+        ReduceOp::L2,
+        ReduceOp::LogSum,
+        ReduceOp::LogSumExp,
+        ReduceOp::SumSquare,
+    ];
+
+    /// Whether the op is defined on integer inputs too (otherwise float only).
+    pub fn accepts_int(&self) -> bool {
+        matches!(
+            self,
+            ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::Prod
+        )
+    }
+}
+
 /// 2-D convolution attributes (NCHW input, OIHW weights).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conv2d {
@@ -268,6 +389,27 @@ pub enum Op {
         /// Target type.
         to: DType,
     },
+    /// Elementwise comparison with broadcasting; two inputs of one element
+    /// type, `bool` output.
+    Compare(CompareOp),
+    /// Elementwise boolean op with broadcasting on `bool` inputs.
+    Logical(LogicalOp),
+    /// Elementwise boolean negation.
+    Not,
+    /// `cond ? x : y` elementwise; inputs cond (`bool`), X and Y (one element
+    /// type), all three broadcast together.
+    Where,
+    /// Reduction over `axes` (strictly increasing, possibly empty: then the
+    /// op is the identity); reduced axes are kept as size 1 with
+    /// `keep_dims`, removed otherwise.
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// The reduced axes, strictly increasing.
+        axes: Ints,
+        /// Keep reduced axes as size 1.
+        keep_dims: bool,
+    },
 }
 
 impl Op {
@@ -292,6 +434,11 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Slice { .. } => "slice",
             Op::Cast { .. } => "cast",
+            Op::Compare(c) => c.name(),
+            Op::Logical(l) => l.name(),
+            Op::Not => "not",
+            Op::Where => "where",
+            Op::Reduce { op, .. } => op.name(),
         }
     }
 
@@ -299,7 +446,10 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input { .. } | Op::Constant(_) => (0, 0),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } => (2, 2),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Compare(_) | Op::Logical(_) => {
+                (2, 2)
+            }
+            Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv(_) => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),
             _ => (1, 1),

@@ -62,7 +62,16 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
             }
         }
     }
+    let mut output_names: HashSet<&str> = HashSet::new();
     for o in &graph.output {
+        // Graph outputs are named uniquely (the artifact records them by
+        // name, and the runtime refuses duplicates).
+        if !output_names.insert(o.name.as_str()) {
+            return Err(OnnxError::InvalidModel(format!(
+                "graph output '{}' is listed more than once",
+                o.name
+            )));
+        }
         if !available.contains(o.name.as_str()) && !producer.contains_key(o.name.as_str()) {
             return Err(OnnxError::MissingInput {
                 node: "graph output".into(),

@@ -14,14 +14,17 @@
 //! - integers use wrapping integer semantics; an integer division by zero is
 //!   an [`IrError::Eval`] error.
 //!
-//! Layout ops (Reshape, Transpose, Concat, Gather, Slice, Cast) work for
-//! every element type.
+//! Layout ops (Reshape, Transpose, Concat, Gather, Slice, Cast) and Where
+//! work for every element type; comparisons compare exactly (floats as f64,
+//! integers as i64).
 
 mod conv;
 mod elementwise;
 mod layout;
 mod linalg;
+mod logic;
 mod pool;
+mod reduce;
 mod softmax;
 
 use crate::infer::strides_of;
@@ -80,6 +83,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Concat { axis } => layout::concat(*axis, inputs)?,
         Op::Gather { axis } => layout::gather(*axis, inputs[0], inputs[1])?,
         Op::Slice { axes } => layout::slice(axes, inputs[0], &out),
+        Op::Compare(c) => logic::compare(*c, inputs[0], inputs[1], &out)?,
+        Op::Logical(l) => logic::logical(*l, inputs[0], inputs[1], &out)?,
+        Op::Not => logic::not(inputs[0])?,
+        Op::Where => logic::where_(inputs[0], inputs[1], inputs[2], &out)?,
+        Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, inputs[0], &out)?,
     };
     if data.dtype() != out.dtype {
         return Err(eval_err(

@@ -4,7 +4,8 @@
 use super::lex::{lex, lex_string, Tok, Token};
 use crate::op::{Conv2d, Pool2d, SliceAxis};
 use crate::{
-    BinaryOp, DType, Data, Graph, Ints, IrError, NodeId, Op, Shape, Tensor, UnaryOp, ValueType,
+    BinaryOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op, ReduceOp, Shape,
+    Tensor, UnaryOp, ValueType,
 };
 use half::{bf16, f16};
 use smallvec::SmallVec;
@@ -769,6 +770,26 @@ const OPS: &[(&str, &[&str])] = &[
     ("gather", &["axis"]),
     ("slice", &["axes"]),
     ("cast", &["to"]),
+    ("equal", &[]),
+    ("less", &[]),
+    ("greater", &[]),
+    ("less_or_equal", &[]),
+    ("greater_or_equal", &[]),
+    ("and", &[]),
+    ("or", &[]),
+    ("xor", &[]),
+    ("not", &[]),
+    ("where", &[]),
+    ("reduce_sum", &["axes", "keep_dims"]),
+    ("reduce_mean", &["axes", "keep_dims"]),
+    ("reduce_max", &["axes", "keep_dims"]),
+    ("reduce_min", &["axes", "keep_dims"]),
+    ("reduce_prod", &["axes", "keep_dims"]),
+    ("reduce_l1", &["axes", "keep_dims"]),
+    ("reduce_l2", &["axes", "keep_dims"]),
+    ("reduce_log_sum", &["axes", "keep_dims"]),
+    ("reduce_log_sum_exp", &["axes", "keep_dims"]),
+    ("reduce_sum_square", &["axes", "keep_dims"]),
     ("const", &[]),
 ];
 
@@ -854,6 +875,26 @@ fn build_op(
         "cast" => Op::Cast {
             to: a.required("to", Attrs::dtype)?,
         },
+        "equal" => Op::Compare(CompareOp::Equal),
+        "less" => Op::Compare(CompareOp::Less),
+        "greater" => Op::Compare(CompareOp::Greater),
+        "less_or_equal" => Op::Compare(CompareOp::LessOrEqual),
+        "greater_or_equal" => Op::Compare(CompareOp::GreaterOrEqual),
+        "and" => Op::Logical(LogicalOp::And),
+        "or" => Op::Logical(LogicalOp::Or),
+        "xor" => Op::Logical(LogicalOp::Xor),
+        "not" => Op::Not,
+        "where" => Op::Where,
+        r if r.starts_with("reduce_") && ReduceOp::ALL.iter().any(|o| o.name() == r) => {
+            Op::Reduce {
+                op: *ReduceOp::ALL
+                    .iter()
+                    .find(|o| o.name() == r)
+                    .expect("checked"),
+                axes: a.required("axes", Attrs::ints)?,
+                keep_dims: a.optional("keep_dims", true, Attrs::bool)?,
+            }
+        }
         "input" => {
             return Err(err(
                 line,

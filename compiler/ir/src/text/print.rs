@@ -81,6 +81,10 @@ fn attributes(op: &Op) -> Vec<String> {
         Op::Input { index } => vec![format!("index={index}")],
         Op::Constant(_)
         | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Logical(_)
+        | Op::Not
+        | Op::Where
         | Op::MatMul
         | Op::GlobalAveragePool
         | Op::GlobalMaxPool => vec![],
@@ -140,6 +144,12 @@ fn attributes(op: &Op) -> Vec<String> {
             vec![format!("axes=[{}]", axes.join(", "))]
         }
         Op::Cast { to } => vec![format!("to={to}")],
+        Op::Reduce {
+            axes, keep_dims, ..
+        } => vec![
+            format!("axes={}", ints(axes)),
+            format!("keep_dims={keep_dims}"),
+        ],
     }
 }
 

@@ -2,7 +2,10 @@
 
 use super::{parse, print, print_with, PrintOptions};
 use crate::op::{Conv2d, Pool2d, SliceAxis};
-use crate::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, Tensor, UnaryOp, ValueType};
+use crate::{
+    BinaryOp, CompareOp, DType, Data, Graph, IrError, LogicalOp, NodeId, Op, ReduceOp, Tensor,
+    UnaryOp, ValueType,
+};
 use half::{bf16, f16};
 use smallvec::smallvec;
 use std::collections::{HashMap, HashSet};
@@ -628,4 +631,92 @@ fn snapshot_conv_block() {
 #[test]
 fn snapshot_constants() {
     insta::assert_snapshot!("constants", print(&constants_graph()));
+}
+
+/// Comparisons, boolean ops, Where, reductions and the later elementwise ops.
+fn logic_and_reduce_graph() -> Graph {
+    let mut g = Graph::new();
+    let a = g.add_input("a", vt(DType::F32, &[2, 3]));
+    let b = g.add_input("b", vt(DType::F32, &[3]));
+    let mut bools = Vec::new();
+    for op in [
+        CompareOp::Equal,
+        CompareOp::Less,
+        CompareOp::Greater,
+        CompareOp::LessOrEqual,
+        CompareOp::GreaterOrEqual,
+    ] {
+        bools.push(g.add_node(Op::Compare(op), &[a, b], op.name()).unwrap());
+    }
+    let mut acc = bools[0];
+    for (i, op) in [LogicalOp::And, LogicalOp::Or, LogicalOp::Xor]
+        .into_iter()
+        .enumerate()
+    {
+        acc = g
+            .add_node(Op::Logical(op), &[acc, bools[i + 1]], "")
+            .unwrap();
+    }
+    let not = g.add_node(Op::Not, &[acc], "not").unwrap();
+    let w = g.add_node(Op::Where, &[not, a, b], "where").unwrap();
+    g.add_output("w", w);
+    for (i, op) in ReduceOp::ALL.into_iter().enumerate() {
+        let axes = if i % 2 == 0 {
+            smallvec![1]
+        } else {
+            smallvec![0, 1]
+        };
+        let r = g
+            .add_node(
+                Op::Reduce {
+                    op,
+                    axes,
+                    keep_dims: i % 3 == 0,
+                },
+                &[w],
+                op.name(),
+            )
+            .unwrap();
+        g.add_output(op.name(), r);
+    }
+    g
+}
+
+#[test]
+fn round_trip_logic_and_reduce_ops() {
+    let text = round_trip(&logic_and_reduce_graph());
+    for name in [
+        "equal(",
+        "less(",
+        "greater(",
+        "less_or_equal(",
+        "greater_or_equal(",
+        "and(",
+        "or(",
+        "xor(",
+        "not(",
+        "where(",
+        "reduce_sum(",
+        "reduce_mean(",
+        "reduce_max(",
+        "reduce_min(",
+        "reduce_prod(",
+        "reduce_l1(",
+        "reduce_l2(",
+        "reduce_log_sum(",
+        "reduce_log_sum_exp(",
+        "reduce_sum_square(",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    assert!(
+        text.contains("bool[2,3] = and(") && text.contains("f32[2,3] = where("),
+        "{text}"
+    );
+    assert!(
+        text.contains("f32[2,1] = reduce_sum(%") && text.contains("{axes=[1], keep_dims=true}"),
+        "{text}"
+    );
+    let g = parse("graph(%x: f32[2,3]) {\n  %y: f32[2] = reduce_max(%x) {axes=[1], keep_dims=false}\n  return %y\n}\n").unwrap();
+    assert_eq!(g.node_count(), 2);
 }

@@ -49,6 +49,21 @@ pub(crate) fn cast_to(
 }
 
 fn binary(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> R {
+    let (a, mut b) = binary_operands(ctx, node)?;
+    if op == BinaryOp::Pow {
+        // The exponent may have another type (opset 12+).
+        let dt = ctx.ty(a).dtype;
+        b = cast_to(ctx, b, dt, "exponent")?;
+    }
+    one(ctx.op(Op::Binary(op), &[a, b], None)?)
+}
+
+/// The two operands of a broadcasting binary op, with the legacy
+/// (opset < 7) `broadcast`/`axis` alignment of B applied.
+pub(crate) fn binary_operands(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+) -> Result<(Val, Val), OnnxError> {
     let a = ctx.input(node, 0)?;
     let mut b = ctx.input(node, 1)?;
     // Opsets 1-6: `broadcast=1` with `axis` aligns B's dims at `axis` of A.
@@ -68,12 +83,7 @@ fn binary(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> R {
             b = reshape_to(ctx, b, &shape, "broadcast")?;
         }
     }
-    if op == BinaryOp::Pow {
-        // The exponent may have another type (opset 12+).
-        let dt = ctx.ty(a).dtype;
-        b = cast_to(ctx, b, dt, "exponent")?;
-    }
-    one(ctx.op(Op::Binary(op), &[a, b], None)?)
+    Ok((a, b))
 }
 
 /// `Add`.

@@ -357,6 +357,14 @@ pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.op(Op::Cast { to }, &[x], None)?)
 }
 
+/// `CastLike` (opset 15+): Cast to the element type of the second input.
+pub fn cast_like(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let like = ctx.input(node, 1)?;
+    let to = ctx.ty(like).dtype;
+    one(ctx.op(Op::Cast { to }, &[x], None)?)
+}
+
 /// Broadcasts a constant to `shape` (`shape` must be its broadcast with
 /// the tensor's shape).
 fn broadcast_const(t: &Tensor, shape: &[usize]) -> Tensor {

@@ -14,8 +14,10 @@ pub mod conv;
 pub mod elementwise;
 pub mod layout;
 pub mod linalg;
+pub mod logic;
 pub mod norm;
 pub mod pool;
+pub mod reduce;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -68,6 +70,27 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Squeeze" => layout::squeeze,
         "Unsqueeze" => layout::unsqueeze,
         "Cast" => layout::cast,
+        "CastLike" => layout::cast_like,
+        "Equal" => logic::equal,
+        "Less" => logic::less,
+        "Greater" => logic::greater,
+        "LessOrEqual" => logic::less_or_equal,
+        "GreaterOrEqual" => logic::greater_or_equal,
+        "And" => logic::and,
+        "Or" => logic::or,
+        "Xor" => logic::xor,
+        "Not" => logic::not,
+        "Where" => logic::where_,
+        "ReduceSum" => reduce::reduce_sum,
+        "ReduceMean" => reduce::reduce_mean,
+        "ReduceMax" => reduce::reduce_max,
+        "ReduceMin" => reduce::reduce_min,
+        "ReduceProd" => reduce::reduce_prod,
+        "ReduceL1" => reduce::reduce_l1,
+        "ReduceL2" => reduce::reduce_l2,
+        "ReduceLogSum" => reduce::reduce_log_sum,
+        "ReduceLogSumExp" => reduce::reduce_log_sum_exp,
+        "ReduceSumSquare" => reduce::reduce_sum_square,
         "Expand" => layout::expand,
         "Constant" => constant::constant,
         "Shape" => constant::shape,

@@ -174,7 +174,7 @@ fn inner_vector(
     }
 }
 
-fn out_and_input(kb: &mut Kb, cx: &NodeCx, i: usize) -> MapIn {
+pub(crate) fn out_and_input(kb: &mut Kb, cx: &NodeCx, i: usize) -> MapIn {
     let (loc, ty) = cx.inputs[i];
     MapIn {
         ptr: kb.ptr(loc),
@@ -276,7 +276,7 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
 }
 
 /// Extends an integer element to i64 (signed, or unsigned for u8/bool).
-fn widen(kb: &mut Kb, x: Value, d: DType) -> Value {
+pub(crate) fn widen(kb: &mut Kb, x: Value, d: DType) -> Value {
     match d {
         DType::I64 => x,
         DType::U8 | DType::Bool => kb.b.ins().uextend(I64, x),
@@ -285,7 +285,7 @@ fn widen(kb: &mut Kb, x: Value, d: DType) -> Value {
 }
 
 /// Narrows an i64 to the element type of `d` (wrapping).
-fn narrow(kb: &mut Kb, x: Value, d: DType) -> Value {
+pub(crate) fn narrow(kb: &mut Kb, x: Value, d: DType) -> Value {
     let t = scalar_type(d).expect("integer type");
     if t == I64 {
         x
@@ -426,7 +426,7 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
     Ok(())
 }
 
-fn int_range(d: DType) -> (i64, i64) {
+pub(crate) fn int_range(d: DType) -> (i64, i64) {
     match d {
         DType::I8 => (i8::MIN as i64, i8::MAX as i64),
         DType::U8 => (0, u8::MAX as i64),

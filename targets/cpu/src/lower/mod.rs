@@ -9,9 +9,11 @@ mod conv;
 mod elementwise;
 mod layout;
 mod linalg;
+mod logic;
 pub(crate) mod loops;
 mod math;
 mod pool;
+mod reduce;
 mod softmax;
 
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I16, I32, I64, I8};
@@ -358,5 +360,10 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Concat { axis } => layout::concat(kb, &cx, *axis),
         Op::Gather { axis } => layout::gather(kb, &cx, *axis),
         Op::Slice { axes } => layout::slice(kb, &cx, axes),
+        Op::Compare(op) => logic::compare(kb, &cx, *op),
+        Op::Logical(op) => logic::logical(kb, &cx, *op),
+        Op::Not => logic::not(kb, &cx),
+        Op::Where => logic::where_(kb, &cx),
+        Op::Reduce { op, axes, .. } => reduce::reduce(kb, &cx, *op, axes),
     }
 }

@@ -1,0 +1,190 @@
+//! Reductions over a set of axes.
+//!
+//! The kept dims are an outer [`nest`]; for each output element the reduced
+//! dims (collapsed where contiguous) are loops carrying the accumulator.
+//! Floats accumulate in f64 and are rounded once, like the reference
+//! evaluator; integers in i64 with wrapping arithmetic. Scalar code: the
+//! reduced elements are generally strided.
+
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::types::{F32, F64, I64};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_ir::{DType, ReduceOp};
+use kiln_runtime::format::HostFn;
+
+use super::elementwise::{int_range, narrow, widen};
+use super::loops::{collapse, for_range_carry, nest};
+use super::{scalar_type, strides, Kb, NodeCx};
+use crate::CpuError;
+
+/// Folds `step` over every element of the reduced index space at `ptr`.
+fn fold(
+    kb: &mut Kb,
+    dims: &[usize],
+    st: &[i64],
+    ptr: Value,
+    init: Value,
+    step: &dyn Fn(&mut Kb, Value, Value) -> Value,
+) -> Value {
+    match dims.split_first() {
+        None => step(kb, ptr, init),
+        Some((&n, rest)) => {
+            let s = st[0];
+            for_range_carry(kb, 0, n as i64, 1, &[init], &mut |kb, i, c| {
+                let p = kb.add_scaled(ptr, i, s);
+                vec![fold(kb, rest, &st[1..], p, c[0], step)]
+            })[0]
+        }
+    }
+}
+
+/// `Reduce { op, axes }`.
+pub(crate) fn reduce(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    op: ReduceOp,
+    axes: &[usize],
+) -> Result<(), CpuError> {
+    let (loc, ty) = cx.inputs[0];
+    let d = ty.dtype;
+    let float = matches!(d, DType::F32 | DType::F64);
+    if !(float || d.is_int() && op.accepts_int()) {
+        return Err(cx.dtype_err(d));
+    }
+    let sty = scalar_type(d).expect("checked");
+    let es = d.size_bytes() as i64;
+    let shape = &ty.shape;
+    let in_st: Vec<i64> = strides(shape).iter().map(|s| s * es).collect();
+    let kept: Vec<usize> = (0..shape.len()).filter(|a| !axes.contains(a)).collect();
+    let kept_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
+    let out_st: Vec<i64> = strides(&kept_shape).iter().map(|s| s * es).collect();
+    let kept_in: Vec<i64> = kept.iter().map(|&a| in_st[a]).collect();
+    let (kdims, kst) = collapse(&kept_shape, &[out_st, kept_in]);
+    let red_shape: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+    let red_in: Vec<i64> = axes.iter().map(|&a| in_st[a]).collect();
+    let (rdims, rst) = collapse(&red_shape, &[red_in]);
+    let rst = rst.into_iter().next().unwrap_or_default();
+    let count: usize = red_shape.iter().product();
+    if kept_shape.iter().product::<usize>() == 0 {
+        return Ok(());
+    }
+    let bases = [kb.ptr(cx.out), kb.ptr(loc)];
+    nest(kb, &kdims, &bases, &kst, &mut |kb, ptrs| {
+        let r = if float {
+            reduce_float(kb, op, sty, &rdims, &rst, ptrs[1], count)
+        } else {
+            reduce_int(kb, op, d, &rdims, &rst, ptrs[1])
+        };
+        kb.store(r, ptrs[0], 0);
+    });
+    Ok(())
+}
+
+fn load_f64(kb: &mut Kb, sty: cranelift_codegen::ir::Type, p: Value) -> Value {
+    let x = kb.load(sty, p, 0);
+    if sty == F32 {
+        kb.b.ins().fpromote(F64, x)
+    } else {
+        x
+    }
+}
+
+fn reduce_float(
+    kb: &mut Kb,
+    op: ReduceOp,
+    sty: cranelift_codegen::ir::Type,
+    dims: &[usize],
+    st: &[i64],
+    ptr: Value,
+    count: usize,
+) -> Value {
+    let init = match op {
+        ReduceOp::Max | ReduceOp::LogSumExp => f64::NEG_INFINITY,
+        ReduceOp::Min => f64::INFINITY,
+        ReduceOp::Prod => 1.0,
+        _ => 0.0,
+    };
+    let init = kb.fconst(F64, init);
+    let max_step = move |kb: &mut Kb, p: Value, acc: Value| {
+        let x = load_f64(kb, sty, p);
+        kb.b.ins().fmax(acc, x)
+    };
+    let r = match op {
+        ReduceOp::Max | ReduceOp::LogSumExp => fold(kb, dims, st, ptr, init, &max_step),
+        _ => fold(kb, dims, st, ptr, init, &move |kb, p, acc| {
+            let x = load_f64(kb, sty, p);
+            match op {
+                ReduceOp::Min => kb.b.ins().fmin(acc, x),
+                ReduceOp::Prod => kb.b.ins().fmul(acc, x),
+                ReduceOp::L1 => {
+                    let a = kb.b.ins().fabs(x);
+                    kb.b.ins().fadd(acc, a)
+                }
+                ReduceOp::L2 | ReduceOp::SumSquare => kb.fmadd(x, x, acc),
+                _ => kb.b.ins().fadd(acc, x),
+            }
+        }),
+    };
+    let r = match op {
+        ReduceOp::Mean => {
+            let n = kb.fconst(F64, count as f64);
+            kb.b.ins().fdiv(r, n)
+        }
+        ReduceOp::L2 => kb.b.ins().sqrt(r),
+        ReduceOp::LogSum => kb.call_host(HostFn::Log, &[r]),
+        ReduceOp::LogSumExp => {
+            // m + ln(Σ exp(x - m)) with m the maximum when it is finite,
+            // else 0 (then the naive form is exact, as in the evaluator).
+            let a = kb.b.ins().fabs(r);
+            let inf = kb.fconst(F64, f64::INFINITY);
+            let finite = kb.b.ins().fcmp(FloatCC::LessThan, a, inf);
+            let zero = kb.fconst(F64, 0.0);
+            let m = kb.b.ins().select(finite, r, zero);
+            let s0 = kb.fconst(F64, 0.0);
+            let s = fold(kb, dims, st, ptr, s0, &move |kb, p, acc| {
+                let x = load_f64(kb, sty, p);
+                let t = kb.b.ins().fsub(x, m);
+                let e = kb.call_host(HostFn::Exp, &[t]);
+                kb.b.ins().fadd(acc, e)
+            });
+            let l = kb.call_host(HostFn::Log, &[s]);
+            kb.b.ins().fadd(m, l)
+        }
+        _ => r,
+    };
+    if sty == F32 {
+        kb.b.ins().fdemote(F32, r)
+    } else {
+        r
+    }
+}
+
+fn reduce_int(
+    kb: &mut Kb,
+    op: ReduceOp,
+    d: DType,
+    dims: &[usize],
+    st: &[i64],
+    ptr: Value,
+) -> Value {
+    let (lo, hi) = int_range(d);
+    let init = match op {
+        ReduceOp::Max => lo,
+        ReduceOp::Min => hi,
+        ReduceOp::Prod => 1,
+        _ => 0,
+    };
+    let init = kb.b.ins().iconst(I64, init);
+    let sty = scalar_type(d).expect("integer");
+    let r = fold(kb, dims, st, ptr, init, &move |kb, p, acc| {
+        let x = kb.load(sty, p, 0);
+        let x = widen(kb, x, d);
+        match op {
+            ReduceOp::Max => kb.b.ins().smax(acc, x),
+            ReduceOp::Min => kb.b.ins().smin(acc, x),
+            ReduceOp::Prod => kb.b.ins().imul(acc, x),
+            _ => kb.b.ins().iadd(acc, x),
+        }
+    });
+    narrow(kb, r, d)
+}

@@ -1,0 +1,119 @@
+//! Comparison, boolean and Where kernels against the reference evaluator.
+
+mod common;
+
+use common::{check, check_rand, rand_tensor, Rng};
+use kiln_ir::{CompareOp, DType, Data, Graph, LogicalOp, Op, Tensor, ValueType};
+
+const COMPARE: [CompareOp; 5] = [
+    CompareOp::Equal,
+    CompareOp::Less,
+    CompareOp::Greater,
+    CompareOp::LessOrEqual,
+    CompareOp::GreaterOrEqual,
+];
+
+fn binary_graph(op: Op, dtype: DType, a: &[usize], b: &[usize]) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("a", ValueType::new(dtype, a));
+    let y = g.add_input("b", ValueType::new(dtype, b));
+    let z = g.add_node(op, &[x, y], "op").unwrap();
+    g.add_output("z", z);
+    g
+}
+
+/// Small integers (so that equal values are common) in `dtype`.
+fn small(rng: &mut Rng, dtype: DType, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|_| rng.int(-2, 2) as f64);
+    let mut data = Data::from_f64s(dtype, v);
+    if let Data::F32(v) = &mut data {
+        // A NaN compares false with everything.
+        if let Some(x) = v.get_mut(1) {
+            *x = f32::NAN;
+        }
+    }
+    Tensor::new(shape, data).unwrap()
+}
+
+#[test]
+fn comparisons_all_types_and_broadcasts() {
+    let shapes: [(&[usize], &[usize]); 4] = [
+        (&[7], &[7]),
+        (&[3, 5], &[5]),
+        (&[2, 1, 4], &[3, 1]),
+        (&[], &[6]),
+    ];
+    for (k, op) in COMPARE.into_iter().enumerate() {
+        for dtype in [
+            DType::F32,
+            DType::F64,
+            DType::I8,
+            DType::U8,
+            DType::I32,
+            DType::I64,
+        ] {
+            for (a, b) in shapes {
+                let g = binary_graph(Op::Compare(op), dtype, a, b);
+                let mut rng = Rng::new(k as u64);
+                let inputs = [small(&mut rng, dtype, a), small(&mut rng, dtype, b)];
+                check(&g, &inputs);
+            }
+        }
+    }
+    // Bool equality.
+    let g = binary_graph(Op::Compare(CompareOp::Equal), DType::Bool, &[4, 3], &[3]);
+    check_rand(&g, 3, 0.0);
+}
+
+#[test]
+fn logical_ops_and_not() {
+    for (k, op) in [LogicalOp::And, LogicalOp::Or, LogicalOp::Xor]
+        .into_iter()
+        .enumerate()
+    {
+        for (a, b) in [(&[9][..], &[9][..]), (&[2, 3, 4], &[3, 1]), (&[5], &[])] {
+            let g = binary_graph(Op::Logical(op), DType::Bool, a, b);
+            check_rand(&g, k as u64, 0.0);
+        }
+    }
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::Bool, [3, 5]));
+    let y = g.add_node(Op::Not, &[x], "not").unwrap();
+    g.add_output("y", y);
+    check_rand(&g, 7, 0.0);
+}
+
+#[test]
+fn where_broadcasts_three_ways() {
+    let cases: [(&[usize], &[usize], &[usize]); 4] = [
+        (&[8], &[8], &[8]),
+        (&[2, 1, 3], &[4, 1], &[3]),
+        (&[], &[5], &[2, 5]),
+        (&[3, 1], &[], &[1, 6]),
+    ];
+    for dtype in [
+        DType::F32,
+        DType::F64,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ] {
+        for (k, (c, x, y)) in cases.into_iter().enumerate() {
+            let mut g = Graph::new();
+            let ci = g.add_input("c", ValueType::new(DType::Bool, c));
+            let xi = g.add_input("x", ValueType::new(dtype, x));
+            let yi = g.add_input("y", ValueType::new(dtype, y));
+            let w = g.add_node(Op::Where, &[ci, xi, yi], "where").unwrap();
+            g.add_output("w", w);
+            let mut rng = Rng::new(k as u64);
+            let inputs = [
+                rand_tensor(&mut rng, DType::Bool, c),
+                rand_tensor(&mut rng, dtype, x),
+                rand_tensor(&mut rng, dtype, y),
+            ];
+            check(&g, &inputs);
+        }
+    }
+}
