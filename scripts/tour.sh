@@ -14,7 +14,7 @@ trap 'rm -rf "$out"' EXIT
 echo "== compile"
 $K compile $M/model.onnx --input-shape x=1x3x48x192 -o "$out/cls.kiln"
 echo "== inspect (first lines)"
-$K inspect "$out/cls.kiln" | head -12
+$K inspect "$out/cls.kiln" | sed -n 1,12p
 echo "== run and compare with onnxruntime"
 $K run "$out/cls.kiln" --input x=$M/inputs/x.npy --output-dir "$out/outputs" --check $M/outputs
 echo "== bench (1 thread)"

@@ -333,3 +333,21 @@ fn dump_ir_writes_numbered_files() {
         assert!(e.to_string().contains("elided"), "{e}");
     }
 }
+
+#[test]
+fn closed_stdout_ends_quietly() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let art = compile_mlp(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["inspect", art.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before kiln prints, like `kiln inspect | head -0`.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
