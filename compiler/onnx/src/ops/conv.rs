@@ -134,7 +134,7 @@ pub(crate) fn spatial_rank(ctx: &ImportCtx, x: Val, what: &str) -> Result<usize,
 /// Lifts a 3-D `[N, C, L]` value to `[N, C, 1, L]`.
 pub(crate) fn lift(ctx: &mut ImportCtx, x: Val, suffix: &str) -> Result<Val, OnnxError> {
     let s = ctx.ty(x).shape.clone();
-    reshape_to(ctx, x, &[s[0], s[1], 1, s[2]], suffix)
+    reshape_to(ctx, x, &[s[0], s[1], 1, s[2]], Some(suffix))
 }
 
 /// `Conv` (2-D, or 1-D through a reshape). `kernel_shape` is optional and
@@ -185,11 +185,5 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     inputs.extend(b);
     let y = ctx.op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
-    one(ctx.op(
-        Op::Reshape {
-            shape: [ys[0], ys[1], ys[3]].into_iter().collect(),
-        },
-        &[y],
-        None,
-    )?)
+    one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
 }

@@ -16,12 +16,13 @@ pub(crate) fn scalar(ctx: &mut ImportCtx, dtype: DType, x: f64, name: &str) -> V
     ctx.constant(t, name)
 }
 
-/// Reshapes `v` to `shape` (no node when it already has that shape).
+/// Reshapes `v` to `shape` (no node when it already has that shape). With
+/// `suffix` `None` the reshape is the ONNX node's own output.
 pub(crate) fn reshape_to(
     ctx: &mut ImportCtx,
     v: Val,
     shape: &[usize],
-    suffix: &str,
+    suffix: Option<&str>,
 ) -> Result<Val, OnnxError> {
     if ctx.ty(v).shape.as_slice() == shape {
         return Ok(v);
@@ -31,7 +32,7 @@ pub(crate) fn reshape_to(
             shape: shape.iter().copied().collect(),
         },
         &[v],
-        Some(suffix),
+        suffix,
     )
 }
 
@@ -80,7 +81,7 @@ pub(crate) fn binary_operands(
             let mut shape = vec![1; axis as usize];
             shape.extend(ctx.ty(b).shape.iter().copied());
             shape.resize(ra, 1);
-            b = reshape_to(ctx, b, &shape, "broadcast")?;
+            b = reshape_to(ctx, b, &shape, Some("broadcast"))?;
         }
     }
     Ok((a, b))
@@ -246,13 +247,7 @@ pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let outer: usize = shape[..a].iter().product();
     let inner: usize = shape[a..].iter().product();
-    let flat = reshape_to(ctx, x, &[outer, inner], "flatten")?;
+    let flat = reshape_to(ctx, x, &[outer, inner], Some("flatten"))?;
     let sm = ctx.op(Op::Softmax { axis: 1 }, &[flat], Some("softmax"))?;
-    one(ctx.op(
-        Op::Reshape {
-            shape: shape.iter().copied().collect(),
-        },
-        &[sm],
-        None,
-    )?)
+    one(reshape_to(ctx, sm, &shape, None)?)
 }

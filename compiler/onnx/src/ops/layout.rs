@@ -1,6 +1,7 @@
 //! Data movement: `Flatten`, `Reshape`, `Transpose`, `Concat`, `Identity`,
 //! `Dropout`, `Gather`, `Slice`, `Squeeze`, `Unsqueeze`, `Cast`, `Expand`.
 
+use super::elementwise::reshape_to;
 use super::one;
 use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
@@ -24,13 +25,7 @@ pub fn flatten(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = a as usize;
     let outer: usize = shape[..a].iter().product();
     let inner: usize = shape[a..].iter().product();
-    one(ctx.op(
-        Op::Reshape {
-            shape: [outer, inner].into_iter().collect(),
-        },
-        &[x],
-        None,
-    )?)
+    one(reshape_to(ctx, x, &[outer, inner], None)?)
 }
 
 /// Resolves an ONNX Reshape target (`0` copies the input dim unless
@@ -89,13 +84,7 @@ pub fn reshape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let allowzero = ctx.opset >= 14 && ctx.attr_i_or(node, "allowzero", 0)? != 0;
     let input = ctx.ty(x).shape.clone();
     let shape = resolve_shape(ctx, &input, &target, allowzero)?;
-    one(ctx.op(
-        Op::Reshape {
-            shape: shape.into_iter().collect(),
-        },
-        &[x],
-        None,
-    )?)
+    one(reshape_to(ctx, x, &shape, None)?)
 }
 
 /// `Transpose` (default: reverse the axes).
@@ -292,13 +281,7 @@ pub fn squeeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         .filter(|(_, &d)| !d)
         .map(|(&s, _)| s)
         .collect();
-    one(ctx.op(
-        Op::Reshape {
-            shape: out.into_iter().collect(),
-        },
-        &[x],
-        None,
-    )?)
+    one(reshape_to(ctx, x, &out, None)?)
 }
 
 /// `Unsqueeze` → Reshape (axes refer to the output rank).
@@ -325,13 +308,7 @@ pub fn unsqueeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             }
         })
         .collect();
-    one(ctx.op(
-        Op::Reshape {
-            shape: out.into_iter().collect(),
-        },
-        &[x],
-        None,
-    )?)
+    one(reshape_to(ctx, x, &out, None)?)
 }
 
 /// `Cast` (`to` is a type code from opset 6, a type name before).

@@ -64,7 +64,12 @@ pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let mut p = Vec::with_capacity(4);
         for (&v, name) in params.iter().zip(["scale", "B", "mean", "var"]) {
             let v = cast_to(ctx, v, xt.dtype, &format!("{name}_cast"))?;
-            p.push(reshape_to(ctx, v, &pshape, &format!("{name}_reshape"))?);
+            p.push(reshape_to(
+                ctx,
+                v,
+                &pshape,
+                Some(&format!("{name}_reshape")),
+            )?);
         }
         let e = scalar(ctx, xt.dtype, eps, "epsilon");
         let ve = ctx.op(Op::Binary(BinaryOp::Add), &[p[3], e], Some("var_eps"))?;

@@ -2,6 +2,7 @@
 //! global pools.
 
 use super::conv::{lift, spatial_rank, window};
+use super::elementwise::reshape_to;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -48,13 +49,7 @@ fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R
     let x4 = lift(ctx, x, "x2d")?;
     let y = ctx.op(op, &[x4], Some("pool2d"))?;
     let ys = ctx.ty(y).shape.clone();
-    one(ctx.op(
-        Op::Reshape {
-            shape: [ys[0], ys[1], ys[3]].into_iter().collect(),
-        },
-        &[y],
-        None,
-    )?)
+    one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
 }
 
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`
