@@ -191,7 +191,8 @@ impl From<DriverError> for Failure {
                 OnnxError::Io { .. } => exit::IO,
                 OnnxError::Unsupported(_)
                 | OnnxError::UnboundDim { .. }
-                | OnnxError::UnsupportedDType { .. } => exit::UNSUPPORTED,
+                | OnnxError::UnsupportedDType { .. }
+                | OnnxError::UnsupportedOpset { .. } => exit::UNSUPPORTED,
                 _ => exit::BAD_MODEL,
             },
             DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })

@@ -174,6 +174,16 @@ pub enum OnnxError {
         /// What is wrong.
         message: String,
     },
+    /// The model imports a default-domain opset newer than Kiln knows.
+    #[error(
+        "the model uses opset {version} of the default domain; Kiln knows opsets 1 to {newest}"
+    )]
+    UnsupportedOpset {
+        /// The declared version.
+        version: i64,
+        /// The newest version Kiln implements.
+        newest: i64,
+    },
     /// A value has an element type Kiln does not support.
     #[error("'{value}' has element type {dtype}, which Kiln does not support")]
     UnsupportedDType {

@@ -12,6 +12,10 @@ use tract_onnx::pb::tensor_shape_proto::dimension::Value as DimValue;
 use tract_onnx::pb::type_proto::Value as TypeValue;
 use tract_onnx::pb::{GraphProto, ModelProto, ValueInfoProto};
 
+/// The newest default-domain opset the builders implement (what the `onnx`
+/// 1.23 package emits).
+pub(crate) const NEWEST_OPSET: i64 = 28;
+
 /// The version a model imports for `domain` (`""` and `ai.onnx` are the
 /// default domain). A model without any default-domain import is opset 1.
 pub(crate) fn opset_of(model: &ModelProto, domain: &str) -> i64 {
@@ -284,6 +288,23 @@ pub(crate) fn import_model(
         .graph
         .as_ref()
         .ok_or_else(|| OnnxError::InvalidModel("the model has no graph".into()))?;
+    if graph.output.is_empty() {
+        return Err(OnnxError::InvalidModel("the graph has no outputs".into()));
+    }
+    match opset_of(model, "") {
+        v if v < 1 => {
+            return Err(OnnxError::InvalidModel(format!(
+                "opset {v} of the default domain is not a valid version"
+            )))
+        }
+        v if v > NEWEST_OPSET => {
+            return Err(OnnxError::UnsupportedOpset {
+                version: v,
+                newest: NEWEST_OPSET,
+            })
+        }
+        _ => {}
+    }
     let names: Vec<String> = (0..graph.node.len())
         .map(|i| node_display_name(graph, i))
         .collect();

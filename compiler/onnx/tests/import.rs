@@ -763,3 +763,30 @@ fn constant_outputs_and_identity_aliases() {
     assert_eq!(k.dtype(), DType::I64);
     assert_eq!(k.data(), &Data::I64(vec![1, 2, 3]));
 }
+
+#[test]
+fn invalid_and_future_opsets_are_refused() {
+    for (version, newer) in [(0, false), (-1, false), (99, true)] {
+        let mut m = relu_model();
+        m.opset_import[0].version = version;
+        let e = err(&m);
+        if newer {
+            assert!(
+                matches!(e, OnnxError::UnsupportedOpset { version: 99, .. }),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("opset 99"), "{e}");
+        } else {
+            assert!(matches!(e, OnnxError::InvalidModel(_)), "{e:?}");
+            assert!(e.to_string().contains(&format!("opset {version}")), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_graph_without_outputs_is_refused() {
+    let mut m = relu_model();
+    m.graph.as_mut().unwrap().output.clear();
+    let e = err(&m);
+    assert!(e.to_string().contains("no outputs"), "{e}");
+}
