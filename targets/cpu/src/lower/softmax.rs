@@ -57,15 +57,7 @@ fn row(kb: &mut Kb, px: Value, py: Value, len: usize) {
     if nv > 0 {
         let mv = kb.b.ins().splat(F32X4, m);
         let z = kb.fconst(F32X4, 0.0);
-        let s = for_range_carry(kb, 0, (nv * 16) as i64, 16, &[z], &mut |kb, off, c| {
-            let a = kb.b.ins().iadd(px, off);
-            let v = kb.load(F32X4, a, 0);
-            let d = kb.b.ins().fsub(v, mv);
-            let e = math::exp(kb, d);
-            let b = kb.b.ins().iadd(py, off);
-            kb.store(e, b, 0);
-            vec![kb.b.ins().fadd(c[0], e)]
-        })[0];
+        let s = exp_shifted_sum(kb, F32X4, px, py, mv, z, (nv * 16) as i64, 16);
         for lane in 0..4u8 {
             let l = kb.b.ins().extractlane(s, lane);
             sum = kb.b.ins().fadd(sum, l);
@@ -104,19 +96,37 @@ fn column(kb: &mut Kb, px: Value, py: Value, len: usize, stride: i64, ty: Type) 
         vec![kb.b.ins().fmax(c[0], v)]
     })[0];
     let z = kb.fconst(ty, 0.0);
-    let s = for_range_carry(kb, 0, n, stride, &[z], &mut |kb, off, c| {
-        let a = kb.b.ins().iadd(px, off);
-        let v = kb.load(ty, a, 0);
-        let d = kb.b.ins().fsub(v, m);
-        let e = math::exp(kb, d);
-        let b = kb.b.ins().iadd(py, off);
-        kb.store(e, b, 0);
-        vec![kb.b.ins().fadd(c[0], e)]
-    })[0];
+    let s = exp_shifted_sum(kb, ty, px, py, m, z, n, stride);
     for_range(kb, 0, n, stride, &mut |kb, off| {
         let b = kb.b.ins().iadd(py, off);
         let v = kb.load(ty, b, 0);
         let q = kb.b.ins().fdiv(v, s);
         kb.store(q, b, 0);
     });
+}
+
+/// Writes `exp(x - shift)` to `py` for the `ty`-sized elements at byte
+/// offsets `0, step, .. < end` of `px`, and returns their sum added to
+/// `init` (per lane for vector types): the middle pass of both softmax
+/// layouts.
+#[allow(clippy::too_many_arguments)]
+fn exp_shifted_sum(
+    kb: &mut Kb,
+    ty: Type,
+    px: Value,
+    py: Value,
+    shift: Value,
+    init: Value,
+    end: i64,
+    step: i64,
+) -> Value {
+    for_range_carry(kb, 0, end, step, &[init], &mut |kb, off, c| {
+        let a = kb.b.ins().iadd(px, off);
+        let v = kb.load(ty, a, 0);
+        let d = kb.b.ins().fsub(v, shift);
+        let e = math::exp(kb, d);
+        let b = kb.b.ins().iadd(py, off);
+        kb.store(e, b, 0);
+        vec![kb.b.ins().fadd(c[0], e)]
+    })[0]
 }
