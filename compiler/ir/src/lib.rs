@@ -34,7 +34,8 @@ pub use dtype::DType;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId, ValueType};
 pub use op::{
-    BinaryOp, CompareOp, Conv2d, Ints, LogicalOp, Op, Pool2d, ReduceOp, SliceAxis, UnaryOp,
+    BinaryOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp, NearestRounding, Op,
+    Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
 };
 pub use tensor::{Data, Tensor};
 

@@ -16,12 +16,20 @@ pub type Ints = SmallVec<[usize; 4]>;
 #[allow(missing_docs)]
 pub enum UnaryOp {
     Relu,
-    LeakyRelu { alpha: f32 },
+    LeakyRelu {
+        alpha: f32,
+    },
     Sigmoid,
     Tanh,
-    HardSigmoid { alpha: f32, beta: f32 },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
     HardSwish,
-    Clip { min: f32, max: f32 },
+    Clip {
+        min: f32,
+        max: f32,
+    },
     Neg,
     Abs,
     Sqrt,
@@ -30,6 +38,48 @@ pub enum UnaryOp {
     Reciprocal,
     Floor,
     Ceil,
+    /// Round half to even.
+    Round,
+    /// -1, 0 or 1 (NaN stays NaN).
+    Sign,
+    Erf,
+    /// GELU: `x/2 · (1 + erf(x/√2))`, or its tanh approximation.
+    Gelu {
+        tanh: bool,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Selu {
+        alpha: f32,
+        gamma: f32,
+    },
+    Celu {
+        alpha: f32,
+    },
+    Softplus,
+    Softsign,
+    /// `x · tanh(softplus(x))`.
+    Mish,
+    ThresholdedRelu {
+        alpha: f32,
+    },
+    /// `x - bias` above `lambd`, `x + bias` below `-lambd`, else 0.
+    Shrink {
+        bias: f32,
+        lambd: f32,
+    },
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
 }
 
 impl UnaryOp {
@@ -51,6 +101,29 @@ impl UnaryOp {
             UnaryOp::Reciprocal => "reciprocal",
             UnaryOp::Floor => "floor",
             UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Gelu { .. } => "gelu",
+            UnaryOp::Elu { .. } => "elu",
+            UnaryOp::Selu { .. } => "selu",
+            UnaryOp::Celu { .. } => "celu",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::Softsign => "softsign",
+            UnaryOp::Mish => "mish",
+            UnaryOp::ThresholdedRelu { .. } => "thresholded_relu",
+            UnaryOp::Shrink { .. } => "shrink",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tan => "tan",
+            UnaryOp::Asin => "asin",
+            UnaryOp::Acos => "acos",
+            UnaryOp::Atan => "atan",
+            UnaryOp::Sinh => "sinh",
+            UnaryOp::Cosh => "cosh",
+            UnaryOp::Asinh => "asinh",
+            UnaryOp::Acosh => "acosh",
+            UnaryOp::Atanh => "atanh",
         }
     }
 
@@ -58,7 +131,7 @@ impl UnaryOp {
     pub fn accepts_int(&self) -> bool {
         matches!(
             self,
-            UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Clip { .. }
+            UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Clip { .. } | UnaryOp::Sign
         )
     }
 
@@ -89,7 +162,184 @@ impl UnaryOp {
             UnaryOp::Reciprocal => 1.0 / x,
             UnaryOp::Floor => x.floor(),
             UnaryOp::Ceil => x.ceil(),
+            UnaryOp::Round => x.round_ties_even(),
+            UnaryOp::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Erf => erf(x),
+            UnaryOp::Gelu { tanh: false } => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+            UnaryOp::Gelu { tanh: true } => {
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
+            }
+            UnaryOp::Elu { alpha } => {
+                if x < 0.0 {
+                    alpha as f64 * x.exp_m1()
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Selu { alpha, gamma } => {
+                let y = if x <= 0.0 {
+                    alpha as f64 * x.exp_m1()
+                } else {
+                    x
+                };
+                gamma as f64 * y
+            }
+            UnaryOp::Celu { alpha } => {
+                let a = alpha as f64;
+                x.max(0.0) + (a * (x / a).exp_m1()).min(0.0)
+            }
+            UnaryOp::Softplus => softplus(x),
+            UnaryOp::Softsign => x / (1.0 + x.abs()),
+            UnaryOp::Mish => x * softplus(x).tanh(),
+            UnaryOp::ThresholdedRelu { alpha } => {
+                if x > alpha as f64 {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            UnaryOp::Shrink { bias, lambd } => {
+                if x < -(lambd as f64) {
+                    x + bias as f64
+                } else if x > lambd as f64 {
+                    x - bias as f64
+                } else {
+                    0.0
+                }
+            }
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Tan => x.tan(),
+            UnaryOp::Asin => x.asin(),
+            UnaryOp::Acos => x.acos(),
+            UnaryOp::Atan => x.atan(),
+            UnaryOp::Sinh => x.sinh(),
+            UnaryOp::Cosh => x.cosh(),
+            UnaryOp::Asinh => x.asinh(),
+            UnaryOp::Acosh => x.acosh(),
+            UnaryOp::Atanh => x.atanh(),
         }
+    }
+}
+
+/// `ln(1 + e^x)` without overflow for large `x`.
+fn softplus(x: f64) -> f64 {
+    if x > 30.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// The error function, to double precision (W. J. Cody's rational
+/// approximations, as in most libm implementations), so that the reference
+/// evaluator is more exact than any target's f32 kernel.
+#[allow(clippy::excessive_precision)] // the published coefficients, digit for digit
+pub fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let ax = x.abs();
+    let r = if ax < 0.468_75 {
+        const P: [f64; 5] = [
+            3.209_377_589_138_469_4e3,
+            3.774_852_376_853_020_2e2,
+            1.138_641_541_510_501_6e2,
+            3.161_123_743_870_565_6,
+            1.857_777_061_846_031_5e-1,
+        ];
+        const Q: [f64; 5] = [
+            2.844_236_833_439_170_6e3,
+            1.282_616_526_077_372_3e3,
+            2.440_246_379_344_441_7e2,
+            2.360_129_095_234_412_1e1,
+            1.0,
+        ];
+        let z = x * x;
+        let num = P.iter().rev().fold(0.0, |acc, &c| acc * z + c);
+        let den = Q.iter().rev().fold(0.0, |acc, &c| acc * z + c);
+        return x * num / den;
+    } else if ax < 4.0 {
+        const P: [f64; 9] = [
+            1.230_339_354_797_997_2e3,
+            2.051_078_377_826_071_5e3,
+            1.712_047_612_634_070_6e3,
+            8.819_522_212_417_691e2,
+            2.986_351_381_974_001_3e2,
+            6.611_919_063_714_163e1,
+            8.883_149_794_388_376,
+            5.641_884_969_886_701e-1,
+            2.153_115_354_744_038_3e-8,
+        ];
+        const Q: [f64; 9] = [
+            1.230_339_354_803_749_4e3,
+            3.439_367_674_143_721_6e3,
+            4.362_619_090_143_247e3,
+            3.290_799_235_733_459_7e3,
+            1.621_389_574_566_690_3e3,
+            5.371_811_018_620_098_6e2,
+            1.176_939_508_913_125e2,
+            1.574_492_611_070_983_5e1,
+            1.0,
+        ];
+        let num = P.iter().rev().fold(0.0, |acc, &c| acc * ax + c);
+        let den = Q.iter().rev().fold(0.0, |acc, &c| acc * ax + c);
+        1.0 - (-ax * ax).exp() * num / den
+    } else if ax < 27.0 {
+        const P: [f64; 6] = [
+            -6.587_491_615_298_378e-4,
+            -1.608_378_514_874_227_5e-2,
+            -1.257_817_261_112_292_6e-1,
+            -3.603_448_999_498_044_4e-1,
+            -3.053_266_349_612_323_4e-1,
+            -1.631_538_713_730_709_6e-2,
+        ];
+        const Q: [f64; 6] = [
+            2.335_204_976_268_691_8e-3,
+            6.051_834_131_244_132e-2,
+            5.279_051_029_514_284e-1,
+            1.872_952_849_923_460_4,
+            2.568_520_192_289_822,
+            1.0,
+        ];
+        let z = 1.0 / (ax * ax);
+        let num = P.iter().rev().fold(0.0, |acc, &c| acc * z + c);
+        let den = Q.iter().rev().fold(0.0, |acc, &c| acc * z + c);
+        let frac = (1.0 / std::f64::consts::PI.sqrt() + z * num / den) / ax;
+        1.0 - (-ax * ax).exp() * frac
+    } else {
+        1.0
+    };
+    r.copysign(x)
+}
+
+#[cfg(test)]
+mod erf_tests {
+    #[test]
+    fn erf_matches_known_values() {
+        // Values from Python's math.erf.
+        let cases = [
+            (0.1, 0.112_462_916_018_284_9),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.5, 0.999_999_256_901_627_7),
+            (5.0, 0.999_999_999_998_462_5),
+        ];
+        for (x, want) in cases {
+            assert!((super::erf(x) - want).abs() < 1e-14, "erf({x})");
+            assert!((super::erf(-x) + want).abs() < 1e-14, "erf(-{x})");
+        }
+        assert_eq!(super::erf(0.0), 0.0);
     }
 }
 
@@ -104,6 +354,12 @@ pub enum BinaryOp {
     Pow,
     Max,
     Min,
+    /// Integer remainder with the sign of the divisor (ONNX `Mod`, fmod=0).
+    Mod,
+    /// Remainder with the sign of the dividend (C `fmod`; ONNX `Mod`, fmod=1).
+    Fmod,
+    /// `a < 0 ? a * b : a` (ONNX `PRelu`, slope `b`).
+    PRelu,
 }
 
 impl BinaryOp {
@@ -117,6 +373,9 @@ impl BinaryOp {
             BinaryOp::Pow => "pow",
             BinaryOp::Max => "max",
             BinaryOp::Min => "min",
+            BinaryOp::Mod => "mod",
+            BinaryOp::Fmod => "fmod",
+            BinaryOp::PRelu => "prelu",
         }
     }
 
@@ -130,6 +389,22 @@ impl BinaryOp {
             BinaryOp::Pow => a.powf(b),
             BinaryOp::Max => a.max(b),
             BinaryOp::Min => a.min(b),
+            BinaryOp::Fmod => a % b,
+            BinaryOp::Mod => {
+                let r = a % b;
+                if r != 0.0 && (r < 0.0) != (b < 0.0) {
+                    r + b
+                } else {
+                    r
+                }
+            }
+            BinaryOp::PRelu => {
+                if a < 0.0 {
+                    a * b
+                } else {
+                    a
+                }
+            }
         }
     }
 
@@ -144,6 +419,22 @@ impl BinaryOp {
             BinaryOp::Pow => a.wrapping_pow(u32::try_from(b).ok()?),
             BinaryOp::Max => a.max(b),
             BinaryOp::Min => a.min(b),
+            BinaryOp::Fmod => a.checked_rem(b)?,
+            BinaryOp::Mod => {
+                let r = a.checked_rem(b)?;
+                if r != 0 && (r < 0) != (b < 0) {
+                    r + b
+                } else {
+                    r
+                }
+            }
+            BinaryOp::PRelu => {
+                if a < 0 {
+                    a.wrapping_mul(b)
+                } else {
+                    a
+                }
+            }
         })
     }
 }
@@ -310,6 +601,217 @@ pub struct SliceAxis {
     pub len: usize,
 }
 
+/// How [`Op::Resize`] interpolates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ResizeMode {
+    /// The nearest input sample, ties broken by the rounding rule.
+    Nearest(NearestRounding),
+    /// Linear along each resized axis (bilinear on two axes).
+    Linear,
+    /// Cubic convolution with coefficient `a` (ONNX's default is -0.75),
+    /// optionally ignoring samples outside the input and renormalizing the
+    /// weights.
+    Cubic {
+        /// The cubic coefficient.
+        a: f32,
+        /// Whether taps outside the input get weight 0 (weights renormalized).
+        exclude_outside: bool,
+    },
+}
+
+/// How a nearest-neighbour [`Op::Resize`] rounds a fractional source
+/// coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum NearestRounding {
+    RoundPreferFloor,
+    RoundPreferCeil,
+    Floor,
+    Ceil,
+}
+
+impl NearestRounding {
+    /// Every rounding rule.
+    pub const ALL: [NearestRounding; 4] = [
+        NearestRounding::RoundPreferFloor,
+        NearestRounding::RoundPreferCeil,
+        NearestRounding::Floor,
+        NearestRounding::Ceil,
+    ];
+
+    /// The ONNX (and text-format) name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            NearestRounding::RoundPreferFloor => "round_prefer_floor",
+            NearestRounding::RoundPreferCeil => "round_prefer_ceil",
+            NearestRounding::Floor => "floor",
+            NearestRounding::Ceil => "ceil",
+        }
+    }
+}
+
+/// How [`Op::Resize`] maps an output coordinate to an input coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum CoordinateTransform {
+    HalfPixel,
+    HalfPixelSymmetric,
+    PytorchHalfPixel,
+    AlignCorners,
+    Asymmetric,
+}
+
+impl CoordinateTransform {
+    /// Every transform.
+    pub const ALL: [CoordinateTransform; 5] = [
+        CoordinateTransform::HalfPixel,
+        CoordinateTransform::HalfPixelSymmetric,
+        CoordinateTransform::PytorchHalfPixel,
+        CoordinateTransform::AlignCorners,
+        CoordinateTransform::Asymmetric,
+    ];
+
+    /// The ONNX (and text-format) name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CoordinateTransform::HalfPixel => "half_pixel",
+            CoordinateTransform::HalfPixelSymmetric => "half_pixel_symmetric",
+            CoordinateTransform::PytorchHalfPixel => "pytorch_half_pixel",
+            CoordinateTransform::AlignCorners => "align_corners",
+            CoordinateTransform::Asymmetric => "asymmetric",
+        }
+    }
+}
+
+/// Attributes of [`Op::Resize`]: the output shape and, per axis, the scale
+/// the coordinate transform uses (given, or output/input size).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resize {
+    /// The output shape.
+    pub shape: Ints,
+    /// Per-axis scale (output/input) as the coordinate transform uses it.
+    pub scales: SmallVec<[f32; 4]>,
+    /// Interpolation.
+    pub mode: ResizeMode,
+    /// Coordinate transform.
+    pub coord: CoordinateTransform,
+}
+
+/// Attributes of [`Op::Col2Im`]: input `[N, C·kh·kw, gh·gw]` holds, for
+/// every position `(iy, ix)` of a `gh × gw` grid, one `kh × kw` block per
+/// channel; block element `(ky, kx)` adds into output pixel
+/// `(iy·sy - pad_top + ky·dy, ix·sx - pad_left + kx·dx)` of `[N, C, oh, ow]`
+/// (dropped when outside). ConvTranspose is a MatMul followed by this op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Col2Im {
+    /// The block grid `[gh, gw]`.
+    pub grid: [usize; 2],
+    /// The output image `[oh, ow]`.
+    pub image: [usize; 2],
+    /// The block `[kh, kw]`.
+    pub block: [usize; 2],
+    /// Strides.
+    pub strides: [usize; 2],
+    /// Dilations.
+    pub dilations: [usize; 2],
+    /// Padding before, `[top, left]` (padding after only drops pixels).
+    pub pads: [usize; 2],
+}
+
+/// One output position of a resized axis: the input indices it reads and
+/// their weights (which sum to 1).
+pub type ResizeTaps = SmallVec<[(usize, f32); 4]>;
+
+impl Resize {
+    /// For each output index along `axis` (input length `in_len`), the input
+    /// indices and weights that make it. Out-of-range taps are clamped to the
+    /// edge (or dropped with `exclude_outside`), as in the ONNX reference.
+    /// Targets and the reference evaluator share these tables, so they agree
+    /// on every rounding decision.
+    pub fn taps(&self, axis: usize, in_len: usize) -> Vec<ResizeTaps> {
+        let out_len = self.shape[axis];
+        let scale = self.scales[axis] as f64;
+        let clamp = |i: i64| i.clamp(0, in_len as i64 - 1) as usize;
+        (0..out_len)
+            .map(|o| {
+                let x = self.source_coordinate(o, in_len, out_len, scale);
+                let f = x.floor();
+                let base = f as i64;
+                let frac = x - f;
+                let mut taps = ResizeTaps::new();
+                match self.mode {
+                    ResizeMode::Nearest(rounding) => {
+                        let up = frac != 0.0
+                            && match rounding {
+                                NearestRounding::RoundPreferFloor => frac > 0.5,
+                                NearestRounding::RoundPreferCeil => frac >= 0.5,
+                                NearestRounding::Floor => false,
+                                NearestRounding::Ceil => true,
+                            };
+                        taps.push((clamp(base + i64::from(up)), 1.0));
+                    }
+                    ResizeMode::Linear => {
+                        taps.push((clamp(base), (1.0 - frac) as f32));
+                        taps.push((clamp(base + 1), frac as f32));
+                    }
+                    ResizeMode::Cubic { a, exclude_outside } => {
+                        let a = a as f64;
+                        let near = |d: f64| ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0;
+                        let far = |d: f64| ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a;
+                        let w = [
+                            far(frac + 1.0),
+                            near(frac),
+                            near(1.0 - frac),
+                            far(2.0 - frac),
+                        ];
+                        let idx = [base - 1, base, base + 1, base + 2];
+                        let inside = |i: i64| (0..in_len as i64).contains(&i);
+                        let total: f64 = if exclude_outside {
+                            (0..4).filter(|&k| inside(idx[k])).map(|k| w[k]).sum()
+                        } else {
+                            1.0
+                        };
+                        for k in 0..4 {
+                            if exclude_outside && !inside(idx[k]) {
+                                continue;
+                            }
+                            taps.push((clamp(idx[k]), (w[k] / total) as f32));
+                        }
+                    }
+                }
+                taps
+            })
+            .collect()
+    }
+
+    fn source_coordinate(&self, o: usize, in_len: usize, out_len: usize, scale: f64) -> f64 {
+        let o = o as f64;
+        match self.coord {
+            CoordinateTransform::HalfPixel => (o + 0.5) / scale - 0.5,
+            CoordinateTransform::HalfPixelSymmetric => {
+                let adjustment = out_len as f64 / (scale * in_len as f64);
+                let offset = in_len as f64 / 2.0 * (1.0 - adjustment);
+                offset + (o + 0.5) / scale - 0.5
+            }
+            CoordinateTransform::PytorchHalfPixel => {
+                if out_len > 1 {
+                    (o + 0.5) / scale - 0.5
+                } else {
+                    0.0
+                }
+            }
+            CoordinateTransform::AlignCorners => {
+                if out_len > 1 {
+                    o * (in_len as f64 - 1.0) / (out_len as f64 - 1.0)
+                } else {
+                    0.0
+                }
+            }
+            CoordinateTransform::Asymmetric => o / scale,
+        }
+    }
+}
+
 /// An IR operation. Every node produces exactly one value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -410,6 +912,24 @@ pub enum Op {
         /// Keep reduced axes as size 1.
         keep_dims: bool,
     },
+    /// numpy broadcast of the input to `shape` (the input broadcasts to it
+    /// exactly).
+    Expand {
+        /// The output shape.
+        shape: Ints,
+    },
+    /// Layer normalization over the axes from `axis` on: inputs X, Scale and
+    /// an optional Bias (both broadcast to the normalized axes).
+    LayerNorm {
+        /// The first normalized axis (non-negative).
+        axis: usize,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Resampling of every axis to a new size.
+    Resize(Resize),
+    /// Scatter-add of image blocks back into an image.
+    Col2Im(Col2Im),
 }
 
 impl Op {
@@ -439,6 +959,10 @@ impl Op {
             Op::Not => "not",
             Op::Where => "where",
             Op::Reduce { op, .. } => op.name(),
+            Op::Expand { .. } => "expand",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Resize(_) => "resize",
+            Op::Col2Im(_) => "col2im",
         }
     }
 
@@ -450,7 +974,7 @@ impl Op {
                 (2, 2)
             }
             Op::Where => (3, 3),
-            Op::Gemm { .. } | Op::Conv(_) => (2, 3),
+            Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),
             _ => (1, 1),
         }

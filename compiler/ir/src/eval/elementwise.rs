@@ -13,6 +13,7 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor) -> Result<Data, IrError> {
         UnaryOp::Relu => v.max(0),
         UnaryOp::Neg => v.wrapping_neg(),
         UnaryOp::Abs => v.wrapping_abs(),
+        UnaryOp::Sign => v.signum(),
         UnaryOp::Clip { min, max } => {
             let (lo, hi) = ((min as f64).ceil(), (max as f64).floor());
             let v = if (v as f64) < lo { lo as i64 } else { v };

@@ -1,5 +1,5 @@
 //! Data movement and conversion: Reshape, Transpose, Concat, Gather, Slice,
-//! Cast. These work for every element type.
+//! Expand, Cast. These work for every element type.
 
 use super::{eval_err, gather_elems, strided_offsets, Elem};
 use crate::infer::strides_of;
@@ -22,6 +22,12 @@ pub(super) fn transpose(perm: &[usize], x: &Tensor, out: &ValueType) -> Data {
     let in_strides = strides_of(x.shape());
     let strides: Vec<isize> = perm.iter().map(|&p| in_strides[p] as isize).collect();
     let idx = strided_offsets(&out.shape, 0, &strides);
+    with_data!(x.data(), v => gather_elems(v, &idx))
+}
+
+/// numpy broadcast to the output shape.
+pub(super) fn expand(x: &Tensor, out: &ValueType) -> Data {
+    let idx = super::broadcast_offsets(x.shape(), &out.shape);
     with_data!(x.data(), v => gather_elems(v, &idx))
 }
 

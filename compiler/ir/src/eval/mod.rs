@@ -23,8 +23,10 @@ mod elementwise;
 mod layout;
 mod linalg;
 mod logic;
+mod norm;
 mod pool;
 mod reduce;
+mod resize;
 mod softmax;
 
 use crate::infer::strides_of;
@@ -88,6 +90,10 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Not => logic::not(inputs[0])?,
         Op::Where => logic::where_(inputs[0], inputs[1], inputs[2], &out)?,
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, inputs[0], &out)?,
+        Op::Expand { .. } => layout::expand(inputs[0], &out),
+        Op::LayerNorm { axis, epsilon } => norm::layer_norm(*axis, *epsilon, inputs)?,
+        Op::Resize(r) => resize::resize(r, inputs[0])?,
+        Op::Col2Im(c) => resize::col2im(c, inputs[0])?,
     };
     if data.dtype() != out.dtype {
         return Err(eval_err(

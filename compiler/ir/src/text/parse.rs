@@ -2,7 +2,9 @@
 //! constructors so that inference runs on every node.
 
 use super::lex::{lex, lex_string, Tok, Token};
-use crate::op::{Conv2d, Pool2d, SliceAxis};
+use crate::op::{
+    Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
+};
 use crate::{
     BinaryOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op, ReduceOp, Shape,
     Tensor, UnaryOp, ValueType,
@@ -683,6 +685,102 @@ impl Attrs {
         })
     }
 
+    fn ident(&mut self, name: &str, v: AttrValue, line: usize) -> Result<String, IrError> {
+        match v {
+            AttrValue::Ident(s) => Ok(s),
+            v => Err(self.bad(name, line, "a name", &v)),
+        }
+    }
+
+    fn f32s(
+        &mut self,
+        name: &str,
+        v: AttrValue,
+        line: usize,
+    ) -> Result<SmallVec<[f32; 4]>, IrError> {
+        let expected = "a list of floats like `[1,2.5]`";
+        match &v {
+            AttrValue::List(items) => items
+                .iter()
+                .map(|item| match item {
+                    ListItem::Num(s) => parse_f32(s),
+                    ListItem::Slice(..) => None,
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| self.bad(name, line, expected, &v)),
+            _ => Err(self.bad(name, line, expected, &v)),
+        }
+    }
+
+    /// An identifier attribute naming one of `options`.
+    fn choice<T: Copy>(
+        &mut self,
+        name: &str,
+        default: T,
+        options: &[T],
+        name_of: fn(&T) -> &'static str,
+    ) -> Result<T, IrError> {
+        let Some((v, line)) = self.take(name) else {
+            return Ok(default);
+        };
+        let got = self.ident(name, v, line)?;
+        options
+            .iter()
+            .find(|o| name_of(o) == got)
+            .copied()
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(name_of).collect();
+                err(
+                    line,
+                    format!(
+                        "attribute `{name}` of {} must be one of {}, got `{got}`",
+                        self.op,
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+
+    fn resize(&mut self) -> Result<Resize, IrError> {
+        let shape = self.required("shape", Self::ints)?;
+        let scales = self.required("scales", Self::f32s)?;
+        let coord = self.choice(
+            "coord",
+            CoordinateTransform::HalfPixel,
+            &CoordinateTransform::ALL,
+            CoordinateTransform::name,
+        )?;
+        let line = self.line;
+        let mode = match self
+            .optional("mode", "nearest".to_string(), Self::ident)?
+            .as_str()
+        {
+            "nearest" => ResizeMode::Nearest(self.choice(
+                "nearest",
+                NearestRounding::RoundPreferFloor,
+                &NearestRounding::ALL,
+                NearestRounding::name,
+            )?),
+            "linear" => ResizeMode::Linear,
+            "cubic" => ResizeMode::Cubic {
+                a: self.optional("cubic_a", -0.75, Self::f32)?,
+                exclude_outside: self.optional("exclude_outside", false, Self::bool)?,
+            },
+            other => {
+                return Err(err(
+                    line,
+                    format!("resize mode must be nearest, linear or cubic, got `{other}`"),
+                ))
+            }
+        };
+        Ok(Resize {
+            shape,
+            scales,
+            mode,
+            coord,
+        })
+    }
+
     fn slice_axes(
         &mut self,
         name: &str,
@@ -790,6 +888,50 @@ const OPS: &[(&str, &[&str])] = &[
     ("reduce_log_sum", &["axes", "keep_dims"]),
     ("reduce_log_sum_exp", &["axes", "keep_dims"]),
     ("reduce_sum_square", &["axes", "keep_dims"]),
+    ("round", &[]),
+    ("sign", &[]),
+    ("erf", &[]),
+    ("gelu", &["tanh"]),
+    ("elu", &["alpha"]),
+    ("selu", &["alpha", "gamma"]),
+    ("celu", &["alpha"]),
+    ("softplus", &[]),
+    ("softsign", &[]),
+    ("mish", &[]),
+    ("thresholded_relu", &["alpha"]),
+    ("shrink", &["bias", "lambd"]),
+    ("sin", &[]),
+    ("cos", &[]),
+    ("tan", &[]),
+    ("asin", &[]),
+    ("acos", &[]),
+    ("atan", &[]),
+    ("sinh", &[]),
+    ("cosh", &[]),
+    ("asinh", &[]),
+    ("acosh", &[]),
+    ("atanh", &[]),
+    ("mod", &[]),
+    ("fmod", &[]),
+    ("prelu", &[]),
+    ("expand", &["shape"]),
+    ("layer_norm", &["axis", "epsilon"]),
+    (
+        "resize",
+        &[
+            "shape",
+            "scales",
+            "coord",
+            "mode",
+            "nearest",
+            "cubic_a",
+            "exclude_outside",
+        ],
+    ),
+    (
+        "col2im",
+        &["grid", "image", "block", "strides", "dilations", "pads"],
+    ),
     ("const", &[]),
 ];
 
@@ -827,6 +969,62 @@ fn build_op(
         "reciprocal" => Op::Unary(UnaryOp::Reciprocal),
         "floor" => Op::Unary(UnaryOp::Floor),
         "ceil" => Op::Unary(UnaryOp::Ceil),
+        "round" => Op::Unary(UnaryOp::Round),
+        "sign" => Op::Unary(UnaryOp::Sign),
+        "erf" => Op::Unary(UnaryOp::Erf),
+        "gelu" => Op::Unary(UnaryOp::Gelu {
+            tanh: a.optional("tanh", false, Attrs::bool)?,
+        }),
+        "elu" => Op::Unary(UnaryOp::Elu {
+            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
+        }),
+        "selu" => Op::Unary(UnaryOp::Selu {
+            alpha: a.optional("alpha", 1.673_263_2, Attrs::f32)?,
+            gamma: a.optional("gamma", 1.050_701, Attrs::f32)?,
+        }),
+        "celu" => Op::Unary(UnaryOp::Celu {
+            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
+        }),
+        "softplus" => Op::Unary(UnaryOp::Softplus),
+        "softsign" => Op::Unary(UnaryOp::Softsign),
+        "mish" => Op::Unary(UnaryOp::Mish),
+        "thresholded_relu" => Op::Unary(UnaryOp::ThresholdedRelu {
+            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
+        }),
+        "shrink" => Op::Unary(UnaryOp::Shrink {
+            bias: a.optional("bias", 0.0, Attrs::f32)?,
+            lambd: a.optional("lambd", 0.5, Attrs::f32)?,
+        }),
+        "sin" => Op::Unary(UnaryOp::Sin),
+        "cos" => Op::Unary(UnaryOp::Cos),
+        "tan" => Op::Unary(UnaryOp::Tan),
+        "asin" => Op::Unary(UnaryOp::Asin),
+        "acos" => Op::Unary(UnaryOp::Acos),
+        "atan" => Op::Unary(UnaryOp::Atan),
+        "sinh" => Op::Unary(UnaryOp::Sinh),
+        "cosh" => Op::Unary(UnaryOp::Cosh),
+        "asinh" => Op::Unary(UnaryOp::Asinh),
+        "acosh" => Op::Unary(UnaryOp::Acosh),
+        "atanh" => Op::Unary(UnaryOp::Atanh),
+        "mod" => Op::Binary(BinaryOp::Mod),
+        "fmod" => Op::Binary(BinaryOp::Fmod),
+        "prelu" => Op::Binary(BinaryOp::PRelu),
+        "expand" => Op::Expand {
+            shape: a.required("shape", Attrs::ints)?,
+        },
+        "layer_norm" => Op::LayerNorm {
+            axis: a.required("axis", Attrs::usize)?,
+            epsilon: a.optional("epsilon", 1e-5, Attrs::f32)?,
+        },
+        "resize" => Op::Resize(a.resize()?),
+        "col2im" => Op::Col2Im(Col2Im {
+            grid: a.required("grid", Attrs::array::<2>)?,
+            image: a.required("image", Attrs::array::<2>)?,
+            block: a.required("block", Attrs::array::<2>)?,
+            strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
+            dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
+            pads: a.optional("pads", [0, 0], Attrs::array::<2>)?,
+        }),
         "add" => Op::Binary(BinaryOp::Add),
         "sub" => Op::Binary(BinaryOp::Sub),
         "mul" => Op::Binary(BinaryOp::Mul),

@@ -1,7 +1,7 @@
 //! The printer.
 
 use super::{PrintOptions, DENSE_LIMIT};
-use crate::op::{Conv2d, Pool2d};
+use crate::op::{Conv2d, Pool2d, ResizeMode};
 use crate::{Data, Graph, NodeId, Op, Tensor, UnaryOp};
 use half::{bf16, f16};
 use std::collections::{HashMap, HashSet};
@@ -98,6 +98,20 @@ fn attributes(op: &Op) -> Vec<String> {
                 format!("min={}", fmt_f32(min)),
                 format!("max={}", fmt_f32(max)),
             ],
+            UnaryOp::Gelu { tanh } => vec![format!("tanh={tanh}")],
+            UnaryOp::Elu { alpha }
+            | UnaryOp::Celu { alpha }
+            | UnaryOp::ThresholdedRelu { alpha } => {
+                vec![format!("alpha={}", fmt_f32(alpha))]
+            }
+            UnaryOp::Selu { alpha, gamma } => vec![
+                format!("alpha={}", fmt_f32(alpha)),
+                format!("gamma={}", fmt_f32(gamma)),
+            ],
+            UnaryOp::Shrink { bias, lambd } => vec![
+                format!("bias={}", fmt_f32(bias)),
+                format!("lambd={}", fmt_f32(lambd)),
+            ],
             _ => vec![],
         },
         Op::Gemm {
@@ -134,7 +148,7 @@ fn attributes(op: &Op) -> Vec<String> {
         Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
             vec![format!("axis={axis}")]
         }
-        Op::Reshape { shape } => vec![format!("shape={}", ints(shape))],
+        Op::Reshape { shape } | Op::Expand { shape } => vec![format!("shape={}", ints(shape))],
         Op::Transpose { perm } => vec![format!("perm={}", ints(perm))],
         Op::Slice { axes } => {
             let axes: Vec<String> = axes
@@ -149,6 +163,41 @@ fn attributes(op: &Op) -> Vec<String> {
         } => vec![
             format!("axes={}", ints(axes)),
             format!("keep_dims={keep_dims}"),
+        ],
+        Op::LayerNorm { axis, epsilon } => {
+            vec![
+                format!("axis={axis}"),
+                format!("epsilon={}", fmt_f32(*epsilon)),
+            ]
+        }
+        Op::Resize(r) => {
+            let scales: Vec<String> = r.scales.iter().map(|&s| fmt_f32(s)).collect();
+            let mut attrs = vec![
+                format!("shape={}", ints(&r.shape)),
+                format!("scales=[{}]", scales.join(",")),
+                format!("coord={}", r.coord.name()),
+            ];
+            match r.mode {
+                ResizeMode::Nearest(n) => {
+                    attrs.push("mode=nearest".into());
+                    attrs.push(format!("nearest={}", n.name()));
+                }
+                ResizeMode::Linear => attrs.push("mode=linear".into()),
+                ResizeMode::Cubic { a, exclude_outside } => {
+                    attrs.push("mode=cubic".into());
+                    attrs.push(format!("cubic_a={}", fmt_f32(a)));
+                    attrs.push(format!("exclude_outside={exclude_outside}"));
+                }
+            }
+            attrs
+        }
+        Op::Col2Im(c) => vec![
+            format!("grid={}", ints(&c.grid)),
+            format!("image={}", ints(&c.image)),
+            format!("block={}", ints(&c.block)),
+            format!("strides={}", ints(&c.strides)),
+            format!("dilations={}", ints(&c.dilations)),
+            format!("pads={}", ints(&c.pads)),
         ],
     }
 }

@@ -1,4 +1,5 @@
-//! Convolution, and the window attributes (`strides`, `pads`, `auto_pad`,
+//! Convolution, transposed convolution, Col2Im and Resize/Upsample, and the
+//! window attributes (`strides`, `pads`, `auto_pad`,
 //! `dilations`) it shares with pooling. 1-D windows are lifted to 2-D by
 //! inserting an H axis of 1.
 
@@ -6,7 +7,9 @@ use super::elementwise::reshape_to;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{Conv2d, Op};
+use kiln_ir::{
+    BinaryOp, Col2Im, Conv2d, CoordinateTransform, NearestRounding, Op, Resize, ResizeMode,
+};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -186,4 +189,442 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let y = ctx.op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
     one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
+}
+
+/// `ConvTranspose` as a MatMul of the transposed weights with the input
+/// (every input pixel's contribution to every block element) followed by
+/// `Col2Im`, which adds the blocks into the output, plus the bias. This is
+/// the GEMM formulation onnxruntime uses too; the MatMul gets the fast
+/// matrix kernels and Col2Im is a single scatter pass.
+pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let b = ctx.opt_input(node, 2);
+    let nsp = spatial_rank(ctx, x, "transposed convolutions")?;
+    let (x, w) = if nsp == 1 {
+        (lift(ctx, x, "x2d")?, lift(ctx, w, "w2d")?)
+    } else {
+        (x, w)
+    };
+    let xs = ctx.ty(x).shape.clone();
+    let ws = ctx.ty(w).shape.clone();
+    if ws.len() != 4 {
+        return Err(ctx.invalid(format!(
+            "W must have rank {}, got {:?}",
+            xs.len(),
+            ws.as_slice()
+        )));
+    }
+    let group = ctx.attr_i_or(node, "group", 1)?;
+    if group < 1 || !xs[1].is_multiple_of(group as usize) || ws[0] != xs[1] {
+        return Err(ctx.invalid(format!(
+            "X {:?}, W {:?} and group {group} do not agree (W must be [C_in, C_out/group, kH, kW])",
+            xs.as_slice(),
+            ws.as_slice()
+        )));
+    }
+    let group = group as usize;
+    let (n, ci, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
+    let (co_g, kh, kw) = (ws[1], ws[2], ws[3]);
+    let co = co_g * group;
+    // Attributes are given for `nsp` axes; lift 1-D ones to 2-D.
+    let lifted = |v: Vec<usize>, neutral: usize| -> Vec<usize> {
+        if nsp == 1 {
+            vec![neutral, v[0]]
+        } else {
+            v
+        }
+    };
+    let strides = lifted(positive_list(ctx, node, "strides", nsp)?, 1);
+    let dilations = lifted(positive_list(ctx, node, "dilations", nsp)?, 1);
+    let output_padding = match ctx.attr_ints(node, "output_padding")? {
+        None => vec![0; nsp],
+        Some(v) if v.len() == nsp && v.iter().all(|&p| p >= 0) => {
+            v.iter().map(|&p| p as usize).collect()
+        }
+        Some(v) => {
+            return Err(ctx.bad_attr(
+                "output_padding",
+                format!("expected {nsp} non-negative values, got {v:?}"),
+            ))
+        }
+    };
+    let output_padding = lifted(output_padding, 0);
+    let input = [h, wd];
+    let kernel = [kh, kw];
+    let natural = |i: usize| {
+        strides[i] * (input[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
+    };
+    let auto_pad = ctx.attr_s(node, "auto_pad")?.unwrap_or_default();
+    let output_shape = ctx.attr_ints(node, "output_shape")?;
+    let mut pads_begin = [0usize; 2];
+    let mut image = [0usize; 2];
+    if output_shape.is_some() || auto_pad.starts_with("SAME") {
+        let target: Vec<usize> = match &output_shape {
+            Some(s) if s.len() >= nsp && s.iter().all(|&d| d > 0) => {
+                lifted(s[s.len() - nsp..].iter().map(|&d| d as usize).collect(), 1)
+            }
+            Some(s) => {
+                return Err(
+                    ctx.bad_attr("output_shape", format!("{s:?} is not {nsp} positive dims"))
+                )
+            }
+            None => vec![input[0] * strides[0], input[1] * strides[1]],
+        };
+        for i in 0..2 {
+            let total = natural(i) as i64 - target[i] as i64;
+            if total < 0 {
+                return Err(ctx.unsupported(format!(
+                    "output_shape {target:?} is larger than the transposed convolution produces (negative padding)"
+                )));
+            }
+            let total = total as usize;
+            pads_begin[i] = if auto_pad == "SAME_UPPER" {
+                total / 2
+            } else {
+                total - total / 2
+            };
+            image[i] = target[i];
+        }
+    } else {
+        let pads = match ctx.attr_ints(node, "pads")? {
+            None => vec![0; 2 * nsp],
+            Some(p) if p.len() == 2 * nsp && p.iter().all(|&v| v >= 0) => {
+                p.iter().map(|&v| v as usize).collect()
+            }
+            Some(p) => {
+                return Err(ctx.bad_attr(
+                    "pads",
+                    format!("expected {} non-negative values, got {p:?}", 2 * nsp),
+                ))
+            }
+        };
+        let (begin, end) = (
+            lifted(pads[..nsp].to_vec(), 0),
+            lifted(pads[nsp..].to_vec(), 0),
+        );
+        for i in 0..2 {
+            let out = natural(i)
+                .checked_sub(begin[i] + end[i])
+                .filter(|&o| o > 0)
+                .ok_or_else(|| {
+                    ctx.bad_attr(
+                        "pads",
+                        format!("padding {}+{} removes the whole axis {i}", begin[i], end[i]),
+                    )
+                })?;
+            pads_begin[i] = begin[i];
+            image[i] = out;
+        }
+    }
+    // cols[n, g, co_g·kh·kw, h·w] = Wᵀ[g, co_g·kh·kw, ci/g] · X[n, g, ci/g, h·w]
+    let ci_g = ci / group;
+    let m = co_g * kh * kw;
+    let xg = reshape_to(ctx, x, &[n, group, ci_g, h * wd], Some("x_groups"))?;
+    let wg = reshape_to(ctx, w, &[group, ci_g, m], Some("w_groups"))?;
+    let wt = ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1].into_iter().collect(),
+        },
+        &[wg],
+        Some("w_t"),
+    )?;
+    let cols = ctx.op(Op::MatMul, &[wt, xg], Some("cols"))?;
+    let cols = reshape_to(ctx, cols, &[n, co * kh * kw, h * wd], Some("cols_flat"))?;
+    let col2im = Op::Col2Im(Col2Im {
+        grid: [h, wd],
+        image,
+        block: [kh, kw],
+        strides: [strides[0], strides[1]],
+        dilations: [dilations[0], dilations[1]],
+        pads: pads_begin,
+    });
+    let last_is_output = b.is_none() && nsp == 2;
+    let mut y = ctx.op(col2im, &[cols], (!last_is_output).then_some("col2im"))?;
+    if let Some(b) = b {
+        let bias = reshape_to(ctx, b, &[1, co, 1, 1], Some("bias"))?;
+        y = ctx.op(
+            Op::Binary(BinaryOp::Add),
+            &[y, bias],
+            (nsp == 1).then_some("bias_add"),
+        )?;
+    }
+    if nsp == 1 {
+        y = reshape_to(ctx, y, &[n, co, image[1]], None)?;
+    }
+    one(y)
+}
+
+/// `Col2Im` (opset 18) on two spatial axes.
+pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let image = ctx.const_input(node, 1)?.to_i64_vec();
+    let block = ctx.const_input(node, 2)?.to_i64_vec();
+    if image.len() != 2 || block.len() != 2 {
+        return Err(ctx.unsupported(format!(
+            "only 2-D Col2Im is supported, got image_shape {image:?} and block_shape {block:?}"
+        )));
+    }
+    if image.iter().chain(&block).any(|&d| d <= 0) {
+        return Err(ctx.invalid(format!(
+            "image_shape {image:?} and block_shape {block:?} must be positive"
+        )));
+    }
+    let image = [image[0] as usize, image[1] as usize];
+    let block = [block[0] as usize, block[1] as usize];
+    let strides = positive_list(ctx, node, "strides", 2)?;
+    let dilations = positive_list(ctx, node, "dilations", 2)?;
+    let pads = match ctx.attr_ints(node, "pads")? {
+        None => vec![0; 4],
+        Some(p) if p.len() == 4 && p.iter().all(|&v| v >= 0) => {
+            p.iter().map(|&v| v as usize).collect()
+        }
+        Some(p) => {
+            return Err(ctx.bad_attr("pads", format!("expected 4 non-negative values, got {p:?}")))
+        }
+    };
+    let mut grid = [0usize; 2];
+    for i in 0..2 {
+        grid[i] = kiln_ir::infer::window_output_len(
+            image[i],
+            block[i],
+            strides[i],
+            pads[i],
+            pads[i + 2],
+            dilations[i],
+            false,
+        )
+        .ok_or_else(|| {
+            ctx.invalid(format!(
+                "block {block:?} does not fit the padded image {image:?}"
+            ))
+        })?;
+    }
+    one(ctx.op(
+        Op::Col2Im(Col2Im {
+            grid,
+            image,
+            block,
+            strides: [strides[0], strides[1]],
+            dilations: [dilations[0], dilations[1]],
+            pads: [pads[0], pads[1]],
+        }),
+        &[x],
+        None,
+    )?)
+}
+
+/// `Resize` (opsets 10–19). Scales or sizes must be known at compile time;
+/// `tf_crop_and_resize` and antialiasing are not supported.
+pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let in_shape = ctx.ty(x).shape.clone();
+    let rank = in_shape.len();
+    if ctx.opset < 11 {
+        let scales = ctx.const_input(node, 1)?.to_f64_vec();
+        let mode = ctx
+            .attr_s(node, "mode")?
+            .unwrap_or_else(|| "nearest".into());
+        return resample_legacy(ctx, x, &scales, &mode);
+    }
+    let coord =
+        match ctx
+            .attr_s(node, "coordinate_transformation_mode")?
+            .as_deref()
+            .unwrap_or("half_pixel")
+        {
+            "half_pixel" => CoordinateTransform::HalfPixel,
+            "half_pixel_symmetric" => CoordinateTransform::HalfPixelSymmetric,
+            "pytorch_half_pixel" => CoordinateTransform::PytorchHalfPixel,
+            "align_corners" => CoordinateTransform::AlignCorners,
+            "asymmetric" => CoordinateTransform::Asymmetric,
+            "tf_crop_and_resize" => return Err(ctx.unsupported(
+                "Resize with coordinate_transformation_mode=tf_crop_and_resize is not supported",
+            )),
+            other => {
+                return Err(ctx.bad_attr(
+                    "coordinate_transformation_mode",
+                    format!("unknown value '{other}'"),
+                ))
+            }
+        };
+    let mode = match ctx.attr_s(node, "mode")?.as_deref().unwrap_or("nearest") {
+        "nearest" => ResizeMode::Nearest(
+            match ctx
+                .attr_s(node, "nearest_mode")?
+                .as_deref()
+                .unwrap_or("round_prefer_floor")
+            {
+                "round_prefer_floor" => NearestRounding::RoundPreferFloor,
+                "round_prefer_ceil" => NearestRounding::RoundPreferCeil,
+                "floor" => NearestRounding::Floor,
+                "ceil" => NearestRounding::Ceil,
+                other => {
+                    return Err(ctx.bad_attr("nearest_mode", format!("unknown value '{other}'")))
+                }
+            },
+        ),
+        "linear" => ResizeMode::Linear,
+        "cubic" => ResizeMode::Cubic {
+            a: ctx.attr_f_or(node, "cubic_coeff_a", -0.75)?,
+            exclude_outside: ctx.attr_i_or(node, "exclude_outside", 0)? != 0,
+        },
+        other => return Err(ctx.bad_attr("mode", format!("unknown value '{other}'"))),
+    };
+    // The axes the scales/sizes address (opset 18), all by default.
+    let axes: Vec<usize> = match ctx.attr_ints(node, "axes")? {
+        None => (0..rank).collect(),
+        Some(a) => a
+            .iter()
+            .map(|&v| ctx.axis("axes", v, rank))
+            .collect::<Result<_, _>>()?,
+    };
+    let scales_in = ctx.opt_const_input(node, 2)?.filter(|t| !t.is_empty());
+    let sizes_in = ctx.opt_const_input(node, 3)?.filter(|t| !t.is_empty());
+    let mut scales: Vec<f64> = vec![1.0; rank];
+    let mut shape: Vec<usize> = in_shape.to_vec();
+    match (scales_in, sizes_in) {
+        (Some(s), None) => {
+            let s = s.to_f64_vec();
+            if s.len() != axes.len() || s.iter().any(|&v| !(v.is_finite() && v > 0.0)) {
+                return Err(ctx.bad_attr(
+                    "scales",
+                    format!("{s:?} must be {} positive values", axes.len()),
+                ));
+            }
+            for (&a, &v) in axes.iter().zip(&s) {
+                // Scales are float32 in the model; the coordinate math uses them as given.
+                scales[a] = v as f32 as f64;
+                shape[a] = (in_shape[a] as f64 * scales[a]).floor() as usize;
+            }
+        }
+        (None, Some(z)) => {
+            let z = z.to_i64_vec();
+            if z.len() != axes.len() || z.iter().any(|&v| v <= 0) {
+                return Err(ctx.bad_attr(
+                    "sizes",
+                    format!("{z:?} must be {} positive sizes", axes.len()),
+                ));
+            }
+            let policy = ctx
+                .attr_s(node, "keep_aspect_ratio_policy")?
+                .unwrap_or_else(|| "stretch".into());
+            let ratio = |a: usize, v: i64| v as f64 / in_shape[a] as f64;
+            let kept = match policy.as_str() {
+                "stretch" => None,
+                "not_larger" => Some(
+                    axes.iter()
+                        .zip(&z)
+                        .map(|(&a, &v)| ratio(a, v))
+                        .fold(f64::INFINITY, f64::min),
+                ),
+                "not_smaller" => Some(
+                    axes.iter()
+                        .zip(&z)
+                        .map(|(&a, &v)| ratio(a, v))
+                        .fold(0.0, f64::max),
+                ),
+                other => {
+                    return Err(ctx.bad_attr(
+                        "keep_aspect_ratio_policy",
+                        format!("unknown value '{other}'"),
+                    ))
+                }
+            };
+            for (&a, &v) in axes.iter().zip(&z) {
+                match kept {
+                    None => {
+                        shape[a] = v as usize;
+                        scales[a] = ratio(a, v) as f32 as f64;
+                    }
+                    Some(r) => {
+                        scales[a] = r as f32 as f64;
+                        shape[a] = (r * in_shape[a] as f64).round() as usize;
+                    }
+                }
+            }
+        }
+        _ => {
+            return Err(
+                ctx.invalid("Resize needs exactly one of scales and sizes, known at compile time")
+            )
+        }
+    }
+    if shape.contains(&0) {
+        return Err(ctx.invalid(format!("the output shape {shape:?} has an empty axis")));
+    }
+    one(ctx.op(
+        Op::Resize(Resize {
+            shape: shape.into_iter().collect(),
+            scales: scales.into_iter().map(|s| s as f32).collect(),
+            mode,
+            coord,
+        }),
+        &[x],
+        None,
+    )?)
+}
+
+/// `Upsample` (opsets 7–9; deprecated in 10).
+pub fn upsample(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scales: Vec<f64> = if ctx.opset >= 9 {
+        ctx.const_input(node, 1)?.to_f64_vec()
+    } else {
+        ctx.attr_floats(node, "scales")?
+            .ok_or_else(|| ctx.bad_attr("scales", "is required"))?
+            .iter()
+            .map(|&s| s as f64)
+            .collect()
+    };
+    let mode = ctx
+        .attr_s(node, "mode")?
+        .unwrap_or_else(|| "nearest".into());
+    resample_legacy(ctx, x, &scales, &mode)
+}
+
+/// Upsample and opset-10 Resize: asymmetric coordinates; nearest rounds
+/// down when enlarging and up when shrinking (onnxruntime's behaviour).
+fn resample_legacy(ctx: &mut ImportCtx, x: Val, scales: &[f64], mode: &str) -> R {
+    let in_shape = ctx.ty(x).shape.clone();
+    if scales.len() != in_shape.len() || scales.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
+        return Err(ctx.bad_attr(
+            "scales",
+            format!("{scales:?} must be {} positive values", in_shape.len()),
+        ));
+    }
+    let mode = match mode {
+        "nearest" => {
+            let rounding = if scales.iter().all(|&s| s >= 1.0) {
+                NearestRounding::Floor
+            } else if scales.iter().all(|&s| s <= 1.0) {
+                NearestRounding::Ceil
+            } else {
+                return Err(ctx
+                    .unsupported("nearest resampling that enlarges some axes and shrinks others"));
+            };
+            ResizeMode::Nearest(rounding)
+        }
+        "linear" | "bilinear" => ResizeMode::Linear,
+        other => return Err(ctx.bad_attr("mode", format!("unknown value '{other}'"))),
+    };
+    let scales: Vec<f32> = scales.iter().map(|&s| s as f32).collect();
+    let shape: Vec<usize> = in_shape
+        .iter()
+        .zip(&scales)
+        .map(|(&n, &s)| (n as f64 * s as f64).floor() as usize)
+        .collect();
+    if shape.contains(&0) {
+        return Err(ctx.invalid(format!("the output shape {shape:?} has an empty axis")));
+    }
+    one(ctx.op(
+        Op::Resize(Resize {
+            shape: shape.into_iter().collect(),
+            scales: scales.into_iter().collect(),
+            mode,
+            coord: CoordinateTransform::Asymmetric,
+        }),
+        &[x],
+        None,
+    )?)
 }

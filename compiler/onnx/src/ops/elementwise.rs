@@ -178,6 +178,100 @@ simple_unary! {
     reciprocal => Reciprocal, "`Reciprocal`.";
     floor => Floor, "`Floor`.";
     ceil => Ceil, "`Ceil`.";
+    round => Round, "`Round` (half to even).";
+    sign => Sign, "`Sign`.";
+    erf => Erf, "`Erf`.";
+    softplus => Softplus, "`Softplus`.";
+    softsign => Softsign, "`Softsign`.";
+    mish => Mish, "`Mish`.";
+    sin => Sin, "`Sin`.";
+    cos => Cos, "`Cos`.";
+    tan => Tan, "`Tan`.";
+    asin => Asin, "`Asin`.";
+    acos => Acos, "`Acos`.";
+    atan => Atan, "`Atan`.";
+    sinh => Sinh, "`Sinh`.";
+    cosh => Cosh, "`Cosh`.";
+    asinh => Asinh, "`Asinh`.";
+    acosh => Acosh, "`Acosh`.";
+    atanh => Atanh, "`Atanh`.";
+}
+
+/// `Gelu` (opset 20): exact (erf) or `approximate="tanh"`.
+pub fn gelu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let tanh = match ctx.attr_s(node, "approximate")?.as_deref() {
+        None | Some("none") => false,
+        Some("tanh") => true,
+        Some(other) => {
+            return Err(ctx.bad_attr(
+                "approximate",
+                format!("must be \"none\" or \"tanh\", got \"{other}\""),
+            ))
+        }
+    };
+    unary(ctx, node, UnaryOp::Gelu { tanh })
+}
+
+/// `Elu` (alpha 1).
+pub fn elu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    unary(ctx, node, UnaryOp::Elu { alpha })
+}
+
+/// `Selu` (the defaults are the self-normalizing constants).
+pub fn selu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 1.673_263_2)?;
+    let gamma = ctx.attr_f_or(node, "gamma", 1.050_701)?;
+    unary(ctx, node, UnaryOp::Selu { alpha, gamma })
+}
+
+/// `Celu` (alpha 1).
+pub fn celu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    if alpha == 0.0 {
+        return Err(ctx.bad_attr("alpha", "must not be 0"));
+    }
+    unary(ctx, node, UnaryOp::Celu { alpha })
+}
+
+/// `ThresholdedRelu` (alpha 1).
+pub fn thresholded_relu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    unary(ctx, node, UnaryOp::ThresholdedRelu { alpha })
+}
+
+/// `Shrink` (bias 0, lambd 0.5).
+pub fn shrink(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let bias = ctx.attr_f_or(node, "bias", 0.0)?;
+    let lambd = ctx.attr_f_or(node, "lambd", 0.5)?;
+    unary(ctx, node, UnaryOp::Shrink { bias, lambd })
+}
+
+/// `Mod`: `fmod=1` is C's fmod (the dividend's sign), `fmod=0` (integers
+/// only) takes the divisor's sign, like Python.
+pub fn modulo(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let fmod = ctx.attr_i_or(node, "fmod", 0)? == 1;
+    let (a, b) = binary_operands(ctx, node)?;
+    if !fmod && ctx.ty(a).dtype.is_float() {
+        return Err(ctx.bad_attr("fmod", "must be 1 for floating-point inputs"));
+    }
+    let op = if fmod { BinaryOp::Fmod } else { BinaryOp::Mod };
+    one(ctx.op(Op::Binary(op), &[a, b], None)?)
+}
+
+/// `PRelu`: the slope broadcasts to X (unidirectionally; before opset 7 a
+/// per-channel slope of shape `[C]` aligns with axis 1).
+pub fn prelu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let mut slope = ctx.input(node, 1)?;
+    let xs = ctx.ty(x).shape.clone();
+    let ss = ctx.ty(slope).shape.clone();
+    if ss.len() == 1 && xs.len() > 2 && ss[0] == xs[1] && ss[0] != xs[xs.len() - 1] {
+        let mut shape = vec![1; xs.len() - 1];
+        shape[0] = ss[0];
+        slope = reshape_to(ctx, slope, &shape, Some("slope"))?;
+    }
+    one(ctx.op(Op::Binary(BinaryOp::PRelu), &[x, slope], None)?)
 }
 
 /// `LeakyRelu` (alpha defaults to 0.01).

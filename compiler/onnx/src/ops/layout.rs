@@ -3,10 +3,10 @@
 
 use super::elementwise::reshape_to;
 use super::one;
-use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
+use crate::ctx::{ImportCtx, Val};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
 use crate::OnnxError;
-use kiln_ir::{infer::broadcast_shapes, Data, Op, SliceAxis, Tensor};
+use kiln_ir::{infer::broadcast_shapes, Op, SliceAxis};
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::NodeProto;
 
@@ -342,45 +342,6 @@ pub fn cast_like(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.op(Op::Cast { to }, &[x], None)?)
 }
 
-/// Broadcasts a constant to `shape` (`shape` must be its broadcast with
-/// the tensor's shape).
-fn broadcast_const(t: &Tensor, shape: &[usize]) -> Tensor {
-    let src = t.shape().as_slice();
-    let rank = shape.len();
-    let src_strides = kiln_ir::infer::strides_of(src);
-    let n: usize = shape.iter().product();
-    let mut idx = Vec::with_capacity(n);
-    let mut pos = vec![0usize; rank];
-    for _ in 0..n {
-        let mut off = 0;
-        for (k, &p) in pos.iter().enumerate() {
-            if k + src.len() >= rank {
-                let sk = k + src.len() - rank;
-                if src[sk] != 1 {
-                    off += p * src_strides[sk];
-                }
-            }
-        }
-        idx.push(off);
-        for k in (0..rank).rev() {
-            pos[k] += 1;
-            if pos[k] < shape[k] {
-                break;
-            }
-            pos[k] = 0;
-        }
-    }
-    macro_rules! pick {
-        ($($v:ident),*) => {
-            match t.data() {
-                $(Data::$v(v) => Data::$v(idx.iter().map(|&i| v[i]).collect()),)*
-            }
-        };
-    }
-    let data = pick!(F32, F16, BF16, F64, I8, U8, I16, I32, I64, Bool);
-    Tensor::new(shape, data).expect("broadcast element count")
-}
-
 /// `Expand`: the IR has no broadcast op, so Expand folds when both inputs
 /// are constants and is unsupported otherwise.
 pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
@@ -400,22 +361,11 @@ pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if out == xs {
         return one(x);
     }
-    let Some(t) = ctx.konst(x).cloned() else {
-        return Err(ctx.unsupported(
-            "Expand of a value computed at run time is not supported yet (Kiln's IR has no broadcast op); only constant inputs fold",
-        ));
+    // Folds when the input is constant and the result small enough.
+    let expand = Op::Expand {
+        shape: out.iter().copied().collect(),
     };
-    let bytes = out
-        .iter()
-        .product::<usize>()
-        .saturating_mul(t.dtype().size_bytes());
-    if bytes > FOLD_LIMIT_BYTES {
-        return Err(ctx.unsupported(format!(
-            "Expand would fold into a {bytes}-byte constant, more than the {FOLD_LIMIT_BYTES}-byte folding limit"
-        )));
-    }
-    let name = ctx.node_name().to_string();
-    one(ctx.constant(broadcast_const(&t, &out), name))
+    one(ctx.op(expand, &[x], None)?)
 }
 
 #[cfg(test)]
@@ -438,13 +388,6 @@ mod tests {
         assert_eq!((s.start, s.len), (0, 2));
         let s = slice_axis(10, 100, -100, -2);
         assert_eq!((s.start, s.len), (9, 5));
-    }
-
-    #[test]
-    fn broadcast() {
-        let t = Tensor::new([2, 1], Data::I64(vec![1, 2])).unwrap();
-        let b = broadcast_const(&t, &[2, 2, 3]);
-        assert_eq!(b.to_i64_vec(), vec![1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2]);
     }
 
     #[test]

@@ -50,6 +50,36 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Floor" => e::floor,
         "Ceil" => e::ceil,
         "Clip" => e::clip,
+        "Round" => e::round,
+        "Sign" => e::sign,
+        "Erf" => e::erf,
+        "Gelu" => e::gelu,
+        "Elu" => e::elu,
+        "Selu" => e::selu,
+        "Celu" => e::celu,
+        "Softplus" => e::softplus,
+        "Softsign" => e::softsign,
+        "Mish" => e::mish,
+        "ThresholdedRelu" => e::thresholded_relu,
+        "Shrink" => e::shrink,
+        "Sin" => e::sin,
+        "Cos" => e::cos,
+        "Tan" => e::tan,
+        "Asin" => e::asin,
+        "Acos" => e::acos,
+        "Atan" => e::atan,
+        "Sinh" => e::sinh,
+        "Cosh" => e::cosh,
+        "Asinh" => e::asinh,
+        "Acosh" => e::acosh,
+        "Atanh" => e::atanh,
+        "Mod" => e::modulo,
+        "PRelu" => e::prelu,
+        "LayerNormalization" => norm::layer_norm,
+        "Resize" => conv::resize,
+        "Upsample" => conv::upsample,
+        "ConvTranspose" => conv::conv_transpose,
+        "Col2Im" => conv::col2im,
         "Softmax" => e::softmax,
         "Gemm" => linalg::gemm,
         "MatMul" => linalg::matmul,
@@ -108,7 +138,6 @@ pub fn missing_op_hint(op_type: &str) -> String {
         "Loop" | "If" | "Scan" => {
             format!("Kiln does not implement {op_type} yet (control flow needs static graphs)")
         }
-        "ConvTranspose" => "Kiln does not implement ConvTranspose yet".into(),
         _ => format!("Kiln does not implement {op_type} yet"),
     }
 }
@@ -136,6 +165,13 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
             } else {
                 None
             }
+        }
+        "LayerNormalization" if used_output(1) || used_output(2) => Some(
+            "the Mean and InvStdDev outputs of LayerNormalization (training) are not supported"
+                .into(),
+        ),
+        "Resize" if attr_i("antialias") == Some(1) => {
+            Some("antialiased Resize is not supported".into())
         }
         "Constant" if has_attr("sparse_value") => {
             Some("sparse Constant values are not supported".into())

@@ -1,5 +1,6 @@
-//! `BatchNormalization` in its inference form: `y = x * a + b` with
-//! `a = scale / sqrt(var + eps)` and `b = B - mean * a`.
+//! Normalizations: `BatchNormalization` in its inference form (`y = x * a +
+//! b` with `a = scale / sqrt(var + eps)` and `b = B - mean * a`) and
+//! `LayerNormalization`.
 
 use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
@@ -81,4 +82,41 @@ pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let y = ctx.op(Op::Binary(BinaryOp::Mul), &[x, a], Some("mul"))?;
     one(ctx.op(Op::Binary(BinaryOp::Add), &[y, b], None)?)
+}
+
+/// `LayerNormalization` (opset 17): statistics over the axes from `axis`
+/// (default -1) on; Scale and B are expanded to the normalized shape when
+/// they broadcast to it from a smaller shape.
+pub fn layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, rank)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    if ctx.attr_i_or(node, "stash_type", 1)? != 1 {
+        return Err(
+            ctx.unsupported("LayerNormalization with stash_type other than 1 (float32 statistics)")
+        );
+    }
+    let normalized: Vec<usize> = xt.shape[axis..].to_vec();
+    let mut inputs = vec![x];
+    for (i, name) in [(1, "scale"), (2, "bias")] {
+        let Some(p) = ctx.opt_input(node, i) else {
+            continue;
+        };
+        let p = if ctx.ty(p).shape.as_slice() == normalized.as_slice() {
+            p
+        } else {
+            ctx.op(
+                Op::Expand {
+                    shape: normalized.iter().copied().collect(),
+                },
+                &[p],
+                Some(&format!("{name}_expand")),
+            )?
+        };
+        inputs.push(p);
+    }
+    one(ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?)
 }

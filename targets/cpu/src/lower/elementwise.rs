@@ -10,6 +10,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
+use kiln_runtime::format::HostFn;
 
 use super::loops::{collapse, for_range, nest};
 use super::{math, scalar_type, strides, vector_type, Kb, NodeCx};
@@ -183,6 +184,19 @@ pub(crate) fn out_and_input(kb: &mut Kb, cx: &NodeCx, i: usize) -> MapIn {
     }
 }
 
+/// Broadcast copy (any element type with a machine type).
+pub(crate) fn expand(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
+    let d = cx.inputs[0].1.dtype;
+    if scalar_type(d).is_none() {
+        return Err(cx.dtype_err(d));
+    }
+    let input = out_and_input(kb, cx, 0);
+    let out = (kb.ptr(cx.out), d);
+    let shape = cx.node.ty.shape.clone();
+    map(kb, &shape, out, &[input], vector_type(d), &|_, v| v[0]);
+    Ok(())
+}
+
 /// Unary elementwise ops.
 pub(crate) fn unary(kb: &mut Kb, cx: &NodeCx, op: &UnaryOp) -> Result<(), CpuError> {
     let d = cx.inputs[0].1.dtype;
@@ -192,6 +206,10 @@ pub(crate) fn unary(kb: &mut Kb, cx: &NodeCx, op: &UnaryOp) -> Result<(), CpuErr
         DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
     );
     if !(matches!(d, DType::F32 | DType::F64) || (int && op.accepts_int())) {
+        return Err(cx.dtype_err(d));
+    }
+    // The host library offers these in f32 only.
+    if d == DType::F64 && libm_f32(op).is_some() {
         return Err(cx.dtype_err(d));
     }
     let input = out_and_input(kb, cx, 0);
@@ -272,7 +290,146 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
         }
         UnaryOp::Floor => kb.b.ins().floor(x),
         UnaryOp::Ceil => kb.b.ins().ceil(x),
+        UnaryOp::Round => kb.b.ins().nearest(x),
+        UnaryOp::Sign => {
+            let zero = kb.fconst(ty, 0.0);
+            let one = kb.fconst(ty, 1.0);
+            let minus_one = kb.fconst(ty, -1.0);
+            let t = math::select_cmp(kb, FloatCC::GreaterThan, x, zero, one, x);
+            math::select_cmp(kb, FloatCC::LessThan, x, zero, minus_one, t)
+        }
+        UnaryOp::Erf => math::erf(kb, x),
+        UnaryOp::Gelu { tanh: false } => {
+            let r = kb.fconst(ty, std::f64::consts::FRAC_1_SQRT_2);
+            let t = kb.b.ins().fmul(x, r);
+            let e = math::erf(kb, t);
+            let one = kb.fconst(ty, 1.0);
+            let half = kb.fconst(ty, 0.5);
+            let t = kb.b.ins().fadd(e, one);
+            let hx = kb.b.ins().fmul(x, half);
+            kb.b.ins().fmul(hx, t)
+        }
+        UnaryOp::Gelu { tanh: true } => {
+            let k = kb.fconst(ty, (2.0 / std::f64::consts::PI).sqrt());
+            let c = kb.fconst(ty, 0.044_715);
+            let x3 = kb.b.ins().fmul(x, x);
+            let x3 = kb.b.ins().fmul(x3, x);
+            let inner = kb.fmadd(x3, c, x);
+            let inner = kb.b.ins().fmul(inner, k);
+            let t = math::tanh(kb, inner);
+            let one = kb.fconst(ty, 1.0);
+            let half = kb.fconst(ty, 0.5);
+            let t = kb.b.ins().fadd(t, one);
+            let hx = kb.b.ins().fmul(x, half);
+            kb.b.ins().fmul(hx, t)
+        }
+        UnaryOp::Elu { alpha } => {
+            let zero = kb.fconst(ty, 0.0);
+            let a = kb.fconst(ty, alpha as f64);
+            let e = math::expm1(kb, x);
+            let neg = kb.b.ins().fmul(e, a);
+            math::select_cmp(kb, FloatCC::LessThan, x, zero, neg, x)
+        }
+        UnaryOp::Selu { alpha, gamma } => {
+            let zero = kb.fconst(ty, 0.0);
+            let a = kb.fconst(ty, alpha as f64);
+            let g = kb.fconst(ty, gamma as f64);
+            let e = math::expm1(kb, x);
+            let neg = kb.b.ins().fmul(e, a);
+            let y = math::select_cmp(kb, FloatCC::LessThanOrEqual, x, zero, neg, x);
+            kb.b.ins().fmul(y, g)
+        }
+        UnaryOp::Celu { alpha } => {
+            let zero = kb.fconst(ty, 0.0);
+            let a = kb.fconst(ty, alpha as f64);
+            let t = kb.b.ins().fdiv(x, a);
+            let e = math::expm1(kb, t);
+            let neg = kb.b.ins().fmul(e, a);
+            let neg = kb.b.ins().fmin(neg, zero);
+            let pos = kb.b.ins().fmax(x, zero);
+            kb.b.ins().fadd(pos, neg)
+        }
+        UnaryOp::Softplus => math::softplus(kb, x),
+        UnaryOp::Softsign => {
+            let one = kb.fconst(ty, 1.0);
+            let ax = kb.b.ins().fabs(x);
+            let d = kb.b.ins().fadd(one, ax);
+            kb.b.ins().fdiv(x, d)
+        }
+        UnaryOp::Mish => {
+            let sp = math::softplus(kb, x);
+            let t = math::tanh(kb, sp);
+            kb.b.ins().fmul(x, t)
+        }
+        UnaryOp::ThresholdedRelu { alpha } => {
+            let a = kb.fconst(ty, alpha as f64);
+            let zero = kb.fconst(ty, 0.0);
+            math::select_cmp(kb, FloatCC::GreaterThan, x, a, x, zero)
+        }
+        UnaryOp::Shrink { bias, lambd } => {
+            let zero = kb.fconst(ty, 0.0);
+            let l = kb.fconst(ty, lambd as f64);
+            let nl = kb.fconst(ty, -(lambd as f64));
+            let b = kb.fconst(ty, bias as f64);
+            let up = kb.b.ins().fsub(x, b);
+            let down = kb.b.ins().fadd(x, b);
+            let t = math::select_cmp(kb, FloatCC::GreaterThan, x, l, up, zero);
+            math::select_cmp(kb, FloatCC::LessThan, x, nl, down, t)
+        }
+        UnaryOp::Asinh => {
+            // sign(x) · ln(|x| + sqrt(x² + 1)), odd by construction.
+            let one = kb.fconst(ty, 1.0);
+            let ax = kb.b.ins().fabs(x);
+            let t = kb.fmadd(ax, ax, one);
+            let t = kb.b.ins().sqrt(t);
+            let t = kb.b.ins().fadd(ax, t);
+            let l = math::log(kb, t);
+            kb.b.ins().fcopysign(l, x)
+        }
+        UnaryOp::Acosh => {
+            let one = kb.fconst(ty, 1.0);
+            let t = kb.b.ins().fmul(x, x);
+            let t = kb.b.ins().fsub(t, one);
+            let t = kb.b.ins().sqrt(t);
+            let t = kb.b.ins().fadd(x, t);
+            math::log(kb, t)
+        }
+        UnaryOp::Atanh => {
+            let one = kb.fconst(ty, 1.0);
+            let half = kb.fconst(ty, 0.5);
+            let n = kb.b.ins().fadd(one, x);
+            let d = kb.b.ins().fsub(one, x);
+            let q = kb.b.ins().fdiv(n, d);
+            let l = math::log(kb, q);
+            kb.b.ins().fmul(l, half)
+        }
+        UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Tan
+        | UnaryOp::Asin
+        | UnaryOp::Acos
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh => {
+            let f = libm_f32(op).expect("every trigonometric op has an f32 host function");
+            kb.call_host_lanes(f, &[x])
+        }
     }
+}
+
+/// The f32 host function behind `op`, for ops computed by libm.
+fn libm_f32(op: UnaryOp) -> Option<HostFn> {
+    Some(match op {
+        UnaryOp::Sin => HostFn::Sinf,
+        UnaryOp::Cos => HostFn::Cosf,
+        UnaryOp::Tan => HostFn::Tanf,
+        UnaryOp::Asin => HostFn::Asinf,
+        UnaryOp::Acos => HostFn::Acosf,
+        UnaryOp::Atan => HostFn::Atanf,
+        UnaryOp::Sinh => HostFn::Sinhf,
+        UnaryOp::Cosh => HostFn::Coshf,
+        _ => return None,
+    })
 }
 
 /// Extends an integer element to i64 (signed, or unsigned for u8/bool).
@@ -316,6 +473,14 @@ fn unary_int(kb: &mut Kb, op: UnaryOp, x: Value, d: DType) -> Value {
             let c = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
             kb.b.ins().select(c, n, x)
         }
+        UnaryOp::Sign => {
+            let one = kb.iconst(1);
+            let minus_one = kb.iconst(-1);
+            let pos = kb.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, x, 0);
+            let t = kb.b.ins().select(pos, one, x);
+            let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+            kb.b.ins().select(neg, minus_one, t)
+        }
         UnaryOp::Clip { min, max } => {
             // Reference semantics: clamp in f64, then truncate toward zero.
             let (min, max) = (min as f64, max as f64);
@@ -338,7 +503,7 @@ pub(crate) fn binary(kb: &mut Kb, cx: &NodeCx, op: BinaryOp) -> Result<(), CpuEr
     let out = (kb.ptr(cx.out), d);
     let shape = cx.node.ty.shape.clone();
     if d.is_float() {
-        let vector = if op == BinaryOp::Pow {
+        let vector = if matches!(op, BinaryOp::Pow | BinaryOp::Mod | BinaryOp::Fmod) {
             None
         } else {
             vector_type(d)
@@ -366,7 +531,37 @@ fn binary_float(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
         BinaryOp::Pow => math::pow(kb, a, b),
         BinaryOp::Max => kb.b.ins().fmax(a, b),
         BinaryOp::Min => kb.b.ins().fmin(a, b),
+        BinaryOp::Fmod => math::fmod(kb, a, b),
+        BinaryOp::Mod => {
+            // fmod, then moved into the divisor's sign: r + b when r != 0
+            // and the signs differ.
+            let ty = kb.b.func.dfg.value_type(a);
+            let r = math::fmod(kb, a, b);
+            let zero = kb.fconst(ty, 0.0);
+            let rb = kb.b.ins().fmul(r, b);
+            let shifted = kb.b.ins().fadd(r, b);
+            math::select_cmp(kb, FloatCC::LessThan, rb, zero, shifted, r)
+        }
+        BinaryOp::PRelu => {
+            let ty = kb.b.func.dfg.value_type(a);
+            let zero = kb.fconst(ty, 0.0);
+            let scaled = kb.b.ins().fmul(a, b);
+            math::select_cmp(kb, FloatCC::LessThan, a, zero, scaled, a)
+        }
     }
+}
+
+/// `a % b` on i64 with the remainder taking the dividend's sign (0 when
+/// `b` is 0, and for `i64::MIN % -1`).
+fn rem_int(kb: &mut Kb, a: Value, b: Value) -> Value {
+    let zero = kb.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+    let neg1 = kb.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+    let either = kb.b.ins().bor(zero, neg1);
+    let one = kb.iconst(1);
+    let safe = kb.b.ins().select(either, one, b);
+    let r = kb.b.ins().srem(a, safe);
+    let z = kb.iconst(0);
+    kb.b.ins().select(either, z, r)
 }
 
 /// Integer semantics on i64 (wrapping; division by zero gives 0 instead of
@@ -404,6 +599,21 @@ fn binary_int(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
         }
         BinaryOp::Max => kb.b.ins().smax(a, b),
         BinaryOp::Min => kb.b.ins().smin(a, b),
+        BinaryOp::Fmod => rem_int(kb, a, b),
+        BinaryOp::Mod => {
+            let r = rem_int(kb, a, b);
+            let x = kb.b.ins().bxor(r, b);
+            let signs_differ = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+            let nonzero = kb.b.ins().icmp_imm_s(IntCC::NotEqual, r, 0);
+            let fix = kb.b.ins().band(signs_differ, nonzero);
+            let shifted = kb.b.ins().iadd(r, b);
+            kb.b.ins().select(fix, shifted, r)
+        }
+        BinaryOp::PRelu => {
+            let scaled = kb.b.ins().imul(a, b);
+            let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, a, 0);
+            kb.b.ins().select(neg, scaled, a)
+        }
     }
 }
 

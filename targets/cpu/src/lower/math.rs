@@ -7,6 +7,7 @@
 //! subnormals are exact-rounded once and overflow gives +inf. Other
 //! functions call the host `libm` (lane by lane for vectors).
 
+use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::types::{F32, F64, I32, I32X4};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use kiln_runtime::format::HostFn;
@@ -153,6 +154,103 @@ pub(crate) fn pow(kb: &mut Kb, x: Value, y: Value) -> Value {
         HostFn::Powf
     } else {
         HostFn::Pow
+    };
+    kb.call_host_lanes(f, &[x, y])
+}
+
+/// `erf(x)` inline on f32/f64 scalars and vectors: the odd/even rational
+/// approximation used by Eigen and TensorFlow on [-4, 4] (|error| < 7e-8;
+/// outside that range erf is ±1 in f32).
+pub(crate) fn erf(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let hi = kb.fconst(ty, 4.0);
+    let lo = kb.fconst(ty, -4.0);
+    let x = kb.b.ins().fmin(x, hi);
+    let x = kb.b.ins().fmax(x, lo);
+    let x2 = kb.b.ins().fmul(x, x);
+    let alpha = [
+        -2.726_142_258_013_06e-10,
+        2.770_681_424_959_02e-8,
+        -2.101_024_020_825_08e-6,
+        -5.692_506_394_623_46e-5,
+        -7.349_906_303_268_55e-4,
+        -2.954_599_808_540_25e-3,
+        -1.609_603_332_624_15e-2,
+    ];
+    let beta = [
+        -1.456_607_184_649_96e-5,
+        -2.133_740_552_789_05e-4,
+        -1.682_826_974_382_03e-3,
+        -7.373_329_167_204_68e-3,
+        -1.426_473_905_141_89e-2,
+    ];
+    let p = horner(kb, x2, &alpha);
+    let p = kb.b.ins().fmul(x, p);
+    let q = horner(kb, x2, &beta);
+    kb.b.ins().fdiv(p, q)
+}
+
+/// `c[0]·z^(n-1) + ... + c[n-1]` by Horner's rule.
+fn horner(kb: &mut Kb, z: Value, coeffs: &[f64]) -> Value {
+    let ty = kb.b.func.dfg.value_type(z);
+    let mut p = kb.fconst(ty, coeffs[0]);
+    for &c in &coeffs[1..] {
+        let cv = kb.fconst(ty, c);
+        p = kb.fmadd(p, z, cv);
+    }
+    p
+}
+
+/// `cond(a, b) ? then : otherwise` on f32/f64 scalars or vectors.
+pub(crate) fn select_cmp(
+    kb: &mut Kb,
+    cc: FloatCC,
+    a: Value,
+    b: Value,
+    then: Value,
+    otherwise: Value,
+) -> Value {
+    let ty = kb.b.func.dfg.value_type(a);
+    let c = kb.b.ins().fcmp(cc, a, b);
+    if ty.is_vector() {
+        let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let mask = kb.b.ins().bitcast(ty, flags, c);
+        kb.b.ins().bitselect(mask, then, otherwise)
+    } else {
+        kb.b.ins().select(c, then, otherwise)
+    }
+}
+
+/// `ln(1 + e^x)` as `max(x, 0) + ln(1 + e^-|x|)`, which neither overflows
+/// nor loses the small tail.
+pub(crate) fn softplus(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let zero = kb.fconst(ty, 0.0);
+    let one = kb.fconst(ty, 1.0);
+    let ax = kb.b.ins().fabs(x);
+    let nax = kb.b.ins().fneg(ax);
+    let e = exp(kb, nax);
+    let t = kb.b.ins().fadd(one, e);
+    let l = log(kb, t);
+    let pos = kb.b.ins().fmax(x, zero);
+    kb.b.ins().fadd(pos, l)
+}
+
+/// `e^x - 1` (with the inline `exp`; absolute error ~1 ulp of 1).
+pub(crate) fn expm1(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let e = exp(kb, x);
+    let one = kb.fconst(ty, 1.0);
+    kb.b.ins().fsub(e, one)
+}
+
+/// C `fmod` via the host (lane by lane).
+pub(crate) fn fmod(kb: &mut Kb, x: Value, y: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let f = if ty.lane_type() == F32 {
+        HostFn::Fmodf
+    } else {
+        HostFn::Fmod
     };
     kb.call_host_lanes(f, &[x, y])
 }

