@@ -1,0 +1,320 @@
+//! Dense kernels as AVX-512 microkernels ([`crate::microkernel::gemm`]):
+//! MatMul, Gemm and pointwise (1×1) convolution, with the constant operand
+//! packed into the weights blob at compile time.
+//!
+//! [`lower`] returns `None` when a node is not a shape the microkernel
+//! covers (non-f32, a dynamic transposed B, strided or k×k convolutions,
+//! an empty dimension, offsets beyond 32-bit displacements); the node then
+//! keeps its Cranelift kernel.
+
+use kiln_ir::{Conv2d, DType, Data, Graph, NodeId, Op};
+
+use super::elementwise::broadcast_strides;
+use super::NodeCx;
+use crate::microkernel::gemm::{
+    pack_a, pack_b, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
+};
+use crate::plan::{Base, Loc, Weights};
+
+/// Most GEMM calls (batch entries) one kernel unrolls.
+const MAX_CALLS: usize = 4096;
+
+/// The microkernel of node `cx`, or `None` when the Cranelift kernel should
+/// be used.
+pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights) -> Option<Vec<u8>> {
+    if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
+        return None;
+    }
+    if cx.node.ty.num_elements() == 0 {
+        return None;
+    }
+    let spec = match &cx.node.op {
+        Op::MatMul => matmul(cx, weights)?,
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
+        Op::Conv(c) => pointwise_conv(cx, weights, c)?,
+        _ => return None,
+    };
+    spec.assemble().ok()
+}
+
+fn f32_constant<'g>(graph: &'g Graph, id: NodeId) -> Option<&'g [f32]> {
+    match graph.constant(id)?.data() {
+        Data::F32(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn offset(loc: Loc, bytes: i64) -> Loc {
+    Loc {
+        base: loc.base,
+        offset: (loc.offset as i64 + bytes) as u64,
+    }
+}
+
+fn weights_loc(weights: &mut Weights, bytes: &[u8]) -> Loc {
+    Loc {
+        base: Base::Weights,
+        offset: weights.add(bytes),
+    }
+}
+
+/// Row-major multi-indices of `shape`, in order.
+fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0; shape.len()];
+    for _ in 0..total {
+        out.push(idx.clone());
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+fn dot(idx: &[usize], strides: &[i64]) -> i64 {
+    idx.iter().zip(strides).map(|(&i, &s)| i as i64 * s).sum()
+}
+
+/// numpy MatMul, batch dims broadcast; a constant operand is packed.
+fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
+    let (aloc, aty) = cx.inputs[0];
+    let (bloc, bty) = cx.inputs[1];
+    let a_sh: Vec<usize> = if aty.shape.len() == 1 {
+        vec![1, aty.shape[0]]
+    } else {
+        aty.shape.to_vec()
+    };
+    let b_sh: Vec<usize> = if bty.shape.len() == 1 {
+        vec![bty.shape[0], 1]
+    } else {
+        bty.shape.to_vec()
+    };
+    let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
+    let n = b_sh[b_sh.len() - 1];
+    let a_batch = &a_sh[..a_sh.len() - 2];
+    let b_batch = &b_sh[..b_sh.len() - 2];
+    let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)?;
+    let count: usize = batch.iter().product();
+    if count > MAX_CALLS || k == 0 {
+        return None;
+    }
+    let blocking = Blocking::choose(m, n);
+    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let mats = |sh: &[usize]| sh.iter().product::<usize>();
+    // Per-matrix byte sizes of each operand as the kernel reads it.
+    let (a_layout, a_base, a_mat) = match (a_const, b_const) {
+        (Some(v), None) => {
+            let mut bytes = Vec::new();
+            for q in 0..mats(a_batch) {
+                bytes.extend(pack_a(&v[q * m * k..], m, k, k, 1, blocking.mr));
+            }
+            let per = (bytes.len() / mats(a_batch).max(1)) as i64;
+            (ALayout::Packed, weights_loc(weights, &bytes), per)
+        }
+        _ => (
+            ALayout::Strided {
+                row: (k * 4) as i64,
+                col: 4,
+            },
+            aloc,
+            (m * k * 4) as i64,
+        ),
+    };
+    let (b_layout, b_base, b_mat) = match b_const {
+        Some(v) => {
+            let mut bytes = Vec::new();
+            for q in 0..mats(b_batch) {
+                bytes.extend(pack_b(&v[q * k * n..], k, n, n, 1, blocking.nr()));
+            }
+            let per = (bytes.len() / mats(b_batch).max(1)) as i64;
+            (BLayout::Packed, weights_loc(weights, &bytes), per)
+        }
+        None => (
+            BLayout::Strided {
+                row: (n * 4) as i64,
+            },
+            bloc,
+            (k * n * 4) as i64,
+        ),
+    };
+    let a_st: Vec<i64> = broadcast_strides(a_batch, &batch)
+        .iter()
+        .map(|s| s * a_mat)
+        .collect();
+    let b_st: Vec<i64> = broadcast_strides(b_batch, &batch)
+        .iter()
+        .map(|s| s * b_mat)
+        .collect();
+    let out_st: Vec<i64> = super::strides(&batch)
+        .iter()
+        .map(|s| s * (m * n * 4) as i64)
+        .collect();
+    let calls = indices(&batch)
+        .iter()
+        .map(|idx| Call {
+            a: offset(a_base, dot(idx, &a_st)),
+            b: offset(b_base, dot(idx, &b_st)),
+            out: offset(cx.out, dot(idx, &out_st)),
+            c: None,
+        })
+        .collect();
+    Some(GemmSpec {
+        m,
+        n,
+        k,
+        blocking,
+        a: a_layout,
+        b: b_layout,
+        out_row: (n * 4) as i64,
+        alpha: 1.0,
+        c: None,
+        act: Activation::None,
+        calls,
+    })
+}
+
+/// ONNX Gemm: `alpha * op(A) @ op(B) + beta * C`.
+fn gemm(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Option<GemmSpec> {
+    let (aloc, aty) = cx.inputs[0];
+    let (bloc, _) = cx.inputs[1];
+    let (m, k) = if trans_a {
+        (aty.shape[1], aty.shape[0])
+    } else {
+        (aty.shape[0], aty.shape[1])
+    };
+    let n = cx.node.ty.shape[1];
+    if k == 0 {
+        return None;
+    }
+    let blocking = Blocking::choose(m, n);
+    // Element strides of op(A)[i, k] and op(B)[k, j] in the stored tensors.
+    let (a_row, a_col) = if trans_a { (1, m) } else { (k, 1) };
+    let (b_row, b_col) = if trans_b { (1, k) } else { (n, 1) };
+    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let (b, b_base) = match b_const {
+        Some(v) => {
+            let bytes = pack_b(v, k, n, b_row, b_col, blocking.nr());
+            (BLayout::Packed, weights_loc(weights, &bytes))
+        }
+        None if !trans_b => (
+            BLayout::Strided {
+                row: (n * 4) as i64,
+            },
+            bloc,
+        ),
+        // Columns of a dynamic transposed B are not contiguous.
+        None => return None,
+    };
+    let (a, a_base) = match (a_const, b_const) {
+        (Some(v), None) => {
+            let bytes = pack_a(v, m, k, a_row, a_col, blocking.mr);
+            (ALayout::Packed, weights_loc(weights, &bytes))
+        }
+        _ => (
+            ALayout::Strided {
+                row: (a_row * 4) as i64,
+                col: (a_col * 4) as i64,
+            },
+            aloc,
+        ),
+    };
+    let c = match cx.inputs.get(2) {
+        Some(&(cloc, cty)) if beta != 0.0 => {
+            let st = broadcast_strides(&cty.shape, &[m, n]);
+            Some((
+                CLayout {
+                    row: st[0] * 4,
+                    per_column: st[1] != 0,
+                    beta,
+                },
+                cloc,
+            ))
+        }
+        _ => None,
+    };
+    Some(GemmSpec {
+        m,
+        n,
+        k,
+        blocking,
+        a,
+        b,
+        out_row: (n * 4) as i64,
+        alpha,
+        c: c.map(|(l, _)| l),
+        act: Activation::None,
+        calls: vec![Call {
+            a: a_base,
+            b: b_base,
+            out: cx.out,
+            c: c.map(|(_, loc)| loc),
+        }],
+    })
+}
+
+/// A 1×1, stride-1, unpadded, ungrouped convolution with constant weights:
+/// per image, `Y[oc, p] = bias[oc] + W[oc, :] @ X[:, p]` over the `H*W`
+/// positions `p` (NCHW needs no transposition).
+fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let pointwise =
+        c.group == 1 && (kh, kw) == (1, 1) && c.strides == [1, 1] && c.pads == [0, 0, 0, 0];
+    if !pointwise || batch > MAX_CALLS || cin == 0 {
+        return None;
+    }
+    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let p = h * w;
+    let blocking = Blocking::choose(oc, p);
+    let packed = pack_a(wv, oc, cin, cin, 1, blocking.mr);
+    let a_base = weights_loc(weights, &packed);
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let calls = (0..batch as i64)
+        .map(|img| Call {
+            a: a_base,
+            b: offset(xloc, img * (cin * p * 4) as i64),
+            out: offset(cx.out, img * (oc * p * 4) as i64),
+            c: bias,
+        })
+        .collect();
+    Some(GemmSpec {
+        m: oc,
+        n: p,
+        k: cin,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Strided {
+            row: (p * 4) as i64,
+        },
+        out_row: (p * 4) as i64,
+        alpha: 1.0,
+        c: bias.map(|_| CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        }),
+        act: Activation::None,
+        calls,
+    })
+}
