@@ -65,7 +65,7 @@ pub(crate) mod exec {
             assert_ne!(p, libc::MAP_FAILED);
             std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
             assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
-            let f: extern "C" fn(*mut u8, *const u8) -> i32 = std::mem::transmute(p);
+            let f = std::mem::transmute::<*mut libc::c_void, extern "C" fn(*mut u8, *const u8) -> i32>(p);
             let r = f(arena.as_mut_ptr(), weights.as_ptr());
             libc::munmap(p, len);
             r

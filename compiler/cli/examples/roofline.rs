@@ -1,11 +1,13 @@
 //! Single-thread fp32 roofline of this machine next to Kiln's GEMM.
 //!
 //! ```sh
-//! cargo run --release -p kiln-target-cpu --example roofline [-- M N K [runs]]
+//! cargo run --release -p kiln --example roofline [-- M N K [runs]]
 //! ```
 //!
 //! 1. **Peak**: the AVX-512 FMA loop of `kiln_target_cpu::microkernel::peak`
-//!    (24 independent zmm FMA chains, no memory traffic), best of 5 runs.
+//!    (24 independent zmm FMA chains, no memory traffic), best of 40 short
+//!    runs (about 30 ms each, so one run without interference from other
+//!    processes is likely even on a busy machine).
 //! 2. **GEMM**: `A[M,K] @ B[K,N]` with one operand a constant (packed at
 //!    compile time) and the other a graph input, both ways round: constant
 //!    A is the layout of convolutions and `W @ x`, constant B that of
@@ -50,7 +52,7 @@ fn main() {
     }
 }
 
-/// Best of 5 runs of the FMA loop, in GFLOP/s; `None` without AVX-512F.
+/// Best of 40 runs of the FMA loop, in GFLOP/s; `None` without AVX-512F.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn peak_gflops() -> Option<f64> {
     if !std::arch::is_x86_feature_detected!("avx512f") {
@@ -74,9 +76,9 @@ fn peak_gflops() -> Option<f64> {
         assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
         std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64)>(p)
     };
-    let iterations = 50_000_000u64;
-    f(iterations / 10);
-    let best = (0..5)
+    let iterations = 10_000_000u64;
+    f(iterations);
+    let best = (0..40)
         .map(|_| {
             let t = Instant::now();
             f(iterations);
