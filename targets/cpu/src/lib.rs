@@ -14,9 +14,10 @@
 //!    plan without compiling.
 //! 3. **Lowering**: one kernel per IR node (plus copy kernels for outputs
 //!    that are graph inputs or constants): on AVX-512 targets MatMul, Gemm
-//!    and pointwise Conv become shape-specialized machine-code microkernels
-//!    ([`microkernel`]) reading weights packed at compile time; everything
-//!    else is a Cranelift function. Every kernel has the ABI
+//!    and ungrouped Conv become shape-specialized machine-code microkernels
+//!    ([`microkernel`]) reading weights packed at compile time (k×k convs
+//!    through an im2col matrix in scratch above the planned arena);
+//!    everything else is a Cranelift function. Every kernel has the ABI
 //!    `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32` and returns
 //!    0, or 1 when a Gather index is out of range. Operand addresses are
 //!    compile-time offsets from those two pointers; loops have compile-time
@@ -180,7 +181,7 @@ pub fn compile(
             source_sha256: meta.source_sha256,
             inputs: plan.inputs,
             outputs: plan.outputs,
-            arena_size: plan.arena_size,
+            arena_size: plan.scratch.arena_size(plan.arena_size),
         },
         weights: plan.weights.into_bytes(),
         text,

@@ -133,6 +133,39 @@ pub(crate) struct Plan {
     pub jobs: Vec<Job>,
     /// The arena plan, for inspection and tests.
     pub memory: MemoryPlan,
+    /// Kernel scratch above the planned values.
+    pub scratch: Scratch,
+}
+
+/// Scratch memory of kernels (e.g. an im2col matrix): one region above the
+/// planned arena, shared by all kernels because they run one at a time and
+/// none keeps scratch across calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scratch {
+    /// Arena offset of the region (64-byte aligned).
+    pub offset: u64,
+    /// The largest request so far.
+    pub bytes: u64,
+}
+
+impl Scratch {
+    /// Reserves `bytes` of scratch for one kernel and returns where.
+    pub(crate) fn reserve(&mut self, bytes: u64) -> Loc {
+        self.bytes = self.bytes.max(bytes);
+        Loc {
+            base: Base::Arena,
+            offset: self.offset,
+        }
+    }
+
+    /// The arena size including the scratch (`planned` without any).
+    pub(crate) fn arena_size(&self, planned: u64) -> u64 {
+        if self.bytes == 0 {
+            planned
+        } else {
+            self.offset + align(self.bytes)
+        }
+    }
 }
 
 /// Arena statistics of a memory plan.
@@ -601,6 +634,10 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     Ok(Plan {
         locs,
         weights,
+        scratch: Scratch {
+            offset: align(arena_size),
+            bytes: 0,
+        },
         arena_size,
         inputs,
         outputs,

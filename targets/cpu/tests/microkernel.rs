@@ -253,3 +253,87 @@ fn pointwise_conv_is_a_microkernel_on_avx512() {
     let g = pointwise_graph([1, 16, 6, 6], 24, true, &mut rng);
     assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
 }
+
+#[allow(clippy::too_many_arguments)]
+fn conv_graph(
+    x: [usize; 4],
+    oc: usize,
+    k: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    bias: bool,
+    rng: &mut Rng,
+) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(rng, &[oc, x[1], k[0], k[1]]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides,
+        pads,
+        dilations,
+        group: 1,
+    });
+    let y = g.add_node(op, &ins, "conv").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn kxk_conv_through_im2col() {
+    let mut rng = Rng::new(10);
+    let mut seed = 800;
+    let cases: [(
+        [usize; 4],
+        usize,
+        [usize; 2],
+        [usize; 2],
+        [usize; 4],
+        [usize; 2],
+    ); 10] = [
+        ([1, 1, 8, 8], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([2, 8, 4, 4], 16, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 12, 20], 8, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([1, 5, 9, 37], 17, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+        ([1, 4, 7, 9], 6, [3, 2], [2, 1], [0, 1, 2, 0], [1, 1]),
+        ([1, 2, 9, 9], 3, [3, 3], [1, 1], [2, 2, 2, 2], [2, 2]),
+        ([1, 6, 6, 6], 5, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1]),
+        ([1, 6, 5, 5], 4, [1, 1], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 2, 3, 3], 2, [5, 5], [1, 1], [3, 3, 3, 3], [1, 1]),
+        ([3, 1, 2, 40], 20, [1, 3], [1, 3], [0, 4, 0, 4], [1, 1]),
+    ];
+    for (x, oc, k, s, p, d) in cases {
+        for bias in [false, true] {
+            seed += 1;
+            check_rand(&conv_graph(x, oc, k, s, p, d, bias, &mut rng), seed, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn kxk_conv_is_a_microkernel_on_avx512() {
+    let mut rng = Rng::new(11);
+    let g = conv_graph(
+        [1, 3, 10, 10],
+        8,
+        [3, 3],
+        [2, 2],
+        [1; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    let a = compile_for(&g, CpuTarget::X86_64Avx512);
+    assert!(has_zmm_fma(&a));
+    // The im2col matrix (27 x 25 floats) lives in scratch above the plan.
+    let planned = kiln_target_cpu::memory_plan(&g).unwrap().arena_size;
+    assert!(
+        a.metadata.arena_size >= planned + 27 * 25 * 4,
+        "{} vs {planned}",
+        a.metadata.arena_size
+    );
+}

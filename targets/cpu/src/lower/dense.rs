@@ -1,11 +1,12 @@
 //! Dense kernels as AVX-512 microkernels ([`crate::microkernel::gemm`]):
-//! MatMul, Gemm and pointwise (1×1) convolution, with the constant operand
+//! MatMul, Gemm and ungrouped convolution (pointwise directly on NCHW,
+//! others through im2col into arena scratch), with the constant operand
 //! packed into the weights blob at compile time.
 //!
 //! [`lower`] returns `None` when a node is not a shape the microkernel
-//! covers (non-f32, a dynamic transposed B, strided or k×k convolutions,
-//! an empty dimension, offsets beyond 32-bit displacements); the node then
-//! keeps its Cranelift kernel.
+//! covers (non-f32, a dynamic transposed B, grouped convolutions or
+//! non-constant conv weights, an empty dimension, offsets beyond 32-bit
+//! displacements); the node then keeps its Cranelift kernel.
 
 use kiln_ir::{Conv2d, DType, Data, Graph, NodeId, Op};
 
@@ -14,14 +15,18 @@ use super::NodeCx;
 use crate::microkernel::gemm::{
     pack_a, pack_b, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
 };
-use crate::plan::{Base, Loc, Weights};
+use crate::microkernel::im2col::Im2col;
+use crate::plan::{Base, Loc, Scratch, Weights};
+
+/// Largest im2col matrix (bytes) a convolution may put in arena scratch.
+const MAX_SCRATCH: u64 = 64 << 20;
 
 /// Most GEMM calls (batch entries) one kernel unrolls.
 const MAX_CALLS: usize = 4096;
 
 /// The microkernel of node `cx`, or `None` when the Cranelift kernel should
 /// be used.
-pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights) -> Option<Vec<u8>> {
+pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -> Option<Vec<u8>> {
     if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
         return None;
     }
@@ -36,7 +41,10 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights) -> Option<Vec<u8>> {
             trans_a,
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
-        Op::Conv(c) => pointwise_conv(cx, weights, c)?,
+        Op::Conv(c) => match pointwise_conv(cx, weights, c) {
+            Some(spec) => spec,
+            None => im2col_conv(cx, weights, scratch, c)?,
+        },
         _ => return None,
     };
     spec.assemble().ok()
@@ -167,6 +175,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
             b: offset(b_base, dot(idx, &b_st)),
             out: offset(cx.out, dot(idx, &out_st)),
             c: None,
+            src: None,
         })
         .collect();
     Some(GemmSpec {
@@ -181,6 +190,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         c: None,
         act: Activation::None,
         calls,
+        im2col: None,
     })
 }
 
@@ -267,7 +277,9 @@ fn gemm(
             b: b_base,
             out: cx.out,
             c: c.map(|(_, loc)| loc),
+            src: None,
         }],
+        im2col: None,
     })
 }
 
@@ -296,6 +308,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
             b: offset(xloc, img * (cin * p * 4) as i64),
             out: offset(cx.out, img * (oc * p * 4) as i64),
             c: bias,
+            src: None,
         })
         .collect();
     Some(GemmSpec {
@@ -316,5 +329,77 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         }),
         act: Activation::None,
         calls,
+        im2col: None,
+    })
+}
+
+/// An ungrouped convolution with constant weights as im2col + GEMM: per
+/// image, `col[Cin*kh*kw, OH*OW]` is built in arena scratch, then
+/// `Y[oc, p] = bias[oc] + W[oc, :] @ col[:, p]` (OIHW weights are already
+/// `[OC, Cin*kh*kw]` in the row order of `col`).
+fn im2col_conv(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    c: &Conv2d,
+) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    if c.group != 1 || batch > MAX_CALLS || cin * kh * kw == 0 {
+        return None;
+    }
+    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let geo = Im2col {
+        cin,
+        h,
+        w,
+        kh,
+        kw,
+        oh,
+        ow,
+        strides: c.strides,
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+    };
+    if geo.col_bytes() > MAX_SCRATCH {
+        return None;
+    }
+    let (k, p) = (cin * kh * kw, oh * ow);
+    let blocking = Blocking::choose(oc, p);
+    let packed = pack_a(wv, oc, k, k, 1, blocking.mr);
+    let a_base = weights_loc(weights, &packed);
+    let col = scratch.reserve(geo.col_bytes());
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let calls = (0..batch as i64)
+        .map(|img| Call {
+            a: a_base,
+            b: col,
+            out: offset(cx.out, img * (oc * p * 4) as i64),
+            c: bias,
+            src: Some(offset(xloc, img * (cin * h * w * 4) as i64)),
+        })
+        .collect();
+    Some(GemmSpec {
+        m: oc,
+        n: p,
+        k,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Strided {
+            row: (p * 4) as i64,
+        },
+        out_row: (p * 4) as i64,
+        alpha: 1.0,
+        c: bias.map(|_| CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        }),
+        act: Activation::None,
+        calls,
+        im2col: Some(geo),
     })
 }

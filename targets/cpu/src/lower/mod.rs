@@ -288,7 +288,7 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
-        if let Some(code) = dense::lower(&cx, &mut plan.weights) {
+        if let Some(code) = dense::lower(&cx, &mut plan.weights, &mut plan.scratch) {
             return Ok(Lowered::Machine(code));
         }
     }

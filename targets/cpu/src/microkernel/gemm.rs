@@ -28,6 +28,7 @@
 
 use iced_x86::code_asm::*;
 
+use super::im2col::Im2col;
 use super::{imm32, MicrokernelError};
 use crate::plan::{Base, Loc};
 
@@ -167,6 +168,8 @@ pub(crate) struct Call {
     pub out: Loc,
     /// C, when the spec has one.
     pub c: Option<Loc>,
+    /// The image im2col reads (writing B), when the spec has an im2col.
+    pub src: Option<Loc>,
 }
 
 /// A whole GEMM kernel.
@@ -194,6 +197,8 @@ pub(crate) struct GemmSpec {
     pub act: Activation,
     /// The GEMMs to run, in order.
     pub calls: Vec<Call>,
+    /// Before each GEMM, build B from the call's `src` with this im2col.
+    pub im2col: Option<Im2col>,
 }
 
 /// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
@@ -317,10 +322,16 @@ impl GemmSpec {
         let g = self.geometry();
         let mut a = CodeAssembler::new(64)?;
         let mut body = a.create_label();
+        let mut im2col = a.create_label();
         for r in SAVED {
             a.push(r)?;
         }
         for call in &self.calls {
+            if let (Some(_), Some(src)) = (self.im2col, call.src) {
+                load_address(&mut a, r8, src)?;
+                load_address(&mut a, r9, call.b)?;
+                a.call(im2col)?;
+            }
             load_address(&mut a, A_BASE, call.a)?;
             load_address(&mut a, B_TILE, call.b)?;
             load_address(&mut a, OUT_COL, call.out)?;
@@ -338,6 +349,10 @@ impl GemmSpec {
         a.set_label(&mut body)?;
         self.body(&mut a, &g)?;
         a.ret()?;
+        if let Some(i) = self.im2col {
+            a.set_label(&mut im2col)?;
+            i.emit(&mut a)?;
+        }
         Ok(a.assemble(0)?)
     }
 
@@ -675,7 +690,9 @@ mod tests {
                         base: Base::Weights,
                         offset: c_at as u64,
                     }),
+                    src: None,
                 }],
+                im2col: None,
             };
             let code = spec.assemble().unwrap();
             assert_eq!(

@@ -11,13 +11,16 @@
 //! - [`gemm`]: fp32 GEMM with a register-blocked zmm tile, operands read
 //!   strided or from panels packed at compile time, edge tiles masked, and
 //!   an epilogue (alpha, bias or `C`, activation) in the store loop.
+//! - [`im2col`]: the column matrix of a k×k convolution, written to arena
+//!   scratch before the GEMM runs over it.
 //! - [`peak`]: the FMA throughput loop used to measure the machine's peak
 //!   (the denominator of the GEMM efficiency figure).
 //!
 //! The runtime never depends on this module or on `iced-x86`: it only sees
 //! bytes.
 
-pub mod gemm;
+pub(crate) mod gemm;
+pub(crate) mod im2col;
 pub mod peak;
 
 /// Why a microkernel could not be generated for a shape. The caller falls
@@ -65,7 +68,10 @@ pub(crate) mod exec {
             assert_ne!(p, libc::MAP_FAILED);
             std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
             assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
-            let f = std::mem::transmute::<*mut libc::c_void, extern "C" fn(*mut u8, *const u8) -> i32>(p);
+            let f = std::mem::transmute::<
+                *mut libc::c_void,
+                extern "C" fn(*mut u8, *const u8) -> i32,
+            >(p);
             let r = f(arena.as_mut_ptr(), weights.as_ptr());
             libc::munmap(p, len);
             r
