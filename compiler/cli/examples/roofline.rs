@@ -103,7 +103,7 @@ fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64
         ([k, n], [m, k])
     };
     let c = Tensor::new(
-        &const_shape,
+        const_shape,
         Data::F32((0..const_shape[0] * const_shape[1]).map(val).collect()),
     )
     .unwrap();

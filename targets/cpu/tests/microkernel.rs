@@ -283,18 +283,21 @@ fn conv_graph(
     g
 }
 
+/// Input shape, output channels, kernel, strides, pads, dilations.
+type ConvCase = (
+    [usize; 4],
+    usize,
+    [usize; 2],
+    [usize; 2],
+    [usize; 4],
+    [usize; 2],
+);
+
 #[test]
 fn kxk_conv_through_im2col() {
     let mut rng = Rng::new(10);
     let mut seed = 800;
-    let cases: [(
-        [usize; 4],
-        usize,
-        [usize; 2],
-        [usize; 2],
-        [usize; 4],
-        [usize; 2],
-    ); 10] = [
+    let cases: [ConvCase; 10] = [
         ([1, 1, 8, 8], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
         ([2, 8, 4, 4], 16, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
         ([1, 3, 12, 20], 8, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),

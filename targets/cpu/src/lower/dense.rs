@@ -50,7 +50,7 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
     spec.assemble().ok()
 }
 
-fn f32_constant<'g>(graph: &'g Graph, id: NodeId) -> Option<&'g [f32]> {
+fn f32_constant(graph: &Graph, id: NodeId) -> Option<&[f32]> {
     match graph.constant(id)?.data() {
         Data::F32(v) => Some(v),
         _ => None,
