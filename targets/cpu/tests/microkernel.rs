@@ -340,3 +340,66 @@ fn kxk_conv_is_a_microkernel_on_avx512() {
         a.metadata.arena_size
     );
 }
+
+/// Input shape, depth multiplier, kernel, strides, pads, dilations.
+type DepthwiseCase = (
+    [usize; 4],
+    usize,
+    [usize; 2],
+    [usize; 2],
+    [usize; 4],
+    [usize; 2],
+);
+
+fn depthwise_graph(case: DepthwiseCase, bias: bool, rng: &mut Rng) -> Graph {
+    let (x, mult, k, strides, pads, dilations) = case;
+    let oc = x[1] * mult;
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(rng, &[oc, 1, k[0], k[1]]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides,
+        pads,
+        dilations,
+        group: x[1],
+    });
+    let y = g.add_node(op, &ins, "dw").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn depthwise_conv_with_masked_borders() {
+    let mut rng = Rng::new(12);
+    let mut seed = 900;
+    let cases: [DepthwiseCase; 9] = [
+        ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 5, 3, 37], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+        ([2, 3, 7, 150], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 4, 6, 5], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 9, 20], 1, [3, 3], [2, 1], [0, 2, 1, 0], [2, 2]),
+        ([1, 2, 4, 17], 1, [1, 7], [1, 1], [0, 3, 0, 3], [1, 1]),
+        ([1, 2, 2, 3], 1, [5, 5], [1, 1], [3, 4, 3, 4], [1, 1]),
+        ([1, 6, 5, 33], 1, [2, 4], [3, 1], [0, 0, 0, 0], [1, 1]),
+        ([1, 2, 5, 16], 3, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ];
+    for case in cases {
+        for bias in [false, true] {
+            seed += 1;
+            check_rand(&depthwise_graph(case, bias, &mut rng), seed, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn depthwise_conv_is_a_microkernel_on_avx512() {
+    let mut rng = Rng::new(13);
+    let case = ([1, 8, 6, 40], 1, [3, 3], [1, 1], [1; 4], [1, 1]);
+    let g = depthwise_graph(case, true, &mut rng);
+    assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
+    assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
+}

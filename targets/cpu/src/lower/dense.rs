@@ -1,17 +1,18 @@
 //! Dense kernels as AVX-512 microkernels ([`crate::microkernel::gemm`]):
-//! MatMul, Gemm and ungrouped convolution (pointwise directly on NCHW,
-//! others through im2col into arena scratch), with the constant operand
-//! packed into the weights blob at compile time.
+//! MatMul, Gemm, ungrouped convolution (pointwise directly on NCHW, others
+//! through im2col into arena scratch) with the constant operand packed into
+//! the weights blob at compile time, and depthwise convolution.
 //!
 //! [`lower`] returns `None` when a node is not a shape the microkernel
-//! covers (non-f32, a dynamic transposed B, grouped convolutions or
-//! non-constant conv weights, an empty dimension, offsets beyond 32-bit
+//! covers (non-f32, a dynamic transposed B, grouped convolutions other than
+//! depthwise with W stride 1, non-constant weights of ungrouped convs, an empty dimension, offsets beyond 32-bit
 //! displacements); the node then keeps its Cranelift kernel.
 
 use kiln_ir::{Conv2d, DType, Data, Graph, NodeId, Op};
 
 use super::elementwise::broadcast_strides;
 use super::NodeCx;
+use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
     pack_a, pack_b, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
 };
@@ -41,6 +42,7 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
             trans_a,
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
+        Op::Conv(c) if c.group > 1 => return depthwise_conv(cx, c)?.assemble().ok(),
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
             None => im2col_conv(cx, weights, scratch, c)?,
@@ -401,5 +403,60 @@ fn im2col_conv(
         act: Activation::None,
         calls,
         im2col: Some(geo),
+    })
+}
+
+/// A depthwise convolution (one input channel per group, any depth
+/// multiplier) with W stride 1, weights read as they are.
+fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (wloc, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let depthwise = c.group == cin && cg == 1 && oc % c.group == 0;
+    if !depthwise || c.strides[1] != 1 || batch > MAX_CALLS || ow > 4096 {
+        return None;
+    }
+    let rows = super::pool::window_segments(
+        oh,
+        h,
+        kh,
+        c.strides[0],
+        c.pads[0],
+        c.pads[2],
+        c.dilations[0],
+    )
+    .into_iter()
+    .map(|s| RowSegment {
+        start: s.start,
+        len: s.len,
+        taps: s.taps,
+    })
+    .collect();
+    let images = (0..batch as i64)
+        .map(|img| {
+            (
+                offset(xloc, img * (cin * h * w * 4) as i64),
+                offset(cx.out, img * (oc * oh * ow * 4) as i64),
+            )
+        })
+        .collect();
+    Some(DepthwiseSpec {
+        groups: c.group,
+        per_group: oc / c.group,
+        h,
+        w,
+        kh,
+        kw,
+        oh,
+        ow,
+        stride_h: c.strides[0],
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+        rows,
+        weights: wloc,
+        bias: cx.inputs.get(2).map(|&(loc, _)| loc),
+        images,
     })
 }

@@ -11,6 +11,8 @@
 //! - [`gemm`]: fp32 GEMM with a register-blocked zmm tile, operands read
 //!   strided or from panels packed at compile time, edge tiles masked, and
 //!   an epilogue (alpha, bias or `C`, activation) in the store loop.
+//! - [`depthwise`]: depthwise convolution with pixels along W in zmm
+//!   vectors and padding handled by load masks.
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
 //!   scratch before the GEMM runs over it.
 //! - [`peak`]: the FMA throughput loop used to measure the machine's peak
@@ -19,6 +21,7 @@
 //! The runtime never depends on this module or on `iced-x86`: it only sees
 //! bytes.
 
+pub(crate) mod depthwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod peak;
