@@ -149,13 +149,20 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    /// Reserves `bytes` of scratch for one kernel and returns where.
-    pub(crate) fn reserve(&mut self, bytes: u64) -> Loc {
-        self.bytes = self.bytes.max(bytes);
-        Loc {
-            base: Base::Arena,
-            offset: self.offset,
-        }
+    /// Reserves regions of the given sizes (64-byte aligned, one after the
+    /// other) for one kernel and returns where each starts.
+    pub(crate) fn reserve<const N: usize>(&mut self, sizes: [u64; N]) -> [Loc; N] {
+        let mut at = self.offset;
+        let locs = sizes.map(|bytes| {
+            let loc = Loc {
+                base: Base::Arena,
+                offset: at,
+            };
+            at += align(bytes);
+            loc
+        });
+        self.bytes = self.bytes.max(at - self.offset);
+        locs
     }
 
     /// The arena size including the scratch (`planned` without any).

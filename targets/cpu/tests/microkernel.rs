@@ -403,3 +403,39 @@ fn depthwise_conv_is_a_microkernel_on_avx512() {
     assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
     assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
 }
+
+/// A strided B read by many row tiles is copied into a scratch panel per
+/// column tile: tall outputs with B a graph input, a constant A, and an
+/// im2col conv with many output channels (panel and im2col matrix share
+/// the scratch region).
+#[test]
+fn tall_outputs_stream_b_through_a_scratch_panel() {
+    let mut rng = Rng::new(14);
+    let mut seed = 1000;
+    for (m, k, n, ca) in [
+        (100, 37, 50, false),
+        (120, 9, 33, true),
+        (64, 1, 17, true),
+        (90, 20, 1, false),
+    ] {
+        seed += 1;
+        check_rand(
+            &matmul_graph(&[m, k], &[k, n], ca, false, &mut rng),
+            seed,
+            1e-5,
+        );
+    }
+    let g = conv_graph(
+        [2, 5, 9, 11],
+        72,
+        [3, 3],
+        [1, 1],
+        [1; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    check_rand(&g, 1100, 1e-5);
+    let g = pointwise_graph([1, 30, 7, 13], 90, true, &mut rng);
+    check_rand(&g, 1101, 1e-5);
+}

@@ -14,13 +14,18 @@ use super::elementwise::broadcast_strides;
 use super::NodeCx;
 use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
-    pack_a, pack_b, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
+    pack_a, pack_b, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
+    MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
 
 /// Largest im2col matrix (bytes) a convolution may put in arena scratch.
 const MAX_SCRATCH: u64 = 64 << 20;
+
+/// Fewest full row tiles for which a strided B is packed into a scratch
+/// panel per column tile (the copy costs one read of the panel).
+const PANEL_MIN_ROW_TILES: usize = 4;
 
 /// Most GEMM calls (batch entries) one kernel unrolls.
 const MAX_CALLS: usize = 4096;
@@ -45,10 +50,31 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
         Op::Conv(c) if c.group > 1 => return depthwise_conv(cx, c)?.assemble().ok(),
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
-            None => im2col_conv(cx, weights, scratch, c)?,
+            None => im2col_conv(cx, weights, c)?,
         },
         _ => return None,
     };
+    let mut spec = spec;
+    // A strided B re-read by at least PANEL_MIN_ROW_TILES row tiles is
+    // copied, one column tile at a time, into a contiguous scratch panel.
+    let panel_bytes = match spec.b {
+        BLayout::Strided { .. } if spec.m / spec.blocking.mr >= PANEL_MIN_ROW_TILES => {
+            (spec.k * spec.blocking.nr() * 4) as u64
+        }
+        _ => 0,
+    };
+    let col_bytes = spec.im2col.map_or(0, |i| i.col_bytes());
+    if panel_bytes > 0 || col_bytes > 0 {
+        let [col, panel] = scratch.reserve([col_bytes, panel_bytes]);
+        if col_bytes > 0 {
+            for call in &mut spec.calls {
+                call.b = col;
+            }
+        }
+        if panel_bytes > 0 {
+            spec.b_panel = Some(panel);
+        }
+    }
     spec.assemble().ok()
 }
 
@@ -118,9 +144,10 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
     if count > MAX_CALLS || k == 0 {
         return None;
     }
-    let blocking = Blocking::choose(m, n);
     let b_const = f32_constant(cx.graph, cx.input_ids[1]);
     let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let a_packed = a_const.is_some() && b_const.is_none();
+    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
     let mats = |sh: &[usize]| sh.iter().product::<usize>();
     // Per-matrix byte sizes of each operand as the kernel reads it.
     let (a_layout, a_base, a_mat) = match (a_const, b_const) {
@@ -193,6 +220,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         act: Activation::None,
         calls,
         im2col: None,
+        b_panel: None,
     })
 }
 
@@ -216,12 +244,13 @@ fn gemm(
     if k == 0 {
         return None;
     }
-    let blocking = Blocking::choose(m, n);
     // Element strides of op(A)[i, k] and op(B)[k, j] in the stored tensors.
     let (a_row, a_col) = if trans_a { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if trans_b { (1, k) } else { (n, 1) };
     let b_const = f32_constant(cx.graph, cx.input_ids[1]);
     let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let a_packed = a_const.is_some() && b_const.is_none();
+    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
     let (b, b_base) = match b_const {
         Some(v) => {
             let bytes = pack_b(v, k, n, b_row, b_col, blocking.nr());
@@ -282,6 +311,7 @@ fn gemm(
             src: None,
         }],
         im2col: None,
+        b_panel: None,
     })
 }
 
@@ -300,7 +330,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
     }
     let wv = f32_constant(cx.graph, cx.input_ids[1])?;
     let p = h * w;
-    let blocking = Blocking::choose(oc, p);
+    let blocking = Blocking::choose(oc, p, packed_a_rows(cin));
     let packed = pack_a(wv, oc, cin, cin, 1, blocking.mr);
     let a_base = weights_loc(weights, &packed);
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
@@ -332,6 +362,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         act: Activation::None,
         calls,
         im2col: None,
+        b_panel: None,
     })
 }
 
@@ -339,12 +370,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
 /// image, `col[Cin*kh*kw, OH*OW]` is built in arena scratch, then
 /// `Y[oc, p] = bias[oc] + W[oc, :] @ col[:, p]` (OIHW weights are already
 /// `[OC, Cin*kh*kw]` in the row order of `col`).
-fn im2col_conv(
-    cx: &NodeCx,
-    weights: &mut Weights,
-    scratch: &mut Scratch,
-    c: &Conv2d,
-) -> Option<GemmSpec> {
+fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
@@ -366,14 +392,18 @@ fn im2col_conv(
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: c.dilations,
     };
-    if geo.col_bytes() > MAX_SCRATCH {
+    if geo.col_bytes() > MAX_SCRATCH / 2 {
         return None;
     }
     let (k, p) = (cin * kh * kw, oh * ow);
-    let blocking = Blocking::choose(oc, p);
+    let blocking = Blocking::choose(oc, p, packed_a_rows(k));
     let packed = pack_a(wv, oc, k, k, 1, blocking.mr);
     let a_base = weights_loc(weights, &packed);
-    let col = scratch.reserve(geo.col_bytes());
+    // `lower` points B at the im2col matrix once scratch is reserved.
+    let col = Loc {
+        base: Base::Arena,
+        offset: 0,
+    };
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let calls = (0..batch as i64)
         .map(|img| Call {
@@ -403,6 +433,7 @@ fn im2col_conv(
         act: Activation::None,
         calls,
         im2col: Some(geo),
+        b_panel: None,
     })
 }
 

@@ -39,7 +39,17 @@ pub(crate) const K_UNROLL: usize = 4;
 const F: i64 = 4;
 
 /// Most rows of a tile (the A broadcasts per k step).
-const MAX_MR: usize = 14;
+pub(crate) const MAX_MR: usize = 14;
+
+/// Bytes of a packed A panel (`mr × K` floats) that should stay in L1: the
+/// panel is re-read by every column tile, and the 48 KB L1 also holds the
+/// B lines in flight.
+const L1_PANEL_BYTES: usize = 32 << 10;
+
+/// The most rows of a tile whose packed A panel over `k` stays in L1.
+pub(crate) fn packed_a_rows(k: usize) -> usize {
+    (L1_PANEL_BYTES / (k.max(1) * 4)).clamp(1, MAX_MR)
+}
 
 /// Most zmm vectors per tile row.
 const MAX_NV: usize = 8;
@@ -62,8 +72,9 @@ impl Blocking {
     /// The cheapest tile for an `m × n` output by the cost model: the sum
     /// over tiles of `max(FMAs / 2, loads / 2, 4)` cycles per k step (two
     /// FMA and two load pipes, four cycles of FMA latency per accumulator
-    /// chain). Rows are balanced over the row tiles.
-    pub(crate) fn choose(m: usize, n: usize) -> Blocking {
+    /// chain). Rows are balanced over the row tiles; tiles have at most
+    /// `max_rows` rows.
+    pub(crate) fn choose(m: usize, n: usize, max_rows: usize) -> Blocking {
         let cycles = |mr: usize, nv: usize| -> f64 {
             let fma = (mr * nv) as f64 / 2.0;
             let loads = (mr + nv) as f64 / 2.0;
@@ -72,7 +83,9 @@ impl Blocking {
         let nv_cap = n.div_ceil(16).clamp(1, MAX_NV);
         let mut best = (f64::INFINITY, Blocking { mr: 1, nv: 1 });
         for nv in 1..=nv_cap {
-            let mr_cap = ((31 - nv) / nv).min(MAX_MR).min(m.max(1));
+            let mr_cap = ((31 - nv) / nv)
+                .min(max_rows.clamp(1, MAX_MR))
+                .min(m.max(1));
             for mr_max in 1..=mr_cap {
                 let tiles_i = m.max(1).div_ceil(mr_max);
                 let mr = m.max(1).div_ceil(tiles_i);
@@ -199,6 +212,10 @@ pub(crate) struct GemmSpec {
     pub calls: Vec<Call>,
     /// Before each GEMM, build B from the call's `src` with this im2col.
     pub im2col: Option<Im2col>,
+    /// With a strided B: scratch (`K × 16·nv` floats) into which each
+    /// column tile of B is copied before the row tiles read it, so they
+    /// stream one contiguous panel instead of K rows a page apart.
+    pub b_panel: Option<Loc>,
 }
 
 /// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
@@ -278,10 +295,12 @@ const J_COUNT: AsmRegister64 = r12;
 const A_K: AsmRegister64 = r13;
 const B_K: AsmRegister64 = r14;
 const K_COUNT: AsmRegister64 = r15;
+/// The packed B panel in scratch, when the spec has one.
+const PANEL: AsmRegister64 = rbp;
 /// Scratch for constants in the epilogue (the k counter is free there).
 const CONST: AsmRegister32 = r15d;
 /// Callee-saved registers the body uses.
-const SAVED: [AsmRegister64; 5] = [rbx, r12, r13, r14, r15];
+const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
 /// Addressing of one GEMM, in bytes, derived from a spec.
 struct Geometry {
@@ -289,9 +308,11 @@ struct Geometry {
     a_tile: i64,
     a_row: i64,
     a_k: i64,
-    /// B: between column tiles, between k steps.
+    /// B: between column tiles, between k steps as the tiles read it.
     b_tile: i64,
     b_k: i64,
+    /// Between k steps of B in memory, when tiles read a packed panel.
+    b_pack_row: Option<i64>,
 }
 
 impl GemmSpec {
@@ -302,9 +323,10 @@ impl GemmSpec {
             ALayout::Packed => (F, F * mr as i64, F * (mr * self.k) as i64),
         };
         let nr = (nv * 16) as i64;
-        let (b_k, b_tile) = match self.b {
-            BLayout::Strided { row } => (row, F * nr),
-            BLayout::Packed => (F * nr, F * nr * self.k as i64),
+        let (b_k, b_tile, b_pack_row) = match (self.b, self.b_panel) {
+            (BLayout::Strided { row }, None) => (row, F * nr, None),
+            (BLayout::Strided { row }, Some(_)) => (F * nr, F * nr, Some(row)),
+            (BLayout::Packed, _) => (F * nr, F * nr * self.k as i64, None),
         };
         Geometry {
             a_tile,
@@ -312,6 +334,7 @@ impl GemmSpec {
             a_k,
             b_tile,
             b_k,
+            b_pack_row,
         }
     }
 
@@ -325,6 +348,9 @@ impl GemmSpec {
         let mut im2col = a.create_label();
         for r in SAVED {
             a.push(r)?;
+        }
+        if let (Some(panel), Some(_)) = (self.b_panel, g.b_pack_row) {
+            load_address(&mut a, PANEL, panel)?;
         }
         for call in &self.calls {
             if let (Some(_), Some(src)) = (self.im2col, call.src) {
@@ -371,6 +397,7 @@ impl GemmSpec {
             let mut top = a.create_label();
             a.mov(J_COUNT, full_j as u64)?;
             a.set_label(&mut top)?;
+            self.pack_panel(a, g, self.blocking.nv, false)?;
             self.row_sweep(a, g, self.blocking.nv, None)?;
             a.add(B_TILE, imm32(g.b_tile, "B tile stride")?)?;
             a.add(OUT_COL, imm32(F * nr as i64, "output tile stride")?)?;
@@ -389,8 +416,45 @@ impl GemmSpec {
             };
             a.mov(CONST, mask)?;
             a.kmovw(k1, CONST)?;
+            self.pack_panel(a, g, rem_j.div_ceil(16), lanes != 0)?;
             self.row_sweep(a, g, rem_j.div_ceil(16), Some(lanes != 0))?;
         }
+        Ok(())
+    }
+
+    /// Copies the column tile of B at B_TILE (`nv` vectors, the last one
+    /// masked by `k1` when `partial`) into the panel, when the spec packs.
+    fn pack_panel(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        nv: usize,
+        partial: bool,
+    ) -> Result<(), MicrokernelError> {
+        let Some(row) = g.b_pack_row else {
+            return Ok(());
+        };
+        if self.k == 0 {
+            return Ok(());
+        }
+        let mut top = a.create_label();
+        a.mov(A_K, B_TILE)?;
+        a.mov(B_K, PANEL)?;
+        a.mov(K_COUNT, self.k as u64)?;
+        a.set_label(&mut top)?;
+        for v in 0..nv {
+            let disp = imm32(64 * v as i64, "panel")?;
+            if partial && v == nv - 1 {
+                a.vmovups(zmm0.k1().z(), zmmword_ptr(A_K + disp))?;
+            } else {
+                a.vmovups(zmm0, zmmword_ptr(A_K + disp))?;
+            }
+            a.vmovups(zmmword_ptr(B_K + disp), zmm0)?;
+        }
+        a.add(A_K, imm32(row, "B row stride")?)?;
+        a.add(B_K, imm32(g.b_k, "panel row")?)?;
+        a.dec(K_COUNT)?;
+        a.jnz(top)?;
         Ok(())
     }
 
@@ -474,7 +538,14 @@ impl GemmSpec {
             Ok(())
         };
         a.mov(A_K, A_TILE)?;
-        a.mov(B_K, B_TILE)?;
+        a.mov(
+            B_K,
+            if g.b_pack_row.is_some() {
+                PANEL
+            } else {
+                B_TILE
+            },
+        )?;
         let (blocks, rest) = (self.k / K_UNROLL, self.k % K_UNROLL);
         if blocks > 0 {
             let mut top = a.create_label();
@@ -592,7 +663,7 @@ mod tests {
     fn blocking_fits_the_register_file() {
         for m in [1, 2, 5, 14, 15, 16, 28, 100, 1024] {
             for n in [1, 15, 16, 17, 64, 100, 1024] {
-                let b = Blocking::choose(m, n);
+                let b = Blocking::choose(m, n, MAX_MR);
                 assert!(b.mr * b.nv + b.nv < 32, "{m}x{n}: {b:?}");
                 assert!(b.mr <= m.max(1), "{m}x{n}: {b:?}");
             }
@@ -600,9 +671,17 @@ mod tests {
     }
 
     #[test]
+    fn packed_a_panels_fit_l1() {
+        assert_eq!(packed_a_rows(16), MAX_MR);
+        assert_eq!(packed_a_rows(1024), 8);
+        let b = Blocking::choose(1024, 1024, packed_a_rows(1024));
+        assert!(b.mr <= 8 && b.mr * 1024 * 4 <= L1_PANEL_BYTES, "{b:?}");
+    }
+
+    #[test]
     fn one_row_uses_wide_tiles_for_latency() {
         // A single row needs several vectors in flight to hide FMA latency.
-        let b = Blocking::choose(1, 1024);
+        let b = Blocking::choose(1, 1024, MAX_MR);
         assert_eq!(b.mr, 1);
         assert!(b.nv >= 8, "{b:?}");
     }
@@ -645,7 +724,7 @@ mod tests {
             Activation::Relu,
             Activation::Clip { lo: -1.5, hi: 2.0 },
         ] {
-            let blocking = Blocking::choose(m, n);
+            let blocking = Blocking::choose(m, n, MAX_MR);
             let mut weights = pack_b(&bv, k, n, n, 1, blocking.nr());
             let c_at = weights.len().div_ceil(64) * 64;
             weights.resize(c_at, 0);
@@ -693,6 +772,7 @@ mod tests {
                     src: None,
                 }],
                 im2col: None,
+                b_panel: None,
             };
             let code = spec.assemble().unwrap();
             assert_eq!(
