@@ -20,7 +20,8 @@ use crate::microkernel::gemm::{
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
 
-/// Largest im2col matrix (bytes) a convolution may put in arena scratch.
+/// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,
+/// half for a B panel.
 const MAX_SCRATCH: u64 = 64 << 20;
 
 /// Fewest full row tiles for which a strided B is packed into a scratch
@@ -62,6 +63,11 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
             (spec.k * spec.blocking.nr() * 4) as u64
         }
         _ => 0,
+    };
+    let panel_bytes = if panel_bytes > MAX_SCRATCH / 2 {
+        0
+    } else {
+        panel_bytes
     };
     let col_bytes = spec.im2col.map_or(0, |i| i.col_bytes());
     if panel_bytes > 0 || col_bytes > 0 {
