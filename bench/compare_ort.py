@@ -1,11 +1,13 @@
 """Latency of Kiln beside onnxruntime on the same fixture models, inputs and
 machine, one thread each, in the same run.
 
-    .venv/bin/python bench/compare_ort.py [--runs 300] [fixture ...]
+    .venv/bin/python bench/compare_ort.py [--runs 300] [--target T ...] [fixture ...]
 
 Builds nothing: expects target/release/kiln (cargo build --release -p kiln).
 Prints a table of p50/p95 per fixture and the ratio ORT p50 / Kiln p50
-(above 1 means Kiln is faster).
+(above 1 means Kiln is faster). With several --target values, Kiln runs
+once per target on the same inputs (e.g. `--target x86_64-v3 --target
+native` compares the Cranelift kernels with the AVX-512 microkernels).
 """
 import argparse
 import json
@@ -39,9 +41,9 @@ def ort_bench(fixture_dir, meta, runs, warmup):
     return np.percentile(times, 50), np.percentile(times, 95)
 
 
-def kiln_bench(fixture_dir, meta, runs, warmup, tmp):
-    art = os.path.join(tmp, meta["name"] + ".kiln")
-    cmd = [KILN, "compile", os.path.join(fixture_dir, "model.onnx"), "-o", art]
+def kiln_bench(fixture_dir, meta, runs, warmup, tmp, target):
+    art = os.path.join(tmp, meta["name"] + "." + target + ".kiln")
+    cmd = [KILN, "compile", os.path.join(fixture_dir, "model.onnx"), "-o", art, "--target", target]
     for name, dims in meta.get("input_shapes", {}).items():
         cmd += ["--input-shape", f"{name}=" + "x".join(str(d) for d in dims)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -57,16 +59,19 @@ def main():
     ap.add_argument("fixtures", nargs="*", default=DEFAULT)
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--target", action="append", help="kiln --target (repeatable; default native)")
     args = ap.parse_args()
+    targets = args.target or ["native"]
     print(f"onnxruntime {ort.__version__}, 1 thread, {args.runs} runs after {args.warmup} warm-up")
-    print(f"{'fixture':<22} {'kiln p50':>10} {'kiln p95':>10} {'ort p50':>10} {'ort p95':>10} {'ort/kiln':>9}")
+    print(f"{'fixture':<22} {'kiln target':<14} {'kiln p50':>10} {'kiln p95':>10} {'ort p50':>10} {'ort p95':>10} {'ort/kiln':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.fixtures:
             d = os.path.join(ROOT, "fixtures", "models", name)
             meta = json.load(open(os.path.join(d, "meta.json")))
-            k50, k95 = kiln_bench(d, meta, args.runs, args.warmup, tmp)
             o50, o95 = ort_bench(d, meta, args.runs, args.warmup)
-            print(f"{name:<22} {k50:>9.3f}ms {k95:>9.3f}ms {o50:>9.3f}ms {o95:>9.3f}ms {o50 / k50:>8.2f}x")
+            for target in targets:
+                k50, k95 = kiln_bench(d, meta, args.runs, args.warmup, tmp, target)
+                print(f"{name:<22} {target:<14} {k50:>9.3f}ms {k95:>9.3f}ms {o50:>9.3f}ms {o95:>9.3f}ms {o50 / k50:>8.2f}x")
 
 
 if __name__ == "__main__":

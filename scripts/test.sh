@@ -17,7 +17,7 @@ export KILN_REQUIRE_REAL_MODELS=1
 cargo build --workspace --all-targets --locked
 
 # Architecture invariant: the runtime carries no compiler crate.
-if cargo tree -p kiln-runtime -e normal,build --prefix none --locked | grep -E '^(cranelift|tract|petgraph|prost|protobuf)'; then
+if cargo tree -p kiln-runtime -e normal,build --prefix none --locked | grep -E '^(cranelift|iced-x86|tract|petgraph|prost|protobuf)'; then
     echo "error: kiln-runtime depends on a compiler crate (see docs/architecture.md)" >&2
     exit 1
 fi

@@ -96,6 +96,24 @@ impl Text {
                 addend: r.addend,
             });
         }
+        self.push_kernel(name, start, len);
+        Ok(())
+    }
+
+    /// Appends finished machine code (position-independent, no
+    /// relocations) as the kernel of node `name` and schedules it.
+    pub(crate) fn add_machine(&mut self, name: &str, code: &[u8]) {
+        let start = (self.bytes.len() as u64).div_ceil(64) * 64;
+        let pad = match self.arch {
+            Arch::X86_64 => 0xcc,
+            Arch::Aarch64 => 0,
+        };
+        self.bytes.resize(start as usize, pad);
+        self.bytes.extend_from_slice(code);
+        self.push_kernel(name, start, code.len() as u64);
+    }
+
+    fn push_kernel(&mut self, name: &str, start: u64, len: u64) {
         let index = self.kernels.len() as u32;
         self.kernels.push(KernelEntry {
             name: name.to_owned(),
@@ -106,7 +124,6 @@ impl Text {
             kernel: index,
             node: name.to_owned(),
         });
-        Ok(())
     }
 
     /// TEXT bytes, kernel table, relocations and schedule.

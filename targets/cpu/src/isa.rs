@@ -70,6 +70,9 @@ pub(crate) struct Target {
     /// Whether a fused multiply-add instruction exists (so `fma` does not
     /// become a libcall).
     pub fma: bool,
+    /// Whether the dense ops use the AVX-512 microkernels (x86-64 with
+    /// AVX-512F).
+    pub avx512: bool,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -178,11 +181,13 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         Arch::X86_64 => features.contains(CpuFeatures::FMA),
         Arch::Aarch64 => true,
     };
+    let avx512 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX512F);
     Ok(Target {
         isa,
         arch,
         features,
         fma,
+        avx512,
     })
 }
 

@@ -12,8 +12,12 @@
 //!    packing and in-place reuse for elementwise kernels (Reshape aliases its
 //!    input when that is safe). [`memory_plan`] and [`plan_stats`] show the
 //!    plan without compiling.
-//! 3. **Lowering**: one Cranelift function per IR node (plus copy kernels for
-//!    outputs that are graph inputs or constants). Every kernel has the ABI
+//! 3. **Lowering**: one kernel per IR node (plus copy kernels for outputs
+//!    that are graph inputs or constants): on AVX-512 targets MatMul, Gemm
+//!    and ungrouped Conv become shape-specialized machine-code microkernels
+//!    ([`microkernel`]) reading weights packed at compile time (k×k convs
+//!    through an im2col matrix in scratch above the planned arena);
+//!    everything else is a Cranelift function. Every kernel has the ABI
 //!    `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32` and returns
 //!    0, or 1 when a Gather index is out of range. Operand addresses are
 //!    compile-time offsets from those two pointers; loops have compile-time
@@ -42,6 +46,7 @@
 mod emit;
 mod isa;
 mod lower;
+pub mod microkernel;
 mod plan;
 
 pub use isa::CpuTarget;
@@ -160,8 +165,10 @@ pub fn compile(
     let mut text = emit::Text::new(target.arch);
     for job in plan.jobs.clone() {
         let name = job.name(graph);
-        let func = lower::lower_job(graph, &mut plan, &job, &target)?;
-        text.add(&name, func, &target)?;
+        match lower::lower_job(graph, &mut plan, &job, &target)? {
+            lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
+            lower::Lowered::Machine(code) => text.add_machine(&name, &code),
+        }
     }
     let (text, kernels, relocs, schedule) = text.finish();
     Ok(Artifact {
@@ -174,7 +181,7 @@ pub fn compile(
             source_sha256: meta.source_sha256,
             inputs: plan.inputs,
             outputs: plan.outputs,
-            arena_size: plan.arena_size,
+            arena_size: plan.scratch.arena_size(plan.arena_size),
         },
         weights: plan.weights.into_bytes(),
         text,

@@ -133,6 +133,46 @@ pub(crate) struct Plan {
     pub jobs: Vec<Job>,
     /// The arena plan, for inspection and tests.
     pub memory: MemoryPlan,
+    /// Kernel scratch above the planned values.
+    pub scratch: Scratch,
+}
+
+/// Scratch memory of kernels (e.g. an im2col matrix): one region above the
+/// planned arena, shared by all kernels because they run one at a time and
+/// none keeps scratch across calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scratch {
+    /// Arena offset of the region (64-byte aligned).
+    pub offset: u64,
+    /// The largest request so far.
+    pub bytes: u64,
+}
+
+impl Scratch {
+    /// Reserves regions of the given sizes (64-byte aligned, one after the
+    /// other) for one kernel and returns where each starts.
+    pub(crate) fn reserve<const N: usize>(&mut self, sizes: [u64; N]) -> [Loc; N] {
+        let mut at = self.offset;
+        let locs = sizes.map(|bytes| {
+            let loc = Loc {
+                base: Base::Arena,
+                offset: at,
+            };
+            at += align(bytes);
+            loc
+        });
+        self.bytes = self.bytes.max(at - self.offset);
+        locs
+    }
+
+    /// The arena size including the scratch (`planned` without any).
+    pub(crate) fn arena_size(&self, planned: u64) -> u64 {
+        if self.bytes == 0 {
+            planned
+        } else {
+            self.offset + align(self.bytes)
+        }
+    }
 }
 
 /// Arena statistics of a memory plan.
@@ -601,6 +641,10 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     Ok(Plan {
         locs,
         weights,
+        scratch: Scratch {
+            offset: align(arena_size),
+            bytes: 0,
+        },
         arena_size,
         inputs,
         outputs,

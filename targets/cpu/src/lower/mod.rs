@@ -6,6 +6,7 @@
 //! submodules; loop construction is in [`loops`].
 
 mod conv;
+mod dense;
 mod elementwise;
 mod layout;
 mod linalg;
@@ -270,8 +271,34 @@ impl NodeCx<'_> {
     }
 }
 
-/// Builds the Cranelift function of one job.
+/// The code of one kernel.
+pub(crate) enum Lowered {
+    /// A Cranelift function, compiled by [`crate::emit::Text::add`].
+    Clif(Box<Function>),
+    /// Finished position-independent machine code without relocations
+    /// (a [`crate::microkernel`] kernel).
+    Machine(Vec<u8>),
+}
+
+/// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
+/// it covers when the target has AVX-512, otherwise a Cranelift function.
 pub(crate) fn lower_job(
+    graph: &Graph,
+    plan: &mut Plan,
+    job: &Job,
+    target: &Target,
+) -> Result<Lowered, CpuError> {
+    if let (Job::Node(id), true) = (job, target.avx512) {
+        let cx = node_cx(graph, plan, *id);
+        if let Some(code) = dense::lower(&cx, &mut plan.weights, &mut plan.scratch) {
+            return Ok(Lowered::Machine(code));
+        }
+    }
+    lower_clif(graph, plan, job, target).map(|f| Lowered::Clif(Box::new(f)))
+}
+
+/// Builds the Cranelift function of one job.
+fn lower_clif(
     graph: &Graph,
     plan: &mut Plan,
     job: &Job,
@@ -321,20 +348,24 @@ pub(crate) fn lower_job(
     Ok(func)
 }
 
-fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result<(), CpuError> {
-    let node = graph.node(id);
+fn node_cx<'g>(graph: &'g Graph, plan: &Plan, id: NodeId) -> NodeCx<'g> {
     let input_ids = graph.inputs_of(id);
     let inputs = input_ids
         .iter()
         .map(|i| (plan.locs[i], &graph.node(*i).ty))
         .collect();
-    let cx = NodeCx {
+    NodeCx {
         graph,
-        node,
+        node: graph.node(id),
         input_ids,
         inputs,
         out: plan.locs[&id],
-    };
+    }
+}
+
+fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result<(), CpuError> {
+    let cx = node_cx(graph, plan, id);
+    let node = cx.node;
     let weights: &mut Weights = &mut plan.weights;
     match &node.op {
         Op::Input { .. } | Op::Constant(_) => Ok(()),

@@ -1,0 +1,138 @@
+//! Single-thread fp32 roofline of this machine next to Kiln's GEMM.
+//!
+//! ```sh
+//! cargo run --release -p kiln --example roofline [-- M N K [runs]]
+//! ```
+//!
+//! 1. **Peak**: the AVX-512 FMA loop of `kiln_target_cpu::microkernel::peak`
+//!    (24 independent zmm FMA chains, no memory traffic), best of 40 short
+//!    runs (about 30 ms each, so one run without interference from other
+//!    processes is likely even on a busy machine).
+//! 2. **GEMM**: `A[M,K] @ B[K,N]` with one operand a constant (packed at
+//!    compile time) and the other a graph input, both ways round: constant
+//!    A is the layout of convolutions and `W @ x`, constant B that of
+//!    `x @ W`. Compiled for the native target, loaded by the runtime and run
+//!    with `Model::run_into`; the time includes copying the input into the
+//!    arena and the output out of it. Prints best and median GFLOP/s and the
+//!    best as a fraction of the peak.
+
+use std::time::Instant;
+
+use kiln_ir::{DType, Data, Graph, Op, Tensor, ValueType};
+use kiln_runtime::format::DType as FDType;
+use kiln_runtime::{Model, TensorRef};
+use kiln_target_cpu::microkernel::peak;
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("arguments are M N K [runs]"))
+        .collect();
+    let (m, n, k) = match args[..] {
+        [m, n, k, ..] => (m, n, k),
+        _ => (1024, 1024, 1024),
+    };
+    let runs = args.get(3).copied().unwrap_or(50);
+
+    let peak_gflops = peak_gflops();
+    match peak_gflops {
+        Some(p) => println!("peak (AVX-512 FMA loop, 1 thread): {p:.1} GFLOP/s"),
+        None => println!("peak: this host has no AVX-512F; skipped"),
+    }
+
+    for const_a in [true, false] {
+        let (best, median) = gemm_gflops(m, n, k, runs, const_a);
+        let which = if const_a { "constant A" } else { "constant B" };
+        print!("GEMM {m}x{n}x{k} {which} (native target, 1 thread, {runs} runs): best {best:.1} GFLOP/s, median {median:.1} GFLOP/s");
+        match peak_gflops {
+            Some(p) => println!(" = {:.1}% of peak", 100.0 * best / p),
+            None => println!(),
+        }
+    }
+}
+
+/// Best of 40 runs of the FMA loop, in GFLOP/s; `None` without AVX-512F.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn peak_gflops() -> Option<f64> {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return None;
+    }
+    let code = peak::fma_loop().expect("assemble the FMA loop");
+    let len = code.len().div_ceil(4096) * 4096;
+    // SAFETY: a fresh private mapping, written, then made read+execute; the
+    // loop touches no memory and follows the System V ABI.
+    let f: extern "C" fn(u64) = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
+        assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
+        std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64)>(p)
+    };
+    let iterations = 10_000_000u64;
+    f(iterations);
+    let best = (0..40)
+        .map(|_| {
+            let t = Instant::now();
+            f(iterations);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    Some((iterations * peak::FLOPS_PER_ITERATION) as f64 / best / 1e9)
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn peak_gflops() -> Option<f64> {
+    None
+}
+
+/// (best, median) GFLOP/s of the compiled GEMM.
+fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64, f64) {
+    let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0;
+    let mut g = Graph::new();
+    let (const_shape, input_shape) = if const_a {
+        ([m, k], [k, n])
+    } else {
+        ([k, n], [m, k])
+    };
+    let c = Tensor::new(
+        const_shape,
+        Data::F32((0..const_shape[0] * const_shape[1]).map(val).collect()),
+    )
+    .unwrap();
+    let c = g.add_const("w", c);
+    let x = g.add_input("x", ValueType::new(DType::F32, input_shape));
+    let operands = if const_a { [c, x] } else { [x, c] };
+    let y = g.add_node(Op::MatMul, &operands, "gemm").unwrap();
+    g.add_output("y", y);
+    let opts = CpuOptions {
+        target: CpuTarget::Native,
+        opt_level: 2,
+    };
+    let artifact = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
+    let mut model = Model::from_bytes(&artifact.to_bytes()).expect("load");
+    let x_bytes: Vec<u8> = (0..input_shape[0] * input_shape[1])
+        .flat_map(|i| val(i + 1).to_le_bytes())
+        .collect();
+    let shape = input_shape.map(|d| d as u64);
+    let inputs = [TensorRef::new("x", FDType::F32, &shape, &x_bytes)];
+    let mut out = vec![0u8; m * n * 4];
+    let mut times = Vec::with_capacity(runs);
+    for i in 0..runs + 3 {
+        let t = Instant::now();
+        model.run_into(&inputs, &mut [&mut out[..]]).expect("run");
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let flops = 2.0 * (m * n * k) as f64;
+    (flops / times[0] / 1e9, flops / times[times.len() / 2] / 1e9)
+}

@@ -1,0 +1,499 @@
+//! Dense kernels as AVX-512 microkernels ([`crate::microkernel::gemm`]):
+//! MatMul, Gemm, ungrouped convolution (pointwise directly on NCHW, others
+//! through im2col into arena scratch) with the constant operand packed into
+//! the weights blob at compile time, and depthwise convolution.
+//!
+//! [`lower`] returns `None` when a node is not a shape the microkernel
+//! covers (non-f32, a dynamic transposed B, grouped convolutions other than
+//! depthwise with W stride 1, non-constant weights of ungrouped convs, an empty dimension, offsets beyond 32-bit
+//! displacements); the node then keeps its Cranelift kernel.
+
+use kiln_ir::{Conv2d, DType, Data, Graph, NodeId, Op};
+
+use super::elementwise::broadcast_strides;
+use super::NodeCx;
+use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
+use crate::microkernel::gemm::{
+    pack_a, pack_b, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
+    MAX_MR,
+};
+use crate::microkernel::im2col::Im2col;
+use crate::plan::{Base, Loc, Scratch, Weights};
+
+/// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,
+/// half for a B panel.
+const MAX_SCRATCH: u64 = 64 << 20;
+
+/// Fewest full row tiles for which a strided B is packed into a scratch
+/// panel per column tile (the copy costs one read of the panel).
+const PANEL_MIN_ROW_TILES: usize = 4;
+
+/// Most GEMM calls (batch entries) one kernel unrolls.
+const MAX_CALLS: usize = 4096;
+
+/// The microkernel of node `cx`, or `None` when the Cranelift kernel should
+/// be used.
+pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -> Option<Vec<u8>> {
+    if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
+        return None;
+    }
+    if cx.node.ty.num_elements() == 0 {
+        return None;
+    }
+    let spec = match &cx.node.op {
+        Op::MatMul => matmul(cx, weights)?,
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
+        Op::Conv(c) if c.group > 1 => return depthwise_conv(cx, c)?.assemble().ok(),
+        Op::Conv(c) => match pointwise_conv(cx, weights, c) {
+            Some(spec) => spec,
+            None => im2col_conv(cx, weights, c)?,
+        },
+        _ => return None,
+    };
+    let mut spec = spec;
+    // A strided B re-read by at least PANEL_MIN_ROW_TILES row tiles is
+    // copied, one column tile at a time, into a contiguous scratch panel.
+    let panel_bytes = match spec.b {
+        BLayout::Strided { .. } if spec.m / spec.blocking.mr >= PANEL_MIN_ROW_TILES => {
+            (spec.k * spec.blocking.nr() * 4) as u64
+        }
+        _ => 0,
+    };
+    let panel_bytes = if panel_bytes > MAX_SCRATCH / 2 {
+        0
+    } else {
+        panel_bytes
+    };
+    let col_bytes = spec.im2col.map_or(0, |i| i.col_bytes());
+    if panel_bytes > 0 || col_bytes > 0 {
+        let [col, panel] = scratch.reserve([col_bytes, panel_bytes]);
+        if col_bytes > 0 {
+            for call in &mut spec.calls {
+                call.b = col;
+            }
+        }
+        if panel_bytes > 0 {
+            spec.b_panel = Some(panel);
+        }
+    }
+    spec.assemble().ok()
+}
+
+fn f32_constant(graph: &Graph, id: NodeId) -> Option<&[f32]> {
+    match graph.constant(id)?.data() {
+        Data::F32(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn offset(loc: Loc, bytes: i64) -> Loc {
+    Loc {
+        base: loc.base,
+        offset: (loc.offset as i64 + bytes) as u64,
+    }
+}
+
+fn weights_loc(weights: &mut Weights, bytes: &[u8]) -> Loc {
+    Loc {
+        base: Base::Weights,
+        offset: weights.add(bytes),
+    }
+}
+
+/// Row-major multi-indices of `shape`, in order.
+fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0; shape.len()];
+    for _ in 0..total {
+        out.push(idx.clone());
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+fn dot(idx: &[usize], strides: &[i64]) -> i64 {
+    idx.iter().zip(strides).map(|(&i, &s)| i as i64 * s).sum()
+}
+
+/// numpy MatMul, batch dims broadcast; a constant operand is packed.
+fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
+    let (aloc, aty) = cx.inputs[0];
+    let (bloc, bty) = cx.inputs[1];
+    let a_sh: Vec<usize> = if aty.shape.len() == 1 {
+        vec![1, aty.shape[0]]
+    } else {
+        aty.shape.to_vec()
+    };
+    let b_sh: Vec<usize> = if bty.shape.len() == 1 {
+        vec![bty.shape[0], 1]
+    } else {
+        bty.shape.to_vec()
+    };
+    let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
+    let n = b_sh[b_sh.len() - 1];
+    let a_batch = &a_sh[..a_sh.len() - 2];
+    let b_batch = &b_sh[..b_sh.len() - 2];
+    let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)?;
+    let count: usize = batch.iter().product();
+    if count > MAX_CALLS || k == 0 {
+        return None;
+    }
+    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let a_packed = a_const.is_some() && b_const.is_none();
+    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
+    let mats = |sh: &[usize]| sh.iter().product::<usize>();
+    // Per-matrix byte sizes of each operand as the kernel reads it.
+    let (a_layout, a_base, a_mat) = match (a_const, b_const) {
+        (Some(v), None) => {
+            let mut bytes = Vec::new();
+            for q in 0..mats(a_batch) {
+                bytes.extend(pack_a(&v[q * m * k..], m, k, k, 1, blocking.mr));
+            }
+            let per = (bytes.len() / mats(a_batch).max(1)) as i64;
+            (ALayout::Packed, weights_loc(weights, &bytes), per)
+        }
+        _ => (
+            ALayout::Strided {
+                row: (k * 4) as i64,
+                col: 4,
+            },
+            aloc,
+            (m * k * 4) as i64,
+        ),
+    };
+    let (b_layout, b_base, b_mat) = match b_const {
+        Some(v) => {
+            let mut bytes = Vec::new();
+            for q in 0..mats(b_batch) {
+                bytes.extend(pack_b(&v[q * k * n..], k, n, n, 1, blocking.nr()));
+            }
+            let per = (bytes.len() / mats(b_batch).max(1)) as i64;
+            (BLayout::Packed, weights_loc(weights, &bytes), per)
+        }
+        None => (
+            BLayout::Strided {
+                row: (n * 4) as i64,
+            },
+            bloc,
+            (k * n * 4) as i64,
+        ),
+    };
+    let a_st: Vec<i64> = broadcast_strides(a_batch, &batch)
+        .iter()
+        .map(|s| s * a_mat)
+        .collect();
+    let b_st: Vec<i64> = broadcast_strides(b_batch, &batch)
+        .iter()
+        .map(|s| s * b_mat)
+        .collect();
+    let out_st: Vec<i64> = super::strides(&batch)
+        .iter()
+        .map(|s| s * (m * n * 4) as i64)
+        .collect();
+    let calls = indices(&batch)
+        .iter()
+        .map(|idx| Call {
+            a: offset(a_base, dot(idx, &a_st)),
+            b: offset(b_base, dot(idx, &b_st)),
+            out: offset(cx.out, dot(idx, &out_st)),
+            c: None,
+            src: None,
+        })
+        .collect();
+    Some(GemmSpec {
+        m,
+        n,
+        k,
+        blocking,
+        a: a_layout,
+        b: b_layout,
+        out_row: (n * 4) as i64,
+        alpha: 1.0,
+        c: None,
+        act: Activation::None,
+        calls,
+        im2col: None,
+        b_panel: None,
+    })
+}
+
+/// ONNX Gemm: `alpha * op(A) @ op(B) + beta * C`.
+fn gemm(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Option<GemmSpec> {
+    let (aloc, aty) = cx.inputs[0];
+    let (bloc, _) = cx.inputs[1];
+    let (m, k) = if trans_a {
+        (aty.shape[1], aty.shape[0])
+    } else {
+        (aty.shape[0], aty.shape[1])
+    };
+    let n = cx.node.ty.shape[1];
+    if k == 0 {
+        return None;
+    }
+    // Element strides of op(A)[i, k] and op(B)[k, j] in the stored tensors.
+    let (a_row, a_col) = if trans_a { (1, m) } else { (k, 1) };
+    let (b_row, b_col) = if trans_b { (1, k) } else { (n, 1) };
+    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let a_packed = a_const.is_some() && b_const.is_none();
+    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
+    let (b, b_base) = match b_const {
+        Some(v) => {
+            let bytes = pack_b(v, k, n, b_row, b_col, blocking.nr());
+            (BLayout::Packed, weights_loc(weights, &bytes))
+        }
+        None if !trans_b => (
+            BLayout::Strided {
+                row: (n * 4) as i64,
+            },
+            bloc,
+        ),
+        // Columns of a dynamic transposed B are not contiguous.
+        None => return None,
+    };
+    let (a, a_base) = match (a_const, b_const) {
+        (Some(v), None) => {
+            let bytes = pack_a(v, m, k, a_row, a_col, blocking.mr);
+            (ALayout::Packed, weights_loc(weights, &bytes))
+        }
+        _ => (
+            ALayout::Strided {
+                row: (a_row * 4) as i64,
+                col: (a_col * 4) as i64,
+            },
+            aloc,
+        ),
+    };
+    let c = match cx.inputs.get(2) {
+        Some(&(cloc, cty)) if beta != 0.0 => {
+            let st = broadcast_strides(&cty.shape, &[m, n]);
+            Some((
+                CLayout {
+                    row: st[0] * 4,
+                    per_column: st[1] != 0,
+                    beta,
+                },
+                cloc,
+            ))
+        }
+        _ => None,
+    };
+    Some(GemmSpec {
+        m,
+        n,
+        k,
+        blocking,
+        a,
+        b,
+        out_row: (n * 4) as i64,
+        alpha,
+        c: c.map(|(l, _)| l),
+        act: Activation::None,
+        calls: vec![Call {
+            a: a_base,
+            b: b_base,
+            out: cx.out,
+            c: c.map(|(_, loc)| loc),
+            src: None,
+        }],
+        im2col: None,
+        b_panel: None,
+    })
+}
+
+/// A 1×1, stride-1, unpadded, ungrouped convolution with constant weights:
+/// per image, `Y[oc, p] = bias[oc] + W[oc, :] @ X[:, p]` over the `H*W`
+/// positions `p` (NCHW needs no transposition).
+fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let pointwise =
+        c.group == 1 && (kh, kw) == (1, 1) && c.strides == [1, 1] && c.pads == [0, 0, 0, 0];
+    if !pointwise || batch > MAX_CALLS || cin == 0 {
+        return None;
+    }
+    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let p = h * w;
+    let blocking = Blocking::choose(oc, p, packed_a_rows(cin));
+    let packed = pack_a(wv, oc, cin, cin, 1, blocking.mr);
+    let a_base = weights_loc(weights, &packed);
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let calls = (0..batch as i64)
+        .map(|img| Call {
+            a: a_base,
+            b: offset(xloc, img * (cin * p * 4) as i64),
+            out: offset(cx.out, img * (oc * p * 4) as i64),
+            c: bias,
+            src: None,
+        })
+        .collect();
+    Some(GemmSpec {
+        m: oc,
+        n: p,
+        k: cin,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Strided {
+            row: (p * 4) as i64,
+        },
+        out_row: (p * 4) as i64,
+        alpha: 1.0,
+        c: bias.map(|_| CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        }),
+        act: Activation::None,
+        calls,
+        im2col: None,
+        b_panel: None,
+    })
+}
+
+/// An ungrouped convolution with constant weights as im2col + GEMM: per
+/// image, `col[Cin*kh*kw, OH*OW]` is built in arena scratch, then
+/// `Y[oc, p] = bias[oc] + W[oc, :] @ col[:, p]` (OIHW weights are already
+/// `[OC, Cin*kh*kw]` in the row order of `col`).
+fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    if c.group != 1 || batch > MAX_CALLS || cin * kh * kw == 0 {
+        return None;
+    }
+    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let geo = Im2col {
+        cin,
+        h,
+        w,
+        kh,
+        kw,
+        oh,
+        ow,
+        strides: c.strides,
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+    };
+    if geo.col_bytes() > MAX_SCRATCH / 2 {
+        return None;
+    }
+    let (k, p) = (cin * kh * kw, oh * ow);
+    let blocking = Blocking::choose(oc, p, packed_a_rows(k));
+    let packed = pack_a(wv, oc, k, k, 1, blocking.mr);
+    let a_base = weights_loc(weights, &packed);
+    // `lower` points B at the im2col matrix once scratch is reserved.
+    let col = Loc {
+        base: Base::Arena,
+        offset: 0,
+    };
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let calls = (0..batch as i64)
+        .map(|img| Call {
+            a: a_base,
+            b: col,
+            out: offset(cx.out, img * (oc * p * 4) as i64),
+            c: bias,
+            src: Some(offset(xloc, img * (cin * h * w * 4) as i64)),
+        })
+        .collect();
+    Some(GemmSpec {
+        m: oc,
+        n: p,
+        k,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Strided {
+            row: (p * 4) as i64,
+        },
+        out_row: (p * 4) as i64,
+        alpha: 1.0,
+        c: bias.map(|_| CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        }),
+        act: Activation::None,
+        calls,
+        im2col: Some(geo),
+        b_panel: None,
+    })
+}
+
+/// A depthwise convolution (one input channel per group, any depth
+/// multiplier) with W stride 1, weights read as they are.
+fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (wloc, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let depthwise = c.group == cin && cg == 1 && oc % c.group == 0;
+    if !depthwise || c.strides[1] != 1 || batch > MAX_CALLS || ow > 4096 {
+        return None;
+    }
+    let rows = super::pool::window_segments(
+        oh,
+        h,
+        kh,
+        c.strides[0],
+        c.pads[0],
+        c.pads[2],
+        c.dilations[0],
+    )
+    .into_iter()
+    .map(|s| RowSegment {
+        start: s.start,
+        len: s.len,
+        taps: s.taps,
+    })
+    .collect();
+    let images = (0..batch as i64)
+        .map(|img| {
+            (
+                offset(xloc, img * (cin * h * w * 4) as i64),
+                offset(cx.out, img * (oc * oh * ow * 4) as i64),
+            )
+        })
+        .collect();
+    Some(DepthwiseSpec {
+        groups: c.group,
+        per_group: oc / c.group,
+        h,
+        w,
+        kh,
+        kw,
+        oh,
+        ow,
+        stride_h: c.strides[0],
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+        rows,
+        weights: wloc,
+        bias: cx.inputs.get(2).map(|&(loc, _)| loc),
+        images,
+    })
+}

@@ -1,0 +1,254 @@
+//! AVX-512 depthwise convolution (one input channel per group, W stride 1):
+//! output pixels along W in zmm vectors, each tap an FMA with the tap's
+//! weight broadcast from memory.
+//!
+//! Output rows are split at compile time into segments with a fixed set of
+//! valid vertical taps (`lower::pool::window_segments`); a segment is a
+//! run-time loop over its rows. Along W, up to [`MAX_TILES`] vectors of 16
+//! pixels are accumulated at once (independent FMA chains); a vector whose
+//! input window crosses the left or right border, or the last partial
+//! vector, loads with a zero-masking `k1` mask computed at compile time, so
+//! padding reads nothing. Groups are a run-time loop; output channels of a
+//! group (the depth multiplier) are unrolled.
+
+use iced_x86::code_asm::*;
+
+use super::{imm32, MicrokernelError};
+use crate::plan::{Base, Loc};
+
+/// Most 16-pixel vectors accumulated together.
+const MAX_TILES: usize = 8;
+
+/// Registers: image/output bases, group pointers, counters, row cursors.
+const X_G: AsmRegister64 = r10;
+const OUT_G: AsmRegister64 = r11;
+const W_G: AsmRegister64 = rax;
+const B_G: AsmRegister64 = rbx;
+const GROUPS: AsmRegister64 = rcx;
+const ROWS: AsmRegister64 = r12;
+const SRC: AsmRegister64 = r13;
+const DST: AsmRegister64 = r14;
+const TMP: AsmRegister32 = r15d;
+const SAVED: [AsmRegister64; 5] = [rbx, r12, r13, r14, r15];
+
+const ZMM: [AsmRegisterZmm; 32] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
+    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
+    zmm28, zmm29, zmm30, zmm31,
+];
+
+/// A row segment: output rows `start..start + len` read the vertical taps
+/// `taps`.
+#[derive(Clone, Debug)]
+pub(crate) struct RowSegment {
+    /// First output row.
+    pub start: usize,
+    /// Number of rows.
+    pub len: usize,
+    /// Vertical taps inside the input.
+    pub taps: Vec<usize>,
+}
+
+/// One depthwise convolution kernel.
+#[derive(Clone, Debug)]
+pub(crate) struct DepthwiseSpec {
+    /// Groups (= input channels).
+    pub groups: usize,
+    /// Output channels per group.
+    pub per_group: usize,
+    /// Input height and width.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Kernel height and width.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Output height and width.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// H stride (the W stride is 1).
+    pub stride_h: usize,
+    /// Padding at the top and the left.
+    pub pad_tl: [usize; 2],
+    /// Dilations (H, W).
+    pub dilations: [usize; 2],
+    /// Row segments.
+    pub rows: Vec<RowSegment>,
+    /// Weights `[groups * per_group, 1, kh, kw]`.
+    pub weights: Loc,
+    /// Bias `[groups * per_group]`, if any.
+    pub bias: Option<Loc>,
+    /// Per image: (input, output).
+    pub images: Vec<(Loc, Loc)>,
+}
+
+fn load_address(
+    a: &mut CodeAssembler,
+    reg: AsmRegister64,
+    loc: Loc,
+) -> Result<(), MicrokernelError> {
+    let base = match loc.base {
+        Base::Arena => rdi,
+        Base::Weights => rsi,
+    };
+    match i32::try_from(loc.offset) {
+        Ok(off) => a.lea(reg, qword_ptr(base + off))?,
+        Err(_) => {
+            a.mov(reg, loc.offset)?;
+            a.add(reg, base)?;
+        }
+    }
+    Ok(())
+}
+
+impl DepthwiseSpec {
+    /// Assembles the kernel.
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let mut a = CodeAssembler::new(64)?;
+        for r in SAVED {
+            a.push(r)?;
+        }
+        for &(x, out) in &self.images {
+            load_address(&mut a, X_G, x)?;
+            load_address(&mut a, OUT_G, out)?;
+            load_address(&mut a, W_G, self.weights)?;
+            if let Some(b) = self.bias {
+                load_address(&mut a, B_G, b)?;
+            }
+            self.groups_loop(&mut a)?;
+        }
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        Ok(a.assemble(0)?)
+    }
+
+    fn groups_loop(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
+        let taps = (self.kh * self.kw) as i64;
+        let plane_out = (self.oh * self.ow * 4) as i64;
+        let mut top = a.create_label();
+        a.mov(GROUPS, self.groups as u64)?;
+        a.set_label(&mut top)?;
+        for j in 0..self.per_group {
+            for seg in &self.rows {
+                self.segment(
+                    a,
+                    seg,
+                    j as i64 * taps * 4,
+                    j as i64 * 4,
+                    j as i64 * plane_out,
+                )?;
+            }
+        }
+        a.add(X_G, imm32((self.h * self.w * 4) as i64, "input plane")?)?;
+        a.add(
+            OUT_G,
+            imm32(self.per_group as i64 * plane_out, "output planes")?,
+        )?;
+        a.add(W_G, imm32(self.per_group as i64 * taps * 4, "weights")?)?;
+        if self.bias.is_some() {
+            a.add(B_G, imm32(self.per_group as i64 * 4, "bias")?)?;
+        }
+        a.dec(GROUPS)?;
+        a.jnz(top)?;
+        Ok(())
+    }
+
+    /// The rows of one segment of one output channel (weights at W_G +
+    /// `w_off`, bias at B_G + `b_off`, output plane at OUT_G + `out_off`).
+    fn segment(
+        &self,
+        a: &mut CodeAssembler,
+        seg: &RowSegment,
+        w_off: i64,
+        b_off: i64,
+        out_off: i64,
+    ) -> Result<(), MicrokernelError> {
+        if seg.len == 0 {
+            return Ok(());
+        }
+        let w4 = (self.w * 4) as i64;
+        let [dil_h, dil_w] = self.dilations;
+        let [pt, pl] = self.pad_tl;
+        // SRC: input row of output row `start` with tap 0 (may point above
+        // the image; every tap added to it is inside).
+        let first = (seg.start * self.stride_h) as i64 - pt as i64;
+        a.lea(SRC, qword_ptr(X_G + imm32(first * w4, "input row")?))?;
+        a.lea(
+            DST,
+            qword_ptr(OUT_G + imm32(out_off + (seg.start * self.ow * 4) as i64, "output row")?),
+        )?;
+        let mut top = a.create_label();
+        a.mov(ROWS, seg.len as u64)?;
+        a.set_label(&mut top)?;
+        let vectors = self.ow.div_ceil(16);
+        let mut v0 = 0;
+        while v0 < vectors {
+            let n = (vectors - v0).min(MAX_TILES);
+            let acc = |t: usize| ZMM[t];
+            let xr = |t: usize| ZMM[MAX_TILES + t];
+            for t in 0..n {
+                if self.bias.is_some() {
+                    a.vbroadcastss(acc(t), dword_ptr(B_G + imm32(b_off, "bias")?))?;
+                } else {
+                    a.vpxord(acc(t), acc(t), acc(t))?;
+                }
+            }
+            for &th in &seg.taps {
+                let row = (th * dil_h) as i64 * w4;
+                for tw in 0..self.kw {
+                    let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
+                    for t in 0..n {
+                        let ow0 = (v0 + t) * 16;
+                        // Lanes whose output pixel exists and whose input
+                        // column lies inside the row.
+                        let mut mask = 0u32;
+                        for lane in 0..16 {
+                            let o = ow0 + lane;
+                            let col = (o + tw * dil_w) as i64 - pl as i64;
+                            if o < self.ow && col >= 0 && col < self.w as i64 {
+                                mask |= 1 << lane;
+                            }
+                        }
+                        if mask == 0 {
+                            continue;
+                        }
+                        let col0 = (ow0 + tw * dil_w) as i64 - pl as i64;
+                        let disp = imm32(row + col0 * 4, "input pixel")?;
+                        if mask == 0xffff {
+                            a.vmovups(xr(t), zmmword_ptr(SRC + disp))?;
+                        } else {
+                            a.mov(TMP, mask)?;
+                            a.kmovw(k1, TMP)?;
+                            a.vmovups(xr(t).k1().z(), zmmword_ptr(SRC + disp))?;
+                        }
+                        a.vfmadd231ps(acc(t), xr(t), dword_bcst(W_G + wdisp))?;
+                    }
+                }
+            }
+            for t in 0..n {
+                let ow0 = (v0 + t) * 16;
+                let lanes = (self.ow - ow0).min(16);
+                let disp = imm32((ow0 * 4) as i64, "output pixel")?;
+                if lanes == 16 {
+                    a.vmovups(zmmword_ptr(DST + disp), acc(t))?;
+                } else {
+                    a.mov(TMP, (1u32 << lanes) - 1)?;
+                    a.kmovw(k1, TMP)?;
+                    a.vmovups(zmmword_ptr(DST + disp).k1(), acc(t))?;
+                }
+            }
+            v0 += n;
+        }
+        a.add(SRC, imm32(self.stride_h as i64 * w4, "input row stride")?)?;
+        a.add(DST, imm32((self.ow * 4) as i64, "output row stride")?)?;
+        a.dec(ROWS)?;
+        a.jnz(top)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,803 @@
+//! AVX-512 fp32 GEMM: `out[i, j] = act(alpha * sum_k A[i, k] * B[k, j] + beta * C[i, j])`.
+//!
+//! **Tile.** The register tile is `mr` rows × `nv` zmm vectors (`16 * nv`
+//! columns): `mr * nv` accumulators, `nv` registers for the B row and one
+//! for the broadcast A element, so `mr * nv + nv + 1 <= 32`. Per k step the
+//! kernel loads the `nv` B vectors, then for each row broadcasts A[i, k] and
+//! issues `nv` FMAs. [`Blocking::choose`] picks `(mr, nv)` per shape with a
+//! small cost model (FMA issue, loads, FMA latency, wasted edge lanes).
+//!
+//! **Operands.** A is read with broadcasts, so any strides work
+//! ([`ALayout::Strided`]), or from panels packed at compile time
+//! ([`ALayout::Packed`], [`pack_a`]). B is read as vectors along j, so it is
+//! either row-contiguous ([`BLayout::Strided`]) or packed into panels
+//! ([`BLayout::Packed`], [`pack_b`]).
+//!
+//! **Loops.** j tiles outside, i tiles inside (a B panel is reused by every
+//! row tile), K innermost and unrolled by [`K_UNROLL`] with displacements as
+//! immediates. The last j tile masks its last vector with `k1` (loads
+//! zero-masked, stores merge-masked), so no element outside the tensor is
+//! read or written; a partial last row tile is generated separately.
+//!
+//! **Epilogue** (in the store loop): `* alpha`, `+ beta * C` (C broadcast
+//! per row, per column, scalar or full), then Relu or Clip.
+//!
+//! **Calls.** One kernel can run several GEMMs of the same shape (batched
+//! MatMul, the images of a batch): the entry code loads each call's operand
+//! addresses into r8–r11 and calls the shared body.
+
+use iced_x86::code_asm::*;
+
+use super::im2col::Im2col;
+use super::{imm32, MicrokernelError};
+use crate::plan::{Base, Loc};
+
+/// K steps per unrolled loop iteration.
+pub(crate) const K_UNROLL: usize = 4;
+
+/// Bytes per f32.
+const F: i64 = 4;
+
+/// Most rows of a tile (the A broadcasts per k step).
+pub(crate) const MAX_MR: usize = 14;
+
+/// Bytes of a packed A panel (`mr × K` floats) that should stay in L1: the
+/// panel is re-read by every column tile, and the 48 KB L1 also holds the
+/// B lines in flight.
+const L1_PANEL_BYTES: usize = 32 << 10;
+
+/// The most rows of a tile whose packed A panel over `k` stays in L1.
+pub(crate) fn packed_a_rows(k: usize) -> usize {
+    (L1_PANEL_BYTES / (k.max(1) * 4)).clamp(1, MAX_MR)
+}
+
+/// Most zmm vectors per tile row.
+const MAX_NV: usize = 8;
+
+/// The register tile of one GEMM shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blocking {
+    /// Rows of a full tile.
+    pub mr: usize,
+    /// zmm vectors (16 columns each) of a full tile.
+    pub nv: usize,
+}
+
+impl Blocking {
+    /// Columns of a full tile.
+    pub(crate) fn nr(self) -> usize {
+        self.nv * 16
+    }
+
+    /// The cheapest tile for an `m × n` output by the cost model: the sum
+    /// over tiles of `max(FMAs / 2, loads / 2, 4)` cycles per k step (two
+    /// FMA and two load pipes, four cycles of FMA latency per accumulator
+    /// chain). Rows are balanced over the row tiles; tiles have at most
+    /// `max_rows` rows.
+    pub(crate) fn choose(m: usize, n: usize, max_rows: usize) -> Blocking {
+        let cycles = |mr: usize, nv: usize| -> f64 {
+            let fma = (mr * nv) as f64 / 2.0;
+            let loads = (mr + nv) as f64 / 2.0;
+            fma.max(loads).max(4.0)
+        };
+        let nv_cap = n.div_ceil(16).clamp(1, MAX_NV);
+        let mut best = (f64::INFINITY, Blocking { mr: 1, nv: 1 });
+        for nv in 1..=nv_cap {
+            let mr_cap = ((31 - nv) / nv)
+                .min(max_rows.clamp(1, MAX_MR))
+                .min(m.max(1));
+            for mr_max in 1..=mr_cap {
+                let tiles_i = m.max(1).div_ceil(mr_max);
+                let mr = m.max(1).div_ceil(tiles_i);
+                let nr = nv * 16;
+                let (full_i, rem_i) = (m / mr, m % mr);
+                let (full_j, rem_j) = (n / nr, n % nr);
+                let nv_edge = rem_j.div_ceil(16);
+                let mut cost = 0.0;
+                for (rows, count_i) in [(mr, full_i), (rem_i, usize::from(rem_i > 0))] {
+                    for (vecs, count_j) in [(nv, full_j), (nv_edge, usize::from(rem_j > 0))] {
+                        if rows > 0 && vecs > 0 {
+                            cost += (count_i * count_j) as f64 * cycles(rows, vecs);
+                        }
+                    }
+                }
+                // On ties prefer the larger tile (fewer loop overheads).
+                let tie = (cost - best.0).abs() < 1e-9 && mr * nv > best.1.mr * best.1.nv;
+                if cost < best.0 - 1e-9 || tie {
+                    best = (cost, Blocking { mr, nv });
+                }
+            }
+        }
+        best.1
+    }
+}
+
+/// How the kernel reads A.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ALayout {
+    /// `A[i, k]` at `base + i * row + k * col` (bytes).
+    Strided {
+        /// Bytes between rows.
+        row: i64,
+        /// Bytes between k steps.
+        col: i64,
+    },
+    /// Panels of `mr` rows written by [`pack_a`].
+    Packed,
+}
+
+/// How the kernel reads B.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BLayout {
+    /// `B[k, j]` at `base + k * row + j * 4` (bytes).
+    Strided {
+        /// Bytes between k steps.
+        row: i64,
+    },
+    /// Panels of `16 * nv` columns written by [`pack_b`].
+    Packed,
+}
+
+/// The elementwise activation applied in the store loop.
+///
+/// Relu and Clip are the hook for producer–consumer fusion (the passes
+/// issue): until a pass hands fused activations to the CPU target only the
+/// tests build them, hence the `dead_code` allowance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(dead_code)]
+pub(crate) enum Activation {
+    /// Identity.
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// `min(max(x, lo), hi)`.
+    Clip {
+        /// Lower bound.
+        lo: f32,
+        /// Upper bound.
+        hi: f32,
+    },
+}
+
+/// The `C` (bias) operand: `C[i, j]` at `base + i * row + j * col`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CLayout {
+    /// Bytes between rows (0: broadcast over rows).
+    pub row: i64,
+    /// Whether C varies along j (contiguous); otherwise broadcast over j.
+    pub per_column: bool,
+    /// Scale of C.
+    pub beta: f32,
+}
+
+/// Operand addresses of one GEMM of a kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    /// A (or its packed panels).
+    pub a: Loc,
+    /// B (or its packed panels).
+    pub b: Loc,
+    /// The output, row-major with `out_row` bytes between rows.
+    pub out: Loc,
+    /// C, when the spec has one.
+    pub c: Option<Loc>,
+    /// The image im2col reads (writing B), when the spec has an im2col.
+    pub src: Option<Loc>,
+}
+
+/// A whole GEMM kernel.
+#[derive(Clone, Debug)]
+pub(crate) struct GemmSpec {
+    /// Rows of the output.
+    pub m: usize,
+    /// Columns of the output.
+    pub n: usize,
+    /// Reduction length.
+    pub k: usize,
+    /// Register tile.
+    pub blocking: Blocking,
+    /// A's layout.
+    pub a: ALayout,
+    /// B's layout.
+    pub b: BLayout,
+    /// Bytes between output rows.
+    pub out_row: i64,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// The added operand, if any.
+    pub c: Option<CLayout>,
+    /// Activation.
+    pub act: Activation,
+    /// The GEMMs to run, in order.
+    pub calls: Vec<Call>,
+    /// Before each GEMM, build B from the call's `src` with this im2col.
+    pub im2col: Option<Im2col>,
+    /// With a strided B: scratch (`K × 16·nv` floats) into which each
+    /// column tile of B is copied before the row tiles read it, so they
+    /// stream one contiguous panel instead of K rows a page apart.
+    pub b_panel: Option<Loc>,
+}
+
+/// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
+/// elements) into panels of `mr` rows: panel `p` holds rows `p*mr..` as
+/// `K` groups of `mr` values (zero past `m`).
+pub(crate) fn pack_a(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    a_row: usize,
+    a_col: usize,
+    mr: usize,
+) -> Vec<u8> {
+    let panels = m.div_ceil(mr);
+    let mut out = Vec::with_capacity(panels * mr * k * 4);
+    for p in 0..panels {
+        for kk in 0..k {
+            for r in 0..mr {
+                let i = p * mr + r;
+                let v = if i < m {
+                    a[i * a_row + kk * a_col]
+                } else {
+                    0.0
+                };
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Packs `b` (`B[k, j]` at `b[k * b_row + j * b_col]`, in elements) into
+/// panels of `nr` columns: panel `q` holds columns `q*nr..` as `K` rows of
+/// `nr` values (zero past `n`).
+pub(crate) fn pack_b(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    b_row: usize,
+    b_col: usize,
+    nr: usize,
+) -> Vec<u8> {
+    let panels = n.div_ceil(nr);
+    let mut out = Vec::with_capacity(panels * nr * k * 4);
+    for q in 0..panels {
+        for kk in 0..k {
+            for c in 0..nr {
+                let j = q * nr + c;
+                let v = if j < n {
+                    b[kk * b_row + j * b_col]
+                } else {
+                    0.0
+                };
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+const ZMM: [AsmRegisterZmm; 32] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
+    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
+    zmm28, zmm29, zmm30, zmm31,
+];
+
+/// Register roles in the body.
+const A_BASE: AsmRegister64 = r8;
+const B_TILE: AsmRegister64 = r9;
+const OUT_COL: AsmRegister64 = r10;
+const C_COL: AsmRegister64 = r11;
+const A_TILE: AsmRegister64 = rax;
+const OUT_TILE: AsmRegister64 = rdx;
+const C_TILE: AsmRegister64 = rbx;
+const I_COUNT: AsmRegister64 = rcx;
+const J_COUNT: AsmRegister64 = r12;
+const A_K: AsmRegister64 = r13;
+const B_K: AsmRegister64 = r14;
+const K_COUNT: AsmRegister64 = r15;
+/// The packed B panel in scratch, when the spec has one.
+const PANEL: AsmRegister64 = rbp;
+/// Scratch for constants in the epilogue (the k counter is free there).
+const CONST: AsmRegister32 = r15d;
+/// Callee-saved registers the body uses.
+const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+
+/// Addressing of one GEMM, in bytes, derived from a spec.
+struct Geometry {
+    /// A: between row tiles, between rows, between k steps.
+    a_tile: i64,
+    a_row: i64,
+    a_k: i64,
+    /// B: between column tiles, between k steps as the tiles read it.
+    b_tile: i64,
+    b_k: i64,
+    /// Between k steps of B in memory, when tiles read a packed panel.
+    b_pack_row: Option<i64>,
+}
+
+impl GemmSpec {
+    fn geometry(&self) -> Geometry {
+        let Blocking { mr, nv } = self.blocking;
+        let (a_row, a_k, a_tile) = match self.a {
+            ALayout::Strided { row, col } => (row, col, row * mr as i64),
+            ALayout::Packed => (F, F * mr as i64, F * (mr * self.k) as i64),
+        };
+        let nr = (nv * 16) as i64;
+        let (b_k, b_tile, b_pack_row) = match (self.b, self.b_panel) {
+            (BLayout::Strided { row }, None) => (row, F * nr, None),
+            (BLayout::Strided { row }, Some(_)) => (F * nr, F * nr, Some(row)),
+            (BLayout::Packed, _) => (F * nr, F * nr * self.k as i64, None),
+        };
+        Geometry {
+            a_tile,
+            a_row,
+            a_k,
+            b_tile,
+            b_k,
+            b_pack_row,
+        }
+    }
+
+    /// Assembles the kernel.
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let Blocking { mr, nv } = self.blocking;
+        assert!(mr >= 1 && nv >= 1 && mr * nv + nv < 32, "tile too large");
+        let g = self.geometry();
+        let mut a = CodeAssembler::new(64)?;
+        let mut body = a.create_label();
+        let mut im2col = a.create_label();
+        for r in SAVED {
+            a.push(r)?;
+        }
+        if let (Some(panel), Some(_)) = (self.b_panel, g.b_pack_row) {
+            load_address(&mut a, PANEL, panel)?;
+        }
+        for call in &self.calls {
+            if let (Some(_), Some(src)) = (self.im2col, call.src) {
+                load_address(&mut a, r8, src)?;
+                load_address(&mut a, r9, call.b)?;
+                a.call(im2col)?;
+            }
+            load_address(&mut a, A_BASE, call.a)?;
+            load_address(&mut a, B_TILE, call.b)?;
+            load_address(&mut a, OUT_COL, call.out)?;
+            if let Some(c) = call.c {
+                load_address(&mut a, C_COL, c)?;
+            }
+            a.call(body)?;
+        }
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        a.set_label(&mut body)?;
+        self.body(&mut a, &g)?;
+        a.ret()?;
+        if let Some(i) = self.im2col {
+            a.set_label(&mut im2col)?;
+            i.emit(&mut a)?;
+        }
+        Ok(a.assemble(0)?)
+    }
+
+    /// Every j tile of one GEMM (operand addresses in r8–r11).
+    fn body(&self, a: &mut CodeAssembler, g: &Geometry) -> Result<(), MicrokernelError> {
+        let nr = self.blocking.nr();
+        let (full_j, rem_j) = (self.n / nr, self.n % nr);
+        let c_col_step = match self.c {
+            Some(c) if c.per_column => F * nr as i64,
+            _ => 0,
+        };
+        if self.m == 0 || self.n == 0 {
+            return Ok(());
+        }
+        if full_j > 0 {
+            let mut top = a.create_label();
+            a.mov(J_COUNT, full_j as u64)?;
+            a.set_label(&mut top)?;
+            self.pack_panel(a, g, self.blocking.nv, false)?;
+            self.row_sweep(a, g, self.blocking.nv, None)?;
+            a.add(B_TILE, imm32(g.b_tile, "B tile stride")?)?;
+            a.add(OUT_COL, imm32(F * nr as i64, "output tile stride")?)?;
+            if c_col_step != 0 {
+                a.add(C_COL, imm32(c_col_step, "C tile stride")?)?;
+            }
+            a.dec(J_COUNT)?;
+            a.jnz(top)?;
+        }
+        if rem_j > 0 {
+            let lanes = rem_j % 16;
+            let mask = if lanes == 0 {
+                0xffff
+            } else {
+                (1u32 << lanes) - 1
+            };
+            a.mov(CONST, mask)?;
+            a.kmovw(k1, CONST)?;
+            self.pack_panel(a, g, rem_j.div_ceil(16), lanes != 0)?;
+            self.row_sweep(a, g, rem_j.div_ceil(16), Some(lanes != 0))?;
+        }
+        Ok(())
+    }
+
+    /// Copies the column tile of B at B_TILE (`nv` vectors, the last one
+    /// masked by `k1` when `partial`) into the panel, when the spec packs.
+    fn pack_panel(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        nv: usize,
+        partial: bool,
+    ) -> Result<(), MicrokernelError> {
+        let Some(row) = g.b_pack_row else {
+            return Ok(());
+        };
+        if self.k == 0 {
+            return Ok(());
+        }
+        let mut top = a.create_label();
+        a.mov(A_K, B_TILE)?;
+        a.mov(B_K, PANEL)?;
+        a.mov(K_COUNT, self.k as u64)?;
+        a.set_label(&mut top)?;
+        for v in 0..nv {
+            let disp = imm32(64 * v as i64, "panel")?;
+            if partial && v == nv - 1 {
+                a.vmovups(zmm0.k1().z(), zmmword_ptr(A_K + disp))?;
+            } else {
+                a.vmovups(zmm0, zmmword_ptr(A_K + disp))?;
+            }
+            a.vmovups(zmmword_ptr(B_K + disp), zmm0)?;
+        }
+        a.add(A_K, imm32(row, "B row stride")?)?;
+        a.add(B_K, imm32(g.b_k, "panel row")?)?;
+        a.dec(K_COUNT)?;
+        a.jnz(top)?;
+        Ok(())
+    }
+
+    /// Every row tile of one column tile of `nv` vectors; `masked` says
+    /// whether this is the last column tile and whether its last vector is
+    /// partial (`Some(true)`).
+    fn row_sweep(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        nv: usize,
+        masked: Option<bool>,
+    ) -> Result<(), MicrokernelError> {
+        let mr = self.blocking.mr;
+        let (full_i, rem_i) = (self.m / mr, self.m % mr);
+        let partial = masked == Some(true);
+        a.mov(A_TILE, A_BASE)?;
+        a.mov(OUT_TILE, OUT_COL)?;
+        if self.c.is_some() {
+            a.mov(C_TILE, C_COL)?;
+        }
+        if full_i > 0 {
+            let mut top = a.create_label();
+            a.mov(I_COUNT, full_i as u64)?;
+            a.set_label(&mut top)?;
+            self.tile(a, g, mr, nv, partial)?;
+            a.add(A_TILE, imm32(g.a_tile, "A tile stride")?)?;
+            a.add(
+                OUT_TILE,
+                imm32(self.out_row * mr as i64, "output row tile stride")?,
+            )?;
+            if let Some(c) = self.c {
+                if c.row != 0 {
+                    a.add(C_TILE, imm32(c.row * mr as i64, "C row tile stride")?)?;
+                }
+            }
+            a.dec(I_COUNT)?;
+            a.jnz(top)?;
+        }
+        if rem_i > 0 {
+            self.tile(a, g, rem_i, nv, partial)?;
+        }
+        Ok(())
+    }
+
+    /// One `rows × nv` register tile at A_TILE / B_TILE / OUT_TILE / C_TILE.
+    fn tile(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        rows: usize,
+        nv: usize,
+        partial: bool,
+    ) -> Result<(), MicrokernelError> {
+        let acc = |r: usize, v: usize| ZMM[r * nv + v];
+        let breg = |v: usize| ZMM[rows * nv + v];
+        let abc = ZMM[31];
+        for r in 0..rows {
+            for v in 0..nv {
+                a.vpxord(acc(r, v), acc(r, v), acc(r, v))?;
+            }
+        }
+        let step = |a: &mut CodeAssembler, u: usize| -> Result<(), MicrokernelError> {
+            let bk = g.b_k * u as i64;
+            for v in 0..nv {
+                let disp = imm32(bk + 64 * v as i64, "B displacement")?;
+                if partial && v == nv - 1 {
+                    a.vmovups(breg(v).k1().z(), zmmword_ptr(B_K + disp))?;
+                } else {
+                    a.vmovups(breg(v), zmmword_ptr(B_K + disp))?;
+                }
+            }
+            let ak = g.a_k * u as i64;
+            for r in 0..rows {
+                let disp = imm32(ak + g.a_row * r as i64, "A displacement")?;
+                a.vbroadcastss(abc, dword_ptr(A_K + disp))?;
+                for v in 0..nv {
+                    a.vfmadd231ps(acc(r, v), abc, breg(v))?;
+                }
+            }
+            Ok(())
+        };
+        a.mov(A_K, A_TILE)?;
+        a.mov(
+            B_K,
+            if g.b_pack_row.is_some() {
+                PANEL
+            } else {
+                B_TILE
+            },
+        )?;
+        let (blocks, rest) = (self.k / K_UNROLL, self.k % K_UNROLL);
+        if blocks > 0 {
+            let mut top = a.create_label();
+            a.mov(K_COUNT, blocks as u64)?;
+            a.set_label(&mut top)?;
+            for u in 0..K_UNROLL {
+                step(a, u)?;
+            }
+            a.add(A_K, imm32(g.a_k * K_UNROLL as i64, "A k stride")?)?;
+            a.add(B_K, imm32(g.b_k * K_UNROLL as i64, "B k stride")?)?;
+            a.dec(K_COUNT)?;
+            a.jnz(top)?;
+        }
+        for u in 0..rest {
+            step(a, u)?;
+        }
+        self.epilogue(a, rows, nv, partial, &acc)
+    }
+
+    fn epilogue(
+        &self,
+        a: &mut CodeAssembler,
+        rows: usize,
+        nv: usize,
+        partial: bool,
+        acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
+    ) -> Result<(), MicrokernelError> {
+        // Free in the epilogue: the B registers and the broadcast register.
+        let cval = ZMM[rows * nv];
+        let konst = ZMM[31];
+        let splat = |a: &mut CodeAssembler, reg: AsmRegisterZmm, v: f32| {
+            a.mov(CONST, v.to_bits())?;
+            a.vpbroadcastd(reg, CONST)
+        };
+        for r in 0..rows {
+            for v in 0..nv {
+                let x = acc(r, v);
+                let last = partial && v == nv - 1;
+                if self.alpha != 1.0 {
+                    splat(a, konst, self.alpha)?;
+                    a.vmulps(x, x, konst)?;
+                }
+                if let Some(c) = self.c {
+                    let disp = imm32(
+                        c.row * r as i64 + if c.per_column { 64 * v as i64 } else { 0 },
+                        "C displacement",
+                    )?;
+                    if !c.per_column {
+                        a.vbroadcastss(cval, dword_ptr(C_TILE + disp))?;
+                    } else if last {
+                        a.vmovups(cval.k1().z(), zmmword_ptr(C_TILE + disp))?;
+                    } else {
+                        a.vmovups(cval, zmmword_ptr(C_TILE + disp))?;
+                    }
+                    if c.beta == 1.0 {
+                        a.vaddps(x, x, cval)?;
+                    } else {
+                        splat(a, konst, c.beta)?;
+                        a.vfmadd231ps(x, cval, konst)?;
+                    }
+                }
+                match self.act {
+                    Activation::None => {}
+                    Activation::Relu => {
+                        a.vpxord(konst, konst, konst)?;
+                        a.vmaxps(x, x, konst)?;
+                    }
+                    Activation::Clip { lo, hi } => {
+                        splat(a, konst, lo)?;
+                        a.vmaxps(x, x, konst)?;
+                        splat(a, konst, hi)?;
+                        a.vminps(x, x, konst)?;
+                    }
+                }
+                let disp = imm32(
+                    self.out_row * r as i64 + 64 * v as i64,
+                    "output displacement",
+                )?;
+                if last {
+                    a.vmovups(zmmword_ptr(OUT_TILE + disp).k1(), x)?;
+                } else {
+                    a.vmovups(zmmword_ptr(OUT_TILE + disp), x)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `reg = base pointer of loc + offset` (rdi: arena, rsi: weights).
+fn load_address(
+    a: &mut CodeAssembler,
+    reg: AsmRegister64,
+    loc: Loc,
+) -> Result<(), MicrokernelError> {
+    let base = match loc.base {
+        Base::Arena => rdi,
+        Base::Weights => rsi,
+    };
+    match i32::try_from(loc.offset) {
+        Ok(off) => a.lea(reg, qword_ptr(base + off))?,
+        Err(_) => {
+            a.mov(reg, loc.offset)?;
+            a.add(reg, base)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocking_fits_the_register_file() {
+        for m in [1, 2, 5, 14, 15, 16, 28, 100, 1024] {
+            for n in [1, 15, 16, 17, 64, 100, 1024] {
+                let b = Blocking::choose(m, n, MAX_MR);
+                assert!(b.mr * b.nv + b.nv < 32, "{m}x{n}: {b:?}");
+                assert!(b.mr <= m.max(1), "{m}x{n}: {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_a_panels_fit_l1() {
+        assert_eq!(packed_a_rows(16), MAX_MR);
+        assert_eq!(packed_a_rows(1024), 8);
+        let b = Blocking::choose(1024, 1024, packed_a_rows(1024));
+        assert!(b.mr <= 8 && b.mr * 1024 * 4 <= L1_PANEL_BYTES, "{b:?}");
+    }
+
+    #[test]
+    fn one_row_uses_wide_tiles_for_latency() {
+        // A single row needs several vectors in flight to hide FMA latency.
+        let b = Blocking::choose(1, 1024, MAX_MR);
+        assert_eq!(b.mr, 1);
+        assert!(b.nv >= 8, "{b:?}");
+    }
+
+    #[test]
+    fn packing_pads_with_zeros() {
+        // A 3x2 matrix in panels of 2 rows: rows (0,1) then (2,pad).
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let p = pack_a(&a, 3, 2, 2, 1, 2);
+        let vals: Vec<f32> = p
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(vals, [1.0, 3.0, 2.0, 4.0, 5.0, 0.0, 6.0, 0.0]);
+        let b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // 2x3
+        let p = pack_b(&b, 2, 3, 3, 1, 2);
+        let vals: Vec<f32> = p
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(vals, [1.0, 2.0, 4.0, 5.0, 3.0, 0.0, 6.0, 0.0]);
+    }
+
+    /// Runs a Gemm with every epilogue feature on the host and compares with
+    /// a scalar reference (f64 accumulation).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn epilogue_alpha_bias_and_activations() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no AVX-512F on this host: the generated code cannot run here");
+            return;
+        }
+        let (m, k, n) = (19, 7, 37);
+        let val = |i: usize, salt: usize| (((i * 7919 + salt * 104_729) % 23) as f32 - 11.0) / 4.0;
+        let av: Vec<f32> = (0..m * k).map(|i| val(i, 1)).collect();
+        let bv: Vec<f32> = (0..k * n).map(|i| val(i, 2)).collect();
+        let cv: Vec<f32> = (0..m).map(|i| val(i, 3)).collect();
+        for act in [
+            Activation::None,
+            Activation::Relu,
+            Activation::Clip { lo: -1.5, hi: 2.0 },
+        ] {
+            let blocking = Blocking::choose(m, n, MAX_MR);
+            let mut weights = pack_b(&bv, k, n, n, 1, blocking.nr());
+            let c_at = weights.len().div_ceil(64) * 64;
+            weights.resize(c_at, 0);
+            weights.extend(cv.iter().flat_map(|v| v.to_le_bytes()));
+            let mut arena = vec![0u8; (m * k + m * n) * 4];
+            for (i, v) in av.iter().enumerate() {
+                arena[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            let out_at = (m * k * 4) as u64;
+            let spec = GemmSpec {
+                m,
+                n,
+                k,
+                blocking,
+                a: ALayout::Strided {
+                    row: (k * 4) as i64,
+                    col: 4,
+                },
+                b: BLayout::Packed,
+                out_row: (n * 4) as i64,
+                alpha: 0.5,
+                c: Some(CLayout {
+                    row: 4,
+                    per_column: false,
+                    beta: -2.0,
+                }),
+                act,
+                calls: vec![Call {
+                    a: Loc {
+                        base: Base::Arena,
+                        offset: 0,
+                    },
+                    b: Loc {
+                        base: Base::Weights,
+                        offset: 0,
+                    },
+                    out: Loc {
+                        base: Base::Arena,
+                        offset: out_at,
+                    },
+                    c: Some(Loc {
+                        base: Base::Weights,
+                        offset: c_at as u64,
+                    }),
+                    src: None,
+                }],
+                im2col: None,
+                b_panel: None,
+            };
+            let code = spec.assemble().unwrap();
+            assert_eq!(
+                super::super::exec::call_kernel(&code, &mut arena, &weights),
+                0
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    let dot: f64 = (0..k)
+                        .map(|kk| av[i * k + kk] as f64 * bv[kk * n + j] as f64)
+                        .sum();
+                    let mut want = 0.5 * dot - 2.0 * cv[i] as f64;
+                    want = match act {
+                        Activation::None => want,
+                        Activation::Relu => want.max(0.0),
+                        Activation::Clip { lo, hi } => want.max(lo as f64).min(hi as f64),
+                    };
+                    let at = out_at as usize + (i * n + j) * 4;
+                    let got = f32::from_le_bytes(arena[at..at + 4].try_into().unwrap()) as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{act:?} [{i},{j}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

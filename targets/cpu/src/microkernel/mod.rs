@@ -1,0 +1,83 @@
+//! Machine-code microkernels generated at compile time with `iced-x86`.
+//!
+//! Cranelift's x86-64 backend stops at 128-bit vectors, so the dense kernels
+//! of the `x86_64-avx512` target (and of `native` on an AVX-512 host) are
+//! assembled here instead: shape-specialized AVX-512 code whose sizes,
+//! strides and offsets are immediates. The generated functions are
+//! position-independent and need no relocations; each is a whole kernel with
+//! the kernel ABI `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32`
+//! and is placed in the artifact's TEXT beside the Cranelift kernels.
+//!
+//! - [`gemm`]: fp32 GEMM with a register-blocked zmm tile, operands read
+//!   strided or from panels packed at compile time, edge tiles masked, and
+//!   an epilogue (alpha, bias or `C`, activation) in the store loop.
+//! - [`depthwise`]: depthwise convolution with pixels along W in zmm
+//!   vectors and padding handled by load masks.
+//! - [`im2col`]: the column matrix of a k×k convolution, written to arena
+//!   scratch before the GEMM runs over it.
+//! - [`peak`]: the FMA throughput loop used to measure the machine's peak
+//!   (the denominator of the GEMM efficiency figure).
+//!
+//! The runtime never depends on this module or on `iced-x86`: it only sees
+//! bytes.
+
+pub(crate) mod depthwise;
+pub(crate) mod gemm;
+pub(crate) mod im2col;
+pub mod peak;
+
+/// Why a microkernel could not be generated for a shape. The caller falls
+/// back to the Cranelift kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum MicrokernelError {
+    /// An offset, stride or displacement does not fit a 32-bit immediate.
+    #[error("{0} does not fit a 32-bit displacement")]
+    Displacement(&'static str),
+    /// The assembler rejected the generated code.
+    #[error("assembler: {0}")]
+    Assembler(String),
+}
+
+impl From<iced_x86::IcedError> for MicrokernelError {
+    fn from(e: iced_x86::IcedError) -> Self {
+        MicrokernelError::Assembler(e.to_string())
+    }
+}
+
+/// `v` as a 32-bit displacement or immediate.
+pub(crate) fn imm32(v: i64, what: &'static str) -> Result<i32, MicrokernelError> {
+    i32::try_from(v).map_err(|_| MicrokernelError::Displacement(what))
+}
+
+/// Runs generated kernels in unit tests: copies code to an anonymous
+/// mapping, makes it executable and calls it with the kernel ABI.
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+pub(crate) mod exec {
+    /// Calls `code` as `fn(arena, weights) -> i32`.
+    pub(crate) fn call_kernel(code: &[u8], arena: &mut [u8], weights: &[u8]) -> i32 {
+        let len = code.len().div_ceil(4096) * 4096;
+        // SAFETY: a fresh private mapping of `len` bytes, written then made
+        // read+execute before the call; the kernel only touches the arena
+        // and weights slices it was generated for.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
+            assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
+            let f = std::mem::transmute::<
+                *mut libc::c_void,
+                extern "C" fn(*mut u8, *const u8) -> i32,
+            >(p);
+            let r = f(arena.as_mut_ptr(), weights.as_ptr());
+            libc::munmap(p, len);
+            r
+        }
+    }
+}

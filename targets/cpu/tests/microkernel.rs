@@ -1,0 +1,441 @@
+//! The AVX-512 GEMM microkernels (MatMul, Gemm, pointwise Conv) against the
+//! reference evaluator, over shapes that are not multiples of any tile
+//! (M, N, K ragged; K = 1; N = 1; M = 1), with packed and strided operands.
+//!
+//! `common::compile_run` compiles for the native target, which on an
+//! AVX-512 host selects the microkernels; [`native_uses_microkernels_here`]
+//! checks that this is so, so these tests cannot silently test Cranelift.
+
+mod common;
+
+use common::{check_rand, f32_tensor, Rng};
+use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
+use kiln_runtime::format::Artifact;
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+/// Ragged sizes around the tile edges (16-lane vectors, rows up to 14).
+const SIZES: [usize; 8] = [1, 2, 13, 15, 17, 31, 33, 70];
+
+fn matmul_graph(a: &[usize], b: &[usize], const_a: bool, const_b: bool, rng: &mut Rng) -> Graph {
+    let mut g = Graph::new();
+    let x = if const_a {
+        g.add_const("a", f32_tensor(rng, a))
+    } else {
+        g.add_input("a", ValueType::new(DType::F32, a))
+    };
+    let y = if const_b {
+        g.add_const("b", f32_tensor(rng, b))
+    } else {
+        g.add_input("b", ValueType::new(DType::F32, b))
+    };
+    let z = g.add_node(Op::MatMul, &[x, y], "mm").unwrap();
+    g.add_output("z", z);
+    g
+}
+
+/// Whether any kernel holds a 512-bit EVEX `vfmadd231ps` (EVEX prefix 0x62,
+/// opcode 0xB8 four bytes on, vector length bits L'L = 10 in the prefix's
+/// last byte): Cranelift never emits 512-bit vectors.
+fn has_zmm_fma(a: &Artifact) -> bool {
+    a.text
+        .windows(5)
+        .any(|w| w[0] == 0x62 && w[4] == 0xb8 && (w[3] >> 5) & 3 == 2)
+}
+
+fn compile_for(g: &Graph, target: CpuTarget) -> Artifact {
+    let opts = CpuOptions {
+        target,
+        opt_level: 2,
+    };
+    compile(g, &opts, ArtifactInfo::default()).unwrap()
+}
+
+#[test]
+fn avx512_target_emits_zmm_gemm_and_v3_does_not() {
+    let mut rng = Rng::new(1);
+    let g = matmul_graph(&[5, 33], &[33, 17], false, true, &mut rng);
+    assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
+    assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn native_uses_microkernels_here() {
+    let mut rng = Rng::new(2);
+    let g = matmul_graph(&[5, 33], &[33, 17], false, true, &mut rng);
+    let host_avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    assert_eq!(
+        has_zmm_fma(&compile_for(&g, CpuTarget::Native)),
+        host_avx512
+    );
+}
+
+#[test]
+fn matmul_ragged_shapes_packed_b() {
+    let mut rng = Rng::new(3);
+    let mut seed = 0;
+    for m in SIZES {
+        for k in [1, 3, 17] {
+            for n in SIZES {
+                let g = matmul_graph(&[m, k], &[k, n], false, true, &mut rng);
+                seed += 1;
+                check_rand(&g, seed, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_ragged_shapes_packed_a_and_dynamic() {
+    let mut rng = Rng::new(4);
+    let mut seed = 100;
+    for (m, k, n) in [
+        (1, 1, 1),
+        (13, 5, 1),
+        (15, 9, 33),
+        (29, 31, 70),
+        (2, 64, 17),
+        (70, 2, 129),
+    ] {
+        for (ca, cb) in [(true, false), (false, false)] {
+            let g = matmul_graph(&[m, k], &[k, n], ca, cb, &mut rng);
+            seed += 1;
+            check_rand(&g, seed, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn batched_matmul_with_packed_operands() {
+    let mut rng = Rng::new(5);
+    let cases: [(&[usize], &[usize], bool, bool); 6] = [
+        (&[3, 7, 20], &[20, 19], false, true),
+        (&[2, 3, 5, 9], &[3, 9, 17], false, true),
+        (&[4, 9], &[2, 9, 33], true, false),
+        (&[2, 1, 3, 4], &[1, 3, 4, 6], false, false),
+        (&[3, 15, 5], &[3, 5, 2], false, false),
+        (&[17], &[17, 40], false, true),
+    ];
+    for (i, (a, b, ca, cb)) in cases.into_iter().enumerate() {
+        check_rand(&matmul_graph(a, b, ca, cb, &mut rng), 200 + i as u64, 1e-5);
+    }
+}
+
+#[test]
+fn long_reduction_stays_accurate() {
+    let mut rng = Rng::new(6);
+    let g = matmul_graph(&[37, 515], &[515, 45], false, true, &mut rng);
+    check_rand(&g, 300, 2e-5);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_graph(
+    (m, k, n): (usize, usize, usize),
+    ta: bool,
+    tb: bool,
+    c: Option<&[usize]>,
+    const_a: bool,
+    const_b: bool,
+    alpha: f32,
+    beta: f32,
+    rng: &mut Rng,
+) -> Graph {
+    let mut g = Graph::new();
+    let a_shape = if ta { [k, m] } else { [m, k] };
+    let b_shape = if tb { [n, k] } else { [k, n] };
+    let a = if const_a {
+        g.add_const("a", f32_tensor(rng, &a_shape))
+    } else {
+        g.add_input("a", ValueType::new(DType::F32, a_shape))
+    };
+    let b = if const_b {
+        g.add_const("b", f32_tensor(rng, &b_shape))
+    } else {
+        g.add_input("b", ValueType::new(DType::F32, b_shape))
+    };
+    let mut ins = vec![a, b];
+    if let Some(cs) = c {
+        ins.push(g.add_const("c", f32_tensor(rng, cs)));
+    }
+    let op = Op::Gemm {
+        alpha,
+        beta,
+        trans_a: ta,
+        trans_b: tb,
+    };
+    let y = g.add_node(op, &ins, "gemm").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn gemm_transposes_bias_scales_and_packing() {
+    let mut rng = Rng::new(7);
+    let mut seed = 400;
+    for shape in [
+        (1, 1, 1),
+        (15, 1, 33),
+        (14, 19, 16),
+        (31, 8, 1),
+        (3, 40, 70),
+    ] {
+        let (m, _, n) = shape;
+        for ta in [false, true] {
+            for tb in [false, true] {
+                for (ca, cb) in [(false, true), (true, false), (false, false)] {
+                    for c in [None, Some(&[n][..]), Some(&[m, n][..]), Some(&[m, 1][..])] {
+                        for (alpha, beta) in [(1.0, 1.0), (0.5, -2.0)] {
+                            let g = gemm_graph(shape, ta, tb, c, ca, cb, alpha, beta, &mut rng);
+                            seed += 1;
+                            check_rand(&g, seed, 1e-5);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let g = gemm_graph(
+        (9, 4, 5),
+        false,
+        false,
+        Some(&[1]),
+        false,
+        true,
+        1.0,
+        0.25,
+        &mut rng,
+    );
+    check_rand(&g, 1, 1e-5);
+}
+
+fn pointwise_graph(x: [usize; 4], oc: usize, bias: bool, rng: &mut Rng) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(rng, &[oc, x[1], 1, 1]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: 1,
+    });
+    let y = g.add_node(op, &ins, "conv").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn pointwise_conv_as_gemm() {
+    let mut rng = Rng::new(8);
+    let mut seed = 600;
+    for x in [
+        [1, 1, 1, 1],
+        [2, 3, 5, 7],
+        [1, 16, 12, 48],
+        [3, 33, 3, 3],
+        [1, 8, 1, 1],
+    ] {
+        for oc in [1, 15, 16, 40] {
+            for bias in [false, true] {
+                seed += 1;
+                check_rand(&pointwise_graph(x, oc, bias, &mut rng), seed, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn pointwise_conv_is_a_microkernel_on_avx512() {
+    let mut rng = Rng::new(9);
+    let g = pointwise_graph([1, 16, 6, 6], 24, true, &mut rng);
+    assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_graph(
+    x: [usize; 4],
+    oc: usize,
+    k: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    bias: bool,
+    rng: &mut Rng,
+) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(rng, &[oc, x[1], k[0], k[1]]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides,
+        pads,
+        dilations,
+        group: 1,
+    });
+    let y = g.add_node(op, &ins, "conv").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+/// Input shape, output channels, kernel, strides, pads, dilations.
+type ConvCase = (
+    [usize; 4],
+    usize,
+    [usize; 2],
+    [usize; 2],
+    [usize; 4],
+    [usize; 2],
+);
+
+#[test]
+fn kxk_conv_through_im2col() {
+    let mut rng = Rng::new(10);
+    let mut seed = 800;
+    let cases: [ConvCase; 10] = [
+        ([1, 1, 8, 8], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([2, 8, 4, 4], 16, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 12, 20], 8, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([1, 5, 9, 37], 17, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+        ([1, 4, 7, 9], 6, [3, 2], [2, 1], [0, 1, 2, 0], [1, 1]),
+        ([1, 2, 9, 9], 3, [3, 3], [1, 1], [2, 2, 2, 2], [2, 2]),
+        ([1, 6, 6, 6], 5, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1]),
+        ([1, 6, 5, 5], 4, [1, 1], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 2, 3, 3], 2, [5, 5], [1, 1], [3, 3, 3, 3], [1, 1]),
+        ([3, 1, 2, 40], 20, [1, 3], [1, 3], [0, 4, 0, 4], [1, 1]),
+    ];
+    for (x, oc, k, s, p, d) in cases {
+        for bias in [false, true] {
+            seed += 1;
+            check_rand(&conv_graph(x, oc, k, s, p, d, bias, &mut rng), seed, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn kxk_conv_is_a_microkernel_on_avx512() {
+    let mut rng = Rng::new(11);
+    let g = conv_graph(
+        [1, 3, 10, 10],
+        8,
+        [3, 3],
+        [2, 2],
+        [1; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    let a = compile_for(&g, CpuTarget::X86_64Avx512);
+    assert!(has_zmm_fma(&a));
+    // The im2col matrix (27 x 25 floats) lives in scratch above the plan.
+    let planned = kiln_target_cpu::memory_plan(&g).unwrap().arena_size;
+    assert!(
+        a.metadata.arena_size >= planned + 27 * 25 * 4,
+        "{} vs {planned}",
+        a.metadata.arena_size
+    );
+}
+
+/// Input shape, depth multiplier, kernel, strides, pads, dilations.
+type DepthwiseCase = (
+    [usize; 4],
+    usize,
+    [usize; 2],
+    [usize; 2],
+    [usize; 4],
+    [usize; 2],
+);
+
+fn depthwise_graph(case: DepthwiseCase, bias: bool, rng: &mut Rng) -> Graph {
+    let (x, mult, k, strides, pads, dilations) = case;
+    let oc = x[1] * mult;
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let w = g.add_const("w", f32_tensor(rng, &[oc, 1, k[0], k[1]]));
+    let mut ins = vec![xi, w];
+    if bias {
+        ins.push(g.add_const("b", f32_tensor(rng, &[oc])));
+    }
+    let op = Op::Conv(Conv2d {
+        strides,
+        pads,
+        dilations,
+        group: x[1],
+    });
+    let y = g.add_node(op, &ins, "dw").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn depthwise_conv_with_masked_borders() {
+    let mut rng = Rng::new(12);
+    let mut seed = 900;
+    let cases: [DepthwiseCase; 9] = [
+        ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 5, 3, 37], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+        ([2, 3, 7, 150], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 4, 6, 5], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 9, 20], 1, [3, 3], [2, 1], [0, 2, 1, 0], [2, 2]),
+        ([1, 2, 4, 17], 1, [1, 7], [1, 1], [0, 3, 0, 3], [1, 1]),
+        ([1, 2, 2, 3], 1, [5, 5], [1, 1], [3, 4, 3, 4], [1, 1]),
+        ([1, 6, 5, 33], 1, [2, 4], [3, 1], [0, 0, 0, 0], [1, 1]),
+        ([1, 2, 5, 16], 3, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ];
+    for case in cases {
+        for bias in [false, true] {
+            seed += 1;
+            check_rand(&depthwise_graph(case, bias, &mut rng), seed, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn depthwise_conv_is_a_microkernel_on_avx512() {
+    let mut rng = Rng::new(13);
+    let case = ([1, 8, 6, 40], 1, [3, 3], [1, 1], [1; 4], [1, 1]);
+    let g = depthwise_graph(case, true, &mut rng);
+    assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
+    assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
+}
+
+/// A strided B read by many row tiles is copied into a scratch panel per
+/// column tile: tall outputs with B a graph input, a constant A, and an
+/// im2col conv with many output channels (panel and im2col matrix share
+/// the scratch region).
+#[test]
+fn tall_outputs_stream_b_through_a_scratch_panel() {
+    let mut rng = Rng::new(14);
+    let mut seed = 1000;
+    for (m, k, n, ca) in [
+        (100, 37, 50, false),
+        (120, 9, 33, true),
+        (64, 1, 17, true),
+        (90, 20, 1, false),
+    ] {
+        seed += 1;
+        check_rand(
+            &matmul_graph(&[m, k], &[k, n], ca, false, &mut rng),
+            seed,
+            1e-5,
+        );
+    }
+    let g = conv_graph(
+        [2, 5, 9, 11],
+        72,
+        [3, 3],
+        [1, 1],
+        [1; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    check_rand(&g, 1100, 1e-5);
+    let g = pointwise_graph([1, 30, 7, 13], 90, true, &mut rng);
+    check_rand(&g, 1101, 1e-5);
+}
