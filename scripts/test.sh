@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 # The ONNX node conformance cases (tests/tests/conformance.rs): installs the
 # pinned onnx into target/conformance-venv and generates them when missing.
 bash scripts/conformance-data.sh
+# ptxas for the offline PTX validation (tests/tests/cuda_ptxas.rs): installs
+# the pinned nvidia-cuda-nvcc-cu12 wheel into target/ptxas-venv when missing.
+bash scripts/ptxas.sh >/dev/null
 
 cargo build --workspace --all-targets --locked
 
