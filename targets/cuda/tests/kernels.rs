@@ -30,7 +30,7 @@ fn every_op_graph() -> Graph {
     let mut g = Graph::new();
     let x = g.add_input("x", vt(DType::F32, &[2, 3, 8, 8]));
     let ids = g.add_input("ids", vt(DType::I64, &[4]));
-    let mut add = |g: &mut Graph, op: Op, inputs: &[NodeId], name: &str| {
+    let add = |g: &mut Graph, op: Op, inputs: &[NodeId], name: &str| {
         g.add_node(op, inputs, name).unwrap()
     };
     let w = f32_const(&mut g, "w", &[4, 3, 3, 3]);
