@@ -27,6 +27,14 @@ pub enum Error {
         /// Architecture of this machine.
         host: &'static str,
     },
+    /// A CUDA artifact given to the CPU loader.
+    #[error(
+        "this is a CUDA artifact (sm_{sm}); the CPU runtime cannot run it: load it with a runtime built with the `cuda` feature (kiln_runtime::cuda::CudaModel) on a machine with an NVIDIA GPU"
+    )]
+    CudaArtifact {
+        /// The SM the artifact was compiled for.
+        sm: u64,
+    },
     /// The CPU lacks features the code needs.
     #[error(
         "this CPU lacks features the artifact needs: {}; recompile for this machine (e.g. --target native)",

@@ -128,7 +128,9 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
                 (Arch::X86_64, f)
             }
             Some(Arch::Aarch64) => (Arch::Aarch64, CpuFeatures::NEON),
-            None => return Err(err("the host architecture has no code generator".into())),
+            Some(Arch::Nvptx64) | None => {
+                return Err(err("the host architecture has no code generator".into()))
+            }
         },
     };
 
@@ -157,6 +159,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let triple = match arch {
         Arch::X86_64 => "x86_64-unknown-linux-gnu",
         Arch::Aarch64 => "aarch64-unknown-linux-gnu",
+        Arch::Nvptx64 => return Err(err("nvptx64 is not a CPU architecture".into())),
     };
     let mut builder = isa::lookup_by_name(triple).map_err(|e| err(format!("{triple}: {e}")))?;
     if arch == Arch::X86_64 {
@@ -177,6 +180,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let fma = match arch {
         Arch::X86_64 => features.contains(CpuFeatures::FMA),
         Arch::Aarch64 => true,
+        Arch::Nvptx64 => false,
     };
     Ok(Target {
         isa,

@@ -27,9 +27,11 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod artifact;
 mod lower;
 mod plan;
 pub mod ptx;
+pub mod ptxas;
 
 use kiln_ir::{DType, Graph};
 
@@ -138,6 +140,19 @@ pub enum CudaError {
         /// What overflowed.
         message: String,
     },
+    /// ptxas could not be run or its output not read.
+    #[error("ptxas: {0}")]
+    Ptxas(String),
+    /// ptxas rejected the module.
+    #[error("ptxas rejected kernel {kernel} (node '{node}'):\n{log}")]
+    PtxasRejected {
+        /// The first kernel an error line points into.
+        kernel: String,
+        /// That kernel's source node.
+        node: String,
+        /// ptxas's log, error lines annotated with kernel and node.
+        log: String,
+    },
     /// The graph is malformed (e.g. a cycle).
     #[error(transparent)]
     Graph(#[from] kiln_ir::IrError),
@@ -203,6 +218,22 @@ pub struct CudaProgram {
 }
 
 impl CudaProgram {
+    /// Every kernel as a standalone module (header, shared-memory
+    /// declaration and the one kernel): what `--dump-ptx` writes, one file
+    /// per kernel, each assemblable alone.
+    pub fn kernel_modules(&self) -> Vec<(String, String)> {
+        let lines: Vec<&str> = self.ptx.lines().collect();
+        let header_end = self.kernels.first().map_or(lines.len(), |k| k.lines.0 - 1);
+        let header = lines[..header_end].join("\n");
+        self.kernels
+            .iter()
+            .map(|k| {
+                let body = lines[k.lines.0 - 1..k.lines.1].join("\n");
+                (k.name.clone(), format!("{header}\n{body}\n"))
+            })
+            .collect()
+    }
+
     /// The kernel whose text holds line `line` (1-based) of the module.
     pub fn kernel_at_line(&self, line: usize) -> Option<&KernelInfo> {
         self.kernels
