@@ -26,4 +26,7 @@ else
     cargo test --workspace --locked --no-fail-fast
 fi
 cargo test --doc --workspace --locked
+# The runtime's `cuda` feature (cudarc, driver loaded at run time): builds
+# without CUDA and answers a typed error instead of panicking.
+cargo test -p kiln-runtime --features cuda --test cuda --locked
 bash scripts/c_example.sh
