@@ -75,6 +75,19 @@ fn driver(what: &'static str) -> impl Fn(result::DriverError) -> Error {
     }
 }
 
+/// The SM (compute capability times ten) and name of GPU 0, for picking
+/// the compile target on this machine.
+pub fn gpu() -> Result<(u32, String), Error> {
+    // SAFETY: only tries to open the driver library by its names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoCudaDriver);
+    }
+    let ctx = CudaContext::new(0).map_err(driver("open GPU 0"))?;
+    let (major, minor) = ctx.compute_capability().map_err(driver("query the GPU"))?;
+    let name = ctx.name().unwrap_or_else(|_| "GPU 0".into());
+    Ok(((major * 10 + minor) as u32, name))
+}
+
 impl CudaModel {
     /// Reads and loads the CUDA artifact at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<CudaModel, Error> {
