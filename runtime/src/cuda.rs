@@ -126,22 +126,25 @@ impl CudaModel {
             });
         }
         ctx.bind_to_thread().map_err(driver("use GPU 0"))?;
-        // The cubin runs only on the SM it was assembled for; otherwise
-        // the driver compiles the PTX for this GPU.
-        let image = if !code.cubin.is_empty() && device_sm == code.sm {
-            code.cubin.clone()
-        } else {
-            CString::new(code.ptx.clone())
-                .map_err(|_| Error::CudaDriver {
-                    what: "load the module",
-                    message: "the PTX text contains a NUL byte".into(),
-                })?
-                .into_bytes_with_nul()
+        // The cubin runs only on the SM it was assembled for, and only on a
+        // driver that accepts its toolkit's ELF; otherwise (or when loading
+        // it fails) the driver compiles the PTX for this GPU.
+        let ptx = CString::new(code.ptx.clone()).map_err(|_| Error::CudaDriver {
+            what: "load the module",
+            message: "the PTX text contains a NUL byte".into(),
+        })?;
+        let load = |image: &[u8]| {
+            // SAFETY: `image` is a cubin or a NUL-terminated PTX text, alive
+            // for the call.
+            unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
         };
-        // SAFETY: `image` is a cubin or a NUL-terminated PTX text, alive for
-        // the call.
-        let handle = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .map_err(driver("load the module"))?;
+        let from_cubin = (!code.cubin.is_empty() && device_sm == code.sm)
+            .then(|| load(&code.cubin).ok())
+            .flatten();
+        let handle = match from_cubin {
+            Some(h) => h,
+            None => load(ptx.as_bytes_with_nul()).map_err(driver("load the module"))?,
+        };
         let module = Module {
             handle,
             ctx: ctx.clone(),
