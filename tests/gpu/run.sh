@@ -31,9 +31,18 @@ if [ -z "${KILN_PTXAS:-}" ]; then
     fi
 fi
 
+# Fixtures are read from this checkout, wherever the binary was built.
+export KILN_REPO_ROOT="$PWD"
 BIN=${KILN_GPU_CHECK:-}
 if [ -z "$BIN" ]; then
-    cargo build --locked -p kiln-tests --features cuda --bin gpu_check >&2
     BIN=target/debug/gpu_check
+    if ! cargo build --locked -p kiln-tests --features cuda --bin gpu_check >&2; then
+        if [ -x "$BIN" ]; then
+            echo "tests/gpu/run.sh: cargo build failed; using the existing $BIN" >&2
+        else
+            echo "tests/gpu/run.sh: cannot build gpu_check; set KILN_GPU_CHECK to a prebuilt binary" >&2
+            exit 1
+        fi
+    fi
 fi
 exec "$BIN" "$@"
