@@ -29,7 +29,7 @@ pub enum Error {
     },
     /// A CUDA artifact given to the CPU loader.
     #[error(
-        "this is a CUDA artifact (sm_{sm}); the CPU runtime cannot run it: load it with a runtime built with the `cuda` feature (kiln_runtime::cuda::CudaModel) on a machine with an NVIDIA GPU"
+        "this is a CUDA artifact (sm_{sm}); the CPU runtime cannot run it: load it with a runtime built with the `cuda` feature (kiln_runtime::cuda::CudaModel, or `kiln run` built with --features cuda) on a machine with an NVIDIA GPU"
     )]
     CudaArtifact {
         /// The SM the artifact was compiled for.

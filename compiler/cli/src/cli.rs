@@ -223,6 +223,11 @@ impl From<kiln_runtime::Error> for Failure {
             | E::UnsupportedArch { .. }
             | E::CudaArtifact { .. }
             | E::MissingCpuFeatures(_) => exit::BAD_ARTIFACT,
+            #[cfg(feature = "cuda")]
+            E::NoCudaDriver
+            | E::NotCudaArtifact { .. }
+            | E::CudaSmTooOld { .. }
+            | E::CudaDriver { .. } => exit::BAD_ARTIFACT,
             E::Kernel { .. } => exit::BAD_INPUT,
             _ => exit::BAD_INPUT,
         };
@@ -576,7 +581,7 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
     }
 }
 
-fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
+fn gather_inputs(specs: &[TensorSpec], args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     if let Some(npz) = &args.inputs_npz {
         for t in npy::read_npz(npz)? {
@@ -587,11 +592,8 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
         let (name, path) = parse_pair("--input", s)?;
         given.insert(name.to_string(), npy::read_tensor(name, Path::new(path))?);
     }
-    if let Some(name) = given
-        .keys()
-        .find(|n| !model.inputs().iter().any(|s| &s.name == *n))
-    {
-        let names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
+    if let Some(name) = given.keys().find(|n| !specs.iter().any(|s| &s.name == *n)) {
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
@@ -601,7 +603,7 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
         ));
     }
     let mut inputs = Vec::new();
-    for (i, spec) in model.inputs().iter().enumerate() {
+    for (i, spec) in specs.iter().enumerate() {
         match given.remove(&spec.name) {
             Some(t) => inputs.push(t),
             None if args.random => {
@@ -623,13 +625,47 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
     Ok(inputs)
 }
 
-fn cmd_run(a: RunArgs) -> Result<(), Failure> {
-    let mut model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(&model, &a.inputs)?;
+/// Whether the file at `path` is a Kiln artifact for architecture nvptx64
+/// (the header's arch field, bytes 12..16); the loader validates the rest.
+#[cfg(feature = "cuda")]
+fn is_cuda_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|_| {
+            head[..8] == kiln_runtime::format::MAGIC
+                && u32::from_le_bytes([head[12], head[13], head[14], head[15]])
+                    == kiln_runtime::format::Arch::Nvptx64 as u32
+        })
+}
+
+/// Loads `path` and runs it once: on the GPU for a CUDA artifact (with the
+/// `cuda` feature), else with the CPU runtime (which refuses CUDA artifacts
+/// with a clear error).
+fn load_and_run(
+    path: &Path,
+    args: &InputArgs,
+) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
+    #[cfg(feature = "cuda")]
+    if is_cuda_artifact(path) {
+        let mut model = kiln_runtime::cuda::CudaModel::load(path)?;
+        let inputs = gather_inputs(model.inputs(), args)?;
+        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let start = Instant::now();
+        let outputs = model.run(&views)?;
+        return Ok((outputs, start.elapsed()));
+    }
+    let mut model = Model::load(path)?;
+    let inputs = gather_inputs(model.inputs(), args)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let start = Instant::now();
     let outputs = model.run(&views)?;
-    let latency = start.elapsed();
+    Ok((outputs, start.elapsed()))
+}
+
+fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let (outputs, latency) = load_and_run(&a.artifact, &a.inputs)?;
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -1025,7 +1061,7 @@ fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
     let mut model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(&model, &a.inputs)?;
+    let inputs = gather_inputs(model.inputs(), &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let mut outputs: Vec<Vec<u8>> = model
         .outputs()
