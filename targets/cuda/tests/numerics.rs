@@ -295,6 +295,32 @@ fn convolution() {
             3,
             8,
         ),
+        // Implicit GEMM (16+ output channels per group): M, N and K not
+        // multiples of the tile, and grouped with strides, dilations, pads.
+        (
+            Conv2d {
+                strides: [1, 1],
+                pads: [1, 1, 1, 1],
+                dilations: [1, 1],
+                group: 1,
+            },
+            1,
+            5,
+            70,
+            3,
+        ),
+        (
+            Conv2d {
+                strides: [2, 1],
+                pads: [0, 2, 1, 0],
+                dilations: [1, 2],
+                group: 2,
+            },
+            2,
+            6,
+            36,
+            3,
+        ),
     ] {
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::F32, [2, cin, 9, 10]));

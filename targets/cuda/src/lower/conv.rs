@@ -1,6 +1,10 @@
 //! Direct 2-D convolution and 2-D max/average pooling (NCHW).
 //!
-//! One thread per output element `(n, c, oy, ox)`. The window loops run
+//! Convolutions with at least 16 output channels per group run as an
+//! implicit GEMM on the tiled GEMM kernel (`linalg.rs`): the im2col matrix
+//! is gathered by the tile loader, never stored. The others (depthwise,
+//! few channels) and the pools use one thread per output element
+//! `(n, c, oy, ox)`. The window loops run
 //! over compile-time bounds; a tap's input row (`oy * stride + ky *
 //! dilation - pad`) is computed in wrapping `u32`, so a single unsigned
 //! compare against the input height rejects both the top/left padding
@@ -11,6 +15,7 @@
 
 use kiln_ir::{Conv2d, DType, Pool2d};
 
+use super::linalg::{gemm_kernel, BSource, Gemm, Im2col};
 use super::{coords, global_index, linear_launch, load, ptr, store, Cx, Kernel};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Ty};
 use crate::CudaError;
@@ -81,6 +86,11 @@ fn out_coords(kb: &mut KernelBuilder, i: Reg, shape: &[usize]) -> [Reg; 4] {
     out
 }
 
+/// Output channels per group from which a convolution runs as an
+/// implicit GEMM (below, e.g. depthwise, most of a 64-row tile would idle
+/// and the direct kernel is used).
+const GEMM_MIN_CHANNELS: usize = 16;
+
 pub(crate) fn conv(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     for &(_, ty) in &cx.inputs {
         if ty.dtype != DType::F32 {
@@ -92,6 +102,67 @@ pub(crate) fn conv(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     if xs.len() != 4 {
         return Err(cx.unsupported(format!("{}-D input (only 2-D convolution)", xs.len())));
     }
+    if ws[0] / c.group >= GEMM_MIN_CHANNELS {
+        return implicit_gemm(cx, c);
+    }
+    direct(cx, c)
+}
+
+/// Convolution as a GEMM per (image, group): `out[g*M + i, oy*OW + ox] =
+/// sum_k W[g*M + i, k] * im2col(x)[k, (oy, ox)] + bias`, with M output
+/// channels per group, K = Cg*KH*KW; the im2col matrix is read on the fly
+/// by the tile loader (`linalg::BSource::Im2col`), so the kernel gets the
+/// GEMM's shared-memory tiling and register blocking.
+fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
+    let xs = &cx.inputs[0].1.shape;
+    let ws = &cx.inputs[1].1.shape;
+    let os = &cx.out_ty.shape;
+    let (n, cin, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let (cout, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let m = cout / c.group;
+    let k = cg * kh * kw;
+    let g = Gemm {
+        m,
+        n: os[2] * os[3],
+        k,
+        a_rs: k as i64,
+        a_ks: 1,
+        b: BSource::Im2col(Im2col {
+            h,
+            w,
+            kh,
+            kw,
+            ow: os[3],
+            strides: c.strides,
+            dilations: c.dilations,
+            pads: [c.pads[0], c.pads[1]],
+        }),
+        batch: vec![n, c.group],
+        a_batch: vec![0, (m * k) as i64],
+        b_batch: vec![(cin * h * w) as i64, (cg * h * w) as i64],
+        c: cx.inputs.get(2).map(|_| (1, 0)),
+        c_batch: vec![0, m as i64],
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    // The GEMM reads A = weights, B = input, C = bias.
+    let mut inputs = vec![cx.inputs[1], cx.inputs[0]];
+    inputs.extend(cx.inputs.get(2).copied());
+    let gemm_cx = Cx {
+        kernel: cx.kernel.clone(),
+        name: cx.name.clone(),
+        op: cx.op,
+        inputs,
+        out: cx.out,
+        out_ty: cx.out_ty,
+    };
+    gemm_kernel(&gemm_cx, &g)
+}
+
+/// Direct convolution: one thread per output element.
+fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
+    let xs = &cx.inputs[0].1.shape;
+    let ws = &cx.inputs[1].1.shape;
     let (cin, h, w) = (xs[1], xs[2], xs[3]);
     let (cout, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let out_per_group = cout / c.group;

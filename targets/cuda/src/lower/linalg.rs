@@ -27,26 +27,53 @@ const MICRO: u32 = TILE / SIDE;
 /// K slice staged in shared memory per step.
 const KS: u32 = 16;
 
+/// Where B's elements come from.
+#[derive(Clone, Copy)]
+pub(crate) enum BSource {
+    /// B[k, j] at `b_batch + k * ks + j * cs`.
+    Strided { ks: i64, cs: i64 },
+    /// Implicit GEMM: B is the im2col matrix of a convolution input plane
+    /// group, never materialized. Row k = (c, ky, kx), column j = (oy, ox);
+    /// B[k, j] = x[b_batch + c*h*w + iy*w + ix] with `iy = oy*sh + ky*dh -
+    /// pt` (0 outside the input).
+    Im2col(Im2col),
+}
+
+/// The convolution geometry of [`BSource::Im2col`].
+#[derive(Clone, Copy)]
+pub(crate) struct Im2col {
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub ow: usize,
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads: [usize; 2],
+}
+
 /// A (batched) product `out = alpha * A @ B + beta * C`, strides in
 /// elements.
-struct Gemm {
-    m: usize,
-    n: usize,
-    k: usize,
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
     /// A[i, k] at `a_batch + i * a_rs + k * a_ks`.
-    a_rs: i64,
-    a_ks: i64,
-    /// B[k, j] at `b_batch + k * b_ks + j * b_cs`.
-    b_ks: i64,
-    b_cs: i64,
+    pub a_rs: i64,
+    pub a_ks: i64,
+    /// How B is read.
+    pub b: BSource,
     /// Batch shape and the batch strides of A and B (0 where broadcast).
-    batch: Vec<usize>,
-    a_batch: Vec<i64>,
-    b_batch: Vec<i64>,
-    /// C's row and column strides (0 where broadcast), for Gemm with C.
-    c: Option<(i64, i64)>,
-    alpha: f32,
-    beta: f32,
+    pub batch: Vec<usize>,
+    pub a_batch: Vec<i64>,
+    pub b_batch: Vec<i64>,
+    /// C's row and column strides (0 where broadcast), for Gemm with C and
+    /// for the convolution bias.
+    pub c: Option<(i64, i64)>,
+    /// Batch strides of C (empty: C is not batched).
+    pub c_batch: Vec<i64>,
+    pub alpha: f32,
+    pub beta: f32,
 }
 
 fn check_f32(cx: &Cx) -> Result<(), CudaError> {
@@ -82,12 +109,15 @@ pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
         k,
         a_rs: k as i64,
         a_ks: 1,
-        b_ks: n as i64,
-        b_cs: 1,
+        b: BSource::Strided {
+            ks: n as i64,
+            cs: 1,
+        },
         a_batch: scale(broadcast_strides(&a[..ra - 2], &batch), m * k),
         b_batch: scale(broadcast_strides(&b[..rb - 2], &batch), k * n),
         batch,
         c: None,
+        c_batch: Vec::new(),
         alpha: 1.0,
         beta: 0.0,
     };
@@ -115,12 +145,15 @@ pub(crate) fn gemm(
         k,
         a_rs: if trans_a { 1 } else { k as i64 },
         a_ks: if trans_a { m as i64 } else { 1 },
-        b_ks: if trans_b { 1 } else { n as i64 },
-        b_cs: if trans_b { k as i64 } else { 1 },
+        b: BSource::Strided {
+            ks: if trans_b { 1 } else { n as i64 },
+            cs: if trans_b { k as i64 } else { 1 },
+        },
         batch: Vec::new(),
         a_batch: Vec::new(),
         b_batch: Vec::new(),
         c,
+        c_batch: Vec::new(),
         alpha,
         beta,
     };
@@ -131,7 +164,9 @@ fn f32_addr(kb: &mut KernelBuilder, base: Reg, idx: Reg) -> Reg {
     kb.addr(base, idx, 4)
 }
 
-fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
+/// The tiled GEMM kernel for `g`: inputs 0 and 1 of `cx` are A and B,
+/// input 2 (if `g.c`) is C.
+pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
     let batches: usize = g.batch.iter().product();
     let grid = [
         (g.n as u64).div_ceil(TILE as u64),
@@ -184,7 +219,12 @@ fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
             let r = kb.bin(Bin::Div, e, TILE);
             let row = kb.bin(Bin::Add, k0, r);
             let col = kb.bin(Bin::Add, n0, c);
-            let v = load_or_zero(kb, b_ptr, b_off, (row, g.k, g.b_ks), (col, g.n, g.b_cs));
+            let v = match g.b {
+                BSource::Strided { ks, cs } => {
+                    load_or_zero(kb, b_ptr, b_off, (row, g.k, ks), (col, g.n, cs))
+                }
+                BSource::Im2col(geo) => load_im2col(kb, b_ptr, b_off, (row, g.k), (col, g.n), &geo),
+            };
             let s_idx = kb.mad(r, TILE, c);
             let sb = f32_addr(kb, smem, s_idx);
             kb.st(Space::Shared, f32m, sb, b_smem, v);
@@ -221,6 +261,7 @@ fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
         _ => None,
     };
     let out_batch = kb.bin(Bin::Mul, bz, (g.m * g.n) as u32);
+    let c_off = offset(&mut kb, &bc, &g.c_batch, 0);
     for i in 0..MICRO {
         let row = kb.bin(Bin::Add, m0, ty);
         let row = kb.bin(Bin::Add, row, i * SIDE);
@@ -237,8 +278,7 @@ fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
                     y = kb.bin(Bin::Mul, y, Opnd::F32(g.alpha));
                 }
                 if let (Some((c_rs, c_cs)), Some(c_ptr)) = (g.c, c_ptr) {
-                    let ci = kb.mov(Ty::U32, 0u32);
-                    let ci = kb.mad(row, Opnd::I(c_rs), ci);
+                    let ci = kb.mad(row, Opnd::I(c_rs), c_off);
                     let ci = kb.mad(col, Opnd::I(c_cs), ci);
                     let ca = f32_addr(kb, c_ptr, ci);
                     let cv = kb.ld(Space::Global, f32m, Ty::F32, ca, 0);
@@ -280,6 +320,52 @@ fn load_or_zero(
         let a = f32_addr(kb, base, i);
         let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
         kb.assign(v, x);
+    });
+    v
+}
+
+/// Element (k, j) of the im2col matrix of a convolution input (0 outside
+/// the matrix or in the padding). The window position is decomposed from
+/// k and the output position from j with immediates; a padded tap wraps
+/// below 0 and fails the unsigned bound like one past the end.
+fn load_im2col(
+    kb: &mut KernelBuilder,
+    base: Reg,
+    batch: Reg,
+    (k, rows): (Reg, usize),
+    (j, cols): (Reg, usize),
+    geo: &Im2col,
+) -> Reg {
+    let v = kb.mov(Ty::F32, fimm(Ty::F32, 0.0));
+    let r_ok = kb.setp(Cmp::Lt, k, rows as u32);
+    let c_ok = kb.setp(Cmp::Lt, j, cols as u32);
+    let ok = kb.pred_op("and", r_ok, c_ok);
+    kb.when(ok, |kb| {
+        let taps = (geo.kh * geo.kw) as u32;
+        let c = kb.bin(Bin::Div, k, taps);
+        let t = kb.bin(Bin::Rem, k, taps);
+        let ky = kb.bin(Bin::Div, t, geo.kw as u32);
+        let kx = kb.bin(Bin::Rem, t, geo.kw as u32);
+        let oy = kb.bin(Bin::Div, j, geo.ow as u32);
+        let ox = kb.bin(Bin::Rem, j, geo.ow as u32);
+        let pos = |kb: &mut KernelBuilder, o: Reg, s: usize, kk: Reg, d: usize, p: usize| {
+            let a = kb.bin(Bin::Mul, o, s as u32);
+            let b = kb.mad(kk, d as u32, a);
+            kb.bin(Bin::Sub, b, p as u32)
+        };
+        let iy = pos(kb, oy, geo.strides[0], ky, geo.dilations[0], geo.pads[0]);
+        let ix = pos(kb, ox, geo.strides[1], kx, geo.dilations[1], geo.pads[1]);
+        let y_ok = kb.setp(Cmp::Lt, iy, geo.h as u32);
+        let x_ok = kb.setp(Cmp::Lt, ix, geo.w as u32);
+        let inside = kb.pred_op("and", y_ok, x_ok);
+        kb.when(inside, |kb| {
+            let plane = kb.mad(c, (geo.h * geo.w) as u32, batch);
+            let row = kb.mad(iy, geo.w as u32, plane);
+            let i = kb.bin(Bin::Add, row, ix);
+            let a = f32_addr(kb, base, i);
+            let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
+            kb.assign(v, x);
+        });
     });
     v
 }
