@@ -385,3 +385,27 @@ fn relu_kernel_snapshot() {
     let p = compile(&g, SmArch::parse("sm70").unwrap()).unwrap();
     insta::assert_snapshot!(p.ptx);
 }
+
+#[test]
+fn wide_convolutions_run_as_implicit_gemm_and_depthwise_ones_directly() {
+    let conv = |cout: usize, group: usize| {
+        let mut g = Graph::new();
+        let x = g.add_input("x", vt(DType::F32, &[2, 32, 10, 12]));
+        let w = f32_const(&mut g, "w", &[cout, 32 / group, 3, 3]);
+        let c = Conv2d {
+            strides: [1, 1],
+            pads: [1, 1, 1, 1],
+            dilations: [1, 1],
+            group,
+        };
+        let y = g.add_node(Op::Conv(c), &[x, w], "conv").unwrap();
+        g.add_output("y", y);
+        compile(&g, sm80()).unwrap().kernels[0].launch
+    };
+    // 64 channels: (10*12/64 -> 2 column tiles, 1 row tile, 2 images).
+    let wide = conv(64, 1);
+    assert_eq!((wide.grid, wide.block), ([2, 1, 2], [16, 16, 1]));
+    // Depthwise: one thread per output element.
+    let depthwise = conv(32, 32);
+    assert_eq!((depthwise.grid, depthwise.block), ([30, 1, 1], [256, 1, 1]));
+}

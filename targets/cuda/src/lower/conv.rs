@@ -102,7 +102,11 @@ pub(crate) fn conv(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     if xs.len() != 4 {
         return Err(cx.unsupported(format!("{}-D input (only 2-D convolution)", xs.len())));
     }
-    if ws[0] / c.group >= GEMM_MIN_CHANNELS {
+    // The GEMM grid's z (images × groups) and y (row tiles) are limited to
+    // 65535 blocks; past that the direct kernel's 1-D grid still fits.
+    let per_group = ws[0] / c.group;
+    if per_group >= GEMM_MIN_CHANNELS && xs[0] * c.group <= 65535 && per_group.div_ceil(64) <= 65535
+    {
         return implicit_gemm(cx, c);
     }
     direct(cx, c)
