@@ -8,6 +8,12 @@
 //! target uses. A Reshape aliases its input's buffer unless one of the two
 //! is a graph output; graph outputs that are inputs, constants or repeats
 //! of another output get a copy kernel.
+//!
+//! **Epilogue fusion.** A chain of f32 unary ops (Relu, Clip, Sigmoid, ...)
+//! whose every link is the single user of the one before, and not a graph
+//! output, is folded into the kernel that produces the chain's input: that
+//! kernel applies the ops before its stores, the chain's nodes get no
+//! kernel and share the producer's buffer (Conv → Relu, Add → Clip).
 
 use std::collections::HashMap;
 
@@ -50,6 +56,76 @@ pub(crate) struct Plan {
     pub jobs: Vec<Job>,
     /// Arena offset of every graph output, in order.
     pub output_offsets: Vec<u64>,
+    /// Producer → the unary nodes fused into its kernel, in order.
+    pub epilogues: HashMap<NodeId, Vec<NodeId>>,
+}
+
+impl Plan {
+    /// The unary ops fused into `id`'s kernel.
+    pub(crate) fn epilogue_ops(&self, graph: &Graph, id: NodeId) -> Vec<kiln_ir::UnaryOp> {
+        self.epilogues
+            .get(&id)
+            .map(|chain| {
+                chain
+                    .iter()
+                    .filter_map(|&u| match graph.node(u).op {
+                        Op::Unary(op) => Some(op),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `id`'s name, joined with the names of the nodes fused into it
+    /// (`conv1+relu1`).
+    pub(crate) fn fused_names(&self, graph: &Graph, id: NodeId) -> String {
+        let mut name = graph.node(id).name.clone();
+        for &u in self.epilogues.get(&id).into_iter().flatten() {
+            name.push('+');
+            name.push_str(&graph.node(u).name);
+        }
+        name
+    }
+}
+
+/// The unary chains to fuse: producer → chain. See the module docs.
+fn epilogue_chains(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeId>> {
+    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
+    let f32_unary = |id: NodeId| {
+        matches!(graph.node(id).op, Op::Unary(_)) && graph.node(id).ty.dtype == kiln_ir::DType::F32
+    };
+    let mut chains = HashMap::new();
+    let mut absorbed = std::collections::HashSet::new();
+    for &p in order {
+        let node = graph.node(p);
+        if absorbed.contains(&p)
+            || node.ty.dtype != kiln_ir::DType::F32
+            || matches!(
+                node.op,
+                Op::Input { .. } | Op::Constant(_) | Op::Reshape { .. }
+            )
+        {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut cur = p;
+        loop {
+            let users = graph.users_of(cur);
+            match users.as_slice() {
+                [(u, _)] if !is_output(cur) && f32_unary(*u) => {
+                    chain.push(*u);
+                    absorbed.insert(*u);
+                    cur = *u;
+                }
+                _ => break,
+            }
+        }
+        if !chain.is_empty() {
+            chains.insert(p, chain);
+        }
+    }
+    chains
 }
 
 struct Val {
@@ -61,6 +137,11 @@ struct Val {
 /// Plans memory for `graph` given its topological `order`.
 pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CudaError> {
     let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
+    let epilogues = epilogue_chains(graph, order);
+    let fused_into: HashMap<NodeId, NodeId> = epilogues
+        .iter()
+        .flat_map(|(&p, chain)| chain.iter().map(move |&u| (u, p)))
+        .collect();
     let mut weights: Vec<u8> = Vec::new();
     let mut locs = HashMap::new();
     let mut vals: Vec<Val> = Vec::new();
@@ -75,6 +156,12 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CudaError> {
     for &id in order {
         let node = graph.node(id);
         let bytes = node.ty.size_bytes() as u64;
+        if let Some(p) = fused_into.get(&id) {
+            // Computed by the producer's kernel, in the producer's buffer.
+            let v = val_of[p];
+            val_of.insert(id, v);
+            continue;
+        }
         match &node.op {
             Op::Input { .. } => {
                 vals.push(Val {
@@ -199,5 +286,6 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CudaError> {
         arena_size: STATUS_BYTES + size,
         jobs,
         output_offsets: out_vals.iter().map(|&v| at(v).offset).collect(),
+        epilogues,
     })
 }

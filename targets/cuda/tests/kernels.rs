@@ -236,10 +236,12 @@ fn every_kernel_of_every_op_is_well_formed_for_every_sm() {
             ".version {}.{}\n.target sm_{}\n.address_size 64",
             sm.ptx_isa.0, sm.ptx_isa.1, sm.sm
         )));
-        // Every computing node has a kernel (the reshape aliases), plus the
-        // copy of the output that is a graph input.
+        // Every computing node has a kernel (the reshape aliases, the
+        // sigmoid is fused into the matmul that is its only input), plus
+        // the copy of the output that is a graph input.
         let ops: Vec<&str> = p.kernels.iter().map(|k| k.op).collect();
-        assert_eq!(ops.len(), 26, "{ops:?}");
+        assert_eq!(ops.len(), 25, "{ops:?}");
+        assert!(p.kernels.iter().any(|k| k.node == "matmul+sigmoid"));
         assert!(!ops.contains(&"reshape"));
         assert_eq!(ops.last(), Some(&"copy"));
         for (k, text) in p.kernels.iter().zip(kernel_texts(&p)) {
@@ -373,7 +375,7 @@ fn f64_exp_is_refused_rather_than_computed_in_f32() {
 }
 
 #[test]
-fn relu_kernel_snapshot() {
+fn fused_max_relu_kernel_snapshot() {
     let mut g = Graph::new();
     let x = g.add_input("x", vt(DType::F32, &[2, 3]));
     let b = g.add_input("b", vt(DType::F32, &[3]));

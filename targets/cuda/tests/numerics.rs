@@ -490,3 +490,42 @@ fn an_out_of_range_gather_index_sets_the_status_word() {
     let bad = Data::I32(vec![0, 4, 1]).to_le_bytes();
     assert!(interp::run_program(&p, &[data, bad]).is_err());
 }
+
+#[test]
+fn fused_unary_chains() {
+    // MatMul -> Relu -> Sigmoid fuse into the GEMM's epilogue, Softmax ->
+    // Log into the softmax kernel, Concat -> Neg into the layout kernel;
+    // the Tanh of a value with two users stays a kernel of its own.
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [5, 7]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [7, 3]));
+    let mm = g.add_node(Op::MatMul, &[a, b], "mm").unwrap();
+    let r = g.add_node(Op::Unary(UnaryOp::Relu), &[mm], "relu").unwrap();
+    let s = g
+        .add_node(Op::Unary(UnaryOp::Sigmoid), &[r], "sig")
+        .unwrap();
+    let sm = g
+        .add_node(Op::Softmax { axis: 1 }, &[s], "softmax")
+        .unwrap();
+    let l = g.add_node(Op::Unary(UnaryOp::Log), &[sm], "log").unwrap();
+    let c = g.add_node(Op::Concat { axis: 0 }, &[l, s], "cat").unwrap();
+    let n = g.add_node(Op::Unary(UnaryOp::Neg), &[c], "neg").unwrap();
+    let t = g.add_node(Op::Unary(UnaryOp::Tanh), &[n], "tanh").unwrap();
+    let e = g.add_node(Op::Unary(UnaryOp::Exp), &[t], "exp").unwrap();
+    g.add_output("e", e);
+    g.add_output("t", t);
+    let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+    let nodes: Vec<&str> = p.kernels.iter().map(|k| k.node.as_str()).collect();
+    assert_eq!(
+        nodes,
+        ["mm+relu+sig", "softmax+log", "cat+neg+tanh", "exp"],
+        "{nodes:?}"
+    );
+    check(
+        &g,
+        &[
+            tensor(DType::F32, &[5, 7], 20),
+            tensor(DType::F32, &[7, 3], 21),
+        ],
+    );
+}

@@ -159,6 +159,7 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         inputs,
         out: cx.out,
         out_ty: cx.out_ty,
+        epilogue: cx.epilogue.clone(),
     };
     gemm_kernel(&gemm_cx, &g)
 }
@@ -221,6 +222,7 @@ fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         });
     });
     let out = ptr(&mut kb, cx.out);
+    let acc = cx.epilogue(&mut kb, acc);
     store(&mut kb, out, i, DType::F32, acc);
     Ok(cx.finish(kb, linear_launch(n)))
 }
@@ -297,6 +299,7 @@ pub(crate) fn pool(cx: &Cx, p: &Pool2d, average: Option<bool>) -> Result<Kernel,
         }
     };
     let out = ptr(&mut kb, cx.out);
+    let result = cx.epilogue(&mut kb, result);
     store(&mut kb, out, i, DType::F32, result);
     Ok(cx.finish(kb, linear_launch(n)))
 }

@@ -42,6 +42,7 @@ pub(crate) fn map(cx: &Cx, body: Box<Body>) -> Result<Kernel, CudaError> {
         vals.push(load(&mut kb, base, idx, ty.dtype));
     }
     let v = body(&mut kb, &vals);
+    let v = cx.epilogue(&mut kb, v);
     let out = ptr(&mut kb, cx.out);
     store(&mut kb, out, i, cx.out_ty.dtype, v);
     Ok(cx.finish(kb, linear_launch(n)))

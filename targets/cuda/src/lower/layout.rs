@@ -25,6 +25,7 @@ fn gather_elements(
     let (loc, ty) = cx.inputs[0];
     let base = ptr(&mut kb, loc);
     let v = load(&mut kb, base, j, ty.dtype);
+    let v = cx.epilogue(&mut kb, v);
     let out = ptr(&mut kb, cx.out);
     store(&mut kb, out, i, cx.out_ty.dtype, v);
     Ok(cx.finish(kb, linear_launch(n)))
@@ -100,6 +101,7 @@ pub(crate) fn concat(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
         let j = kb.mad(row, inner as u32, r);
         let base = ptr(&mut kb, loc);
         let v = load(&mut kb, base, j, ty.dtype);
+        let v = cx.epilogue(&mut kb, v);
         store(&mut kb, out, i, cx.out_ty.dtype, v);
         kb.bra(done);
         kb.place(next);
@@ -145,6 +147,7 @@ pub(crate) fn gather(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
     let j = kb.mad(row, inner as u32, r);
     let db = ptr(&mut kb, data_loc);
     let v = load(&mut kb, db, j, data_ty.dtype);
+    let v = cx.epilogue(&mut kb, v);
     let out = ptr(&mut kb, cx.out);
     store(&mut kb, out, i, cx.out_ty.dtype, v);
     Ok(cx.finish(kb, linear_launch(n)))

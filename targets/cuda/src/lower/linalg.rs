@@ -286,6 +286,7 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
                 }
                 let oi = kb.mad(row, g.n as u32, out_batch);
                 let oi = kb.bin(Bin::Add, oi, col);
+                let y = cx.epilogue(kb, y);
                 let oa = f32_addr(kb, out, oi);
                 kb.st(Space::Global, f32m, oa, 0, y);
             });

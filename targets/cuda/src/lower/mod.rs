@@ -14,7 +14,7 @@ mod linalg;
 mod math;
 mod reduce;
 
-use kiln_ir::{DType, Graph, Node, Op, ValueType};
+use kiln_ir::{DType, Graph, Node, Op, UnaryOp, ValueType};
 
 use crate::plan::{Base, Job, Loc, Plan};
 use crate::ptx::{Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
@@ -47,6 +47,9 @@ pub(crate) struct Cx<'g> {
     pub out: Loc,
     /// Output type.
     pub out_ty: &'g ValueType,
+    /// Unary ops fused into this kernel: applied, in order, to every value
+    /// before it is stored (f32 outputs only; see `plan.rs`).
+    pub epilogue: Vec<UnaryOp>,
 }
 
 impl Cx<'_> {
@@ -64,6 +67,13 @@ impl Cx<'_> {
             op: self.op,
             detail: detail.into(),
         }
+    }
+
+    /// `v` after the fused unary ops.
+    pub(crate) fn epilogue(&self, kb: &mut KernelBuilder, v: Reg) -> Reg {
+        self.epilogue
+            .iter()
+            .fold(v, |v, &op| elementwise::unary_float(kb, op, v))
     }
 
     /// A builder for this node's kernel, with both base pointers loaded.
@@ -257,6 +267,7 @@ pub(crate) fn lower_job(
     let (cx, node): (Cx, Option<&Node>) = match job {
         Job::Node(id) => {
             let node = graph.node(*id);
+            let fused = plan.fused_names(graph, *id);
             let inputs = graph
                 .inputs_of(*id)
                 .iter()
@@ -264,12 +275,13 @@ pub(crate) fn lower_job(
                 .collect();
             (
                 Cx {
-                    kernel: kernel_name(k, &node.name),
-                    name: node.name.clone(),
+                    kernel: kernel_name(k, &fused),
+                    name: fused,
                     op: node.op.name(),
                     inputs,
                     out: plan.locs[id],
                     out_ty: &node.ty,
+                    epilogue: plan.epilogue_ops(graph, *id),
                 },
                 Some(node),
             )
@@ -285,6 +297,7 @@ pub(crate) fn lower_job(
                     inputs: vec![(plan.locs[src], ty)],
                     out: *dst,
                     out_ty: ty,
+                    epilogue: Vec::new(),
                 },
                 None,
             )

@@ -264,6 +264,7 @@ fn write_row_result(kb: &mut KernelBuilder, cx: &Cx, row: Reg, v: Reg) {
     let t0 = kb.setp(Cmp::Eq, tid, 0u32);
     let out = ptr(kb, cx.out);
     let d = cx.out_ty.dtype;
+    let v = cx.epilogue(kb, v);
     kb.when(t0, |kb| store(kb, out, row, d, v));
 }
 
@@ -360,6 +361,7 @@ pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
         let x = element(kb, j);
         let e = exp_shifted(kb, x);
         let y = kb.bin(Bin::Div, e, s);
+        let y = cx.epilogue(kb, y);
         let idx = index(kb, j);
         store(kb, out, idx, DType::F32, y);
     });
