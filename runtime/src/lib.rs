@@ -34,6 +34,8 @@
 
 pub mod capi;
 mod code;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 pub mod format;
 mod host;

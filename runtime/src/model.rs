@@ -165,28 +165,8 @@ impl Model {
     /// Checks `inputs` against the declared inputs and copies them into
     /// the arena.
     fn bind_inputs(&mut self, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
+        validate_inputs(&self.metadata.inputs, inputs)?;
         let specs = &self.metadata.inputs;
-        for (i, given) in inputs.iter().enumerate() {
-            if !specs.iter().any(|s| s.name == given.name) {
-                let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-                return Err(Error::UnknownInput {
-                    name: given.name.to_owned(),
-                    expected: names.join(", "),
-                });
-            }
-            if inputs[..i].iter().any(|o| o.name == given.name) {
-                return Err(Error::DuplicateInput(given.name.to_owned()));
-            }
-        }
-        for spec in specs {
-            let Some(given) = inputs.iter().find(|t| t.name == spec.name) else {
-                return Err(Error::MissingInput {
-                    name: spec.name.clone(),
-                    expected: spec.type_string(),
-                });
-            };
-            check_input(spec, given)?;
-        }
         for i in 0..specs.len() {
             let name = &self.metadata.inputs[i].name;
             // Found: every spec was matched above.
@@ -255,6 +235,33 @@ impl Model {
     }
 }
 
+/// Errors unless every declared input is given exactly once, by name, with
+/// its declared type and data length.
+pub(crate) fn validate_inputs(specs: &[TensorSpec], inputs: &[TensorRef<'_>]) -> Result<(), Error> {
+    for (i, given) in inputs.iter().enumerate() {
+        if !specs.iter().any(|s| s.name == given.name) {
+            let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+            return Err(Error::UnknownInput {
+                name: given.name.to_owned(),
+                expected: names.join(", "),
+            });
+        }
+        if inputs[..i].iter().any(|o| o.name == given.name) {
+            return Err(Error::DuplicateInput(given.name.to_owned()));
+        }
+    }
+    for spec in specs {
+        let Some(given) = inputs.iter().find(|t| t.name == spec.name) else {
+            return Err(Error::MissingInput {
+                name: spec.name.clone(),
+                expected: spec.type_string(),
+            });
+        };
+        check_input(spec, given)?;
+    }
+    Ok(())
+}
+
 /// The arena range of a validated tensor spec.
 fn arena_range(spec: &TensorSpec) -> std::ops::Range<usize> {
     // Parsing checked offset + byte_len <= arena_size, and the arena of that
@@ -285,6 +292,11 @@ fn check_input(spec: &TensorSpec, given: &TensorRef<'_>) -> Result<(), Error> {
 /// Refuses artifacts for another architecture or for CPU features this
 /// machine lacks.
 fn check_host(header: &Header) -> Result<(), Error> {
+    if header.arch == Arch::Nvptx64 {
+        return Err(Error::CudaArtifact {
+            sm: header.features.0,
+        });
+    }
     if Arch::host() != Some(header.arch) {
         return Err(Error::UnsupportedArch {
             artifact: header.arch,

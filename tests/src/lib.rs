@@ -10,8 +10,12 @@ use kiln_runtime::{Model, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// The repository root.
+/// The repository root: `KILN_REPO_ROOT` when set (a prebuilt `gpu_check`
+/// run from another checkout), else the directory this crate was built in.
 pub fn repo_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("KILN_REPO_ROOT").filter(|r| !r.is_empty()) {
+        return PathBuf::from(root);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")

@@ -103,6 +103,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Onnx(o) => format!("onnx::{}", variant(o)),
         DriverError::Pass(p) => format!("passes::{}", variant(p)),
         DriverError::Cpu(c) => format!("cpu::{}", variant(c)),
+        DriverError::Cuda(c) => format!("cuda::{}", variant(c)),
         DriverError::Io { .. } => "io".to_string(),
         DriverError::ArenaTooLarge { .. } => "arena_too_large".to_string(),
     }

@@ -84,11 +84,16 @@ struct CompileArgs {
     /// Where to write the artifact.
     #[arg(short, long)]
     output: PathBuf,
-    /// Target: native, x86_64-v3, x86_64-avx512 or aarch64.
+    /// Target: native, x86_64-v3, x86_64-avx512, aarch64, or a CUDA GPU:
+    /// cuda-sm70, cuda-sm75, cuda-sm80, cuda-sm86, cuda-sm89, cuda-sm90.
     #[arg(long, default_value = "native")]
     target: String,
     #[command(flatten)]
     model_args: ModelArgs,
+    /// CUDA targets: write each kernel's PTX (a standalone module) to
+    /// DIR/<kernel>.ptx.
+    #[arg(long, value_name = "DIR")]
+    dump_ptx: Option<PathBuf>,
     /// Write IR dumps: `all`, `import`, or `after=PASS`.
     #[arg(long, value_name = "WHICH")]
     dump_ir: Option<String>,
@@ -199,6 +204,10 @@ impl From<DriverError> for Failure {
             | DriverError::Pass(kiln_passes::PassError::UnknownLevel(_)) => exit::USAGE,
             DriverError::Pass(_) => exit::INTERNAL,
             DriverError::Cpu(_) | DriverError::ArenaTooLarge { .. } => exit::UNSUPPORTED,
+            DriverError::Cuda(kiln_target_cuda::CudaError::UnsupportedSm(_)) => exit::USAGE,
+            DriverError::Cuda(kiln_target_cuda::CudaError::Ptxas(_)) => exit::IO,
+            DriverError::Cuda(kiln_target_cuda::CudaError::PtxasRejected { .. }) => exit::INTERNAL,
+            DriverError::Cuda(_) => exit::UNSUPPORTED,
             DriverError::Io { .. } => exit::IO,
         };
         Failure::new(code, e.to_string())
@@ -210,9 +219,15 @@ impl From<kiln_runtime::Error> for Failure {
         use kiln_runtime::Error as E;
         let code = match &e {
             E::Io { .. } => exit::IO,
-            E::Format(_) | E::UnsupportedArch { .. } | E::MissingCpuFeatures(_) => {
-                exit::BAD_ARTIFACT
-            }
+            E::Format(_)
+            | E::UnsupportedArch { .. }
+            | E::CudaArtifact { .. }
+            | E::MissingCpuFeatures(_) => exit::BAD_ARTIFACT,
+            #[cfg(feature = "cuda")]
+            E::NoCudaDriver
+            | E::NotCudaArtifact { .. }
+            | E::CudaSmTooOld { .. }
+            | E::CudaDriver { .. } => exit::BAD_ARTIFACT,
             E::Kernel { .. } => exit::BAD_INPUT,
             _ => exit::BAD_INPUT,
         };
@@ -264,10 +279,21 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), Failure>
 }
 
 fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Failure> {
+    let cuda = match target.strip_prefix("cuda-").or(target.strip_prefix("cuda")) {
+        Some(sm) => Some(
+            kiln_target_cuda::SmArch::parse(sm)
+                .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
+        ),
+        None => None,
+    };
     let mut opts = CompileOptions {
-        target: target
-            .parse()
-            .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
+        target: match cuda {
+            Some(_) => kiln_target_cpu::CpuTarget::Native,
+            None => target
+                .parse()
+                .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
+        },
+        cuda,
         opt_level: args.opt_level,
         passes: args.passes.clone(),
         verify_each: args.verify_each,
@@ -297,6 +323,16 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
     Ok(opts)
 }
 
+/// Kernels of an artifact: CPU functions, or the kernels of a CUDA
+/// artifact's PTX module.
+fn kernel_count(a: &Artifact) -> usize {
+    if a.arch == kiln_runtime::format::Arch::Nvptx64 {
+        kiln_runtime::format::CudaCode::parse(&a.text).map_or(0, |c| c.kernels.len())
+    } else {
+        a.kernels.len()
+    }
+}
+
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     std::fs::write(path, bytes)
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
@@ -318,6 +354,12 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             }
         },
     };
+    if a.dump_ptx.is_some() && opts.cuda.is_none() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--dump-ptx needs a CUDA target (--target cuda-sm80, ...)",
+        ));
+    }
     let start = Instant::now();
     let out = driver::compile(&a.model, &opts).map_err(|e| {
         let f = Failure::from(e);
@@ -330,6 +372,28 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         None
     };
     write_file(&a.output, &out.bytes)?;
+    if let Some(dir) = &a.dump_ptx {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        for (name, text) in &out.ptx_kernels {
+            write_file(&dir.join(format!("{name}.ptx")), text.as_bytes())?;
+        }
+        if !a.json {
+            eprintln!(
+                "wrote {} PTX kernel(s) to {}",
+                out.ptx_kernels.len(),
+                dir.display()
+            );
+        }
+    }
+    if opts.cuda.is_some() && !a.json {
+        match &out.ptxas {
+            Some(p) => eprintln!("cubin assembled with {}", p.display()),
+            None => eprintln!(
+                "no ptxas found (KILN_PTXAS or PATH): the artifact holds PTX only, which the driver compiles at load time"
+            ),
+        }
+    }
     if !out.dumps.is_empty() {
         let dir = a.dump_dir.clone().unwrap_or_else(|| {
             let mut d = a.output.clone().into_os_string();
@@ -358,8 +422,8 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             json!({
                 "output": a.output.display().to_string(),
                 "bytes": out.bytes.len(),
-                "target": opts.target.to_string(),
-                "kernels": out.artifact.kernels.len(),
+                "target": meta.target,
+                "kernels": kernel_count(&out.artifact),
                 "code_bytes": out.artifact.text.len(),
                 "weights_bytes": out.artifact.weights.len(),
                 "arena_bytes": meta.arena_size,
@@ -377,7 +441,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             a.model.display(),
             a.output.display(),
             out.bytes.len(),
-            out.artifact.kernels.len(),
+            kernel_count(&out.artifact),
             out.artifact.text.len(),
             out.artifact.weights.len(),
             meta.arena_size,
@@ -517,7 +581,7 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
     }
 }
 
-fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
+fn gather_inputs(specs: &[TensorSpec], args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     if let Some(npz) = &args.inputs_npz {
         for t in npy::read_npz(npz)? {
@@ -528,11 +592,8 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
         let (name, path) = parse_pair("--input", s)?;
         given.insert(name.to_string(), npy::read_tensor(name, Path::new(path))?);
     }
-    if let Some(name) = given
-        .keys()
-        .find(|n| !model.inputs().iter().any(|s| &s.name == *n))
-    {
-        let names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
+    if let Some(name) = given.keys().find(|n| !specs.iter().any(|s| &s.name == *n)) {
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
@@ -542,7 +603,7 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
         ));
     }
     let mut inputs = Vec::new();
-    for (i, spec) in model.inputs().iter().enumerate() {
+    for (i, spec) in specs.iter().enumerate() {
         match given.remove(&spec.name) {
             Some(t) => inputs.push(t),
             None if args.random => {
@@ -564,13 +625,47 @@ fn gather_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure
     Ok(inputs)
 }
 
-fn cmd_run(a: RunArgs) -> Result<(), Failure> {
-    let mut model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(&model, &a.inputs)?;
+/// Whether the file at `path` is a Kiln artifact for architecture nvptx64
+/// (the header's arch field, bytes 12..16); the loader validates the rest.
+#[cfg(feature = "cuda")]
+fn is_cuda_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|_| {
+            head[..8] == kiln_runtime::format::MAGIC
+                && u32::from_le_bytes([head[12], head[13], head[14], head[15]])
+                    == kiln_runtime::format::Arch::Nvptx64 as u32
+        })
+}
+
+/// Loads `path` and runs it once: on the GPU for a CUDA artifact (with the
+/// `cuda` feature), else with the CPU runtime (which refuses CUDA artifacts
+/// with a clear error).
+fn load_and_run(
+    path: &Path,
+    args: &InputArgs,
+) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
+    #[cfg(feature = "cuda")]
+    if is_cuda_artifact(path) {
+        let mut model = kiln_runtime::cuda::CudaModel::load(path)?;
+        let inputs = gather_inputs(model.inputs(), args)?;
+        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let start = Instant::now();
+        let outputs = model.run(&views)?;
+        return Ok((outputs, start.elapsed()));
+    }
+    let mut model = Model::load(path)?;
+    let inputs = gather_inputs(model.inputs(), args)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let start = Instant::now();
     let outputs = model.run(&views)?;
-    let latency = start.elapsed();
+    Ok((outputs, start.elapsed()))
+}
+
+fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let (outputs, latency) = load_and_run(&a.artifact, &a.inputs)?;
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -676,7 +771,14 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
     let view =
         ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let cuda = view
+        .cuda_code()
+        .transpose()
+        .map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
     let artifact: Artifact = view.into_artifact();
+    if let Some(code) = cuda {
+        return inspect_cuda_artifact(a, &bytes, &artifact, &code);
+    }
     let hash = hex(&artifact.content_hash());
     let m = &artifact.metadata;
     let features = artifact.features.names();
@@ -750,6 +852,121 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     println!("  kernels:");
     for (i, k) in artifact.kernels.iter().enumerate() {
         println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
+    }
+    Ok(())
+}
+
+/// `kiln inspect` of a CUDA artifact: the SM, I/O, and every kernel with
+/// its launch plan and the registers / spills / static shared memory ptxas
+/// reported (when the compiler found ptxas).
+fn inspect_cuda_artifact(
+    a: &InspectArgs,
+    bytes: &[u8],
+    artifact: &Artifact,
+    code: &kiln_runtime::format::CudaCode,
+) -> Result<(), Failure> {
+    let hash = hex(&artifact.content_hash());
+    let m = &artifact.metadata;
+    let assembled = !code.cubin.is_empty();
+    if a.json {
+        let kernels: Vec<Value> = code
+            .kernels
+            .iter()
+            .map(|k| {
+                json!({
+                    "name": k.name, "node": k.node, "grid": k.grid, "block": k.block,
+                    "dynamic_shared_bytes": k.shared_bytes,
+                    "registers": assembled.then_some(k.registers),
+                    "spill_bytes": assembled.then_some(k.spill_bytes),
+                    "static_shared_bytes": assembled.then_some(k.static_shared_bytes),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "kind": "artifact",
+                "format_version": kiln_runtime::format::FORMAT_VERSION,
+                "content_sha256": hash,
+                "arch": "nvptx64",
+                "sm": code.sm,
+                "compiler": m.compiler_version,
+                "target": m.target,
+                "options": m.options,
+                "source_sha256": hex(&m.source_sha256),
+                "inputs": specs_json(&m.inputs),
+                "outputs": specs_json(&m.outputs),
+                "arena_bytes": m.arena_size,
+                "weights_bytes": artifact.weights.len(),
+                "ptx_bytes": code.ptx.len(),
+                "cubin_bytes": code.cubin.len(),
+                "kernels": kernels,
+                "schedule_steps": code.schedule.len(),
+            })
+        );
+        return Ok(());
+    }
+    println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
+    println!(
+        "  format version {}, content sha256 {hash}",
+        kiln_runtime::format::FORMAT_VERSION
+    );
+    println!("  CUDA sm_{} (target {})", code.sm, m.target);
+    println!("  built by {} with: {}", m.compiler_version, m.options);
+    for s in &m.inputs {
+        println!(
+            "  input  {}: {} @ arena+{}",
+            s.name,
+            s.type_string(),
+            s.arena_offset
+        );
+    }
+    for s in &m.outputs {
+        println!(
+            "  output {}: {} @ arena+{}",
+            s.name,
+            s.type_string(),
+            s.arena_offset
+        );
+    }
+    println!(
+        "  sections: weights {} B, PTX {} B, cubin {} B, {} kernels, schedule {} steps, device arena {} B",
+        artifact.weights.len(),
+        code.ptx.len(),
+        code.cubin.len(),
+        code.kernels.len(),
+        code.schedule.len(),
+        m.arena_size
+    );
+    if !assembled {
+        println!("  (no cubin: ptxas was not found at compile time, registers unknown)");
+    }
+    println!(
+        "  {:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  node",
+        "#", "kernel", "grid", "block", "smem", "regs", "spill"
+    );
+    for (i, k) in code.kernels.iter().enumerate() {
+        let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+        let regs = if assembled {
+            k.registers.to_string()
+        } else {
+            "?".into()
+        };
+        let spill = if assembled {
+            k.spill_bytes.to_string()
+        } else {
+            "?".into()
+        };
+        println!(
+            "  {i:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  {}",
+            k.name,
+            dims(k.grid),
+            dims(k.block),
+            k.shared_bytes + k.static_shared_bytes,
+            regs,
+            spill,
+            k.node
+        );
     }
     Ok(())
 }
@@ -844,7 +1061,7 @@ fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
     let mut model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(&model, &a.inputs)?;
+    let inputs = gather_inputs(model.inputs(), &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let mut outputs: Vec<Vec<u8>> = model
         .outputs()

@@ -5,6 +5,7 @@ use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{PassError, PassManager, PipelineOptions, PipelineReport};
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
+use kiln_target_cuda::{CudaError, SmArch};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -26,8 +27,11 @@ pub enum DumpIr {
 /// the command line; recorded in the artifact (minus output locations).
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// Code generation target.
+    /// Code generation target (ignored when [`CompileOptions::cuda`] is set).
     pub target: CpuTarget,
+    /// Compile for this CUDA architecture instead of the CPU
+    /// (`--target cuda-sm80`).
+    pub cuda: Option<SmArch>,
     /// Shape bindings for the frontend.
     pub import: ImportOptions,
     /// Optimization level (`-O`).
@@ -52,6 +56,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             target: CpuTarget::Native,
+            cuda: None,
             import: ImportOptions::default(),
             opt_level: 2,
             passes: None,
@@ -66,7 +71,11 @@ impl CompileOptions {
     /// A canonical, deterministic rendering of the options, stored in the
     /// artifact so `kiln inspect` can show how it was built.
     pub fn canonical(&self) -> String {
-        let mut s = format!("target={} opt_level={}", self.target, self.opt_level);
+        let target = match self.cuda {
+            Some(sm) => format!("cuda-sm{}", sm.sm),
+            None => self.target.to_string(),
+        };
+        let mut s = format!("target={target} opt_level={}", self.opt_level);
         if let Some(p) = &self.passes {
             let _ = write!(s, " passes={}", p.join(","));
         }
@@ -93,6 +102,12 @@ pub struct Compiled {
     pub report: PipelineReport,
     /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
     pub dumps: Vec<(String, String)>,
+    /// CUDA compilations: every kernel as a standalone PTX module (kernel
+    /// name, text), for `--dump-ptx`. Empty for CPU targets.
+    pub ptx_kernels: Vec<(String, String)>,
+    /// CUDA compilations: the ptxas that assembled the cubin stored in the
+    /// artifact (`None`: no ptxas found, the artifact holds PTX only).
+    pub ptxas: Option<PathBuf>,
 }
 
 /// Errors of the driver; each wraps the failing stage's error.
@@ -107,6 +122,9 @@ pub enum DriverError {
     /// Code generation failed.
     #[error(transparent)]
     Cpu(#[from] CpuError),
+    /// CUDA code generation (or ptxas) failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
     /// The compiled model needs a larger arena than
     /// [`CompileOptions::max_arena_bytes`] allows.
     #[error("the model needs a {arena_bytes}-byte arena, more than the limit of {limit} bytes (its shapes are too large)")]
@@ -188,11 +206,32 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         options: opts.canonical(),
         source_sha256: Sha256::digest(&source).into(),
     };
-    let cpu = CpuOptions {
-        target: opts.target,
-        opt_level: 1,
+    let mut ptx_kernels = Vec::new();
+    let mut ptxas = None;
+    let artifact = match opts.cuda {
+        Some(sm) => {
+            let program = kiln_target_cuda::compile(&graph, sm)?;
+            ptx_kernels = program.kernel_modules();
+            ptxas = kiln_target_cuda::ptxas::find_ptxas();
+            let assembled = match &ptxas {
+                Some(p) => Some(kiln_target_cuda::ptxas::assemble(p, &program)?),
+                None => None,
+            };
+            let info = kiln_target_cuda::artifact::ArtifactInfo {
+                compiler_version: info.compiler_version,
+                options: info.options,
+                source_sha256: info.source_sha256,
+            };
+            kiln_target_cuda::artifact::to_artifact(&program, assembled.as_ref(), info)
+        }
+        None => {
+            let cpu = CpuOptions {
+                target: opts.target,
+                opt_level: 1,
+            };
+            kiln_target_cpu::compile(&graph, &cpu, info)?
+        }
     };
-    let artifact = kiln_target_cpu::compile(&graph, &cpu, info)?;
     if artifact.metadata.arena_size > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
             arena_bytes: artifact.metadata.arena_size,
@@ -206,6 +245,8 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         graph,
         report,
         dumps,
+        ptx_kernels,
+        ptxas,
     })
 }
 

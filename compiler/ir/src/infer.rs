@@ -422,7 +422,11 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             float_only(name, x)?;
             let block = c.block[0] * c.block[1];
             let grid = c.grid[0] * c.grid[1];
-            if x.shape.len() != 3 || block == 0 || !x.shape[1].is_multiple_of(block) || x.shape[2] != grid {
+            if x.shape.len() != 3
+                || block == 0
+                || !x.shape[1].is_multiple_of(block)
+                || x.shape[2] != grid
+            {
                 return Err(IrError::ty(
                     name,
                     format!(

@@ -20,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod arena;
 mod dtype;
 mod error;
 pub mod eval;

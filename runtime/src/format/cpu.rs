@@ -11,6 +11,10 @@ pub enum Arch {
     X86_64 = 1,
     /// 64-bit Arm (AArch64).
     Aarch64 = 2,
+    /// NVIDIA PTX for 64-bit addressing: a CUDA artifact. Its TEXT section
+    /// is a [`CudaCode`](super::CudaCode), and the header's requirements
+    /// field holds the SM (compute capability times ten), not CPU features.
+    Nvptx64 = 3,
 }
 
 impl Arch {
@@ -31,6 +35,7 @@ impl Arch {
         match code {
             1 => Some(Arch::X86_64),
             2 => Some(Arch::Aarch64),
+            3 => Some(Arch::Nvptx64),
             _ => None,
         }
     }
@@ -40,6 +45,7 @@ impl Arch {
         match self {
             Arch::X86_64 => "x86_64",
             Arch::Aarch64 => "aarch64",
+            Arch::Nvptx64 => "nvptx64",
         }
     }
 }

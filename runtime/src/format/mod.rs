@@ -12,6 +12,7 @@
 
 mod code;
 mod cpu;
+mod cuda;
 mod cursor;
 mod decode;
 mod dtype;
@@ -22,6 +23,7 @@ mod meta;
 
 pub use code::{HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
 pub use cpu::{Arch, CpuFeatures};
+pub use cuda::{CudaCode, CudaKernel, CUDA_MAGIC};
 pub use dtype::DType;
 pub use error::FormatError;
 pub use layout::{
@@ -174,6 +176,12 @@ impl<'a> ArtifactView<'a> {
             relocs,
             schedule,
         })
+    }
+
+    /// The CUDA code of a CUDA artifact (architecture
+    /// [`Arch::Nvptx64`]), decoded and checked; `None` for a CPU artifact.
+    pub fn cuda_code(&self) -> Option<Result<CudaCode, FormatError>> {
+        (self.header.arch == Arch::Nvptx64).then(|| CudaCode::parse(self.text))
     }
 
     /// An owned copy.

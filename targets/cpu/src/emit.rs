@@ -53,7 +53,7 @@ impl Text {
         let start = (self.bytes.len() as u64).div_ceil(align) * align;
         let pad = match self.arch {
             Arch::X86_64 => 0xcc,
-            Arch::Aarch64 => 0,
+            Arch::Aarch64 | Arch::Nvptx64 => 0,
         };
         self.bytes.resize(start as usize, pad);
         self.bytes.extend_from_slice(code.code_buffer());
@@ -106,7 +106,7 @@ impl Text {
         let start = (self.bytes.len() as u64).div_ceil(64) * 64;
         let pad = match self.arch {
             Arch::X86_64 => 0xcc,
-            Arch::Aarch64 => 0,
+            Arch::Aarch64 | Arch::Nvptx64 => 0,
         };
         self.bytes.resize(start as usize, pad);
         self.bytes.extend_from_slice(code);

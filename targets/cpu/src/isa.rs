@@ -131,7 +131,9 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
                 (Arch::X86_64, f)
             }
             Some(Arch::Aarch64) => (Arch::Aarch64, CpuFeatures::NEON),
-            None => return Err(err("the host architecture has no code generator".into())),
+            Some(Arch::Nvptx64) | None => {
+                return Err(err("the host architecture has no code generator".into()))
+            }
         },
     };
 
@@ -160,6 +162,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let triple = match arch {
         Arch::X86_64 => "x86_64-unknown-linux-gnu",
         Arch::Aarch64 => "aarch64-unknown-linux-gnu",
+        Arch::Nvptx64 => return Err(err("nvptx64 is not a CPU architecture".into())),
     };
     let mut builder = isa::lookup_by_name(triple).map_err(|e| err(format!("{triple}: {e}")))?;
     if arch == Arch::X86_64 {
@@ -180,6 +183,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let fma = match arch {
         Arch::X86_64 => features.contains(CpuFeatures::FMA),
         Arch::Aarch64 => true,
+        Arch::Nvptx64 => false,
     };
     let avx512 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX512F);
     Ok(Target {

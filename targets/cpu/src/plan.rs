@@ -21,7 +21,7 @@
 //!
 //! [`memory_plan`] exposes the result (and [`PlanStats`]) without compiling.
 
-mod pack;
+use kiln_ir::arena as pack;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -31,9 +31,6 @@ use kiln_ir::{Graph, NodeId, Op};
 use kiln_runtime::format::{DType as FDType, TensorSpec};
 
 use crate::CpuError;
-
-/// Alignment of every arena region and weights entry.
-pub(crate) const ALIGN: u64 = 64;
 
 /// Which pointer an address is relative to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -295,7 +292,7 @@ pub fn plan_stats(graph: &Graph) -> Result<PlanStats, CpuError> {
 }
 
 pub(crate) fn align(x: u64) -> u64 {
-    x.div_ceil(ALIGN) * ALIGN
+    pack::align(x)
 }
 
 /// The artifact's dtype for an IR dtype.

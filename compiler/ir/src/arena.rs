@@ -1,5 +1,7 @@
-//! Offset assignment: greedy best-fit packing of live intervals into one
-//! arena (the "greedy by size" heap simulator of TFLite and XLA).
+//! Arena offset assignment shared by every target: greedy best-fit packing
+//! of live intervals into one arena (the "greedy by size" heap simulator of
+//! TFLite and XLA). The CPU target packs host memory with it, the CUDA
+//! target device memory.
 //!
 //! Buffers are placed largest first (ties: earlier start, then lower index,
 //! so the result is deterministic). Each buffer goes into the smallest
@@ -7,11 +9,18 @@
 //! intervals intersect its own (ties: the lowest offset); when no gap is big
 //! enough it goes above the highest of them.
 
-use super::align;
+/// Alignment of every arena region (a cache line; also enough for any
+/// vector load on CPU or GPU).
+pub const ALIGN: u64 = 64;
+
+/// `x` rounded up to [`ALIGN`].
+pub fn align(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
 
 /// One buffer to place: byte size and inclusive live interval in steps.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Interval {
+pub struct Interval {
     /// Size in bytes.
     pub bytes: u64,
     /// First step at which the buffer holds a live value.
@@ -29,7 +38,7 @@ impl Interval {
 /// Returns every buffer's offset (64-byte aligned) and the arena size (the
 /// highest end, rounded up to 64, at least 64). Zero-sized buffers get
 /// offset 0 and take no space.
-pub(crate) fn pack(bufs: &[Interval]) -> (Vec<u64>, u64) {
+pub fn pack(bufs: &[Interval]) -> (Vec<u64>, u64) {
     let mut idx: Vec<usize> = (0..bufs.len()).filter(|&i| bufs[i].bytes > 0).collect();
     idx.sort_by(|&a, &b| {
         bufs[b]
@@ -70,12 +79,12 @@ pub(crate) fn pack(bufs: &[Interval]) -> (Vec<u64>, u64) {
         placed.push((off, off + b.bytes, i));
         top = top.max(off + b.bytes);
     }
-    (offsets, align(top).max(super::ALIGN))
+    (offsets, align(top).max(ALIGN))
 }
 
 /// The most bytes (each buffer rounded up to 64) live at any one step: a
 /// lower bound for any arena holding these intervals.
-pub(crate) fn peak_live(bufs: &[Interval]) -> u64 {
+pub fn peak_live(bufs: &[Interval]) -> u64 {
     let mut events: Vec<(u32, i8, u64)> = Vec::new();
     for b in bufs.iter().filter(|b| b.bytes > 0) {
         events.push((b.start, 0, align(b.bytes)));

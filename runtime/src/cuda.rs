@@ -1,0 +1,307 @@
+//! Running CUDA artifacts (feature `cuda`).
+//!
+//! The CUDA driver is loaded at run time through `cudarc`'s dynamic
+//! loading, so this module builds everywhere; [`CudaModel::load`] first
+//! checks that `libcuda` can be loaded at all (cudarc panics on its first
+//! driver call otherwise) and answers [`Error::NoCudaDriver`] when it
+//! cannot. On a GPU older than the artifact's SM it answers
+//! [`Error::CudaSmTooOld`].
+//!
+//! Loading creates a context on GPU 0, loads the module (the cubin when it
+//! was assembled for exactly this GPU's SM, else the PTX, which the driver
+//! compiles), looks up every kernel, uploads the weights once and
+//! allocates the device arena once. [`CudaModel::run`] copies the inputs to
+//! their arena offsets, launches the schedule on one stream with each
+//! kernel's compile-time launch plan and the `(arena, weights)` pointers,
+//! and copies the outputs back. The arena's status word (set by a Gather
+//! that meets an out-of-range index) is cleared before and read after.
+
+use std::ffi::{c_void, CString};
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use crate::format::{ArtifactView, Metadata, TensorSpec};
+use crate::model::validate_inputs;
+use crate::{Error, Tensor, TensorRef, KERNEL_INDEX_OUT_OF_RANGE};
+
+/// Bytes of the arena's status word.
+const STATUS_BYTES: usize = 4;
+
+/// A loaded module, unloaded on drop.
+struct Module {
+    handle: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the handle came from `load_data` and is unloaded once.
+        let _ = unsafe { result::module::unload(self.handle) };
+    }
+}
+
+/// One kernel launch of the schedule.
+struct Launch {
+    function: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: u32,
+}
+
+/// A CUDA artifact loaded on GPU 0.
+pub struct CudaModel {
+    metadata: Metadata,
+    launches: Vec<Launch>,
+    /// Source nodes of the Gather kernels, for the out-of-range error.
+    gather_nodes: Vec<String>,
+    device_sm: u32,
+    device_name: String,
+    // Field order is drop order: buffers and module before the stream and
+    // the context.
+    arena: CudaSlice<u8>,
+    weights: CudaSlice<u8>,
+    _module: Module,
+    stream: Arc<CudaStream>,
+    _ctx: Arc<CudaContext>,
+}
+
+fn driver(what: &'static str) -> impl Fn(result::DriverError) -> Error {
+    move |e| Error::CudaDriver {
+        what,
+        message: e.to_string(),
+    }
+}
+
+/// The SM (compute capability times ten) and name of GPU 0, for picking
+/// the compile target on this machine.
+pub fn gpu() -> Result<(u32, String), Error> {
+    // SAFETY: only tries to open the driver library by its names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoCudaDriver);
+    }
+    let ctx = CudaContext::new(0).map_err(driver("open GPU 0"))?;
+    let (major, minor) = ctx.compute_capability().map_err(driver("query the GPU"))?;
+    let name = ctx.name().unwrap_or_else(|_| "GPU 0".into());
+    Ok(((major * 10 + minor) as u32, name))
+}
+
+impl CudaModel {
+    /// Reads and loads the CUDA artifact at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<CudaModel, Error> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        CudaModel::from_bytes(&bytes)
+    }
+
+    /// Validates a CUDA artifact held in memory and loads it on GPU 0.
+    pub fn from_bytes(bytes: &[u8]) -> Result<CudaModel, Error> {
+        let view = ArtifactView::parse(bytes)?;
+        let code = match view.cuda_code() {
+            Some(code) => code?,
+            None => {
+                return Err(Error::NotCudaArtifact {
+                    arch: view.header.arch,
+                })
+            }
+        };
+        // SAFETY: only tries to open the driver library by its names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoCudaDriver);
+        }
+        let ctx = CudaContext::new(0).map_err(driver("open GPU 0"))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver("query the GPU"))?;
+        let device_sm = (major * 10 + minor) as u32;
+        let device_name = ctx.name().unwrap_or_else(|_| "GPU 0".into());
+        if device_sm < code.sm {
+            return Err(Error::CudaSmTooOld {
+                device: device_sm,
+                device_name,
+                artifact: code.sm,
+            });
+        }
+        ctx.bind_to_thread().map_err(driver("use GPU 0"))?;
+        // The cubin runs only on the SM it was assembled for, and only on a
+        // driver that accepts its toolkit's ELF; otherwise (or when loading
+        // it fails) the driver compiles the PTX for this GPU.
+        let ptx = CString::new(code.ptx.clone()).map_err(|_| Error::CudaDriver {
+            what: "load the module",
+            message: "the PTX text contains a NUL byte".into(),
+        })?;
+        let load = |image: &[u8]| {
+            // SAFETY: `image` is a cubin or a NUL-terminated PTX text, alive
+            // for the call.
+            unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+        };
+        let from_cubin = (!code.cubin.is_empty() && device_sm == code.sm)
+            .then(|| load(&code.cubin).ok())
+            .flatten();
+        let handle = match from_cubin {
+            Some(h) => h,
+            None => load(ptx.as_bytes_with_nul()).map_err(driver("load the module"))?,
+        };
+        let module = Module {
+            handle,
+            ctx: ctx.clone(),
+        };
+        let mut launches = Vec::with_capacity(code.schedule.len());
+        for &k in &code.schedule {
+            let k = &code.kernels[k as usize];
+            let name = CString::new(k.name.clone()).map_err(|_| Error::CudaDriver {
+                what: "find a kernel",
+                message: format!("kernel name {:?} contains a NUL byte", k.name),
+            })?;
+            // SAFETY: the module is loaded.
+            let function = unsafe { result::module::get_function(module.handle, name) }
+                .map_err(driver("find a kernel"))?;
+            launches.push(Launch {
+                function,
+                grid: (k.grid[0], k.grid[1], k.grid[2]),
+                block: (k.block[0], k.block[1], k.block[2]),
+                shared_bytes: k.shared_bytes,
+            });
+        }
+        let gather_nodes = code
+            .kernels
+            .iter()
+            .filter(|k| k.name.contains("gather") || k.node.to_lowercase().contains("gather"))
+            .map(|k| k.node.clone())
+            .collect();
+        let stream = ctx.default_stream();
+        // Zero-sized allocations are refused by the driver: keep one byte.
+        let weights = if view.weights.is_empty() {
+            stream.alloc_zeros::<u8>(1)
+        } else {
+            stream.clone_htod(view.weights)
+        }
+        .map_err(driver("upload the weights"))?;
+        let arena_bytes = usize::try_from(view.metadata.arena_size)
+            .ok()
+            .filter(|&n| n >= STATUS_BYTES)
+            .ok_or(Error::OutOfMemory {
+                what: "arena",
+                bytes: view.metadata.arena_size,
+            })?;
+        let arena = stream
+            .alloc_zeros::<u8>(arena_bytes)
+            .map_err(driver("allocate the device arena"))?;
+        Ok(CudaModel {
+            metadata: view.metadata,
+            launches,
+            gather_nodes,
+            device_sm,
+            device_name,
+            arena,
+            weights,
+            _module: module,
+            stream,
+            _ctx: ctx,
+        })
+    }
+
+    /// The model's inputs, in declared order.
+    pub fn inputs(&self) -> &[TensorSpec] {
+        &self.metadata.inputs
+    }
+
+    /// The model's outputs, in declared order.
+    pub fn outputs(&self) -> &[TensorSpec] {
+        &self.metadata.outputs
+    }
+
+    /// The GPU's SM (compute capability times ten) and name.
+    pub fn device(&self) -> (u32, &str) {
+        (self.device_sm, &self.device_name)
+    }
+
+    /// Runs one inference: every declared input exactly once (any order);
+    /// the outputs in declared order.
+    pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
+        validate_inputs(&self.metadata.inputs, inputs)?;
+        let stream = self.stream.clone();
+        let copy_in = driver("copy inputs to the GPU");
+        stream
+            .memcpy_htod(
+                &[0u8; STATUS_BYTES],
+                &mut self.arena.slice_mut(0..STATUS_BYTES),
+            )
+            .map_err(&copy_in)?;
+        for spec in &self.metadata.inputs {
+            // Found: validated above.
+            if let Some(given) = inputs.iter().find(|t| t.name == spec.name) {
+                let start = spec.arena_offset as usize;
+                let mut dst = self.arena.slice_mut(start..start + given.data.len());
+                stream.memcpy_htod(given.data, &mut dst).map_err(&copy_in)?;
+            }
+        }
+        {
+            let (arena, _arena_sync) = self.arena.device_ptr_mut(&stream);
+            let (weights, _weights_sync) = self.weights.device_ptr(&stream);
+            for l in &self.launches {
+                let (mut a, mut w) = (arena, weights);
+                let mut params = [
+                    &mut a as *mut sys::CUdeviceptr as *mut c_void,
+                    &mut w as *mut sys::CUdeviceptr as *mut c_void,
+                ];
+                // SAFETY: every kernel takes exactly (u64 arena, u64
+                // weights); the launch plan was computed by the compiler for
+                // these buffers, whose sizes the artifact records.
+                unsafe {
+                    result::launch_kernel(
+                        l.function,
+                        l.grid,
+                        l.block,
+                        l.shared_bytes,
+                        stream.cu_stream(),
+                        &mut params,
+                    )
+                }
+                .map_err(driver("launch a kernel"))?;
+            }
+        }
+        let copy_out = driver("copy outputs from the GPU");
+        let mut status = [0u8; STATUS_BYTES];
+        stream
+            .memcpy_dtoh(&self.arena.slice(0..STATUS_BYTES), &mut status)
+            .map_err(&copy_out)?;
+        let mut outputs = Vec::with_capacity(self.metadata.outputs.len());
+        for spec in &self.metadata.outputs {
+            let start = spec.arena_offset as usize;
+            let mut data = vec![0u8; spec.byte_len() as usize];
+            stream
+                .memcpy_dtoh(&self.arena.slice(start..start + data.len()), &mut data)
+                .map_err(&copy_out)?;
+            outputs.push(Tensor {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
+                data,
+            });
+        }
+        stream.synchronize().map_err(driver("run the schedule"))?;
+        if status != [0; STATUS_BYTES] {
+            return Err(Error::Kernel {
+                node: self.gather_nodes.join(" or "),
+                code: KERNEL_INDEX_OUT_OF_RANGE,
+            });
+        }
+        Ok(outputs)
+    }
+}
+
+impl std::fmt::Debug for CudaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModel")
+            .field("device", &self.device_name)
+            .field("sm", &self.device_sm)
+            .field("inputs", &self.metadata.inputs)
+            .field("outputs", &self.metadata.outputs)
+            .field("launches", &self.launches.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,101 @@
+//! A [`CudaProgram`] as a Kiln artifact (`docs/artifact-format.md`):
+//! header architecture `nvptx64` with the SM in the requirements field,
+//! TEXT holding a [`CudaCode`] (PTX, cubin when ptxas ran, kernels with
+//! launch plans and ptxas resources, schedule), WEIGHTS the constants, META
+//! the inputs, outputs and arena size. RELOCS, KERNELS and SCHEDULE stay
+//! empty: they describe CPU code.
+
+use kiln_runtime::format::{
+    Arch, Artifact, CpuFeatures, CudaCode, CudaKernel, DType as FDType, Metadata, TensorSpec,
+};
+
+use crate::ptxas::Assembled;
+use crate::{CudaProgram, IoSpec};
+
+/// Provenance recorded in the artifact's metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArtifactInfo {
+    /// Version of the compiler writing the artifact.
+    pub compiler_version: String,
+    /// Compile options, as text.
+    pub options: String,
+    /// SHA-256 of the source model.
+    pub source_sha256: [u8; 32],
+}
+
+fn format_dtype(d: kiln_ir::DType) -> FDType {
+    use kiln_ir::DType as D;
+    match d {
+        D::F32 => FDType::F32,
+        D::F16 => FDType::F16,
+        D::BF16 => FDType::BF16,
+        D::F64 => FDType::F64,
+        D::I8 => FDType::I8,
+        D::U8 => FDType::U8,
+        D::I16 => FDType::I16,
+        D::I32 => FDType::I32,
+        D::I64 => FDType::I64,
+        D::Bool => FDType::Bool,
+    }
+}
+
+fn spec(io: &IoSpec) -> TensorSpec {
+    TensorSpec {
+        name: io.name.clone(),
+        dtype: format_dtype(io.dtype),
+        shape: io.shape.iter().map(|&d| d as u64).collect(),
+        arena_offset: io.arena_offset,
+    }
+}
+
+/// The artifact of `program`; `assembled` (from [`crate::ptxas::assemble`])
+/// adds the cubin and the kernels' resources.
+pub fn to_artifact(
+    program: &CudaProgram,
+    assembled: Option<&Assembled>,
+    info: ArtifactInfo,
+) -> Artifact {
+    let kernels = program
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let res = assembled.map(|a| &a.kernels[i]);
+            CudaKernel {
+                name: k.name.clone(),
+                node: k.node.clone(),
+                grid: k.launch.grid,
+                block: k.launch.block,
+                shared_bytes: k.launch.shared_bytes,
+                registers: res.map_or(0, |r| r.registers),
+                spill_bytes: res.map_or(0, |r| r.spill_bytes),
+                static_shared_bytes: res.map_or(0, |r| r.static_shared_bytes),
+            }
+        })
+        .collect::<Vec<_>>();
+    let code = CudaCode {
+        sm: program.sm.sm,
+        ptx: program.ptx.clone(),
+        cubin: assembled.map(|a| a.cubin.clone()).unwrap_or_default(),
+        schedule: (0..kernels.len() as u32).collect(),
+        kernels,
+    };
+    Artifact {
+        arch: Arch::Nvptx64,
+        features: CpuFeatures(u64::from(program.sm.sm)),
+        metadata: Metadata {
+            compiler_version: info.compiler_version,
+            target: format!("cuda-sm{}", program.sm.sm),
+            options: info.options,
+            source_sha256: info.source_sha256,
+            inputs: program.inputs.iter().map(spec).collect(),
+            outputs: program.outputs.iter().map(spec).collect(),
+            arena_size: program.arena_size,
+        },
+        weights: program.weights.clone(),
+        text: code.to_bytes(),
+        kernels: Vec::new(),
+        relocs: Vec::new(),
+        schedule: Vec::new(),
+    }
+}

@@ -1,0 +1,442 @@
+//! Elementwise kernels: unary, binary, cast, compare, logical, not, where.
+//!
+//! One thread per output element (1-D launch, [`BLOCK`](super::BLOCK)
+//! threads a block). Operands with the output's shape are read at the
+//! thread's index; broadcast operands at an offset computed from the
+//! output coordinates with numpy broadcasting strides (0 on broadcast
+//! axes), the shapes being immediates. Values are computed in their
+//! compute type ([`cty`](super::cty)): integers as s64 with the reference
+//! evaluator's wrapping semantics, bools as 0/1.
+
+use kiln_ir::{BinaryOp, CompareOp, DType, LogicalOp, UnaryOp};
+
+use super::math;
+use super::{
+    broadcast_strides, coords, cty, global_index, linear_launch, load, offset, ptr, store, Cx,
+    Kernel,
+};
+use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Ty};
+use crate::CudaError;
+
+type Body<'a> = dyn FnOnce(&mut KernelBuilder, &[Reg]) -> Reg + 'a;
+
+/// The common kernel: loads every operand at the output element's
+/// broadcast position, applies `body`, stores the result.
+pub(crate) fn map(cx: &Cx, body: Box<Body>) -> Result<Kernel, CudaError> {
+    let out_shape = &cx.out_ty.shape;
+    let n = cx.out_ty.num_elements();
+    let mut kb = cx.builder([super::BLOCK, 1, 1]);
+    let i = global_index(&mut kb, n);
+    let mut cs: Option<Vec<Option<Reg>>> = None;
+    let mut vals = Vec::with_capacity(cx.inputs.len());
+    for &(loc, ty) in &cx.inputs {
+        let base = ptr(&mut kb, loc);
+        let idx = if ty.shape == *out_shape {
+            i
+        } else {
+            let c = cs
+                .get_or_insert_with(|| coords(&mut kb, i, out_shape))
+                .clone();
+            offset(&mut kb, &c, &broadcast_strides(&ty.shape, out_shape), 0)
+        };
+        vals.push(load(&mut kb, base, idx, ty.dtype));
+    }
+    let v = body(&mut kb, &vals);
+    let v = cx.epilogue(&mut kb, v);
+    let out = ptr(&mut kb, cx.out);
+    store(&mut kb, out, i, cx.out_ty.dtype, v);
+    Ok(cx.finish(kb, linear_launch(n)))
+}
+
+/// Whether the op needs a transcendental function (no f64 form in PTX).
+fn transcendental(op: UnaryOp) -> bool {
+    matches!(
+        op,
+        UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh
+            | UnaryOp::Gelu { .. }
+            | UnaryOp::Elu { .. }
+            | UnaryOp::Selu { .. }
+            | UnaryOp::Celu { .. }
+            | UnaryOp::Softplus
+            | UnaryOp::Mish
+    )
+}
+
+/// Whether the CUDA target lowers `op` on floats (the rest are refused with
+/// an error naming the node; none of them is fused).
+pub(crate) fn has_float_lowering(op: UnaryOp) -> bool {
+    !matches!(
+        op,
+        UnaryOp::Erf
+            | UnaryOp::Gelu { tanh: false }
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+    )
+}
+
+pub(crate) fn unary(cx: &Cx, op: UnaryOp) -> Result<Kernel, CudaError> {
+    if !has_float_lowering(op) {
+        return Err(cx.unsupported(format!(
+            "{} has no CUDA lowering yet (the CPU target supports it)",
+            op.name()
+        )));
+    }
+    let t = cx.input_cty(0, op.accepts_int())?;
+    if t == Ty::F64 && transcendental(op) {
+        return Err(cx.dtype_err(DType::F64));
+    }
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            if t.is_float() {
+                unary_float(kb, op, v[0])
+            } else {
+                unary_int(kb, op, v[0])
+            }
+        }),
+    )
+}
+
+/// A float unary op on `x` (f32, or f64 for the non-transcendental ones).
+pub(crate) fn unary_float(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
+    let t = x.ty();
+    let c = |v: f64| fimm(t, v);
+    match op {
+        UnaryOp::Relu => kb.bin(Bin::Max, x, c(0.0)),
+        UnaryOp::LeakyRelu { alpha } => {
+            let neg = kb.setp(Cmp::Lt, x, c(0.0));
+            let scaled = kb.bin(Bin::Mul, x, c(alpha as f64));
+            kb.selp(t, neg, scaled, x)
+        }
+        UnaryOp::Sigmoid => math::sigmoid(kb, x),
+        UnaryOp::Tanh => math::tanh(kb, x),
+        UnaryOp::HardSigmoid { alpha, beta } => {
+            let y = kb.mad(x, c(alpha as f64), c(beta as f64));
+            math::clamp(kb, y, 0.0, 1.0)
+        }
+        UnaryOp::HardSwish => {
+            let y = kb.mad(x, c(1.0 / 6.0), c(0.5));
+            let g = math::clamp(kb, y, 0.0, 1.0);
+            kb.bin(Bin::Mul, x, g)
+        }
+        UnaryOp::Clip { min, max } => math::clamp(kb, x, min as f64, max as f64),
+        UnaryOp::Neg => kb.un("neg", x),
+        UnaryOp::Abs => kb.un("abs", x),
+        UnaryOp::Sqrt => kb.un("sqrt.rn", x),
+        UnaryOp::Exp => math::exp(kb, x),
+        UnaryOp::Log => math::log(kb, x),
+        UnaryOp::Reciprocal => kb.un("rcp.rn", x),
+        UnaryOp::Floor => kb.cvt(t, "rmi", x),
+        UnaryOp::Ceil => kb.cvt(t, "rpi", x),
+        UnaryOp::Round => kb.cvt(t, "rni", x),
+        UnaryOp::Sign => {
+            let pos = kb.setp(Cmp::Gt, x, c(0.0));
+            let y = kb.selp(t, pos, c(1.0), x);
+            let neg = kb.setp(Cmp::Lt, x, c(0.0));
+            kb.selp(t, neg, c(-1.0), y)
+        }
+        UnaryOp::Elu { alpha } | UnaryOp::Selu { alpha, .. } => {
+            let e = math::exp(kb, x);
+            let em1 = kb.bin(Bin::Sub, e, c(1.0));
+            let neg = kb.bin(Bin::Mul, em1, c(alpha as f64));
+            let y = match op {
+                UnaryOp::Selu { .. } => {
+                    let le = kb.setp(Cmp::Le, x, c(0.0));
+                    kb.selp(t, le, neg, x)
+                }
+                _ => {
+                    let lt = kb.setp(Cmp::Lt, x, c(0.0));
+                    kb.selp(t, lt, neg, x)
+                }
+            };
+            match op {
+                UnaryOp::Selu { gamma, .. } => kb.bin(Bin::Mul, y, c(gamma as f64)),
+                _ => y,
+            }
+        }
+        UnaryOp::Celu { alpha } => {
+            let s = kb.bin(Bin::Mul, x, c(1.0 / alpha as f64));
+            let e = math::exp(kb, s);
+            let em1 = kb.bin(Bin::Sub, e, c(1.0));
+            let neg = kb.bin(Bin::Mul, em1, c(alpha as f64));
+            let neg = kb.bin(Bin::Min, neg, c(0.0));
+            let pos = kb.bin(Bin::Max, x, c(0.0));
+            kb.bin(Bin::Add, pos, neg)
+        }
+        UnaryOp::Softplus => softplus(kb, x),
+        UnaryOp::Mish => {
+            let sp = softplus(kb, x);
+            let th = math::tanh(kb, sp);
+            kb.bin(Bin::Mul, x, th)
+        }
+        UnaryOp::Softsign => {
+            let ax = kb.un("abs", x);
+            let d = kb.bin(Bin::Add, ax, c(1.0));
+            kb.bin(Bin::Div, x, d)
+        }
+        UnaryOp::ThresholdedRelu { alpha } => {
+            let gt = kb.setp(Cmp::Gt, x, c(alpha as f64));
+            kb.selp(t, gt, x, c(0.0))
+        }
+        UnaryOp::Shrink { bias, lambd } => {
+            let up = kb.bin(Bin::Sub, x, c(bias as f64));
+            let down = kb.bin(Bin::Add, x, c(bias as f64));
+            let gt = kb.setp(Cmp::Gt, x, c(lambd as f64));
+            let y = kb.selp(t, gt, up, c(0.0));
+            let lt = kb.setp(Cmp::Lt, x, c(-(lambd as f64)));
+            kb.selp(t, lt, down, y)
+        }
+        UnaryOp::Gelu { tanh: true } => {
+            let x3 = kb.bin(Bin::Mul, x, x);
+            let x3 = kb.bin(Bin::Mul, x3, x);
+            let inner = kb.mad(x3, c(0.044_715), x);
+            let inner = kb.bin(Bin::Mul, inner, c((2.0 / std::f64::consts::PI).sqrt()));
+            let th = math::tanh(kb, inner);
+            let one_plus = kb.bin(Bin::Add, th, c(1.0));
+            let hx = kb.bin(Bin::Mul, x, c(0.5));
+            kb.bin(Bin::Mul, hx, one_plus)
+        }
+        UnaryOp::Erf
+        | UnaryOp::Gelu { tanh: false }
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Tan
+        | UnaryOp::Asin
+        | UnaryOp::Acos
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
+        | UnaryOp::Asinh
+        | UnaryOp::Acosh
+        | UnaryOp::Atanh => unreachable!("refused by has_float_lowering"),
+    }
+}
+
+/// `ln(1 + e^x)` as `max(x, 0) + ln(1 + e^-|x|)`.
+fn softplus(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let t = x.ty();
+    let ax = kb.un("abs", x);
+    let nax = kb.un("neg", ax);
+    let e = math::exp(kb, nax);
+    let onep = kb.bin(Bin::Add, e, fimm(t, 1.0));
+    let l = math::log(kb, onep);
+    let pos = kb.bin(Bin::Max, x, fimm(t, 0.0));
+    kb.bin(Bin::Add, pos, l)
+}
+
+fn unary_int(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
+    match op {
+        UnaryOp::Relu => kb.bin(Bin::Max, x, Opnd::I(0)),
+        UnaryOp::Neg => kb.un("neg", x),
+        UnaryOp::Abs => kb.un("abs", x),
+        UnaryOp::Sign => {
+            let pos = kb.setp(Cmp::Gt, x, Opnd::I(0));
+            let y = kb.selp(Ty::S64, pos, Opnd::I(1), x);
+            let neg = kb.setp(Cmp::Lt, x, Opnd::I(0));
+            kb.selp(Ty::S64, neg, Opnd::I(-1), y)
+        }
+        UnaryOp::Clip { min, max } => {
+            // Reference semantics: clamp in f64, then truncate toward zero.
+            let (min, max) = (min as f64, max as f64);
+            let lt = kb.setp(Cmp::Lt, x, Opnd::I(min.ceil() as i64));
+            let y = kb.selp(Ty::S64, lt, Opnd::I(min.trunc() as i64), x);
+            let gt = kb.setp(Cmp::Gt, y, Opnd::I(max.floor() as i64));
+            kb.selp(Ty::S64, gt, Opnd::I(max.trunc() as i64), y)
+        }
+        _ => unreachable!("checked by accepts_int"),
+    }
+}
+
+pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
+    if matches!(op, BinaryOp::Mod | BinaryOp::Fmod) {
+        return Err(cx.unsupported(format!(
+            "{} has no CUDA lowering yet (the CPU target supports it)",
+            op.name()
+        )));
+    }
+    let t = cx.input_cty(0, true)?;
+    if cx.inputs[0].1.dtype == DType::Bool || (t == Ty::F64 && op == BinaryOp::Pow) {
+        return Err(cx.dtype_err(cx.inputs[0].1.dtype));
+    }
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            let (a, b) = (v[0], v[1]);
+            if t.is_float() {
+                match op {
+                    BinaryOp::Add => kb.bin(Bin::Add, a, b),
+                    BinaryOp::Sub => kb.bin(Bin::Sub, a, b),
+                    BinaryOp::Mul => kb.bin(Bin::Mul, a, b),
+                    BinaryOp::Div => kb.bin(Bin::Div, a, b),
+                    BinaryOp::Pow => math::pow(kb, a, b),
+                    BinaryOp::Max => kb.bin(Bin::Max, a, b),
+                    BinaryOp::Min => kb.bin(Bin::Min, a, b),
+                    BinaryOp::PRelu => {
+                        let neg = kb.setp(Cmp::Lt, a, fimm(t, 0.0));
+                        let scaled = kb.bin(Bin::Mul, a, b);
+                        kb.selp(t, neg, scaled, a)
+                    }
+                    BinaryOp::Mod | BinaryOp::Fmod => unreachable!("refused above"),
+                }
+            } else {
+                binary_int(kb, op, a, b)
+            }
+        }),
+    )
+}
+
+/// Integer semantics on s64: wrapping; division truncates, a division by
+/// zero gives 0 (the CPU target's choice) and `x / -1` wraps; a negative
+/// exponent gives 0.
+fn binary_int(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
+    match op {
+        BinaryOp::Add => kb.bin(Bin::Add, a, b),
+        BinaryOp::Sub => kb.bin(Bin::Sub, a, b),
+        BinaryOp::Mul => kb.bin(Bin::Mul, a, b),
+        BinaryOp::Div => {
+            let zero = kb.setp(Cmp::Eq, b, Opnd::I(0));
+            let neg1 = kb.setp(Cmp::Eq, b, Opnd::I(-1));
+            let either = kb.pred_op("or", zero, neg1);
+            let safe = kb.selp(Ty::S64, either, Opnd::I(1), b);
+            let q = kb.bin(Bin::Div, a, safe);
+            let na = kb.un("neg", a);
+            let r = kb.selp(Ty::S64, neg1, na, q);
+            kb.selp(Ty::S64, zero, Opnd::I(0), r)
+        }
+        BinaryOp::Pow => {
+            // Square-and-multiply over the exponent's 32 low bits.
+            let r = kb.mov(Ty::S64, Opnd::I(1));
+            let base = kb.mov(Ty::S64, a);
+            let e = kb.mov(Ty::S64, b);
+            kb.for_range(0u32, 32u32, 1u32, |kb, _| {
+                let bit = kb.bin(Bin::And, e, Opnd::I(1));
+                let set = kb.setp(Cmp::Ne, bit, Opnd::I(0));
+                let rb = kb.bin(Bin::Mul, r, base);
+                let next = kb.selp(Ty::S64, set, rb, r);
+                kb.assign(r, next);
+                kb.bin_into(base, Bin::Mul, base, base);
+                kb.bin_into(e, Bin::Shr, e, Opnd::I(1));
+            });
+            let neg = kb.setp(Cmp::Lt, b, Opnd::I(0));
+            kb.selp(Ty::S64, neg, Opnd::I(0), r)
+        }
+        BinaryOp::Max => kb.bin(Bin::Max, a, b),
+        BinaryOp::Min => kb.bin(Bin::Min, a, b),
+        BinaryOp::PRelu => {
+            let neg = kb.setp(Cmp::Lt, a, Opnd::I(0));
+            let scaled = kb.bin(Bin::Mul, a, b);
+            kb.selp(Ty::S64, neg, scaled, a)
+        }
+        BinaryOp::Mod | BinaryOp::Fmod => unreachable!("refused in binary"),
+    }
+}
+
+/// Broadcast copy: the elementwise map with the identity.
+pub(crate) fn expand(cx: &Cx) -> Result<Kernel, CudaError> {
+    cx.input_cty(0, true)?;
+    map(cx, Box::new(|_, v| v[0]))
+}
+
+/// The range of an integer type, as the CPU target clamps float casts.
+fn int_range(d: DType) -> (i64, i64) {
+    match d {
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        DType::U8 => (0, u8::MAX as i64),
+        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+/// ONNX Cast: float to int truncates toward zero and saturates (NaN gives
+/// 0), to bool is `!= 0` (NaN is true), int to int wraps.
+pub(crate) fn cast(cx: &Cx, to: DType) -> Result<Kernel, CudaError> {
+    let from = cx.inputs[0].1.dtype;
+    let ft = cx.input_cty(0, true)?;
+    let tt = cty(to).ok_or_else(|| cx.dtype_err(to))?;
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            let x = v[0];
+            if to == DType::Bool && from != DType::Bool {
+                let nz = if ft.is_float() {
+                    kb.setp(Cmp::Ne, x, fimm(ft, 0.0))
+                } else {
+                    kb.setp(Cmp::Ne, x, Opnd::I(0))
+                };
+                return kb.selp(Ty::S64, nz, Opnd::I(1), Opnd::I(0));
+            }
+            match (ft.is_float(), tt.is_float()) {
+                (true, true) if ft == tt => x,
+                (true, true) if tt == Ty::F64 => kb.cvt(Ty::F64, "", x),
+                (true, true) => kb.cvt(Ty::F32, "rn", x),
+                (true, false) => {
+                    let wide = kb.cvt(Ty::S64, "rzi", x);
+                    let (lo, hi) = int_range(to);
+                    if (lo, hi) == (i64::MIN, i64::MAX) {
+                        wide
+                    } else {
+                        let m = kb.bin(Bin::Max, wide, Opnd::I(lo));
+                        kb.bin(Bin::Min, m, Opnd::I(hi))
+                    }
+                }
+                (false, true) => kb.cvt(tt, "rn", x),
+                (false, false) => x,
+            }
+        }),
+    )
+}
+
+pub(crate) fn compare(cx: &Cx, op: CompareOp) -> Result<Kernel, CudaError> {
+    cx.input_cty(0, true)?;
+    let cmp = match op {
+        CompareOp::Equal => Cmp::Eq,
+        CompareOp::Less => Cmp::Lt,
+        CompareOp::Greater => Cmp::Gt,
+        CompareOp::LessOrEqual => Cmp::Le,
+        CompareOp::GreaterOrEqual => Cmp::Ge,
+    };
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            let p = kb.setp(cmp, v[0], v[1]);
+            kb.selp(Ty::S64, p, Opnd::I(1), Opnd::I(0))
+        }),
+    )
+}
+
+pub(crate) fn logical(cx: &Cx, op: LogicalOp) -> Result<Kernel, CudaError> {
+    let bin = match op {
+        LogicalOp::And => Bin::And,
+        LogicalOp::Or => Bin::Or,
+        LogicalOp::Xor => Bin::Xor,
+    };
+    map(cx, Box::new(move |kb, v| kb.bin(bin, v[0], v[1])))
+}
+
+pub(crate) fn not(cx: &Cx) -> Result<Kernel, CudaError> {
+    map(cx, Box::new(|kb, v| kb.bin(Bin::Xor, v[0], Opnd::I(1))))
+}
+
+pub(crate) fn where_(cx: &Cx) -> Result<Kernel, CudaError> {
+    let t = cx.input_cty(1, true)?;
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            let p = kb.setp(Cmp::Ne, v[0], Opnd::I(0));
+            kb.selp(t, p, v[1], v[2])
+        }),
+    )
+}

@@ -1,0 +1,372 @@
+//! MatMul (batched, broadcast, numpy 1-D promotion) and Gemm: one tiled
+//! shared-memory GEMM kernel.
+//!
+//! A block of 16×16 threads computes a 64×64 tile of the output; each
+//! thread owns a 4×4 register micro-tile at rows `ty + 16 i` and columns
+//! `tx + 16 j` (so neighbouring threads read neighbouring shared-memory
+//! words). The K dimension advances in slices of 16: the block stages a
+//! 64×16 slice of A (stored k-major) and a 16×64 slice of B in shared
+//! memory, synchronizes, and every thread does 16 rank-1 updates of its
+//! micro-tile (256 FMAs per 128 shared loads). Out-of-range rows, columns
+//! and K positions load as 0. The grid is (N/64, M/64, batch); batch
+//! offsets of A and B use broadcasting strides. fp32 only, like the CPU
+//! target; tensor-core `mma.sync` for fp16/bf16 comes with reduced
+//! precision.
+
+use super::{broadcast_strides, coords, offset, ptr, Cx, Kernel};
+use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
+use crate::{CudaError, Launch};
+use kiln_ir::DType;
+
+/// Output tile rows and columns per block.
+const TILE: u32 = 64;
+/// Threads per block side.
+const SIDE: u32 = 16;
+/// Micro-tile size per thread side (`TILE / SIDE`).
+const MICRO: u32 = TILE / SIDE;
+/// K slice staged in shared memory per step.
+const KS: u32 = 16;
+
+/// Where B's elements come from.
+#[derive(Clone, Copy)]
+pub(crate) enum BSource {
+    /// B[k, j] at `b_batch + k * ks + j * cs`.
+    Strided { ks: i64, cs: i64 },
+    /// Implicit GEMM: B is the im2col matrix of a convolution input plane
+    /// group, never materialized. Row k = (c, ky, kx), column j = (oy, ox);
+    /// B[k, j] = x[b_batch + c*h*w + iy*w + ix] with `iy = oy*sh + ky*dh -
+    /// pt` (0 outside the input).
+    Im2col(Im2col),
+}
+
+/// The convolution geometry of [`BSource::Im2col`].
+#[derive(Clone, Copy)]
+pub(crate) struct Im2col {
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub ow: usize,
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads: [usize; 2],
+}
+
+/// A (batched) product `out = alpha * A @ B + beta * C`, strides in
+/// elements.
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A[i, k] at `a_batch + i * a_rs + k * a_ks`.
+    pub a_rs: i64,
+    pub a_ks: i64,
+    /// How B is read.
+    pub b: BSource,
+    /// Batch shape and the batch strides of A and B (0 where broadcast).
+    pub batch: Vec<usize>,
+    pub a_batch: Vec<i64>,
+    pub b_batch: Vec<i64>,
+    /// C's row and column strides (0 where broadcast), for Gemm with C and
+    /// for the convolution bias.
+    pub c: Option<(i64, i64)>,
+    /// Batch strides of C (empty: C is not batched).
+    pub c_batch: Vec<i64>,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+fn check_f32(cx: &Cx) -> Result<(), CudaError> {
+    for &(_, ty) in &cx.inputs {
+        if ty.dtype != DType::F32 {
+            return Err(cx.dtype_err(ty.dtype));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
+    check_f32(cx)?;
+    let promote = |s: &[usize], row: bool| -> Vec<usize> {
+        match (s.len(), row) {
+            (1, true) => vec![1, s[0]],
+            (1, false) => vec![s[0], 1],
+            _ => s.to_vec(),
+        }
+    };
+    let a = promote(&cx.inputs[0].1.shape, true);
+    let b = promote(&cx.inputs[1].1.shape, false);
+    let (ra, rb) = (a.len(), b.len());
+    let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
+    let batch = kiln_ir::infer::broadcast_shapes(&a[..ra - 2], &b[..rb - 2])
+        .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?
+        .to_vec();
+    // Batch strides in elements: each batch of A is m*k elements.
+    let scale = |bs: Vec<i64>, per: usize| bs.into_iter().map(|s| s * per as i64).collect();
+    let g = Gemm {
+        m,
+        n,
+        k,
+        a_rs: k as i64,
+        a_ks: 1,
+        b: BSource::Strided {
+            ks: n as i64,
+            cs: 1,
+        },
+        a_batch: scale(broadcast_strides(&a[..ra - 2], &batch), m * k),
+        b_batch: scale(broadcast_strides(&b[..rb - 2], &batch), k * n),
+        batch,
+        c: None,
+        c_batch: Vec::new(),
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    gemm_kernel(cx, &g)
+}
+
+pub(crate) fn gemm(
+    cx: &Cx,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Kernel, CudaError> {
+    check_f32(cx)?;
+    let (m, n) = (cx.out_ty.shape[0], cx.out_ty.shape[1]);
+    let a = &cx.inputs[0].1.shape;
+    let k = if trans_a { a[0] } else { a[1] };
+    let c = cx.inputs.get(2).map(|(_, ty)| {
+        let s = broadcast_strides(&ty.shape, &[m, n]);
+        (s[0], s[1])
+    });
+    let g = Gemm {
+        m,
+        n,
+        k,
+        a_rs: if trans_a { 1 } else { k as i64 },
+        a_ks: if trans_a { m as i64 } else { 1 },
+        b: BSource::Strided {
+            ks: if trans_b { 1 } else { n as i64 },
+            cs: if trans_b { k as i64 } else { 1 },
+        },
+        batch: Vec::new(),
+        a_batch: Vec::new(),
+        b_batch: Vec::new(),
+        c,
+        c_batch: Vec::new(),
+        alpha,
+        beta,
+    };
+    gemm_kernel(cx, &g)
+}
+
+fn f32_addr(kb: &mut KernelBuilder, base: Reg, idx: Reg) -> Reg {
+    kb.addr(base, idx, 4)
+}
+
+/// The tiled GEMM kernel for `g`: inputs 0 and 1 of `cx` are A and B,
+/// input 2 (if `g.c`) is C.
+pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
+    let batches: usize = g.batch.iter().product();
+    let grid = [
+        (g.n as u64).div_ceil(TILE as u64),
+        (g.m as u64).div_ceil(TILE as u64),
+        batches as u64,
+    ];
+    if grid[1] > 65535 || grid[2] > 65535 {
+        return Err(CudaError::TooLarge {
+            node: cx.name.clone(),
+            message: format!("GEMM grid {grid:?} exceeds the 65535 limit of grid y/z"),
+        });
+    }
+    let f32m = MemTy("f32");
+    let mut kb = cx.builder([SIDE, SIDE, 1]);
+    let tx = kb.special(Special::TidX);
+    let ty = kb.special(Special::TidY);
+    let bx = kb.special(Special::CtaidX);
+    let by = kb.special(Special::CtaidY);
+    let bz = kb.special(Special::CtaidZ);
+    let m0 = kb.bin(Bin::Mul, by, TILE);
+    let n0 = kb.bin(Bin::Mul, bx, TILE);
+    let tid = kb.mad(ty, SIDE, tx);
+    // Batch offsets.
+    let bc = coords(&mut kb, bz, &g.batch);
+    let a_off = offset(&mut kb, &bc, &g.a_batch, 0);
+    let b_off = offset(&mut kb, &bc, &g.b_batch, 0);
+    let a_ptr = ptr(&mut kb, cx.inputs[0].0);
+    let b_ptr = ptr(&mut kb, cx.inputs[1].0);
+    let smem = kb.smem_base();
+    // As: KS x TILE floats (k-major), then Bs: KS x TILE floats.
+    let b_smem = (KS * TILE * 4) as i64;
+    let acc: Vec<Reg> = (0..MICRO * MICRO)
+        .map(|_| kb.mov(Ty::F32, fimm(Ty::F32, 0.0)))
+        .collect();
+    let per_thread = KS * TILE / (SIDE * SIDE);
+    kb.for_range(0u32, g.k as u32, KS, |kb, k0| {
+        for l in 0..per_thread {
+            let e = kb.bin(Bin::Add, tid, l * SIDE * SIDE);
+            // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
+            let c = kb.bin(Bin::Rem, e, KS);
+            let r = kb.bin(Bin::Div, e, KS);
+            let row = kb.bin(Bin::Add, m0, r);
+            let col = kb.bin(Bin::Add, k0, c);
+            let v = load_or_zero(kb, a_ptr, a_off, (row, g.m, g.a_rs), (col, g.k, g.a_ks));
+            let s_idx = kb.mad(c, TILE, r);
+            let sa = f32_addr(kb, smem, s_idx);
+            kb.st(Space::Shared, f32m, sa, 0, v);
+            // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest.
+            let c = kb.bin(Bin::Rem, e, TILE);
+            let r = kb.bin(Bin::Div, e, TILE);
+            let row = kb.bin(Bin::Add, k0, r);
+            let col = kb.bin(Bin::Add, n0, c);
+            let v = match g.b {
+                BSource::Strided { ks, cs } => {
+                    load_or_zero(kb, b_ptr, b_off, (row, g.k, ks), (col, g.n, cs))
+                }
+                BSource::Im2col(geo) => load_im2col(kb, b_ptr, b_off, (row, g.k), (col, g.n), &geo),
+            };
+            let s_idx = kb.mad(r, TILE, c);
+            let sb = f32_addr(kb, smem, s_idx);
+            kb.st(Space::Shared, f32m, sb, b_smem, v);
+        }
+        kb.barrier();
+        let a_row = f32_addr(kb, smem, ty);
+        let b_col = f32_addr(kb, smem, tx);
+        for kk in 0..KS {
+            let a: Vec<Reg> = (0..MICRO)
+                .map(|i| {
+                    let off = ((kk * TILE + i * SIDE) * 4) as i64;
+                    kb.ld(Space::Shared, f32m, Ty::F32, a_row, off)
+                })
+                .collect();
+            let b: Vec<Reg> = (0..MICRO)
+                .map(|j| {
+                    let off = b_smem + ((kk * TILE + j * SIDE) * 4) as i64;
+                    kb.ld(Space::Shared, f32m, Ty::F32, b_col, off)
+                })
+                .collect();
+            for i in 0..MICRO as usize {
+                for j in 0..MICRO as usize {
+                    let r = acc[i * MICRO as usize + j];
+                    kb.mad_into(r, a[i], b[j], r);
+                }
+            }
+        }
+        kb.barrier();
+    });
+    // Epilogue.
+    let out = ptr(&mut kb, cx.out);
+    let c_ptr = match (g.c, cx.inputs.get(2)) {
+        (Some(_), Some(&(loc, _))) => Some(ptr(&mut kb, loc)),
+        _ => None,
+    };
+    let out_batch = kb.bin(Bin::Mul, bz, (g.m * g.n) as u32);
+    let c_off = offset(&mut kb, &bc, &g.c_batch, 0);
+    for i in 0..MICRO {
+        let row = kb.bin(Bin::Add, m0, ty);
+        let row = kb.bin(Bin::Add, row, i * SIDE);
+        let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
+        for j in 0..MICRO {
+            let col = kb.bin(Bin::Add, n0, tx);
+            let col = kb.bin(Bin::Add, col, j * SIDE);
+            let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
+            let ok = kb.pred_op("and", row_ok, col_ok);
+            let r = acc[(i * MICRO + j) as usize];
+            kb.when(ok, |kb| {
+                let mut y = r;
+                if g.alpha != 1.0 {
+                    y = kb.bin(Bin::Mul, y, Opnd::F32(g.alpha));
+                }
+                if let (Some((c_rs, c_cs)), Some(c_ptr)) = (g.c, c_ptr) {
+                    let ci = kb.mad(row, Opnd::I(c_rs), c_off);
+                    let ci = kb.mad(col, Opnd::I(c_cs), ci);
+                    let ca = f32_addr(kb, c_ptr, ci);
+                    let cv = kb.ld(Space::Global, f32m, Ty::F32, ca, 0);
+                    y = kb.mad(cv, Opnd::F32(g.beta), y);
+                }
+                let oi = kb.mad(row, g.n as u32, out_batch);
+                let oi = kb.bin(Bin::Add, oi, col);
+                let y = cx.epilogue(kb, y);
+                let oa = f32_addr(kb, out, oi);
+                kb.st(Space::Global, f32m, oa, 0, y);
+            });
+        }
+    }
+    Ok(cx.finish(
+        kb,
+        Launch {
+            grid: [grid[0] as u32, grid[1] as u32, grid[2] as u32],
+            block: [SIDE, SIDE, 1],
+            shared_bytes: 2 * KS * TILE * 4,
+        },
+    ))
+}
+
+/// `base[batch + row * row_stride + col * col_stride]` when `row < rows`
+/// and `col < cols`, else 0.
+fn load_or_zero(
+    kb: &mut KernelBuilder,
+    base: Reg,
+    batch: Reg,
+    (row, rows, row_stride): (Reg, usize, i64),
+    (col, cols, col_stride): (Reg, usize, i64),
+) -> Reg {
+    let v = kb.mov(Ty::F32, fimm(Ty::F32, 0.0));
+    let r_ok = kb.setp(Cmp::Lt, row, rows as u32);
+    let c_ok = kb.setp(Cmp::Lt, col, cols as u32);
+    let ok = kb.pred_op("and", r_ok, c_ok);
+    kb.when(ok, |kb| {
+        let i = kb.mad(row, Opnd::I(row_stride), batch);
+        let i = kb.mad(col, Opnd::I(col_stride), i);
+        let a = f32_addr(kb, base, i);
+        let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
+        kb.assign(v, x);
+    });
+    v
+}
+
+/// Element (k, j) of the im2col matrix of a convolution input (0 outside
+/// the matrix or in the padding). The window position is decomposed from
+/// k and the output position from j with immediates; a padded tap wraps
+/// below 0 and fails the unsigned bound like one past the end.
+fn load_im2col(
+    kb: &mut KernelBuilder,
+    base: Reg,
+    batch: Reg,
+    (k, rows): (Reg, usize),
+    (j, cols): (Reg, usize),
+    geo: &Im2col,
+) -> Reg {
+    let v = kb.mov(Ty::F32, fimm(Ty::F32, 0.0));
+    let r_ok = kb.setp(Cmp::Lt, k, rows as u32);
+    let c_ok = kb.setp(Cmp::Lt, j, cols as u32);
+    let ok = kb.pred_op("and", r_ok, c_ok);
+    kb.when(ok, |kb| {
+        let taps = (geo.kh * geo.kw) as u32;
+        let c = kb.bin(Bin::Div, k, taps);
+        let t = kb.bin(Bin::Rem, k, taps);
+        let ky = kb.bin(Bin::Div, t, geo.kw as u32);
+        let kx = kb.bin(Bin::Rem, t, geo.kw as u32);
+        let oy = kb.bin(Bin::Div, j, geo.ow as u32);
+        let ox = kb.bin(Bin::Rem, j, geo.ow as u32);
+        let pos = |kb: &mut KernelBuilder, o: Reg, s: usize, kk: Reg, d: usize, p: usize| {
+            let a = kb.bin(Bin::Mul, o, s as u32);
+            let b = kb.mad(kk, d as u32, a);
+            kb.bin(Bin::Sub, b, p as u32)
+        };
+        let iy = pos(kb, oy, geo.strides[0], ky, geo.dilations[0], geo.pads[0]);
+        let ix = pos(kb, ox, geo.strides[1], kx, geo.dilations[1], geo.pads[1]);
+        let y_ok = kb.setp(Cmp::Lt, iy, geo.h as u32);
+        let x_ok = kb.setp(Cmp::Lt, ix, geo.w as u32);
+        let inside = kb.pred_op("and", y_ok, x_ok);
+        kb.when(inside, |kb| {
+            let plane = kb.mad(c, (geo.h * geo.w) as u32, batch);
+            let row = kb.mad(iy, geo.w as u32, plane);
+            let i = kb.bin(Bin::Add, row, ix);
+            let a = f32_addr(kb, base, i);
+            let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
+            kb.assign(v, x);
+        });
+    });
+    v
+}

@@ -1,0 +1,531 @@
+//! The kernels' numbers, without a GPU: every op family is compiled, its
+//! PTX executed by a small interpreter (`interp/`), and the outputs
+//! compared with the IR reference evaluator (`kiln_ir::eval`).
+
+mod interp;
+
+use kiln_ir::{
+    BinaryOp, CompareOp, Conv2d, DType, Data, Graph, LogicalOp, NodeId, Op, Pool2d, ReduceOp,
+    SliceAxis, Tensor, UnaryOp, ValueType,
+};
+use kiln_target_cuda::{compile, SmArch};
+use smallvec::smallvec;
+
+/// Deterministic pseudo-random values in [-2, 2).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = values(n, seed);
+    let data = match d {
+        DType::F32 => Data::F32(v),
+        DType::F64 => Data::F64(v.iter().map(|&x| x as f64).collect()),
+        DType::Bool => Data::Bool(v.iter().map(|&x| x > 0.0).collect()),
+        DType::I64 => Data::I64(v.iter().map(|&x| (x * 5.0) as i64).collect()),
+        DType::I32 => Data::I32(v.iter().map(|&x| (x * 5.0) as i32).collect()),
+        DType::U8 => Data::U8(v.iter().map(|&x| ((x + 2.0) * 60.0) as u8).collect()),
+        DType::I8 => Data::I8(v.iter().map(|&x| (x * 60.0) as i8).collect()),
+        other => panic!("no generator for {other}"),
+    };
+    Tensor::new(shape, data).unwrap()
+}
+
+/// Compiles `g` for sm_80, interprets it and compares with the reference.
+fn check(g: &Graph, inputs: &[Tensor]) {
+    interp::check_against_reference(g, inputs);
+}
+
+fn graph1(d: DType, shape: &[usize], op: Op) -> (Graph, Vec<Tensor>) {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(d, shape));
+    let y = g.add_node(op, &[x], "y").unwrap();
+    g.add_output("y", y);
+    (g, vec![tensor(d, shape, 1)])
+}
+
+fn graph2(da: DType, a: &[usize], db: DType, b: &[usize], op: Op) -> (Graph, Vec<Tensor>) {
+    let mut g = Graph::new();
+    let x = g.add_input("a", ValueType::new(da, a));
+    let y = g.add_input("b", ValueType::new(db, b));
+    let z = g.add_node(op, &[x, y], "z").unwrap();
+    g.add_output("z", z);
+    (g, vec![tensor(da, a, 2), tensor(db, b, 3)])
+}
+
+fn run1(d: DType, shape: &[usize], op: Op) {
+    let (g, i) = graph1(d, shape, op);
+    check(&g, &i);
+}
+
+#[test]
+fn unary_ops() {
+    let ops = [
+        UnaryOp::Relu,
+        UnaryOp::LeakyRelu { alpha: 0.1 },
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        UnaryOp::HardSwish,
+        UnaryOp::Clip {
+            min: -0.5,
+            max: 1.0,
+        },
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Sqrt,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Reciprocal,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+    ];
+    for op in ops {
+        run1(DType::F32, &[3, 70], Op::Unary(op));
+    }
+    for op in [
+        UnaryOp::Relu,
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Clip {
+            min: -3.5,
+            max: 4.2,
+        },
+    ] {
+        run1(DType::I64, &[5, 7], Op::Unary(op));
+        run1(DType::I8, &[9], Op::Unary(op));
+        run1(DType::F64, &[9], Op::Unary(op));
+    }
+}
+
+#[test]
+fn binary_ops_broadcast() {
+    let ops = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ];
+    for op in ops {
+        let (g, i) = graph2(DType::F32, &[2, 3, 5], DType::F32, &[3, 1], Op::Binary(op));
+        check(&g, &i);
+    }
+    // Integer operands without zero divisors (the reference refuses a
+    // division by zero) and with small exponents.
+    let nonzero = |d: DType, shape: &[usize], seed: u64| {
+        let t = tensor(d, shape, seed).cast(DType::I64);
+        let v: Vec<i64> = t
+            .to_i64_vec()
+            .iter()
+            .map(|&x| if x == 0 { 3 } else { x.rem_euclid(4) + 1 })
+            .collect();
+        Tensor::new(shape, Data::I64(v)).unwrap().cast(d)
+    };
+    for op in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ] {
+        let (g, _) = graph2(DType::I64, &[4, 1], DType::I64, &[1, 6], Op::Binary(op));
+        check(
+            &g,
+            &[
+                tensor(DType::I64, &[4, 1], 2),
+                nonzero(DType::I64, &[1, 6], 3),
+            ],
+        );
+        let (g, _) = graph2(DType::I32, &[7], DType::I32, &[7], Op::Binary(op));
+        check(
+            &g,
+            &[tensor(DType::I32, &[7], 2), nonzero(DType::I32, &[7], 3)],
+        );
+    }
+}
+
+#[test]
+fn casts_compares_logic_where() {
+    for (from, to) in [
+        (DType::F32, DType::I32),
+        (DType::F32, DType::U8),
+        (DType::F32, DType::Bool),
+        (DType::F32, DType::F64),
+        (DType::I64, DType::F32),
+        (DType::I64, DType::I8),
+        (DType::Bool, DType::F32),
+        (DType::F64, DType::F32),
+    ] {
+        run1(from, &[4, 9], Op::Cast { to });
+    }
+    for op in [
+        CompareOp::Equal,
+        CompareOp::Less,
+        CompareOp::Greater,
+        CompareOp::LessOrEqual,
+        CompareOp::GreaterOrEqual,
+    ] {
+        let (g, i) = graph2(DType::F32, &[3, 4], DType::F32, &[4], Op::Compare(op));
+        check(&g, &i);
+        let (g, i) = graph2(DType::I64, &[3, 4], DType::I64, &[3, 1], Op::Compare(op));
+        check(&g, &i);
+    }
+    for op in [LogicalOp::And, LogicalOp::Or, LogicalOp::Xor] {
+        let (g, i) = graph2(DType::Bool, &[2, 5], DType::Bool, &[5], Op::Logical(op));
+        check(&g, &i);
+    }
+    run1(DType::Bool, &[11], Op::Not);
+    let mut g = Graph::new();
+    let c = g.add_input("c", ValueType::new(DType::Bool, [3, 1]));
+    let x = g.add_input("x", ValueType::new(DType::F32, [3, 4]));
+    let y = g.add_input("y", ValueType::new(DType::F32, [4]));
+    let w = g.add_node(Op::Where, &[c, x, y], "w").unwrap();
+    g.add_output("w", w);
+    check(
+        &g,
+        &[
+            tensor(DType::Bool, &[3, 1], 4),
+            tensor(DType::F32, &[3, 4], 5),
+            tensor(DType::F32, &[4], 6),
+        ],
+    );
+}
+
+#[test]
+fn matmul_and_gemm() {
+    // Not multiples of the 64x64 tile or the K slice; batch broadcast.
+    let (g, i) = graph2(
+        DType::F32,
+        &[2, 1, 70, 37],
+        DType::F32,
+        &[3, 37, 65],
+        Op::MatMul,
+    );
+    check(&g, &i);
+    let (g, i) = graph2(DType::F32, &[37], DType::F32, &[37, 5], Op::MatMul);
+    check(&g, &i);
+    let (g, i) = graph2(DType::F32, &[4, 37], DType::F32, &[37], Op::MatMul);
+    check(&g, &i);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut g = Graph::new();
+        let a_shape = if ta { [19, 66] } else { [66, 19] };
+        let b_shape = if tb { [70, 19] } else { [19, 70] };
+        let a = g.add_input("a", ValueType::new(DType::F32, a_shape));
+        let b = g.add_input("b", ValueType::new(DType::F32, b_shape));
+        let c = g.add_input("c", ValueType::new(DType::F32, [70]));
+        let y = g
+            .add_node(
+                Op::Gemm {
+                    alpha: 0.5,
+                    beta: -1.5,
+                    trans_a: ta,
+                    trans_b: tb,
+                },
+                &[a, b, c],
+                "gemm",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        check(
+            &g,
+            &[
+                tensor(DType::F32, &a_shape, 7),
+                tensor(DType::F32, &b_shape, 8),
+                tensor(DType::F32, &[70], 9),
+            ],
+        );
+    }
+}
+
+#[test]
+fn convolution() {
+    for (c, group, cin, cout, k) in [
+        (
+            Conv2d {
+                strides: [1, 1],
+                pads: [1, 1, 1, 1],
+                dilations: [1, 1],
+                group: 1,
+            },
+            1,
+            3,
+            4,
+            3,
+        ),
+        (
+            Conv2d {
+                strides: [2, 1],
+                pads: [0, 2, 1, 0],
+                dilations: [1, 2],
+                group: 2,
+            },
+            2,
+            4,
+            6,
+            3,
+        ),
+        (
+            Conv2d {
+                strides: [1, 1],
+                pads: [0, 0, 0, 0],
+                dilations: [1, 1],
+                group: 1,
+            },
+            1,
+            2,
+            3,
+            8,
+        ),
+        // Implicit GEMM (16+ output channels per group): M, N and K not
+        // multiples of the tile, and grouped with strides, dilations, pads.
+        (
+            Conv2d {
+                strides: [1, 1],
+                pads: [1, 1, 1, 1],
+                dilations: [1, 1],
+                group: 1,
+            },
+            1,
+            5,
+            70,
+            3,
+        ),
+        (
+            Conv2d {
+                strides: [2, 1],
+                pads: [0, 2, 1, 0],
+                dilations: [1, 2],
+                group: 2,
+            },
+            2,
+            6,
+            36,
+            3,
+        ),
+    ] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [2, cin, 9, 10]));
+        let w = g.add_input("w", ValueType::new(DType::F32, [cout, cin / group, k, k]));
+        let b = g.add_input("b", ValueType::new(DType::F32, [cout]));
+        let y = g.add_node(Op::Conv(c), &[x, w, b], "conv").unwrap();
+        g.add_output("y", y);
+        check(
+            &g,
+            &[
+                tensor(DType::F32, &[2, cin, 9, 10], 10),
+                tensor(DType::F32, &[cout, cin / group, k, k], 11),
+                tensor(DType::F32, &[cout], 12),
+            ],
+        );
+    }
+}
+
+#[test]
+fn pools() {
+    let p = Pool2d {
+        kernel: [3, 2],
+        strides: [2, 2],
+        pads: [1, 0, 1, 1],
+        dilations: [1, 1],
+        ceil_mode: true,
+    };
+    run1(DType::F32, &[1, 3, 7, 8], Op::MaxPool(p.clone()));
+    for count_include_pad in [false, true] {
+        run1(
+            DType::F32,
+            &[1, 3, 7, 8],
+            Op::AveragePool {
+                pool: p.clone(),
+                count_include_pad,
+            },
+        );
+    }
+    run1(DType::F32, &[2, 3, 5, 7], Op::GlobalAveragePool);
+    run1(DType::F32, &[2, 3, 17, 19], Op::GlobalMaxPool);
+}
+
+#[test]
+fn softmax_and_reductions() {
+    for axis in 0..3 {
+        run1(DType::F32, &[3, 40, 5], Op::Softmax { axis });
+    }
+    run1(DType::F32, &[2, 300], Op::Softmax { axis: 1 });
+    for op in ReduceOp::ALL {
+        for axes in [smallvec![1], smallvec![0, 2], smallvec![]] {
+            let x = if matches!(op, ReduceOp::LogSum | ReduceOp::Prod) {
+                // Positive sums for LogSum; few factors for Prod.
+                Op::Reduce {
+                    op,
+                    axes,
+                    keep_dims: true,
+                }
+            } else {
+                Op::Reduce {
+                    op,
+                    axes,
+                    keep_dims: false,
+                }
+            };
+            if op == ReduceOp::LogSum {
+                let mut g = Graph::new();
+                let i = g.add_input("x", ValueType::new(DType::F32, [3, 70, 2]));
+                let a = g.add_node(Op::Unary(UnaryOp::Abs), &[i], "abs").unwrap();
+                let y = g.add_node(x, &[a], "y").unwrap();
+                g.add_output("y", y);
+                check(&g, &[tensor(DType::F32, &[3, 70, 2], 13)]);
+            } else {
+                run1(DType::F32, &[3, 70, 2], x);
+            }
+        }
+    }
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+        run1(
+            DType::I64,
+            &[4, 3],
+            Op::Reduce {
+                op,
+                axes: smallvec![0],
+                keep_dims: false,
+            },
+        );
+    }
+}
+
+#[test]
+fn layout_ops() {
+    run1(
+        DType::F32,
+        &[2, 3, 4],
+        Op::Transpose {
+            perm: smallvec![2, 0, 1],
+        },
+    );
+    run1(
+        DType::I64,
+        &[5, 6],
+        Op::Slice {
+            axes: smallvec![
+                SliceAxis {
+                    start: 4,
+                    step: -2,
+                    len: 3
+                },
+                SliceAxis {
+                    start: 1,
+                    step: 2,
+                    len: 3
+                }
+            ],
+        },
+    );
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [2, 3, 4]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [2, 1, 4]));
+    let c = g
+        .add_node(Op::Concat { axis: 1 }, &[a, b, a], "cat")
+        .unwrap();
+    let r = g
+        .add_node(
+            Op::Reshape {
+                shape: smallvec![2, 28],
+            },
+            &[c],
+            "reshape",
+        )
+        .unwrap();
+    g.add_output("r", r);
+    g.add_output("a_again", a);
+    check(
+        &g,
+        &[
+            tensor(DType::F32, &[2, 3, 4], 14),
+            tensor(DType::F32, &[2, 1, 4], 15),
+        ],
+    );
+    let mut g = Graph::new();
+    let d = g.add_input("d", ValueType::new(DType::F32, [3, 5, 2]));
+    let i = g.add_const(
+        "i",
+        Tensor::new([2, 2], Data::I64(vec![0, -1, 4, -5])).unwrap(),
+    );
+    let y = g
+        .add_node(Op::Gather { axis: 1 }, &[d, i], "gather")
+        .unwrap();
+    g.add_output("y", y);
+    check(&g, &[tensor(DType::F32, &[3, 5, 2], 16)]);
+}
+
+#[test]
+fn an_out_of_range_gather_index_sets_the_status_word() {
+    let mut g = Graph::new();
+    let d = g.add_input("d", ValueType::new(DType::F32, [4, 2]));
+    let i: NodeId = g.add_input("i", ValueType::new(DType::I32, [3]));
+    let y = g
+        .add_node(Op::Gather { axis: 0 }, &[d, i], "gather")
+        .unwrap();
+    g.add_output("y", y);
+    let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+    let data = tensor(DType::F32, &[4, 2], 17).data().to_le_bytes();
+    let ok = Data::I32(vec![0, -4, 3]).to_le_bytes();
+    assert!(interp::run_program(&p, &[data.clone(), ok]).is_ok());
+    let bad = Data::I32(vec![0, 4, 1]).to_le_bytes();
+    assert!(interp::run_program(&p, &[data, bad]).is_err());
+}
+
+#[test]
+fn fused_unary_chains() {
+    // MatMul -> Relu -> Sigmoid fuse into the GEMM's epilogue, Softmax ->
+    // Log into the softmax kernel, Concat -> Neg into the layout kernel;
+    // the Tanh of a value with two users stays a kernel of its own.
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [5, 7]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [7, 3]));
+    let mm = g.add_node(Op::MatMul, &[a, b], "mm").unwrap();
+    let r = g.add_node(Op::Unary(UnaryOp::Relu), &[mm], "relu").unwrap();
+    let s = g
+        .add_node(Op::Unary(UnaryOp::Sigmoid), &[r], "sig")
+        .unwrap();
+    let sm = g
+        .add_node(Op::Softmax { axis: 1 }, &[s], "softmax")
+        .unwrap();
+    let l = g.add_node(Op::Unary(UnaryOp::Log), &[sm], "log").unwrap();
+    let c = g.add_node(Op::Concat { axis: 0 }, &[l, s], "cat").unwrap();
+    let n = g.add_node(Op::Unary(UnaryOp::Neg), &[c], "neg").unwrap();
+    let t = g.add_node(Op::Unary(UnaryOp::Tanh), &[n], "tanh").unwrap();
+    let e = g.add_node(Op::Unary(UnaryOp::Exp), &[t], "exp").unwrap();
+    g.add_output("e", e);
+    g.add_output("t", t);
+    let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+    let nodes: Vec<&str> = p.kernels.iter().map(|k| k.node.as_str()).collect();
+    assert_eq!(
+        nodes,
+        ["mm+relu+sig", "softmax+log", "cat+neg+tanh", "exp"],
+        "{nodes:?}"
+    );
+    check(
+        &g,
+        &[
+            tensor(DType::F32, &[5, 7], 20),
+            tensor(DType::F32, &[7, 3], 21),
+        ],
+    );
+}

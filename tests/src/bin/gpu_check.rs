@@ -1,0 +1,187 @@
+//! Runs every fixture model (or the ones named) on GPU 0 through the CUDA
+//! target and the runtime's `cuda` feature, and compares the outputs with
+//! the committed onnxruntime references. Driven by `tests/gpu/run.sh`.
+//!
+//! ```text
+//! gpu_check [--sm 90] [--runs 20] [--tolerance 1e-4] [FIXTURE...]
+//! ```
+//!
+//! The target SM defaults to the newest one Kiln supports that GPU 0 can
+//! run. Prints one line per model output (max abs error, error relative to
+//! the output's scale, p50 latency of `runs` inferences after 3 warm-ups)
+//! and a summary; exits 1 when an output misses the tolerance or a model
+//! fails to compile, load or run.
+
+use std::time::Instant;
+
+use kiln::compare::compare;
+use kiln_runtime::cuda::CudaModel;
+use kiln_runtime::Tensor;
+use kiln_target_cuda::{SmArch, SUPPORTED_SMS};
+use kiln_tests::Fixture;
+
+struct Args {
+    sm: Option<u32>,
+    runs: usize,
+    tolerance: f64,
+    names: Vec<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        sm: None,
+        runs: 20,
+        tolerance: 1e-4,
+        names: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| it.next().ok_or(format!("{flag} needs a value"));
+        match a.as_str() {
+            "--sm" => {
+                let v = value("--sm")?;
+                args.sm = Some(SmArch::parse(&v).map_err(|e| e.to_string())?.sm);
+            }
+            "--runs" => {
+                args.runs = value("--runs")?
+                    .parse()
+                    .map_err(|_| "--runs expects a number")?
+            }
+            "--tolerance" => {
+                args.tolerance = value("--tolerance")?
+                    .parse()
+                    .map_err(|_| "--tolerance expects a number")?
+            }
+            s if s.starts_with("--") => return Err(format!("unknown flag {s}")),
+            name => args.names.push(name.to_string()),
+        }
+    }
+    args.runs = args.runs.max(1);
+    Ok(args)
+}
+
+/// Outcome of one model: per-output (name, max abs error, rel error,
+/// passed) and the p50 latency.
+type Checked = (Vec<(String, f64, f64, bool)>, f64);
+
+fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> {
+    let mut opts = fixture.compile_options();
+    opts.cuda = Some(sm);
+    let bytes = fixture.compile_with(&opts)?;
+    let mut model = CudaModel::from_bytes(&bytes).map_err(|e| format!("load: {e}"))?;
+    let inputs = fixture.inputs();
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let outputs = model.run(&views).map_err(|e| format!("run: {e}"))?;
+    let references = fixture.reference_outputs();
+    if outputs.len() != references.len() {
+        return Err(format!(
+            "{} outputs, the reference has {}",
+            outputs.len(),
+            references.len()
+        ));
+    }
+    let results = outputs
+        .iter()
+        .zip(&references)
+        .map(|(o, r)| {
+            let c = compare(o, r);
+            let passed = c.passes(args.tolerance);
+            let name = match &c.mismatch {
+                Some(m) => format!("{} ({m})", c.name),
+                None => c.name.clone(),
+            };
+            (name, c.max_abs_error, c.rel_error, passed)
+        })
+        .collect();
+    for _ in 0..3 {
+        model.run(&views).map_err(|e| format!("run: {e}"))?;
+    }
+    let mut times = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        let t = Instant::now();
+        model.run(&views).map_err(|e| format!("run: {e}"))?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((results, times[times.len() / 2]))
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_check: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (device_sm, device_name) = match kiln_runtime::cuda::gpu() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("gpu_check: {e}");
+            std::process::exit(1);
+        }
+    };
+    let target = args.sm.unwrap_or_else(|| {
+        SUPPORTED_SMS
+            .iter()
+            .filter(|a| a.sm <= device_sm)
+            .map(|a| a.sm)
+            .max()
+            .unwrap_or(SUPPORTED_SMS[0].sm)
+    });
+    let sm = SmArch::parse(&target.to_string()).expect("a supported SM");
+    println!(
+        "GPU 0: {device_name} (sm_{device_sm}); compiling for sm_{}; ptxas: {}",
+        sm.sm,
+        kiln_target_cuda::ptxas::find_ptxas()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none (the driver JIT-compiles the PTX)".into())
+    );
+    let names = if args.names.is_empty() {
+        Fixture::all_names()
+    } else {
+        args.names.clone()
+    };
+    println!(
+        "{:<44} {:>12} {:>12} {:>10}  verdict",
+        "model:output", "max abs err", "rel err", "p50 ms"
+    );
+    let mut failures = Vec::new();
+    let mut outputs = 0;
+    let start = Instant::now();
+    for name in &names {
+        let fixture = Fixture::load(name);
+        match check(&fixture, sm, &args) {
+            Ok((results, p50)) => {
+                for (out, abs, rel, passed) in results {
+                    outputs += 1;
+                    let verdict = if passed { "ok" } else { "FAILED" };
+                    println!(
+                        "{:<44} {abs:>12.3e} {rel:>12.3e} {p50:>10.3}  {verdict}",
+                        format!("{name}:{out}")
+                    );
+                    if !passed {
+                        failures.push(format!("{name}:{out}: rel error {rel:.3e}"));
+                    }
+                }
+            }
+            Err(e) => {
+                println!("{name:<44} {:>12} {:>12} {:>10}  ERROR {e}", "-", "-", "-");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    println!(
+        "{} models, {outputs} outputs checked in {:.1} s; {} failure(s) (tolerance {:.1e} of the output scale)",
+        names.len(),
+        start.elapsed().as_secs_f64(),
+        failures.len(),
+        args.tolerance
+    );
+    for f in &failures {
+        println!("FAILED {f}");
+    }
+    if !failures.is_empty() {
+        std::process::exit(1);
+    }
+}

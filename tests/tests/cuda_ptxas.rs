@@ -1,0 +1,117 @@
+//! Offline PTX validation: every fixture model, compiled for every
+//! supported SM, assembles with NVIDIA's `ptxas` (from the PyPI wheel
+//! `nvidia-cuda-nvcc-cu12`, installed by `scripts/ptxas.sh`; no GPU).
+//!
+//! A module ptxas rejects fails the test with the kernel and source node of
+//! every error line. The register and spill figures of `ptxas -v` are
+//! collected per kernel and written to `target/cuda-ptxas-report.tsv`.
+
+use kiln_target_cuda::ptxas::assemble;
+use kiln_target_cuda::{CudaError, SmArch, SUPPORTED_SMS};
+use kiln_tests::{repo_root, Fixture};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The ptxas binary: `KILN_PTXAS`, or the one `scripts/ptxas.sh` installs.
+fn ptxas() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/ptxas.sh"))
+        .output()
+        .expect("run scripts/ptxas.sh");
+    assert!(
+        out.status.success(),
+        "scripts/ptxas.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+}
+
+#[test]
+fn every_fixture_kernel_assembles_for_every_sm() {
+    let ptxas = ptxas();
+    let mut failures = Vec::new();
+    let mut report = String::from("model\tsm\tkernels\tmax_registers\tspill_bytes\n");
+    let mut assembled = 0usize;
+    let names = Fixture::all_names();
+    assert!(
+        names.len() > 100,
+        "expected the fixtures, found {}",
+        names.len()
+    );
+    for name in &names {
+        let fixture = Fixture::load(name);
+        let graph = match kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
+        {
+            Ok(o) => o.graph,
+            Err(e) => {
+                failures.push(format!("{name}: import: {e}"));
+                continue;
+            }
+        };
+        for sm in SUPPORTED_SMS {
+            let program = match kiln_target_cuda::compile(&graph, sm) {
+                Ok(p) => p,
+                Err(e) => {
+                    failures.push(format!("{name} sm_{}: compile: {e}", sm.sm));
+                    continue;
+                }
+            };
+            match assemble(&ptxas, &program) {
+                Ok(a) => {
+                    assert!(!a.cubin.is_empty(), "{name} sm_{}: empty cubin", sm.sm);
+                    assembled += a.kernels.len();
+                    report.push_str(&format!(
+                        "{name}\tsm_{}\t{}\t{}\t{}\n",
+                        sm.sm,
+                        a.kernels.len(),
+                        a.kernels.iter().map(|k| k.registers).max().unwrap_or(0),
+                        a.kernels.iter().map(|k| k.spill_bytes).sum::<u32>()
+                    ));
+                }
+                Err(e) => failures.push(format!("{name} sm_{}: {e}", sm.sm)),
+            }
+        }
+    }
+    let report_path = repo_root().join("target/cuda-ptxas-report.tsv");
+    let _ = std::fs::write(&report_path, &report);
+    println!(
+        "{assembled} kernels assembled; report in {}",
+        report_path.display()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_rejected_kernel_is_reported_with_its_node() {
+    // A deliberately broken module (an undefined register in the first
+    // kernel) must fail and name that kernel and its node: the check above
+    // can fail.
+    let ptxas = ptxas();
+    let fixture = Fixture::load("op_relu");
+    let graph = kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
+        .expect("import")
+        .graph;
+    let sm = SmArch::parse("sm80").expect("sm80");
+    let mut program = kiln_target_cuda::compile(&graph, sm).expect("compile");
+    let first = program.kernels[0].clone();
+    let ret = program
+        .ptx
+        .find("\tret;")
+        .expect("the first kernel returns");
+    program
+        .ptx
+        .insert_str(ret, "\tadd.u32 %undefined_reg, 1, 2;\n");
+    match assemble(&ptxas, &program) {
+        Err(CudaError::PtxasRejected { kernel, node, log }) => {
+            assert_eq!(kernel, first.name);
+            assert_eq!(node, first.node);
+            assert!(log.contains("undefined_reg"), "{log}");
+        }
+        other => panic!("ptxas must reject it: {other:?}"),
+    }
+}
