@@ -82,8 +82,13 @@ struct CompileArgs {
     /// The ONNX model.
     model: PathBuf,
     /// Where to write the artifact.
-    #[arg(short, long)]
-    output: PathBuf,
+    #[arg(short, long, required_unless_present = "check")]
+    output: Option<PathBuf>,
+    /// Preflight only: list every unsupported op and every unbound input
+    /// dim at once, without compiling (exit 0 when nothing blocks, 4 when
+    /// something does).
+    #[arg(long)]
+    check: bool,
     /// Target: native, x86_64-v3, x86_64-avx512, aarch64, or a CUDA GPU:
     /// cuda-sm70, cuda-sm75, cuda-sm80, cuda-sm86, cuda-sm89, cuda-sm90.
     #[arg(long, default_value = "native")]
@@ -338,8 +343,70 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
 }
 
+/// `kiln compile --check`: everything that blocks a compile, at once.
+fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> Result<(), Failure> {
+    let at_model = |e: kiln_onnx::OnnxError| {
+        let f = Failure::from(DriverError::from(e));
+        Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
+    };
+    let model = kiln_onnx::load_model(&a.model).map_err(at_model)?;
+    let report = kiln_onnx::preflight(&model, &opts.import).map_err(at_model)?;
+    let dims: Vec<Value> = report
+        .unbound_dims
+        .iter()
+        .map(|(input, i, name)| json!({"input": input, "dim": i, "name": name}))
+        .collect();
+    if a.json {
+        let ops: Vec<Value> = report
+            .unsupported
+            .iter()
+            .map(|u| json!({"op": u.op_type, "node": u.node_name, "domain": u.domain, "opset": u.opset, "hint": u.hint}))
+            .collect();
+        println!(
+            "{}",
+            json!({"model": a.model.display().to_string(), "ok": report.is_clear(), "unsupported": ops, "unbound_dims": dims})
+        );
+    } else if report.is_clear() {
+        println!(
+            "{}: every op is supported and every input dim is bound",
+            a.model.display()
+        );
+    } else {
+        for u in &report.unsupported {
+            println!("{u}");
+        }
+        for (input, i, name) in &report.unbound_dims {
+            let name = name
+                .as_ref()
+                .map(|n| format!(" ('{n}'; bind with --dim {n}=V)"))
+                .unwrap_or_default();
+            println!("input '{input}' dim {i} is unbound{name}; or bind the whole shape with --input-shape {input}=...");
+        }
+    }
+    if report.is_clear() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            exit::UNSUPPORTED,
+            format!(
+                "{}: {} unsupported op(s) and {} unbound input dim(s)",
+                a.model.display(),
+                report.unsupported.len(),
+                report.unbound_dims.len()
+            ),
+        ))
+    }
+}
+
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     let mut opts = compile_options(&a.model_args, &a.target)?;
+    if a.check {
+        return cmd_preflight(&a, &opts);
+    }
+    let output = a
+        .output
+        .clone()
+        .expect("clap requires --output without --check");
     opts.dump_ir = match a.dump_ir.as_deref() {
         None => DumpIr::None,
         Some("all") => DumpIr::All,
@@ -371,7 +438,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     } else {
         None
     };
-    write_file(&a.output, &out.bytes)?;
+    write_file(&output, &out.bytes)?;
     if let Some(dir) = &a.dump_ptx {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -396,7 +463,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     }
     if !out.dumps.is_empty() {
         let dir = a.dump_dir.clone().unwrap_or_else(|| {
-            let mut d = a.output.clone().into_os_string();
+            let mut d = output.clone().into_os_string();
             d.push(".ir");
             PathBuf::from(d)
         });
@@ -420,7 +487,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         println!(
             "{}",
             json!({
-                "output": a.output.display().to_string(),
+                "output": output.display().to_string(),
                 "bytes": out.bytes.len(),
                 "target": meta.target,
                 "kernels": kernel_count(&out.artifact),
@@ -439,7 +506,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         println!(
             "compiled {} -> {} ({} bytes: {} kernels, {} B code, {} B weights, {} B arena) in {:.1} ms",
             a.model.display(),
-            a.output.display(),
+            output.display(),
             out.bytes.len(),
             kernel_count(&out.artifact),
             out.artifact.text.len(),

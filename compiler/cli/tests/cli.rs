@@ -351,3 +351,36 @@ fn closed_stdout_ends_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn compile_check_lists_every_blocker_without_compiling() {
+    // Unsupported op: listed with op and node, exit 4, nothing written.
+    let o = kiln(&["compile", "--check", "fixtures/bad/unsupported_op.onnx"]);
+    assert_eq!(o.code, 4, "stderr: {}", o.stderr);
+    assert!(
+        o.stdout.contains("Einsum") && o.stdout.contains("my_einsum"),
+        "{}",
+        o.stdout
+    );
+    // Unbound dim: named with the flag that binds it.
+    let o = kiln(&["compile", "--check", "fixtures/bad/unbound_dim.onnx"]);
+    assert_eq!(o.code, 4, "stderr: {}", o.stderr);
+    assert!(
+        o.stdout.contains("'x'") && o.stdout.contains("batch"),
+        "{}",
+        o.stdout
+    );
+    // A model that compiles: exit 0; with --json, machine-readable.
+    let o = kiln(&[
+        "compile",
+        "--check",
+        "--json",
+        "fixtures/models/ppocr_cls/model.onnx",
+        "--input-shape",
+        "x=1x3x48x192",
+    ]);
+    assert_eq!(o.code, 0, "stderr: {}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["unsupported"].as_array().map(Vec::len), Some(0));
+}

@@ -400,3 +400,54 @@ pub(crate) fn import_model(
     }
     Ok(ctx.graph)
 }
+
+/// What stands between a model and a compile, found without importing it:
+/// see [`crate::preflight`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preflight {
+    /// Every op Kiln cannot import.
+    pub unsupported: Vec<UnsupportedOp>,
+    /// Every graph-input dim that is symbolic or unknown and not bound by
+    /// the options: `(input, dim index, dim_param name)`.
+    pub unbound_dims: Vec<(String, usize, Option<String>)>,
+}
+
+impl Preflight {
+    /// Whether nothing blocks the compile.
+    pub fn is_clear(&self) -> bool {
+        self.unsupported.is_empty() && self.unbound_dims.is_empty()
+    }
+}
+
+pub(crate) fn preflight(model: &ModelProto, opts: &ImportOptions) -> Result<Preflight, OnnxError> {
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| OnnxError::InvalidModel("the model has no graph".into()))?;
+    let names: Vec<String> = (0..graph.node.len())
+        .map(|i| node_display_name(graph, i))
+        .collect();
+    let mut report = Preflight {
+        unsupported: scan_unsupported(model, graph, &names),
+        ..Preflight::default()
+    };
+    let init_names: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    for input in graph
+        .input
+        .iter()
+        .filter(|i| !init_names.contains(i.name.as_str()))
+    {
+        if opts.input_shapes.contains_key(&input.name) {
+            continue;
+        }
+        let (_, declared) = declared_type(input)?;
+        for (i, d) in declared.into_iter().flatten().enumerate() {
+            match d {
+                Err(Some(p)) if opts.dims.contains_key(&p) => {}
+                Err(p) => report.unbound_dims.push((input.name.clone(), i, p)),
+                Ok(_) => {}
+            }
+        }
+    }
+    Ok(report)
+}

@@ -39,6 +39,7 @@ mod tensor;
 
 pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 pub use error::{OnnxError, UnsupportedOp};
+pub use import::Preflight;
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
 pub use tensor::{dtype_from_onnx, tensor_from_proto};
 pub use tract_onnx::pb;
@@ -103,6 +104,13 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<kiln_ir::Graph, OnnxE
         }
     });
     import_model(&model, dir, opts)
+}
+
+/// Lists, without importing, every unsupported op and every unbound
+/// graph-input dim of a decoded model (`kiln compile --check`), so a user
+/// sees everything that blocks a compile at once.
+pub fn preflight(model: &ModelProto, opts: &ImportOptions) -> Result<Preflight, OnnxError> {
+    import::preflight(model, opts)
 }
 
 /// Imports a decoded model into IR. `model_dir` is where external tensor
