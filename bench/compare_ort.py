@@ -1,7 +1,11 @@
 """Latency of Kiln beside onnxruntime on the same fixture models, inputs and
 machine, one thread each, in the same run.
 
-    .venv/bin/python bench/compare_ort.py [--runs 300] [--target T ...] [fixture ...]
+    .venv/bin/python bench/compare_ort.py [--runs 300] [--target T ...] [--kiln BIN] [fixture | dir ...]
+
+A fixture is a name under fixtures/models or a directory in the same layout
+(the real models fetched by scripts/real-models.sh live in
+target/real-models/<name>).
 
 Builds nothing: expects target/release/kiln (cargo build --release -p kiln).
 Prints a table of p50/p95 per fixture and the ratio ORT p50 / Kiln p50
@@ -42,10 +46,12 @@ def ort_bench(fixture_dir, meta, runs, warmup):
 
 
 def kiln_bench(fixture_dir, meta, runs, warmup, tmp, target):
-    art = os.path.join(tmp, meta["name"] + "." + target + ".kiln")
+    art = os.path.join(tmp, os.path.basename(fixture_dir) + "." + target + ".kiln")
     cmd = [KILN, "compile", os.path.join(fixture_dir, "model.onnx"), "-o", art, "--target", target]
     for name, dims in meta.get("input_shapes", {}).items():
         cmd += ["--input-shape", f"{name}=" + "x".join(str(d) for d in dims)]
+    for name, value in meta.get("dims", {}).items():
+        cmd += ["--dim", f"{name}={value}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     cmd = [KILN, "bench", art, "--runs", str(runs), "--warmup", str(warmup), "--json"]
     for i in meta["inputs"]:
@@ -55,18 +61,23 @@ def kiln_bench(fixture_dir, meta, runs, warmup, tmp, target):
 
 
 def main():
+    global KILN
     ap = argparse.ArgumentParser()
     ap.add_argument("fixtures", nargs="*", default=DEFAULT)
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--target", action="append", help="kiln --target (repeatable; default native)")
+    ap.add_argument("--kiln", default=None, help="the kiln binary (default target/release/kiln)")
     args = ap.parse_args()
+    KILN = args.kiln or KILN
     targets = args.target or ["native"]
     print(f"onnxruntime {ort.__version__}, 1 thread, {args.runs} runs after {args.warmup} warm-up")
     print(f"{'fixture':<22} {'kiln target':<14} {'kiln p50':>10} {'kiln p95':>10} {'ort p50':>10} {'ort p95':>10} {'ort/kiln':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.fixtures:
-            d = os.path.join(ROOT, "fixtures", "models", name)
+            # A fixture name, or a fixture directory (e.g. target/real-models/minilm_l3).
+            d = name if os.sep in name else os.path.join(ROOT, "fixtures", "models", name)
+            name = os.path.basename(os.path.normpath(d))
             meta = json.load(open(os.path.join(d, "meta.json")))
             o50, o95 = ort_bench(d, meta, args.runs, args.warmup)
             for target in targets:
