@@ -414,6 +414,7 @@ pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "Expand would fold into a {bytes}-byte constant, more than the {FOLD_LIMIT_BYTES}-byte folding limit"
         )));
     }
+    ctx.charge_generated(bytes as u64)?;
     let name = ctx.node_name().to_string();
     one(ctx.constant(broadcast_const(&t, &out), name))
 }
