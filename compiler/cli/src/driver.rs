@@ -216,6 +216,19 @@ fn generate(
         options: opts.canonical(),
         source_sha256: Sha256::digest(source).into(),
     };
+    // Every computed value lives in the arena, so one larger than the arena
+    // limit fails it anyway: refuse it before code generation, whose time
+    // grows with the shapes it specializes on.
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let bytes = node.ty.checked_size_bytes().map_or(u64::MAX, |b| b as u64);
+        if !matches!(node.op, kiln_ir::Op::Constant(_)) && bytes > opts.max_arena_bytes {
+            return Err(DriverError::ArenaTooLarge {
+                arena_bytes: bytes,
+                limit: opts.max_arena_bytes,
+            });
+        }
+    }
     let cpu = CpuOptions {
         target: opts.target,
         opt_level: 1,

@@ -29,6 +29,38 @@ pub(crate) struct Seg {
     pub padded: usize,
 }
 
+/// Most taps one window may have: every segment's loop body unrolls its
+/// taps, so code size grows with `kh × kw` (real models stay under 64).
+pub(crate) const MAX_WINDOW_TAPS: usize = 4096;
+
+/// Most `output positions × kernel taps` along one axis: the work
+/// [`window_segments`] does at compile time.
+pub(crate) const MAX_AXIS_WORK: usize = 1 << 24;
+
+/// Refuses windows whose lowering would take unbounded compile time or code
+/// size (a small model can declare a 2^20 × 2^20 kernel).
+pub(crate) fn check_window(
+    cx: &NodeCx,
+    kernel: [usize; 2],
+    out: [usize; 2],
+) -> Result<(), CpuError> {
+    let taps = kernel[0].saturating_mul(kernel[1]);
+    if taps > MAX_WINDOW_TAPS {
+        return Err(cx.unsupported(format!(
+            "a {}x{} window has {taps} taps; the CPU target unrolls windows of at most {MAX_WINDOW_TAPS}",
+            kernel[0], kernel[1]
+        )));
+    }
+    for (axis, (&k, &o)) in kernel.iter().zip(&out).enumerate() {
+        if k.saturating_mul(o) > MAX_AXIS_WORK {
+            return Err(cx.unsupported(format!(
+                "{o} output positions x {k} taps along axis {axis} exceed the CPU target's limit of {MAX_AXIS_WORK}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Splits the output positions of one window axis into [`Seg`]s.
 pub(crate) fn window_segments(
     out: usize,
@@ -81,6 +113,7 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
     let [sh, sw] = p.strides;
     let [dh, dw] = p.dilations;
     let [pt, pl, _, _] = p.pads;
+    check_window(cx, p.kernel, [oh, ow])?;
     // Windows past the end padding (ceil_mode) count as padding too, but
     // not in the divisor: the padded bound is pad_end.
     let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);
