@@ -47,23 +47,25 @@ pub fn onnx_compile(data: &[u8]) -> bool {
 /// Target (b): artifact bytes → `Model::from_bytes` → `run` with zero
 /// inputs of the declared types.
 ///
-/// The first byte selects the mode. Even: the rest is loaded as it is, so
-/// every mutation meets the checksums first. Odd: the section and content
-/// checksums are recomputed first, so mutations reach the structural checks
-/// behind them (lengths, offsets, relocation sites and targets, kernel and
-/// schedule indices, tensor ranges), which must hold on their own.
-///
-/// Only artifacts whose checksums were intact as given are run: an artifact
-/// is native code, and one whose checksums were recomputed over changed
-/// code may do anything its bytes say (`docs/security.md`); the runtime's
-/// promise is that it is rejected or loaded without harm, not that its code
-/// is safe.
+/// The first byte selects the mode. Even: the rest is loaded as it is and,
+/// if it loads, run; every mutation meets the checksums first, so what runs
+/// is what the compiler wrote. Odd: the section and content checksums are
+/// recomputed first, so mutations reach the structural checks behind them
+/// (lengths, offsets, relocation sites and targets, kernel and schedule
+/// indices, tensor ranges), which must hold on their own; such an artifact
+/// is loaded but never run. An artifact is native code: one whose
+/// checksums were recomputed over changed code (or a changed arena size)
+/// may do anything its bytes say (`docs/security.md`); the runtime's
+/// promise is that it is rejected or loaded without harm.
 pub fn artifact_load(data: &[u8]) -> bool {
     let Some((&mode, rest)) = data.split_first() else {
         return false;
     };
+    let recomputed = mode & 1 == 1;
     let mut bytes = rest.to_vec();
-    let fixed = mode & 1 == 1 && recompute_checksums(&mut bytes);
+    if recomputed {
+        recompute_checksums(&mut bytes);
+    }
     let model = match Model::from_bytes(&bytes) {
         Ok(m) => m,
         Err(e) => {
@@ -71,7 +73,7 @@ pub fn artifact_load(data: &[u8]) -> bool {
             return false;
         }
     };
-    if fixed && bytes != rest {
+    if recomputed {
         return true;
     }
     let inputs: Vec<Tensor> = (model.inputs().iter())

@@ -3,12 +3,13 @@
 //! typed error or a correct result, quickly.
 
 use kiln::driver::{compile_bytes, DriverError};
+use kiln_onnx::pb::attribute_proto::AttributeType;
 use kiln_onnx::pb::tensor_shape_proto::{dimension, Dimension};
 use kiln_onnx::pb::{
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
+    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
 };
-use kiln_tests::fuzz;
+use kiln_tests::{fuzz, repo_root};
 use prost::Message;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,10 @@ fn f32_value(name: &str, dims: &[i64]) -> ValueInfoProto {
 
 /// `y = Conv(x, w)` with both operands graph inputs of the given shapes.
 fn conv_model(x: &[i64], w: &[i64]) -> Vec<u8> {
+    conv_model_with(x, w, vec![])
+}
+
+fn conv_model_with(x: &[i64], w: &[i64], attribute: Vec<AttributeProto>) -> Vec<u8> {
     ModelProto {
         ir_version: 8,
         opset_import: vec![OperatorSetIdProto {
@@ -47,6 +52,7 @@ fn conv_model(x: &[i64], w: &[i64]) -> Vec<u8> {
                 name: "conv".into(),
                 input: vec!["x".into(), "w".into()],
                 output: vec!["y".into()],
+                attribute,
                 ..Default::default()
             }],
             input: vec![f32_value("x", x), f32_value("w", w)],
@@ -115,4 +121,57 @@ fn folding_a_node_that_reads_one_constant_twice() {
         "{printed}"
     );
     assert!(!printed.contains("matmul"), "{printed}");
+}
+
+/// Found by the smoke run (onnx_compile, Conv and MaxPool with a mutated
+/// `strides` attribute of 2^40 and more): the lowering multiplied the
+/// stride by the row size in `i64` and overflowed.
+#[test]
+fn huge_strides_are_refused_not_overflowed() {
+    let strides = AttributeProto {
+        name: "strides".into(),
+        r#type: AttributeType::Ints as i32,
+        ints: vec![1 << 62, 1],
+        ..Default::default()
+    };
+    let (err, _) = compile_err(&conv_model_with(
+        &[1, 1, 8, 8],
+        &[1, 1, 3, 3],
+        vec![strides],
+    ));
+    assert!(matches!(err, DriverError::Cpu(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("exceeds the CPU target's limit"),
+        "{err}"
+    );
+}
+
+/// Every input the fuzzers saved (`tests/fuzz-regressions/<target>-<hash>`,
+/// copied from `target/fuzz-smoke-crashes/` or `fuzz/artifacts/`) runs
+/// through its target again without a panic, quickly.
+#[test]
+fn saved_fuzz_inputs_replay_without_panics() {
+    let dir = repo_root().join("tests/fuzz-regressions");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let body: fn(&[u8]) -> bool = match name.split('-').next() {
+            Some("onnx_compile") => fuzz::onnx_compile,
+            Some("artifact_load") => fuzz::artifact_load,
+            Some("ir_text") => fuzz::ir_text,
+            _ => panic!("{name}: not named <target>-<hash>"),
+        };
+        let start = Instant::now();
+        body(&std::fs::read(&path).unwrap());
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{name}: {:?}",
+            start.elapsed()
+        );
+    }
 }

@@ -37,13 +37,30 @@ pub(crate) const MAX_WINDOW_TAPS: usize = 4096;
 /// [`window_segments`] does at compile time.
 pub(crate) const MAX_AXIS_WORK: usize = 1 << 24;
 
+/// Largest stride, dilation or pad the lowering accepts: byte offsets are
+/// products of these with row sizes and must fit in an `i64`.
+pub(crate) const MAX_WINDOW_STEP: usize = 1 << 20;
+
+/// The geometry of a sliding window (Conv or pooling).
+pub(crate) struct Window {
+    pub kernel: [usize; 2],
+    pub out: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads: [usize; 4],
+}
+
 /// Refuses windows whose lowering would take unbounded compile time or code
-/// size (a small model can declare a 2^20 × 2^20 kernel).
-pub(crate) fn check_window(
-    cx: &NodeCx,
-    kernel: [usize; 2],
-    out: [usize; 2],
-) -> Result<(), CpuError> {
+/// size (a small model can declare a 2^20 × 2^20 kernel), or whose byte
+/// offsets would overflow (a stride of 2^62).
+pub(crate) fn check_window(cx: &NodeCx, win: &Window) -> Result<(), CpuError> {
+    let mut steps = (win.strides.iter().chain(&win.dilations).chain(&win.pads)).copied();
+    if let Some(step) = steps.find(|&s| s > MAX_WINDOW_STEP) {
+        return Err(cx.unsupported(format!(
+            "stride, dilation or pad {step} exceeds the CPU target's limit of {MAX_WINDOW_STEP}"
+        )));
+    }
+    let (kernel, out) = (win.kernel, win.out);
     let taps = kernel[0].saturating_mul(kernel[1]);
     if taps > MAX_WINDOW_TAPS {
         return Err(cx.unsupported(format!(
@@ -113,7 +130,16 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
     let [sh, sw] = p.strides;
     let [dh, dw] = p.dilations;
     let [pt, pl, _, _] = p.pads;
-    check_window(cx, p.kernel, [oh, ow])?;
+    check_window(
+        cx,
+        &Window {
+            kernel: p.kernel,
+            out: [oh, ow],
+            strides: p.strides,
+            dilations: p.dilations,
+            pads: p.pads,
+        },
+    )?;
     // Windows past the end padding (ceil_mode) count as padding too, but
     // not in the divisor: the padded bound is pad_end.
     let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);
