@@ -130,13 +130,16 @@ pub fn ir_text(data: &[u8]) -> bool {
     if let Err(e) = kiln_ir::verify::verify(&graph) {
         panic!("a parsed graph fails verification: {e}");
     }
-    let printed = kiln_ir::text::print(&graph);
+    let full = kiln_ir::text::PrintOptions {
+        full_constants: true,
+    };
+    let printed = kiln_ir::text::print_with(&graph, &full);
     let again = match kiln_ir::text::parse(&printed) {
         Ok(g) => g,
         Err(e) => panic!("printed IR does not parse: {e}\n{printed}"),
     };
     assert_eq!(
-        kiln_ir::text::print(&again),
+        kiln_ir::text::print_with(&again, &full),
         printed,
         "print → parse → print changed the text"
     );
