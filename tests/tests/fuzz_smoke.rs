@@ -245,7 +245,7 @@ fn never_run_changed_artifacts(input: &mut [u8], seeds: &[Vec<u8>]) {
     let Some((mode, body)) = input.split_first_mut() else {
         return;
     };
-    let is_seed = seeds.iter().any(|s| &s[1..] == &*body);
+    let is_seed = seeds.iter().any(|s| s[1..] == *body);
     if *mode & 1 == 0 && !is_seed && Artifact::parse(body).is_ok() {
         *mode |= 1;
     }
