@@ -12,8 +12,9 @@ for m in fixtures/models/*/model.onnx; do
     cp "$m" "$out/onnx_compile/fixture-$(basename "$(dirname "$m")").onnx"
 done
 cp fixtures/bad/*.onnx "$out/onnx_compile/"
-if [ -d target/onnx-node-tests/node ]; then
-    for c in target/onnx-node-tests/node/*/; do
+node_dir=${KILN_ONNX_TESTS_DIR:-target/onnx-node-tests}/node
+if [ -d "$node_dir" ]; then
+    for c in "$node_dir"/*/; do
         cp "$c/model.onnx" "$out/onnx_compile/node-$(basename "$c").onnx"
     done
 fi
