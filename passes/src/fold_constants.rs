@@ -7,16 +7,25 @@ use kiln_ir::{Graph, Op};
 /// its value, computed with the reference evaluator (the IR's ground truth).
 ///
 /// A result larger than `max_bytes` is left unfolded, so folding never
-/// inflates the artifact (e.g. by materializing a broadcast of a scalar).
+/// inflates the artifact (e.g. by materializing a broadcast of a scalar);
+/// once one run has folded `max_total_bytes`, the rest is left to run in
+/// the arena, so a graph of many small folds cannot allocate without bound.
 pub struct FoldConstants {
     /// Largest folded result, in bytes.
     pub max_bytes: usize,
+    /// Most bytes one run of the pass may fold, over the whole graph.
+    pub max_total_bytes: usize,
+    /// Most scalar operations one fold may cost ([`kiln_ir::eval::work`]);
+    /// costlier nodes run in the compiled code instead.
+    pub max_work: u64,
 }
 
 impl Default for FoldConstants {
     fn default() -> Self {
         FoldConstants {
             max_bytes: 16 << 20,
+            max_total_bytes: 1 << 30,
+            max_work: kiln_ir::eval::FOLD_WORK_LIMIT,
         }
     }
 }
@@ -32,10 +41,13 @@ impl Pass for FoldConstants {
             source,
         };
         let mut stats = PassStats::default();
+        let mut folded_bytes = 0usize;
         for id in graph.topo_order().map_err(fail)? {
             let node = graph.node(id);
+            let bytes = node.ty.size_bytes();
             if matches!(node.op, Op::Input { .. } | Op::Constant(_))
-                || node.ty.size_bytes() > self.max_bytes
+                || bytes > self.max_bytes
+                || folded_bytes + bytes > self.max_total_bytes
             {
                 continue;
             }
@@ -47,7 +59,12 @@ impl Pass for FoldConstants {
             else {
                 continue;
             };
+            let types: Vec<_> = inputs.iter().map(|&i| &graph.node(i).ty).collect();
+            if kiln_ir::eval::work(&node.op, &types, &node.ty) > self.max_work {
+                continue;
+            }
             let value = kiln_ir::eval::eval(&node.op, &values).map_err(fail)?;
+            folded_bytes += bytes;
             let name = node.name.clone();
             let folded = graph.add_const(name, value);
             graph.replace_all_uses(id, folded).map_err(fail)?;
@@ -97,7 +114,51 @@ mod tests {
             .add_node(Op::Unary(kiln_ir::UnaryOp::Neg), &[a], "y")
             .unwrap();
         g.add_output("y", y);
-        let stats = FoldConstants { max_bytes: 8 }.run(&mut g).unwrap();
+        let stats = FoldConstants {
+            max_bytes: 8,
+            ..FoldConstants::default()
+        }
+        .run(&mut g)
+        .unwrap();
         assert_eq!(stats.rewritten, 0);
+    }
+
+    #[test]
+    fn stops_at_total_budget() {
+        let mut g = Graph::new();
+        let mut v = g.add_const("a", Tensor::new([4], Data::F32(vec![1.0; 4])).unwrap());
+        for i in 0..3 {
+            v = g
+                .add_node(Op::Unary(kiln_ir::UnaryOp::Neg), &[v], format!("n{i}"))
+                .unwrap();
+        }
+        g.add_output("y", v);
+        // Each result is 16 bytes: two fit in 40, the third is left to run.
+        let stats = FoldConstants {
+            max_total_bytes: 40,
+            ..FoldConstants::default()
+        }
+        .run(&mut g)
+        .unwrap();
+        assert_eq!(stats.rewritten, 2);
+        assert!(g.constant(v).is_none(), "the last Neg stays a node");
+    }
+
+    #[test]
+    fn leaves_costly_folds_to_the_compiled_code() {
+        let mut g = Graph::new();
+        let a = g.add_const("a", Tensor::new([4, 4], Data::F32(vec![1.0; 16])).unwrap());
+        let y = g.add_node(Op::MatMul, &[a, a], "y").unwrap();
+        g.add_output("y", y);
+        // 16 outputs x 4 multiply-adds = 64 > 63.
+        let stats = FoldConstants {
+            max_work: 63,
+            ..FoldConstants::default()
+        }
+        .run(&mut g)
+        .unwrap();
+        assert_eq!(stats.rewritten, 0);
+        let stats = FoldConstants::default().run(&mut g).unwrap();
+        assert_eq!(stats.rewritten, 1);
     }
 }

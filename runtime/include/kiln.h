@@ -5,8 +5,14 @@
  * -ldl) or the shared library (libkiln_runtime.so).
  *
  * A KilnModel is a loaded, ready-to-run artifact. Functions that fail record
- * a message readable with kiln_last_error() on the same thread. A model may
- * be used from any thread, but not from two threads at once.
+ * a message readable with kiln_last_error() on the same thread.
+ *
+ * Threads: a KilnModel is immutable once loaded (code, weights, metadata)
+ * and may be used from many threads at once. A KilnSession owns the memory
+ * one inference works in (the arena); create one per thread with
+ * kiln_session_new() for runs that never allocate. kiln_model_run() is the
+ * simple entry point: it uses the model's own arena, or a temporary one
+ * while another thread's call holds it.
  *
  * An artifact is machine code: load only artifacts you trust, as you would a
  * shared library.
@@ -38,12 +44,23 @@ extern "C" {
 #define KILN_ERROR_ARGUMENT 1 /* NULL model, array or buffer */
 #define KILN_ERROR_KERNEL 2   /* a kernel reported an error */
 #define KILN_ERROR_INTERNAL 3 /* a bug in the runtime */
+#define KILN_ERROR_OUT_OF_MEMORY 4 /* kiln_model_run: no memory for a temporary arena */
 
 typedef struct KilnModel KilnModel;
+typedef struct KilnSession KilnSession;
 
 /* Loads, validates and prepares the artifact at `path` (UTF-8).
  * Returns NULL on failure; see kiln_last_error(). */
 KilnModel *kiln_model_load(const char *path);
+
+/* Like kiln_model_load, but only loads the artifact if its detached
+ * signature (`path` + ".sig", written by `kiln compile --sign KEY`) is a
+ * valid Ed25519 signature by the public key in `public_key_pem` (PEM text,
+ * "-----BEGIN PUBLIC KEY-----", from `kiln keygen` or `openssl pkey
+ * -pubout`). An unsigned artifact, one modified after signing and one
+ * signed with another key all return NULL. Not present when the runtime is
+ * built without its `signing` feature. See docs/security.md. */
+KilnModel *kiln_model_load_verified(const char *path, const char *public_key_pem);
 
 /* Frees a model; NULL is ignored. */
 void kiln_model_free(KilnModel *m);
@@ -73,8 +90,22 @@ int64_t kiln_model_output_byte_size(const KilnModel *m, size_t i);
  * outputs[i] to a buffer for output i, in declared order, each exactly
  * kiln_model_*_byte_size bytes of dense, row-major, little-endian elements.
  * Returns KILN_OK or a KILN_ERROR_* code (see kiln_last_error()).
- * Does not allocate. */
-int kiln_model_run(KilnModel *m, const void *const *inputs, void *const *outputs);
+ * Thread-safe; allocates only when another thread's call holds the model's
+ * arena. */
+int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *outputs);
+
+/* A session: an arena of the model's size, allocated here. Returns NULL on
+ * failure; see kiln_last_error(). The session keeps the model's code and
+ * weights alive, so it may be freed after the model. */
+KilnSession *kiln_session_new(const KilnModel *m);
+
+/* Frees a session; NULL is ignored. */
+void kiln_session_free(KilnSession *s);
+
+/* Runs one inference in the session's arena; arguments and results as for
+ * kiln_model_run. Does not allocate. A session must not be used by two
+ * threads at once. */
+int kiln_session_run(KilnSession *s, const void *const *inputs, void *const *outputs);
 
 #ifdef __cplusplus
 }

@@ -3,13 +3,19 @@
 //! Every function catches panics (none are expected) so that no unwinding
 //! crosses the FFI boundary, and reports failures through
 //! [`kiln_last_error`], a thread-local message.
+//!
+//! A `KilnModel` is immutable once loaded and may be used from many threads
+//! at once; a `KilnSession` holds one arena and is used by one thread at a
+//! time (see `include/kiln.h`).
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::format::TensorSpec;
-use crate::{Error, Model};
+use crate::memory::AlignedBuf;
+use crate::model::Program;
+use crate::{Error, Model, Session};
 
 /// `kiln_model_run` result: success.
 pub const KILN_OK: c_int = 0;
@@ -19,12 +25,19 @@ pub const KILN_ERROR_ARGUMENT: c_int = 1;
 pub const KILN_ERROR_KERNEL: c_int = 2;
 /// Result of any function that caught an internal panic.
 pub const KILN_ERROR_INTERNAL: c_int = 3;
+/// `kiln_model_run` result: a temporary arena could not be allocated.
+pub const KILN_ERROR_OUT_OF_MEMORY: c_int = 4;
 
 /// A loaded model, opaque to C.
 pub struct KilnModel {
     model: Model,
     input_names: Vec<CString>,
     output_names: Vec<CString>,
+}
+
+/// A session (one arena) of a loaded model, opaque to C.
+pub struct KilnSession {
+    session: Session,
 }
 
 thread_local! {
@@ -64,18 +77,75 @@ fn c_names(path: &str, specs: &[TensorSpec]) -> Result<Vec<CString>, String> {
 /// `path` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_model_load(path: *const c_char) -> *mut KilnModel {
+    // SAFETY: per the contract.
+    unsafe { load_with("kiln_model_load", path, |p| Model::load(p)) }
+}
+
+/// Loads the artifact at `path` only if its detached signature (`path` +
+/// `.sig`) is a valid signature by the Ed25519 public key in
+/// `public_key_pem` (PEM text, `-----BEGIN PUBLIC KEY-----`); returns NULL
+/// on failure, including an unsigned, modified or foreign artifact (see
+/// [`kiln_last_error`]).
+///
+/// # Safety
+/// `path` and `public_key_pem` must be NULL or NUL-terminated strings.
+#[cfg(feature = "signing")]
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_load_verified(
+    path: *const c_char,
+    public_key_pem: *const c_char,
+) -> *mut KilnModel {
+    const NAME: &str = "kiln_model_load_verified";
     guard(std::ptr::null_mut(), || {
-        if path.is_null() {
-            set_error("kiln_model_load: path is NULL".into());
-            return std::ptr::null_mut();
-        }
-        // SAFETY: non-null and NUL-terminated per the contract.
-        let path = unsafe { CStr::from_ptr(path) };
-        let Ok(path) = path.to_str() else {
-            set_error("kiln_model_load: path is not valid UTF-8".into());
+        // SAFETY: per the contract.
+        let Some(pem) = (unsafe { c_str(NAME, "public key", public_key_pem) }) else {
             return std::ptr::null_mut();
         };
-        let loaded = Model::load(path)
+        let key = match crate::PublicKey::from_pem(pem) {
+            Ok(k) => k,
+            Err(e) => {
+                set_error(format!("{NAME}: {e}"));
+                return std::ptr::null_mut();
+            }
+        };
+        // SAFETY: per the contract.
+        unsafe { load_with(NAME, path, |p| Model::load_verified(p, &key)) }
+    })
+}
+
+/// The UTF-8 string at `s`, or `None` after recording why not.
+///
+/// # Safety
+/// `s` must be NULL or NUL-terminated.
+unsafe fn c_str<'a>(function: &str, what: &str, s: *const c_char) -> Option<&'a str> {
+    if s.is_null() {
+        set_error(format!("{function}: {what} is NULL"));
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated per the contract.
+    let s = unsafe { CStr::from_ptr(s) };
+    let s = s.to_str().ok();
+    if s.is_none() {
+        set_error(format!("{function}: {what} is not valid UTF-8"));
+    }
+    s
+}
+
+/// Loads with `load` and wraps the model for C.
+///
+/// # Safety
+/// `path` must be NULL or NUL-terminated.
+unsafe fn load_with(
+    function: &str,
+    path: *const c_char,
+    load: impl FnOnce(&str) -> Result<Model, Error>,
+) -> *mut KilnModel {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: per the contract.
+        let Some(path) = (unsafe { c_str(function, "path", path) }) else {
+            return std::ptr::null_mut();
+        };
+        let loaded = load(path)
             .map_err(|e| match e {
                 // Already names the file.
                 Error::Io { .. } => e.to_string(),
@@ -311,7 +381,9 @@ accessors!(
 /// Runs one inference. `inputs[i]` points to the bytes of input `i` and
 /// `outputs[i]` to a buffer for output `i`, in declared order, each of the
 /// declared byte size. Returns `KILN_OK` or an error code (see
-/// [`kiln_last_error`]).
+/// [`kiln_last_error`]). Safe to call from several threads at once on one
+/// model: a call that finds the model's arena in use allocates a temporary
+/// one (use a [`KilnSession`] per thread to never allocate).
 ///
 /// # Safety
 /// `m` must be NULL or a live model; `inputs` and `outputs` NULL or arrays
@@ -319,70 +391,151 @@ accessors!(
 /// sizes, the output buffers not overlapping anything else.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_model_run(
-    m: *mut KilnModel,
+    m: *const KilnModel,
     inputs: *const *const c_void,
     outputs: *const *mut c_void,
 ) -> c_int {
     guard(KILN_ERROR_INTERNAL, || {
         // SAFETY: per the contract.
-        match unsafe { run(m, inputs, outputs) } {
-            Ok(()) => KILN_OK,
-            Err((code, message)) => {
-                set_error(message);
-                code
+        let Some(m) = (unsafe { m.as_ref() }) else {
+            return report(Err(arg_error("kiln_model_run", "model is NULL")));
+        };
+        let result = m
+            .model
+            // SAFETY: per the contract.
+            .with_arena(|program, arena| unsafe {
+                run("kiln_model_run", program, arena, inputs, outputs)
+            })
+            .map_err(|e| (KILN_ERROR_OUT_OF_MEMORY, format!("kiln_model_run: {e}")))
+            .and_then(|r| r);
+        report(result)
+    })
+}
+
+/// Creates a session of `m`: an arena of the model's size, allocated now.
+/// Returns NULL on failure (see [`kiln_last_error`]). The session keeps the
+/// model's code and weights alive, so it may outlive `m`.
+///
+/// # Safety
+/// `m` must be NULL or a live model.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_new(m: *const KilnModel) -> *mut KilnSession {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: per the contract.
+        let Some(m) = (unsafe { m.as_ref() }) else {
+            set_error("kiln_session_new: model is NULL".into());
+            return std::ptr::null_mut();
+        };
+        match m.model.session() {
+            Ok(session) => Box::into_raw(Box::new(KilnSession { session })),
+            Err(e) => {
+                set_error(format!("kiln_session_new: {e}"));
+                std::ptr::null_mut()
             }
         }
     })
 }
 
+/// Frees a session from [`kiln_session_new`]; NULL is ignored.
+///
 /// # Safety
-/// As [`kiln_model_run`].
+/// `s` must be NULL or a pointer from `kiln_session_new` not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_free(s: *mut KilnSession) {
+    guard((), || {
+        if !s.is_null() {
+            // SAFETY: from Box::into_raw in kiln_session_new, freed once.
+            drop(unsafe { Box::from_raw(s) });
+        }
+    })
+}
+
+/// Runs one inference in the session's arena, as [`kiln_model_run`] does,
+/// without allocating. One session must not be used by two threads at once.
+///
+/// # Safety
+/// `s` must be NULL or a live session not in use by another thread;
+/// `inputs` and `outputs` as for [`kiln_model_run`].
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_run(
+    s: *mut KilnSession,
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+) -> c_int {
+    guard(KILN_ERROR_INTERNAL, || {
+        // SAFETY: per the contract.
+        let Some(s) = (unsafe { s.as_mut() }) else {
+            return report(Err(arg_error("kiln_session_run", "session is NULL")));
+        };
+        let (program, arena) = s.session.parts();
+        // SAFETY: per the contract.
+        report(unsafe { run("kiln_session_run", program, arena, inputs, outputs) })
+    })
+}
+
+fn arg_error(function: &str, message: &str) -> (c_int, String) {
+    (KILN_ERROR_ARGUMENT, format!("{function}: {message}"))
+}
+
+/// `KILN_OK`, or the error's code after recording its message.
+fn report(result: Result<(), (c_int, String)>) -> c_int {
+    match result {
+        Ok(()) => KILN_OK,
+        Err((code, message)) => {
+            set_error(message);
+            code
+        }
+    }
+}
+
+/// One inference of `program` over `arena`, with C buffers; `function`
+/// names the C entry point in error messages.
+///
+/// # Safety
+/// `inputs` and `outputs` as for [`kiln_model_run`].
 unsafe fn run(
-    m: *mut KilnModel,
+    function: &str,
+    program: &Program,
+    arena: &mut AlignedBuf,
     inputs: *const *const c_void,
     outputs: *const *mut c_void,
 ) -> Result<(), (c_int, String)> {
-    let arg = |msg: &str| (KILN_ERROR_ARGUMENT, format!("kiln_model_run: {msg}"));
-    // SAFETY: per the contract.
-    let Some(m) = (unsafe { m.as_mut() }) else {
-        return Err(arg("model is NULL"));
-    };
-    let model = &mut m.model;
-    let (n_in, n_out) = (model.inputs().len(), model.outputs().len());
+    let arg = |msg: &str| arg_error(function, msg);
+    let (n_in, n_out) = (program.inputs().len(), program.outputs().len());
     if (inputs.is_null() && n_in > 0) || (outputs.is_null() && n_out > 0) {
         return Err(arg("inputs or outputs array is NULL"));
     }
     for i in 0..n_out {
         // SAFETY: `outputs` holds `n_out` pointers.
-        if unsafe { *outputs.add(i) }.is_null() && model.outputs()[i].byte_len() > 0 {
+        if unsafe { *outputs.add(i) }.is_null() && program.outputs()[i].byte_len() > 0 {
             return Err(arg(&format!(
                 "output {i} ('{}') is NULL",
-                model.outputs()[i].name
+                program.outputs()[i].name
             )));
         }
     }
     for i in 0..n_in {
-        let len = model.inputs()[i].byte_len() as usize;
+        let len = program.inputs()[i].byte_len() as usize;
         // SAFETY: `inputs` holds `n_in` pointers.
         let ptr = unsafe { *inputs.add(i) }.cast::<u8>();
         if ptr.is_null() && len > 0 {
             return Err(arg(&format!(
                 "input {i} ('{}') is NULL",
-                model.inputs()[i].name
+                program.inputs()[i].name
             )));
         }
         if len > 0 {
             // SAFETY: the caller provides `len` readable bytes.
             let data = unsafe { std::slice::from_raw_parts(ptr, len) };
-            model.input_slot(i).copy_from_slice(data);
+            program.input_slot(arena, i).copy_from_slice(data);
         }
     }
-    model.execute().map_err(|e| match e {
+    program.execute(arena).map_err(|e| match e {
         Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
         _ => (KILN_ERROR_INTERNAL, e.to_string()),
     })?;
     for i in 0..n_out {
-        let bytes = model.output_bytes(i);
+        let bytes = program.output_bytes(arena, i);
         // SAFETY: `outputs` holds `n_out` pointers.
         let ptr = unsafe { *outputs.add(i) }.cast::<u8>();
         if !bytes.is_empty() {

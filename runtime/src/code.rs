@@ -6,6 +6,7 @@ use std::io;
 use std::ptr::NonNull;
 
 use crate::format::{KernelEntry, Reloc};
+use crate::memory::round_to_pages;
 use crate::{reloc, Error};
 
 /// The signature of every kernel: returns 0 on success, an error code
@@ -84,16 +85,6 @@ impl Drop for CodeMemory {
         // SAFETY: unmaps exactly the mapping created in `new`.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
     }
-}
-
-/// `len` rounded up to whole pages (at least one page).
-fn round_to_pages(len: usize) -> Option<usize> {
-    // SAFETY: sysconf has no preconditions.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        p if p > 0 => p as usize,
-        _ => 4096,
-    };
-    len.max(1).checked_next_multiple_of(page)
 }
 
 #[cfg(target_arch = "aarch64")]

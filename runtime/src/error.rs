@@ -157,6 +157,36 @@ pub enum Error {
         /// Bytes given.
         given: usize,
     },
+    /// `load_verified`: the artifact has no signature file.
+    #[error("'{}' is not signed: there is no signature file '{}'", artifact.display(), signature.display())]
+    Unsigned {
+        /// The artifact.
+        artifact: PathBuf,
+        /// Where its signature was looked for.
+        signature: PathBuf,
+    },
+    /// `load_verified`: the signature file cannot be read or decoded.
+    #[error("signature file '{}': {reason}", path.display())]
+    SignatureFile {
+        /// The signature file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `load_verified`: the artifact is not the one that was signed.
+    #[error("the artifact was modified after signing: its content hash is {found}, the signature is for {signed}")]
+    ModifiedAfterSigning {
+        /// Content hash (hex) recorded in the signature file.
+        signed: String,
+        /// Content hash (hex) of the artifact.
+        found: String,
+    },
+    /// `load_verified`: the signature does not verify with the public key.
+    #[error("the artifact's signature does not verify with the given public key (it was signed with another key, or the signature is forged)")]
+    BadSignature,
+    /// A public key that is not a valid Ed25519 key (or not PEM).
+    #[error("invalid public key: {0}")]
+    InvalidPublicKey(String),
     /// A kernel returned a non-zero code.
     #[error("{}", kernel_message(node, *code))]
     Kernel {
@@ -165,6 +195,22 @@ pub enum Error {
         /// The kernel's return code.
         code: i32,
     },
+}
+
+impl Error {
+    /// Whether a signed-artifact check refused the artifact (unsigned,
+    /// modified after signing, signed with another key, unreadable
+    /// signature or key).
+    pub fn is_signature_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Unsigned { .. }
+                | Error::SignatureFile { .. }
+                | Error::ModifiedAfterSigning { .. }
+                | Error::BadSignature
+                | Error::InvalidPublicKey(_)
+        )
+    }
 }
 
 /// Kernel return code: an index (e.g. of Gather) was out of range.

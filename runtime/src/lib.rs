@@ -6,28 +6,48 @@
 //! the CPU features the code needs, copies the machine code into anonymous
 //! pages, applies relocations (host `libm` functions come from a fixed
 //! allow-list), and only then makes the code executable (W^X). The arena is
-//! allocated once; an inference does not allocate (see [`Model::run_into`]).
+//! allocated once per session; an inference in a session does not allocate
+//! (see [`Session::run_into`]).
 //!
 //! - [`format`](mod@format): the artifact format (writer and reader).
-//! - [`Model`]: load and run.
+//! - [`Model`]: load (shared, immutable) and run; [`Session`]: one arena,
+//!   for allocation-free runs on one thread.
 //! - [`capi`]: the C ABI declared in `include/kiln.h`.
+//! - `PublicKey` and `Model::load_verified` (feature `signing`, default):
+//!   refuse artifacts not signed by your pipeline (`docs/security.md`).
 //!
 //! # Threads
 //!
-//! [`Model`] is `Send + Sync`. [`Model::run`] takes `&mut self` (one arena
-//! per model), so concurrent runs are allowed on different `Model`
-//! instances, e.g. one per thread loaded from the same bytes, and one
-//! instance is shared between threads behind a `Mutex`. The load test in
-//! `tests/tests/robustness_load.rs` runs both from four threads.
+//! [`Model`] is `Send + Sync` and immutable once loaded: share one model
+//! between threads (`Arc<Model>`). The arena an inference works in belongs
+//! to a [`Session`] (`model.session()`), one per thread; sessions of one
+//! model run concurrently and never allocate in [`Session::run_into`].
+//! [`Model::run`] is the simple entry point: it uses the model's cached
+//! arena, or a temporary one when another thread holds it. The load test in
+//! `tests/tests/robustness_load.rs` runs one model from four threads both
+//! ways.
 //!
 //! # Example
 //! ```no_run
 //! use kiln_runtime::{Model, Tensor};
 //!
-//! let mut model = Model::load("model.kiln")?;
+//! let model = std::sync::Arc::new(Model::load("model.kiln")?);
 //! let x = Tensor::from_f32("x", &[1, 4], &[1.0, 2.0, 3.0, 4.0]);
 //! let outputs = model.run(&[x.view()])?;
 //! println!("{:?}", outputs[0].to_f32_vec());
+//!
+//! // One session per thread: runs in parallel, no allocation per run.
+//! let worker = {
+//!     let model = model.clone();
+//!     std::thread::spawn(move || -> Result<Vec<u8>, kiln_runtime::Error> {
+//!         let mut session = model.session()?;
+//!         let x = Tensor::from_f32("x", &[1, 4], &[5.0, 6.0, 7.0, 8.0]);
+//!         let mut y = vec![0u8; model.outputs()[0].byte_len() as usize];
+//!         session.run_into(&[x.view()], &mut [&mut y])?;
+//!         Ok(y)
+//!     })
+//! };
+//! let y = worker.join().unwrap()?;
 //! # Ok::<(), kiln_runtime::Error>(())
 //! ```
 #![deny(missing_docs)]
@@ -42,9 +62,13 @@ mod host;
 mod memory;
 mod model;
 mod reloc;
+#[cfg(feature = "signing")]
+mod signing;
 mod tensor;
 
 pub use error::{Error, KERNEL_INDEX_OUT_OF_RANGE};
 pub use format::{DType, TensorSpec};
-pub use model::Model;
+pub use model::{Model, Session};
+#[cfg(feature = "signing")]
+pub use signing::PublicKey;
 pub use tensor::{Element, Tensor, TensorRef};

@@ -1,6 +1,5 @@
 //! Memory the loader owns: 64-byte aligned buffers and the weights.
 
-use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
 use crate::Error;
@@ -8,32 +7,50 @@ use crate::Error;
 /// Alignment of the arena and of the weights.
 pub(crate) const ALIGN: usize = 64;
 
-/// A zero-initialised heap buffer aligned to [`ALIGN`] bytes.
+/// A zero-initialised buffer aligned to [`ALIGN`] bytes (in fact to a
+/// page): an anonymous mapping, so its pages cost memory only once
+/// touched. An artifact that declares a huge arena therefore makes loading
+/// reserve address space, not resident memory; the allocator's zeroing of
+/// over-aligned blocks would have written every byte at load time.
 pub(crate) struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    map_len: usize,
 }
 
-// SAFETY: AlignedBuf owns its allocation exclusively, like `Box<[u8]>`.
+// SAFETY: AlignedBuf owns its mapping exclusively, like `Box<[u8]>`.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: shared access only reads.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Allocates `len` zero bytes (at least one byte is reserved so the
-    /// pointer is always valid and aligned). `what` names the buffer in the
-    /// error when the allocation fails.
+    /// Maps `len` zero bytes (at least one page, so the pointer is always
+    /// valid and aligned). `what` names the buffer in the error when the
+    /// mapping fails.
     pub(crate) fn zeroed(len: u64, what: &'static str) -> Result<AlignedBuf, Error> {
         let oom = || Error::OutOfMemory { what, bytes: len };
         let size = usize::try_from(len).map_err(|_| oom())?;
-        let layout = Layout::from_size_align(size.max(1), ALIGN).map_err(|_| oom())?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(oom)?;
+        let map_len = round_to_pages(size).ok_or_else(oom)?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // affected.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(oom());
+        }
+        let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(oom)?;
         Ok(AlignedBuf {
             ptr,
             len: size,
-            layout,
+            map_len,
         })
     }
 
@@ -65,9 +82,19 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: unmaps exactly the mapping created in `zeroed`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
     }
+}
+
+/// `len` rounded up to whole pages (at least one page).
+pub(crate) fn round_to_pages(len: usize) -> Option<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => 4096,
+    };
+    len.max(1).checked_next_multiple_of(page)
 }
 
 /// The weights kernels read: kept in the file mapping when it is suitably
@@ -118,6 +145,24 @@ mod tests {
             assert_eq!(b.as_slice().len() as u64, len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
         }
+    }
+
+    #[test]
+    fn a_huge_buffer_costs_no_resident_memory_until_touched() {
+        let rss = || {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+            statm
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                * 4096
+        };
+        let before = rss();
+        let b = AlignedBuf::zeroed(1 << 30, "arena").unwrap();
+        assert!(rss() < before + (64 << 20), "{} -> {}", before, rss());
+        drop(b);
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! A loaded model: validated artifact, relocated code, weights, arena.
+//! A loaded model (validated artifact, relocated code, weights) and the
+//! sessions that run it, each with its own arena.
 
 use std::fmt;
 use std::fs::File;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use crate::code::{CodeMemory, KernelFn};
 use crate::format::{
@@ -11,28 +13,51 @@ use crate::format::{
 use crate::memory::{AlignedBuf, Weights};
 use crate::{Error, Tensor, TensorRef};
 
-/// A model ready to run.
+/// A model ready to run: relocated code, weights and metadata, all
+/// immutable after loading.
 ///
-/// `Model` is `Send` and `Sync`: it can move between threads, and shared
-/// references only read metadata. [`Model::run`] takes `&mut self` because
-/// every inference uses the one arena allocated at load time; run models
-/// concurrently by loading one `Model` per thread (or behind a `Mutex`).
+/// `Model` is `Send + Sync`, and every method takes `&self`: share one
+/// loaded model between threads with `Arc<Model>` (or `&Model` in scoped
+/// threads). The memory an inference works in (the arena) belongs to a
+/// [`Session`]: give each thread its own ([`Model::session`]) for runs that
+/// never allocate. [`Model::run`] is the simple entry point: it borrows the
+/// model's cached arena, or allocates a temporary one while another thread
+/// holds the cached one.
 ///
 /// An artifact is machine code: load only artifacts you trust, as you would
 /// a shared library. Loading checks integrity (checksums, bounds, CPU
-/// features), not what the code does.
+/// features), not what the code does (see `docs/security.md`).
 pub struct Model {
+    program: Arc<Program>,
+    /// The arena [`Model::run`] uses; `None` while a run holds it.
+    cached_arena: Mutex<Option<AlignedBuf>>,
+}
+
+/// One inference context: an arena of the model's size, allocated once.
+///
+/// A session keeps its model's code and weights alive (it holds a shared
+/// reference), so it may outlive the `Model` it came from. Runs through a
+/// session never allocate in [`Session::run_into`]; a session is `Send`,
+/// so it can move to the thread that uses it.
+pub struct Session {
+    program: Arc<Program>,
+    arena: AlignedBuf,
+}
+
+/// The immutable part of a loaded model, shared by the model and its
+/// sessions.
+pub(crate) struct Program {
     metadata: Metadata,
     content_hash: [u8; 32],
     features: CpuFeatures,
     /// Source node name of each schedule step, for error messages.
     step_nodes: Vec<String>,
-    /// Entry point of each schedule step; valid while `code` lives.
+    /// Entry point of each schedule step; valid while `_code` lives.
     step_entries: Vec<KernelFn>,
     /// Keeps the mapping that `step_entries` point into alive.
     _code: CodeMemory,
+    /// Read-only: kernels receive it as `*const u8`.
     weights: Weights,
-    arena: AlignedBuf,
 }
 
 impl Model {
@@ -41,16 +66,28 @@ impl Model {
     /// The weights stay in the file mapping; the file must not be modified
     /// while the model is loaded.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
+        Model::from_map(map_file(path.as_ref())?)
+    }
+
+    /// Like [`Model::load`], but first requires the artifact's detached
+    /// signature (`PATH.sig`, written by `kiln compile --sign`) to be a
+    /// valid Ed25519 signature by `key` of this artifact's content hash.
+    /// Refuses, before any code is mapped, an unsigned artifact
+    /// ([`Error::Unsigned`]), one modified after signing
+    /// ([`Error::ModifiedAfterSigning`], or a format error when the change
+    /// broke a checksum) and one signed with another key
+    /// ([`Error::BadSignature`]). See `docs/security.md`.
+    #[cfg(feature = "signing")]
+    pub fn load_verified(path: impl AsRef<Path>, key: &crate::PublicKey) -> Result<Model, Error> {
         let path = path.as_ref();
-        let io_err = |source| Error::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = File::open(path).map_err(io_err)?;
-        // SAFETY: the mapping is read-only; like every user of mmap, we rely
-        // on the file not being truncated or modified while mapped (see the
-        // doc comment above).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+        let map = map_file(path)?;
+        let header = read_header(&map)?;
+        crate::signing::verify_detached(path, &header.content_hash, key)?;
+        Model::from_map(map)
+    }
+
+    /// A model from a mapped artifact, weights used in place when aligned.
+    fn from_map(map: memmap2::Mmap) -> Result<Model, Error> {
         let (model, weights_range) = Model::prepare(&map)?;
         let weights = Weights::from_map(map, weights_range)?;
         Ok(model(weights))
@@ -66,7 +103,7 @@ impl Model {
 
     /// Everything but the weights: checks the header, the architecture and
     /// the CPU features before mapping any code, then validates the
-    /// sections, allocates the arena and maps the code. Returns a
+    /// sections, allocates the first arena and maps the code. Returns a
     /// constructor taking the weights, and the weights' range in `bytes`.
     fn prepare(
         bytes: &[u8],
@@ -90,59 +127,114 @@ impl Model {
             ..
         } = view;
         let model = move |weights| Model {
-            metadata,
-            content_hash: header.content_hash,
-            features: header.features,
-            step_nodes: schedule.into_iter().map(|s| s.node).collect(),
-            step_entries,
-            _code: code,
-            weights,
-            arena,
+            program: Arc::new(Program {
+                metadata,
+                content_hash: header.content_hash,
+                features: header.features,
+                step_nodes: schedule.into_iter().map(|s| s.node).collect(),
+                step_entries,
+                _code: code,
+                weights,
+            }),
+            cached_arena: Mutex::new(Some(arena)),
         };
         Ok((model, range))
     }
 
     /// The model's inputs, in declared order.
     pub fn inputs(&self) -> &[TensorSpec] {
-        &self.metadata.inputs
+        &self.program.metadata.inputs
     }
 
     /// The model's outputs, in declared order.
     pub fn outputs(&self) -> &[TensorSpec] {
-        &self.metadata.outputs
+        &self.program.metadata.outputs
     }
 
     /// Provenance, inputs, outputs and arena size.
     pub fn metadata(&self) -> &Metadata {
-        &self.metadata
+        &self.program.metadata
     }
 
     /// The artifact's content hash (see
     /// [`Header::content_hash`](crate::format::Header::content_hash)).
     pub fn content_hash(&self) -> [u8; 32] {
-        self.content_hash
+        self.program.content_hash
     }
 
     /// The CPU features the artifact requires.
     pub fn required_features(&self) -> CpuFeatures {
-        self.features
+        self.program.features
+    }
+
+    /// A new session with its own arena (`metadata().arena_size` bytes,
+    /// allocated now). Sessions of one model run concurrently.
+    pub fn session(&self) -> Result<Session, Error> {
+        Ok(Session {
+            program: Arc::clone(&self.program),
+            arena: AlignedBuf::zeroed(self.program.metadata.arena_size, "arena")?,
+        })
     }
 
     /// Runs one inference. Every declared input must be given exactly once
     /// (in any order); returns the outputs in declared order.
+    ///
+    /// Uses the model's cached arena; a call made while another thread's
+    /// call holds it allocates a temporary arena for itself.
+    pub fn run(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
+        self.with_arena(|program, arena| program.run(arena, inputs))?
+    }
+
+    /// Runs one inference, outputs written to `outputs` (one buffer per
+    /// declared output, in declared order, each exactly the output's byte
+    /// size). Does not allocate unless another thread is running the model
+    /// through [`Model::run`] or `run_into` at the same time (see
+    /// [`Model::run`]); use a [`Session`] per thread to never allocate.
+    pub fn run_into(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<(), Error> {
+        self.with_arena(|program, arena| program.run_into(arena, inputs, outputs))?
+    }
+
+    /// Calls `f` with the cached arena, or with a fresh one while the
+    /// cached one is in use, and caches the arena again afterwards.
+    pub(crate) fn with_arena<R>(
+        &self,
+        f: impl FnOnce(&Program, &mut AlignedBuf) -> R,
+    ) -> Result<R, Error> {
+        // A panic cannot leave the slot inconsistent (it only holds an
+        // `Option`), so a poisoned lock is still usable.
+        let lock = || self.cached_arena.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = lock().take();
+        let mut arena = match taken {
+            Some(arena) => arena,
+            None => AlignedBuf::zeroed(self.program.metadata.arena_size, "arena")?,
+        };
+        let result = f(&self.program, &mut arena);
+        let mut slot = lock();
+        if slot.is_none() {
+            *slot = Some(arena);
+        }
+        Ok(result)
+    }
+}
+
+impl Session {
+    /// The model's inputs, in declared order.
+    pub fn inputs(&self) -> &[TensorSpec] {
+        &self.program.metadata.inputs
+    }
+
+    /// The model's outputs, in declared order.
+    pub fn outputs(&self) -> &[TensorSpec] {
+        &self.program.metadata.outputs
+    }
+
+    /// Runs one inference (as [`Model::run`]) in this session's arena.
     pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
-        self.bind_inputs(inputs)?;
-        self.execute()?;
-        let outputs = (0..self.metadata.outputs.len()).map(|i| {
-            let spec = &self.metadata.outputs[i];
-            Tensor {
-                name: spec.name.clone(),
-                dtype: spec.dtype,
-                shape: spec.shape.clone(),
-                data: self.output_bytes(i).to_vec(),
-            }
-        });
-        Ok(outputs.collect())
+        self.program.run(&mut self.arena, inputs)
     }
 
     /// Runs one inference without allocating: inputs as in [`Model::run`],
@@ -153,33 +245,69 @@ impl Model {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
+        self.program.run_into(&mut self.arena, inputs, outputs)
+    }
+
+    /// The shared program and this session's arena (for the C ABI).
+    pub(crate) fn parts(&mut self) -> (&Program, &mut AlignedBuf) {
+        (&self.program, &mut self.arena)
+    }
+}
+
+impl Program {
+    fn run(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
+        self.bind_inputs(arena, inputs)?;
+        self.execute(arena)?;
+        let outputs = (self.metadata.outputs.iter().enumerate()).map(|(i, spec)| Tensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+            data: self.output_bytes(arena, i).to_vec(),
+        });
+        Ok(outputs.collect())
+    }
+
+    fn run_into(
+        &self,
+        arena: &mut AlignedBuf,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<(), Error> {
         self.check_output_buffers(outputs.iter().map(|b| b.len()))?;
-        self.bind_inputs(inputs)?;
-        self.execute()?;
+        self.bind_inputs(arena, inputs)?;
+        self.execute(arena)?;
         for (i, out) in outputs.iter_mut().enumerate() {
-            out.copy_from_slice(self.output_bytes(i));
+            out.copy_from_slice(self.output_bytes(arena, i));
         }
         Ok(())
     }
 
+    /// The model's inputs, in declared order.
+    pub(crate) fn inputs(&self) -> &[TensorSpec] {
+        &self.metadata.inputs
+    }
+
+    /// The model's outputs, in declared order.
+    pub(crate) fn outputs(&self) -> &[TensorSpec] {
+        &self.metadata.outputs
+    }
+
     /// Checks `inputs` against the declared inputs and copies them into
     /// the arena.
-    fn bind_inputs(&mut self, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
+    fn bind_inputs(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
         validate_inputs(&self.metadata.inputs, inputs)?;
         let specs = &self.metadata.inputs;
-        for i in 0..specs.len() {
-            let name = &self.metadata.inputs[i].name;
+        for (i, spec) in specs.iter().enumerate() {
             // Found: every spec was matched above.
-            if let Some(given) = inputs.iter().find(|t| t.name == name.as_str()) {
-                let data = given.data;
-                self.input_slot(i).copy_from_slice(data);
+            if let Some(given) = inputs.iter().find(|t| t.name == spec.name) {
+                self.input_slot(arena, i).copy_from_slice(given.data);
             }
         }
         Ok(())
     }
 
     /// Errors unless `lens` are the byte sizes of the outputs.
-    pub(crate) fn check_output_buffers(
+    fn check_output_buffers(
         &self,
         lens: impl ExactSizeIterator<Item = usize>,
     ) -> Result<(), Error> {
@@ -204,25 +332,28 @@ impl Model {
     }
 
     /// The arena bytes of input `i`.
-    pub(crate) fn input_slot(&mut self, i: usize) -> &mut [u8] {
-        let range = arena_range(&self.metadata.inputs[i]);
-        &mut self.arena.as_mut_slice()[range]
+    pub(crate) fn input_slot<'a>(&self, arena: &'a mut AlignedBuf, i: usize) -> &'a mut [u8] {
+        &mut arena.as_mut_slice()[arena_range(&self.metadata.inputs[i])]
     }
 
     /// The arena bytes of output `i`.
-    pub(crate) fn output_bytes(&self, i: usize) -> &[u8] {
-        &self.arena.as_slice()[arena_range(&self.metadata.outputs[i])]
+    pub(crate) fn output_bytes<'a>(&self, arena: &'a AlignedBuf, i: usize) -> &'a [u8] {
+        &arena.as_slice()[arena_range(&self.metadata.outputs[i])]
     }
 
-    /// Calls the schedule's kernels in order.
-    pub(crate) fn execute(&mut self) -> Result<(), Error> {
-        let arena = self.arena.as_mut_ptr();
+    /// Calls the schedule's kernels in order over `arena`, which must be
+    /// `metadata.arena_size` bytes (every arena is allocated with that size).
+    pub(crate) fn execute(&self, arena: &mut AlignedBuf) -> Result<(), Error> {
+        debug_assert_eq!(arena.as_slice().len() as u64, self.metadata.arena_size);
+        let arena = arena.as_mut_ptr();
         let weights = self.weights.as_ptr();
         for (i, entry) in self.step_entries.iter().enumerate() {
-            // SAFETY: `entry` points into `self.code`, which is alive; the
+            // SAFETY: `entry` points into `self._code`, which is alive; the
             // arena and weights are the buffers the artifact was compiled
-            // against (sizes validated at load). What the code does is the
-            // artifact's responsibility (see the type's documentation).
+            // against (sizes validated at load). Kernels only read the
+            // weights, so concurrent runs over separate arenas share them
+            // safely. What the code does is the artifact's responsibility
+            // (see the type's documentation).
             let code = unsafe { entry(arena, weights) };
             if code != 0 {
                 return Err(Error::Kernel {
@@ -232,6 +363,85 @@ impl Model {
             }
         }
         Ok(())
+    }
+}
+
+/// Maps the file at `path` read-only.
+pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap, Error> {
+    let io_err = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = File::open(path).map_err(io_err)?;
+    // SAFETY: the mapping is read-only; like every user of mmap, we rely
+    // on the file not being truncated or modified while mapped (see
+    // `Model::load`).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)
+}
+
+/// The arena range of a validated tensor spec.
+fn arena_range(spec: &TensorSpec) -> std::ops::Range<usize> {
+    // Parsing checked offset + byte_len <= arena_size, and every arena is
+    // allocated with that size, so both fit in usize.
+    let start = spec.arena_offset as usize;
+    start..start + spec.byte_len() as usize
+}
+
+fn check_input(spec: &TensorSpec, given: &TensorRef<'_>) -> Result<(), Error> {
+    if given.dtype != spec.dtype || given.shape != spec.shape.as_slice() {
+        return Err(Error::InputTypeMismatch {
+            name: spec.name.clone(),
+            expected: spec.type_string(),
+            given: given.type_string(),
+        });
+    }
+    if given.data.len() as u64 != spec.byte_len() {
+        return Err(Error::InputDataLength {
+            name: spec.name.clone(),
+            ty: spec.type_string(),
+            expected: spec.byte_len(),
+            given: given.data.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses artifacts for another architecture or for CPU features this
+/// machine lacks.
+fn check_host(header: &Header) -> Result<(), Error> {
+    if Arch::host() != Some(header.arch) {
+        return Err(Error::UnsupportedArch {
+            artifact: header.arch,
+            host: std::env::consts::ARCH,
+        });
+    }
+    let missing = header.features.missing_from(CpuFeatures::detect_host());
+    if !missing.is_empty() {
+        return Err(Error::MissingCpuFeatures(missing.describe()));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.program.fmt(f)
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Session").field(&self.program).finish()
+    }
+}
+
+impl fmt::Debug for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Model")
+            .field("inputs", &self.metadata.inputs)
+            .field("outputs", &self.metadata.outputs)
+            .field("arena_size", &self.metadata.arena_size)
+            .field("steps", &self.step_nodes.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -260,63 +470,4 @@ pub(crate) fn validate_inputs(specs: &[TensorSpec], inputs: &[TensorRef<'_>]) ->
         check_input(spec, given)?;
     }
     Ok(())
-}
-
-/// The arena range of a validated tensor spec.
-fn arena_range(spec: &TensorSpec) -> std::ops::Range<usize> {
-    // Parsing checked offset + byte_len <= arena_size, and the arena of that
-    // size was allocated, so both fit in usize.
-    let start = spec.arena_offset as usize;
-    start..start + spec.byte_len() as usize
-}
-
-fn check_input(spec: &TensorSpec, given: &TensorRef<'_>) -> Result<(), Error> {
-    if given.dtype != spec.dtype || given.shape != spec.shape.as_slice() {
-        return Err(Error::InputTypeMismatch {
-            name: spec.name.clone(),
-            expected: spec.type_string(),
-            given: given.type_string(),
-        });
-    }
-    if given.data.len() as u64 != spec.byte_len() {
-        return Err(Error::InputDataLength {
-            name: spec.name.clone(),
-            ty: spec.type_string(),
-            expected: spec.byte_len(),
-            given: given.data.len(),
-        });
-    }
-    Ok(())
-}
-
-/// Refuses artifacts for another architecture or for CPU features this
-/// machine lacks.
-fn check_host(header: &Header) -> Result<(), Error> {
-    if header.arch == Arch::Nvptx64 {
-        return Err(Error::CudaArtifact {
-            sm: header.features.0,
-        });
-    }
-    if Arch::host() != Some(header.arch) {
-        return Err(Error::UnsupportedArch {
-            artifact: header.arch,
-            host: std::env::consts::ARCH,
-        });
-    }
-    let missing = header.features.missing_from(CpuFeatures::detect_host());
-    if !missing.is_empty() {
-        return Err(Error::MissingCpuFeatures(missing.describe()));
-    }
-    Ok(())
-}
-
-impl fmt::Debug for Model {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Model")
-            .field("inputs", &self.metadata.inputs)
-            .field("outputs", &self.metadata.outputs)
-            .field("arena_size", &self.metadata.arena_size)
-            .field("steps", &self.step_nodes.len())
-            .finish_non_exhaustive()
-    }
 }

@@ -102,3 +102,93 @@ fn load_describe_run() {
         kiln_model_free(m);
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn sessions_run_from_threads_and_outlive_the_model() {
+    let path = write_temp("sessions", &common::copy_model().to_bytes());
+    // SAFETY: every pointer below is valid for the calls' contracts; each
+    // session is used by one thread, the model by all.
+    unsafe {
+        let m = kiln_model_load(path.as_ptr());
+        std::fs::remove_file(path.to_str().unwrap()).unwrap();
+        assert!(!m.is_null());
+        struct Shared(*mut KilnModel);
+        // SAFETY: a KilnModel may be used from many threads at once.
+        unsafe impl Sync for Shared {}
+        let shared = Shared(m);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let shared = &shared;
+                s.spawn(move || {
+                    let s = kiln_session_new(shared.0);
+                    assert!(!s.is_null());
+                    for i in 0..200 {
+                        let x = [t as f32, i as f32];
+                        let mut y = [0f32; 2];
+                        let inputs = [x.as_ptr().cast::<c_void>()];
+                        let outputs = [y.as_mut_ptr().cast::<c_void>()];
+                        let rc = if i % 2 == 0 {
+                            kiln_session_run(s, inputs.as_ptr(), outputs.as_ptr())
+                        } else {
+                            kiln_model_run(shared.0, inputs.as_ptr(), outputs.as_ptr())
+                        };
+                        assert_eq!(rc, KILN_OK);
+                        assert_eq!(y, x);
+                    }
+                    kiln_session_free(s);
+                });
+            }
+        });
+        // A session keeps the model's code alive after the model is freed.
+        let s = kiln_session_new(m);
+        kiln_model_free(m);
+        let x = [5f32, 6.0];
+        let mut y = [0f32; 2];
+        let inputs = [x.as_ptr().cast::<c_void>()];
+        let outputs = [y.as_mut_ptr().cast::<c_void>()];
+        assert_eq!(
+            kiln_session_run(s, inputs.as_ptr(), outputs.as_ptr()),
+            KILN_OK
+        );
+        assert_eq!(y, x);
+        kiln_session_free(s);
+
+        assert!(kiln_session_new(ptr::null()).is_null());
+        assert_eq!(last_error(), "kiln_session_new: model is NULL");
+        assert_eq!(
+            kiln_session_run(ptr::null_mut(), ptr::null(), ptr::null()),
+            KILN_ERROR_ARGUMENT
+        );
+        assert_eq!(last_error(), "kiln_session_run: session is NULL");
+        kiln_session_free(ptr::null_mut());
+    }
+}
+
+#[cfg(feature = "signing")]
+#[test]
+fn load_verified_refuses_unsigned_and_bad_keys() {
+    let path = write_temp("unsigned", &common::copy_model().to_bytes());
+    // A valid Ed25519 public key (RFC 8410's example).
+    let pem = CString::new(
+        "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END PUBLIC KEY-----\n",
+    )
+    .unwrap();
+    let garbage = CString::new("not a key").unwrap();
+    // SAFETY: valid C strings.
+    unsafe {
+        let m = kiln_model_load_verified(path.as_ptr(), pem.as_ptr());
+        assert!(m.is_null());
+        assert!(last_error().contains("is not signed"), "{}", last_error());
+        let m = kiln_model_load_verified(path.as_ptr(), garbage.as_ptr());
+        assert!(m.is_null());
+        assert!(
+            last_error().starts_with("kiln_model_load_verified: invalid public key"),
+            "{}",
+            last_error()
+        );
+        assert!(kiln_model_load_verified(path.as_ptr(), ptr::null()).is_null());
+        assert_eq!(last_error(), "kiln_model_load_verified: public key is NULL");
+    }
+    std::fs::remove_file(path.to_str().unwrap()).unwrap();
+}

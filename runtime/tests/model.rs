@@ -102,7 +102,7 @@ mod x86_64 {
 
     #[test]
     fn copy_kernel_runs() {
-        let mut m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
         assert_eq!(m.inputs(), [spec("x", DType::F32, &[2], 0)]);
         assert_eq!(m.outputs()[0].name, "y");
         let out = m.run(&[x(&[1.5, -2.25]).view()]).unwrap();
@@ -127,12 +127,12 @@ mod x86_64 {
         std::fs::write(&path, a.to_bytes()).unwrap();
         let loaded = Model::load(&path);
         std::fs::remove_file(&path).unwrap();
-        let mut m = loaded.unwrap();
+        let m = loaded.unwrap();
         assert_eq!(m.content_hash(), a.content_hash());
         let out = m.run(&[]).unwrap();
         assert_eq!(out[0].to_f32_vec(), Some(vec![0.5, 8.0]));
         // The same through `from_bytes`, which copies the weights.
-        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        let m = Model::from_bytes(&a.to_bytes()).unwrap();
         assert_eq!(m.run(&[]).unwrap()[0].to_f32_vec(), Some(vec![0.5, 8.0]));
     }
 
@@ -143,7 +143,7 @@ mod x86_64 {
             (HostFn::Tanhf, 0.5, 0.5f32.tanh()),
             (HostFn::Sqrtf, 2.0, 2.0f32.sqrt()),
         ] {
-            let mut m = Model::from_bytes(&host_call_model(f).to_bytes()).unwrap();
+            let m = Model::from_bytes(&host_call_model(f).to_bytes()).unwrap();
             let x = Tensor::from_f32("x", &[], &[input]);
             let y = m.run(&[x.view()]).unwrap().remove(0);
             assert_eq!(y.to_f32_vec(), Some(vec![expected]), "{}", f.name());
@@ -152,7 +152,7 @@ mod x86_64 {
 
     #[test]
     fn kernel_calls_kernel_through_pcrel32_relocation() {
-        let mut m = Model::from_bytes(&rich_artifact().to_bytes()).unwrap();
+        let m = Model::from_bytes(&rich_artifact().to_bytes()).unwrap();
         let mask = Tensor::from_slice("mask", &[3, 1], &[true, false, true]);
         let out = m.run(&[mask.view(), x(&[7.0, 8.0]).view()]).unwrap();
         assert_eq!(out[0].to_f32_vec(), Some(vec![7.0, 8.0]));
@@ -169,12 +169,12 @@ mod x86_64 {
         a.kernels.push(kernel("oob", fail_at as u64, 6));
         a.kernels.push(kernel("fail", fail_at as u64 + 6, 6));
         a.schedule.push(step(1, "/gather"));
-        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        let m = Model::from_bytes(&a.to_bytes()).unwrap();
         let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
         assert!(matches!(&err, Error::Kernel { code: 1, .. }), "{err:?}");
         assert_eq!(err.to_string(), "node '/gather': index out of range");
         a.schedule[1] = step(2, "/custom");
-        let mut m = Model::from_bytes(&a.to_bytes()).unwrap();
+        let m = Model::from_bytes(&a.to_bytes()).unwrap();
         let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -189,15 +189,15 @@ mod x86_64 {
         Model::from_bytes(&a.to_bytes()).unwrap()
     }
 
-    fn run_err(m: &mut Model, inputs: &[TensorRef<'_>]) -> Error {
+    fn run_err(m: &Model, inputs: &[TensorRef<'_>]) -> Error {
         m.run(inputs).expect_err("run should fail")
     }
 
     #[test]
     fn unknown_input() {
-        let mut m = two_input_model();
+        let m = two_input_model();
         let foo = Tensor::from_f32("foo", &[2], &[0.0; 2]);
-        let err = run_err(&mut m, &[foo.view()]);
+        let err = run_err(&m, &[foo.view()]);
         assert!(matches!(err, Error::UnknownInput { .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
@@ -207,30 +207,30 @@ mod x86_64 {
 
     #[test]
     fn missing_input() {
-        let mut m = two_input_model();
-        let err = run_err(&mut m, &[x(&[0.0; 2]).view()]);
+        let m = two_input_model();
+        let err = run_err(&m, &[x(&[0.0; 2]).view()]);
         assert!(matches!(err, Error::MissingInput { .. }), "{err:?}");
         assert_eq!(err.to_string(), "missing input 'b' (i64[1])");
     }
 
     #[test]
     fn duplicate_input() {
-        let mut m = two_input_model();
+        let m = two_input_model();
         let x = x(&[0.0; 2]);
-        let err = run_err(&mut m, &[x.view(), x.view()]);
+        let err = run_err(&m, &[x.view(), x.view()]);
         assert_eq!(err.to_string(), "input 'x' is given more than once");
     }
 
     #[test]
     fn wrong_dtype_and_shape() {
-        let mut m = two_input_model();
+        let m = two_input_model();
         let b = Tensor::from_i64("b", &[1], &[5]);
         let wrong_dtype = Tensor::from_slice("x", &[2], &[1i32, 2]);
-        let err = run_err(&mut m, &[wrong_dtype.view(), b.view()]);
+        let err = run_err(&m, &[wrong_dtype.view(), b.view()]);
         assert!(matches!(err, Error::InputTypeMismatch { .. }), "{err:?}");
         assert_eq!(err.to_string(), "input 'x': expected f32[2], given i32[2]");
         let wrong_shape = Tensor::from_f32("x", &[1, 2], &[1.0, 2.0]);
-        let err = run_err(&mut m, &[b.view(), wrong_shape.view()]);
+        let err = run_err(&m, &[b.view(), wrong_shape.view()]);
         assert_eq!(
             err.to_string(),
             "input 'x': expected f32[2], given f32[1,2]"
@@ -239,10 +239,10 @@ mod x86_64 {
 
     #[test]
     fn wrong_data_length() {
-        let mut m = two_input_model();
+        let m = two_input_model();
         let b = Tensor::from_i64("b", &[1], &[5]);
         let short = Tensor::from_f32("x", &[2], &[1.0]);
-        let err = run_err(&mut m, &[short.view(), b.view()]);
+        let err = run_err(&m, &[short.view(), b.view()]);
         assert!(matches!(err, Error::InputDataLength { .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
@@ -252,7 +252,7 @@ mod x86_64 {
 
     #[test]
     fn wrong_output_buffers() {
-        let mut m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
         let x = x(&[1.0, 2.0]);
         let err = m.run_into(&[x.view()], &mut []).unwrap_err();
         assert_eq!(
@@ -281,9 +281,49 @@ mod x86_64 {
     }
 
     #[test]
+    fn sessions_run_in_their_own_arena_and_outlive_the_model() {
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let mut a = m.session().unwrap();
+        let mut b = m.session().unwrap();
+        drop(m);
+        let mut y = [0u8; 8];
+        a.run_into(&[x(&[1.0, 2.0]).view()], &mut [&mut y]).unwrap();
+        assert_eq!(y, Tensor::from_f32("y", &[2], &[1.0, 2.0]).data[..]);
+        let out = b.run(&[x(&[3.0, 4.0]).view()]).unwrap();
+        assert_eq!(out[0].to_f32_vec(), Some(vec![3.0, 4.0]));
+        // Session errors are the model's errors.
+        let err = a.run(&[]).unwrap_err();
+        assert!(matches!(err, Error::MissingInput { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn one_model_runs_from_many_threads_at_once() {
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..8u16 {
+                let m = &m;
+                s.spawn(move || {
+                    let mut session = m.session().unwrap();
+                    for i in 0..500u16 {
+                        let v = [f32::from(t), f32::from(i)];
+                        // Alternate the shared entry point and the session.
+                        let y = if i % 2 == 0 {
+                            m.run(&[x(&v).view()]).unwrap().remove(0)
+                        } else {
+                            session.run(&[x(&v).view()]).unwrap().remove(0)
+                        };
+                        assert_eq!(y.to_f32_vec(), Some(v.to_vec()), "thread {t} run {i}");
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
     fn model_is_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Model>();
+        check::<kiln_runtime::Session>();
         let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
         let spec: TensorSpec = std::thread::spawn(move || m.outputs()[0].clone())
             .join()

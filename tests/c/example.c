@@ -119,7 +119,16 @@ int main(int argc, char **argv) {
         if (!outputs[i]) goto done;
     }
 
-    if (kiln_model_run(m, (const void *const *)inputs, outputs) != KILN_OK) {
+    /* A session owns the arena one inference works in; one per thread lets
+     * several threads run the same loaded model at once. */
+    KilnSession *s = kiln_session_new(m);
+    if (!s) {
+        fprintf(stderr, "error: %s\n", kiln_last_error());
+        goto done;
+    }
+    int rc = kiln_session_run(s, (const void *const *)inputs, outputs);
+    kiln_session_free(s);
+    if (rc != KILN_OK) {
         fprintf(stderr, "error: %s\n", kiln_last_error());
         goto done;
     }

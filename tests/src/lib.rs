@@ -3,6 +3,9 @@
 //! committed onnxruntime references.
 //!
 //! Fixtures live in `fixtures/models/<name>/` (see `fixtures/README.md`).
+//! [`fuzz`] holds the bodies of the fuzz targets.
+
+pub mod fuzz;
 
 use kiln::compare::{compare, Comparison};
 use kiln::driver::{compile, CompileOptions};
@@ -132,7 +135,7 @@ impl Fixture {
 
 /// Loads artifact bytes and runs them on `inputs`.
 pub fn run_artifact(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
-    let mut model = Model::from_bytes(bytes).map_err(|e| format!("load: {e}"))?;
+    let model = Model::from_bytes(bytes).map_err(|e| format!("load: {e}"))?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     model.run(&views).map_err(|e| format!("run: {e}"))
 }

@@ -321,7 +321,7 @@ fn run_case(dir: &Path) -> Value {
     if data_sets.is_empty() {
         return outcome("fail", "the case has no test_data_set_*");
     }
-    let mut model_rt = match kiln_runtime::Model::from_bytes(&compiled.bytes) {
+    let model_rt = match kiln_runtime::Model::from_bytes(&compiled.bytes) {
         Ok(m) => m,
         Err(e) => return outcome("fail", format!("runtime load: {e}")),
     };

@@ -1,16 +1,18 @@
-//! The runtime under load: compiled fixture models run from several threads
-//! at once, each thread with its own `Model` loaded from the same bytes and
-//! all threads sharing one `Mutex<Model>`; every output is compared with the
-//! first run (bitwise) and with the onnxruntime reference (tolerance); the
-//! resident set size must not grow once warmed up.
+//! The runtime under load: each compiled fixture model is loaded once and
+//! run from several threads at once, every thread alternating between its
+//! own `Session` (allocation-free `run_into`) and the shared `Model::run`
+//! (which lends the model's cached arena or allocates a temporary one);
+//! every output is compared with the first run (bitwise) and with the
+//! onnxruntime reference (tolerance); the resident set size must not grow
+//! once warmed up.
 //!
 //! `KILN_LOAD_RUNS=<n>` sets the total number of runs (default 10,000); see
 //! `docs/robustness.md`.
 
 use kiln::compare::compare;
-use kiln_runtime::{Model, Tensor};
+use kiln_runtime::{Model, Session, Tensor};
 use kiln_tests::Fixture;
-use std::sync::{Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 const THREADS: usize = 4;
@@ -75,10 +77,10 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn run_checked(model: &mut Model, case: &Case, first: &[Tensor]) -> Result<(), String> {
-    let views: Vec<_> = case.inputs.iter().map(Tensor::view).collect();
-    let outputs = model.run(&views).map_err(|e| format!("run: {e}"))?;
-    if outputs.as_slice() != first {
+/// Compares one run's outputs with the first run (bitwise) and with the
+/// onnxruntime reference (within `TOLERANCE`).
+fn check_outputs(outputs: &[Tensor], case: &Case, first: &[Tensor]) -> Result<(), String> {
+    if outputs != first {
         return Err("outputs differ bitwise from the first run".into());
     }
     for (o, r) in outputs.iter().zip(&case.references) {
@@ -88,6 +90,36 @@ fn run_checked(model: &mut Model, case: &Case, first: &[Tensor]) -> Result<(), S
         }
     }
     Ok(())
+}
+
+/// One run through the shared `Model::run`.
+fn run_shared(model: &Model, case: &Case, first: &[Tensor]) -> Result<(), String> {
+    let views: Vec<_> = case.inputs.iter().map(Tensor::view).collect();
+    let outputs = model.run(&views).map_err(|e| format!("Model::run: {e}"))?;
+    check_outputs(&outputs, case, first)
+}
+
+/// One allocation-free run in `session`, into `buffers` (one per output).
+fn run_session(
+    session: &mut Session,
+    buffers: &mut [Vec<u8>],
+    case: &Case,
+    first: &[Tensor],
+) -> Result<(), String> {
+    let views: Vec<_> = case.inputs.iter().map(Tensor::view).collect();
+    let mut outs: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+    session
+        .run_into(&views, &mut outs)
+        .map_err(|e| format!("Session::run_into: {e}"))?;
+    let outputs: Vec<Tensor> = (session.outputs().iter().zip(buffers.iter()))
+        .map(|(spec, data)| Tensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+            data: data.clone(),
+        })
+        .collect();
+    check_outputs(&outputs, case, first)
 }
 
 #[test]
@@ -106,7 +138,7 @@ fn models_run_from_many_threads_with_stable_outputs_and_memory() {
     let firsts: Vec<Vec<Tensor>> = cases
         .iter()
         .map(|c| {
-            let mut m = Model::from_bytes(&c.bytes).unwrap();
+            let m = Model::from_bytes(&c.bytes).unwrap();
             let views: Vec<_> = c.inputs.iter().map(Tensor::view).collect();
             let out = m.run(&views).unwrap();
             for (o, r) in out.iter().zip(&c.references) {
@@ -116,9 +148,10 @@ fn models_run_from_many_threads_with_stable_outputs_and_memory() {
             out
         })
         .collect();
-    let shared: Vec<Mutex<Model>> = cases
+    // Each model is loaded once; every thread runs the same instance.
+    let models: Vec<Arc<Model>> = cases
         .iter()
-        .map(|c| Mutex::new(Model::from_bytes(&c.bytes).unwrap()))
+        .map(|c| Arc::new(Model::from_bytes(&c.bytes).unwrap()))
         .collect();
 
     let barrier = Barrier::new(THREADS + 1);
@@ -132,21 +165,26 @@ fn models_run_from_many_threads_with_stable_outputs_and_memory() {
     std::thread::scope(|s| {
         let mut handles = Vec::new();
         for t in 0..THREADS {
-            let (cases, firsts, shared, barrier, runs_per_case) =
-                (&cases, &firsts, &shared, &barrier, &runs_per_case);
+            let (cases, firsts, barrier, runs_per_case) =
+                (&cases, &firsts, &barrier, &runs_per_case);
+            let models: Vec<Arc<Model>> = models.iter().map(Arc::clone).collect();
             handles.push(s.spawn(move || -> Result<(), String> {
-                let mut own: Vec<Model> = cases
-                    .iter()
-                    .map(|c| Model::from_bytes(&c.bytes).unwrap())
+                let mut sessions: Vec<Session> =
+                    models.iter().map(|m| m.session().unwrap()).collect();
+                let mut buffers: Vec<Vec<Vec<u8>>> = (models.iter())
+                    .map(|m| {
+                        (m.outputs().iter())
+                            .map(|o| vec![0; o.byte_len() as usize])
+                            .collect()
+                    })
                     .collect();
                 // Warm-up: every path once, so allocator arenas and output
                 // buffers exist before the baseline.
                 let mut step = |i: usize, k: usize| -> Result<(), String> {
                     let result = if i.is_multiple_of(2) {
-                        run_checked(&mut own[k], &cases[k], &firsts[k])
+                        run_session(&mut sessions[k], &mut buffers[k], &cases[k], &firsts[k])
                     } else {
-                        let mut m = shared[k].lock().unwrap();
-                        run_checked(&mut m, &cases[k], &firsts[k])
+                        run_shared(&models[k], &cases[k], &firsts[k])
                     };
                     result.map_err(|e| format!("thread {t}, {} run {i}: {e}", cases[k].name))
                 };
@@ -214,11 +252,14 @@ fn models_run_from_many_threads_with_stable_outputs_and_memory() {
     );
 }
 
-/// `Model` is `Send + Sync`; `run` needs `&mut`, so sharing one instance
-/// across threads needs a `Mutex` (checked by the compiler).
+/// `Model` is `Send + Sync` (shared by `Arc`, all methods take `&self`);
+/// a `Session` is `Send`, so each thread can own one (checked by the
+/// compiler).
 #[test]
-fn model_is_send_and_sync() {
+fn model_is_send_and_sync_and_sessions_are_send() {
     fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
     assert_send_sync::<Model>();
-    assert_send_sync::<Mutex<Model>>();
+    assert_send_sync::<Arc<Model>>();
+    assert_send::<Session>();
 }

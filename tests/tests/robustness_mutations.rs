@@ -905,7 +905,7 @@ fn exercise(m: &Mutation, root: &Path, rng: &mut Rng) -> Result<Outcome, String>
             meta.arena_size
         ));
     }
-    let mut rt = match Model::from_bytes(&compiled.bytes) {
+    let rt = match Model::from_bytes(&compiled.bytes) {
         Ok(model) => model,
         Err(e) => return Ok(Outcome::RunError(format!("load: {e}"))),
     };

@@ -117,7 +117,7 @@ fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64
         opt_level: 2,
     };
     let artifact = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
-    let mut model = Model::from_bytes(&artifact.to_bytes()).expect("load");
+    let model = Model::from_bytes(&artifact.to_bytes()).expect("load");
     let x_bytes: Vec<u8> = (0..input_shape[0] * input_shape[1])
         .flat_map(|i| val(i + 1).to_le_bytes())
         .collect();

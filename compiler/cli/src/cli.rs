@@ -4,9 +4,10 @@ use clap::{Args, Parser, Subcommand};
 use kiln::compare::compare;
 use kiln::driver::{self, CompileOptions, DriverError, DumpIr};
 use kiln::npy::{self, NpyError};
+use kiln::signing;
 use kiln_onnx::OnnxError;
-use kiln_runtime::format::{Artifact, ArtifactView};
-use kiln_runtime::{DType, Model, Tensor, TensorSpec};
+use kiln_runtime::format::{self, Artifact, ArtifactView};
+use kiln_runtime::{DType, Model, PublicKey, Session, Tensor, TensorSpec};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,18 @@ enum Command {
     Inspect(InspectArgs),
     /// Measure an artifact's latency.
     Bench(BenchArgs),
+    /// Make an Ed25519 key pair for signing artifacts (`compile --sign`).
+    Keygen(KeygenArgs),
+}
+
+#[derive(Args)]
+struct KeygenArgs {
+    /// Where to write the secret key (PKCS#8 PEM, mode 0600); the public key
+    /// goes to the same path with `.pub` appended.
+    output: PathBuf,
+    /// Overwrite existing key files.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Clone)]
@@ -110,6 +123,11 @@ struct CompileArgs {
     /// artifacts are byte-identical.
     #[arg(long)]
     verify_reproducible: bool,
+    /// Sign the artifact with this Ed25519 secret key (PKCS#8 PEM, from
+    /// `kiln keygen` or `openssl genpkey -algorithm ed25519`); writes the
+    /// signature to OUTPUT.sig for `Model::load_verified`.
+    #[arg(long, value_name = "KEYFILE")]
+    sign: Option<PathBuf>,
     /// Print a machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -146,6 +164,10 @@ struct RunArgs {
     /// Tolerance of --check: max abs error relative to the output's scale.
     #[arg(long, default_value_t = 1e-4)]
     tolerance: f64,
+    /// Refuse the artifact unless ARTIFACT.sig is a valid signature by this
+    /// Ed25519 public key (PEM, from `kiln keygen` or `openssl pkey -pubout`).
+    #[arg(long, value_name = "PEM")]
+    public_key: Option<PathBuf>,
     /// Print a machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -233,6 +255,8 @@ impl From<kiln_runtime::Error> for Failure {
             | E::NotCudaArtifact { .. }
             | E::CudaSmTooOld { .. }
             | E::CudaDriver { .. } => exit::BAD_ARTIFACT,
+            E::InvalidPublicKey(_) => exit::USAGE,
+            e if e.is_signature_error() => exit::BAD_ARTIFACT,
             E::Kernel { .. } => exit::BAD_INPUT,
             _ => exit::BAD_INPUT,
         };
@@ -267,6 +291,7 @@ pub fn main() -> i32 {
         Command::Run(a) => cmd_run(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Bench(a) => cmd_bench(a),
+        Command::Keygen(a) => cmd_keygen(a),
     };
     match result {
         Ok(()) => exit::OK,
@@ -438,7 +463,23 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     } else {
         None
     };
+    let signature = match &a.sign {
+        Some(key_path) => {
+            let pem = std::fs::read_to_string(key_path)
+                .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", key_path.display())))?;
+            let sig = signing::sign_artifact(&out.bytes, &pem).map_err(|e| {
+                Failure::new(exit::USAGE, format!("--sign {}: {e}", key_path.display()))
+            })?;
+            Some(sig)
+        }
+        None => None,
+    };
     write_file(&output, &out.bytes)?;
+    let signature_path = signature.map(|sig| {
+        let path = format::signature_path(&output);
+        write_file(&path, &sig.to_bytes()).map(|()| path)
+    });
+    let signature_path = signature_path.transpose()?;
     if let Some(dir) = &a.dump_ptx {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -500,6 +541,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "compile_ms": elapsed.as_secs_f64() * 1e3,
                 "content_sha256": hex(&out.artifact.content_hash()),
                 "reproducible": reproducible.is_some().then_some(true),
+                "signature": signature_path.as_ref().map(|p| p.display().to_string()),
             })
         );
     } else {
@@ -514,6 +556,9 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             meta.arena_size,
             elapsed.as_secs_f64() * 1e3
         );
+        if let Some(path) = &signature_path {
+            println!("signed: {}", path.display());
+        }
         if let Some(how) = &reproducible {
             println!(
                 "reproducible: {how} gave identical bytes (content sha256 {})",
@@ -713,9 +758,16 @@ fn is_cuda_artifact(path: &Path) -> bool {
 fn load_and_run(
     path: &Path,
     args: &InputArgs,
+    public_key: Option<&Path>,
 ) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
     #[cfg(feature = "cuda")]
     if is_cuda_artifact(path) {
+        if public_key.is_some() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--public-key is not supported for CUDA artifacts yet",
+            ));
+        }
         let mut model = kiln_runtime::cuda::CudaModel::load(path)?;
         let inputs = gather_inputs(model.inputs(), args)?;
         let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
@@ -723,7 +775,10 @@ fn load_and_run(
         let outputs = model.run(&views)?;
         return Ok((outputs, start.elapsed()));
     }
-    let mut model = Model::load(path)?;
+    let model = match public_key {
+        Some(key) => Model::load_verified(path, &PublicKey::from_pem_file(key)?)?,
+        None => Model::load(path)?,
+    };
     let inputs = gather_inputs(model.inputs(), args)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let start = Instant::now();
@@ -732,7 +787,7 @@ fn load_and_run(
 }
 
 fn cmd_run(a: RunArgs) -> Result<(), Failure> {
-    let (outputs, latency) = load_and_run(&a.artifact, &a.inputs)?;
+    let (outputs, latency) = load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref())?;
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -1123,11 +1178,50 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn cmd_keygen(a: KeygenArgs) -> Result<(), Failure> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let public_path = {
+        let mut p = a.output.clone().into_os_string();
+        p.push(".pub");
+        PathBuf::from(p)
+    };
+    let (secret, public) =
+        signing::generate_key_pair().map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))?;
+    let io =
+        |path: &Path, e: std::io::Error| Failure::new(exit::IO, format!("{}: {e}", path.display()));
+    for path in [&a.output, &public_path] {
+        if path.exists() && !a.force {
+            return Err(Failure::new(
+                exit::IO,
+                format!("{} exists; pass --force to overwrite it", path.display()),
+            ));
+        }
+    }
+    // The secret key is readable by its owner only, from its first byte.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&a.output)
+        .map_err(|e| io(&a.output, e))?;
+    file.write_all(secret.as_bytes())
+        .map_err(|e| io(&a.output, e))?;
+    write_file(&public_path, public.as_bytes())?;
+    println!(
+        "wrote secret key {} and public key {}",
+        a.output.display(),
+        public_path.display()
+    );
+    Ok(())
+}
+
 fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
     if a.runs == 0 {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
-    let mut model = Model::load(&a.artifact)?;
+    let model = Model::load(&a.artifact)?;
     let inputs = gather_inputs(model.inputs(), &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let mut outputs: Vec<Vec<u8>> = model
@@ -1135,19 +1229,21 @@ fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         .iter()
         .map(|s| vec![0u8; s.byte_len() as usize])
         .collect();
-    let mut run = |model: &mut Model| -> Result<(), Failure> {
+    // A session's runs never allocate, so the timings hold no allocator.
+    let mut session = model.session()?;
+    let mut run = |session: &mut Session| -> Result<(), Failure> {
         let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|v| v.as_mut_slice()).collect();
-        model.run_into(&views, &mut outs)?;
+        session.run_into(&views, &mut outs)?;
         Ok(())
     };
     for _ in 0..a.warmup {
-        run(&mut model)?;
+        run(&mut session)?;
     }
     let mut times = Vec::with_capacity(a.runs);
     let total = Instant::now();
     for _ in 0..a.runs {
         let t = Instant::now();
-        run(&mut model)?;
+        run(&mut session)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let wall = total.elapsed().as_secs_f64();

@@ -156,7 +156,11 @@ pub struct Optimized {
 
 /// Imports the model at `path` and runs the pass pipeline on it.
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
-    let mut graph = kiln_onnx::import(path, &opts.import)?;
+    optimize_graph(kiln_onnx::import(path, &opts.import)?, opts)
+}
+
+/// Runs the pass pipeline on an imported graph.
+fn optimize_graph(mut graph: Graph, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let pm = match &opts.passes {
         Some(names) => {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -196,16 +200,53 @@ pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverErr
         path: path.to_path_buf(),
         source,
     })?;
+    let optimized = optimize(path, opts)?;
+    generate(&source, optimized, opts)
+}
+
+/// Compiles ONNX model bytes held in memory; external data is read from
+/// `model_dir` (`None`: external data is an error). The fuzz targets
+/// (`fuzz/`, `kiln_tests::fuzz`) enter the compiler here.
+pub fn compile_bytes(
+    source: &[u8],
+    model_dir: Option<&Path>,
+    opts: &CompileOptions,
+) -> Result<Compiled, DriverError> {
+    let model = kiln_onnx::decode_model(source)?;
+    let graph = kiln_onnx::import_model(&model, model_dir, &opts.import)?;
+    generate(source, optimize_graph(graph, opts)?, opts)
+}
+
+/// Code generation and serialization of an optimized graph compiled from
+/// the ONNX bytes `source`.
+fn generate(
+    source: &[u8],
+    optimized: Optimized,
+    opts: &CompileOptions,
+) -> Result<Compiled, DriverError> {
     let Optimized {
         graph,
         report,
         dumps,
-    } = optimize(path, opts)?;
+    } = optimized;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
         options: opts.canonical(),
-        source_sha256: Sha256::digest(&source).into(),
+        source_sha256: Sha256::digest(source).into(),
     };
+    // Every computed value lives in the arena, so one larger than the arena
+    // limit fails it anyway: refuse it before code generation, whose time
+    // grows with the shapes it specializes on.
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let bytes = node.ty.checked_size_bytes().map_or(u64::MAX, |b| b as u64);
+        if !matches!(node.op, kiln_ir::Op::Constant(_)) && bytes > opts.max_arena_bytes {
+            return Err(DriverError::ArenaTooLarge {
+                arena_bytes: bytes,
+                limit: opts.max_arena_bytes,
+            });
+        }
+    }
     let mut ptx_kernels = Vec::new();
     let mut ptxas = None;
     let artifact = match opts.cuda {

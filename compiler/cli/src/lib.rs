@@ -4,7 +4,7 @@
 //! (`kiln-onnx`), the pass pipeline (`kiln-passes`), code generation for the
 //! chosen target (`kiln-target-cpu`) and artifact serialization
 //! (`kiln-runtime`'s format). [`npy`] reads and writes `.npy`/`.npz`
-//! tensors for `kiln run`. The binary in `main.rs` only parses arguments
+//! tensors for `kiln run`; [`signing`] makes keys and signs artifacts. The binary in `main.rs` only parses arguments
 //! and renders results and errors for people or, with `--json`, machines.
 //!
 //! # Example
@@ -19,3 +19,4 @@
 pub mod compare;
 pub mod driver;
 pub mod npy;
+pub mod signing;

@@ -250,8 +250,13 @@ impl Graph {
     }
 
     /// Removes a node that nothing uses. Graph inputs cannot be removed.
+    /// Returns whether it removed the node; false also for a node already
+    /// removed (a consumer that read one value twice lists it twice).
     pub fn remove_unused(&mut self, id: NodeId) -> bool {
-        if self.is_used(id) || matches!(self.g[id].op, Op::Input { .. }) {
+        if !self.g.contains_node(id)
+            || self.is_used(id)
+            || matches!(self.g[id].op, Op::Input { .. })
+        {
             return false;
         }
         self.g.remove_node(id);

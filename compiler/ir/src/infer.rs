@@ -186,8 +186,9 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         }
         Op::Reshape { shape } => {
             let x = inputs[0];
-            let n: usize = shape.iter().product();
-            if n != x.num_elements() {
+            // An overflowing product is not the (addressable) input size.
+            let n = (shape.iter()).try_fold(1usize, |acc, &d| acc.checked_mul(d));
+            if n != Some(x.num_elements()) {
                 return Err(IrError::ty(
                     name,
                     format!(

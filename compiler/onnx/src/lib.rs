@@ -57,9 +57,23 @@ pub struct ImportOptions {
     /// Values for named symbolic dims (`--dim batch=1`).
     pub dims: BTreeMap<String, usize>,
     /// The largest byte size one initializer (or constant tensor) may declare.
-    /// Default 4 GiB.
+    /// Default 4 GiB. Data read from the model must also be present: a
+    /// tensor never claims more bytes than its file (or external file) holds.
     pub max_initializer_bytes: u64,
+    /// The most bytes of constant data the import may create that the model
+    /// does not hold, summed over the model: folded results, `ConstantOfShape`
+    /// and `Expand` outputs, folded BatchNorm parameters. Default
+    /// [`DEFAULT_MAX_GENERATED_BYTES`]. A small model cannot make the import
+    /// allocate more than this (plus its own size); a node that would cross
+    /// the limit is an [`OnnxError::TooLarge`] naming it, except plain folds,
+    /// which are then left in the graph to run in the arena.
+    pub max_generated_bytes: u64,
 }
+
+/// Default of [`ImportOptions::max_generated_bytes`]: 1 GiB, enough for the
+/// ONNX "light" models whose weights are `ConstantOfShape` nodes (VGG-19,
+/// the largest, needs 548 MiB).
+pub const DEFAULT_MAX_GENERATED_BYTES: u64 = 1 << 30;
 
 impl Default for ImportOptions {
     fn default() -> Self {
@@ -67,6 +81,7 @@ impl Default for ImportOptions {
             input_shapes: BTreeMap::new(),
             dims: BTreeMap::new(),
             max_initializer_bytes: 4 << 30,
+            max_generated_bytes: DEFAULT_MAX_GENERATED_BYTES,
         }
     }
 }

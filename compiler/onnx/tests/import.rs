@@ -790,3 +790,155 @@ fn a_graph_without_outputs_is_refused() {
     let e = err(&m);
     assert!(e.to_string().contains("no outputs"), "{e}");
 }
+
+// ---- memory bounds: what a small model can make the import allocate ----
+
+fn i64_tensor(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    }
+}
+
+/// `x[n] + ConstantOfShape([n]) + ...`, one ConstantOfShape per name.
+fn constant_of_shape_chain(n: i64, names: &[&str]) -> ModelProto {
+    let mut nodes = Vec::new();
+    let mut prev = "x".to_string();
+    for (k, c) in names.iter().enumerate() {
+        nodes.push(node("ConstantOfShape", c, &["shape"], &[c]));
+        let sum = format!("sum{k}");
+        nodes.push(node("Add", &sum, &[&prev, c], &[&sum]));
+        prev = sum;
+    }
+    let last = prev.clone();
+    nodes.push(node("Identity", "out", &[&last], &["y"]));
+    model(
+        nodes,
+        vec![f32_input("x", &[n])],
+        &["y"],
+        vec![i64_tensor("shape", &[n])],
+    )
+}
+
+#[test]
+fn constant_of_shape_claiming_2_to_40_elements_is_refused_before_allocating() {
+    let m = constant_of_shape_chain(1 << 40, &["huge"]);
+    // The input [2^40] alone is addressable; the constant is refused first.
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    assert!(e.to_string().contains("'huge'"), "{e}");
+    assert!(
+        prost::Message::encoded_len(&m) < 1024,
+        "the attack model is small"
+    );
+}
+
+#[test]
+fn generated_constants_share_one_budget() {
+    // Three ConstantOfShape of 100 f32 (400 bytes each) under a 1000-byte
+    // budget: the third is refused, named.
+    let m = constant_of_shape_chain(100, &["c1", "c2", "c3"]);
+    let opts = ImportOptions {
+        max_generated_bytes: 1000,
+        ..Default::default()
+    };
+    let e = import_model(&m, None, &opts).unwrap_err();
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    let message = e.to_string();
+    assert!(
+        message.contains("'c3'") && message.contains("800 bytes"),
+        "{message}"
+    );
+    // Two fit.
+    let m = constant_of_shape_chain(100, &["c1", "c2"]);
+    import_model(&m, None, &opts).expect("two constants fit the budget");
+}
+
+#[test]
+fn folds_beyond_the_budget_stay_in_the_graph() {
+    // W (in the file) → Neg → Neg → + x: the first fold (400 bytes) fits a
+    // 500-byte budget, the second is left as a node that runs in the arena.
+    let m = model(
+        vec![
+            node("Neg", "n1", &["W"], &["w1"]),
+            node("Neg", "n2", &["w1"], &["w2"]),
+            node("Add", "add", &["x", "w2"], &["y"]),
+        ],
+        vec![f32_input("x", &[100])],
+        &["y"],
+        vec![f32_tensor("W", &[100], &[0.5; 100])],
+    );
+    let count_negs = |opts: &ImportOptions| {
+        let g = import_model(&m, None, opts).unwrap();
+        (g.topo_order().unwrap().into_iter())
+            .filter(|&id| matches!(g.node(id).op, Op::Unary(kiln_ir::UnaryOp::Neg)))
+            .count()
+    };
+    let tight = ImportOptions {
+        max_generated_bytes: 500,
+        ..Default::default()
+    };
+    assert_eq!(count_negs(&tight), 1);
+    assert_eq!(count_negs(&ImportOptions::default()), 0);
+}
+
+#[test]
+fn expand_to_a_huge_shape_is_refused_naming_the_node() {
+    let m = model(
+        vec![
+            node("Expand", "big", &["one", "shape"], &["e"]),
+            node("Add", "add", &["x", "e"], &["y"]),
+        ],
+        vec![f32_input("x", &[1])],
+        &["y"],
+        vec![
+            f32_tensor("one", &[1], &[1.0]),
+            i64_tensor("shape", &[1 << 20, 1 << 20]),
+        ],
+    );
+    let e = err(&m);
+    assert!(e.to_string().contains("big"), "{e}");
+}
+
+#[test]
+fn huge_dims_in_value_info_are_not_materialized() {
+    // value_info is advisory: Kiln infers every type itself, so a claimed
+    // [2^40, 2^40] intermediate changes nothing.
+    let mut m = relu_model();
+    let g = m.graph.as_mut().unwrap();
+    g.value_info.push(f32_input("y", &[1 << 40, 1 << 40]));
+    let graph = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let out = graph.outputs()[0].1;
+    assert_eq!(graph.node(out).ty.shape.as_slice(), &[2, 3]);
+}
+
+#[test]
+fn costly_constant_folds_are_left_to_run_in_the_compiled_code() {
+    // A ~200-byte model: Conv of two ConstantOfShape results, 257 x 257
+    // outputs of 65,536 multiply-adds each (4.3e9): folding it at import
+    // would take hours in the reference evaluator.
+    let m = model(
+        vec![
+            node("ConstantOfShape", "X", &["xs"], &["X"]),
+            node("ConstantOfShape", "W", &["ws"], &["W"]),
+            node("Conv", "conv", &["X", "W"], &["c"]),
+            node("Add", "add", &["x", "c"], &["y"]),
+        ],
+        vec![f32_input("x", &[1, 1, 257, 257])],
+        &["y"],
+        vec![
+            i64_tensor("xs", &[1, 1, 512, 512]),
+            i64_tensor("ws", &[1, 1, 256, 256]),
+        ],
+    );
+    let start = std::time::Instant::now();
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    assert!(start.elapsed().as_secs() < 30, "{:?}", start.elapsed());
+    let convs = (g.topo_order().unwrap().into_iter())
+        .filter(|&id| matches!(g.node(id).op, Op::Conv(_)))
+        .count();
+    assert_eq!(convs, 1, "the Conv stays a node");
+}

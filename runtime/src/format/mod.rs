@@ -20,6 +20,7 @@ mod encode;
 mod error;
 mod layout;
 mod meta;
+mod signature;
 
 pub use code::{HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
 pub use cpu::{Arch, CpuFeatures};
@@ -30,6 +31,10 @@ pub use layout::{
     read_header, Header, SectionEntry, SectionKind, HEADER_LEN, SECTION_ALIGN, SECTION_ENTRY_LEN,
 };
 pub use meta::{type_string, Metadata, TensorSpec};
+pub use signature::{
+    signature_path, signed_message, DetachedSignature, SignatureFileError, SIGNATURE_FILE_LEN,
+    SIGNATURE_MAGIC,
+};
 
 use sha2::{Digest, Sha256};
 

@@ -105,7 +105,7 @@ fn opt_level_zero_also_runs() {
         ArtifactInfo::default(),
     )
     .unwrap();
-    let mut m = kiln_runtime::Model::from_bytes(&a.to_bytes()).unwrap();
+    let m = kiln_runtime::Model::from_bytes(&a.to_bytes()).unwrap();
     let x = vec![0.5f32; 72];
     let out = m
         .run(&[kiln_runtime::TensorRef::from_slice("x", &[1, 2, 6, 6], &x)])
@@ -186,7 +186,7 @@ fn every_x86_level_runs_the_same_on_this_host() {
         if !host.contains(a.features) {
             continue;
         }
-        let mut m = kiln_runtime::Model::from_bytes(&a.to_bytes()).unwrap();
+        let m = kiln_runtime::Model::from_bytes(&a.to_bytes()).unwrap();
         let out = m
             .run(&[kiln_runtime::TensorRef::from_slice("x", &[1, 2, 6, 6], &x)])
             .unwrap();

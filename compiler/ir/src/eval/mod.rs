@@ -35,6 +35,44 @@ use half::{bf16, f16};
 use std::collections::{HashMap, HashSet};
 use std::ops::{Add, Div, Mul, Sub};
 
+/// Default bound on [`work`] for folding constants: 2^26 scalar operations,
+/// about a second of reference evaluation in a debug build.
+pub const FOLD_WORK_LIMIT: u64 = 1 << 26;
+
+/// The number of scalar operations [`eval`] performs for `op` with inputs
+/// of types `inputs` and output `output`, saturating at `u64::MAX`: the
+/// output size times the reduction length for MatMul, Gemm, Conv and
+/// pooling, the elements read and written for every other op. Callers that
+/// fold constants bound it, so a small model cannot make them compute for
+/// hours (a 1 KB model can declare a constant Conv of 2^40 multiply-adds).
+pub fn work(op: &Op, inputs: &[&ValueType], output: &ValueType) -> u64 {
+    let elems = |t: &ValueType| (t.shape.iter()).fold(1u64, |acc, &d| acc.saturating_mul(d as u64));
+    let out = elems(output);
+    let reduction = match op {
+        // A[.., M, K] x B[.., K, N]: K per output element.
+        Op::MatMul => inputs
+            .first()
+            .and_then(|a| a.shape.last())
+            .map(|&k| k as u64),
+        // A is M x K (or K x M): K = |A| / M.
+        Op::Gemm { .. } => (inputs.first())
+            .zip(output.shape.first())
+            .map(|(a, &m)| elems(a) / (m as u64).max(1)),
+        // W is [O, C/group, kh, kw]: |W| / O per output element.
+        Op::Conv(_) => (inputs.get(1))
+            .zip(inputs.get(1).and_then(|w| w.shape.first()))
+            .map(|(w, &o)| elems(w) / (o as u64).max(1)),
+        Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
+            Some((p.kernel[0] as u64).saturating_mul(p.kernel[1] as u64))
+        }
+        _ => None,
+    };
+    match reduction {
+        Some(k) => out.saturating_mul(k.max(1)),
+        None => (inputs.iter()).fold(out, |acc, t| acc.saturating_add(elems(t))),
+    }
+}
+
 /// Evaluates one op on constant inputs; the output type equals
 /// [`infer::infer`] of the op on the input types.
 ///

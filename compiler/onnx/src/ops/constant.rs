@@ -83,11 +83,19 @@ pub fn constant_of_shape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
         .and_then(|n| n.checked_mul(dtype.size_bytes() as u64).map(|b| (n, b)));
     let n = match count {
-        Some((n, b)) if b <= limit => n as usize,
+        Some((n, b)) if b <= limit => {
+            // Charged before the data is allocated.
+            ctx.charge_generated(b)?;
+            n as usize
+        }
         _ => {
-            return Err(ctx.unsupported(format!(
-                "ConstantOfShape would create a {dims:?} {dtype} tensor, more than the limit of {limit} bytes"
-            )))
+            return Err(OnnxError::TooLarge {
+                tensor: name,
+                declared_bytes: count.map_or(u64::MAX, |(_, b)| b),
+                reason: format!(
+                    "ConstantOfShape would create a {dims:?} {dtype} tensor, more than the limit of {limit} bytes for one tensor"
+                ),
+            })
         }
     };
     let data = if dtype.is_float() {

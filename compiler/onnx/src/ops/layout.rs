@@ -60,7 +60,9 @@ fn resolve_shape(
     }
     let total: usize = input.iter().product();
     if let Some(i) = infer_at {
-        let known: usize = out.iter().product();
+        // A product that overflows cannot divide the (addressable) total.
+        let known = (out.iter()).try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let known = known.unwrap_or(0);
         if known == 0 || !total.is_multiple_of(known) {
             return Err(bad(format!(
                 "cannot infer -1 in {target:?} for input shape {input:?}"

@@ -45,6 +45,10 @@ pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             )));
         }
     }
+    if params.iter().all(|&p| ctx.konst(p).is_some()) {
+        // The folded scale and shift, charged before anything is computed.
+        ctx.charge_generated(2 * (n as u64) * xt.dtype.size_bytes() as u64)?;
+    }
     let konsts: Option<Vec<Vec<f64>>> = params
         .iter()
         .map(|&p| ctx.konst(p).map(|t| t.to_f64_vec()))

@@ -84,6 +84,16 @@ pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError>
     if n * o * oh * ow == 0 {
         return Ok(());
     }
+    super::pool::check_window(
+        cx,
+        &super::pool::Window {
+            kernel: [kh, kw],
+            out: [oh, ow],
+            strides: c.strides,
+            dilations: c.dilations,
+            pads: c.pads,
+        },
+    )?;
     let sh = c.strides[0];
     let segs_h = window_segments(oh, h, kh, sh, c.pads[0], c.pads[2], c.dilations[0]);
     let segs_w = window_segments(ow, w, kw, g.sw, c.pads[1], c.pads[3], c.dilations[1]);

@@ -121,7 +121,15 @@ pub(crate) fn slice(kb: &mut Kb, cx: &NodeCx, axes: &[SliceAxis]) -> Result<(), 
         .zip(&in_st)
         .map(|(a, s)| a.start as i64 * s)
         .sum();
-    let src_st: Vec<i64> = axes.iter().zip(&in_st).map(|(a, s)| a.step * s).collect();
+    let src_st: Vec<i64> = (axes.iter().zip(&in_st))
+        .map(|(a, s)| {
+            // Along an axis of at most one output element the step is never
+            // taken, and may be anything (i64::MAX overflowed the stride);
+            // with two or more, |step| < dim keeps the product in range.
+            let step = if a.len <= 1 { 0 } else { a.step };
+            step * s
+        })
+        .collect();
     let shape = cx.node.ty.shape.clone();
     let base = kb.ptr(cx.inputs[0].0);
     let src = kb.add_off(base, start);

@@ -29,6 +29,55 @@ pub(crate) struct Seg {
     pub padded: usize,
 }
 
+/// Most taps one window may have: every segment's loop body unrolls its
+/// taps, so code size grows with `kh × kw` (real models stay under 64).
+pub(crate) const MAX_WINDOW_TAPS: usize = 4096;
+
+/// Most `output positions × kernel taps` along one axis: the work
+/// [`window_segments`] does at compile time.
+pub(crate) const MAX_AXIS_WORK: usize = 1 << 24;
+
+/// Largest stride, dilation or pad the lowering accepts: byte offsets are
+/// products of these with row sizes and must fit in an `i64`.
+pub(crate) const MAX_WINDOW_STEP: usize = 1 << 20;
+
+/// The geometry of a sliding window (Conv or pooling).
+pub(crate) struct Window {
+    pub kernel: [usize; 2],
+    pub out: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads: [usize; 4],
+}
+
+/// Refuses windows whose lowering would take unbounded compile time or code
+/// size (a small model can declare a 2^20 × 2^20 kernel), or whose byte
+/// offsets would overflow (a stride of 2^62).
+pub(crate) fn check_window(cx: &NodeCx, win: &Window) -> Result<(), CpuError> {
+    let mut steps = (win.strides.iter().chain(&win.dilations).chain(&win.pads)).copied();
+    if let Some(step) = steps.find(|&s| s > MAX_WINDOW_STEP) {
+        return Err(cx.unsupported(format!(
+            "stride, dilation or pad {step} exceeds the CPU target's limit of {MAX_WINDOW_STEP}"
+        )));
+    }
+    let (kernel, out) = (win.kernel, win.out);
+    let taps = kernel[0].saturating_mul(kernel[1]);
+    if taps > MAX_WINDOW_TAPS {
+        return Err(cx.unsupported(format!(
+            "a {}x{} window has {taps} taps; the CPU target unrolls windows of at most {MAX_WINDOW_TAPS}",
+            kernel[0], kernel[1]
+        )));
+    }
+    for (axis, (&k, &o)) in kernel.iter().zip(&out).enumerate() {
+        if k.saturating_mul(o) > MAX_AXIS_WORK {
+            return Err(cx.unsupported(format!(
+                "{o} output positions x {k} taps along axis {axis} exceed the CPU target's limit of {MAX_AXIS_WORK}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Splits the output positions of one window axis into [`Seg`]s.
 pub(crate) fn window_segments(
     out: usize,
@@ -81,6 +130,16 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
     let [sh, sw] = p.strides;
     let [dh, dw] = p.dilations;
     let [pt, pl, _, _] = p.pads;
+    check_window(
+        cx,
+        &Window {
+            kernel: p.kernel,
+            out: [oh, ow],
+            strides: p.strides,
+            dilations: p.dilations,
+            pads: p.pads,
+        },
+    )?;
     // Windows past the end padding (ceil_mode) count as padding too, but
     // not in the divisor: the padded bound is pad_end.
     let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);

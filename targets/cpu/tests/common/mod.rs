@@ -73,7 +73,7 @@ pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_run
     Artifact::parse(&arm.to_bytes()).expect("aarch64 artifact parses");
     let bytes = artifact.to_bytes();
     Artifact::parse(&bytes).expect("artifact parses");
-    let mut model = Model::from_bytes(&bytes)?;
+    let model = Model::from_bytes(&bytes)?;
     let names: Vec<String> = g.inputs().iter().map(|&i| g.node(i).name.clone()).collect();
     let shapes: Vec<Vec<u64>> = inputs
         .iter()
