@@ -409,6 +409,11 @@ fn check_input(spec: &TensorSpec, given: &TensorRef<'_>) -> Result<(), Error> {
 /// Refuses artifacts for another architecture or for CPU features this
 /// machine lacks.
 fn check_host(header: &Header) -> Result<(), Error> {
+    if header.arch == Arch::Nvptx64 {
+        return Err(Error::CudaArtifact {
+            sm: header.features.0,
+        });
+    }
     if Arch::host() != Some(header.arch) {
         return Err(Error::UnsupportedArch {
             artifact: header.arch,

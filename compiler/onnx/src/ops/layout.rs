@@ -3,7 +3,7 @@
 
 use super::elementwise::reshape_to;
 use super::one;
-use crate::ctx::{ImportCtx, Val};
+use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
 use crate::OnnxError;
 use kiln_ir::{infer::broadcast_shapes, Op, SliceAxis};
@@ -363,7 +363,17 @@ pub fn expand(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if out == xs {
         return one(x);
     }
-    // Folds when the input is constant and the result small enough.
+    // Folds when the input is constant and the result small enough. A
+    // constant too large to fold still becomes that much data at run time,
+    // so it counts against the generated-data budget (a tiny model must not
+    // ask for terabytes).
+    let bytes = out
+        .iter()
+        .try_fold(ctx.ty(x).dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
+        .unwrap_or(usize::MAX);
+    if ctx.konst(x).is_some() && bytes > FOLD_LIMIT_BYTES {
+        ctx.charge_generated(bytes as u64)?;
+    }
     let expand = Op::Expand {
         shape: out.iter().copied().collect(),
     };

@@ -55,6 +55,22 @@ struct Geo {
 }
 
 /// Conv on f32.
+/// The CPU target's limits on a convolution window (shared by the Cranelift
+/// path and the AVX-512 microkernels).
+pub(crate) fn check_conv_window(cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
+    let wty = cx.inputs[1].1;
+    super::pool::check_window(
+        cx,
+        &super::pool::Window {
+            kernel: [wty.shape[2], wty.shape[3]],
+            out: [cx.node.ty.shape[2], cx.node.ty.shape[3]],
+            strides: c.strides,
+            dilations: c.dilations,
+            pads: c.pads,
+        },
+    )
+}
+
 pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
     for i in 0..cx.inputs.len() {
         cx.float_input(i, false)?;
@@ -84,16 +100,7 @@ pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError>
     if n * o * oh * ow == 0 {
         return Ok(());
     }
-    super::pool::check_window(
-        cx,
-        &super::pool::Window {
-            kernel: [kh, kw],
-            out: [oh, ow],
-            strides: c.strides,
-            dilations: c.dilations,
-            pads: c.pads,
-        },
-    )?;
+    check_conv_window(cx, c)?;
     let sh = c.strides[0];
     let segs_h = window_segments(oh, h, kh, sh, c.pads[0], c.pads[2], c.dilations[0]);
     let segs_w = window_segments(ow, w, kw, g.sw, c.pads[1], c.pads[3], c.dilations[1]);

@@ -40,6 +40,10 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
     if cx.node.ty.num_elements() == 0 {
         return None;
     }
+    if let Op::Conv(c) = &cx.node.op {
+        // Out-of-limit windows get the Cranelift path's error.
+        super::conv::check_conv_window(cx, c).ok()?;
+    }
     let spec = match &cx.node.op {
         Op::MatMul => matmul(cx, weights)?,
         Op::Gemm {
