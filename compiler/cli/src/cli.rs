@@ -946,22 +946,7 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     );
     println!("  built by {} with: {}", m.compiler_version, m.options);
     println!("  source model sha256 {}", hex(&m.source_sha256));
-    for s in &m.inputs {
-        println!(
-            "  input  {}: {} @ arena+{}",
-            s.name,
-            s.type_string(),
-            s.arena_offset
-        );
-    }
-    for s in &m.outputs {
-        println!(
-            "  output {}: {} @ arena+{}",
-            s.name,
-            s.type_string(),
-            s.arena_offset
-        );
-    }
+    print_io(m);
     println!(
         "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
         artifact.weights.len(),
@@ -1035,22 +1020,7 @@ fn inspect_cuda_artifact(
     );
     println!("  CUDA sm_{} (target {})", code.sm, m.target);
     println!("  built by {} with: {}", m.compiler_version, m.options);
-    for s in &m.inputs {
-        println!(
-            "  input  {}: {} @ arena+{}",
-            s.name,
-            s.type_string(),
-            s.arena_offset
-        );
-    }
-    for s in &m.outputs {
-        println!(
-            "  output {}: {} @ arena+{}",
-            s.name,
-            s.type_string(),
-            s.arena_offset
-        );
-    }
+    print_io(m);
     println!(
         "  sections: weights {} B, PTX {} B, cubin {} B, {} kernels, schedule {} steps, device arena {} B",
         artifact.weights.len(),
@@ -1215,6 +1185,20 @@ fn cmd_keygen(a: KeygenArgs) -> Result<(), Failure> {
         public_path.display()
     );
     Ok(())
+}
+
+/// The `input`/`output` lines of an artifact description.
+fn print_io(m: &kiln_runtime::format::Metadata) {
+    for (what, specs) in [("input ", &m.inputs), ("output", &m.outputs)] {
+        for s in specs {
+            println!(
+                "  {what} {}: {} @ arena+{}",
+                s.name,
+                s.type_string(),
+                s.arena_offset
+            );
+        }
+    }
 }
 
 fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
