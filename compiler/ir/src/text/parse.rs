@@ -363,7 +363,10 @@ impl Parser {
                     }
                 }
                 self.expect_punct('>', "after the elements")?;
-                let Some(n) = declared.checked_size_bytes().map(|_| declared.num_elements()) else {
+                let Some(n) = declared
+                    .checked_size_bytes()
+                    .map(|_| declared.num_elements())
+                else {
                     return Err(err(
                         line,
                         format!("%{v} is declared {declared}, larger than any addressable tensor"),
