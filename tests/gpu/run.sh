@@ -3,7 +3,8 @@
 # `gpu_check` (kiln-tests with the runtime's `cuda` feature), compiles every
 # fixture model for GPU 0's SM (the newest Kiln supports that the GPU can
 # run), runs it and compares each output with the committed onnxruntime
-# reference (fixtures/models/*/outputs), printing the max error per output,
+# reference (fixtures/models/*/outputs; plus the real models under
+# target/real-models or KILN_REAL_MODELS when fetched), printing the max error per output,
 # the p50 latency per model, and a summary. Exit status 1 on any failure.
 #
 #   tests/gpu/run.sh                 every fixture

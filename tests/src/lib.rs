@@ -133,6 +133,35 @@ impl Fixture {
     }
 }
 
+/// The real pretrained models fetched by `fixtures/make_real.py`.
+pub const REAL_MODELS: [&str; 3] = ["ppocrv4_det", "ppocrv4_rec", "minilm_l3"];
+
+/// Where the real models live (`KILN_REAL_MODELS`, else
+/// `target/real-models`), or `None` when they were not fetched. Missing
+/// models fail the calling test when `KILN_REQUIRE_REAL_MODELS=1` (set by
+/// `scripts/test.sh`).
+pub fn real_models_root() -> Option<PathBuf> {
+    let root: PathBuf = std::env::var_os("KILN_REAL_MODELS")
+        .map(Into::into)
+        .unwrap_or_else(|| repo_root().join("target/real-models"));
+    let missing: Vec<&str> = REAL_MODELS
+        .iter()
+        .copied()
+        .filter(|m| !root.join(m).join("meta.json").exists())
+        .collect();
+    if missing.is_empty() {
+        return Some(root);
+    }
+    assert!(
+        std::env::var("KILN_REQUIRE_REAL_MODELS").as_deref() != Ok("1"),
+        "real models {missing:?} missing under {}; run `python fixtures/make_real.py {}`",
+        root.display(),
+        root.display()
+    );
+    eprintln!("skipping: real models {missing:?} not fetched (fixtures/make_real.py)");
+    None
+}
+
 /// Loads artifact bytes and runs them on `inputs`.
 pub fn run_artifact(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
     let model = Model::from_bytes(bytes).map_err(|e| format!("load: {e}"))?;

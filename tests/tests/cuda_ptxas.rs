@@ -8,7 +8,7 @@
 
 use kiln_target_cuda::ptxas::assemble;
 use kiln_target_cuda::{CudaError, SmArch, SUPPORTED_SMS};
-use kiln_tests::{repo_root, Fixture};
+use kiln_tests::{real_models_root, repo_root, Fixture, REAL_MODELS};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -84,6 +84,40 @@ fn every_fixture_kernel_assembles_for_every_sm() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The real models (PP-OCRv4 det/rec, MiniLM) compile for the oldest and
+/// the newest supported SM and every kernel assembles; no GPU is needed.
+#[test]
+fn real_model_kernels_assemble() {
+    let Some(root) = real_models_root() else {
+        return;
+    };
+    let ptxas = ptxas();
+    let mut failures = Vec::new();
+    let sms = [SUPPORTED_SMS[0], SUPPORTED_SMS[SUPPORTED_SMS.len() - 1]];
+    for name in REAL_MODELS {
+        let fixture = Fixture::load_dir(&root.join(name));
+        let graph = kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .graph;
+        for sm in sms {
+            match kiln_target_cuda::compile(&graph, sm) {
+                Ok(program) => match assemble(&ptxas, &program) {
+                    Ok(a) => println!(
+                        "{name} sm_{}: {} kernels assembled, max {} registers, {} spill bytes",
+                        sm.sm,
+                        a.kernels.len(),
+                        a.kernels.iter().map(|k| k.registers).max().unwrap_or(0),
+                        a.kernels.iter().map(|k| k.spill_bytes).sum::<u32>()
+                    ),
+                    Err(e) => failures.push(format!("{name} sm_{}: {e}", sm.sm)),
+                },
+                Err(e) => failures.push(format!("{name} sm_{}: compile: {e}", sm.sm)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

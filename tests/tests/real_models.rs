@@ -7,40 +7,23 @@
 //! Without the fetched models the test says so and passes, unless
 //! `KILN_REQUIRE_REAL_MODELS=1` (set by `scripts/test.sh`) demands them.
 
-use kiln_tests::{repo_root, run_artifact, Fixture};
+use kiln_tests::{real_models_root, run_artifact, Fixture, REAL_MODELS};
 use std::time::Instant;
-
-const MODELS: [&str; 3] = ["ppocrv4_det", "ppocrv4_rec", "minilm_l3"];
 
 /// The fp32 bar: max abs error relative to the output's scale.
 const FP32_TOLERANCE: f64 = 1e-4;
 
 #[test]
 fn real_models_match_onnxruntime_at_o0_and_o2() {
-    let root = std::env::var_os("KILN_REAL_MODELS")
-        .map(Into::into)
-        .unwrap_or_else(|| repo_root().join("target/real-models"));
-    let missing: Vec<&str> = MODELS
-        .iter()
-        .copied()
-        .filter(|m| !root.join(m).join("meta.json").exists())
-        .collect();
-    if !missing.is_empty() {
-        assert!(
-            std::env::var("KILN_REQUIRE_REAL_MODELS").as_deref() != Ok("1"),
-            "real models {missing:?} missing under {}; run `python fixtures/make_real.py {}`",
-            root.display(),
-            root.display()
-        );
-        eprintln!("skipping: real models {missing:?} not fetched (fixtures/make_real.py)");
+    let Some(root) = real_models_root() else {
         return;
-    }
+    };
     let mut failures = Vec::new();
     println!(
         "{:<12} {:>4} {:>10} {:<22} {:>12} {:>10}",
         "model", "-O", "compile", "output", "max abs err", "rel err"
     );
-    for name in MODELS {
+    for name in REAL_MODELS {
         let fixture = Fixture::load_dir(&root.join(name));
         let inputs = fixture.inputs();
         let references = fixture.reference_outputs();

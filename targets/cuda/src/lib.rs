@@ -247,12 +247,13 @@ impl CudaProgram {
 /// Deterministic: the same graph and architecture give the same program.
 pub fn compile(graph: &Graph, sm: SmArch) -> Result<CudaProgram, CudaError> {
     let order = graph.topo_order()?;
-    let plan = plan::plan(graph, &order)?;
+    let mut plan = plan::plan(graph, &order)?;
+    let tables = std::cell::RefCell::new(std::mem::take(&mut plan.weights));
     let mut kernels = Vec::new();
     let mut texts = Vec::new();
     let mut uses_smem = false;
     for (k, job) in plan.jobs.iter().enumerate() {
-        let Some(kernel) = lower::lower_job(graph, &plan, job, k)? else {
+        let Some(kernel) = lower::lower_job(graph, &plan, &tables, job, k)? else {
             continue;
         };
         uses_smem |= kernel.uses_smem;
@@ -301,7 +302,7 @@ pub fn compile(graph: &Graph, sm: SmArch) -> Result<CudaProgram, CudaError> {
         sm,
         ptx,
         kernels,
-        weights: plan.weights,
+        weights: tables.into_inner(),
         arena_size: plan.arena_size,
         inputs,
         outputs,

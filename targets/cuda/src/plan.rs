@@ -93,8 +93,7 @@ impl Plan {
 fn epilogue_chains(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeId>> {
     let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     let f32_unary = |id: NodeId| {
-        matches!(graph.node(id).op, Op::Unary(op) if crate::lower::elementwise::has_float_lowering(op))
-            && graph.node(id).ty.dtype == kiln_ir::DType::F32
+        matches!(graph.node(id).op, Op::Unary(_)) && graph.node(id).ty.dtype == kiln_ir::DType::F32
     };
     let mut chains = HashMap::new();
     let mut absorbed = std::collections::HashSet::new();

@@ -137,11 +137,28 @@ fn main() {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none (the driver JIT-compiles the PTX)".into())
     );
-    let names = if args.names.is_empty() {
+    let mut fixtures: Vec<(String, Fixture)> = if args.names.is_empty() {
         Fixture::all_names()
+            .into_iter()
+            .map(|n| {
+                let f = Fixture::load(&n);
+                (n, f)
+            })
+            .collect()
     } else {
-        args.names.clone()
+        args.names
+            .iter()
+            .map(|n| (n.clone(), Fixture::load(n)))
+            .collect()
     };
+    // The real models too, when fetched (fixtures/make_real.py).
+    if args.names.is_empty() {
+        if let Some(root) = kiln_tests::real_models_root() {
+            for name in kiln_tests::REAL_MODELS {
+                fixtures.push((name.to_string(), Fixture::load_dir(&root.join(name))));
+            }
+        }
+    }
     println!(
         "{:<44} {:>12} {:>12} {:>10}  verdict",
         "model:output", "max abs err", "rel err", "p50 ms"
@@ -149,9 +166,8 @@ fn main() {
     let mut failures = Vec::new();
     let mut outputs = 0;
     let start = Instant::now();
-    for name in &names {
-        let fixture = Fixture::load(name);
-        match check(&fixture, sm, &args) {
+    for (name, fixture) in &fixtures {
+        match check(fixture, sm, &args) {
             Ok((results, p50)) => {
                 for (out, abs, rel, passed) in results {
                     outputs += 1;
@@ -173,7 +189,7 @@ fn main() {
     }
     println!(
         "{} models, {outputs} outputs checked in {:.1} s; {} failure(s) (tolerance {:.1e} of the output scale)",
-        names.len(),
+        fixtures.len(),
         start.elapsed().as_secs_f64(),
         failures.len(),
         args.tolerance

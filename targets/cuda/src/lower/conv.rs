@@ -160,6 +160,7 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         out: cx.out,
         out_ty: cx.out_ty,
         epilogue: cx.epilogue.clone(),
+        tables: cx.tables,
     };
     gemm_kernel(&gemm_cx, &g)
 }

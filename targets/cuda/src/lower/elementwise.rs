@@ -62,16 +62,7 @@ fn transcendental(op: UnaryOp) -> bool {
             | UnaryOp::Celu { .. }
             | UnaryOp::Softplus
             | UnaryOp::Mish
-    )
-}
-
-/// Whether the CUDA target lowers `op` on floats (the rest are refused with
-/// an error naming the node; none of them is fused).
-pub(crate) fn has_float_lowering(op: UnaryOp) -> bool {
-    !matches!(
-        op,
-        UnaryOp::Erf
-            | UnaryOp::Gelu { tanh: false }
+            | UnaryOp::Erf
             | UnaryOp::Sin
             | UnaryOp::Cos
             | UnaryOp::Tan
@@ -87,12 +78,6 @@ pub(crate) fn has_float_lowering(op: UnaryOp) -> bool {
 }
 
 pub(crate) fn unary(cx: &Cx, op: UnaryOp) -> Result<Kernel, CudaError> {
-    if !has_float_lowering(op) {
-        return Err(cx.unsupported(format!(
-            "{} has no CUDA lowering yet (the CPU target supports it)",
-            op.name()
-        )));
-    }
     let t = cx.input_cty(0, op.accepts_int())?;
     if t == Ty::F64 && transcendental(op) {
         return Err(cx.dtype_err(DType::F64));
@@ -208,19 +193,44 @@ pub(crate) fn unary_float(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
             let hx = kb.bin(Bin::Mul, x, c(0.5));
             kb.bin(Bin::Mul, hx, one_plus)
         }
-        UnaryOp::Erf
-        | UnaryOp::Gelu { tanh: false }
-        | UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Tan
-        | UnaryOp::Asin
-        | UnaryOp::Acos
-        | UnaryOp::Atan
-        | UnaryOp::Sinh
-        | UnaryOp::Cosh
-        | UnaryOp::Asinh
-        | UnaryOp::Acosh
-        | UnaryOp::Atanh => unreachable!("refused by has_float_lowering"),
+        UnaryOp::Erf => math::erf(kb, x),
+        UnaryOp::Gelu { tanh: false } => math::gelu_erf(kb, x),
+        UnaryOp::Sin => math::sin_cos(kb, x).0,
+        UnaryOp::Cos => math::sin_cos(kb, x).1,
+        UnaryOp::Tan => {
+            let (s, c) = math::sin_cos(kb, x);
+            kb.bin(Bin::Div, s, c)
+        }
+        UnaryOp::Asin => math::asin(kb, x),
+        UnaryOp::Acos => math::acos(kb, x),
+        UnaryOp::Atan => math::atan(kb, x),
+        UnaryOp::Sinh => math::sinh(kb, x),
+        UnaryOp::Cosh => math::cosh(kb, x),
+        UnaryOp::Asinh => {
+            // sign(x) · ln(|x| + sqrt(x² + 1)), as on the CPU target.
+            let ax = kb.un("abs", x);
+            let r = kb.mad(ax, ax, c(1.0));
+            let r = kb.un("sqrt.rn", r);
+            let r = kb.bin(Bin::Add, ax, r);
+            let l = math::log(kb, r);
+            let neg = kb.setp(Cmp::Lt, x, c(0.0));
+            let nl = kb.un("neg", l);
+            kb.selp(t, neg, nl, l)
+        }
+        UnaryOp::Acosh => {
+            let r = kb.mad(x, x, c(-1.0));
+            let r = kb.un("sqrt.rn", r);
+            let r = kb.bin(Bin::Add, x, r);
+            math::log(kb, r)
+        }
+        UnaryOp::Atanh => {
+            let n = kb.bin(Bin::Add, x, c(1.0));
+            let one = kb.mov(t, c(1.0));
+            let d = kb.bin(Bin::Sub, one, x);
+            let q = kb.bin(Bin::Div, n, d);
+            let l = math::log(kb, q);
+            kb.bin(Bin::Mul, l, c(0.5))
+        }
     }
 }
 
@@ -260,14 +270,9 @@ fn unary_int(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
 }
 
 pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
-    if matches!(op, BinaryOp::Mod | BinaryOp::Fmod) {
-        return Err(cx.unsupported(format!(
-            "{} has no CUDA lowering yet (the CPU target supports it)",
-            op.name()
-        )));
-    }
     let t = cx.input_cty(0, true)?;
-    if cx.inputs[0].1.dtype == DType::Bool || (t == Ty::F64 && op == BinaryOp::Pow) {
+    let f64_refused = matches!(op, BinaryOp::Pow | BinaryOp::Mod | BinaryOp::Fmod);
+    if cx.inputs[0].1.dtype == DType::Bool || (t == Ty::F64 && f64_refused) {
         return Err(cx.dtype_err(cx.inputs[0].1.dtype));
     }
     map(
@@ -288,7 +293,15 @@ pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
                         let scaled = kb.bin(Bin::Mul, a, b);
                         kb.selp(t, neg, scaled, a)
                     }
-                    BinaryOp::Mod | BinaryOp::Fmod => unreachable!("refused above"),
+                    BinaryOp::Fmod => math::fmod(kb, a, b),
+                    BinaryOp::Mod => {
+                        // fmod moved into the divisor's sign, as on the CPU.
+                        let r = math::fmod(kb, a, b);
+                        let rb = kb.bin(Bin::Mul, r, b);
+                        let differ = kb.setp(Cmp::Lt, rb, fimm(t, 0.0));
+                        let shifted = kb.bin(Bin::Add, r, b);
+                        kb.selp(t, differ, shifted, r)
+                    }
                 }
             } else {
                 binary_int(kb, op, a, b)
@@ -339,8 +352,28 @@ fn binary_int(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
             let scaled = kb.bin(Bin::Mul, a, b);
             kb.selp(Ty::S64, neg, scaled, a)
         }
-        BinaryOp::Mod | BinaryOp::Fmod => unreachable!("refused in binary"),
+        BinaryOp::Fmod => rem_int(kb, a, b),
+        BinaryOp::Mod => {
+            let r = rem_int(kb, a, b);
+            let x = kb.bin(Bin::Xor, r, b);
+            let differ = kb.setp(Cmp::Lt, x, Opnd::I(0));
+            let nonzero = kb.setp(Cmp::Ne, r, Opnd::I(0));
+            let fix = kb.pred_op("and", differ, nonzero);
+            let shifted = kb.bin(Bin::Add, r, b);
+            kb.selp(Ty::S64, fix, shifted, r)
+        }
     }
+}
+
+/// `a % b` on s64 with the dividend's sign; 0 when `b` is 0 or -1 (the CPU
+/// target's semantics, which also avoid the `i64::MIN % -1` trap).
+fn rem_int(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
+    let zero = kb.setp(Cmp::Eq, b, Opnd::I(0));
+    let neg1 = kb.setp(Cmp::Eq, b, Opnd::I(-1));
+    let either = kb.pred_op("or", zero, neg1);
+    let safe = kb.selp(Ty::S64, either, Opnd::I(1), b);
+    let r = kb.bin(Bin::Rem, a, safe);
+    kb.selp(Ty::S64, either, Opnd::I(0), r)
 }
 
 /// Broadcast copy: the elementwise map with the identity.

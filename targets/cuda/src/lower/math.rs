@@ -1,10 +1,20 @@
-//! Scalar math in PTX: exp, log, tanh, sigmoid, pow on f32.
+//! Scalar math in PTX on f32: exp, log, tanh, sigmoid, pow, erf, the
+//! trigonometric and hyperbolic functions and their inverses, fmod.
 //!
 //! PTX has only base-2 approximations (`ex2.approx`, `lg2.approx`, about
 //! 2 ulp); `exp` splits `x * log2(e)` into a rounded product and its exact
 //! remainder (one `fma`) so the argument rounding does not grow with |x|.
 //! f64 has no hardware transcendental in PTX; the lowerings refuse f64 for
 //! these ops with a typed error instead of computing them in f32.
+//!
+//! `erf` uses the same rational approximation as the CPU target (Eigen's,
+//! |error| < 7e-8 on [-4, 4]). The circular functions reduce the argument
+//! to `[-pi/4, pi/4]` by a three-part Cody–Waite subtraction of a multiple
+//! of `pi/2` (exact products while the quadrant count stays under 2^16,
+//! i.e. |x| < ~1e5) and evaluate the single-precision minimax polynomials
+//! of Cephes' `sinf`/`cosf`/`asinf`/`atanf`/`sinhf`; the results are
+//! within a few ulp there (the `.approx` hardware `sin`/`cos` are not: their
+//! absolute error of 2^-21 is a large relative error near zero).
 
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Ty};
 
@@ -94,4 +104,239 @@ pub(crate) fn clamp(kb: &mut KernelBuilder, x: Reg, lo: f64, hi: f64) -> Reg {
     let t = x.ty();
     let m = kb.bin(Bin::Max, x, fimm(t, lo));
     kb.bin(Bin::Min, m, fimm(t, hi))
+}
+
+/// `c[0]·z^(n-1) + ... + c[n-1]` by Horner's rule (f32).
+fn horner(kb: &mut KernelBuilder, z: Reg, coeffs: &[f32]) -> Reg {
+    let mut p = kb.mov(Ty::F32, f(coeffs[0]));
+    for &c in &coeffs[1..] {
+        p = kb.mad(p, z, f(c));
+    }
+    p
+}
+
+/// `-x` when `neg_if` is negative, else `x`.
+fn with_sign_of(kb: &mut KernelBuilder, x: Reg, neg_if: Reg) -> Reg {
+    let neg = kb.setp(Cmp::Lt, neg_if, f(0.0));
+    let nx = kb.un("neg", x);
+    kb.selp(Ty::F32, neg, nx, x)
+}
+
+/// `erf(x)` (f32): the odd/even rational approximation of the CPU target.
+pub(crate) fn erf(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let x = clamp(kb, x, -4.0, 4.0);
+    let x2 = kb.bin(Bin::Mul, x, x);
+    let p = horner(
+        kb,
+        x2,
+        &[
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906e-4,
+            -2.954_6e-3,
+            -1.609_603_3e-2,
+        ],
+    );
+    let p = kb.bin(Bin::Mul, x, p);
+    let q = horner(
+        kb,
+        x2,
+        &[
+            -1.456_607_2e-5,
+            -2.133_740_6e-4,
+            -1.682_827e-3,
+            -7.373_329e-3,
+            -1.426_473_9e-2,
+        ],
+    );
+    kb.bin(Bin::Div, p, q)
+}
+
+/// `x * (1 + erf(x / sqrt 2)) / 2` (f32).
+pub(crate) fn gelu_erf(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let t = kb.bin(Bin::Mul, x, f(std::f32::consts::FRAC_1_SQRT_2));
+    let e = erf(kb, t);
+    let onep = kb.bin(Bin::Add, e, f(1.0));
+    let hx = kb.bin(Bin::Mul, x, f(0.5));
+    kb.bin(Bin::Mul, hx, onep)
+}
+
+/// `(sin x, cos x)` (f32) by quadrant: `x = j·pi/2 + r`, `|r| <= pi/4`.
+pub(crate) fn sin_cos(kb: &mut KernelBuilder, x: Reg) -> (Reg, Reg) {
+    // pi/2 in three parts; the first two have few enough bits that
+    // `j * part` is exact for |j| < 2^16.
+    const P1: f32 = 1.570_312_5;
+    const P2: f32 = 4.837_513e-4;
+    const P3: f32 = 7.549_79e-8;
+    let t = kb.bin(Bin::Mul, x, f(std::f32::consts::FRAC_2_PI));
+    let j = kb.cvt(Ty::F32, "rni", t);
+    let nj = kb.un("neg", j);
+    let r = kb.mad(nj, f(P1), x);
+    let r = kb.mad(nj, f(P2), r);
+    let r = kb.mad(nj, f(P3), r);
+    let z = kb.bin(Bin::Mul, r, r);
+    let ps = horner(kb, z, &[-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1]);
+    let ps = kb.bin(Bin::Mul, ps, z);
+    let s = kb.mad(ps, r, r);
+    let pc = horner(kb, z, &[2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2]);
+    let pc = kb.bin(Bin::Mul, pc, z);
+    let pc = kb.bin(Bin::Mul, pc, z);
+    let pc = kb.mad(z, f(-0.5), pc);
+    let c = kb.bin(Bin::Add, pc, f(1.0));
+    // Quadrant q = j mod 4 (as a float in 0..4).
+    let j4 = kb.bin(Bin::Mul, j, f(0.25));
+    let j4 = kb.cvt(Ty::F32, "rmi", j4);
+    let q = kb.mad(j4, f(-4.0), j);
+    let odd_q = |kb: &mut KernelBuilder, a: f32, b: f32| {
+        let pa = kb.setp(Cmp::Eq, q, f(a));
+        let pb = kb.setp(Cmp::Eq, q, f(b));
+        kb.pred_op("or", pa, pb)
+    };
+    // sin x: q=0 s, 1 c, 2 -s, 3 -c; cos x: q=0 c, 1 -s, 2 -c, 3 s.
+    let swap = odd_q(kb, 1.0, 3.0);
+    let sin_mag = kb.selp(Ty::F32, swap, c, s);
+    let cos_mag = kb.selp(Ty::F32, swap, s, c);
+    let sin_neg = kb.setp(Cmp::Ge, q, f(2.0));
+    let cos_neg = odd_q(kb, 1.0, 2.0);
+    let ns = kb.un("neg", sin_mag);
+    let nc = kb.un("neg", cos_mag);
+    let sin = kb.selp(Ty::F32, sin_neg, ns, sin_mag);
+    let cos = kb.selp(Ty::F32, cos_neg, nc, cos_mag);
+    (sin, cos)
+}
+
+/// `asin(t)` for |t| <= 1/2 (Cephes' polynomial).
+fn asin_small(kb: &mut KernelBuilder, t: Reg) -> Reg {
+    let z = kb.bin(Bin::Mul, t, t);
+    let p = horner(
+        kb,
+        z,
+        &[
+            4.216_32e-2,
+            2.418_131e-2,
+            4.547_002_6e-2,
+            7.495_300_3e-2,
+            1.666_675_2e-1,
+        ],
+    );
+    let p = kb.bin(Bin::Mul, p, z);
+    kb.mad(p, t, t)
+}
+
+/// `asin(x)` (f32; NaN outside [-1, 1]).
+pub(crate) fn asin(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let a = kb.un("abs", x);
+    let small = asin_small(kb, a);
+    // asin(a) = pi/2 - 2 asin(sqrt((1 - a) / 2)) for a > 1/2.
+    let h = kb.mov(Ty::F32, f(1.0));
+    let h = kb.bin(Bin::Sub, h, a);
+    let h = kb.bin(Bin::Mul, h, f(0.5));
+    let h = kb.un("sqrt.rn", h);
+    let big = asin_small(kb, h);
+    let big = kb.mad(big, f(-2.0), f(std::f32::consts::FRAC_PI_2));
+    let is_big = kb.setp(Cmp::Gt, a, f(0.5));
+    let r = kb.selp(Ty::F32, is_big, big, small);
+    with_sign_of(kb, r, x)
+}
+
+/// `acos(x)` (f32) without the cancellation of `pi/2 - asin(x)` near ±1.
+pub(crate) fn acos(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let mid = asin_small(kb, x);
+    let mid = kb.mad(mid, f(-1.0), f(std::f32::consts::FRAC_PI_2));
+    // x > 1/2: 2 asin(sqrt((1 - x) / 2)); x < -1/2: pi - that of -x.
+    let a = kb.un("abs", x);
+    let one = kb.mov(Ty::F32, f(1.0));
+    let h = kb.bin(Bin::Sub, one, a);
+    let h = kb.bin(Bin::Mul, h, f(0.5));
+    let h = kb.un("sqrt.rn", h);
+    let edge = asin_small(kb, h);
+    let edge = kb.bin(Bin::Mul, edge, f(2.0));
+    let far = kb.mad(edge, f(-1.0), f(std::f32::consts::PI));
+    let pos = kb.setp(Cmp::Gt, x, f(0.5));
+    let neg = kb.setp(Cmp::Lt, x, f(-0.5));
+    let r = kb.selp(Ty::F32, pos, edge, mid);
+    kb.selp(Ty::F32, neg, far, r)
+}
+
+/// `atan(x)` (f32): reduced to |t| <= tan(pi/8) (Cephes' `atanf`).
+pub(crate) fn atan(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let a = kb.un("abs", x);
+    let big = kb.setp(Cmp::Gt, a, f(2.414_213_6));
+    let mid = kb.setp(Cmp::Gt, a, f(0.414_213_57));
+    let one = kb.mov(Ty::F32, f(-1.0));
+    let inv = kb.bin(Bin::Div, one, a);
+    let num = kb.bin(Bin::Sub, a, f(1.0));
+    let den = kb.bin(Bin::Add, a, f(1.0));
+    let shifted = kb.bin(Bin::Div, num, den);
+    let t = kb.selp(Ty::F32, mid, shifted, a);
+    let t = kb.selp(Ty::F32, big, inv, t);
+    let y0 = kb.selp(Ty::F32, mid, f(std::f32::consts::FRAC_PI_4), f(0.0));
+    let y0 = kb.selp(Ty::F32, big, f(std::f32::consts::FRAC_PI_2), y0);
+    let z = kb.bin(Bin::Mul, t, t);
+    let p = horner(
+        kb,
+        z,
+        &[
+            8.053_744_5e-2,
+            -1.387_768_6e-1,
+            1.997_771_1e-1,
+            -3.333_295e-1,
+        ],
+    );
+    let p = kb.bin(Bin::Mul, p, z);
+    let r = kb.mad(p, t, t);
+    let r = kb.bin(Bin::Add, r, y0);
+    with_sign_of(kb, r, x)
+}
+
+/// `(e^|x| / 2, e^-|x| / 2)`, computed as `E = e^(|x| - ln 2)` and
+/// `1 / (4E)` so that neither overflows before the result does.
+fn half_exps(kb: &mut KernelBuilder, a: Reg) -> (Reg, Reg) {
+    let s = kb.bin(Bin::Sub, a, f(std::f32::consts::LN_2));
+    let e = exp(kb, s);
+    let e4 = kb.bin(Bin::Mul, e, f(4.0));
+    let inv = kb.un("rcp.rn", e4);
+    (e, inv)
+}
+
+/// `sinh(x)` (f32): Cephes' polynomial below 1, exponentials above.
+pub(crate) fn sinh(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let a = kb.un("abs", x);
+    let z = kb.bin(Bin::Mul, a, a);
+    let p = horner(kb, z, &[2.037_219_1e-4, 8.330_284e-3, 1.666_671_6e-1]);
+    let p = kb.bin(Bin::Mul, p, z);
+    let small = kb.mad(p, a, a);
+    let (e, inv) = half_exps(kb, a);
+    let large = kb.bin(Bin::Sub, e, inv);
+    let is_small = kb.setp(Cmp::Lt, a, f(1.0));
+    let r = kb.selp(Ty::F32, is_small, small, large);
+    with_sign_of(kb, r, x)
+}
+
+/// `cosh(x)` (f32).
+pub(crate) fn cosh(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let a = kb.un("abs", x);
+    let (e, inv) = half_exps(kb, a);
+    kb.bin(Bin::Add, e, inv)
+}
+
+/// C `fmod(a, b)` (f32): the remainder of `|a| / |b|` computed with one
+/// fused multiply-add and corrected by one step if the rounded quotient
+/// was off by one, carrying `a`'s sign.
+pub(crate) fn fmod(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
+    let aa = kb.un("abs", a);
+    let ab = kb.un("abs", b);
+    let q = kb.bin(Bin::Div, aa, ab);
+    let q = kb.cvt(Ty::F32, "rzi", q);
+    let nq = kb.un("neg", q);
+    let r = kb.mad(nq, ab, aa);
+    let under = kb.setp(Cmp::Lt, r, f(0.0));
+    let up = kb.bin(Bin::Add, r, ab);
+    let r = kb.selp(Ty::F32, under, up, r);
+    let over = kb.setp(Cmp::Ge, r, ab);
+    let down = kb.bin(Bin::Sub, r, ab);
+    let r = kb.selp(Ty::F32, over, down, r);
+    with_sign_of(kb, r, a)
 }

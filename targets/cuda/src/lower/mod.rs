@@ -13,6 +13,9 @@ mod layout;
 mod linalg;
 mod math;
 mod reduce;
+mod resize;
+
+use std::cell::RefCell;
 
 use kiln_ir::{DType, Graph, Node, Op, UnaryOp, ValueType};
 
@@ -50,6 +53,8 @@ pub(crate) struct Cx<'g> {
     /// Unary ops fused into this kernel: applied, in order, to every value
     /// before it is stored (f32 outputs only; see `plan.rs`).
     pub epilogue: Vec<UnaryOp>,
+    /// The weights blob, to which lowerings append compile-time tables.
+    pub tables: &'g RefCell<Vec<u8>>,
 }
 
 impl Cx<'_> {
@@ -66,6 +71,19 @@ impl Cx<'_> {
             node: self.name.clone(),
             op: self.op,
             detail: detail.into(),
+        }
+    }
+
+    /// Appends a compile-time table (e.g. Resize taps) to the weights blob
+    /// and returns its place.
+    pub(crate) fn table(&self, bytes: &[u8]) -> Loc {
+        let mut w = self.tables.borrow_mut();
+        let offset = kiln_ir::arena::align(w.len() as u64);
+        w.resize(offset as usize, 0);
+        w.extend_from_slice(bytes);
+        Loc {
+            base: Base::Weights,
+            offset,
         }
     }
 
@@ -258,9 +276,10 @@ const MAX_ELEMENTS: usize = i32::MAX as usize;
 
 /// Lowers one job; `None` when it needs no kernel (inputs, constants,
 /// empty outputs).
-pub(crate) fn lower_job(
-    graph: &Graph,
+pub(crate) fn lower_job<'g>(
+    graph: &'g Graph,
     plan: &Plan,
+    tables: &'g RefCell<Vec<u8>>,
     job: &Job,
     k: usize,
 ) -> Result<Option<Kernel>, CudaError> {
@@ -282,6 +301,7 @@ pub(crate) fn lower_job(
                     out: plan.locs[id],
                     out_ty: &node.ty,
                     epilogue: plan.epilogue_ops(graph, *id),
+                    tables,
                 },
                 Some(node),
             )
@@ -298,6 +318,7 @@ pub(crate) fn lower_job(
                     out: *dst,
                     out_ty: ty,
                     epilogue: Vec::new(),
+                    tables,
                 },
                 None,
             )
@@ -352,12 +373,9 @@ pub(crate) fn lower_job(
         Op::Gather { axis } => layout::gather(&cx, *axis)?,
         Op::Slice { axes } => layout::slice(&cx, axes)?,
         Op::Expand { .. } => elementwise::expand(&cx)?,
-        Op::LayerNorm { .. } | Op::Resize(_) | Op::Col2Im(_) => {
-            return Err(cx.unsupported(format!(
-                "{} has no CUDA lowering yet (the CPU target supports it)",
-                node.op.name()
-            )))
-        }
+        Op::LayerNorm { axis, epsilon } => reduce::layer_norm(&cx, *axis, *epsilon)?,
+        Op::Resize(r) => resize::resize(&cx, r)?,
+        Op::Col2Im(c) => resize::col2im(&cx, c)?,
     };
     Ok(Some(kernel))
 }

@@ -367,3 +367,74 @@ pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
     });
     Ok(cx.finish(kb, row_launch(rows, threads)))
 }
+
+/// Layer normalization, one block per normalized group (the axes from
+/// `axis` on, contiguous): a sum for the mean, a sum of squared deviations
+/// for the (biased) variance, then `(x - mean) / sqrt(var + eps) * scale
+/// + bias` written with scale and bias read at their broadcast positions.
+pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, CudaError> {
+    let (loc, ty) = cx.inputs[0];
+    for &(_, t) in &cx.inputs {
+        if t.dtype != DType::F32 {
+            return Err(cx.dtype_err(t.dtype));
+        }
+    }
+    let shape = &ty.shape;
+    let normalized = &shape[axis..];
+    let len: usize = normalized.iter().product();
+    let rows = ty.num_elements() / len.max(1);
+    let threads = block_threads(len);
+    let mut kb = cx.builder([threads, 1, 1]);
+    let row = kb.special(Special::CtaidX);
+    let row_base = kb.bin(Bin::Mul, row, len as u32);
+    let base = ptr(&mut kb, loc);
+    let out = ptr(&mut kb, cx.out);
+    let element = move |kb: &mut KernelBuilder, j: Reg| {
+        let idx = kb.bin(Bin::Add, row_base, j);
+        load(kb, base, idx, DType::F32)
+    };
+    let id = |_: &mut KernelBuilder, x: Reg| x;
+    let t = Ty::F32;
+    let sum = fold_row(&mut kb, threads, len, t, Combine::Add, &element, &id);
+    let mean = kb.bin(Bin::Mul, sum, Opnd::F32(1.0 / len as f32));
+    let squared = move |kb: &mut KernelBuilder, x: Reg| {
+        let d = kb.bin(Bin::Sub, x, mean);
+        kb.bin(Bin::Mul, d, d)
+    };
+    let ss = fold_row(&mut kb, threads, len, t, Combine::Add, &element, &squared);
+    let var = kb.mad(ss, Opnd::F32(1.0 / len as f32), Opnd::F32(epsilon));
+    let sd = kb.un("sqrt.rn", var);
+    let inv = kb.un("rcp.rn", sd);
+    let params: Vec<(Reg, Vec<i64>, bool)> = cx.inputs[1..]
+        .iter()
+        .map(|&(ploc, pty)| {
+            let p = ptr(&mut kb, ploc);
+            let dense = pty.num_elements() == len;
+            (p, super::broadcast_strides(&pty.shape, normalized), dense)
+        })
+        .collect();
+    let tid = kb.special(Special::TidX);
+    kb.for_range(tid, len as u32, threads, |kb, j| {
+        let x = element(kb, j);
+        let d = kb.bin(Bin::Sub, x, mean);
+        let mut y = kb.bin(Bin::Mul, d, inv);
+        let cs = if params.iter().all(|p| p.2) {
+            Vec::new()
+        } else {
+            coords(kb, j, normalized)
+        };
+        for (k, (p, st, dense)) in params.iter().enumerate() {
+            let at = if *dense { j } else { offset(kb, &cs, st, 0) };
+            let v = load(kb, *p, at, DType::F32);
+            y = if k == 0 {
+                kb.bin(Bin::Mul, y, v)
+            } else {
+                kb.bin(Bin::Add, y, v)
+            };
+        }
+        let y = cx.epilogue(kb, y);
+        let idx = kb.bin(Bin::Add, row_base, j);
+        store(kb, out, idx, DType::F32, y);
+    });
+    Ok(cx.finish(kb, row_launch(rows, threads)))
+}
