@@ -88,6 +88,10 @@ struct ModelArgs {
     /// Verify the graph after every pass.
     #[arg(long)]
     verify_each: bool,
+    /// Print the time, node count and changes of every pass (and of import
+    /// and code generation) to stderr.
+    #[arg(long)]
+    time_passes: bool,
 }
 
 #[derive(Args)]
@@ -179,9 +183,21 @@ struct InspectArgs {
     path: PathBuf,
     #[command(flatten)]
     model_args: ModelArgs,
-    /// Print a machine-readable description.
+    /// Print a machine-readable description (same as --format json).
     #[arg(long)]
     json: bool,
+    /// Output format: text, json, or (ONNX models) dot: the optimized
+    /// graph for Graphviz, nodes filled by precision.
+    #[arg(long, value_enum, default_value_t = InspectFormat::Text)]
+    format: InspectFormat,
+}
+
+/// `kiln inspect --format`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum InspectFormat {
+    Text,
+    Json,
+    Dot,
 }
 
 #[derive(Args)]
@@ -423,6 +439,41 @@ fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> Result<(), F
     }
 }
 
+/// `--time-passes`: one line per phase and pass, to stderr.
+fn print_pass_times(
+    report: &kiln_passes::PipelineReport,
+    import: std::time::Duration,
+    codegen: Option<std::time::Duration>,
+) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "{:>10}  {:>7}  {:>8} {:>8} {:>10}  phase",
+        "time (ms)", "nodes", "removed", "added", "rewritten"
+    );
+    let phase = |time: std::time::Duration, name: &str| {
+        eprintln!("{:>10.2}  {:>40}  {name}", ms(time), "");
+    };
+    phase(import, "import");
+    let mut total = import;
+    for p in &report.passes {
+        total += p.time;
+        eprintln!(
+            "{:>10.2}  {:>7}  {:>8} {:>8} {:>10}  {}",
+            ms(p.time),
+            p.nodes_after,
+            p.stats.removed,
+            p.stats.added,
+            p.stats.rewritten,
+            p.name
+        );
+    }
+    if let Some(c) = codegen {
+        total += c;
+        phase(c, "codegen");
+    }
+    phase(total, "total");
+}
+
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     let mut opts = compile_options(&a.model_args, &a.target)?;
     if a.check {
@@ -458,6 +509,9 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
     })?;
     let elapsed = start.elapsed();
+    if a.model_args.time_passes {
+        print_pass_times(&out.report, out.import_time, Some(out.codegen_time));
+    }
     let reproducible = if a.verify_reproducible {
         Some(verify_reproducible(&a, &out.bytes)?)
     } else {
@@ -538,6 +592,8 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "inputs": specs_json(&meta.inputs),
                 "outputs": specs_json(&meta.outputs),
                 "passes": passes,
+                "import_ms": out.import_time.as_secs_f64() * 1e3,
+                "codegen_ms": out.codegen_time.as_secs_f64() * 1e3,
                 "compile_ms": elapsed.as_secs_f64() * 1e3,
                 "content_sha256": hex(&out.artifact.content_hash()),
                 "reproducible": reproducible.is_some().then_some(true),
@@ -880,8 +936,15 @@ fn is_artifact(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn cmd_inspect(a: InspectArgs) -> Result<(), Failure> {
+fn cmd_inspect(mut a: InspectArgs) -> Result<(), Failure> {
+    a.json |= a.format == InspectFormat::Json;
     if is_artifact(&a.path) {
+        if a.format == InspectFormat::Dot {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--format dot renders an ONNX model's optimized graph, not an artifact",
+            ));
+        }
         inspect_artifact(&a)
     } else {
         inspect_model(&a)
@@ -1067,7 +1130,19 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     let proto = kiln_onnx::load_model(&a.path).map_err(|e| Failure::from(DriverError::from(e)))?;
     let summary = kiln_onnx::summarize(&proto);
     let opts = compile_options(&a.model_args, "native")?;
-    let ir = driver::optimize(&a.path, &opts).map(|o| kiln_ir::text::print(&o.graph));
+    let optimized = driver::optimize(&a.path, &opts);
+    if let (Ok(o), true) = (&optimized, a.model_args.time_passes) {
+        print_pass_times(&o.report, o.import_time, None);
+    }
+    if a.format == InspectFormat::Dot {
+        let o = optimized.map_err(|e| {
+            let f = Failure::from(e);
+            Failure::new(f.code, format!("{}: {}", a.path.display(), f.message))
+        })?;
+        print!("{}", kiln_ir::text::dot(&o.graph));
+        return Ok(());
+    }
+    let ir = optimized.map(|o| kiln_ir::text::print(&o.graph));
     let dims = |dims: &[kiln_onnx::DimSummary]| -> String {
         dims.iter()
             .map(|d| match d {

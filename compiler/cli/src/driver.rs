@@ -9,6 +9,7 @@ use kiln_target_cuda::{CudaError, SmArch};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Which IR dumps to write.
@@ -108,6 +109,10 @@ pub struct Compiled {
     /// CUDA compilations: the ptxas that assembled the cubin stored in the
     /// artifact (`None`: no ptxas found, the artifact holds PTX only).
     pub ptxas: Option<PathBuf>,
+    /// Wall time of reading and importing the ONNX model.
+    pub import_time: Duration,
+    /// Wall time of code generation (and ptxas) and serialization.
+    pub codegen_time: Duration,
 }
 
 /// Errors of the driver; each wraps the failing stage's error.
@@ -152,15 +157,23 @@ pub struct Optimized {
     pub report: PipelineReport,
     /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
     pub dumps: Vec<(String, String)>,
+    /// Wall time of reading and importing the ONNX model.
+    pub import_time: Duration,
 }
 
 /// Imports the model at `path` and runs the pass pipeline on it.
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
-    optimize_graph(kiln_onnx::import(path, &opts.import)?, opts)
+    let start = Instant::now();
+    let graph = kiln_onnx::import(path, &opts.import)?;
+    optimize_graph(graph, start.elapsed(), opts)
 }
 
 /// Runs the pass pipeline on an imported graph.
-fn optimize_graph(mut graph: Graph, opts: &CompileOptions) -> Result<Optimized, DriverError> {
+fn optimize_graph(
+    mut graph: Graph,
+    import_time: Duration,
+    opts: &CompileOptions,
+) -> Result<Optimized, DriverError> {
     let pm = match &opts.passes {
         Some(names) => {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -191,6 +204,7 @@ fn optimize_graph(mut graph: Graph, opts: &CompileOptions) -> Result<Optimized, 
         graph,
         report,
         dumps,
+        import_time,
     })
 }
 
@@ -212,9 +226,10 @@ pub fn compile_bytes(
     model_dir: Option<&Path>,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
+    let start = Instant::now();
     let model = kiln_onnx::decode_model(source)?;
     let graph = kiln_onnx::import_model(&model, model_dir, &opts.import)?;
-    generate(source, optimize_graph(graph, opts)?, opts)
+    generate(source, optimize_graph(graph, start.elapsed(), opts)?, opts)
 }
 
 /// Code generation and serialization of an optimized graph compiled from
@@ -224,10 +239,12 @@ fn generate(
     optimized: Optimized,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
+    let start = Instant::now();
     let Optimized {
         graph,
         report,
         dumps,
+        import_time,
     } = optimized;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
@@ -288,6 +305,8 @@ fn generate(
         dumps,
         ptx_kernels,
         ptxas,
+        import_time,
+        codegen_time: start.elapsed(),
     })
 }
 

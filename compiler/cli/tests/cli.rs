@@ -335,6 +335,59 @@ fn dump_ir_writes_numbered_files() {
 }
 
 #[test]
+fn time_passes_lists_import_every_pass_and_codegen() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.kiln");
+    let o = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=1x64",
+        "-o",
+        out.to_str().unwrap(),
+        "--time-passes",
+        "--passes",
+        "fold-constants,dce",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let phases: Vec<&str> = o
+        .stderr
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    assert_eq!(
+        phases,
+        ["import", "fold-constants", "dce", "codegen", "total"],
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn inspect_renders_the_optimized_graph_for_graphviz() {
+    let o = kiln(&[
+        "inspect",
+        MLP,
+        "--input-shape",
+        "input=1x64",
+        "--format",
+        "dot",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.starts_with("digraph kiln {"), "{}", o.stdout);
+    assert!(o.stdout.contains("gemm"), "{}", o.stdout);
+    assert!(o.stdout.trim_end().ends_with('}'));
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = compile_mlp(dir.path());
+    expect_failure(
+        &["inspect", artifact.to_str().unwrap(), "--format", "dot"],
+        2,
+        &["--format dot", "not an artifact"],
+    );
+}
+
+#[test]
 fn closed_stdout_ends_quietly() {
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();

@@ -36,6 +36,7 @@
 
 use crate::{Graph, IrError};
 
+mod dot;
 mod lex;
 mod parse;
 mod print;
@@ -63,6 +64,13 @@ pub fn print(graph: &Graph) -> String {
 /// Prints `graph` in the text format.
 pub fn print_with(graph: &Graph, opts: &PrintOptions) -> String {
     print::print_graph(graph, opts)
+}
+
+/// Renders `graph` for Graphviz (`dot -Tsvg`): one box per computing node
+/// filled by element type (precision), constants listed in their
+/// consumers' labels.
+pub fn dot(graph: &Graph) -> String {
+    dot::render(graph)
 }
 
 /// Parses the text format into a graph. Errors are [`IrError::Parse`] with

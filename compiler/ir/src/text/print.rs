@@ -76,7 +76,7 @@ pub(super) fn print_graph(g: &Graph, opts: &PrintOptions) -> String {
 }
 
 /// The attributes of `op`, each as `name=value`, all of them, in a fixed order.
-fn attributes(op: &Op) -> Vec<String> {
+pub(super) fn attributes(op: &Op) -> Vec<String> {
     match op {
         Op::Input { index } => vec![format!("index={index}")],
         Op::Constant(_)
