@@ -451,7 +451,7 @@ fn print_pass_times(
         "time (ms)", "nodes", "removed", "added", "rewritten"
     );
     let phase = |time: std::time::Duration, name: &str| {
-        eprintln!("{:>10.2}  {:>40}  {name}", ms(time), "");
+        eprintln!("{:>10.2}  {:>37}  {name}", ms(time), "");
     };
     phase(import, "import");
     let mut total = import;
