@@ -1142,7 +1142,12 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
         print!("{}", kiln_ir::text::dot(&o.graph));
         return Ok(());
     }
-    let ir = optimized.map(|o| kiln_ir::text::print(&o.graph));
+    let ir = optimized.map(|o| {
+        (
+            kiln_ir::text::print(&o.graph),
+            kiln_ir::cost::dense_flops(&o.graph),
+        )
+    });
     let dims = |dims: &[kiln_onnx::DimSummary]| -> String {
         dims.iter()
             .map(|d| match d {
@@ -1161,9 +1166,9 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
                     .collect(),
             )
         };
-        let (ir_text, ir_error) = match &ir {
-            Ok(t) => (Some(t.clone()), None),
-            Err(e) => (None, Some(e.to_string())),
+        let (ir_text, dense_flops, ir_error) = match &ir {
+            Ok((t, flops)) => (Some(t.clone()), Some(*flops), None),
+            Err(e) => (None, None, Some(e.to_string())),
         };
         println!(
             "{}",
@@ -1178,6 +1183,7 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
                 "initializers": summary.initializer_count,
                 "initializer_bytes": summary.initializer_bytes,
                 "ir": ir_text,
+                "dense_flops": dense_flops,
                 "ir_error": ir_error,
             })
         );
@@ -1210,7 +1216,11 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
         println!("    {n:>5}  {op}");
     }
     match ir {
-        Ok(text) => {
+        Ok((text, flops)) => {
+            println!(
+                "  dense FLOPs (MatMul, Gemm, Conv; a multiply-add is 2): {flops} ({:.3} GFLOP)",
+                flops as f64 / 1e9
+            );
             println!("IR after -O{}:", opts.opt_level);
             print!("{text}");
         }

@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod arena;
+pub mod cost;
 mod dtype;
 mod error;
 pub mod eval;

@@ -1,0 +1,63 @@
+//! Arithmetic cost of a graph, for throughput figures (`kiln inspect
+//! --json`, the benchmark harness's GFLOP/s).
+
+use crate::{Graph, Op};
+
+/// Floating-point operations of the dense ops (a multiply-add counts 2):
+/// MatMul and Gemm `2·M·N·K` per product, Conv `2·N·Cout·OH·OW·(Cin/group)·
+/// KH·KW`. Elementwise, pooling and normalization work is left out: it is
+/// bandwidth-bound and small beside the dense ops in the models this is
+/// for, and counting it would make "GFLOP/s" mean something else.
+pub fn dense_flops(graph: &Graph) -> u64 {
+    graph
+        .node_ids()
+        .map(|id| {
+            let node = graph.node(id);
+            let input = |i: usize| graph.node(graph.inputs_of(id)[i]).ty.shape.clone();
+            let out: u64 = node.ty.shape.iter().map(|&d| d as u64).product();
+            match &node.op {
+                Op::MatMul => {
+                    let a = input(0);
+                    2 * out * a.last().copied().unwrap_or(1) as u64
+                }
+                Op::Gemm { trans_a, .. } => {
+                    let a = input(0);
+                    let k = if *trans_a { a[0] } else { a[1] };
+                    2 * out * k as u64
+                }
+                Op::Conv(_) => {
+                    // Weights [Cout, Cin/group, KH, KW]: every output element
+                    // is one dot product of that window.
+                    let w = input(1);
+                    let window: u64 = w[1..].iter().map(|&d| d as u64).product();
+                    2 * out * window
+                }
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_flops;
+    use crate::{text, Graph};
+
+    fn graph(src: &str) -> Graph {
+        text::parse(src).unwrap()
+    }
+
+    #[test]
+    fn counts_matmul_gemm_and_conv() {
+        let g = graph(
+            "graph(%x: f32[2,3,4], %y: f32[4,5], %a: f32[6,7], %b: f32[8,7], %i: f32[1,4,10,10], %w: f32[8,2,3,3]) {
+  %m: f32[2,3,5] = matmul(%x, %y)
+  %g: f32[6,8] = gemm(%a, %b) {trans_b=true}
+  %c: f32[1,8,10,10] = conv(%i, %w) {pads=[1,1,1,1], group=2}
+  return %m \"m\", %g \"g\", %c \"c\"
+}",
+        );
+        let want = 2 * 30 * 4 + 2 * 48 * 7 + 2 * 800 * 18;
+        assert_eq!(dense_flops(&g), want);
+    }
+}
