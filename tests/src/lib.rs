@@ -134,7 +134,12 @@ impl Fixture {
 }
 
 /// The real pretrained models fetched by `fixtures/make_real.py`.
-pub const REAL_MODELS: [&str; 3] = ["ppocrv4_det", "ppocrv4_rec", "minilm_l3"];
+pub const REAL_MODELS: [&str; 4] = [
+    "ppocrv4_det",
+    "ppocrv4_rec",
+    "minilm_l3",
+    "minilm_l3_sentences",
+];
 
 /// Where the real models live (`KILN_REAL_MODELS`, else
 /// `target/real-models`), or `None` when they were not fetched. Missing

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One command for the CPU benchmark: Kiln, onnxruntime and tract on the
+# same models and inputs, at 1 and 2 threads, in one run (bench/harness.py
+# has the details). Builds the release `kiln` and the `roofline` example,
+# installs bench/requirements.txt into target/bench-venv, fetches the real
+# models (scripts/real-models.sh), then runs the harness. Arguments go to
+# the harness: --runs N, --threads 1,2, model directories.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=target/bench-venv
+PYTHON=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore
+if ! "$VENV/bin/python" -c "import numpy, onnxruntime, tract, matplotlib" >/dev/null 2>&1; then
+    echo "bench: installing bench/requirements.txt into $VENV" >&2
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+fi
+bash scripts/real-models.sh >&2
+cargo build --release --locked -p kiln --bin kiln --example roofline >&2
+exec "$VENV/bin/python" bench/harness.py "$@"
