@@ -951,6 +951,33 @@ fn cmd_inspect(mut a: InspectArgs) -> Result<(), Failure> {
     }
 }
 
+/// The `kiln inspect --json` fields every artifact has, CPU or CUDA.
+fn artifact_json(artifact: &Artifact) -> Value {
+    let m = &artifact.metadata;
+    json!({
+        "kind": "artifact",
+        "format_version": kiln_runtime::format::FORMAT_VERSION,
+        "content_sha256": hex(&artifact.content_hash()),
+        "compiler": m.compiler_version,
+        "target": m.target,
+        "options": m.options,
+        "source_sha256": hex(&m.source_sha256),
+        "inputs": specs_json(&m.inputs),
+        "outputs": specs_json(&m.outputs),
+        "arena_bytes": m.arena_size,
+        "weights_bytes": artifact.weights.len(),
+    })
+}
+
+/// The first lines of `kiln inspect` on an artifact.
+fn print_artifact_header(path: &Path, bytes: usize, hash: &str) {
+    println!("artifact {} ({bytes} bytes)", path.display());
+    println!(
+        "  format version {}, content sha256 {hash}",
+        kiln_runtime::format::FORMAT_VERSION
+    );
+}
+
 fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     let bytes = std::fs::read(&a.path)
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
@@ -973,35 +1000,17 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
             .iter()
             .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
             .collect();
-        println!(
-            "{}",
-            json!({
-                "kind": "artifact",
-                "format_version": kiln_runtime::format::FORMAT_VERSION,
-                "content_sha256": hash,
-                "arch": format!("{:?}", artifact.arch),
-                "features": features,
-                "compiler": m.compiler_version,
-                "target": m.target,
-                "options": m.options,
-                "source_sha256": hex(&m.source_sha256),
-                "inputs": specs_json(&m.inputs),
-                "outputs": specs_json(&m.outputs),
-                "arena_bytes": m.arena_size,
-                "weights_bytes": artifact.weights.len(),
-                "code_bytes": artifact.text.len(),
-                "relocations": artifact.relocs.len(),
-                "kernels": kernels,
-                "schedule_steps": artifact.schedule.len(),
-            })
-        );
+        let mut v = artifact_json(&artifact);
+        v["arch"] = json!(format!("{:?}", artifact.arch));
+        v["features"] = json!(features);
+        v["code_bytes"] = json!(artifact.text.len());
+        v["relocations"] = json!(artifact.relocs.len());
+        v["kernels"] = json!(kernels);
+        v["schedule_steps"] = json!(artifact.schedule.len());
+        println!("{v}");
         return Ok(());
     }
-    println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
-    println!(
-        "  format version {}, content sha256 {hash}",
-        kiln_runtime::format::FORMAT_VERSION
-    );
+    print_artifact_header(&a.path, bytes.len(), &hash);
     println!(
         "  arch {:?}, requires CPU features: {}",
         artifact.arch,
@@ -1052,35 +1061,17 @@ fn inspect_cuda_artifact(
                 })
             })
             .collect();
-        println!(
-            "{}",
-            json!({
-                "kind": "artifact",
-                "format_version": kiln_runtime::format::FORMAT_VERSION,
-                "content_sha256": hash,
-                "arch": "nvptx64",
-                "sm": code.sm,
-                "compiler": m.compiler_version,
-                "target": m.target,
-                "options": m.options,
-                "source_sha256": hex(&m.source_sha256),
-                "inputs": specs_json(&m.inputs),
-                "outputs": specs_json(&m.outputs),
-                "arena_bytes": m.arena_size,
-                "weights_bytes": artifact.weights.len(),
-                "ptx_bytes": code.ptx.len(),
-                "cubin_bytes": code.cubin.len(),
-                "kernels": kernels,
-                "schedule_steps": code.schedule.len(),
-            })
-        );
+        let mut v = artifact_json(artifact);
+        v["arch"] = json!("nvptx64");
+        v["sm"] = json!(code.sm);
+        v["ptx_bytes"] = json!(code.ptx.len());
+        v["cubin_bytes"] = json!(code.cubin.len());
+        v["kernels"] = json!(kernels);
+        v["schedule_steps"] = json!(code.schedule.len());
+        println!("{v}");
         return Ok(());
     }
-    println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
-    println!(
-        "  format version {}, content sha256 {hash}",
-        kiln_runtime::format::FORMAT_VERSION
-    );
+    print_artifact_header(&a.path, bytes.len(), &hash);
     println!("  CUDA sm_{} (target {})", code.sm, m.target);
     println!("  built by {} with: {}", m.compiler_version, m.options);
     print_io(m);

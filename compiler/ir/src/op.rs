@@ -723,6 +723,19 @@ pub struct Col2Im {
 pub type ResizeTaps = SmallVec<[(usize, f32); 4]>;
 
 impl Resize {
+    /// The taps of `axis` as [`Resize::taps`] gives them, or `None` when
+    /// the axis is not resampled (same length, every output index reading
+    /// its own input index), so that kernels can skip it.
+    pub fn resampled_taps(&self, axis: usize, in_len: usize) -> Option<Vec<ResizeTaps>> {
+        let taps = self.taps(axis, in_len);
+        let identity = in_len == self.shape[axis]
+            && taps
+                .iter()
+                .enumerate()
+                .all(|(j, t)| t.iter().all(|&(i, w)| i == j || w == 0.0));
+        (!identity).then_some(taps)
+    }
+
     /// For each output index along `axis` (input length `in_len`), the input
     /// indices and weights that make it. Out-of-range taps are clamped to the
     /// edge (or dropped with `exclude_outside`), as in the ONNX reference.

@@ -46,15 +46,7 @@ pub(super) fn resize(r: &Resize, x: &Tensor) -> Result<Data, IrError> {
     let taps = in_shape
         .iter()
         .enumerate()
-        .map(|(axis, &n)| {
-            let taps = r.taps(axis, n);
-            let identity = n == r.shape[axis]
-                && taps
-                    .iter()
-                    .enumerate()
-                    .all(|(j, t)| t.iter().all(|&(i, w)| i == j || w == 0.0));
-            (!identity).then_some(taps)
-        })
+        .map(|(axis, &n)| r.resampled_taps(axis, n))
         .collect();
     let kernel = ResizeKernel {
         in_shape,

@@ -49,15 +49,9 @@ pub(crate) fn resize(
     let out_strides = strides(out_shape);
     let mut tables: Vec<AxisTable> = Vec::new();
     for (axis, &n) in in_shape.iter().enumerate() {
-        let taps = r.taps(axis, n);
-        let identity = n == out_shape[axis]
-            && taps
-                .iter()
-                .enumerate()
-                .all(|(j, t)| t.iter().all(|&(i, w)| i == j || w == 0.0));
-        if identity {
+        let Some(taps) = r.resampled_taps(axis, n) else {
             continue;
-        }
+        };
         let width = taps.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
         let mut offsets: Vec<u8> = Vec::with_capacity(taps.len() * width * 8);
         let mut ws: Vec<u8> = Vec::with_capacity(taps.len() * width * 4);

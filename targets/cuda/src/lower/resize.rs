@@ -39,15 +39,9 @@ pub(crate) fn resize(cx: &Cx, r: &Resize) -> Result<Kernel, CudaError> {
     let in_strides = strides(in_shape);
     let mut tables = Vec::new();
     for (axis, &len) in in_shape.iter().enumerate() {
-        let taps = r.taps(axis, len);
-        let identity = len == out_shape[axis]
-            && taps
-                .iter()
-                .enumerate()
-                .all(|(j, t)| t.iter().all(|&(i, w)| i == j || w == 0.0));
-        if identity {
+        let Some(taps) = r.resampled_taps(axis, len) else {
             continue;
-        }
+        };
         let width = taps.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
         let mut bytes = Vec::with_capacity(taps.len() * width * 8);
         for row in &taps {
