@@ -8,15 +8,16 @@
 //!
 //! The target SM defaults to the newest one Kiln supports that GPU 0 can
 //! run. Prints one line per model output (max abs error, error relative to
-//! the output's scale, p50 latency of `runs` inferences after 3 warm-ups)
-//! and a summary; exits 1 when an output misses the tolerance or a model
+//! the output's scale, p50 latency of `runs` inferences after 3 warm-ups,
+//! then the p50 again replaying a captured CUDA graph, whose outputs must
+//! equal the launched kernels' bit for bit) and a summary; exits 1 when an output misses the tolerance or a model
 //! fails to compile, load or run.
 
 use std::time::Instant;
 
 use kiln::compare::compare;
 use kiln_runtime::cuda::CudaModel;
-use kiln_runtime::Tensor;
+use kiln_runtime::{Tensor, TensorRef};
 use kiln_target_cuda::{SmArch, SUPPORTED_SMS};
 use kiln_tests::Fixture;
 
@@ -61,8 +62,24 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// Outcome of one model: per-output (name, max abs error, rel error,
-/// passed) and the p50 latency.
-type Checked = (Vec<(String, f64, f64, bool)>, f64);
+/// passed), the p50 latency with one launch per kernel and the p50 when
+/// replaying a captured CUDA graph.
+type Checked = (Vec<(String, f64, f64, bool)>, f64, f64);
+
+/// The p50 of `runs` timed runs after 3 untimed ones.
+fn p50(model: &mut CudaModel, views: &[TensorRef<'_>], runs: usize) -> Result<f64, String> {
+    for _ in 0..3 {
+        model.run(views).map_err(|e| format!("run: {e}"))?;
+    }
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        model.run(views).map_err(|e| format!("run: {e}"))?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
 
 fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> {
     let mut opts = fixture.compile_options();
@@ -93,17 +110,15 @@ fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> 
             (name, c.max_abs_error, c.rel_error, passed)
         })
         .collect();
-    for _ in 0..3 {
-        model.run(&views).map_err(|e| format!("run: {e}"))?;
+    let plain = p50(&mut model, &views, args.runs)?;
+    // The captured graph must replay exactly what the launches computed.
+    model.capture_graph().map_err(|e| format!("capture: {e}"))?;
+    let replayed = model.run(&views).map_err(|e| format!("graph run: {e}"))?;
+    if replayed.iter().zip(&outputs).any(|(a, b)| a.data != b.data) {
+        return Err("the CUDA graph replay differs from the kernel launches".into());
     }
-    let mut times = Vec::with_capacity(args.runs);
-    for _ in 0..args.runs {
-        let t = Instant::now();
-        model.run(&views).map_err(|e| format!("run: {e}"))?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok((results, times[times.len() / 2]))
+    let graph = p50(&mut model, &views, args.runs)?;
+    Ok((results, plain, graph))
 }
 
 fn main() {
@@ -160,20 +175,20 @@ fn main() {
         }
     }
     println!(
-        "{:<44} {:>12} {:>12} {:>10}  verdict",
-        "model:output", "max abs err", "rel err", "p50 ms"
+        "{:<44} {:>12} {:>12} {:>10} {:>10}  verdict",
+        "model:output", "max abs err", "rel err", "p50 ms", "graph p50"
     );
     let mut failures = Vec::new();
     let mut outputs = 0;
     let start = Instant::now();
     for (name, fixture) in &fixtures {
         match check(fixture, sm, &args) {
-            Ok((results, p50)) => {
+            Ok((results, p50, graph_p50)) => {
                 for (out, abs, rel, passed) in results {
                     outputs += 1;
                     let verdict = if passed { "ok" } else { "FAILED" };
                     println!(
-                        "{:<44} {abs:>12.3e} {rel:>12.3e} {p50:>10.3}  {verdict}",
+                        "{:<44} {abs:>12.3e} {rel:>12.3e} {p50:>10.3} {graph_p50:>10.3}  {verdict}",
                         format!("{name}:{out}")
                     );
                     if !passed {
@@ -182,7 +197,10 @@ fn main() {
                 }
             }
             Err(e) => {
-                println!("{name:<44} {:>12} {:>12} {:>10}  ERROR {e}", "-", "-", "-");
+                println!(
+                    "{name:<44} {:>12} {:>12} {:>10} {:>10}  ERROR {e}",
+                    "-", "-", "-", "-"
+                );
                 failures.push(format!("{name}: {e}"));
             }
         }
