@@ -99,6 +99,12 @@ int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *o
  * weights alive, so it may be freed after the model. */
 KilnSession *kiln_session_new(const KilnModel *m);
 
+/* As kiln_session_new, with `threads` threads (the caller and threads - 1
+ * workers, created here) for the steps the compiler split into independent
+ * tasks; 0 and 1 mean one thread. Runs neither create threads nor
+ * allocate. */
+KilnSession *kiln_session_new_threads(const KilnModel *m, size_t threads);
+
 /* Frees a session; NULL is ignored. */
 void kiln_session_free(KilnSession *s);
 

@@ -15,6 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::format::TensorSpec;
 use crate::memory::AlignedBuf;
 use crate::model::Program;
+use crate::pool::Pool;
 use crate::{Error, Model, Session};
 
 /// `kiln_model_run` result: success.
@@ -404,7 +405,7 @@ pub unsafe extern "C" fn kiln_model_run(
             .model
             // SAFETY: per the contract.
             .with_arena(|program, arena| unsafe {
-                run("kiln_model_run", program, arena, inputs, outputs)
+                run("kiln_model_run", program, arena, None, inputs, outputs)
             })
             .map_err(|e| (KILN_ERROR_OUT_OF_MEMORY, format!("kiln_model_run: {e}")))
             .and_then(|r| r);
@@ -420,16 +421,38 @@ pub unsafe extern "C" fn kiln_model_run(
 /// `m` must be NULL or a live model.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_session_new(m: *const KilnModel) -> *mut KilnSession {
+    // SAFETY: per the contract.
+    unsafe { new_session("kiln_session_new", m, 1) }
+}
+
+/// Like [`kiln_session_new`], with `threads` threads (the caller and
+/// `threads - 1` workers created now) for the steps the compiler split into
+/// tasks; 0 and 1 mean one thread.
+///
+/// # Safety
+/// `m` must be NULL or a live model.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_new_threads(
+    m: *const KilnModel,
+    threads: usize,
+) -> *mut KilnSession {
+    // SAFETY: per the contract.
+    unsafe { new_session("kiln_session_new_threads", m, threads) }
+}
+
+/// # Safety
+/// `m` must be NULL or a live model.
+unsafe fn new_session(function: &str, m: *const KilnModel, threads: usize) -> *mut KilnSession {
     guard(std::ptr::null_mut(), || {
         // SAFETY: per the contract.
         let Some(m) = (unsafe { m.as_ref() }) else {
-            set_error("kiln_session_new: model is NULL".into());
+            set_error(format!("{function}: model is NULL"));
             return std::ptr::null_mut();
         };
-        match m.model.session() {
+        match m.model.session_with_threads(threads) {
             Ok(session) => Box::into_raw(Box::new(KilnSession { session })),
             Err(e) => {
-                set_error(format!("kiln_session_new: {e}"));
+                set_error(format!("{function}: {e}"));
                 std::ptr::null_mut()
             }
         }
@@ -467,9 +490,9 @@ pub unsafe extern "C" fn kiln_session_run(
         let Some(s) = (unsafe { s.as_mut() }) else {
             return report(Err(arg_error("kiln_session_run", "session is NULL")));
         };
-        let (program, arena) = s.session.parts();
+        let (program, arena, pool) = s.session.parts();
         // SAFETY: per the contract.
-        report(unsafe { run("kiln_session_run", program, arena, inputs, outputs) })
+        report(unsafe { run("kiln_session_run", program, arena, pool, inputs, outputs) })
     })
 }
 
@@ -497,6 +520,7 @@ unsafe fn run(
     function: &str,
     program: &Program,
     arena: &mut AlignedBuf,
+    pool: Option<&Pool>,
     inputs: *const *const c_void,
     outputs: *const *mut c_void,
 ) -> Result<(), (c_int, String)> {
@@ -530,7 +554,7 @@ unsafe fn run(
             program.input_slot(arena, i).copy_from_slice(data);
         }
     }
-    program.execute(arena).map_err(|e| match e {
+    program.execute(arena, pool).map_err(|e| match e {
         Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
         _ => (KILN_ERROR_INTERNAL, e.to_string()),
     })?;

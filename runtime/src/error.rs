@@ -88,6 +88,9 @@ pub enum Error {
         /// The distance that did not fit.
         distance: i128,
     },
+    /// The worker threads of a session could not be created.
+    #[error("cannot create the session's worker threads: {0}")]
+    SpawnThreads(std::io::Error),
     /// A buffer could not be allocated.
     #[error("cannot allocate {bytes} bytes for the {what}")]
     OutOfMemory {

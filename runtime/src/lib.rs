@@ -61,6 +61,7 @@ pub mod format;
 mod host;
 mod memory;
 mod model;
+mod pool;
 mod reloc;
 #[cfg(feature = "signing")]
 mod signing;

@@ -11,6 +11,7 @@ use crate::format::{
     read_header, Arch, ArtifactView, CpuFeatures, Header, Metadata, SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
+use crate::pool::Pool;
 use crate::{Error, Tensor, TensorRef};
 
 /// A model ready to run: relocated code, weights and metadata, all
@@ -42,6 +43,8 @@ pub struct Model {
 pub struct Session {
     program: Arc<Program>,
     arena: AlignedBuf,
+    /// Worker threads for steps with several tasks (`None`: one thread).
+    pool: Option<Pool>,
 }
 
 /// The immutable part of a loaded model, shared by the model and its
@@ -52,9 +55,12 @@ pub(crate) struct Program {
     features: CpuFeatures,
     /// Source node name of each schedule step, for error messages.
     step_nodes: Vec<String>,
-    /// Entry point of each schedule step; valid while `_code` lives.
-    step_entries: Vec<KernelFn>,
-    /// Keeps the mapping that `step_entries` point into alive.
+    /// Each step's tasks as a range of `task_entries`.
+    steps: Vec<std::ops::Range<usize>>,
+    /// Entry point of every task of the schedule, step by step; valid
+    /// while `_code` lives.
+    task_entries: Vec<KernelFn>,
+    /// Keeps the mapping that `task_entries` point into alive.
     _code: CodeMemory,
     /// Read-only: kernels receive it as `*const u8`.
     weights: Weights,
@@ -113,9 +119,16 @@ impl Model {
         let view = ArtifactView::parse(bytes)?;
         let arena = AlignedBuf::zeroed(view.metadata.arena_size, "arena")?;
         let code = CodeMemory::new(view.text, &view.kernels, &view.relocs)?;
-        let step_entries = (view.schedule.iter())
-            .map(|s| code.entry(&view.kernels[s.kernel as usize]))
-            .collect();
+        let mut task_entries = Vec::new();
+        let mut steps = Vec::with_capacity(view.schedule.len());
+        for s in &view.schedule {
+            let start = task_entries.len();
+            // In range: the decoder checked kernel + tasks <= kernels.
+            for k in s.kernel..s.kernel + s.tasks {
+                task_entries.push(code.entry(&view.kernels[k as usize]));
+            }
+            steps.push(start..task_entries.len());
+        }
         let weights_section = view.header.section(SectionKind::Weights);
         // Inside `bytes`, as `read_header` checked.
         let start = weights_section.offset as usize;
@@ -132,7 +145,8 @@ impl Model {
                 content_hash: header.content_hash,
                 features: header.features,
                 step_nodes: schedule.into_iter().map(|s| s.node).collect(),
-                step_entries,
+                steps,
+                task_entries,
                 _code: code,
                 weights,
             }),
@@ -170,10 +184,35 @@ impl Model {
     /// A new session with its own arena (`metadata().arena_size` bytes,
     /// allocated now). Sessions of one model run concurrently.
     pub fn session(&self) -> Result<Session, Error> {
+        self.session_with_threads(1)
+    }
+
+    /// A new session whose runs use `threads` threads (the caller and
+    /// `threads - 1` workers, created now and kept until the session is
+    /// dropped) for the steps the compiler split into several tasks. A run
+    /// neither creates threads nor allocates.
+    pub fn session_with_threads(&self, threads: usize) -> Result<Session, Error> {
+        let pool = if threads > 1 {
+            Some(Pool::new(threads).map_err(Error::SpawnThreads)?)
+        } else {
+            None
+        };
         Ok(Session {
             program: Arc::clone(&self.program),
             arena: AlignedBuf::zeroed(self.program.metadata.arena_size, "arena")?,
+            pool,
         })
+    }
+
+    /// The most tasks any step of the schedule has: the threads beyond
+    /// that which a session could use.
+    pub fn max_tasks(&self) -> usize {
+        self.program
+            .steps
+            .iter()
+            .map(|r| r.len())
+            .max()
+            .unwrap_or(1)
     }
 
     /// Runs one inference. Every declared input must be given exactly once
@@ -182,7 +221,7 @@ impl Model {
     /// Uses the model's cached arena; a call made while another thread's
     /// call holds it allocates a temporary arena for itself.
     pub fn run(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
-        self.with_arena(|program, arena| program.run(arena, inputs))?
+        self.with_arena(|program, arena| program.run(arena, None, inputs))?
     }
 
     /// Runs one inference, outputs written to `outputs` (one buffer per
@@ -195,7 +234,7 @@ impl Model {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
-        self.with_arena(|program, arena| program.run_into(arena, inputs, outputs))?
+        self.with_arena(|program, arena| program.run_into(arena, None, inputs, outputs))?
     }
 
     /// Calls `f` with the cached arena, or with a fresh one while the
@@ -234,7 +273,13 @@ impl Session {
 
     /// Runs one inference (as [`Model::run`]) in this session's arena.
     pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
-        self.program.run(&mut self.arena, inputs)
+        self.program
+            .run(&mut self.arena, self.pool.as_ref(), inputs)
+    }
+
+    /// Threads this session's runs use.
+    pub fn threads(&self) -> usize {
+        self.pool.as_ref().map_or(1, Pool::threads)
     }
 
     /// Runs one inference without allocating: inputs as in [`Model::run`],
@@ -245,19 +290,26 @@ impl Session {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
-        self.program.run_into(&mut self.arena, inputs, outputs)
+        self.program
+            .run_into(&mut self.arena, self.pool.as_ref(), inputs, outputs)
     }
 
-    /// The shared program and this session's arena (for the C ABI).
-    pub(crate) fn parts(&mut self) -> (&Program, &mut AlignedBuf) {
-        (&self.program, &mut self.arena)
+    /// The shared program, this session's arena and its threads (for the
+    /// C ABI).
+    pub(crate) fn parts(&mut self) -> (&Program, &mut AlignedBuf, Option<&Pool>) {
+        (&self.program, &mut self.arena, self.pool.as_ref())
     }
 }
 
 impl Program {
-    fn run(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
+    fn run(
+        &self,
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+        inputs: &[TensorRef<'_>],
+    ) -> Result<Vec<Tensor>, Error> {
         self.bind_inputs(arena, inputs)?;
-        self.execute(arena)?;
+        self.execute(arena, pool)?;
         let outputs = (self.metadata.outputs.iter().enumerate()).map(|(i, spec)| Tensor {
             name: spec.name.clone(),
             dtype: spec.dtype,
@@ -270,12 +322,13 @@ impl Program {
     fn run_into(
         &self,
         arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
         self.check_output_buffers(outputs.iter().map(|b| b.len()))?;
         self.bind_inputs(arena, inputs)?;
-        self.execute(arena)?;
+        self.execute(arena, pool)?;
         for (i, out) in outputs.iter_mut().enumerate() {
             out.copy_from_slice(self.output_bytes(arena, i));
         }
@@ -343,18 +396,27 @@ impl Program {
 
     /// Calls the schedule's kernels in order over `arena`, which must be
     /// `metadata.arena_size` bytes (every arena is allocated with that size).
-    pub(crate) fn execute(&self, arena: &mut AlignedBuf) -> Result<(), Error> {
+    pub(crate) fn execute(&self, arena: &mut AlignedBuf, pool: Option<&Pool>) -> Result<(), Error> {
         debug_assert_eq!(arena.as_slice().len() as u64, self.metadata.arena_size);
         let arena = arena.as_mut_ptr();
         let weights = self.weights.as_ptr();
-        for (i, entry) in self.step_entries.iter().enumerate() {
-            // SAFETY: `entry` points into `self._code`, which is alive; the
-            // arena and weights are the buffers the artifact was compiled
-            // against (sizes validated at load). Kernels only read the
-            // weights, so concurrent runs over separate arenas share them
-            // safely. What the code does is the artifact's responsibility
-            // (see the type's documentation).
-            let code = unsafe { entry(arena, weights) };
+        for (i, step) in self.steps.iter().enumerate() {
+            let tasks = &self.task_entries[step.clone()];
+            // SAFETY: the entries point into `self._code`, which is alive;
+            // the arena and weights are the buffers the artifact was
+            // compiled against (sizes validated at load). Kernels only read
+            // the weights, so concurrent runs over separate arenas share
+            // them safely, and the tasks of one step are independent by the
+            // format's definition (see `format::Step`). What the code does
+            // is the artifact's responsibility (see the type's docs).
+            let code = match pool {
+                Some(pool) if tasks.len() > 1 => unsafe { pool.run(tasks, arena, weights) },
+                _ => tasks
+                    .iter()
+                    .map(|entry| unsafe { entry(arena, weights) })
+                    .find(|&c| c != 0)
+                    .unwrap_or(0),
+            };
             if code != 0 {
                 return Err(Error::Kernel {
                     node: self.step_nodes[i].clone(),

@@ -97,7 +97,7 @@ fn newer_version() {
     );
     assert_eq!(
         err.to_string(),
-        "artifact format version 7 is newer than this runtime supports (1)"
+        "artifact format version 7 is newer than this runtime supports (2)"
     );
 }
 
@@ -263,8 +263,20 @@ fn schedule_kernel_index() {
     malformed(
         &bytes,
         SectionKind::Schedule,
-        "step 1 ('/b') calls kernel 9, but there are 2",
+        "step 1 ('/b') calls kernels 9..10, but there are 2",
     );
+}
+
+#[test]
+fn schedule_tasks_past_the_kernels_or_none() {
+    let bytes = encode_with(|a| a.schedule[1].tasks = 2);
+    malformed(
+        &bytes,
+        SectionKind::Schedule,
+        "step 1 ('/b') calls kernels 1..3, but there are 2",
+    );
+    let bytes = encode_with(|a| a.schedule[0].tasks = 0);
+    malformed(&bytes, SectionKind::Schedule, "step 0 ('/a') has no task");
 }
 
 #[test]

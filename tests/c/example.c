@@ -120,8 +120,9 @@ int main(int argc, char **argv) {
     }
 
     /* A session owns the arena one inference works in; one per thread lets
-     * several threads run the same loaded model at once. */
-    KilnSession *s = kiln_session_new(m);
+     * several threads run the same loaded model at once. With two threads,
+     * the steps the compiler split into tasks run on both. */
+    KilnSession *s = kiln_session_new_threads(m, 2);
     if (!s) {
         fprintf(stderr, "error: %s\n", kiln_last_error());
         goto done;

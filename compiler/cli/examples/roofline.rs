@@ -115,6 +115,7 @@ fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64
     let opts = CpuOptions {
         target: CpuTarget::Native,
         opt_level: 2,
+        threads: 1,
     };
     let artifact = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
     let model = Model::from_bytes(&artifact.to_bytes()).expect("load");

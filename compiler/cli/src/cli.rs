@@ -106,6 +106,11 @@ struct CompileArgs {
     /// something does).
     #[arg(long)]
     check: bool,
+    /// CPU targets: split each large dense kernel into up to N tasks that
+    /// a multi-threaded session (`kiln run/bench --threads`) runs at once;
+    /// 1 compiles for one thread.
+    #[arg(long, default_value_t = kiln_target_cpu::DEFAULT_THREADS, value_name = "N")]
+    threads: usize,
     /// Target: native, x86_64-v3, x86_64-avx512, aarch64, or a CUDA GPU:
     /// cuda-sm70, cuda-sm75, cuda-sm80, cuda-sm86, cuda-sm89, cuda-sm90.
     #[arg(long, default_value = "native")]
@@ -168,6 +173,10 @@ struct RunArgs {
     /// Tolerance of --check: max abs error relative to the output's scale.
     #[arg(long, default_value_t = 1e-4)]
     tolerance: f64,
+    /// Threads of the run (default: every core, up to the most tasks the
+    /// artifact's steps have).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Refuse the artifact unless ARTIFACT.sig is a valid signature by this
     /// Ed25519 public key (PEM, from `kiln keygen` or `openssl pkey -pubout`).
     #[arg(long, value_name = "PEM")]
@@ -212,6 +221,10 @@ struct BenchArgs {
     /// Untimed warm-up runs.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
+    /// Threads of each run (default: every core, up to the most tasks the
+    /// artifact's steps have).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Print a machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -476,6 +489,10 @@ fn print_pass_times(
 
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     let mut opts = compile_options(&a.model_args, &a.target)?;
+    if a.threads == 0 {
+        return Err(Failure::new(exit::USAGE, "--threads must be at least 1"));
+    }
+    opts.threads = a.threads;
     if a.check {
         return cmd_preflight(&a, &opts);
     }
@@ -667,6 +684,7 @@ fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure>
     if m.verify_each {
         args.push("--verify-each".into());
     }
+    args.extend(["--threads".into(), a.threads.to_string().into()]);
     let threads = match std::env::var("RAYON_NUM_THREADS").as_deref() {
         Ok("1") => "3",
         _ => "1",
@@ -811,10 +829,18 @@ fn is_cuda_artifact(path: &Path) -> bool {
 /// Loads `path` and runs it once: on the GPU for a CUDA artifact (with the
 /// `cuda` feature), else with the CPU runtime (which refuses CUDA artifacts
 /// with a clear error).
+/// Threads for a session of `model`: `requested`, or every core, and never
+/// more than the most tasks of any of its steps.
+fn session_threads(model: &Model, requested: Option<usize>) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    requested.unwrap_or(cores).clamp(1, model.max_tasks())
+}
+
 fn load_and_run(
     path: &Path,
     args: &InputArgs,
     public_key: Option<&Path>,
+    threads: Option<usize>,
 ) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
     #[cfg(feature = "cuda")]
     if is_cuda_artifact(path) {
@@ -837,13 +863,15 @@ fn load_and_run(
     };
     let inputs = gather_inputs(model.inputs(), args)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let mut session = model.session_with_threads(session_threads(&model, threads))?;
     let start = Instant::now();
-    let outputs = model.run(&views)?;
+    let outputs = session.run(&views)?;
     Ok((outputs, start.elapsed()))
 }
 
 fn cmd_run(a: RunArgs) -> Result<(), Failure> {
-    let (outputs, latency) = load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref())?;
+    let (outputs, latency) =
+        load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref(), a.threads)?;
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -1290,7 +1318,8 @@ fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         .map(|s| vec![0u8; s.byte_len() as usize])
         .collect();
     // A session's runs never allocate, so the timings hold no allocator.
-    let mut session = model.session()?;
+    let mut session = model.session_with_threads(session_threads(&model, a.threads))?;
+    let threads = session.threads();
     let mut run = |session: &mut Session| -> Result<(), Failure> {
         let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|v| v.as_mut_slice()).collect();
         session.run_into(&views, &mut outs)?;
@@ -1315,12 +1344,12 @@ fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
     if a.json {
         println!(
             "{}",
-            json!({"artifact": a.artifact.display().to_string(), "runs": a.runs, "warmup": a.warmup, "threads": 1,
+            json!({"artifact": a.artifact.display().to_string(), "runs": a.runs, "warmup": a.warmup, "threads": threads,
                    "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": mean, "min_ms": times[0], "runs_per_s": throughput})
         );
     } else {
         println!(
-            "{}: {} runs (1 thread): p50 {p50:.3} ms, p95 {p95:.3} ms, p99 {p99:.3} ms, mean {mean:.3} ms, {throughput:.1} runs/s",
+            "{}: {} runs ({threads} thread(s)): p50 {p50:.3} ms, p95 {p95:.3} ms, p99 {p99:.3} ms, mean {mean:.3} ms, {throughput:.1} runs/s",
             a.artifact.display(),
             a.runs
         );

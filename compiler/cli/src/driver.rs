@@ -48,6 +48,9 @@ pub struct CompileOptions {
     /// small model claiming huge shapes makes the runtime allocate.
     /// Default [`DEFAULT_MAX_ARENA_BYTES`].
     pub max_arena_bytes: u64,
+    /// CPU targets: the most tasks a dense kernel is split into for
+    /// multi-threaded sessions (`--threads`; 1: no split).
+    pub threads: usize,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -64,6 +67,7 @@ impl Default for CompileOptions {
             verify_each: false,
             dump_ir: DumpIr::None,
             max_arena_bytes: DEFAULT_MAX_ARENA_BYTES,
+            threads: kiln_target_cpu::DEFAULT_THREADS,
         }
     }
 }
@@ -77,6 +81,9 @@ impl CompileOptions {
             None => self.target.to_string(),
         };
         let mut s = format!("target={target} opt_level={}", self.opt_level);
+        if self.cuda.is_none() {
+            let _ = write!(s, " threads={}", self.threads);
+        }
         if let Some(p) = &self.passes {
             let _ = write!(s, " passes={}", p.join(","));
         }
@@ -286,6 +293,7 @@ fn generate(
             let cpu = CpuOptions {
                 target: opts.target,
                 opt_level: 1,
+                threads: opts.threads,
             };
             kiln_target_cpu::compile(&graph, &cpu, info)?
         }

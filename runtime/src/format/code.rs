@@ -225,11 +225,17 @@ pub struct Reloc {
     pub addend: i64,
 }
 
-/// One kernel call of the schedule.
+/// One step of the schedule: the kernels `kernel .. kernel + tasks`, which
+/// the compiler made independent (each writes its own slice of the node's
+/// output and reads nothing another writes), so a runtime may run them in
+/// any order or concurrently. Most steps have one task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {
-    /// Index into [`Artifact::kernels`](super::Artifact::kernels).
+    /// Index into [`Artifact::kernels`](super::Artifact::kernels) of the
+    /// first task.
     pub kernel: u32,
+    /// Number of tasks (consecutive kernels), at least 1.
+    pub tasks: u32,
     /// Name of the source node, for error messages.
     pub node: String,
 }

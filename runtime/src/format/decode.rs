@@ -11,7 +11,7 @@ use super::{
 const MIN_TENSOR: usize = 4 + 1 + 4 + 8;
 const RELOC_LEN: usize = 32;
 const MIN_KERNEL: usize = 4 + 8 + 8;
-const MIN_STEP: usize = 4 + 4;
+const MIN_STEP: usize = 4 + 4 + 4;
 
 pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Meta);
@@ -184,20 +184,67 @@ pub(crate) fn relocs(
     Ok(out)
 }
 
-pub(crate) fn schedule(bytes: &[u8], kernels: usize) -> Result<Vec<Step>, FormatError> {
+/// The schedule; `version` is the file's format version (version 1 steps
+/// have no task count: one task each).
+pub(crate) fn schedule(
+    bytes: &[u8],
+    kernels: usize,
+    version: u32,
+) -> Result<Vec<Step>, FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Schedule);
-    let count = r.count("step count", MIN_STEP)?;
+    let min_step = if version < 2 { 4 + 4 } else { MIN_STEP };
+    let count = r.count("step count", min_step)?;
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         let kernel = r.u32("step kernel")?;
+        let tasks = if version < 2 {
+            1
+        } else {
+            r.u32("step task count")?
+        };
         let node = r.str("step node name")?;
-        if kernel as usize >= kernels {
+        if tasks == 0 {
+            return Err(r.error(format!("step {i} ('{node}') has no task")));
+        }
+        if kernel as u64 + tasks as u64 > kernels as u64 {
             return Err(r.error(format!(
-                "step {i} ('{node}') calls kernel {kernel}, but there are {kernels}"
+                "step {i} ('{node}') calls kernels {kernel}..{}, but there are {kernels}",
+                kernel as u64 + tasks as u64
             )));
         }
-        out.push(Step { kernel, node });
+        out.push(Step {
+            kernel,
+            tasks,
+            node,
+        });
     }
     r.finish()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::schedule;
+    use crate::format::cursor::Writer;
+
+    #[test]
+    fn version_1_schedules_have_one_task_per_step() {
+        // Version 1 records: (kernel, node), no task count.
+        let mut w = Writer::default();
+        w.len(2);
+        for (k, node) in [(0u32, "/a"), (1, "/b")] {
+            w.u32(k);
+            w.str(node);
+        }
+        let steps = schedule(&w.0, 2, 1).unwrap();
+        assert_eq!(
+            steps
+                .iter()
+                .map(|s| (s.kernel, s.tasks))
+                .collect::<Vec<_>>(),
+            [(0, 1), (1, 1)]
+        );
+        // Read as version 2, the same bytes are malformed.
+        assert!(schedule(&w.0, 2, 2).is_err());
+    }
 }

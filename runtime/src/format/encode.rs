@@ -67,6 +67,7 @@ pub(crate) fn schedule(steps: &[Step]) -> Vec<u8> {
     w.len(steps.len());
     for s in steps {
         w.u32(s.kernel);
+        w.u32(s.tasks);
         w.str(&s.node);
     }
     w.0

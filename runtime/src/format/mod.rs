@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 8] = *b"KILNART\0";
 
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// A complete artifact, owned. Built by a compiler target and written with
 /// [`Artifact::to_bytes`]; read back with [`Artifact::parse`].
@@ -170,7 +170,11 @@ impl<'a> ArtifactView<'a> {
         let metadata = decode::meta(section(SectionKind::Meta))?;
         let kernels = decode::kernels(section(SectionKind::Kernels), text_len)?;
         let relocs = decode::relocs(section(SectionKind::Relocs), text_len, kernels.len())?;
-        let schedule = decode::schedule(section(SectionKind::Schedule), kernels.len())?;
+        let schedule = decode::schedule(
+            section(SectionKind::Schedule),
+            kernels.len(),
+            header.version,
+        )?;
         let weights = section(SectionKind::Weights);
         Ok(ArtifactView {
             header,

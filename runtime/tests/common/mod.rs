@@ -63,6 +63,7 @@ pub fn kernel(name: &str, text_offset: u64, text_len: usize) -> KernelEntry {
 pub fn step(kernel: u32, node: &str) -> Step {
     Step {
         kernel,
+        tasks: 1,
         node: node.into(),
     }
 }

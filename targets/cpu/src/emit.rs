@@ -101,16 +101,34 @@ impl Text {
     }
 
     /// Appends finished machine code (position-independent, no
-    /// relocations) as the kernel of node `name` and schedules it.
-    pub(crate) fn add_machine(&mut self, name: &str, code: &[u8]) {
-        let start = (self.bytes.len() as u64).div_ceil(64) * 64;
-        let pad = match self.arch {
-            Arch::X86_64 => 0xcc,
-            Arch::Aarch64 | Arch::Nvptx64 => 0,
-        };
-        self.bytes.resize(start as usize, pad);
-        self.bytes.extend_from_slice(code);
-        self.push_kernel(name, start, code.len() as u64);
+    /// relocations) as the kernels of node `name`, one per task, and
+    /// schedules them as one step.
+    pub(crate) fn add_machine(&mut self, name: &str, tasks: &[Vec<u8>]) {
+        let first = self.kernels.len() as u32;
+        for (t, code) in tasks.iter().enumerate() {
+            let start = (self.bytes.len() as u64).div_ceil(64) * 64;
+            let pad = match self.arch {
+                Arch::X86_64 => 0xcc,
+                Arch::Aarch64 | Arch::Nvptx64 => 0,
+            };
+            self.bytes.resize(start as usize, pad);
+            self.bytes.extend_from_slice(code);
+            let kernel = if tasks.len() == 1 {
+                name.to_owned()
+            } else {
+                format!("{name}#{t}")
+            };
+            self.kernels.push(KernelEntry {
+                name: kernel,
+                text_offset: start,
+                text_len: code.len() as u64,
+            });
+        }
+        self.schedule.push(Step {
+            kernel: first,
+            tasks: tasks.len() as u32,
+            node: name.to_owned(),
+        });
     }
 
     fn push_kernel(&mut self, name: &str, start: u64, len: u64) {
@@ -122,6 +140,7 @@ impl Text {
         });
         self.schedule.push(Step {
             kernel: index,
+            tasks: 1,
             node: name.to_owned(),
         });
     }

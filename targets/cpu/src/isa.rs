@@ -73,6 +73,8 @@ pub(crate) struct Target {
     /// Whether the dense ops use the AVX-512 microkernels (x86-64 with
     /// AVX-512F).
     pub avx512: bool,
+    /// The most tasks a dense kernel is split into.
+    pub tasks: usize,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -192,6 +194,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         features,
         fma,
         avx512,
+        tasks: opts.threads.max(1),
     })
 }
 
@@ -213,6 +216,7 @@ mod tests {
             let target = build(&CpuOptions {
                 target: t,
                 opt_level: 2,
+                threads: 1,
             })
             .unwrap();
             assert!(!target.features.is_empty() || t == CpuTarget::Native);

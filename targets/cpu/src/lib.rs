@@ -37,7 +37,7 @@
 //! let x = g.add_input("x", ValueType::new(DType::F32, [2, 3]));
 //! let y = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "relu").unwrap();
 //! g.add_output("y", y);
-//! let opts = CpuOptions { target: CpuTarget::Aarch64, opt_level: 2 };
+//! let opts = CpuOptions { target: CpuTarget::Aarch64, opt_level: 2, threads: 1 };
 //! let artifact = compile(&g, &opts, ArtifactInfo::default()).unwrap();
 //! assert_eq!(artifact.kernels.len(), 1);
 //! ```
@@ -54,6 +54,10 @@ pub use plan::{memory_plan, plan_stats, MemoryPlan, PlanStats, PlannedValue, Ste
 
 use kiln_runtime::format::{Artifact, Metadata};
 
+/// The default of [`CpuOptions::threads`]: dense kernels are split for up
+/// to four threads, which a session with fewer runs in turn.
+pub const DEFAULT_THREADS: usize = 4;
+
 /// Options of the CPU target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
@@ -61,6 +65,9 @@ pub struct CpuOptions {
     pub target: CpuTarget,
     /// Cranelift optimization: 0 = `none`, anything else = `speed`.
     pub opt_level: u8,
+    /// The most tasks a dense kernel is split into, for sessions with that
+    /// many threads (1: no split). See `lower/partition.rs`.
+    pub threads: usize,
 }
 
 impl Default for CpuOptions {
@@ -68,6 +75,7 @@ impl Default for CpuOptions {
         CpuOptions {
             target: CpuTarget::Native,
             opt_level: 2,
+            threads: DEFAULT_THREADS,
         }
     }
 }
@@ -167,7 +175,7 @@ pub fn compile(
         let name = job.name(graph);
         match lower::lower_job(graph, &mut plan, &job, &target)? {
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
-            lower::Lowered::Machine(code) => text.add_machine(&name, &code),
+            lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
         }
     }
     let (text, kernels, relocs, schedule) = text.finish();

@@ -147,17 +147,21 @@ pub(crate) struct Scratch {
 
 impl Scratch {
     /// Reserves regions of the given sizes (64-byte aligned, one after the
-    /// other) for one kernel and returns where each starts.
-    pub(crate) fn reserve<const N: usize>(&mut self, sizes: [u64; N]) -> [Loc; N] {
+    /// other) for one schedule step (all its tasks) and returns where each
+    /// starts.
+    pub(crate) fn reserve(&mut self, sizes: &[u64]) -> Vec<Loc> {
         let mut at = self.offset;
-        let locs = sizes.map(|bytes| {
-            let loc = Loc {
-                base: Base::Arena,
-                offset: at,
-            };
-            at += align(bytes);
-            loc
-        });
+        let locs = sizes
+            .iter()
+            .map(|&bytes| {
+                let loc = Loc {
+                    base: Base::Arena,
+                    offset: at,
+                };
+                at += align(bytes);
+                loc
+            })
+            .collect();
         self.bytes = self.bytes.max(at - self.offset);
         locs
     }

@@ -30,6 +30,7 @@ fn opts(target: CpuTarget) -> CpuOptions {
     CpuOptions {
         target,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     }
 }
 
@@ -101,6 +102,7 @@ fn opt_level_zero_also_runs() {
         &CpuOptions {
             target: CpuTarget::Native,
             opt_level: 0,
+            threads: 1,
         },
         ArtifactInfo::default(),
     )

@@ -219,6 +219,7 @@ fn check_graph(g: &Graph, seed: u64) -> MemoryPlan {
     let opts = CpuOptions {
         target: CpuTarget::Aarch64,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
     assert_eq!(a.metadata.arena_size, p.arena_size);
@@ -478,6 +479,7 @@ fn plan_is_deterministic() {
     let opts = CpuOptions {
         target: CpuTarget::Aarch64,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     let a = compile(&g, &opts, ArtifactInfo::default())
         .unwrap()

@@ -46,6 +46,7 @@ fn compile_for(g: &Graph, target: CpuTarget) -> Artifact {
     let opts = CpuOptions {
         target,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     compile(g, &opts, ArtifactInfo::default()).unwrap()
 }

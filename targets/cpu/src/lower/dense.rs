@@ -31,9 +31,15 @@ const PANEL_MIN_ROW_TILES: usize = 4;
 /// Most GEMM calls (batch entries) one kernel unrolls.
 const MAX_CALLS: usize = 4096;
 
-/// The microkernel of node `cx`, or `None` when the Cranelift kernel should
-/// be used.
-pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -> Option<Vec<u8>> {
+/// The microkernel of node `cx` as one or more independent tasks (see
+/// [`partition`](super::partition); at most `tasks`), or `None` when the
+/// Cranelift kernel should be used.
+pub(crate) fn lower(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    tasks: usize,
+) -> Option<Vec<Vec<u8>>> {
     if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
         return None;
     }
@@ -52,40 +58,54 @@ pub(crate) fn lower(cx: &NodeCx, weights: &mut Weights, scratch: &mut Scratch) -
             trans_a,
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
-        Op::Conv(c) if c.group > 1 => return depthwise_conv(cx, c)?.assemble().ok(),
+        Op::Conv(c) if c.group > 1 => return Some(vec![depthwise_conv(cx, c)?.assemble().ok()?]),
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
             None => im2col_conv(cx, weights, c)?,
         },
         _ => return None,
     };
-    let mut spec = spec;
-    // A strided B re-read by at least PANEL_MIN_ROW_TILES row tiles is
-    // copied, one column tile at a time, into a contiguous scratch panel.
-    let panel_bytes = match spec.b {
+    let mut parts = super::partition::split(spec, tasks);
+    // Every task gets scratch of its own, since tasks run concurrently.
+    let sizes: Vec<u64> = parts
+        .iter()
+        .flat_map(|p| {
+            let (col, panel) = scratch_bytes(p);
+            [col, panel]
+        })
+        .collect();
+    let locs = if sizes.iter().any(|&b| b > 0) {
+        scratch.reserve(&sizes)
+    } else {
+        Vec::new()
+    };
+    let mut codes = Vec::with_capacity(parts.len());
+    for (t, part) in parts.iter_mut().enumerate() {
+        if sizes[2 * t] > 0 {
+            for call in &mut part.calls {
+                call.b = locs[2 * t];
+            }
+        }
+        if sizes[2 * t + 1] > 0 {
+            part.b_panel = Some(locs[2 * t + 1]);
+        }
+        codes.push(part.assemble().ok()?);
+    }
+    Some(codes)
+}
+
+/// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into
+/// which a strided B re-read by at least [`PANEL_MIN_ROW_TILES`] row tiles
+/// is copied one column tile at a time (0 when none).
+fn scratch_bytes(spec: &GemmSpec) -> (u64, u64) {
+    let panel = match spec.b {
         BLayout::Strided { .. } if spec.m / spec.blocking.mr >= PANEL_MIN_ROW_TILES => {
             (spec.k * spec.blocking.nr() * 4) as u64
         }
         _ => 0,
     };
-    let panel_bytes = if panel_bytes > MAX_SCRATCH / 2 {
-        0
-    } else {
-        panel_bytes
-    };
-    let col_bytes = spec.im2col.map_or(0, |i| i.col_bytes());
-    if panel_bytes > 0 || col_bytes > 0 {
-        let [col, panel] = scratch.reserve([col_bytes, panel_bytes]);
-        if col_bytes > 0 {
-            for call in &mut spec.calls {
-                call.b = col;
-            }
-        }
-        if panel_bytes > 0 {
-            spec.b_panel = Some(panel);
-        }
-    }
-    spec.assemble().ok()
+    let panel = if panel > MAX_SCRATCH / 2 { 0 } else { panel };
+    (spec.im2col.map_or(0, |i| i.col_bytes()), panel)
 }
 
 fn f32_constant(graph: &Graph, id: NodeId) -> Option<&[f32]> {

@@ -14,6 +14,7 @@ mod logic;
 pub(crate) mod loops;
 mod math;
 mod norm;
+mod partition;
 mod pool;
 mod reduce;
 mod resize;
@@ -276,8 +277,9 @@ pub(crate) enum Lowered {
     /// A Cranelift function, compiled by [`crate::emit::Text::add`].
     Clif(Box<Function>),
     /// Finished position-independent machine code without relocations
-    /// (a [`crate::microkernel`] kernel).
-    Machine(Vec<u8>),
+    /// (a [`crate::microkernel`] kernel), as one or more independent tasks
+    /// of one schedule step.
+    Machine(Vec<Vec<u8>>),
 }
 
 /// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
@@ -290,7 +292,7 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
-        if let Some(code) = dense::lower(&cx, &mut plan.weights, &mut plan.scratch) {
+        if let Some(code) = dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks) {
             return Ok(Lowered::Machine(code));
         }
     }

@@ -62,12 +62,14 @@ pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_run
     let opts = CpuOptions {
         target: CpuTarget::Native,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     let artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
     // Every graph must also cross-compile for AArch64 into a valid artifact.
     let arm = CpuOptions {
         target: CpuTarget::Aarch64,
         opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     let arm = compile(g, &arm, ArtifactInfo::default()).expect("compile for aarch64");
     Artifact::parse(&arm.to_bytes()).expect("aarch64 artifact parses");

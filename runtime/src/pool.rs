@@ -1,0 +1,234 @@
+//! The worker threads of a [`Session`](crate::Session) with more than one
+//! thread.
+//!
+//! A schedule step may consist of several kernels (tasks) that the compiler
+//! made independent: slices of one node's output. [`Pool::run`] runs the
+//! tasks of one step on the calling thread and the workers together and
+//! returns when all are done. Workers are created with the session and
+//! parked on a condition variable between steps; a step publishes its
+//! tasks under the mutex, then every thread claims task indices from an
+//! atomic counter, so a run neither allocates nor creates threads.
+
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use crate::code::KernelFn;
+
+/// One step's tasks: raw pointers, valid while [`Pool::run`] blocks.
+#[derive(Clone, Copy)]
+struct Job {
+    entries: *const KernelFn,
+    count: usize,
+    arena: *mut u8,
+    weights: *const u8,
+}
+
+// SAFETY: the pointers are only dereferenced while `Pool::run`, which owns
+// the borrows they come from, waits for every task to finish.
+unsafe impl Send for Job {}
+
+struct State {
+    /// Incremented for every published job; workers run each epoch once.
+    epoch: u64,
+    job: Option<Job>,
+    /// Workers inside [`Shared::work`]: the caller waits for them to leave
+    /// before the next job resets the task counter, so that none claims a
+    /// task of the next job with this job's pointers.
+    active: usize,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the workers when a job is published or on shutdown.
+    wake: Condvar,
+    /// Wakes the caller when the last task of a job finishes.
+    done: Condvar,
+    /// The next unclaimed task of the current job.
+    next: AtomicUsize,
+    /// Tasks of the current job finished so far.
+    finished: AtomicUsize,
+    /// The first non-zero kernel return code of the current job, or 0.
+    code: AtomicI32,
+}
+
+impl Shared {
+    /// Claims and runs tasks of `job` until none is left.
+    fn work(&self, job: Job) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= job.count {
+                return;
+            }
+            // SAFETY: `i < count`, the length of the entries slice; the
+            // kernels of one step write disjoint parts of the arena (the
+            // compiler's partition), so running them concurrently is what
+            // the artifact declares safe.
+            let code = unsafe { (*job.entries.add(i))(job.arena, job.weights) };
+            if code != 0 {
+                let _ = self
+                    .code
+                    .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
+            }
+            if self.finished.fetch_add(1, Ordering::AcqRel) + 1 == job.count {
+                // Taking the lock orders this wake-up after the caller's
+                // check, so it cannot be missed.
+                let _guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                self.done.notify_all();
+            }
+        }
+    }
+}
+
+/// Worker threads shared by the steps of one session.
+pub(crate) struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// A pool where `threads` threads (the caller and `threads - 1`
+    /// workers) run each step's tasks.
+    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                epoch: 0,
+                job: None,
+                active: 0,
+                shutdown: false,
+            }),
+            wake: Condvar::new(),
+            done: Condvar::new(),
+            next: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            code: AtomicI32::new(0),
+        });
+        let mut workers = Vec::with_capacity(threads.saturating_sub(1));
+        for i in 1..threads {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("kiln-worker-{i}"))
+                .spawn(move || worker(&shared))?;
+            workers.push(handle);
+        }
+        Ok(Pool { shared, workers })
+    }
+
+    /// Threads running each step (the caller included).
+    pub(crate) fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs every kernel of `entries` once, concurrently, and returns the
+    /// first non-zero return code (0 when all succeeded).
+    ///
+    /// # Safety
+    /// The kernels must be safe to run concurrently on this arena and
+    /// weights (they write disjoint bytes and read nothing another writes).
+    pub(crate) unsafe fn run(
+        &self,
+        entries: &[KernelFn],
+        arena: *mut u8,
+        weights: *const u8,
+    ) -> i32 {
+        let job = Job {
+            entries: entries.as_ptr(),
+            count: entries.len(),
+            arena,
+            weights,
+        };
+        let s = &*self.shared;
+        {
+            let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.next.store(0, Ordering::Release);
+            s.finished.store(0, Ordering::Release);
+            s.code.store(0, Ordering::Release);
+            state.epoch += 1;
+            state.job = Some(job);
+            s.wake.notify_all();
+        }
+        s.work(job);
+        let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s.finished.load(Ordering::Acquire) < job.count || state.active > 0 {
+            state = s.done.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        // No worker may touch this job's pointers after we return.
+        state.job = None;
+        s.code.load(Ordering::Acquire)
+    }
+}
+
+fn worker(shared: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if state.shutdown {
+                    return;
+                }
+                if state.epoch != seen {
+                    seen = state.epoch;
+                    if let Some(job) = state.job {
+                        state.active += 1;
+                        break job;
+                    }
+                }
+                state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        shared.work(job);
+        let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.active -= 1;
+        if state.active == 0 {
+            shared.done.notify_all();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.shutdown = true;
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pool;
+    use crate::code::KernelFn;
+
+    unsafe extern "C" fn add_one(arena: *mut u8, _weights: *const u8) -> i32 {
+        // The "arena" of this test is one shared atomic counter.
+        let slot = arena as *mut std::sync::atomic::AtomicU64;
+        (*slot).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        0
+    }
+
+    unsafe extern "C" fn fail(_arena: *mut u8, _weights: *const u8) -> i32 {
+        7
+    }
+
+    #[test]
+    fn every_task_runs_once_per_step_and_errors_come_back() {
+        let pool = Pool::new(3).unwrap();
+        assert_eq!(pool.threads(), 3);
+        let counter = std::sync::atomic::AtomicU64::new(0);
+        let arena = &counter as *const _ as *mut u8;
+        let tasks: Vec<KernelFn> = vec![add_one; 5];
+        for _ in 0..200 {
+            assert_eq!(unsafe { pool.run(&tasks, arena, std::ptr::null()) }, 0);
+        }
+        assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 1000);
+        let mixed: Vec<KernelFn> = vec![add_one, fail, add_one];
+        assert_eq!(unsafe { pool.run(&mixed, arena, std::ptr::null()) }, 7);
+        assert_eq!(unsafe { pool.run(&tasks, arena, std::ptr::null()) }, 0);
+    }
+}

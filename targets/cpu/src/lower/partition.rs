@@ -1,0 +1,90 @@
+//! Splitting a GEMM kernel into tasks that threads run concurrently.
+//!
+//! A schedule step may hold several kernels that write disjoint parts of
+//! the output (`format::Step::tasks`); a session with a thread pool runs
+//! them at once. [`split`] cuts one [`GemmSpec`] into such tasks at compile
+//! time, from the shapes:
+//!
+//! - a kernel of several GEMM calls (a batched MatMul, the images of a
+//!   batch) is split by calls, in contiguous groups;
+//! - a kernel of fewer calls than tasks is split by output rows, in groups
+//!   of whole row tiles: each task reads its rows of A (a strided operand
+//!   from a row offset, packed panels from a panel offset), all of B, its
+//!   rows of C, and writes its rows of the output.
+//!
+//! A kernel that builds its B with im2col is split by calls only (every
+//! row task would rebuild the same B). Each task gets scratch of its own
+//! (the caller reserves it per task), so concurrent tasks never share a
+//! scratch panel. Kernels smaller than [`MIN_TASK_FLOPS`] per task stay
+//! whole: below that the wake-up of the workers costs more than it saves.
+
+use crate::microkernel::gemm::{ALayout, GemmSpec};
+use crate::plan::Loc;
+
+/// The least work (floating-point operations) worth a task of its own:
+/// about 40 µs at this machine's single-core GEMM speed, well above the
+/// few microseconds a pool step costs.
+pub(crate) const MIN_TASK_FLOPS: usize = 8 << 20;
+
+/// `loc` moved by `bytes`.
+fn shifted(loc: Loc, bytes: i64) -> Loc {
+    Loc {
+        base: loc.base,
+        offset: (loc.offset as i64 + bytes) as u64,
+    }
+}
+
+/// `spec` as at most `tasks` independent kernels (see the module docs);
+/// one when splitting does not pay or does not apply.
+pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
+    let calls = spec.calls.len();
+    let flops = 2 * spec.m * spec.n * spec.k * calls;
+    let tasks = tasks.min(flops / MIN_TASK_FLOPS).max(1);
+    if tasks < 2 {
+        return vec![spec];
+    }
+    if calls >= tasks {
+        return (0..tasks)
+            .map(|t| {
+                let range = calls * t / tasks..calls * (t + 1) / tasks;
+                let mut part = spec.clone();
+                part.calls = spec.calls[range].to_vec();
+                part
+            })
+            .collect();
+    }
+    if spec.im2col.is_some() {
+        return vec![spec];
+    }
+    let mr = spec.blocking.mr;
+    let row_tiles = spec.m.div_ceil(mr);
+    let tasks = tasks.min(row_tiles);
+    if tasks < 2 {
+        return vec![spec];
+    }
+    let (a_row_bytes, a_panel_bytes) = match spec.a {
+        ALayout::Strided { row, .. } => (row, 0),
+        ALayout::Packed => (0, (mr * spec.k * 4) as i64),
+    };
+    (0..tasks)
+        .map(|t| {
+            let first_tile = row_tiles * t / tasks;
+            let end_tile = row_tiles * (t + 1) / tasks;
+            let start = first_tile * mr;
+            let rows = (end_tile * mr).min(spec.m) - start;
+            let mut part = spec.clone();
+            part.m = rows;
+            for call in &mut part.calls {
+                call.a = match spec.a {
+                    ALayout::Strided { .. } => shifted(call.a, start as i64 * a_row_bytes),
+                    ALayout::Packed => shifted(call.a, first_tile as i64 * a_panel_bytes),
+                };
+                call.out = shifted(call.out, start as i64 * spec.out_row);
+                if let (Some(c), Some(layout)) = (call.c, spec.c) {
+                    call.c = Some(shifted(c, start as i64 * layout.row));
+                }
+            }
+            part
+        })
+        .collect()
+}

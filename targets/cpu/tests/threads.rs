@@ -1,0 +1,149 @@
+//! Dense kernels split into tasks (`lower/partition.rs`) and run by a
+//! session's worker threads: the split artifact has steps of several tasks,
+//! and its outputs, with one thread or three, equal bit for bit those of
+//! the unsplit artifact (a task computes its rows exactly as the whole
+//! kernel does) and match the reference evaluator.
+
+mod common;
+
+use common::{f32_tensor, fdtype, Rng};
+use kiln_ir::{Conv2d, DType, Data, Graph, Op, Tensor, ValueType};
+use kiln_runtime::{Model, TensorRef};
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+fn artifact(g: &Graph, threads: usize) -> kiln_runtime::format::Artifact {
+    let opts = CpuOptions {
+        target: CpuTarget::Native,
+        opt_level: 2,
+        threads,
+    };
+    compile(g, &opts, ArtifactInfo::default()).expect("compile")
+}
+
+fn run(model: &Model, g: &Graph, inputs: &[Tensor], threads: usize) -> Vec<Vec<u8>> {
+    let names: Vec<String> = g.inputs().iter().map(|&i| g.node(i).name.clone()).collect();
+    let shapes: Vec<Vec<u64>> = inputs
+        .iter()
+        .map(|t| t.shape().iter().map(|&d| d as u64).collect())
+        .collect();
+    let datas: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
+    let refs: Vec<TensorRef> = (0..inputs.len())
+        .map(|i| TensorRef::new(&names[i], fdtype(inputs[i].dtype()), &shapes[i], &datas[i]))
+        .collect();
+    let mut session = model.session_with_threads(threads).expect("session");
+    assert_eq!(session.threads(), threads);
+    // Twice: the second run reuses the parked workers.
+    session.run(&refs).expect("run");
+    let outs = session.run(&refs).expect("run");
+    outs.into_iter().map(|t| t.data).collect()
+}
+
+/// Compiles `g` split for 4 threads and unsplit, and compares.
+fn check_split(g: &Graph, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| f32_tensor(&mut rng, &g.node(i).ty.shape))
+        .collect();
+    let split = artifact(g, 4);
+    let whole = artifact(g, 1);
+    let max_tasks = split.schedule.iter().map(|s| s.tasks).max().unwrap();
+    assert!(max_tasks > 1, "nothing was split: {:?}", split.schedule);
+    assert!(whole.schedule.iter().all(|s| s.tasks == 1));
+    assert_eq!(split.schedule.len(), whole.schedule.len());
+    let split = Model::from_bytes(&split.to_bytes()).unwrap();
+    let whole = Model::from_bytes(&whole.to_bytes()).unwrap();
+    assert_eq!(split.max_tasks(), max_tasks as usize);
+    let reference = run(&whole, g, &inputs, 1);
+    assert_eq!(run(&split, g, &inputs, 1), reference, "split, one thread");
+    assert_eq!(
+        run(&split, g, &inputs, 3),
+        reference,
+        "split, three threads"
+    );
+    let expected = kiln_ir::eval::eval_graph(g, &inputs).unwrap();
+    for (e, got) in expected.iter().zip(&reference) {
+        let got = Tensor::new(e.shape(), Data::from_le_bytes(DType::F32, got).unwrap())
+            .unwrap()
+            .to_f64_vec();
+        let e = e.to_f64_vec();
+        let scale = e.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (x, y) in e.iter().zip(&got) {
+            assert!((x - y).abs() <= 1e-5 * scale, "expected {x}, got {y}");
+        }
+    }
+}
+
+fn constant(g: &mut Graph, rng: &mut Rng, name: &str, shape: &[usize]) -> kiln_ir::NodeId {
+    let t = f32_tensor(rng, shape);
+    g.add_const(name, t)
+}
+
+#[test]
+fn matmul_split_by_rows_with_packed_b() {
+    let mut rng = Rng::new(1);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [250, 512]));
+    let w = constant(&mut g, &mut rng, "w", &[512, 200]);
+    let y = g.add_node(Op::MatMul, &[x, w], "mm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 11);
+}
+
+#[test]
+fn matmul_split_by_rows_with_packed_a() {
+    let mut rng = Rng::new(2);
+    let mut g = Graph::new();
+    let w = constant(&mut g, &mut rng, "w", &[300, 256]);
+    let x = g.add_input("x", ValueType::new(DType::F32, [256, 160]));
+    let y = g.add_node(Op::MatMul, &[w, x], "mm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 12);
+}
+
+#[test]
+fn batched_matmul_split_by_calls() {
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [12, 128, 64]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [12, 64, 128]));
+    let y = g.add_node(Op::MatMul, &[a, b], "bmm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 13);
+}
+
+#[test]
+fn gemm_with_bias_rows_follow_the_split() {
+    let mut rng = Rng::new(3);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [200, 384]));
+    let w = constant(&mut g, &mut rng, "w", &[256, 384]);
+    let c = g.add_input("c", ValueType::new(DType::F32, [200, 256]));
+    let op = Op::Gemm {
+        alpha: 0.5,
+        beta: 2.0,
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = g.add_node(op, &[x, w, c], "gemm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 14);
+}
+
+#[test]
+fn pointwise_conv_split_by_output_channels() {
+    let mut rng = Rng::new(4);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 192, 20, 20]));
+    let w = constant(&mut g, &mut rng, "w", &[256, 192, 1, 1]);
+    let b = constant(&mut g, &mut rng, "b", &[256]);
+    let conv = Conv2d {
+        strides: [1, 1],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: 1,
+    };
+    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 15);
+}
