@@ -168,6 +168,13 @@ fn optimize_graph(mut graph: Graph, opts: &CompileOptions) -> Result<Optimized, 
         }
         None => PassManager::for_level(opts.opt_level)?,
     };
+    // The CUDA target fuses unary epilogues in its own plan and has no
+    // lowering of `fused` kernels yet.
+    let pm = if opts.cuda.is_some() {
+        pm.without("fuse")
+    } else {
+        pm
+    };
     let mut dumps = Vec::new();
     let wants = |pass: &str| match &opts.dump_ir {
         DumpIr::None => false,

@@ -168,6 +168,7 @@ pub fn compile(
         match lower::lower_job(graph, &mut plan, &job, &target)? {
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
             lower::Lowered::Machine(code) => text.add_machine(&name, &code),
+            lower::Lowered::Chain(code, func) => text.add_chain(&name, &code, *func, &target)?,
         }
     }
     let (text, kernels, relocs, schedule) = text.finish();

@@ -76,7 +76,7 @@ pub(super) fn print_graph(g: &Graph, opts: &PrintOptions) -> String {
 }
 
 /// The attributes of `op`, each as `name=value`, all of them, in a fixed order.
-fn attributes(op: &Op) -> Vec<String> {
+pub(super) fn attributes(op: &Op) -> Vec<String> {
     match op {
         Op::Input { index } => vec![format!("index={index}")],
         Op::Constant(_)
@@ -189,6 +189,17 @@ fn attributes(op: &Op) -> Vec<String> {
                     attrs.push(format!("exclude_outside={exclude_outside}"));
                 }
             }
+            attrs
+        }
+        Op::Fused(k) => {
+            let mut attrs = Vec::new();
+            if let Some(h) = k.head() {
+                let op = h.op.op();
+                attrs.push(format!("head={}", op.name()));
+                attrs.push(format!("head_inputs={}", h.inputs));
+                attrs.extend(attributes(&op));
+            }
+            attrs.push(format!("body={}", quote(&k.body().to_text())));
             attrs
         }
         Op::Col2Im(c) => vec![
