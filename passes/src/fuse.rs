@@ -23,7 +23,25 @@ use std::collections::HashSet;
 /// Every member but the last has exactly one user, the next member, so an
 /// extra operand can never depend on a member: the rewrite cannot create a
 /// cycle. The fused node's name joins the members' names with `+`.
-pub struct Fuse;
+#[derive(Clone, Copy, Debug)]
+pub struct Fuse {
+    dense_heads: bool,
+}
+
+impl Default for Fuse {
+    /// Every rule, dense heads included.
+    fn default() -> Fuse {
+        Fuse { dense_heads: true }
+    }
+}
+
+impl Fuse {
+    /// Only elementwise chains, never a dense head (for targets that lower
+    /// headless fused kernels only: CUDA).
+    pub fn elementwise_only() -> Fuse {
+        Fuse { dense_heads: false }
+    }
+}
 
 fn fail(source: IrError) -> PassError {
     PassError::Failed {
@@ -105,7 +123,12 @@ impl Chain {
 }
 
 /// The chain rooted at `root`, grown as far as the rules allow.
-fn build_chain(graph: &Graph, root: NodeId, taken: &HashSet<NodeId>) -> Option<Chain> {
+fn build_chain(
+    graph: &Graph,
+    root: NodeId,
+    taken: &HashSet<NodeId>,
+    dense_heads: bool,
+) -> Option<Chain> {
     let node = graph.node(root);
     if node.ty.dtype != DType::F32 {
         return None;
@@ -117,7 +140,7 @@ fn build_chain(graph: &Graph, root: NodeId, taken: &HashSet<NodeId>) -> Option<C
         program_inputs: vec![],
         instrs: vec![],
     };
-    if let Some(op) = DenseOp::from_op(&node.op) {
+    if let Some(op) = DenseOp::from_op(&node.op).filter(|_| dense_heads) {
         let inputs = graph.inputs_of(root);
         if inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32) {
             return None;
@@ -191,7 +214,7 @@ impl Pass for Fuse {
             if taken.contains(&root) || !graph.contains(root) {
                 continue;
             }
-            let Some(chain) = build_chain(graph, root, &taken) else {
+            let Some(chain) = build_chain(graph, root, &taken, self.dense_heads) else {
                 continue;
             };
             let instrs: Vec<Instr> = chain.instrs.iter().map(|(i, _)| *i).collect();

@@ -120,7 +120,7 @@ fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(FoldConstants::default()),
         Box::new(Simplify::default()),
         Box::new(FoldBatchNorm),
-        Box::new(Fuse),
+        Box::new(Fuse::default()),
         Box::new(DeadCodeElimination),
     ]
 }
@@ -166,10 +166,14 @@ impl PassManager {
         registry().iter().map(|p| p.name()).collect()
     }
 
-    /// Drops every pass named `name` from the pipeline (the driver drops
-    /// `fuse` for targets that cannot lower fused kernels).
-    pub fn without(mut self, name: &str) -> PassManager {
-        self.passes.retain(|p| p.name() != name);
+    /// Replaces every pass named like `pass` by `pass` (the driver runs
+    /// `fuse` without dense heads for CUDA targets).
+    pub fn with_replaced(mut self, pass: impl Pass + Clone + 'static) -> PassManager {
+        for p in &mut self.passes {
+            if p.name() == pass.name() {
+                *p = Box::new(pass.clone());
+            }
+        }
         self
     }
 

@@ -14,9 +14,9 @@ use std::path::Path;
 /// checks that the result prints and parses back to the same text, and
 /// returns it.
 fn fuse(text: &str) -> String {
-    let out = run_pass(&Fuse, text);
+    let out = run_pass(&Fuse::default(), text);
     let mut g = kiln_ir::text::parse(text).unwrap();
-    Fuse.run(&mut g).unwrap();
+    Fuse::default().run(&mut g).unwrap();
     round_trips(&g);
     out
 }
@@ -86,7 +86,7 @@ fn shared_values_outputs_and_broadcasting_stop_a_chain() {
         }";
     let before = kiln_ir::text::parse(text).unwrap();
     let mut after = before.clone();
-    let stats = Fuse.run(&mut after).unwrap();
+    let stats = Fuse::default().run(&mut after).unwrap();
     kiln_ir::verify::verify(&after).unwrap();
     assert_equivalent(&before, &after, 1e-6);
     // Only add+sigmoid fuse.
@@ -104,7 +104,7 @@ fn a_single_elementwise_op_and_non_f32_chains_stay() {
           return %a, %c
         }";
     let mut g = kiln_ir::text::parse(text).unwrap();
-    let stats = Fuse.run(&mut g).unwrap();
+    let stats = Fuse::default().run(&mut g).unwrap();
     assert!(!stats.changed());
 }
 
@@ -292,7 +292,7 @@ fn random_graphs_evaluate_the_same_after_fusion() {
     for case in 0..200 {
         let before = random_graph(&mut rng);
         let mut after = before.clone();
-        let stats = Fuse.run(&mut after).unwrap();
+        let stats = Fuse::default().run(&mut after).unwrap();
         fused += stats.fused_kernels;
         kiln_ir::verify::verify(&after).unwrap_or_else(|e| panic!("case {case}: {e}"));
         // Fused kernels evaluate op by op as the nodes they replace, so

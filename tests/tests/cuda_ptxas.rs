@@ -40,8 +40,10 @@ fn every_fixture_kernel_assembles_for_every_sm() {
     );
     for name in &names {
         let fixture = Fixture::load(name);
-        let graph = match kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
-        {
+        // The pipeline for CUDA targets (`fuse` without dense heads).
+        let mut opts = fixture.compile_options();
+        opts.cuda = Some(SUPPORTED_SMS[0]);
+        let graph = match kiln::driver::optimize(&fixture.model_path(), &opts) {
             Ok(o) => o.graph,
             Err(e) => {
                 failures.push(format!("{name}: import: {e}"));

@@ -168,10 +168,10 @@ fn optimize_graph(mut graph: Graph, opts: &CompileOptions) -> Result<Optimized, 
         }
         None => PassManager::for_level(opts.opt_level)?,
     };
-    // The CUDA target fuses unary epilogues in its own plan and has no
-    // lowering of `fused` kernels yet.
+    // The CUDA target lowers headless fused kernels only (it fuses unary
+    // epilogues into dense kernels in its own plan).
     let pm = if opts.cuda.is_some() {
-        pm.without("fuse")
+        pm.with_replaced(kiln_passes::Fuse::elementwise_only())
     } else {
         pm
     };

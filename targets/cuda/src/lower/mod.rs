@@ -352,6 +352,7 @@ pub(crate) fn lower_job(
         Op::Gather { axis } => layout::gather(&cx, *axis)?,
         Op::Slice { axes } => layout::slice(&cx, axes)?,
         Op::Expand { .. } => elementwise::expand(&cx)?,
+        Op::Fused(k) if k.head().is_none() => elementwise::fused(&cx, k.body())?,
         Op::LayerNorm { .. } | Op::Resize(_) | Op::Col2Im(_) | Op::Fused(_) => {
             return Err(cx.unsupported(format!(
                 "{} has no CUDA lowering yet (the CPU target supports it)",
