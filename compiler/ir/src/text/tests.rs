@@ -830,8 +830,8 @@ fn fused_evaluates_as_its_ops() {
     assert_eq!(k.label(), "fused[add+sigmoid]");
     let y = g.add_node(Op::Fused(Box::new(k)), &[x, b], "y").unwrap();
     g.add_output("y", y);
-    let xv = Tensor::new(&[2, 3], Data::F32(vec![-1.0, 0.0, 1.0, 2.0, 3.0, -4.0])).unwrap();
-    let got = crate::eval::eval_graph(&g, &[xv.clone()]).unwrap();
+    let xv = Tensor::new([2, 3], Data::F32(vec![-1.0, 0.0, 1.0, 2.0, 3.0, -4.0])).unwrap();
+    let got = crate::eval::eval_graph(&g, std::slice::from_ref(&xv)).unwrap();
     let bt = g.constant(b).unwrap().clone();
     let t = crate::eval::eval(&Op::Binary(BinaryOp::Add), &[&xv, &bt]).unwrap();
     let want = crate::eval::eval(&Op::Unary(UnaryOp::Sigmoid), &[&t]).unwrap();
