@@ -18,12 +18,14 @@
 mod dce;
 mod fold_batchnorm;
 mod fold_constants;
+mod fuse;
 mod manager;
 mod simplify;
 
 pub use dce::DeadCodeElimination;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
+pub use fuse::Fuse;
 pub use manager::{
     Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
 };

@@ -76,7 +76,11 @@ fn passing_conformance_cases_assemble_and_match_the_reference() {
         let model = dir.join(case).join("model.onnx");
         // Cases with symbolic dims need shapes from their data files; the
         // CPU conformance runner covers those.
-        let graph = match optimize(&model, &CompileOptions::default()) {
+        let opts = CompileOptions {
+            cuda: Some(kiln_target_cuda::SmArch::parse("sm80").expect("sm80")),
+            ..CompileOptions::default()
+        };
+        let graph = match optimize(&model, &opts) {
             Ok(o) => o.graph,
             Err(_) => {
                 symbolic += 1;

@@ -40,8 +40,10 @@ fn every_fixture_kernel_assembles_for_every_sm() {
     );
     for name in &names {
         let fixture = Fixture::load(name);
-        let graph = match kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
-        {
+        // The pipeline for CUDA targets (`fuse` without dense heads).
+        let mut opts = fixture.compile_options();
+        opts.cuda = Some(SUPPORTED_SMS[0]);
+        let graph = match kiln::driver::optimize(&fixture.model_path(), &opts) {
             Ok(o) => o.graph,
             Err(e) => {
                 failures.push(format!("{name}: import: {e}"));
@@ -98,7 +100,10 @@ fn real_model_kernels_assemble() {
     let sms = [SUPPORTED_SMS[0], SUPPORTED_SMS[SUPPORTED_SMS.len() - 1]];
     for name in REAL_MODELS {
         let fixture = Fixture::load_dir(&root.join(name));
-        let graph = kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
+        // The pipeline for CUDA targets (`fuse` without dense heads).
+        let mut opts = fixture.compile_options();
+        opts.cuda = Some(sms[0]);
+        let graph = kiln::driver::optimize(&fixture.model_path(), &opts)
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .graph;
         for sm in sms {

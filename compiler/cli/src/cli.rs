@@ -594,7 +594,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             .report
             .passes
             .iter()
-            .map(|p| json!({"name": p.name, "removed": p.stats.removed, "added": p.stats.added, "rewritten": p.stats.rewritten, "nodes_after": p.nodes_after, "time_ms": p.time.as_secs_f64() * 1e3}))
+            .map(|p| json!({"name": p.name, "removed": p.stats.removed, "added": p.stats.added, "rewritten": p.stats.rewritten, "fused_nodes": p.stats.fused_nodes, "fused_kernels": p.stats.fused_kernels, "summary": p.stats.summary(), "nodes_after": p.nodes_after, "time_ms": p.time.as_secs_f64() * 1e3}))
             .collect();
         println!(
             "{}",

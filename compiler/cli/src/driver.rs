@@ -188,6 +188,13 @@ fn optimize_graph(
         }
         None => PassManager::for_level(opts.opt_level)?,
     };
+    // The CUDA target lowers headless fused kernels only (it fuses unary
+    // epilogues into dense kernels in its own plan).
+    let pm = if opts.cuda.is_some() {
+        pm.with_replaced(kiln_passes::Fuse::elementwise_only())
+    } else {
+        pm
+    };
     let mut dumps = Vec::new();
     let wants = |pass: &str| match &opts.dump_ir {
         DumpIr::None => false,

@@ -296,6 +296,35 @@ fn json_outputs_parse() {
 }
 
 #[test]
+fn compile_json_reports_fuse_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = kiln(&[
+        "compile",
+        "fixtures/models/digits_cnn/model.onnx",
+        "--dim",
+        "batch=1",
+        "-o",
+        dir.path().join("c.kiln").to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let passes = v["passes"].as_array().unwrap();
+    let fuse = passes.iter().find(|p| p["name"] == "fuse").unwrap();
+    // conv1+relu1 and conv2+relu2.
+    assert_eq!(fuse["fused_nodes"], 4);
+    assert_eq!(fuse["fused_kernels"], 2);
+    assert_eq!(fuse["summary"], "fused 4 nodes into 2 kernels");
+    // One kernel per compute node of the final IR: 13 nodes are 1 input,
+    // 6 constants, fused, max_pool, fused, reshape (an alias of its input,
+    // no kernel), gemm and softmax.
+    let last = passes.last().unwrap();
+    assert_eq!(last["name"], "dce");
+    let nodes = last["nodes_after"].as_u64().unwrap();
+    assert_eq!((nodes, v["kernels"].as_u64().unwrap()), (13, 5));
+}
+
+#[test]
 fn dump_ir_writes_numbered_files() {
     let dir = tempfile::tempdir().unwrap();
     let dumps = dir.path().join("ir");
@@ -324,10 +353,11 @@ fn dump_ir_writes_numbered_files() {
             "01-fold-constants.kir",
             "02-simplify.kir",
             "03-fold-batchnorm.kir",
-            "04-dce.kir"
+            "04-fuse.kir",
+            "05-dce.kir"
         ]
     );
-    let text = std::fs::read_to_string(dumps.join("04-dce.kir")).unwrap();
+    let text = std::fs::read_to_string(dumps.join("05-dce.kir")).unwrap();
     // A dump without full constants parses back unless it elides weights.
     if let Err(e) = kiln_ir::text::parse(&text) {
         assert!(e.to_string().contains("elided"), "{e}");

@@ -418,6 +418,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             }
             Ok(ValueType::new(x.dtype, r.shape.as_slice()))
         }
+        Op::Fused(k) => k.infer(inputs),
         Op::Col2Im(c) => {
             let x = inputs[0];
             float_only(name, x)?;

@@ -25,6 +25,7 @@ pub mod cost;
 mod dtype;
 mod error;
 pub mod eval;
+pub mod fused;
 mod graph;
 pub mod infer;
 mod op;
@@ -34,6 +35,7 @@ pub mod verify;
 
 pub use dtype::DType;
 pub use error::IrError;
+pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
 pub use graph::{Graph, Node, NodeId, ValueType};
 pub use op::{
     BinaryOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp, NearestRounding, Op,

@@ -943,6 +943,9 @@ pub enum Op {
     Resize(Resize),
     /// Scatter-add of image blocks back into an image.
     Col2Im(Col2Im),
+    /// A fused kernel: optional dense head, then an elementwise program
+    /// (built by the `fuse` pass).
+    Fused(Box<crate::fused::FusedKernel>),
 }
 
 impl Op {
@@ -976,6 +979,7 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm",
             Op::Resize(_) => "resize",
             Op::Col2Im(_) => "col2im",
+            Op::Fused(_) => "fused",
         }
     }
 
@@ -989,6 +993,7 @@ impl Op {
             Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),
+            Op::Fused(k) => (k.num_inputs(), k.num_inputs()),
             _ => (1, 1),
         }
     }

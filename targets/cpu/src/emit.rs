@@ -41,6 +41,59 @@ impl Text {
         func: Function,
         target: &Target,
     ) -> Result<(), CpuError> {
+        let (start, len) = self.place(name, func, target)?;
+        self.push_kernel(name, start, len);
+        Ok(())
+    }
+
+    /// Appends microkernel `code` and function `func` as ONE kernel of node
+    /// `name`: a trampoline calls `code` with the kernel arguments, then
+    /// tail-jumps to `func` with the same arguments, so `func` returns to
+    /// the kernel's caller. x86-64 only (microkernels are AVX-512).
+    pub(crate) fn add_chain(
+        &mut self,
+        name: &str,
+        code: &[u8],
+        func: Function,
+        target: &Target,
+    ) -> Result<(), CpuError> {
+        // push rdi; push rsi; sub rsp, 8 (keeps the callee's stack 16-byte
+        // aligned); call rel32; add rsp, 8; pop rsi; pop rdi; jmp rel32.
+        const TRAMPOLINE: [u8; 22] = [
+            0x57, 0x56, 0x48, 0x83, 0xEC, 0x08, 0xE8, 0, 0, 0, 0, 0x48, 0x83, 0xC4, 0x08, 0x5E,
+            0x5F, 0xE9, 0, 0, 0, 0,
+        ];
+        const CALL_END: u64 = 11;
+        const JMP_END: u64 = 22;
+        let start = (self.bytes.len() as u64).div_ceil(64) * 64;
+        self.bytes.resize(start as usize, 0xcc);
+        self.bytes.extend_from_slice(&TRAMPOLINE);
+        let mk = (self.bytes.len() as u64).div_ceil(64) * 64;
+        self.bytes.resize(mk as usize, 0xcc);
+        self.bytes.extend_from_slice(code);
+        let (tail, tail_len) = self.place(name, func, target)?;
+        let rel = |from: u64, to: u64| {
+            i32::try_from(to as i64 - from as i64).map_err(|_| CpuError::TooLarge {
+                node: name.to_owned(),
+                message: "a fused kernel is larger than 2 GiB".into(),
+            })
+        };
+        let call = rel(start + CALL_END, mk)?.to_le_bytes();
+        let jmp = rel(start + JMP_END, tail)?.to_le_bytes();
+        let s = start as usize;
+        self.bytes[s + 7..s + 11].copy_from_slice(&call);
+        self.bytes[s + 18..s + 22].copy_from_slice(&jmp);
+        self.push_kernel(name, start, tail + tail_len - start);
+        Ok(())
+    }
+
+    /// Compiles `func` and appends it; returns its offset and length.
+    fn place(
+        &mut self,
+        name: &str,
+        func: Function,
+        target: &Target,
+    ) -> Result<(u64, u64), CpuError> {
         let mut ctx = Context::for_function(func);
         if let Err(e) = ctx.compile(&*target.isa, &mut ControlPlane::default()) {
             return Err(CpuError::Codegen {
@@ -96,8 +149,7 @@ impl Text {
                 addend: r.addend,
             });
         }
-        self.push_kernel(name, start, len);
-        Ok(())
+        Ok((start, len))
     }
 
     /// Appends finished machine code (position-independent, no

@@ -176,6 +176,7 @@ pub fn compile(
         match lower::lower_job(graph, &mut plan, &job, &target)? {
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
             lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
+            lower::Lowered::Chain(code, func) => text.add_chain(&name, &code, *func, &target)?,
         }
     }
     let (text, kernels, relocs, schedule) = text.finish();

@@ -351,10 +351,13 @@ fn find(parent: &mut [usize], mut v: usize) -> usize {
 /// and element size: the lowering (`elementwise::map`) reads every element
 /// of such an input at the same index it writes, before writing it.
 fn in_place_capable(graph: &Graph, id: NodeId) -> bool {
-    matches!(
-        graph.node(id).op,
-        Op::Unary(_) | Op::Binary(_) | Op::Cast { .. }
-    )
+    match &graph.node(id).op {
+        Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } => true,
+        // A headless fused kernel is one `map` too; with a head, the dense
+        // op writes the output while it still reads its inputs.
+        Op::Fused(k) => k.head().is_none(),
+        _ => false,
+    }
 }
 
 fn too_large(graph: &Graph, id: NodeId) -> CpuError {

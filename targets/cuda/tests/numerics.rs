@@ -529,3 +529,62 @@ fn fused_unary_chains() {
         ],
     );
 }
+
+#[test]
+fn headless_fused_kernels() {
+    use kiln_ir::{ElementwiseProgram, FusedKernel, Instr, Reg};
+    // A fused program with broadcast operands (one kernel), then a unary
+    // epilogue on it; a fused kernel with a dense head is refused.
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 5]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [3, 1]));
+    let c = g.add_input("c", ValueType::new(DType::F32, [5]));
+    let body = ElementwiseProgram::new(
+        3,
+        vec![
+            Instr::Binary(BinaryOp::Sub, Reg(0), Reg(1)),
+            Instr::Binary(BinaryOp::Mul, Reg(3), Reg(3)),
+            Instr::Unary(UnaryOp::Clip { min: 0.0, max: 2.0 }, Reg(4)),
+            Instr::Binary(BinaryOp::Pow, Reg(5), Reg(2)),
+            Instr::Unary(UnaryOp::Sigmoid, Reg(6)),
+        ],
+    )
+    .unwrap();
+    let k = FusedKernel::new(None, body).unwrap();
+    let f = g
+        .add_node(
+            Op::Fused(Box::new(k)),
+            &[x, b, c],
+            "sub+mul+clip+pow+sigmoid",
+        )
+        .unwrap();
+    let t = g.add_node(Op::Unary(UnaryOp::Tanh), &[f], "tanh").unwrap();
+    g.add_output("t", t);
+    let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+    let nodes: Vec<&str> = p.kernels.iter().map(|k| k.node.as_str()).collect();
+    assert_eq!(nodes, ["sub+mul+clip+pow+sigmoid+tanh"], "{nodes:?}");
+    // Pow with a positive base: |values| < 2 after the clip, exponent any.
+    check(
+        &g,
+        &[
+            tensor(DType::F32, &[2, 3, 5], 30),
+            tensor(DType::F32, &[3, 1], 31),
+            tensor(DType::F32, &[5], 32),
+        ],
+    );
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [2, 3]));
+    let w = g.add_input("w", ValueType::new(DType::F32, [3, 4]));
+    let head = kiln_ir::DenseHead {
+        op: kiln_ir::DenseOp::MatMul,
+        inputs: 2,
+    };
+    let body = ElementwiseProgram::new(1, vec![Instr::Unary(UnaryOp::Relu, Reg(0))]).unwrap();
+    let k = FusedKernel::new(Some(head), body).unwrap();
+    let y = g
+        .add_node(Op::Fused(Box::new(k)), &[a, w], "mm+relu")
+        .unwrap();
+    g.add_output("y", y);
+    let e = compile(&g, SmArch::parse("sm80").unwrap()).unwrap_err();
+    assert!(e.to_string().contains("no CUDA lowering"), "{e}");
+}

@@ -20,6 +20,7 @@
 
 mod conv;
 mod elementwise;
+mod fused;
 mod layout;
 mod linalg;
 mod logic;
@@ -132,6 +133,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::LayerNorm { axis, epsilon } => norm::layer_norm(*axis, *epsilon, inputs)?,
         Op::Resize(r) => resize::resize(r, inputs[0])?,
         Op::Col2Im(c) => resize::col2im(c, inputs[0])?,
+        Op::Fused(k) => return fused::fused(k, inputs),
     };
     if data.dtype() != out.dtype {
         return Err(eval_err(

@@ -55,6 +55,11 @@ pub struct PrintOptions {
     pub full_constants: bool,
 }
 
+/// The attributes of `op` as the text format writes them (`name=value`).
+pub(crate) fn op_attributes(op: &crate::Op) -> Vec<String> {
+    print::attributes(op)
+}
+
 /// Prints `graph` in the text format with default options (large constants
 /// elided).
 pub fn print(graph: &Graph) -> String {

@@ -2,6 +2,7 @@
 //! constructors so that inference runs on every node.
 
 use super::lex::{lex, lex_string, Tok, Token};
+use crate::fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
 use crate::op::{
     Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
 };
@@ -53,6 +54,8 @@ enum AttrValue {
     Ident(String),
     /// `[...]` of numbers or `start:step:len` triples.
     List(Vec<ListItem>),
+    /// A string literal (a fused kernel's body).
+    Str(String),
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +70,7 @@ impl AttrValue {
             AttrValue::Num(s) | AttrValue::Ident(s) => format!("`{s}`"),
             AttrValue::Bool(b) => format!("`{b}`"),
             AttrValue::List(_) => "a list".to_string(),
+            AttrValue::Str(s) => super::print::quote(s),
         }
     }
 }
@@ -449,6 +453,10 @@ impl Parser {
                 self.next();
                 Ok(AttrValue::Bool(s == "true"))
             }
+            Tok::Str(s) => {
+                self.next();
+                Ok(AttrValue::Str(s))
+            }
             Tok::Ident(s) if s != "inf" && s != "nan" => {
                 self.next();
                 Ok(AttrValue::Ident(s))
@@ -749,6 +757,37 @@ impl Attrs {
             })
     }
 
+    /// `fused` attributes: an optional `head` (an op name) with
+    /// `head_inputs` and the head op's own attributes, and the `body`
+    /// string (see [`ElementwiseProgram::to_text`]).
+    fn fused(&mut self) -> Result<Op, IrError> {
+        let body = match self.take("body") {
+            Some((AttrValue::Str(s), line)) => (s, line),
+            Some((v, line)) => return Err(self.bad("body", line, "a string", &v)),
+            None => return Err(err(self.line, "fused needs attribute `body`")),
+        };
+        let head = match self.take("head") {
+            Some((v, line)) => {
+                let name = self.ident("head", v, line)?;
+                let inputs = self.required("head_inputs", Self::usize)?;
+                let rest = std::mem::take(&mut self.items);
+                let op = build_op(&name, line, rest)?;
+                let op = DenseOp::from_op(&op).ok_or_else(|| {
+                    err(
+                        line,
+                        format!("the head of a fused kernel is matmul, gemm or conv, got `{name}`"),
+                    )
+                })?;
+                Some(DenseHead { op, inputs })
+            }
+            None => None,
+        };
+        let program = parse_body(&body.0).map_err(|m| err(body.1, format!("fused body: {m}")))?;
+        FusedKernel::new(head, program)
+            .map(|k| Op::Fused(Box::new(k)))
+            .map_err(|e| err(body.1, e.to_string()))
+    }
+
     fn resize(&mut self) -> Result<Resize, IrError> {
         let shape = self.required("shape", Self::ints)?;
         let scales = self.required("scales", Self::f32s)?;
@@ -940,8 +979,108 @@ const OPS: &[(&str, &[&str])] = &[
         "col2im",
         &["grid", "image", "block", "strides", "dilations", "pads"],
     ),
+    (
+        "fused",
+        &[
+            "head",
+            "head_inputs",
+            "body",
+            "alpha",
+            "beta",
+            "trans_a",
+            "trans_b",
+            "strides",
+            "pads",
+            "dilations",
+            "group",
+        ],
+    ),
     ("const", &[]),
 ];
+
+/// A fused kernel's body: `op(reg, ...) {attrs}, ...` with registers
+/// `x<i>` (program input `i`) and `t<j>` (instruction `j`'s result). The
+/// program has as many inputs as the highest `x` index read, plus one.
+fn parse_body(text: &str) -> Result<ElementwiseProgram, String> {
+    let lexed = lex(text).map_err(|e| e.to_string())?;
+    let mut p = Parser {
+        tokens: lexed.tokens,
+        pos: 0,
+        comments: HashMap::new(),
+        graph: Graph::new(),
+        values: HashMap::new(),
+    };
+    enum Sym {
+        Input(usize),
+        Temp(usize),
+    }
+    let mut parsed: Vec<(Op, Vec<Sym>)> = Vec::new();
+    let mut inputs = 0;
+    loop {
+        let (name, line) = p
+            .expect_ident("an instruction like `relu(t0)`")
+            .map_err(|e| e.to_string())?;
+        p.expect_punct('(', &format!("after `{name}`"))
+            .map_err(|e| e.to_string())?;
+        let mut regs = Vec::new();
+        loop {
+            let (r, _) = p
+                .expect_ident("a register like `x0` or `t1`")
+                .map_err(|e| e.to_string())?;
+            let index = |s: &str| {
+                s.parse::<usize>()
+                    .ok()
+                    .filter(|&i| i < u32::MAX as usize / 2)
+            };
+            let sym = match (r.strip_prefix('x'), r.strip_prefix('t')) {
+                (Some(i), _) if index(i).is_some() => Sym::Input(index(i).expect("checked")),
+                (_, Some(j)) if index(j).is_some() => Sym::Temp(index(j).expect("checked")),
+                _ => return Err(format!("bad register `{r}` (expected `x<i>` or `t<j>`)")),
+            };
+            if let Sym::Input(i) = sym {
+                inputs = inputs.max(i + 1);
+            }
+            regs.push(sym);
+            if p.eat_punct(')') {
+                break;
+            }
+            p.expect_punct(',', "or `)` between registers")
+                .map_err(|e| e.to_string())?;
+        }
+        let attrs = if p.is_punct('{') {
+            p.attributes().map_err(|e| e.to_string())?
+        } else {
+            vec![]
+        };
+        let op = build_op(&name, line, attrs).map_err(|e| e.to_string())?;
+        parsed.push((op, regs));
+        if !p.eat_punct(',') {
+            break;
+        }
+    }
+    if *p.peek() != Tok::Eof {
+        return Err(p.unexpected("`,` or the end of the body").to_string());
+    }
+    let reg = |s: &Sym| match *s {
+        Sym::Input(i) => Reg(i as u32),
+        Sym::Temp(j) => Reg((inputs + j) as u32),
+    };
+    let instrs = parsed
+        .iter()
+        .map(|(op, regs)| match (op, regs.as_slice()) {
+            (Op::Unary(u), [a]) => Ok(Instr::Unary(*u, reg(a))),
+            (Op::Binary(b), [x, y]) => Ok(Instr::Binary(*b, reg(x), reg(y))),
+            (Op::Unary(_) | Op::Binary(_), _) => Err(format!(
+                "{} takes {} registers, got {}",
+                op.name(),
+                op.arity().0,
+                regs.len()
+            )),
+            _ => Err(format!("`{}` is not an elementwise float op", op.name())),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    ElementwiseProgram::new(inputs, instrs).map_err(|e| e.to_string())
+}
 
 fn build_op(
     name: &str,
@@ -1033,6 +1172,7 @@ fn build_op(
             dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
             pads: a.optional("pads", [0, 0], Attrs::array::<2>)?,
         }),
+        "fused" => a.fused()?,
         "add" => Op::Binary(BinaryOp::Add),
         "sub" => Op::Binary(BinaryOp::Sub),
         "mul" => Op::Binary(BinaryOp::Mul),

@@ -191,6 +191,17 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             }
             attrs
         }
+        Op::Fused(k) => {
+            let mut attrs = Vec::new();
+            if let Some(h) = k.head() {
+                let op = h.op.op();
+                attrs.push(format!("head={}", op.name()));
+                attrs.push(format!("head_inputs={}", h.inputs));
+                attrs.extend(attributes(&op));
+            }
+            attrs.push(format!("body={}", quote(&k.body().to_text())));
+            attrs
+        }
         Op::Col2Im(c) => vec![
             format!("grid={}", ints(&c.grid)),
             format!("image={}", ints(&c.image)),

@@ -720,3 +720,147 @@ fn round_trip_logic_and_reduce_ops() {
     let g = parse("graph(%x: f32[2,3]) {\n  %y: f32[2] = reduce_max(%x) {axes=[1], keep_dims=false}\n  return %y\n}\n").unwrap();
     assert_eq!(g.node_count(), 2);
 }
+
+/// Fused kernels of every head kind, with instruction attributes.
+fn fused_graph() -> Graph {
+    use crate::fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
+    let mut g = Graph::new();
+    let x = g.add_input("x", vt(DType::F32, &[1, 2, 4, 4]));
+    let m = g.add_input("m", vt(DType::F32, &[3, 4]));
+    let w = f32_const(&mut g, "w", &[3, 2, 3, 3]);
+    let b = f32_const(&mut g, "b", &[3]);
+    let s = f32_const(&mut g, "s", &[1, 3, 1, 1]);
+    let conv = DenseHead {
+        op: DenseOp::Conv(Conv2d {
+            strides: [1, 1],
+            pads: [1, 1, 1, 1],
+            dilations: [1, 1],
+            group: 1,
+        }),
+        inputs: 3,
+    };
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Binary(BinaryOp::Mul, Reg(1), Reg(0)),
+            Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, Reg(2)),
+            Instr::Unary(UnaryOp::LeakyRelu { alpha: 0.25 }, Reg(3)),
+        ],
+    )
+    .unwrap();
+    let k = FusedKernel::new(Some(conv), body).unwrap();
+    let c = g
+        .add_node(Op::Fused(Box::new(k)), &[x, w, b, s], "conv+mul+clip")
+        .unwrap();
+    let wm = f32_const(&mut g, "wm", &[5, 4]);
+    let gemm = DenseHead {
+        op: DenseOp::Gemm {
+            alpha: 0.5,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        },
+        inputs: 2,
+    };
+    let body = ElementwiseProgram::new(1, vec![Instr::Unary(UnaryOp::Gelu { tanh: true }, Reg(0))])
+        .unwrap();
+    let k = FusedKernel::new(Some(gemm), body).unwrap();
+    let y = g
+        .add_node(Op::Fused(Box::new(k)), &[m, wm], "fc+gelu")
+        .unwrap();
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Binary(BinaryOp::Sub, Reg(0), Reg(1)),
+            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(2)),
+        ],
+    )
+    .unwrap();
+    let k = FusedKernel::new(None, body).unwrap();
+    let z = g.add_node(Op::Fused(Box::new(k)), &[c, x], "").unwrap_err();
+    assert!(z.to_string().contains("do not broadcast"), "{z}");
+    let k = FusedKernel::new(
+        None,
+        ElementwiseProgram::new(
+            2,
+            vec![
+                Instr::Binary(BinaryOp::Sub, Reg(0), Reg(1)),
+                Instr::Unary(UnaryOp::Exp, Reg(2)),
+            ],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let e = g
+        .add_node(Op::Fused(Box::new(k)), &[c, s], "sub+exp")
+        .unwrap();
+    g.add_output("c", e);
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn round_trip_fused() {
+    let text = round_trip(&fused_graph());
+    assert!(
+        text.contains(
+            "fused(%0, %2, %3, %4) {head=conv, head_inputs=3, strides=[1,1], pads=[1,1,1,1], \
+         dilations=[1,1], group=1, body=\"mul(x1, x0), clip(t0) {min=0.0, max=6.0}, \
+         leaky_relu(t1) {alpha=0.25}\"}"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn fused_evaluates_as_its_ops() {
+    use crate::fused::{ElementwiseProgram, FusedKernel, Instr, Reg};
+    let mut g = Graph::new();
+    let x = g.add_input("x", vt(DType::F32, &[2, 3]));
+    let b = f32_const(&mut g, "b", &[3]);
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Binary(BinaryOp::Add, Reg(0), Reg(1)),
+            Instr::Unary(UnaryOp::Sigmoid, Reg(2)),
+        ],
+    )
+    .unwrap();
+    let k = FusedKernel::new(None, body).unwrap();
+    assert_eq!(k.label(), "fused[add+sigmoid]");
+    let y = g.add_node(Op::Fused(Box::new(k)), &[x, b], "y").unwrap();
+    g.add_output("y", y);
+    let xv = Tensor::new([2, 3], Data::F32(vec![-1.0, 0.0, 1.0, 2.0, 3.0, -4.0])).unwrap();
+    let got = crate::eval::eval_graph(&g, std::slice::from_ref(&xv)).unwrap();
+    let bt = g.constant(b).unwrap().clone();
+    let t = crate::eval::eval(&Op::Binary(BinaryOp::Add), &[&xv, &bt]).unwrap();
+    let want = crate::eval::eval(&Op::Unary(UnaryOp::Sigmoid), &[&t]).unwrap();
+    assert_eq!(got[0], want);
+}
+
+#[test]
+fn fused_parse_errors() {
+    let header = "graph(%0: f32[2,3] \"x\", %1: f32[3,3] \"w\") {\n";
+    let cases: &[(&str, &str)] = &[
+        ("  %2: f32[2,3] = fused(%0)\n  return %2\n}\n", "fused needs attribute `body`"),
+        ("  %2: f32[2,3] = fused(%0) {body=\"frob(x0)\"}\n  return %2\n}\n", "unknown op `frob`"),
+        ("  %2: f32[2,3] = fused(%0) {body=\"relu(t3)\"}\n  return %2\n}\n", "reads register"),
+        ("  %2: f32[2,3] = fused(%0) {body=\"relu(y0)\"}\n  return %2\n}\n", "bad register `y0`"),
+        ("  %2: f32[2,3] = fused(%0) {body=\"add(x0)\"}\n  return %2\n}\n", "add takes 2 registers, got 1"),
+        ("  %2: f32[2,3] = fused(%0) {body=\"reshape(x0) {shape=[6]}\"}\n  return %2\n}\n", "not an elementwise float op"),
+        ("  %2: f32[2,3] = fused(%0, %1) {head=softmax, head_inputs=2, axis=1, body=\"relu(x0)\"}\n  return %2\n}\n", "matmul, gemm or conv"),
+        ("  %2: f32[2,3] = fused(%0, %1) {head=matmul, body=\"relu(x0)\"}\n  return %2\n}\n", "needs attribute `head_inputs`"),
+        ("  %2: f32[2,3] = fused(%0, %1) {head=matmul, head_inputs=2, group=1, body=\"relu(x0)\"}\n  return %2\n}\n", "matmul has no attributes, got `group`"),
+        ("  %2: f32[2,3] = fused(%0, %1) {body=\"relu(x0)\"}\n  return %2\n}\n", "takes 1..=1 inputs, got 2"),
+        ("  %2: f32[2,3] = fused(%0) {body=7}\n  return %2\n}\n", "attribute `body` of fused must be a string"),
+    ];
+    for (body, needle) in cases {
+        let text = format!("{header}{body}");
+        let (l, message) = parse_err(&text);
+        assert!(
+            message.contains(needle),
+            "{text}\n-> {message}\n(wanted {needle:?})"
+        );
+        assert_eq!(l, 2, "{text}\n-> line {l}: {message}");
+    }
+}

@@ -8,7 +8,10 @@
 //! depthwise with W stride 1, non-constant weights of ungrouped convs, an empty dimension, offsets beyond 32-bit
 //! displacements); the node then keeps its Cranelift kernel.
 
-use kiln_ir::{Conv2d, DType, Data, Graph, NodeId, Op};
+use kiln_ir::{
+    BinaryOp, Conv2d, DType, Data, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr, NodeId,
+    Op, Reg, UnaryOp,
+};
 
 use super::elementwise::broadcast_strides;
 use super::NodeCx;
@@ -40,6 +43,36 @@ pub(crate) fn lower(
     scratch: &mut Scratch,
     tasks: usize,
 ) -> Option<Vec<Vec<u8>>> {
+    lower_with(cx, weights, scratch, None, tasks).map(|(codes, _)| codes)
+}
+
+/// The microkernel of the head of fused node `cx` with as much of the
+/// program as its store loop takes, and the rest of the program (to run in
+/// place over the output), or `None` when the head has no microkernel.
+pub(crate) fn lower_fused(
+    cx: &NodeCx,
+    k: &FusedKernel,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    tasks: usize,
+) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
+    let h = k.head()?;
+    let node = super::fused::head_node(cx, &h.op);
+    let hcx = super::fused::head_cx(cx, &node, h.inputs);
+    lower_with(&hcx, weights, scratch, Some((cx, k)), tasks)
+}
+
+/// [`lower`], and for the head of a fused node (`fused`: the fused node's
+/// context and kernel) the program left after the store-loop epilogue. A
+/// head with a program left runs as one task (the tail is not split).
+fn lower_with(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    tasks: usize,
+) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
+    let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
     if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
         return None;
     }
@@ -58,13 +91,22 @@ pub(crate) fn lower(
             trans_a,
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
-        Op::Conv(c) if c.group > 1 => return Some(vec![depthwise_conv(cx, c)?.assemble().ok()?]),
+        Op::Conv(c) if c.group > 1 => {
+            let code = depthwise_conv(cx, c)?.assemble().ok()?;
+            return Some((vec![code], whole(fused)));
+        }
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
             None => im2col_conv(cx, weights, c)?,
         },
         _ => return None,
     };
+    let mut spec = spec;
+    let tail = match fused {
+        Some((fcx, k)) => absorb(fcx, k, &mut spec),
+        None => None,
+    };
+    let tasks = if tail.is_some() { 1 } else { tasks };
     let mut parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently.
     let sizes: Vec<u64> = parts
@@ -91,7 +133,7 @@ pub(crate) fn lower(
         }
         codes.push(part.assemble().ok()?);
     }
-    Some(codes)
+    Some((codes, tail))
 }
 
 /// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into
@@ -106,6 +148,118 @@ fn scratch_bytes(spec: &GemmSpec) -> (u64, u64) {
     };
     let panel = if panel > MAX_SCRATCH / 2 { 0 } else { panel };
     (spec.im2col.map_or(0, |i| i.col_bytes()), panel)
+}
+
+/// Moves the start of `k`'s program into `spec`'s store loop: a first
+/// `add` of the head's result and an extra operand that the GEMM's `C`
+/// can address (a bias or a residual; only when `C` is free), then a
+/// `relu` or `clip` of that value. Returns the program left to run over
+/// the output, `None` when nothing is left.
+fn absorb(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<ElementwiseProgram> {
+    let p = k.body();
+    let h = k.head().expect("a fused head");
+    let instrs = p.instrs();
+    let saved = spec.clone();
+    let mut used = 0;
+    let mut cur = Reg(0);
+    if let (None, Instr::Binary(BinaryOp::Add, a, b)) = (spec.c, instrs[0]) {
+        let extra = match (a, b) {
+            (Reg(0), e) | (e, Reg(0)) if e != Reg(0) && e.index() < p.inputs() => Some(e),
+            _ => None,
+        };
+        let low = match &h.op {
+            DenseOp::Conv(_) => 2,
+            DenseOp::MatMul | DenseOp::Gemm { .. } => 1,
+        };
+        let matmul_1d = matches!(h.op, DenseOp::MatMul)
+            && cx.inputs[..2].iter().any(|(_, t)| t.shape.len() < 2);
+        if let (Some(e), false) = (extra, matmul_1d) {
+            let (loc, ety) = cx.inputs[h.inputs + e.index() - 1];
+            let shape = &cx.node.ty.shape;
+            let es = broadcast_strides(&ety.shape, shape);
+            if let Some((row, per_column, bases)) = c_operand(&es, shape, low, spec.calls.len()) {
+                spec.c = Some(CLayout {
+                    row: row * 4,
+                    per_column,
+                    beta: 1.0,
+                });
+                for (call, base) in spec.calls.iter_mut().zip(bases) {
+                    call.c = Some(offset(loc, base * 4));
+                }
+                used = 1;
+                cur = Reg(p.inputs() as u32);
+            }
+        }
+    }
+    if let Some(&Instr::Unary(u, r)) = instrs.get(used) {
+        let act = match u {
+            UnaryOp::Relu => Some(Activation::Relu),
+            UnaryOp::Clip { min, max } => Some(Activation::Clip { lo: min, hi: max }),
+            _ => None,
+        };
+        if let (Some(act), true) = (act, r == cur) {
+            spec.act = act;
+            used += 1;
+        }
+    }
+    if used == instrs.len() {
+        return None;
+    }
+    if used == 0 {
+        return Some(p.clone());
+    }
+    match p.rest_after(used) {
+        Some(rest) => Some(rest),
+        None => {
+            *spec = saved;
+            Some(p.clone())
+        }
+    }
+}
+
+/// How an operand with element strides `es` over the output `shape` reads
+/// as a GEMM `C`: the output's last `low` dims are the GEMM columns, the dim
+/// above them the rows, the dims above that one GEMM call each (in
+/// row-major order). Returns the row stride, whether C is contiguous along
+/// the columns (else broadcast), and each call's base offset (elements).
+fn c_operand(
+    es: &[i64],
+    shape: &[usize],
+    low: usize,
+    calls: usize,
+) -> Option<(i64, bool, Vec<i64>)> {
+    let rank = shape.len();
+    if rank < low + 1 {
+        return None;
+    }
+    // Along the columns the operand must be contiguous or constant.
+    let mut col = None;
+    let mut inner = 1i64;
+    for d in (rank - low..rank).rev() {
+        if shape[d] == 1 {
+            continue;
+        }
+        let c = *col.get_or_insert(es[d]);
+        if es[d] != c * inner {
+            return None;
+        }
+        inner *= shape[d] as i64;
+    }
+    let col = col.unwrap_or(0);
+    if col != 0 && col != 1 {
+        return None;
+    }
+    let row = if shape[rank - low - 1] == 1 {
+        0
+    } else {
+        es[rank - low - 1]
+    };
+    let batch = &shape[..rank - low - 1];
+    let bases: Vec<i64> = indices(batch)
+        .iter()
+        .map(|idx| dot(idx, &es[..rank - low - 1]))
+        .collect();
+    (bases.len() == calls).then_some((row, col == 1, bases))
 }
 
 fn f32_constant(graph: &Graph, id: NodeId) -> Option<&[f32]> {

@@ -522,7 +522,8 @@ pub(crate) fn binary(kb: &mut Kb, cx: &NodeCx, op: BinaryOp) -> Result<(), CpuEr
     Ok(())
 }
 
-fn binary_float(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
+/// A float binary op on scalars or vectors.
+pub(crate) fn binary_float(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
     match op {
         BinaryOp::Add => kb.b.ins().fadd(a, b),
         BinaryOp::Sub => kb.b.ins().fsub(a, b),

@@ -8,6 +8,7 @@
 mod conv;
 mod dense;
 mod elementwise;
+mod fused;
 mod layout;
 mod linalg;
 mod logic;
@@ -280,6 +281,10 @@ pub(crate) enum Lowered {
     /// (a [`crate::microkernel`] kernel), as one or more independent tasks
     /// of one schedule step.
     Machine(Vec<Vec<u8>>),
+    /// A microkernel, then a Cranelift function, run as one kernel (a
+    /// fused node whose head is a microkernel and whose program continues
+    /// in place over the output): see [`crate::emit::Text::add_chain`].
+    Chain(Vec<u8>, Box<Function>),
 }
 
 /// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
@@ -292,7 +297,23 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
-        if let Some(code) = dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks) {
+        if let Op::Fused(k) = &cx.node.op {
+            if let Some((mut tasks, tail)) =
+                dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)
+            {
+                let Some(program) = tail else {
+                    return Ok(Lowered::Machine(tasks));
+                };
+                let first_extra = k.head().map_or(0, |h| h.inputs);
+                let func = build_function(target, |kb| {
+                    fused::program_in_place(kb, &cx, &program, first_extra);
+                    Ok(())
+                })?;
+                return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
+            }
+        } else if let Some(code) =
+            dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks)
+        {
             return Ok(Lowered::Machine(code));
         }
     }
@@ -305,6 +326,24 @@ fn lower_clif(
     plan: &mut Plan,
     job: &Job,
     target: &Target,
+) -> Result<Function, CpuError> {
+    build_function(target, |kb| match job {
+        Job::Node(id) => lower_node(kb, graph, plan, *id),
+        Job::Copy {
+            src, dst, bytes, ..
+        } => {
+            let s = kb.ptr(*src);
+            let d = kb.ptr(*dst);
+            layout::copy_bytes(kb, d, s, *bytes);
+            Ok(())
+        }
+    })
+}
+
+/// A kernel function (`fn(arena, weights) -> i32`) whose body `body` emits.
+fn build_function(
+    target: &Target,
+    body: impl FnOnce(&mut Kb) -> Result<(), CpuError>,
 ) -> Result<Function, CpuError> {
     let call_conv = target.isa.default_call_conv();
     let mut sig = Signature::new(call_conv);
@@ -328,16 +367,7 @@ fn lower_clif(
         fail: None,
         call_conv,
     };
-    match job {
-        Job::Node(id) => lower_node(&mut kb, graph, plan, *id)?,
-        Job::Copy {
-            src, dst, bytes, ..
-        } => {
-            let s = kb.ptr(*src);
-            let d = kb.ptr(*dst);
-            layout::copy_bytes(&mut kb, d, s, *bytes);
-        }
-    }
+    body(&mut kb)?;
     let zero = kb.b.ins().iconst(I32, 0);
     kb.b.ins().return_(&[zero]);
     if let Some(fail) = kb.fail {
@@ -404,5 +434,6 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::LayerNorm { axis, epsilon } => norm::layer_norm(kb, &cx, *axis, *epsilon),
         Op::Resize(r) => resize::resize(kb, &cx, weights, r),
         Op::Col2Im(c) => resize::col2im(kb, &cx, c),
+        Op::Fused(k) => fused::fused(kb, &cx, weights, k),
     }
 }

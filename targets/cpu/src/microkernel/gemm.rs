@@ -138,13 +138,9 @@ pub(crate) enum BLayout {
     Packed,
 }
 
-/// The elementwise activation applied in the store loop.
-///
-/// Relu and Clip are the hook for producer–consumer fusion (the passes
-/// issue): until a pass hands fused activations to the CPU target only the
-/// tests build them, hence the `dead_code` allowance.
+/// The elementwise activation applied in the store loop (a fused kernel's
+/// Relu or Clip, see `lower::dense::absorb`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[allow(dead_code)]
 pub(crate) enum Activation {
     /// Identity.
     None,

@@ -59,8 +59,17 @@ pub fn fdtype(d: DType) -> FDType {
 
 /// Compiles for the host, serializes, loads and runs.
 pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_runtime::Error> {
+    compile_run_for(g, inputs, CpuTarget::Native)
+}
+
+/// [`compile_run`] for `target` (which must run on this host).
+pub fn compile_run_for(
+    g: &Graph,
+    inputs: &[Tensor],
+    target: CpuTarget,
+) -> Result<Vec<Tensor>, kiln_runtime::Error> {
     let opts = CpuOptions {
-        target: CpuTarget::Native,
+        target,
         opt_level: 2,
         threads: kiln_target_cpu::DEFAULT_THREADS,
     };
@@ -100,8 +109,13 @@ pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_run
 /// agree within `1e-5` relative, plus `abs_scale * max|expected|` absolute
 /// (for long dot products whose result may cancel to near zero).
 pub fn check_with(g: &Graph, inputs: &[Tensor], abs_scale: f64) {
+    check_for(g, inputs, abs_scale, CpuTarget::Native)
+}
+
+/// [`check_with`] for `target` (which must run on this host).
+pub fn check_for(g: &Graph, inputs: &[Tensor], abs_scale: f64, target: CpuTarget) {
     let expected = kiln_ir::eval::eval_graph(g, inputs).expect("reference evaluation");
-    let got = compile_run(g, inputs).expect("run");
+    let got = compile_run_for(g, inputs, target).expect("run");
     assert_eq!(expected.len(), got.len());
     for (k, (e, a)) in expected.iter().zip(&got).enumerate() {
         assert_eq!(e.shape(), a.shape(), "output {k} shape");

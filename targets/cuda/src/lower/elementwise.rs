@@ -8,7 +8,7 @@
 //! compute type ([`cty`](super::cty)): integers as s64 with the reference
 //! evaluator's wrapping semantics, bools as 0/1.
 
-use kiln_ir::{BinaryOp, CompareOp, DType, LogicalOp, UnaryOp};
+use kiln_ir::{BinaryOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp};
 
 use super::math;
 use super::{
@@ -278,34 +278,59 @@ pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
     map(
         cx,
         Box::new(move |kb, v| {
-            let (a, b) = (v[0], v[1]);
             if t.is_float() {
-                match op {
-                    BinaryOp::Add => kb.bin(Bin::Add, a, b),
-                    BinaryOp::Sub => kb.bin(Bin::Sub, a, b),
-                    BinaryOp::Mul => kb.bin(Bin::Mul, a, b),
-                    BinaryOp::Div => kb.bin(Bin::Div, a, b),
-                    BinaryOp::Pow => math::pow(kb, a, b),
-                    BinaryOp::Max => kb.bin(Bin::Max, a, b),
-                    BinaryOp::Min => kb.bin(Bin::Min, a, b),
-                    BinaryOp::PRelu => {
-                        let neg = kb.setp(Cmp::Lt, a, fimm(t, 0.0));
-                        let scaled = kb.bin(Bin::Mul, a, b);
-                        kb.selp(t, neg, scaled, a)
-                    }
-                    BinaryOp::Fmod => math::fmod(kb, a, b),
-                    BinaryOp::Mod => {
-                        // fmod moved into the divisor's sign, as on the CPU.
-                        let r = math::fmod(kb, a, b);
-                        let rb = kb.bin(Bin::Mul, r, b);
-                        let differ = kb.setp(Cmp::Lt, rb, fimm(t, 0.0));
-                        let shifted = kb.bin(Bin::Add, r, b);
-                        kb.selp(t, differ, shifted, r)
-                    }
-                }
+                binary_float(kb, op, v[0], v[1])
             } else {
-                binary_int(kb, op, a, b)
+                binary_int(kb, op, v[0], v[1])
             }
+        }),
+    )
+}
+
+/// A float binary op (f32, or f64 except Pow); not Mod/Fmod.
+fn binary_float(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
+    let t = a.ty();
+    match op {
+        BinaryOp::Add => kb.bin(Bin::Add, a, b),
+        BinaryOp::Sub => kb.bin(Bin::Sub, a, b),
+        BinaryOp::Mul => kb.bin(Bin::Mul, a, b),
+        BinaryOp::Div => kb.bin(Bin::Div, a, b),
+        BinaryOp::Pow => math::pow(kb, a, b),
+        BinaryOp::Max => kb.bin(Bin::Max, a, b),
+        BinaryOp::Min => kb.bin(Bin::Min, a, b),
+        BinaryOp::PRelu => {
+            let neg = kb.setp(Cmp::Lt, a, fimm(t, 0.0));
+            let scaled = kb.bin(Bin::Mul, a, b);
+            kb.selp(t, neg, scaled, a)
+        }
+        BinaryOp::Fmod => math::fmod(kb, a, b),
+        BinaryOp::Mod => {
+            // fmod moved into the divisor's sign, as on the CPU.
+            let r = math::fmod(kb, a, b);
+            let rb = kb.bin(Bin::Mul, r, b);
+            let differ = kb.setp(Cmp::Lt, rb, fimm(t, 0.0));
+            let shifted = kb.bin(Bin::Add, r, b);
+            kb.selp(t, differ, shifted, r)
+        }
+    }
+}
+
+/// A headless fused kernel (f32): the program evaluated in registers in
+/// one [`map`] kernel.
+pub(crate) fn fused(cx: &Cx, program: &ElementwiseProgram) -> Result<Kernel, CudaError> {
+    let program = program.clone();
+    map(
+        cx,
+        Box::new(move |kb, v| {
+            let mut regs: Vec<Reg> = v.to_vec();
+            for instr in program.instrs() {
+                let r = match *instr {
+                    Instr::Unary(u, a) => unary_float(kb, u, regs[a.index()]),
+                    Instr::Binary(b, x, y) => binary_float(kb, b, regs[x.index()], regs[y.index()]),
+                };
+                regs.push(r);
+            }
+            regs[program.result().index()]
         }),
     )
 }

@@ -376,6 +376,12 @@ pub(crate) fn lower_job<'g>(
         Op::LayerNorm { axis, epsilon } => reduce::layer_norm(&cx, *axis, *epsilon)?,
         Op::Resize(r) => resize::resize(&cx, r)?,
         Op::Col2Im(c) => resize::col2im(&cx, c)?,
+        Op::Fused(k) if k.head().is_none() => elementwise::fused(&cx, k.body())?,
+        Op::Fused(_) => {
+            return Err(cx.unsupported(
+                "fused kernels with a dense head have no CUDA lowering (the driver runs fuse without dense heads for CUDA)",
+            ))
+        }
     };
     Ok(Some(kernel))
 }

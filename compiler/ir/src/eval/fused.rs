@@ -1,0 +1,24 @@
+//! Fused kernels: the head through [`super::eval`] of its op, then each
+//! instruction through [`super::eval`] of its unary or binary op, so a fused
+//! kernel evaluates exactly as the nodes it replaced.
+
+use crate::fused::FusedKernel;
+use crate::{IrError, Tensor};
+
+pub(super) fn fused(k: &FusedKernel, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
+    let mut regs: Vec<Tensor> = Vec::new();
+    let extra = match k.head() {
+        Some(h) => {
+            regs.push(super::eval(&h.op.op(), &inputs[..h.inputs])?);
+            h.inputs
+        }
+        None => 0,
+    };
+    regs.extend(inputs[extra..].iter().map(|&t| t.clone()));
+    for instr in k.body().instrs() {
+        let args: Vec<&Tensor> = instr.operands().map(|r| &regs[r.index()]).collect();
+        let v = super::eval(&instr.op(), &args)?;
+        regs.push(v);
+    }
+    Ok(regs.swap_remove(k.body().result().index()))
+}

@@ -1,0 +1,304 @@
+//! `fuse`: snapshots of fused IR, the text round trip of every fused
+//! graph, and differential checks (reference evaluation before and after,
+//! on hand-written, fixture and randomly generated graphs).
+
+mod common;
+
+use common::{assert_equivalent, run_pass};
+use kiln_ir::text::{print_with, PrintOptions};
+use kiln_ir::{BinaryOp, Conv2d, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueType};
+use kiln_passes::{Fuse, Pass, PassManager, PipelineOptions};
+use std::path::Path;
+
+/// Runs `fuse` on `text` (with the differential check of [`run_pass`]),
+/// checks that the result prints and parses back to the same text, and
+/// returns it.
+fn fuse(text: &str) -> String {
+    let out = run_pass(&Fuse::default(), text);
+    let mut g = kiln_ir::text::parse(text).unwrap();
+    Fuse::default().run(&mut g).unwrap();
+    round_trips(&g);
+    out
+}
+
+/// Asserts that `g` prints (with every constant) and parses back to the
+/// same text.
+fn round_trips(g: &Graph) {
+    let full = PrintOptions {
+        full_constants: true,
+    };
+    let text = print_with(g, &full);
+    let back = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(print_with(&back, &full), text);
+}
+
+fn count(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
+    g.node_ids().filter(|&id| pred(&g.node(id).op)).count()
+}
+
+#[test]
+fn conv_bias_relu_residual_becomes_one_kernel() {
+    let out = fuse(
+        "graph(%x: f32[1,2,4,4], %r: f32[1,2,4,4]) {
+          %w: f32[2,2,1,1] = const dense<[0.5, -1.0, 2.0, 0.25]>
+          %c: f32[1,2,4,4] = conv(%x, %w)  # onnx: conv
+          %b: f32[1,2,1,1] = const dense<[0.1, -0.2]>
+          %y: f32[1,2,4,4] = add(%c, %b)  # onnx: bias
+          %z: f32[1,2,4,4] = relu(%y)  # onnx: relu
+          %s: f32[1,2,4,4] = add(%r, %z)  # onnx: residual
+          return %s
+        }",
+    );
+    insta::assert_snapshot!("conv_bias_relu_residual", out);
+}
+
+#[test]
+fn matmul_bias_gelu_and_an_elementwise_chain() {
+    let out = fuse(
+        "graph(%x: f32[2,3,4], %t: f32[2,3,5]) {
+          %w: f32[4,5] = const dense<[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, -1.0, -2.0, -3.0, -4.0, -5.0, 0.5, 0.25, 0.125, 0.0, 1.5]>
+          %m: f32[2,3,5] = matmul(%x, %w)  # onnx: mm
+          %b: f32[5] = const dense<[0.1, 0.2, 0.3, 0.4, 0.5]>
+          %y: f32[2,3,5] = add(%b, %m)  # onnx: bias
+          %g: f32[2,3,5] = gelu(%y)  # onnx: gelu
+          %e: f32[2,3,5] = exp(%t)  # onnx: exp
+          %q: f32[2,3,5] = mul(%e, %e)  # onnx: square
+          %k: f32[] = const dense<[6.0]>
+          %c: f32[2,3,5] = clip(%q) {min=0.0, max=6.0}  # onnx: clip
+          %d: f32[2,3,5] = div(%c, %k)  # onnx: div
+          %o: f32[2,3,5] = sub(%g, %d)  # onnx: out
+          return %o
+        }",
+    );
+    insta::assert_snapshot!("matmul_bias_gelu_and_chain", out);
+}
+
+#[test]
+fn shared_values_outputs_and_broadcasting_stop_a_chain() {
+    // %a has two users, %b is a graph output, and %d enlarges its operand.
+    let text = "graph(%x: f32[4], %y: f32[3,4]) {
+          %a: f32[4] = exp(%x)
+          %b: f32[4] = relu(%a)
+          %c: f32[4] = neg(%a)
+          %d: f32[3,4] = add(%c, %y)
+          %e: f32[3,4] = sigmoid(%d)
+          return %b, %e
+        }";
+    let before = kiln_ir::text::parse(text).unwrap();
+    let mut after = before.clone();
+    let stats = Fuse::default().run(&mut after).unwrap();
+    kiln_ir::verify::verify(&after).unwrap();
+    assert_equivalent(&before, &after, 1e-6);
+    // Only add+sigmoid fuse.
+    assert_eq!((stats.fused_nodes, stats.fused_kernels), (2, 1));
+    assert_eq!(count(&after, |op| matches!(op, Op::Fused(_))), 1);
+    assert_eq!(after.node_count(), before.node_count() - 1);
+}
+
+#[test]
+fn a_single_elementwise_op_and_non_f32_chains_stay() {
+    let text = "graph(%x: f32[4], %i: i32[4]) {
+          %a: f32[4] = relu(%x)
+          %b: i32[4] = neg(%i)
+          %c: i32[4] = abs(%b)
+          return %a, %c
+        }";
+    let mut g = kiln_ir::text::parse(text).unwrap();
+    let stats = Fuse::default().run(&mut g).unwrap();
+    assert!(!stats.changed());
+}
+
+fn fixture(name: &str) -> Graph {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    let mut opts = kiln_onnx::ImportOptions::default();
+    if let Some(shapes) = meta["input_shapes"].as_object() {
+        for (name, dims) in shapes {
+            let dims = (dims.as_array().unwrap().iter())
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            opts.input_shapes.insert(name.clone(), dims);
+        }
+    }
+    kiln_onnx::import(&dir.join("model.onnx"), &opts).unwrap()
+}
+
+#[test]
+fn digits_cnn_after_o2() {
+    let before = fixture("digits_cnn");
+    let mut after = before.clone();
+    let report = PassManager::for_level(2)
+        .unwrap()
+        .run(&mut after, &PipelineOptions { verify_each: true })
+        .unwrap();
+    let fuse = report.passes.iter().find(|p| p.name == "fuse").unwrap();
+    assert_eq!(fuse.stats.summary(), "fused 4 nodes into 2 kernels");
+    assert_equivalent(&before, &after, 1e-5);
+    round_trips(&after);
+    insta::assert_snapshot!("digits_cnn_o2", kiln_ir::text::print(&after));
+}
+
+/// splitmix64, for the random graphs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn tensor(&mut self, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v = (0..n)
+            .map(|_| ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32)
+            .collect();
+        Tensor::new(shape, kiln_ir::Data::F32(v)).unwrap()
+    }
+}
+
+const UNARY: [UnaryOp; 10] = [
+    UnaryOp::Relu,
+    UnaryOp::Sigmoid,
+    UnaryOp::Tanh,
+    UnaryOp::HardSwish,
+    UnaryOp::Clip {
+        min: -1.0,
+        max: 1.5,
+    },
+    UnaryOp::Gelu { tanh: false },
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::LeakyRelu { alpha: 0.1 },
+];
+
+const BINARY: [BinaryOp; 5] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Max,
+    BinaryOp::Min,
+];
+
+/// A shape that broadcasts to `shape` without enlarging it: some dims set
+/// to 1, some leading dims dropped.
+fn sub_shape(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
+    let drop = rng.below(shape.len() + 1);
+    shape[drop..]
+        .iter()
+        .map(|&d| if rng.below(2) == 0 { 1 } else { d })
+        .collect()
+}
+
+/// A random graph: an optional dense head, then a random elementwise
+/// chain with constant or input operands, side users and outputs.
+fn random_graph(rng: &mut Rng) -> Graph {
+    let mut g = Graph::new();
+    let (mut cur, shape): (NodeId, Vec<usize>) = match rng.below(4) {
+        0 => {
+            let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 5, 4]));
+            let w = g.add_const("w", rng.tensor(&[4, 3, 3, 3]));
+            let mut ins = vec![x, w];
+            if rng.below(2) == 0 {
+                ins.push(g.add_const("b", rng.tensor(&[4])));
+            }
+            let conv = Conv2d {
+                strides: [1, 1],
+                pads: [1, 1, 1, 1],
+                dilations: [1, 1],
+                group: 1,
+            };
+            (
+                g.add_node(Op::Conv(conv), &ins, "conv").unwrap(),
+                vec![2, 4, 5, 4],
+            )
+        }
+        1 => {
+            let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 6]));
+            let w = g.add_const("w", rng.tensor(&[6, 5]));
+            (
+                g.add_node(Op::MatMul, &[x, w], "mm").unwrap(),
+                vec![2, 3, 5],
+            )
+        }
+        2 => {
+            let x = g.add_input("x", ValueType::new(DType::F32, [3, 6]));
+            let w = g.add_const("w", rng.tensor(&[5, 6]));
+            let c = g.add_const("c", rng.tensor(&[5]));
+            let op = Op::Gemm {
+                alpha: 0.5,
+                beta: 2.0,
+                trans_a: false,
+                trans_b: true,
+            };
+            (g.add_node(op, &[x, w, c], "gemm").unwrap(), vec![3, 5])
+        }
+        _ => {
+            let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 4]));
+            (x, vec![2, 3, 4])
+        }
+    };
+    let mut extra_inputs = 0;
+    for step in 0..2 + rng.below(6) {
+        let name = format!("n{step}");
+        cur = if rng.below(2) == 0 {
+            let u = UNARY[rng.below(UNARY.len())];
+            g.add_node(Op::Unary(u), &[cur], name).unwrap()
+        } else {
+            let b = BINARY[rng.below(BINARY.len())];
+            let s = sub_shape(rng, &shape);
+            let other = match rng.below(3) {
+                0 => cur,
+                1 => g.add_const(format!("k{step}"), rng.tensor(&s)),
+                _ => {
+                    extra_inputs += 1;
+                    g.add_input(format!("in{extra_inputs}"), ValueType::new(DType::F32, s))
+                }
+            };
+            let args = if rng.below(2) == 0 {
+                [cur, other]
+            } else {
+                [other, cur]
+            };
+            g.add_node(Op::Binary(b), &args, name).unwrap()
+        };
+        match rng.below(8) {
+            0 => g.add_output(format!("side{step}"), cur),
+            1 => {
+                let s = g.add_node(Op::Unary(UnaryOp::Neg), &[cur], format!("s{step}"));
+                g.add_output(format!("user{step}"), s.unwrap());
+            }
+            _ => {}
+        }
+    }
+    g.add_output("y", cur);
+    g
+}
+
+#[test]
+fn random_graphs_evaluate_the_same_after_fusion() {
+    let mut rng = Rng(0x5eed);
+    let mut fused = 0;
+    for case in 0..200 {
+        let before = random_graph(&mut rng);
+        let mut after = before.clone();
+        let stats = Fuse::default().run(&mut after).unwrap();
+        fused += stats.fused_kernels;
+        kiln_ir::verify::verify(&after).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        // Fused kernels evaluate op by op as the nodes they replace, so
+        // the results are bit-identical.
+        assert_equivalent(&before, &after, 0.0);
+        round_trips(&after);
+    }
+    assert!(fused > 150, "only {fused} kernels fused in 200 graphs");
+}

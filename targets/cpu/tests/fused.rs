@@ -1,0 +1,299 @@
+//! Fused kernels against the reference evaluator, on the AVX-512
+//! microkernel path (native, when the host has it) and the Cranelift path
+//! (x86-64-v3): every fused node is exactly one kernel.
+
+mod common;
+
+use common::{check_for, f32_tensor, rand_tensor, Rng};
+use kiln_ir::{
+    BinaryOp, Conv2d, DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr,
+    NodeId, Op, Reg, Tensor, UnaryOp, ValueType,
+};
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+/// An operand of a test graph: a graph input or a random constant.
+enum Arg {
+    Input(Vec<usize>),
+    Const(Vec<usize>),
+}
+
+fn add_args(g: &mut Graph, rng: &mut Rng, args: &[Arg]) -> Vec<NodeId> {
+    args.iter()
+        .map(|a| {
+            let i = g.node_count();
+            match a {
+                Arg::Input(s) => g.add_input(format!("in{i}"), ValueType::new(DType::F32, s)),
+                Arg::Const(s) => g.add_const(format!("c{i}"), f32_tensor(rng, s)),
+            }
+        })
+        .collect()
+}
+
+/// One fused node over `head_args` (the head's operands) and `extra`
+/// (the program's other operands), as the graph's output.
+fn fused_graph(
+    head: Option<(DenseOp, Vec<Arg>)>,
+    extra: Vec<Arg>,
+    instrs: Vec<Instr>,
+    seed: u64,
+) -> Graph {
+    let mut rng = Rng::new(seed);
+    let mut g = Graph::new();
+    let (head, mut ins) = match head {
+        Some((op, args)) => {
+            let ins = add_args(&mut g, &mut rng, &args);
+            let inputs = ins.len();
+            (Some(DenseHead { op, inputs }), ins)
+        }
+        None => (None, vec![]),
+    };
+    let program_inputs = extra.len() + usize::from(head.is_some());
+    ins.extend(add_args(&mut g, &mut rng, &extra));
+    let body = ElementwiseProgram::new(program_inputs, instrs).unwrap();
+    let k = FusedKernel::new(head, body).unwrap();
+    let y = g.add_node(Op::Fused(Box::new(k)), &ins, "fused").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+/// Checks `g` on the native target and on x86-64-v3 against the reference
+/// evaluator, and that each artifact has one kernel per compute node.
+fn check(g: &Graph, seed: u64) {
+    let mut rng = Rng::new(seed ^ 0xabc);
+    let inputs: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| rand_tensor(&mut rng, DType::F32, &g.node(i).ty.shape))
+        .collect();
+    let compute = g
+        .node_ids()
+        .filter(|&id| !matches!(g.node(id).op, Op::Input { .. } | Op::Constant(_)))
+        .count();
+    for target in [CpuTarget::Native, CpuTarget::X86_64V3] {
+        let opts = CpuOptions {
+            target,
+            opt_level: 2,
+            threads: 1,
+        };
+        let artifact = compile(g, &opts, ArtifactInfo::default()).unwrap();
+        assert_eq!(artifact.kernels.len(), compute, "{target}: kernels");
+        if target == CpuTarget::X86_64V3 && !std::arch::is_x86_feature_detected!("avx2") {
+            continue;
+        }
+        check_for(g, &inputs, 1e-5, target);
+    }
+}
+
+fn conv(pads: usize, group: usize) -> DenseOp {
+    DenseOp::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [pads; 4],
+        dilations: [1, 1],
+        group,
+    })
+}
+
+fn r(i: u32) -> Reg {
+    Reg(i)
+}
+
+#[test]
+fn conv_bias_relu_runs_in_the_store_loop() {
+    // im2col conv; add of a per-channel bias and relu go to the epilogue.
+    let g = fused_graph(
+        Some((
+            conv(1, 1),
+            vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
+        )),
+        vec![Arg::Const(vec![1, 20, 1, 1])],
+        vec![
+            Instr::Binary(BinaryOp::Add, r(0), r(1)),
+            Instr::Unary(UnaryOp::Relu, r(2)),
+        ],
+        1,
+    );
+    check(&g, 1);
+}
+
+#[test]
+fn conv_with_bias_then_sigmoid_continues_in_place() {
+    let g = fused_graph(
+        Some((
+            conv(1, 1),
+            vec![
+                Arg::Input(vec![2, 3, 9, 10]),
+                Arg::Const(vec![20, 3, 3, 3]),
+                Arg::Const(vec![20]),
+            ],
+        )),
+        vec![],
+        vec![Instr::Unary(UnaryOp::Sigmoid, r(0))],
+        2,
+    );
+    check(&g, 2);
+}
+
+#[test]
+fn pointwise_conv_residual_add_relu() {
+    // The residual is a full tensor: C contiguous along the columns.
+    let g = fused_graph(
+        Some((
+            conv(0, 1),
+            vec![Arg::Input(vec![2, 8, 9, 10]), Arg::Const(vec![20, 8, 1, 1])],
+        )),
+        vec![Arg::Input(vec![2, 20, 9, 10])],
+        vec![
+            Instr::Binary(BinaryOp::Add, r(1), r(0)),
+            Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(2)),
+        ],
+        3,
+    );
+    check(&g, 3);
+}
+
+#[test]
+fn batched_matmul_bias_then_gelu() {
+    // add goes to the epilogue, gelu runs after it in place.
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![2, 7, 33]), Arg::Const(vec![33, 19])],
+        )),
+        vec![Arg::Const(vec![19])],
+        vec![
+            Instr::Binary(BinaryOp::Add, r(0), r(1)),
+            Instr::Unary(UnaryOp::Gelu { tanh: false }, r(2)),
+        ],
+        4,
+    );
+    check(&g, 4);
+}
+
+#[test]
+fn gemm_with_c_clip_then_row_scale() {
+    let g = fused_graph(
+        Some((
+            DenseOp::Gemm {
+                alpha: 0.5,
+                beta: 2.0,
+                trans_a: false,
+                trans_b: true,
+            },
+            vec![
+                Arg::Input(vec![7, 33]),
+                Arg::Const(vec![19, 33]),
+                Arg::Const(vec![1, 19]),
+            ],
+        )),
+        vec![Arg::Input(vec![7, 1])],
+        vec![
+            Instr::Unary(
+                UnaryOp::Clip {
+                    min: -2.0,
+                    max: 3.0,
+                },
+                r(0),
+            ),
+            Instr::Binary(BinaryOp::Mul, r(2), r(1)),
+        ],
+        5,
+    );
+    check(&g, 5);
+}
+
+#[test]
+fn depthwise_conv_hard_swish() {
+    let g = fused_graph(
+        Some((
+            conv(1, 6),
+            vec![
+                Arg::Input(vec![1, 6, 11, 13]),
+                Arg::Const(vec![6, 1, 3, 3]),
+                Arg::Const(vec![6]),
+            ],
+        )),
+        vec![],
+        vec![Instr::Unary(UnaryOp::HardSwish, r(0))],
+        6,
+    );
+    check(&g, 6);
+}
+
+#[test]
+fn program_reading_the_head_result_twice_runs_whole_after_the_head() {
+    // add(x0, b), relu, then add of x0 again: the raw head result is needed
+    // after the epilogue, so the whole program runs over the output.
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![5, 17]), Arg::Const(vec![17, 21])],
+        )),
+        vec![Arg::Const(vec![1, 21])],
+        vec![
+            Instr::Binary(BinaryOp::Add, r(0), r(1)),
+            Instr::Unary(UnaryOp::Relu, r(2)),
+            Instr::Binary(BinaryOp::Sub, r(3), r(0)),
+        ],
+        7,
+    );
+    check(&g, 7);
+}
+
+#[test]
+fn elementwise_programs_vector_and_scalar() {
+    // Broadcast operands of several shapes; the vector path.
+    let g = fused_graph(
+        None,
+        vec![
+            Arg::Input(vec![2, 3, 13]),
+            Arg::Const(vec![3, 1]),
+            Arg::Input(vec![13]),
+        ],
+        vec![
+            Instr::Binary(BinaryOp::Sub, r(0), r(1)),
+            Instr::Binary(BinaryOp::Mul, r(3), r(3)),
+            Instr::Unary(UnaryOp::Exp, r(4)),
+            Instr::Binary(BinaryOp::Add, r(5), r(2)),
+            Instr::Unary(UnaryOp::Tanh, r(6)),
+        ],
+        8,
+    );
+    check(&g, 8);
+    // Pow has no vector form: the whole program runs on scalars.
+    let g = fused_graph(
+        None,
+        vec![Arg::Input(vec![4, 9]), Arg::Const(vec![1])],
+        vec![
+            Instr::Unary(UnaryOp::Abs, r(0)),
+            Instr::Binary(BinaryOp::Pow, r(2), r(1)),
+            Instr::Unary(UnaryOp::Neg, r(3)),
+        ],
+        9,
+    );
+    check(&g, 9);
+}
+
+#[test]
+fn avx512_head_and_program_tail_are_one_chained_kernel() {
+    // conv + sigmoid on AVX-512: the microkernel, then the Cranelift tail,
+    // entered through the trampoline (push rdi; push rsi; sub rsp, 8; call).
+    let g = fused_graph(
+        Some((
+            conv(1, 1),
+            vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
+        )),
+        vec![],
+        vec![Instr::Unary(UnaryOp::Sigmoid, r(0))],
+        10,
+    );
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64Avx512,
+        opt_level: 2,
+        threads: 1,
+    };
+    let a = compile(&g, &opts, ArtifactInfo::default()).unwrap();
+    assert_eq!(a.kernels.len(), 1);
+    let k = &a.kernels[0];
+    let code = &a.text[k.text_offset as usize..];
+    assert_eq!(&code[..7], &[0x57, 0x56, 0x48, 0x83, 0xEC, 0x08, 0xE8]);
+}
