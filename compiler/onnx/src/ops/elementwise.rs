@@ -345,3 +345,44 @@ pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let sm = ctx.op(Op::Softmax { axis: 1 }, &[flat], Some("softmax"))?;
     one(reshape_to(ctx, sm, &shape, None)?)
 }
+
+/// `LogSoftmax` in the stable form `d - log(Σ exp(d))` with `d = x - max(x)`.
+/// Before opset 13 over the input flattened to 2-D at `axis` (default 1),
+/// from 13 over the single `axis` (default -1).
+pub fn log_softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let shape = ctx.ty(x).shape.clone();
+    let rank = shape.len();
+    let (view, axis) = if ctx.opset >= 13 {
+        let axis = ctx.attr_i_or(node, "axis", -1)?;
+        (x, ctx.axis("axis", axis, rank)?)
+    } else {
+        let axis = ctx.attr_i_or(node, "axis", 1)?;
+        let a = if axis < 0 { axis + rank as i64 } else { axis };
+        if a < 0 || a as usize > rank {
+            return Err(ctx.bad_attr(
+                "axis",
+                format!("axis {axis} is out of range for rank {rank}"),
+            ));
+        }
+        let a = a as usize;
+        let outer: usize = shape[..a].iter().product();
+        let inner: usize = shape[a..].iter().product();
+        (reshape_to(ctx, x, &[outer, inner], Some("flatten"))?, 1)
+    };
+    if !ctx.ty(x).dtype.is_float() {
+        return Err(ctx.unsupported(format!("LogSoftmax on {}", ctx.ty(x).dtype)));
+    }
+    let reduce = |op| Op::Reduce {
+        op,
+        axes: [axis].into_iter().collect(),
+        keep_dims: true,
+    };
+    let m = ctx.op(reduce(kiln_ir::ReduceOp::Max), &[view], Some("max"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[view, m], Some("shifted"))?;
+    let e = ctx.op(Op::Unary(UnaryOp::Exp), &[d], Some("exp"))?;
+    let s = ctx.op(reduce(kiln_ir::ReduceOp::Sum), &[e], Some("sum"))?;
+    let l = ctx.op(Op::Unary(UnaryOp::Log), &[s], Some("log_sum"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Sub), &[d, l], Some("log_softmax"))?;
+    one(reshape_to(ctx, y, &shape, None)?)
+}

@@ -12,9 +12,11 @@ use tract_onnx::pb::NodeProto;
 pub mod constant;
 pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod layout;
 pub mod linalg;
 pub mod logic;
+pub mod movement;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
@@ -125,6 +127,24 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Constant" => constant::constant,
         "Shape" => constant::shape,
         "ConstantOfShape" => constant::constant_of_shape,
+        "LogSoftmax" => e::log_softmax,
+        "InstanceNormalization" => norm::instance_norm,
+        "GroupNormalization" => norm::group_norm,
+        "Split" => movement::split,
+        "Tile" => movement::tile,
+        "Pad" => movement::pad,
+        "DepthToSpace" => movement::depth_to_space,
+        "SpaceToDepth" => movement::space_to_depth,
+        "Trilu" => movement::trilu,
+        "Range" => index::range,
+        "Size" => index::size,
+        "ArgMax" => index::arg_max,
+        "ArgMin" => index::arg_min,
+        "Hardmax" => index::hardmax,
+        "OneHot" => index::one_hot,
+        "GatherElements" => index::gather_elements,
+        "GatherND" => index::gather_nd,
+        "CumSum" => index::cumsum,
         _ => return None,
     })
 }
@@ -154,7 +174,7 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
         "MaxPool" if used_output(1) => {
             Some("the 'Indices' output of MaxPool is not supported".into())
         }
-        "Dropout" if used_output(1) => {
+        "Dropout" if used_output(1) && opset < 10 => {
             Some("the 'mask' output of Dropout is not supported (inference only)".into())
         }
         "BatchNormalization" => {

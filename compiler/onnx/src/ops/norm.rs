@@ -124,3 +124,103 @@ pub fn layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     one(ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?)
 }
+
+/// Normalizes `x` over groups: `x` viewed as `[N, groups, rest]` goes
+/// through a LayerNorm on its last axis (unit scale), comes back as
+/// `[N, C, S]`, and the per-channel (or, with `per_group`, per-group)
+/// `scale` and `bias` apply. InstanceNormalization is the case
+/// `groups == C`.
+fn grouped_norm(
+    ctx: &mut ImportCtx,
+    x: Val,
+    groups: usize,
+    scale: Val,
+    bias: Val,
+    epsilon: f32,
+    per_group: bool,
+) -> Result<Val, OnnxError> {
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() < 2 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor with channels, got {xt}")));
+    }
+    let (n, c) = (xt.shape[0], xt.shape[1]);
+    if groups == 0 || !c.is_multiple_of(groups) {
+        return Err(ctx.invalid(format!("{c} channels do not split into {groups} groups")));
+    }
+    let s: usize = xt.shape[2..].iter().product();
+    let rest = c / groups * s;
+    let want = if per_group { groups } else { c };
+    for (p, name) in [(scale, "scale"), (bias, "bias")] {
+        if ctx.ty(p).num_elements() != want {
+            return Err(ctx.invalid(format!(
+                "{name} has {} elements, expected {want}",
+                ctx.ty(p).num_elements()
+            )));
+        }
+    }
+    let v = reshape_to(ctx, x, &[n, groups, rest], Some("groups"))?;
+    let ones = Tensor::new(
+        [rest],
+        Data::from_f64s(xt.dtype, std::iter::repeat_n(1.0, rest)),
+    )
+    .expect("rest");
+    let ones = super::index::gen_const(ctx, ones, "unit_scale")?;
+    let normed = ctx.op(
+        Op::LayerNorm { axis: 2, epsilon },
+        &[v, ones],
+        Some("normalized"),
+    )?;
+    let (view, pshape): (Vec<usize>, Vec<usize>) = if per_group {
+        (vec![n, groups, rest], vec![groups, 1])
+    } else {
+        (vec![n, c, s], vec![c, 1])
+    };
+    let y = reshape_to(ctx, normed, &view, Some("channels"))?;
+    let sc = cast_to(ctx, scale, xt.dtype, "scale_cast")?;
+    let sc = reshape_to(ctx, sc, &pshape, Some("scale_view"))?;
+    let bi = cast_to(ctx, bias, xt.dtype, "bias_cast")?;
+    let bi = reshape_to(ctx, bi, &pshape, Some("bias_view"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[y, sc], Some("scaled"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Add), &[y, bi], Some("shifted"))?;
+    reshape_to(ctx, y, &xt.shape, Some("out"))
+}
+
+/// `InstanceNormalization`: statistics per sample and channel.
+pub fn instance_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let bias = ctx.input(node, 2)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    let c = ctx.ty(x).shape.get(1).copied().unwrap_or(0);
+    one(grouped_norm(ctx, x, c, scale, bias, epsilon, false)?)
+}
+
+/// `GroupNormalization`: statistics per sample and group of channels. Opset
+/// 18 scales per group, opset 21 per channel.
+pub fn group_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let bias = ctx.input(node, 2)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    let groups = ctx
+        .attr_i(node, "num_groups")?
+        .ok_or_else(|| ctx.bad_attr("num_groups", "is required"))?;
+    if groups < 1 {
+        return Err(ctx.bad_attr("num_groups", format!("must be positive, got {groups}")));
+    }
+    if ctx.attr_i_or(node, "stash_type", 1)? != 1 {
+        return Err(
+            ctx.unsupported("GroupNormalization with stash_type other than 1 (float32 statistics)")
+        );
+    }
+    let per_group = ctx.opset < 21;
+    one(grouped_norm(
+        ctx,
+        x,
+        groups as usize,
+        scale,
+        bias,
+        epsilon,
+        per_group,
+    )?)
+}
