@@ -4,12 +4,12 @@
 //! `DepthToSpace`/`SpaceToDepth` (Reshape → Transpose → Reshape) and
 //! `Trilu` (a constant mask and Where).
 
-use super::elementwise::reshape_to;
+use super::elementwise::{cast_to, reshape_to};
 use super::index::gen_const;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{Data, Op, SliceAxis, Tensor};
+use kiln_ir::{CompareOp, DType, Data, Op, SliceAxis, Tensor};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -384,7 +384,8 @@ pub fn space_to_depth(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 }
 
 /// `Trilu`: keeps `j - i >= k` (upper) or `j - i <= k` (lower) of the last
-/// two axes, through a constant mask; `k` must be a constant.
+/// two axes. The mask compares a constant `j - i` table with `k`, so `k`
+/// may be a run-time scalar (with a constant one the mask folds).
 pub fn trilu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let xt = ctx.ty(x).clone();
@@ -392,29 +393,37 @@ pub fn trilu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if r < 2 {
         return Err(ctx.invalid(format!("needs a rank ≥ 2 input, got {xt}")));
     }
-    let k = match ctx.opt_const_input(node, 1)? {
-        None => 0,
-        Some(t) if t.len() == 1 => t.to_i64_vec()[0],
-        Some(_) => return Err(ctx.invalid("k must be a scalar")),
+    let k = match ctx.opt_input(node, 1) {
+        None => gen_const(
+            ctx,
+            Tensor::new([], Data::I64(vec![0])).expect("scalar"),
+            "k",
+        )?,
+        Some(k) => {
+            if ctx.ty(k).num_elements() != 1 {
+                return Err(ctx.invalid("k must be a scalar"));
+            }
+            let k = reshape_to(ctx, k, &[], Some("k_scalar"))?;
+            cast_to(ctx, k, DType::I64, "k_i64")?
+        }
     };
     let upper = ctx.attr_i_or(node, "upper", 1)? != 0;
     let (rows, cols) = (xt.shape[r - 2], xt.shape[r - 1]);
-    ctx.charge_generated((rows * cols) as u64)?;
-    let mask: Vec<bool> = (0..rows * cols)
-        .map(|f| {
-            let (i, j) = ((f / cols) as i64, (f % cols) as i64);
-            if upper {
-                j - i >= k
-            } else {
-                j - i <= k
-            }
-        })
+    ctx.charge_generated((rows * cols * 8) as u64)?;
+    let diag: Vec<i64> = (0..rows * cols)
+        .map(|f| (f % cols) as i64 - (f / cols) as i64)
         .collect();
-    let mask = gen_const(
+    let diag = gen_const(
         ctx,
-        Tensor::new([rows, cols], Data::Bool(mask)).expect("rows*cols"),
-        "mask",
+        Tensor::new([rows, cols], Data::I64(diag)).expect("rows*cols"),
+        "diagonal_offset",
     )?;
+    let cmp = if upper {
+        CompareOp::GreaterOrEqual
+    } else {
+        CompareOp::LessOrEqual
+    };
+    let mask = ctx.op(Op::Compare(cmp), &[diag, k], Some("mask"))?;
     let zero = gen_const(
         ctx,
         Tensor::new([], Data::zeros(xt.dtype, 1)).expect("scalar"),
