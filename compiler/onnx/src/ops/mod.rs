@@ -78,6 +78,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Mod" => e::modulo,
         "PRelu" => e::prelu,
         "LayerNormalization" => norm::layer_norm,
+        "RMSNormalization" => norm::rms_norm,
         "Resize" => conv::resize,
         "Upsample" => conv::upsample,
         "ConvTranspose" => conv::conv_transpose,
@@ -186,10 +187,6 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
                 None
             }
         }
-        "LayerNormalization" if used_output(1) || used_output(2) => Some(
-            "the Mean and InvStdDev outputs of LayerNormalization (training) are not supported"
-                .into(),
-        ),
         "Resize" if attr_i("antialias") == Some(1) => {
             Some("antialiased Resize is not supported".into())
         }

@@ -6,7 +6,7 @@ use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, Data, Op, Tensor, UnaryOp};
+use kiln_ir::{BinaryOp, Data, Op, ReduceOp, Tensor, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -122,7 +122,75 @@ pub fn layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         };
         inputs.push(p);
     }
-    one(ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?)
+    let y = ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?;
+    let wants = |i: usize| node.output.get(i).is_some_and(|n| !n.is_empty());
+    if !wants(1) && !wants(2) {
+        return one(y);
+    }
+    // The statistics outputs, kept-dim shaped, from their own reductions.
+    let (mean, inv_std) = moments(ctx, x, axis, epsilon)?;
+    Ok(vec![y, mean, inv_std])
+}
+
+/// The mean and `1/sqrt(var + epsilon)` of `x` over the axes from `axis`
+/// on, with the reduced axes kept as size 1.
+fn moments(
+    ctx: &mut ImportCtx,
+    x: Val,
+    axis: usize,
+    epsilon: f32,
+) -> Result<(Val, Val), OnnxError> {
+    let xt = ctx.ty(x).clone();
+    let mean_of = || Op::Reduce {
+        op: ReduceOp::Mean,
+        axes: (axis..xt.shape.len()).collect(),
+        keep_dims: true,
+    };
+    let mean = ctx.op(mean_of(), &[x], Some("mean"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[x, mean], Some("centered"))?;
+    let d2 = ctx.op(Op::Binary(BinaryOp::Mul), &[d, d], Some("squared"))?;
+    let var = ctx.op(mean_of(), &[d2], Some("variance"))?;
+    let e = scalar(ctx, xt.dtype, epsilon as f64, "epsilon");
+    let ve = ctx.op(Op::Binary(BinaryOp::Add), &[var, e], Some("var_eps"))?;
+    let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+    let inv = ctx.op(Op::Unary(UnaryOp::Reciprocal), &[sd], Some("inv_std"))?;
+    Ok((mean, inv))
+}
+
+/// `RMSNormalization` (opset 23): `x / sqrt(mean(x²) + epsilon) * scale`
+/// over the axes from `axis` (default -1) on; Scale broadcasts to X.
+pub fn rms_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, rank)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    if ctx.attr_i_or(node, "stash_type", 1)? != 1 {
+        return Err(
+            ctx.unsupported("RMSNormalization with stash_type other than 1 (float32 statistics)")
+        );
+    }
+    let x2 = ctx.op(Op::Binary(BinaryOp::Mul), &[x, x], Some("squared"))?;
+    let ms = ctx.op(
+        Op::Reduce {
+            op: ReduceOp::Mean,
+            axes: (axis..rank).collect(),
+            keep_dims: true,
+        },
+        &[x2],
+        Some("mean_square"),
+    )?;
+    let e = scalar(ctx, xt.dtype, epsilon as f64, "epsilon");
+    let me = ctx.op(Op::Binary(BinaryOp::Add), &[ms, e], Some("mean_square_eps"))?;
+    let rms = ctx.op(Op::Unary(UnaryOp::Sqrt), &[me], Some("rms"))?;
+    let n = ctx.op(Op::Binary(BinaryOp::Div), &[x, rms], Some("normalized"))?;
+    let scale = cast_to(ctx, scale, xt.dtype, "scale_cast")?;
+    one(ctx.op(Op::Binary(BinaryOp::Mul), &[n, scale], None)?)
 }
 
 /// Normalizes `x` over groups: `x` viewed as `[N, groups, rest]` goes
