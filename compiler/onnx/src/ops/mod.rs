@@ -79,6 +79,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "PRelu" => e::prelu,
         "LayerNormalization" => norm::layer_norm,
         "RMSNormalization" => norm::rms_norm,
+        "LpNormalization" => norm::lp_norm,
         "Resize" => conv::resize,
         "Upsample" => conv::upsample,
         "ConvTranspose" => conv::conv_transpose,

@@ -292,3 +292,39 @@ pub fn group_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         per_group,
     )?)
 }
+
+/// `LpNormalization`: `x / ‖x‖_p` along `axis` (default -1), p = 1 or 2.
+pub fn lp_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, xt.shape.len())?;
+    let op = match ctx.attr_i_or(node, "p", 2)? {
+        1 => ReduceOp::L1,
+        2 => ReduceOp::L2,
+        p => return Err(ctx.bad_attr("p", format!("must be 1 or 2, got {p}"))),
+    };
+    let norm = ctx.op(
+        Op::Reduce {
+            op,
+            axes: [axis].into_iter().collect(),
+            keep_dims: true,
+        },
+        &[x],
+        Some("norm"),
+    )?;
+    // A zero norm means a zero slice, which stays zero (the reference
+    // divides by 1 there instead of producing NaN).
+    let zero = scalar(ctx, xt.dtype, 0.0, "zero");
+    let unit = scalar(ctx, xt.dtype, 1.0, "one");
+    let null = ctx.op(
+        Op::Compare(kiln_ir::CompareOp::Equal),
+        &[norm, zero],
+        Some("is_zero"),
+    )?;
+    let safe = ctx.op(Op::Where, &[null, unit, norm], Some("safe_norm"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[x, safe], None)?)
+}
