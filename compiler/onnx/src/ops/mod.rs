@@ -19,6 +19,7 @@ pub mod logic;
 pub mod movement;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
@@ -80,6 +81,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "LayerNormalization" => norm::layer_norm,
         "RMSNormalization" => norm::rms_norm,
         "LpNormalization" => norm::lp_norm,
+        "QuantizeLinear" => quant::quantize_linear,
+        "DequantizeLinear" => quant::dequantize_linear,
         "Resize" => conv::resize,
         "Upsample" => conv::upsample,
         "ConvTranspose" => conv::conv_transpose,
