@@ -9,6 +9,7 @@ use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use tract_onnx::pb::NodeProto;
 
+pub mod attention;
 pub mod constant;
 pub mod conv;
 pub mod elementwise;
@@ -80,6 +81,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "PRelu" => e::prelu,
         "LayerNormalization" => norm::layer_norm,
         "RMSNormalization" => norm::rms_norm,
+        "Attention" => attention::attention,
         "LpNormalization" => norm::lp_norm,
         "QuantizeLinear" => quant::quantize_linear,
         "DequantizeLinear" => quant::dequantize_linear,
