@@ -373,6 +373,16 @@ pub fn log_softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if !ctx.ty(x).dtype.is_float() {
         return Err(ctx.unsupported(format!("LogSoftmax on {}", ctx.ty(x).dtype)));
     }
+    let y = log_softmax_along(ctx, view, axis)?;
+    one(reshape_to(ctx, y, &shape, None)?)
+}
+
+/// `x - max - log(Σ exp(x - max))` along `axis`.
+pub(crate) fn log_softmax_along(
+    ctx: &mut ImportCtx,
+    view: Val,
+    axis: usize,
+) -> Result<Val, OnnxError> {
     let reduce = |op| Op::Reduce {
         op,
         axes: [axis].into_iter().collect(),
@@ -383,6 +393,5 @@ pub fn log_softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let e = ctx.op(Op::Unary(UnaryOp::Exp), &[d], Some("exp"))?;
     let s = ctx.op(reduce(kiln_ir::ReduceOp::Sum), &[e], Some("sum"))?;
     let l = ctx.op(Op::Unary(UnaryOp::Log), &[s], Some("log_sum"))?;
-    let y = ctx.op(Op::Binary(BinaryOp::Sub), &[d, l], Some("log_softmax"))?;
-    one(reshape_to(ctx, y, &shape, None)?)
+    ctx.op(Op::Binary(BinaryOp::Sub), &[d, l], Some("log_softmax"))
 }

@@ -37,7 +37,7 @@ pub(crate) fn ramp(
 }
 
 /// An i64 scalar constant.
-fn int_scalar(ctx: &mut ImportCtx, x: i64, suffix: &str) -> Result<Val, OnnxError> {
+pub(crate) fn int_scalar(ctx: &mut ImportCtx, x: i64, suffix: &str) -> Result<Val, OnnxError> {
     gen_const(
         ctx,
         Tensor::new([], Data::I64(vec![x])).expect("scalar"),
@@ -300,14 +300,25 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 pub fn gather_elements(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let data = ctx.input(node, 0)?;
     let idx = ctx.input(node, 1)?;
+    let axis = ctx.attr_i_or(node, "axis", 0)?;
+    let axis = ctx.axis("axis", axis, ctx.ty(data).shape.len())?;
+    one(gather_along(ctx, data, idx, axis, None)?)
+}
+
+/// The GatherElements decomposition for `data`, `idx` and a resolved `axis`.
+pub(crate) fn gather_along(
+    ctx: &mut ImportCtx,
+    data: Val,
+    idx: Val,
+    axis: usize,
+    suffix: Option<&str>,
+) -> Result<Val, OnnxError> {
     let dt = ctx.ty(data).clone();
     let it = ctx.ty(idx).clone();
     let rank = dt.shape.len();
     if it.shape.len() != rank || rank == 0 {
         return Err(ctx.invalid(format!("indices {it} must have the rank of data {dt}")));
     }
-    let axis = ctx.attr_i_or(node, "axis", 0)?;
-    let axis = ctx.axis("axis", axis, rank)?;
     if let Some(k) = (0..rank).find(|&k| k != axis && it.shape[k] > dt.shape[k]) {
         return Err(ctx.invalid(format!("indices {it} exceed data {dt} along axis {k}")));
     }
@@ -334,7 +345,7 @@ pub fn gather_elements(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let off = ctx.op(Op::Binary(BinaryOp::Mul), &[i, stride], Some("offset"))?;
     let flat_idx = ctx.op(Op::Binary(BinaryOp::Add), &[off, base], Some("flat_index"))?;
     let flat = reshape_to(ctx, data, &[dt.num_elements()], Some("flat"))?;
-    one(ctx.op(Op::Gather { axis: 0 }, &[flat, flat_idx], None)?)
+    ctx.op(Op::Gather { axis: 0 }, &[flat, flat_idx], suffix)
 }
 
 /// `GatherND` (`batch_dims` from opset 12): the last index axis (length K)

@@ -17,6 +17,7 @@ pub mod index;
 pub mod layout;
 pub mod linalg;
 pub mod logic;
+pub mod loss;
 pub mod movement;
 pub mod norm;
 pub mod pool;
@@ -81,6 +82,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "PRelu" => e::prelu,
         "LayerNormalization" => norm::layer_norm,
         "RMSNormalization" => norm::rms_norm,
+        "NegativeLogLikelihoodLoss" => loss::nll_loss,
+        "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy_loss,
         "Attention" => attention::attention,
         "LpNormalization" => norm::lp_norm,
         "QuantizeLinear" => quant::quantize_linear,
