@@ -47,7 +47,12 @@ pub(crate) fn int_scalar(ctx: &mut ImportCtx, x: i64, suffix: &str) -> Result<Va
 
 /// `v` as i64 with negative entries shifted up by `bound` (which broadcasts
 /// against `v`), the ONNX convention for indices counted from the end.
-fn wrap_negative(ctx: &mut ImportCtx, v: Val, bound: Val, tag: &str) -> Result<Val, OnnxError> {
+pub(crate) fn wrap_negative(
+    ctx: &mut ImportCtx,
+    v: Val,
+    bound: Val,
+    tag: &str,
+) -> Result<Val, OnnxError> {
     let v = cast_to(ctx, v, DType::I64, &format!("{tag}_i64"))?;
     let zero = int_scalar(ctx, 0, &format!("{tag}_zero"))?;
     let neg = ctx.op(
@@ -286,7 +291,7 @@ pub fn one_hot(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 }
 
 /// Row-major strides of `shape`.
-fn strides(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];

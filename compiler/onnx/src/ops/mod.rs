@@ -23,6 +23,7 @@ pub mod norm;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+pub mod scatter;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -158,6 +159,9 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "GatherElements" => index::gather_elements,
         "GatherND" => index::gather_nd,
         "CumSum" => index::cumsum,
+        "ScatterND" => scatter::scatter_nd,
+        "ScatterElements" => scatter::scatter_elements,
+        "Scatter" => scatter::scatter_elements,
         _ => return None,
     })
 }
