@@ -12,6 +12,7 @@ use tract_onnx::pb::NodeProto;
 pub mod attention;
 pub mod constant;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod index;
 pub mod layout;
@@ -159,6 +160,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "GatherElements" => index::gather_elements,
         "GatherND" => index::gather_nd,
         "CumSum" => index::cumsum,
+        "Einsum" => einsum::einsum,
         "ScatterND" => scatter::scatter_nd,
         "ScatterElements" => scatter::scatter_elements,
         "Scatter" => scatter::scatter_elements,
