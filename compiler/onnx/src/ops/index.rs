@@ -507,3 +507,116 @@ mod tests {
         assert!(super::strides(&[]).is_empty());
     }
 }
+
+/// Most elements of the pairwise comparison table TopK builds.
+const TOPK_PAIR_LIMIT: u64 = 1 << 24;
+
+/// `TopK` (k an attribute before opset 10, a constant input from 10;
+/// `largest`/`sorted` from 11), by ranks: element `i`'s rank counts the
+/// elements that beat it (greater, or equal at a smaller index, so ties
+/// keep index order), and output position `r` selects the element of rank
+/// `r`. The comparison table has `n²` entries per slice, so long axes are
+/// refused.
+pub fn top_k(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    let k = if ctx.opset < 10 {
+        ctx.attr_i(node, "k")?
+            .ok_or_else(|| ctx.bad_attr("k", "is required"))?
+    } else {
+        let t = ctx.const_input(node, 1)?;
+        if t.len() != 1 {
+            return Err(ctx.invalid("K must hold one value"));
+        }
+        t.to_i64_vec()[0]
+    };
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, rank)?;
+    let largest = ctx.opset < 11 || ctx.attr_i_or(node, "largest", 1)? != 0;
+    let n = xt.shape[axis];
+    if k < 0 || k as usize > n {
+        return Err(ctx.invalid(format!("k = {k} is out of range for an axis of {n}")));
+    }
+    let k = k as usize;
+    if !(xt.dtype.is_float() || xt.dtype.is_int()) {
+        return Err(ctx.unsupported(format!("TopK on {}", xt.dtype)));
+    }
+    let other = (xt.num_elements() / n.max(1)) as u64;
+    if (n as u64).saturating_mul(n as u64).saturating_mul(other) > TOPK_PAIR_LIMIT {
+        return Err(ctx.unsupported(format!(
+            "TopK over an axis of {n} (with {other} other elements) is too large for Kiln's pairwise-rank form"
+        )));
+    }
+    let mut si: Vec<usize> = xt.shape.to_vec();
+    si.insert(axis + 1, 1);
+    let mut sj: Vec<usize> = xt.shape.to_vec();
+    sj.insert(axis, 1);
+    let xi = reshape_to(ctx, x, &si, Some("x_rows"))?;
+    let xj = reshape_to(ctx, x, &sj, Some("x_cols"))?;
+    let cmp = if largest {
+        CompareOp::Greater
+    } else {
+        CompareOp::Less
+    };
+    let better = ctx.op(Op::Compare(cmp), &[xj, xi], Some("better"))?;
+    let same = ctx.op(Op::Compare(CompareOp::Equal), &[xj, xi], Some("same"))?;
+    let mut ms = vec![n, n];
+    ms.resize(rank + 1 - axis, 1);
+    ctx.charge_generated((n * n) as u64)?;
+    let before: Vec<bool> = (0..n * n).map(|f| f % n < f / n).collect();
+    let before = gen_const(
+        ctx,
+        Tensor::new(&ms, Data::Bool(before)).expect("n*n"),
+        "earlier",
+    )?;
+    let tie = ctx.op(
+        Op::Logical(kiln_ir::LogicalOp::And),
+        &[same, before],
+        Some("earlier_tie"),
+    )?;
+    let beats = ctx.op(
+        Op::Logical(kiln_ir::LogicalOp::Or),
+        &[better, tie],
+        Some("beats"),
+    )?;
+    let beats = ctx.op(Op::Cast { to: DType::I64 }, &[beats], Some("beats_count"))?;
+    let ranks = ctx.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: [axis + 1].into_iter().collect(),
+            keep_dims: false,
+        },
+        &[beats],
+        Some("ranks"),
+    )?;
+    let ranks = reshape_to(ctx, ranks, &sj, Some("rank_cols"))?;
+    let wanted = ramp(ctx, k, axis, rank + 1, DType::I64, "output_ranks")?;
+    let sel = ctx.op(
+        Op::Compare(CompareOp::Equal),
+        &[ranks, wanted],
+        Some("selected"),
+    )?;
+    let pick = |ctx: &mut ImportCtx, v: Val, tag: &str| {
+        let dt = ctx.ty(v).dtype;
+        let zero = gen_const(
+            ctx,
+            Tensor::new([], Data::zeros(dt, 1)).expect("scalar"),
+            &format!("{tag}_zero"),
+        )?;
+        let m = ctx.op(Op::Where, &[sel, v, zero], Some(&format!("{tag}_masked")))?;
+        ctx.op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: [axis + 1].into_iter().collect(),
+                keep_dims: false,
+            },
+            &[m],
+            Some(tag),
+        )
+    };
+    let values = pick(ctx, xj, "values")?;
+    let positions = ramp(ctx, n, axis + 1, rank + 1, DType::I64, "positions")?;
+    let indices = pick(ctx, positions, "indices")?;
+    Ok(vec![values, indices])
+}

@@ -161,6 +161,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "GatherND" => index::gather_nd,
         "CumSum" => index::cumsum,
         "Einsum" => einsum::einsum,
+        "TopK" => index::top_k,
         "ScatterND" => scatter::scatter_nd,
         "ScatterElements" => scatter::scatter_elements,
         "Scatter" => scatter::scatter_elements,
