@@ -458,7 +458,7 @@ pub fn cumsum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let work = (n as u64)
         .saturating_mul(n as u64)
         .saturating_mul(other as u64);
-    if work > 1 << 26 {
+    if work > 1 << 24 {
         return Err(ctx.unsupported(format!(
             "CumSum over an axis of {n} (with {other} other elements) is too large for Kiln's mask-and-sum form"
         )));
@@ -619,4 +619,31 @@ pub fn top_k(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let positions = ramp(ctx, n, axis + 1, rank + 1, DType::I64, "positions")?;
     let indices = pick(ctx, positions, "indices")?;
     Ok(vec![values, indices])
+}
+
+/// `NonZero`: its output length depends on the data, so it is only
+/// supported when the input is a constant (folded here).
+pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let Some(t) = ctx.konst(x).cloned() else {
+        return Err(ctx.unsupported(
+            "NonZero of run-time data (its output shape depends on the values); only a constant input folds",
+        ));
+    };
+    let shape = t.shape().to_vec();
+    let st = strides(&shape);
+    let hits: Vec<usize> = (0..t.len())
+        .filter(|&i| t.data().get_f64(i) != 0.0)
+        .collect();
+    let r = shape.len();
+    ctx.charge_generated((r * hits.len() * 8) as u64)?;
+    let mut out = vec![0i64; r * hits.len()];
+    for (j, &f) in hits.iter().enumerate() {
+        for k in 0..r {
+            out[k * hits.len() + j] = ((f / st[k]) % shape[k]) as i64;
+        }
+    }
+    let name = ctx.node_name().to_string();
+    let t = Tensor::new([r, hits.len()], Data::I64(out)).expect("r*n");
+    one(ctx.generated_constant(t, name)?)
 }

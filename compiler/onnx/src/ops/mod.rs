@@ -162,6 +162,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "CumSum" => index::cumsum,
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
+        "NonZero" => index::non_zero,
         "ScatterND" => scatter::scatter_nd,
         "ScatterElements" => scatter::scatter_elements,
         "Scatter" => scatter::scatter_elements,
