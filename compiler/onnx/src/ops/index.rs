@@ -498,16 +498,6 @@ pub fn cumsum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     )?)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn strides_are_row_major() {
-        assert_eq!(super::strides(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(super::strides(&[5]), vec![1]);
-        assert!(super::strides(&[]).is_empty());
-    }
-}
-
 /// Most elements of the pairwise comparison table TopK builds.
 const TOPK_PAIR_LIMIT: u64 = 1 << 24;
 
@@ -646,4 +636,14 @@ pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let name = ctx.node_name().to_string();
     let t = Tensor::new([r, hits.len()], Data::I64(out)).expect("r*n");
     one(ctx.generated_constant(t, name)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn strides_are_row_major() {
+        assert_eq!(super::strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(super::strides(&[5]), vec![1]);
+        assert!(super::strides(&[]).is_empty());
+    }
 }
