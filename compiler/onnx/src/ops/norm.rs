@@ -328,3 +328,95 @@ pub fn lp_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let safe = ctx.op(Op::Where, &[null, unit, norm], Some("safe_norm"))?;
     one(ctx.op(Op::Binary(BinaryOp::Div), &[x, safe], None)?)
 }
+
+/// `LRN`: `x / (bias + alpha/size · Σ x²)^beta`, the sum over the `size`
+/// channels around each one (zero beyond the edges), as shifted slices of
+/// the zero-padded squares.
+pub fn lrn(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() < 2 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float [N, C, ..] tensor, got {xt}")));
+    }
+    let size = ctx
+        .attr_i(node, "size")?
+        .ok_or_else(|| ctx.bad_attr("size", "is required"))?;
+    if size < 1 {
+        return Err(ctx.bad_attr("size", format!("must be positive, got {size}")));
+    }
+    let size = size as usize;
+    let alpha = ctx.attr_f_or(node, "alpha", 1e-4)? as f64;
+    let beta = ctx.attr_f_or(node, "beta", 0.75)? as f64;
+    let bias = ctx.attr_f_or(node, "bias", 1.0)? as f64;
+    let c = xt.shape[1];
+    let (lo, hi) = ((size - 1) / 2, size / 2);
+    let sq = ctx.op(Op::Binary(BinaryOp::Mul), &[x, x], Some("square"))?;
+    let mut parts = Vec::with_capacity(3);
+    let zeros = |ctx: &mut ImportCtx, n: usize, tag: &str| {
+        let mut s = xt.shape.to_vec();
+        s[1] = n;
+        let z = Tensor::new(&s, Data::zeros(xt.dtype, s.iter().product())).expect("zeros");
+        super::index::gen_const(ctx, z, tag)
+    };
+    if lo > 0 {
+        parts.push(zeros(ctx, lo, "pad_lo")?);
+    }
+    parts.push(sq);
+    if hi > 0 {
+        parts.push(zeros(ctx, hi, "pad_hi")?);
+    }
+    let padded = if parts.len() == 1 {
+        sq
+    } else {
+        ctx.op(Op::Concat { axis: 1 }, &parts, Some("padded"))?
+    };
+    let mut sum: Option<Val> = None;
+    for i in 0..size {
+        let s = super::movement::slice_along(ctx, padded, 1, i, 1, c, &format!("window{i}"))?;
+        sum = Some(match sum {
+            None => s,
+            Some(p) => ctx.op(Op::Binary(BinaryOp::Add), &[p, s], Some(&format!("sum{i}")))?,
+        });
+    }
+    let sum = sum.expect("size ≥ 1");
+    let a = scalar(ctx, xt.dtype, alpha / size as f64, "alpha_over_size");
+    let b = scalar(ctx, xt.dtype, bias, "bias");
+    let e = scalar(ctx, xt.dtype, beta, "beta");
+    let t = ctx.op(Op::Binary(BinaryOp::Mul), &[sum, a], Some("scaled"))?;
+    let t = ctx.op(Op::Binary(BinaryOp::Add), &[t, b], Some("biased"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Pow), &[t, e], Some("denominator"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[x, d], None)?)
+}
+
+/// `MeanVarianceNormalization`: `(x - mean) / sqrt(var + 1e-9)` over `axes`
+/// (default N, H, W).
+pub fn mean_variance_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axes = ctx
+        .attr_ints(node, "axes")?
+        .unwrap_or_else(|| vec![0, 2, 3]);
+    let mut axes: kiln_ir::Ints = axes
+        .iter()
+        .map(|&a| ctx.axis("axes", a, rank))
+        .collect::<Result<_, _>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let mean_of = || Op::Reduce {
+        op: ReduceOp::Mean,
+        axes: axes.clone(),
+        keep_dims: true,
+    };
+    let mean = ctx.op(mean_of(), &[x], Some("mean"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[x, mean], Some("centered"))?;
+    let d2 = ctx.op(Op::Binary(BinaryOp::Mul), &[d, d], Some("squared"))?;
+    let var = ctx.op(mean_of(), &[d2], Some("variance"))?;
+    let e = scalar(ctx, xt.dtype, 1e-9, "epsilon");
+    let ve = ctx.op(Op::Binary(BinaryOp::Add), &[var, e], Some("var_eps"))?;
+    let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[d, sd], None)?)
+}
