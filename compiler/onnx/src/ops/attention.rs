@@ -356,3 +356,127 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     Ok(vec![y, present_k, present_v, qk_out])
 }
+
+/// `RotaryEmbedding` (opset 23): the first `rotary_embedding_dim` features
+/// of each head rotate pairwise (halves, or even/odd with `interleaved`) by
+/// the cos/sin caches, gathered by `position_ids` when given.
+pub fn rotary_embedding(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    use super::movement::slice_along;
+    let x = ctx.input(node, 0)?;
+    let cos = ctx.input(node, 1)?;
+    let sin = ctx.input(node, 2)?;
+    let pos = ctx.opt_input(node, 3);
+    let xt = ctx.ty(x).clone();
+    let dt = xt.dtype;
+    if !dt.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let interleaved = ctx.attr_i_or(node, "interleaved", 0)? != 0;
+    let x4 = match xt.shape.len() {
+        4 => ctx.op(
+            Op::Transpose {
+                perm: [0, 2, 1, 3].into_iter().collect(),
+            },
+            &[x],
+            Some("bshd"),
+        )?,
+        3 => {
+            let heads = ctx.attr_i_or(node, "num_heads", 0)?;
+            if heads < 1 || !xt.shape[2].is_multiple_of(heads as usize) {
+                return Err(ctx.bad_attr(
+                    "num_heads",
+                    format!("{heads} does not split a hidden size of {}", xt.shape[2]),
+                ));
+            }
+            let h = heads as usize;
+            let s = &xt.shape;
+            reshape_to(ctx, x, &[s[0], s[1], h, s[2] / h], Some("heads"))?
+        }
+        _ => return Err(ctx.invalid(format!("X must be 3-D or 4-D, got {xt}"))),
+    };
+    let s4 = ctx.ty(x4).shape.clone();
+    let (b, seq, h, d) = (s4[0], s4[1], s4[2], s4[3]);
+    let rd = match ctx.attr_i_or(node, "rotary_embedding_dim", 0)? {
+        0 => d,
+        r if r > 0 && (r as usize) <= d && r % 2 == 0 => r as usize,
+        r => {
+            return Err(ctx.bad_attr(
+                "rotary_embedding_dim",
+                format!("{r} is not an even size up to the head size {d}"),
+            ))
+        }
+    };
+    let half = rd / 2;
+    let mut caches = Vec::with_capacity(2);
+    for (c, tag) in [(cos, "cos"), (sin, "sin")] {
+        let c = cast_to(ctx, c, dt, &format!("{tag}_cast"))?;
+        let c = match pos {
+            Some(p) => ctx.op(Op::Gather { axis: 0 }, &[c, p], Some(&format!("{tag}_at")))?,
+            None => c,
+        };
+        if ctx.ty(c).shape.last() != Some(&half) || ctx.ty(c).num_elements() != b * seq * half {
+            return Err(ctx.invalid(format!(
+                "{tag} cache {} does not give [{b}, {seq}, {half}]",
+                ctx.ty(c)
+            )));
+        }
+        caches.push(reshape_to(
+            ctx,
+            c,
+            &[b, seq, 1, half],
+            Some(&format!("{tag}_view")),
+        )?);
+    }
+    let (cos, sin) = (caches[0], caches[1]);
+    let rot = if rd < d {
+        slice_along(ctx, x4, 3, 0, 1, rd, "rotated_part")?
+    } else {
+        x4
+    };
+    let (x1, x2) = if interleaved {
+        (
+            slice_along(ctx, rot, 3, 0, 2, half, "even")?,
+            slice_along(ctx, rot, 3, 1, 2, half, "odd")?,
+        )
+    } else {
+        (
+            slice_along(ctx, rot, 3, 0, 1, half, "first_half")?,
+            slice_along(ctx, rot, 3, half, 1, half, "second_half")?,
+        )
+    };
+    let mul = |ctx: &mut ImportCtx, a: Val, c: Val, tag: &str| {
+        ctx.op(Op::Binary(BinaryOp::Mul), &[a, c], Some(tag))
+    };
+    let c1 = mul(ctx, cos, x1, "cos_x1")?;
+    let s2 = mul(ctx, sin, x2, "sin_x2")?;
+    let s1 = mul(ctx, sin, x1, "sin_x1")?;
+    let c2 = mul(ctx, cos, x2, "cos_x2")?;
+    let real = ctx.op(Op::Binary(BinaryOp::Sub), &[c1, s2], Some("real"))?;
+    let imag = ctx.op(Op::Binary(BinaryOp::Add), &[s1, c2], Some("imag"))?;
+    let rotated = if interleaved {
+        let r = reshape_to(ctx, real, &[b, seq, h, half, 1], Some("real_pairs"))?;
+        let i = reshape_to(ctx, imag, &[b, seq, h, half, 1], Some("imag_pairs"))?;
+        let p = ctx.op(Op::Concat { axis: 4 }, &[r, i], Some("pairs"))?;
+        reshape_to(ctx, p, &[b, seq, h, rd], Some("rotated"))?
+    } else {
+        ctx.op(Op::Concat { axis: 3 }, &[real, imag], Some("rotated"))?
+    };
+    let full = if rd < d {
+        let rest = slice_along(ctx, x4, 3, rd, 1, d - rd, "passed_part")?;
+        ctx.op(Op::Concat { axis: 3 }, &[rotated, rest], Some("joined"))?
+    } else {
+        rotated
+    };
+    let y = if xt.shape.len() == 4 {
+        ctx.op(
+            Op::Transpose {
+                perm: [0, 2, 1, 3].into_iter().collect(),
+            },
+            &[full],
+            None,
+        )?
+    } else {
+        reshape_to(ctx, full, &xt.shape, None)?
+    };
+    Ok(vec![y])
+}
