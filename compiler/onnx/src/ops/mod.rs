@@ -23,6 +23,7 @@ pub mod movement;
 pub mod norm;
 pub mod pool;
 pub mod quant;
+pub mod recurrent;
 pub mod reduce;
 pub mod scatter;
 
@@ -164,6 +165,9 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
         "NonZero" => index::non_zero,
+        "RNN" => recurrent::rnn,
+        "GRU" => recurrent::gru,
+        "LSTM" => recurrent::lstm,
         "IsNaN" => e::is_nan,
         "IsInf" => e::is_inf,
         "Swish" => e::swish,
@@ -181,9 +185,6 @@ pub fn builder(op_type: &str) -> Option<Builder> {
 /// Why an op type Kiln does not implement is unsupported.
 pub fn missing_op_hint(op_type: &str) -> String {
     match op_type {
-        "LSTM" | "GRU" | "RNN" => {
-            format!("Kiln does not implement {op_type} yet (recurrent layers are not supported)")
-        }
         "Loop" | "If" | "Scan" => {
             format!("Kiln does not implement {op_type} yet (control flow needs static graphs)")
         }
