@@ -435,24 +435,74 @@ pub fn gather_nd(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.op(Op::Gather { axis: 0 }, &[flat, pos], None)?)
 }
 
-/// `CumSum` (axis a constant input): `y_j = Σ_i x_i·M[i, j]` with a 0/1
-/// mask `M` chosen by `exclusive` and `reverse`, as a broadcast product and
-/// a sum over `i`. The product holds `n²` times the other dims, so this
-/// suits the short axes of position-id computations, not long scans.
-pub fn cumsum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+/// `CumSum` and `CumProd` along one axis: `y_j` reduces the `x_i` selected
+/// by a constant 0/1 mask `M[i, j]` (chosen by `exclusive` and `reverse`);
+/// unselected terms are the neutral element (0 for the sum, 1 for the
+/// product), so the reduction over `i` is exact. The masked terms hold `n²`
+/// times the other dims, which suits the short axes of position-id
+/// computations, not long scans. A run-time axis computes the scan along
+/// every axis and selects the one the value names.
+fn scan(ctx: &mut ImportCtx, node: &NodeProto, product: bool) -> R {
     let x = ctx.input(node, 0)?;
-    let axis_t = ctx.const_input(node, 1)?;
-    if axis_t.len() != 1 {
+    let axis_v = ctx.input(node, 1)?;
+    if ctx.ty(axis_v).num_elements() != 1 {
         return Err(ctx.invalid("axis must be a scalar"));
     }
     let xt = ctx.ty(x).clone();
     let rank = xt.shape.len();
-    let axis = ctx.axis("axis", axis_t.to_i64_vec()[0], rank)?;
+    if rank == 0 {
+        return Err(ctx.invalid("the input must have rank ≥ 1"));
+    }
+    if !(xt.dtype.is_float() || xt.dtype.is_int()) {
+        return Err(ctx.unsupported(format!("{} on {} is not supported", node.op_type, xt.dtype)));
+    }
+    match ctx.konst(axis_v) {
+        Some(t) => {
+            let axis = ctx.axis("axis", t.to_i64_vec()[0], rank)?;
+            one(scan_along(ctx, node, x, axis, product, None)?)
+        }
+        None => {
+            let a = reshape_to(ctx, axis_v, &[], Some("axis_scalar"))?;
+            let a = cast_to(ctx, a, DType::I64, "axis_i64")?;
+            let mut y = scan_along(ctx, node, x, 0, product, Some("along0"))?;
+            for k in 1..rank {
+                let yk = scan_along(ctx, node, x, k, product, Some(&format!("along{k}")))?;
+                let pos = int_scalar(ctx, k as i64, &format!("axis{k}"))?;
+                let neg = int_scalar(ctx, k as i64 - rank as i64, &format!("axis{k}_neg"))?;
+                let p = ctx.op(
+                    Op::Compare(CompareOp::Equal),
+                    &[a, pos],
+                    Some(&format!("is_axis{k}")),
+                )?;
+                let q = ctx.op(
+                    Op::Compare(CompareOp::Equal),
+                    &[a, neg],
+                    Some(&format!("is_axis{k}_neg")),
+                )?;
+                let hit = ctx.op(
+                    Op::Logical(kiln_ir::LogicalOp::Or),
+                    &[p, q],
+                    Some(&format!("picks_axis{k}")),
+                )?;
+                y = ctx.op(Op::Where, &[hit, yk, y], Some(&format!("select{k}")))?;
+            }
+            one(y)
+        }
+    }
+}
+
+fn scan_along(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    axis: usize,
+    product: bool,
+    suffix: Option<&str>,
+) -> Result<Val, OnnxError> {
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
     let exclusive = ctx.attr_i_or(node, "exclusive", 0)? != 0;
     let reverse = ctx.attr_i_or(node, "reverse", 0)? != 0;
-    if !(xt.dtype.is_float() || xt.dtype.is_int()) {
-        return Err(ctx.unsupported(format!("CumSum on {} is not supported", xt.dtype)));
-    }
     let n = xt.shape[axis];
     let other: usize = xt.num_elements() / n.max(1);
     let work = (n as u64)
@@ -460,42 +510,70 @@ pub fn cumsum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         .saturating_mul(other as u64);
     if work > 1 << 24 {
         return Err(ctx.unsupported(format!(
-            "CumSum over an axis of {n} (with {other} other elements) is too large for Kiln's mask-and-sum form"
+            "{} over an axis of {n} (with {other} other elements) is too large for Kiln's masked form",
+            node.op_type
         )));
     }
-    // x as [.., n, 1, ..] against M as [n, n, 1..]: the sum runs over axis.
+    let tag = |s: &str| match suffix {
+        Some(p) => format!("{p}_{s}"),
+        None => s.to_string(),
+    };
+    // x as [.., n, 1, ..] against M as [n, n, 1..]: the reduction runs over axis.
     let mut xs: Vec<usize> = xt.shape.to_vec();
     xs.insert(axis + 1, 1);
-    let xv = reshape_to(ctx, x, &xs, Some("rows"))?;
-    let mask: Vec<i64> = (0..n * n)
+    let xv = reshape_to(ctx, x, &xs, Some(&tag("rows")))?;
+    let mask: Vec<bool> = (0..n * n)
         .map(|f| {
-            let (i, j) = ((f / n) as i64, (f % n) as i64);
-            let take = match (reverse, exclusive) {
+            let (i, j) = (f / n, f % n);
+            match (reverse, exclusive) {
                 (false, false) => i <= j,
                 (false, true) => i < j,
                 (true, false) => i >= j,
                 (true, true) => i > j,
-            };
-            i64::from(take)
+            }
         })
         .collect();
     let mut ms = vec![n, n];
     ms.resize(rank + 1 - axis, 1);
+    ctx.charge_generated((n * n) as u64)?;
     let mask = gen_const(
         ctx,
-        Tensor::new(&ms, Data::from_i64s(xt.dtype, mask.into_iter())).expect("n*n"),
-        "mask",
+        Tensor::new(&ms, Data::Bool(mask)).expect("n*n"),
+        &tag("mask"),
     )?;
-    let terms = ctx.op(Op::Binary(BinaryOp::Mul), &[xv, mask], Some("terms"))?;
-    one(ctx.op(
+    let neutral = gen_const(
+        ctx,
+        Tensor::new(
+            [],
+            Data::from_i64s(xt.dtype, std::iter::once(i64::from(product))),
+        )
+        .expect("scalar"),
+        &tag("neutral"),
+    )?;
+    let terms = ctx.op(Op::Where, &[mask, xv, neutral], Some(&tag("terms")))?;
+    ctx.op(
         Op::Reduce {
-            op: ReduceOp::Sum,
+            op: if product {
+                ReduceOp::Prod
+            } else {
+                ReduceOp::Sum
+            },
             axes: [axis].into_iter().collect(),
             keep_dims: false,
         },
         &[terms],
-        None,
-    )?)
+        suffix,
+    )
+}
+
+/// `CumSum`.
+pub fn cumsum(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    scan(ctx, node, false)
+}
+
+/// `CumProd` (opset 26).
+pub fn cumprod(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    scan(ctx, node, true)
 }
 
 /// Most elements of the pairwise comparison table TopK builds.

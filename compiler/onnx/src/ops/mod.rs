@@ -162,6 +162,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "GatherElements" => index::gather_elements,
         "GatherND" => index::gather_nd,
         "CumSum" => index::cumsum,
+        "CumProd" => index::cumprod,
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
         "NonZero" => index::non_zero,
