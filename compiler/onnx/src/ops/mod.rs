@@ -25,6 +25,7 @@ pub mod pool;
 pub mod quant;
 pub mod recurrent;
 pub mod reduce;
+pub mod sample;
 pub mod scatter;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
@@ -166,6 +167,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
         "NonZero" => index::non_zero,
+        "GridSample" => sample::grid_sample,
         "RNN" => recurrent::rnn,
         "GRU" => recurrent::gru,
         "LSTM" => recurrent::lstm,
