@@ -20,6 +20,8 @@ fn read_npy(path: &Path, dtype: &str) -> Tensor {
         "float64" => Data::F64(npy.into_vec().unwrap()),
         "int64" => Data::I64(npy.into_vec().unwrap()),
         "int32" => Data::I32(npy.into_vec().unwrap()),
+        "int8" => Data::I8(npy.into_vec().unwrap()),
+        "uint8" => Data::U8(npy.into_vec().unwrap()),
         "bool" => Data::Bool(npy.into_vec().unwrap()),
         other => panic!("{}: dtype {other} not handled by the test", path.display()),
     };

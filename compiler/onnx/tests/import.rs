@@ -275,7 +275,7 @@ fn dangling_input_name_is_reported() {
 #[test]
 fn unsupported_op_names_op_node_domain_and_opset() {
     let m = model(
-        vec![node("LSTM", "rnn1", &["x"], &["y"])],
+        vec![node("DFT", "rnn1", &["x"], &["y"])],
         vec![f32_input("x", &[2])],
         &["y"],
         vec![],
@@ -287,10 +287,10 @@ fn unsupported_op_names_op_node_domain_and_opset() {
     assert_eq!(list.len(), 1);
     let msg = e.to_string();
     assert!(
-        msg.starts_with("unsupported op 'LSTM' (domain 'ai.onnx', opset 13) at node 'rnn1': "),
+        msg.starts_with("unsupported op 'DFT' (domain 'ai.onnx', opset 13) at node 'rnn1': "),
         "{msg}"
     );
-    assert!(msg.contains("Kiln does not implement LSTM yet"), "{msg}");
+    assert!(msg.contains("Kiln does not implement DFT yet"), "{msg}");
 }
 
 #[test]
@@ -299,10 +299,10 @@ fn all_unsupported_ops_are_reported_together() {
     custom.domain = "com.example".into();
     let mut m = model(
         vec![
-            node("TopK", "topk0", &["x"], &["h"]),
+            node("Unique", "uniq0", &["x"], &["h"]),
             custom,
             node("Relu", "fine", &["h2"], &["h3"]),
-            node("NonZero", "", &["h3"], &["y"]),
+            node("StringNormalizer", "", &["h3"], &["y"]),
         ],
         vec![f32_input("x", &[2])],
         &["y"],
@@ -330,9 +330,9 @@ fn all_unsupported_ops_are_reported_together() {
     assert_eq!(
         got,
         vec![
-            ("TopK", "topk0", "ai.onnx", 13),
+            ("Unique", "uniq0", "ai.onnx", 13),
             ("FancyOp", "f", "com.example", 3),
-            ("NonZero", "NonZero_3", "ai.onnx", 13)
+            ("StringNormalizer", "StringNormalizer_3", "ai.onnx", 13)
         ]
     );
     let msg = e.to_string();
@@ -941,4 +941,150 @@ fn costly_constant_folds_are_left_to_run_in_the_compiled_code() {
         .filter(|&id| matches!(g.node(id).op, Op::Conv(_)))
         .count();
     assert_eq!(convs, 1, "the Conv stays a node");
+}
+
+// ---- ops decomposed at import ----
+
+/// A rank-0 i64 initializer.
+fn i64_scalar(name: &str, v: i64) -> TensorProto {
+    TensorProto {
+        dims: vec![],
+        ..i64_tensor(name, &[v])
+    }
+}
+
+/// The single hint of an import that fails with one unsupported op.
+fn unsupported_hint(m: &ModelProto, op: &str) -> String {
+    let e = err(m);
+    let OnnxError::Unsupported(list) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(list.len(), 1, "{e}");
+    assert_eq!(list[0].op_type, op, "{e}");
+    list[0].hint.clone()
+}
+
+#[test]
+fn data_dependent_shapes_are_unsupported_with_a_reason() {
+    // Range over run-time bounds: its length would depend on the data.
+    let m = model(
+        vec![node("Range", "r", &["a", "b", "c"], &["y"])],
+        vec![
+            f32_input("a", &[]),
+            f32_input("b", &[]),
+            f32_input("c", &[]),
+        ],
+        &["y"],
+        vec![],
+    );
+    assert!(unsupported_hint(&m, "Range").contains("constant start, limit and delta"));
+    // NonZero of run-time data.
+    let m = model(
+        vec![node("NonZero", "nz", &["x"], &["y"])],
+        vec![f32_input("x", &[4])],
+        &["y"],
+        vec![],
+    );
+    assert!(unsupported_hint(&m, "NonZero").contains("run-time data"));
+    // Split sizes given as a run-time input.
+    let mut split = node("Split", "s", &["x", "sizes"], &["a", "b"]);
+    split.attribute.push(attr_i("axis", 0));
+    let mut sizes = value_info("sizes", 7, &[D::K(2)]);
+    sizes.name = "sizes".into();
+    let m = model(
+        vec![split],
+        vec![f32_input("x", &[4]), sizes],
+        &["a", "b"],
+        vec![],
+    );
+    assert!(unsupported_hint(&m, "Split").contains("compile-time constant"));
+}
+
+#[test]
+fn long_axes_are_refused_by_the_quadratic_decompositions() {
+    // TopK and CumSum build n² tables; an axis of 8192 is refused, not
+    // turned into a 256 MB intermediate.
+    let m = model(
+        vec![node("TopK", "t", &["x", "k"], &["v", "i"])],
+        vec![f32_input("x", &[8192])],
+        &["v", "i"],
+        vec![i64_tensor("k", &[5])],
+    );
+    assert!(unsupported_hint(&m, "TopK").contains("too large"));
+    let m = model(
+        vec![node("CumSum", "c", &["x", "axis"], &["y"])],
+        vec![f32_input("x", &[8192])],
+        &["y"],
+        vec![i64_scalar("axis", 0)],
+    );
+    assert!(unsupported_hint(&m, "CumSum").contains("too large"));
+}
+
+#[test]
+fn constant_nonzero_and_range_fold_at_import() {
+    let cast = |name: &str, i: &str, o: &str| {
+        let mut n = node("Cast", name, &[i], &[o]);
+        n.attribute.push(attr_i("to", 1));
+        n
+    };
+    let m = model(
+        vec![
+            node("NonZero", "nz", &["c"], &["idx"]),
+            node("Range", "r", &["s", "l", "d"], &["ramp"]),
+            cast("cast", "idx", "idx_f"),
+            cast("cast2", "ramp", "ramp_f"),
+            node("Add", "add", &["x", "idx_f"], &["y"]),
+            node("Add", "add2", &["x2", "ramp_f"], &["z"]),
+        ],
+        vec![f32_input("x", &[2, 2]), f32_input("x2", &[3])],
+        &["y", "z"],
+        vec![
+            f32_tensor("c", &[2, 2], &[0.0, 1.5, -2.0, 0.0]),
+            i64_scalar("s", 10),
+            i64_scalar("l", 1),
+            i64_scalar("d", -4),
+        ],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    // Both fold: the graph holds only the two additions.
+    let computing = g
+        .node_ids()
+        .filter(|&id| !matches!(g.node(id).op, Op::Constant(_) | Op::Input { .. }))
+        .count();
+    assert_eq!(computing, 2);
+    let x = kiln_ir::Tensor::new([2, 2], Data::F32(vec![0.0; 4])).unwrap();
+    let x2 = kiln_ir::Tensor::new([3], Data::F32(vec![0.5; 3])).unwrap();
+    let out = kiln_ir::eval::eval_graph(&g, &[x, x2]).unwrap();
+    // NonZero of [[0, 1.5], [-2, 0]] is [[0, 1], [1, 0]]; Range(10, 1, -4)
+    // is [10, 6, 2].
+    assert_eq!(out[0].to_f64_vec(), vec![0.0, 1.0, 1.0, 0.0]);
+    assert_eq!(out[1].to_f64_vec(), vec![10.5, 6.5, 2.5]);
+}
+
+/// An RNN over `steps` time steps of batch `batch` (hidden size 1), its
+/// weights graph inputs so that only declared shapes matter.
+fn rnn_model(steps: i64, batch: i64) -> ModelProto {
+    let mut n = node("RNN", "rnn", &["x", "w", "r"], &["y"]);
+    n.attribute.push(attr_i("hidden_size", 1));
+    model(
+        vec![n],
+        vec![
+            f32_input("x", &[steps, batch, 1]),
+            f32_input("w", &[1, 1, 1]),
+            f32_input("r", &[1, 1, 1]),
+        ],
+        &["y"],
+        vec![],
+    )
+}
+
+#[test]
+fn recurrences_too_long_to_unroll_are_refused_before_allocating() {
+    // Found by the fuzz smoke run: 2^32 steps allocated 34 GB.
+    let e = err(&rnn_model(1 << 32, 1));
+    assert!(matches!(e, OnnxError::Unsupported(_)), "{e:?}");
+    assert!(e.to_string().contains("4294967296 time steps"), "{e}");
+    let e = err(&rnn_model(2, 1 << 40));
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    import_model(&rnn_model(3, 2), None, &ImportOptions::default()).expect("a short RNN imports");
 }

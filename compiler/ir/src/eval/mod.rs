@@ -47,6 +47,17 @@ pub const FOLD_WORK_LIMIT: u64 = 1 << 26;
 /// fold constants bound it, so a small model cannot make them compute for
 /// hours (a 1 KB model can declare a constant Conv of 2^40 multiply-adds).
 pub fn work(op: &Op, inputs: &[&ValueType], output: &ValueType) -> u64 {
+    // A fused kernel: its head's work, then one program step per element
+    // read or written.
+    if let Op::Fused(k) = op {
+        let n = k.head().map_or(0, |h| h.inputs.min(inputs.len()));
+        let head = k
+            .head()
+            .map_or(0, |h| work(&h.op.op(), &inputs[..n], output));
+        let steps = k.body().instrs().len() as u64;
+        let body = work(&Op::Unary(crate::UnaryOp::Relu), &inputs[n..], output);
+        return head.saturating_add(body.saturating_mul(steps));
+    }
     let elems = |t: &ValueType| (t.shape.iter()).fold(1u64, |acc, &d| acc.saturating_mul(d as u64));
     let out = elems(output);
     let reduction = match op {

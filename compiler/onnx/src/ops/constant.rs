@@ -108,3 +108,28 @@ pub fn constant_of_shape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
     one(ctx.constant(Tensor::new(&shape, data).expect("count matches"), name))
 }
+
+/// `EyeLike`: ones on diagonal `k` of a 2-D shape (the input's), as a
+/// constant of `dtype` (default: the input's type).
+pub fn eye_like(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() != 2 {
+        return Err(ctx.invalid(format!("EyeLike needs a 2-D input, got {xt}")));
+    }
+    let name = ctx.node_name().to_string();
+    let dtype = match ctx.attr_i(node, "dtype")? {
+        Some(code) => dtype_or_err(code as i32, &format!("{name}.dtype"))?,
+        None => xt.dtype,
+    };
+    let k = ctx.attr_i_or(node, "k", 0)?;
+    let (rows, cols) = (xt.shape[0], xt.shape[1]);
+    let ones = (0..rows * cols).map(|f| i64::from((f % cols) as i64 - (f / cols) as i64 == k));
+    let data = if dtype.is_float() {
+        Data::from_f64s(dtype, ones.map(|v| v as f64))
+    } else {
+        Data::from_i64s(dtype, ones)
+    };
+    let t = Tensor::new([rows, cols], data).expect("rows*cols");
+    one(ctx.generated_constant(t, name)?)
+}

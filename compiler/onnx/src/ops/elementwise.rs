@@ -4,7 +4,7 @@
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, DType, Data, Op, Tensor, UnaryOp};
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, Tensor, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -296,6 +296,13 @@ pub fn clip(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             ctx.attr_f_or(node, "max", f32::INFINITY)?,
         )
     } else {
+        let runtime = |i: usize| {
+            ctx.opt_input(node, i)
+                .is_some_and(|v| ctx.konst(v).is_none())
+        };
+        if runtime(1) || runtime(2) {
+            return clip_by_values(ctx, node);
+        }
         let limit = |ctx: &ImportCtx, i: usize, default: f32| -> Result<f32, OnnxError> {
             match ctx.opt_const_input(node, i)? {
                 None => Ok(default),
@@ -312,6 +319,99 @@ pub fn clip(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         )
     };
     unary(ctx, node, UnaryOp::Clip { min, max })
+}
+
+/// `Clip` with a run-time limit: `min(max(x, lo), hi)` as broadcasting
+/// binary ops (a limit above the other gives `hi`, as numpy's clip does).
+fn clip_by_values(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let dt = ctx.ty(x).dtype;
+    let mut y = x;
+    for (i, op, tag) in [
+        (1, BinaryOp::Max, "at_least_min"),
+        (2, BinaryOp::Min, "at_most_max"),
+    ] {
+        let Some(l) = ctx.opt_input(node, i) else {
+            continue;
+        };
+        if ctx.ty(l).num_elements() != 1 {
+            return Err(ctx.bad_attr(
+                if i == 1 { "min" } else { "max" },
+                format!("must be a scalar, got {}", ctx.ty(l)),
+            ));
+        }
+        let l = reshape_to(ctx, l, &[], Some(&format!("{tag}_scalar")))?;
+        let l = cast_to(ctx, l, dt, &format!("{tag}_cast"))?;
+        y = ctx.op(Op::Binary(op), &[y, l], Some(tag))?;
+    }
+    one(y)
+}
+
+/// `IsNaN`: `x != x`.
+pub fn is_nan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    if !ctx.ty(x).dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {}", ctx.ty(x))));
+    }
+    let same = ctx.op(Op::Compare(CompareOp::Equal), &[x, x], Some("self_equal"))?;
+    one(ctx.op(Op::Not, &[same], None)?)
+}
+
+/// `IsInf` (`detect_positive`/`detect_negative`, both on by default):
+/// equality with the infinities.
+pub fn is_inf(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let dt = ctx.ty(x).dtype;
+    if !dt.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {}", ctx.ty(x))));
+    }
+    let pos = ctx.attr_i_or(node, "detect_positive", 1)? != 0;
+    let neg = ctx.attr_i_or(node, "detect_negative", 1)? != 0;
+    let mut hit: Option<Val> = None;
+    for (on, v, tag) in [
+        (pos, f64::INFINITY, "pos_inf"),
+        (neg, f64::NEG_INFINITY, "neg_inf"),
+    ] {
+        if !on {
+            continue;
+        }
+        let c = scalar(ctx, dt, v, tag);
+        let h = ctx.op(
+            Op::Compare(CompareOp::Equal),
+            &[x, c],
+            Some(&format!("is_{tag}")),
+        )?;
+        hit = Some(match hit {
+            None => h,
+            Some(p) => ctx.op(Op::Logical(LogicalOp::Or), &[p, h], Some("either"))?,
+        });
+    }
+    match hit {
+        Some(h) => one(h),
+        None => {
+            // Neither sign detected: all false.
+            let n = ctx.ty(x).num_elements();
+            let shape = ctx.ty(x).shape.clone();
+            let t = Tensor::new(&shape, Data::Bool(vec![false; n])).expect("n");
+            let name = ctx.node_name().to_string();
+            one(ctx.generated_constant(t, name)?)
+        }
+    }
+}
+
+/// `Swish` (opset 24): `x · sigmoid(alpha · x)`.
+pub fn swish(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    let dt = ctx.ty(x).dtype;
+    let ax = if alpha == 1.0 {
+        x
+    } else {
+        let a = scalar(ctx, dt, alpha as f64, "alpha");
+        ctx.op(Op::Binary(BinaryOp::Mul), &[x, a], Some("scaled"))?
+    };
+    let s = ctx.op(Op::Unary(UnaryOp::Sigmoid), &[ax], Some("gate"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Mul), &[x, s], None)?)
 }
 
 /// `Softmax`. Before opset 13 it normalizes over the input flattened to 2-D
@@ -344,4 +444,54 @@ pub fn softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let flat = reshape_to(ctx, x, &[outer, inner], Some("flatten"))?;
     let sm = ctx.op(Op::Softmax { axis: 1 }, &[flat], Some("softmax"))?;
     one(reshape_to(ctx, sm, &shape, None)?)
+}
+
+/// `LogSoftmax` in the stable form `d - log(Σ exp(d))` with `d = x - max(x)`.
+/// Before opset 13 over the input flattened to 2-D at `axis` (default 1),
+/// from 13 over the single `axis` (default -1).
+pub fn log_softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let shape = ctx.ty(x).shape.clone();
+    let rank = shape.len();
+    let (view, axis) = if ctx.opset >= 13 {
+        let axis = ctx.attr_i_or(node, "axis", -1)?;
+        (x, ctx.axis("axis", axis, rank)?)
+    } else {
+        let axis = ctx.attr_i_or(node, "axis", 1)?;
+        let a = if axis < 0 { axis + rank as i64 } else { axis };
+        if a < 0 || a as usize > rank {
+            return Err(ctx.bad_attr(
+                "axis",
+                format!("axis {axis} is out of range for rank {rank}"),
+            ));
+        }
+        let a = a as usize;
+        let outer: usize = shape[..a].iter().product();
+        let inner: usize = shape[a..].iter().product();
+        (reshape_to(ctx, x, &[outer, inner], Some("flatten"))?, 1)
+    };
+    if !ctx.ty(x).dtype.is_float() {
+        return Err(ctx.unsupported(format!("LogSoftmax on {}", ctx.ty(x).dtype)));
+    }
+    let y = log_softmax_along(ctx, view, axis)?;
+    one(reshape_to(ctx, y, &shape, None)?)
+}
+
+/// `x - max - log(Σ exp(x - max))` along `axis`.
+pub(crate) fn log_softmax_along(
+    ctx: &mut ImportCtx,
+    view: Val,
+    axis: usize,
+) -> Result<Val, OnnxError> {
+    let reduce = |op| Op::Reduce {
+        op,
+        axes: [axis].into_iter().collect(),
+        keep_dims: true,
+    };
+    let m = ctx.op(reduce(kiln_ir::ReduceOp::Max), &[view], Some("max"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[view, m], Some("shifted"))?;
+    let e = ctx.op(Op::Unary(UnaryOp::Exp), &[d], Some("exp"))?;
+    let s = ctx.op(reduce(kiln_ir::ReduceOp::Sum), &[e], Some("sum"))?;
+    let l = ctx.op(Op::Unary(UnaryOp::Log), &[s], Some("log_sum"))?;
+    ctx.op(Op::Binary(BinaryOp::Sub), &[d, l], Some("log_softmax"))
 }

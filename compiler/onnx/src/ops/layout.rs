@@ -6,7 +6,7 @@ use super::one;
 use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
 use crate::OnnxError;
-use kiln_ir::{infer::broadcast_shapes, Op, SliceAxis};
+use kiln_ir::{infer::broadcast_shapes, Data, Op, SliceAxis, Tensor};
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::NodeProto;
 
@@ -126,8 +126,9 @@ pub fn identity(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.input(node, 0)?)
 }
 
-/// `Dropout` at inference: an alias. A used `mask` output is rejected up
-/// front; a constant `training_mode` of true is unsupported.
+/// `Dropout` at inference: an alias, with an all-true `mask` (opset 10+;
+/// an older, non-boolean mask is rejected up front); a constant
+/// `training_mode` of true is unsupported.
 pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if ctx.opset >= 12 {
         if let Some(t) = ctx.opt_const_input(node, 2)? {
@@ -136,7 +137,17 @@ pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             }
         }
     }
-    one(ctx.input(node, 0)?)
+    let x = ctx.input(node, 0)?;
+    if node.output.len() < 2 || node.output[1].is_empty() {
+        return one(x);
+    }
+    // The mask of an inference-mode Dropout keeps everything.
+    let shape = ctx.ty(x).shape.clone();
+    let n = ctx.ty(x).num_elements();
+    let mask = Tensor::new(&shape, Data::Bool(vec![true; n])).expect("n elements");
+    let name = format!("{}/mask", ctx.node_name());
+    let mask = ctx.generated_constant(mask, name)?;
+    Ok(vec![x, mask])
 }
 
 /// `Gather` along `axis` (negative allowed).

@@ -9,15 +9,24 @@ use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use tract_onnx::pb::NodeProto;
 
+pub mod attention;
 pub mod constant;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
+pub mod index;
 pub mod layout;
 pub mod linalg;
 pub mod logic;
+pub mod loss;
+pub mod movement;
 pub mod norm;
 pub mod pool;
+pub mod quant;
+pub mod recurrent;
 pub mod reduce;
+pub mod sample;
+pub mod scatter;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -76,6 +85,17 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Mod" => e::modulo,
         "PRelu" => e::prelu,
         "LayerNormalization" => norm::layer_norm,
+        "RMSNormalization" => norm::rms_norm,
+        "NegativeLogLikelihoodLoss" => loss::nll_loss,
+        "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy_loss,
+        "Attention" => attention::attention,
+        "RotaryEmbedding" => attention::rotary_embedding,
+        "LpNormalization" => norm::lp_norm,
+        "QuantizeLinear" => quant::quantize_linear,
+        "DequantizeLinear" => quant::dequantize_linear,
+        "DynamicQuantizeLinear" => quant::dynamic_quantize_linear,
+        "MatMulInteger" => quant::matmul_integer,
+        "QLinearMatMul" => quant::qlinear_matmul,
         "Resize" => conv::resize,
         "Upsample" => conv::upsample,
         "ConvTranspose" => conv::conv_transpose,
@@ -125,6 +145,42 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Constant" => constant::constant,
         "Shape" => constant::shape,
         "ConstantOfShape" => constant::constant_of_shape,
+        "LogSoftmax" => e::log_softmax,
+        "InstanceNormalization" => norm::instance_norm,
+        "GroupNormalization" => norm::group_norm,
+        "Split" => movement::split,
+        "Tile" => movement::tile,
+        "Pad" => movement::pad,
+        "DepthToSpace" => movement::depth_to_space,
+        "SpaceToDepth" => movement::space_to_depth,
+        "Trilu" => movement::trilu,
+        "Range" => index::range,
+        "Size" => index::size,
+        "ArgMax" => index::arg_max,
+        "ArgMin" => index::arg_min,
+        "Hardmax" => index::hardmax,
+        "OneHot" => index::one_hot,
+        "GatherElements" => index::gather_elements,
+        "GatherND" => index::gather_nd,
+        "CumSum" => index::cumsum,
+        "CumProd" => index::cumprod,
+        "Einsum" => einsum::einsum,
+        "TopK" => index::top_k,
+        "NonZero" => index::non_zero,
+        "GridSample" => sample::grid_sample,
+        "RNN" => recurrent::rnn,
+        "GRU" => recurrent::gru,
+        "LSTM" => recurrent::lstm,
+        "IsNaN" => e::is_nan,
+        "IsInf" => e::is_inf,
+        "Swish" => e::swish,
+        "EyeLike" => constant::eye_like,
+        "LpPool" => pool::lp_pool,
+        "LRN" => norm::lrn,
+        "MeanVarianceNormalization" => norm::mean_variance_norm,
+        "ScatterND" => scatter::scatter_nd,
+        "ScatterElements" => scatter::scatter_elements,
+        "Scatter" => scatter::scatter_elements,
         _ => return None,
     })
 }
@@ -132,9 +188,6 @@ pub fn builder(op_type: &str) -> Option<Builder> {
 /// Why an op type Kiln does not implement is unsupported.
 pub fn missing_op_hint(op_type: &str) -> String {
     match op_type {
-        "LSTM" | "GRU" | "RNN" => {
-            format!("Kiln does not implement {op_type} yet (recurrent layers are not supported)")
-        }
         "Loop" | "If" | "Scan" => {
             format!("Kiln does not implement {op_type} yet (control flow needs static graphs)")
         }
@@ -154,7 +207,7 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
         "MaxPool" if used_output(1) => {
             Some("the 'Indices' output of MaxPool is not supported".into())
         }
-        "Dropout" if used_output(1) => {
+        "Dropout" if used_output(1) && opset < 10 => {
             Some("the 'mask' output of Dropout is not supported (inference only)".into())
         }
         "BatchNormalization" => {
@@ -166,10 +219,6 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
                 None
             }
         }
-        "LayerNormalization" if used_output(1) || used_output(2) => Some(
-            "the Mean and InvStdDev outputs of LayerNormalization (training) are not supported"
-                .into(),
-        ),
         "Resize" if attr_i("antialias") == Some(1) => {
             Some("antialiased Resize is not supported".into())
         }

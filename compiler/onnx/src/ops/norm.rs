@@ -6,7 +6,7 @@ use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, Data, Op, Tensor, UnaryOp};
+use kiln_ir::{BinaryOp, Data, Op, ReduceOp, Tensor, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -122,5 +122,301 @@ pub fn layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         };
         inputs.push(p);
     }
-    one(ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?)
+    let y = ctx.op(Op::LayerNorm { axis, epsilon }, &inputs, None)?;
+    let wants = |i: usize| node.output.get(i).is_some_and(|n| !n.is_empty());
+    if !wants(1) && !wants(2) {
+        return one(y);
+    }
+    // The statistics outputs, kept-dim shaped, from their own reductions.
+    let (mean, inv_std) = moments(ctx, x, axis, epsilon)?;
+    Ok(vec![y, mean, inv_std])
+}
+
+/// The mean and `1/sqrt(var + epsilon)` of `x` over the axes from `axis`
+/// on, with the reduced axes kept as size 1.
+fn moments(
+    ctx: &mut ImportCtx,
+    x: Val,
+    axis: usize,
+    epsilon: f32,
+) -> Result<(Val, Val), OnnxError> {
+    let xt = ctx.ty(x).clone();
+    let mean_of = || Op::Reduce {
+        op: ReduceOp::Mean,
+        axes: (axis..xt.shape.len()).collect(),
+        keep_dims: true,
+    };
+    let mean = ctx.op(mean_of(), &[x], Some("mean"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[x, mean], Some("centered"))?;
+    let d2 = ctx.op(Op::Binary(BinaryOp::Mul), &[d, d], Some("squared"))?;
+    let var = ctx.op(mean_of(), &[d2], Some("variance"))?;
+    let e = scalar(ctx, xt.dtype, epsilon as f64, "epsilon");
+    let ve = ctx.op(Op::Binary(BinaryOp::Add), &[var, e], Some("var_eps"))?;
+    let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+    let inv = ctx.op(Op::Unary(UnaryOp::Reciprocal), &[sd], Some("inv_std"))?;
+    Ok((mean, inv))
+}
+
+/// `RMSNormalization` (opset 23): `x / sqrt(mean(x²) + epsilon) * scale`
+/// over the axes from `axis` (default -1) on; Scale broadcasts to X.
+pub fn rms_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, rank)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    if ctx.attr_i_or(node, "stash_type", 1)? != 1 {
+        return Err(
+            ctx.unsupported("RMSNormalization with stash_type other than 1 (float32 statistics)")
+        );
+    }
+    let x2 = ctx.op(Op::Binary(BinaryOp::Mul), &[x, x], Some("squared"))?;
+    let ms = ctx.op(
+        Op::Reduce {
+            op: ReduceOp::Mean,
+            axes: (axis..rank).collect(),
+            keep_dims: true,
+        },
+        &[x2],
+        Some("mean_square"),
+    )?;
+    let e = scalar(ctx, xt.dtype, epsilon as f64, "epsilon");
+    let me = ctx.op(Op::Binary(BinaryOp::Add), &[ms, e], Some("mean_square_eps"))?;
+    let rms = ctx.op(Op::Unary(UnaryOp::Sqrt), &[me], Some("rms"))?;
+    let n = ctx.op(Op::Binary(BinaryOp::Div), &[x, rms], Some("normalized"))?;
+    let scale = cast_to(ctx, scale, xt.dtype, "scale_cast")?;
+    one(ctx.op(Op::Binary(BinaryOp::Mul), &[n, scale], None)?)
+}
+
+/// Normalizes `x` over groups: `x` viewed as `[N, groups, rest]` goes
+/// through a LayerNorm on its last axis (unit scale), comes back as
+/// `[N, C, S]`, and the per-channel (or, with `per_group`, per-group)
+/// `scale` and `bias` apply. InstanceNormalization is the case
+/// `groups == C`.
+fn grouped_norm(
+    ctx: &mut ImportCtx,
+    x: Val,
+    groups: usize,
+    scale: Val,
+    bias: Val,
+    epsilon: f32,
+    per_group: bool,
+) -> Result<Val, OnnxError> {
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() < 2 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor with channels, got {xt}")));
+    }
+    let (n, c) = (xt.shape[0], xt.shape[1]);
+    if groups == 0 || !c.is_multiple_of(groups) {
+        return Err(ctx.invalid(format!("{c} channels do not split into {groups} groups")));
+    }
+    let s: usize = xt.shape[2..].iter().product();
+    let rest = c / groups * s;
+    let want = if per_group { groups } else { c };
+    for (p, name) in [(scale, "scale"), (bias, "bias")] {
+        if ctx.ty(p).num_elements() != want {
+            return Err(ctx.invalid(format!(
+                "{name} has {} elements, expected {want}",
+                ctx.ty(p).num_elements()
+            )));
+        }
+    }
+    let v = reshape_to(ctx, x, &[n, groups, rest], Some("groups"))?;
+    let ones = Tensor::new(
+        [rest],
+        Data::from_f64s(xt.dtype, std::iter::repeat_n(1.0, rest)),
+    )
+    .expect("rest");
+    let ones = super::index::gen_const(ctx, ones, "unit_scale")?;
+    let normed = ctx.op(
+        Op::LayerNorm { axis: 2, epsilon },
+        &[v, ones],
+        Some("normalized"),
+    )?;
+    let (view, pshape): (Vec<usize>, Vec<usize>) = if per_group {
+        (vec![n, groups, rest], vec![groups, 1])
+    } else {
+        (vec![n, c, s], vec![c, 1])
+    };
+    let y = reshape_to(ctx, normed, &view, Some("channels"))?;
+    let sc = cast_to(ctx, scale, xt.dtype, "scale_cast")?;
+    let sc = reshape_to(ctx, sc, &pshape, Some("scale_view"))?;
+    let bi = cast_to(ctx, bias, xt.dtype, "bias_cast")?;
+    let bi = reshape_to(ctx, bi, &pshape, Some("bias_view"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[y, sc], Some("scaled"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Add), &[y, bi], Some("shifted"))?;
+    reshape_to(ctx, y, &xt.shape, Some("out"))
+}
+
+/// `InstanceNormalization`: statistics per sample and channel.
+pub fn instance_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let bias = ctx.input(node, 2)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    let c = ctx.ty(x).shape.get(1).copied().unwrap_or(0);
+    one(grouped_norm(ctx, x, c, scale, bias, epsilon, false)?)
+}
+
+/// `GroupNormalization`: statistics per sample and group of channels. Opset
+/// 18 scales per group, opset 21 per channel.
+pub fn group_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let bias = ctx.input(node, 2)?;
+    let epsilon = ctx.attr_f_or(node, "epsilon", 1e-5)?;
+    let groups = ctx
+        .attr_i(node, "num_groups")?
+        .ok_or_else(|| ctx.bad_attr("num_groups", "is required"))?;
+    if groups < 1 {
+        return Err(ctx.bad_attr("num_groups", format!("must be positive, got {groups}")));
+    }
+    if ctx.attr_i_or(node, "stash_type", 1)? != 1 {
+        return Err(
+            ctx.unsupported("GroupNormalization with stash_type other than 1 (float32 statistics)")
+        );
+    }
+    let per_group = ctx.opset < 21;
+    one(grouped_norm(
+        ctx,
+        x,
+        groups as usize,
+        scale,
+        bias,
+        epsilon,
+        per_group,
+    )?)
+}
+
+/// `LpNormalization`: `x / ‖x‖_p` along `axis` (default -1), p = 1 or 2.
+pub fn lp_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axis = ctx.attr_i_or(node, "axis", -1)?;
+    let axis = ctx.axis("axis", axis, xt.shape.len())?;
+    let op = match ctx.attr_i_or(node, "p", 2)? {
+        1 => ReduceOp::L1,
+        2 => ReduceOp::L2,
+        p => return Err(ctx.bad_attr("p", format!("must be 1 or 2, got {p}"))),
+    };
+    let norm = ctx.op(
+        Op::Reduce {
+            op,
+            axes: [axis].into_iter().collect(),
+            keep_dims: true,
+        },
+        &[x],
+        Some("norm"),
+    )?;
+    // A zero norm means a zero slice, which stays zero (the reference
+    // divides by 1 there instead of producing NaN).
+    let zero = scalar(ctx, xt.dtype, 0.0, "zero");
+    let unit = scalar(ctx, xt.dtype, 1.0, "one");
+    let null = ctx.op(
+        Op::Compare(kiln_ir::CompareOp::Equal),
+        &[norm, zero],
+        Some("is_zero"),
+    )?;
+    let safe = ctx.op(Op::Where, &[null, unit, norm], Some("safe_norm"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[x, safe], None)?)
+}
+
+/// `LRN`: `x / (bias + alpha/size · Σ x²)^beta`, the sum over the `size`
+/// channels around each one (zero beyond the edges), as shifted slices of
+/// the zero-padded squares.
+pub fn lrn(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() < 2 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float [N, C, ..] tensor, got {xt}")));
+    }
+    let size = ctx
+        .attr_i(node, "size")?
+        .ok_or_else(|| ctx.bad_attr("size", "is required"))?;
+    if size < 1 {
+        return Err(ctx.bad_attr("size", format!("must be positive, got {size}")));
+    }
+    let size = size as usize;
+    let alpha = ctx.attr_f_or(node, "alpha", 1e-4)? as f64;
+    let beta = ctx.attr_f_or(node, "beta", 0.75)? as f64;
+    let bias = ctx.attr_f_or(node, "bias", 1.0)? as f64;
+    let c = xt.shape[1];
+    let (lo, hi) = ((size - 1) / 2, size / 2);
+    let sq = ctx.op(Op::Binary(BinaryOp::Mul), &[x, x], Some("square"))?;
+    let mut parts = Vec::with_capacity(3);
+    let zeros = |ctx: &mut ImportCtx, n: usize, tag: &str| {
+        let mut s = xt.shape.to_vec();
+        s[1] = n;
+        let z = Tensor::new(&s, Data::zeros(xt.dtype, s.iter().product())).expect("zeros");
+        super::index::gen_const(ctx, z, tag)
+    };
+    if lo > 0 {
+        parts.push(zeros(ctx, lo, "pad_lo")?);
+    }
+    parts.push(sq);
+    if hi > 0 {
+        parts.push(zeros(ctx, hi, "pad_hi")?);
+    }
+    let padded = if parts.len() == 1 {
+        sq
+    } else {
+        ctx.op(Op::Concat { axis: 1 }, &parts, Some("padded"))?
+    };
+    let mut sum: Option<Val> = None;
+    for i in 0..size {
+        let s = super::movement::slice_along(ctx, padded, 1, i, 1, c, &format!("window{i}"))?;
+        sum = Some(match sum {
+            None => s,
+            Some(p) => ctx.op(Op::Binary(BinaryOp::Add), &[p, s], Some(&format!("sum{i}")))?,
+        });
+    }
+    let sum = sum.expect("size ≥ 1");
+    let a = scalar(ctx, xt.dtype, alpha / size as f64, "alpha_over_size");
+    let b = scalar(ctx, xt.dtype, bias, "bias");
+    let e = scalar(ctx, xt.dtype, beta, "beta");
+    let t = ctx.op(Op::Binary(BinaryOp::Mul), &[sum, a], Some("scaled"))?;
+    let t = ctx.op(Op::Binary(BinaryOp::Add), &[t, b], Some("biased"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Pow), &[t, e], Some("denominator"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[x, d], None)?)
+}
+
+/// `MeanVarianceNormalization`: `(x - mean) / sqrt(var + 1e-9)` over `axes`
+/// (default N, H, W).
+pub fn mean_variance_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    if !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let axes = ctx
+        .attr_ints(node, "axes")?
+        .unwrap_or_else(|| vec![0, 2, 3]);
+    let mut axes: kiln_ir::Ints = axes
+        .iter()
+        .map(|&a| ctx.axis("axes", a, rank))
+        .collect::<Result<_, _>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let mean_of = || Op::Reduce {
+        op: ReduceOp::Mean,
+        axes: axes.clone(),
+        keep_dims: true,
+    };
+    let mean = ctx.op(mean_of(), &[x], Some("mean"))?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[x, mean], Some("centered"))?;
+    let d2 = ctx.op(Op::Binary(BinaryOp::Mul), &[d, d], Some("squared"))?;
+    let var = ctx.op(mean_of(), &[d2], Some("variance"))?;
+    let e = scalar(ctx, xt.dtype, 1e-9, "epsilon");
+    let ve = ctx.op(Op::Binary(BinaryOp::Add), &[var, e], Some("var_eps"))?;
+    let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+    one(ctx.op(Op::Binary(BinaryOp::Div), &[d, sd], None)?)
 }

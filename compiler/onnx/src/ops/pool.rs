@@ -2,11 +2,11 @@
 //! global pools.
 
 use super::conv::{lift, spatial_rank, window};
-use super::elementwise::reshape_to;
+use super::elementwise::{reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{Op, Pool2d};
+use kiln_ir::{BinaryOp, Op, Pool2d, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -14,6 +14,18 @@ type R = Result<Vec<Val>, OnnxError>;
 /// Builds a windowed pool; `make` turns the resolved window into the op.
 fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R {
     let x = ctx.input(node, 0)?;
+    pool_of(ctx, node, x, make, None)
+}
+
+/// [`pool`] on the value `x` (not necessarily the node's input); `suffix`
+/// names the result (`None`: the node's own output).
+fn pool_of(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    make: impl Fn(Pool2d) -> Op,
+    suffix: Option<&str>,
+) -> R {
     let nsp = spatial_rank(ctx, x, "pools")?;
     let xs = ctx.ty(x).shape.clone();
     let kernel = match ctx.attr_ints(node, "kernel_shape")? {
@@ -44,12 +56,12 @@ fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R
         ceil_mode,
     });
     if nsp == 2 {
-        return one(ctx.op(op, &[x], None)?);
+        return one(ctx.op(op, &[x], suffix)?);
     }
     let x4 = lift(ctx, x, "x2d")?;
     let y = ctx.op(op, &[x4], Some("pool2d"))?;
     let ys = ctx.ty(y).shape.clone();
-    one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
+    one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], suffix)?)
 }
 
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`
@@ -77,4 +89,53 @@ pub fn global_average_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn global_max_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     one(ctx.op(Op::GlobalMaxPool, &[x], None)?)
+}
+
+/// `LpPool`: `(Σ |x|^p)^(1/p)` over each window, zero padding included: an
+/// average pool of `|x|^p` counting the padding, times the window size.
+pub fn lp_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let dt = ctx.ty(x).dtype;
+    if !dt.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {}", ctx.ty(x))));
+    }
+    let p = ctx.attr_i_or(node, "p", 2)?;
+    if p < 1 {
+        return Err(ctx.bad_attr("p", format!("must be ≥ 1, got {p}")));
+    }
+    let powered = match p {
+        1 => ctx.op(Op::Unary(UnaryOp::Abs), &[x], Some("abs"))?,
+        2 => ctx.op(Op::Binary(BinaryOp::Mul), &[x, x], Some("square"))?,
+        _ => {
+            let a = ctx.op(Op::Unary(UnaryOp::Abs), &[x], Some("abs"))?;
+            let e = scalar(ctx, dt, p as f64, "p");
+            ctx.op(Op::Binary(BinaryOp::Pow), &[a, e], Some("power"))?
+        }
+    };
+    let mean = pool_of(
+        ctx,
+        node,
+        powered,
+        |pool| Op::AveragePool {
+            pool,
+            count_include_pad: true,
+        },
+        Some("window_mean"),
+    )?[0];
+    let k: i64 = ctx
+        .attr_ints(node, "kernel_shape")?
+        .unwrap_or_default()
+        .iter()
+        .product();
+    let kc = scalar(ctx, dt, k as f64, "window_size");
+    let sum = ctx.op(Op::Binary(BinaryOp::Mul), &[mean, kc], Some("window_sum"))?;
+    let y = match p {
+        1 => sum,
+        2 => ctx.op(Op::Unary(UnaryOp::Sqrt), &[sum], None)?,
+        _ => {
+            let r = scalar(ctx, dt, 1.0 / p as f64, "inv_p");
+            ctx.op(Op::Binary(BinaryOp::Pow), &[sum, r], None)?
+        }
+    };
+    one(y)
 }

@@ -1,0 +1,482 @@
+//! `Attention` (opsets 23-25) decomposed into MatMul, Softmax and masking
+//! arithmetic, following the ONNX reference step by step: 3-D inputs split
+//! into heads, Q and K each scaled by `sqrt(scale)`, the KV cache
+//! concatenated, grouped KV heads repeated, an additive bias built from
+//! `attn_mask`, `is_causal`, the sliding window and `nonpad_kv_seqlen`,
+//! softcap before the bias, and rows whose bias is all `-inf` zeroed.
+
+use super::elementwise::{cast_to, reshape_to, scalar};
+use super::index::gen_const;
+use crate::ctx::{ImportCtx, Val};
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, ReduceOp, Tensor, UnaryOp};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// `[B, S, H·D]` → `[B, H, S, D]`.
+fn split_heads(ctx: &mut ImportCtx, x: Val, heads: usize, tag: &str) -> Result<Val, OnnxError> {
+    let s = ctx.ty(x).shape.clone();
+    if heads == 0 || !s[2].is_multiple_of(heads) {
+        return Err(ctx.invalid(format!(
+            "{tag} hidden size {} does not split into {heads} heads",
+            s[2]
+        )));
+    }
+    let v = reshape_to(
+        ctx,
+        x,
+        &[s[0], s[1], heads, s[2] / heads],
+        Some(&format!("{tag}_heads")),
+    )?;
+    ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1, 3].into_iter().collect(),
+        },
+        &[v],
+        Some(&format!("{tag}_bhsd")),
+    )
+}
+
+/// Where `cond`, 0, else `-inf`, in `dtype`.
+fn bias_from(ctx: &mut ImportCtx, cond: Val, dtype: DType, tag: &str) -> Result<Val, OnnxError> {
+    let zero = scalar(ctx, dtype, 0.0, &format!("{tag}_zero"));
+    let ninf = scalar(ctx, dtype, f64::NEG_INFINITY, &format!("{tag}_ninf"));
+    ctx.op(Op::Where, &[cond, zero, ninf], Some(tag))
+}
+
+/// `Attention`.
+pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let mut q = ctx.input(node, 0)?;
+    let mut k = ctx.input(node, 1)?;
+    let mut v = ctx.input(node, 2)?;
+    let mask = ctx.opt_input(node, 3);
+    let past_k = ctx.opt_input(node, 4);
+    let past_v = ctx.opt_input(node, 5);
+    let nonpad = ctx.opt_input(node, 6);
+    let qt = ctx.ty(q).clone();
+    let dt = qt.dtype;
+    if !dt.is_float() {
+        return Err(ctx.invalid(format!("Q must be a float tensor, got {qt}")));
+    }
+    let rank = qt.shape.len();
+    if rank != 3 && rank != 4 || ctx.ty(k).shape.len() != rank || ctx.ty(v).shape.len() != rank {
+        return Err(ctx.invalid("Q, K and V must all be 3-D or all 4-D"));
+    }
+    if past_k.is_some() != past_v.is_some() {
+        return Err(ctx.invalid("past_key and past_value go together"));
+    }
+    if nonpad.is_some() && past_k.is_some() {
+        return Err(ctx.invalid("nonpad_kv_seqlen cannot be combined with a past cache"));
+    }
+    let q_heads = ctx.attr_i(node, "q_num_heads")?;
+    let kv_heads = ctx.attr_i(node, "kv_num_heads")?;
+    if rank == 3 {
+        let (Some(hq), Some(hkv)) = (q_heads, kv_heads) else {
+            return Err(ctx.bad_attr(
+                "q_num_heads",
+                "3-D inputs need q_num_heads and kv_num_heads",
+            ));
+        };
+        if hq < 1 || hkv < 1 {
+            return Err(ctx.bad_attr("q_num_heads", "head counts must be positive"));
+        }
+        q = split_heads(ctx, q, hq as usize, "q")?;
+        k = split_heads(ctx, k, hkv as usize, "k")?;
+        v = split_heads(ctx, v, hkv as usize, "v")?;
+    }
+    let causal = ctx.attr_i_or(node, "is_causal", 0)? != 0;
+    let softcap = ctx.attr_f_or(node, "softcap", 0.0)?;
+    let mode = ctx.attr_i_or(node, "qk_matmul_output_mode", 0)?;
+    if !(0..=3).contains(&mode) {
+        return Err(ctx.bad_attr("qk_matmul_output_mode", format!("unknown mode {mode}")));
+    }
+    match ctx.attr_i(node, "softmax_precision")? {
+        // f32 or f64 statistics: the f32 softmax is within tolerance of both.
+        None | Some(1) | Some(11) => {}
+        Some(p) => {
+            return Err(ctx.unsupported(format!(
+                "Attention with softmax_precision {p} (only float and double)"
+            )))
+        }
+    }
+    let (left, right) = if ctx.opset >= 25 {
+        (
+            ctx.attr_i_or(node, "left_window_size", -1)?,
+            ctx.attr_i_or(node, "right_window_size", -1)?,
+        )
+    } else {
+        (-1, -1)
+    };
+    if left < -1 || right < -1 {
+        return Err(ctx.bad_attr("left_window_size", "window sizes are -1 or ≥ 0"));
+    }
+    let qs = ctx.ty(q).shape.clone();
+    let (batch, hq, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
+    let scale = match ctx.attr_f(node, "scale")? {
+        Some(s) => s as f64,
+        None => 1.0 / (head as f64).sqrt(),
+    };
+    // The reference rounds sqrt(scale) to the input type before use.
+    let root = scalar(ctx, dt, scale.sqrt() as f32 as f64, "scale_root");
+
+    let mut present_k = k;
+    let mut present_v = v;
+    let past_len = match past_k {
+        Some(pk) => {
+            let len = ctx.ty(pk).shape.get(2).copied().unwrap_or(0);
+            let pv = past_v.expect("checked together");
+            present_k = ctx.op(Op::Concat { axis: 2 }, &[pk, k], Some("present_key"))?;
+            present_v = ctx.op(Op::Concat { axis: 2 }, &[pv, v], Some("present_value"))?;
+            len
+        }
+        None => 0,
+    };
+    let ks = ctx.ty(present_k).shape.clone();
+    let hkv = ks[1];
+    let kv_len = ks[2];
+
+    // The additive bias, broadcastable to [B, Hq, q, kv].
+    let mut bias: Option<Val> = None;
+    if let Some(m) = mask {
+        let mt = ctx.ty(m).clone();
+        let last = *mt.shape.last().unwrap_or(&0);
+        let mut m = if mt.dtype == DType::Bool {
+            bias_from(ctx, m, dt, "mask_bias")?
+        } else {
+            cast_to(ctx, m, dt, "mask_cast")?
+        };
+        if last < kv_len {
+            // A short mask leaves the remaining keys masked.
+            let mut ps: Vec<usize> = mt.shape.to_vec();
+            *ps.last_mut().expect("rank ≥ 1") = kv_len - last;
+            let n: usize = ps.iter().product();
+            let fill = Tensor::new(
+                &ps,
+                Data::from_f64s(dt, std::iter::repeat_n(f64::NEG_INFINITY, n)),
+            )
+            .expect("n");
+            let fill = gen_const(ctx, fill, "mask_fill")?;
+            let axis = mt.shape.len() - 1;
+            m = ctx.op(Op::Concat { axis }, &[m, fill], Some("mask_padded"))?;
+        }
+        bias = Some(m);
+    }
+    // Causal and window masks compare `j - i` with the per-batch offset of
+    // the query block: the past length, or nonpad_kv_seqlen - q_len.
+    let windowed = left >= 0 || right >= 0;
+    if causal || windowed {
+        let rel: Vec<i64> = (0..q_len * kv_len)
+            .map(|f| (f % kv_len) as i64 - (f / kv_len) as i64)
+            .collect();
+        ctx.charge_generated((q_len * kv_len * 8) as u64)?;
+        let rel = gen_const(
+            ctx,
+            Tensor::new([q_len, kv_len], Data::I64(rel)).expect("q*kv"),
+            "key_minus_query",
+        )?;
+        let rel = match (nonpad, past_len) {
+            (Some(np), _) => {
+                let np = cast_to(ctx, np, DType::I64, "nonpad_i64")?;
+                let np = reshape_to(ctx, np, &[batch, 1, 1, 1], Some("nonpad_view"))?;
+                let ql = gen_const(
+                    ctx,
+                    Tensor::new([], Data::I64(vec![q_len as i64])).expect("s"),
+                    "q_len",
+                )?;
+                let off = ctx.op(Op::Binary(BinaryOp::Sub), &[np, ql], Some("offset"))?;
+                ctx.op(Op::Binary(BinaryOp::Sub), &[rel, off], Some("relative"))?
+            }
+            (None, 0) => rel,
+            (None, p) => {
+                let off = gen_const(
+                    ctx,
+                    Tensor::new([], Data::I64(vec![p as i64])).expect("s"),
+                    "offset",
+                )?;
+                ctx.op(Op::Binary(BinaryOp::Sub), &[rel, off], Some("relative"))?
+            }
+        };
+        let bound = |ctx: &mut ImportCtx, cmp, b: i64, tag: &str| -> Result<Val, OnnxError> {
+            let c = gen_const(
+                ctx,
+                Tensor::new([], Data::I64(vec![b])).expect("s"),
+                &format!("{tag}_bound"),
+            )?;
+            ctx.op(Op::Compare(cmp), &[rel, c], Some(tag))
+        };
+        if causal {
+            let allowed = bound(ctx, CompareOp::LessOrEqual, 0, "causal")?;
+            let base = match bias {
+                Some(b) => b,
+                None => scalar(ctx, dt, 0.0, "zero_bias"),
+            };
+            let cb = bias_from(ctx, allowed, dt, "causal_bias")?;
+            bias = Some(ctx.op(
+                Op::Binary(BinaryOp::Add),
+                &[base, cb],
+                Some("causal_masked"),
+            )?);
+        }
+        if windowed {
+            let mut allowed: Option<Val> = None;
+            for (b, cmp, tag) in [
+                (left, CompareOp::GreaterOrEqual, "window_left"),
+                (right, CompareOp::LessOrEqual, "window_right"),
+            ] {
+                if b < 0 {
+                    continue;
+                }
+                let bb = if cmp == CompareOp::GreaterOrEqual {
+                    -b
+                } else {
+                    b
+                };
+                let a = bound(ctx, cmp, bb, tag)?;
+                allowed = Some(match allowed {
+                    None => a,
+                    Some(p) => ctx.op(Op::Logical(LogicalOp::And), &[p, a], Some("window"))?,
+                });
+            }
+            let wb = bias_from(ctx, allowed.expect("windowed"), dt, "window_bias")?;
+            bias = Some(match bias {
+                None => wb,
+                Some(b) => ctx.op(Op::Binary(BinaryOp::Add), &[b, wb], Some("window_masked"))?,
+            });
+        }
+    }
+    if let Some(np) = nonpad {
+        let np = cast_to(ctx, np, DType::I64, "nonpad_len_i64")?;
+        let np = reshape_to(ctx, np, &[batch, 1, 1, 1], Some("nonpad_len_view"))?;
+        let pos = super::index::ramp(ctx, kv_len, 3, 4, DType::I64, "key_positions")?;
+        let valid = ctx.op(Op::Compare(CompareOp::Less), &[pos, np], Some("key_valid"))?;
+        let pb = bias_from(ctx, valid, dt, "padding_bias")?;
+        bias = Some(match bias {
+            None => pb,
+            Some(b) => ctx.op(Op::Binary(BinaryOp::Add), &[b, pb], Some("padding_masked"))?,
+        });
+    }
+
+    // Grouped KV heads: repeat each head for its group of query heads.
+    let (mut kk, mut vv) = (present_k, present_v);
+    if hq != hkv {
+        if hkv == 0 || !hq.is_multiple_of(hkv) {
+            return Err(ctx.invalid(format!("{hq} query heads do not group over {hkv} KV heads")));
+        }
+        let r = hq / hkv;
+        for (x, tag) in [(&mut kk, "k"), (&mut vv, "v")] {
+            let s = ctx.ty(*x).shape.clone();
+            let view = reshape_to(
+                ctx,
+                *x,
+                &[s[0], s[1], 1, s[2], s[3]],
+                Some(&format!("{tag}_group_view")),
+            )?;
+            let e = ctx.op(
+                Op::Expand {
+                    shape: [s[0], s[1], r, s[2], s[3]].into_iter().collect(),
+                },
+                &[view],
+                Some(&format!("{tag}_group_repeat")),
+            )?;
+            *x = reshape_to(
+                ctx,
+                e,
+                &[s[0], hq, s[2], s[3]],
+                Some(&format!("{tag}_grouped")),
+            )?;
+        }
+    }
+
+    let q_scaled = ctx.op(Op::Binary(BinaryOp::Mul), &[q, root], Some("q_scaled"))?;
+    let k_scaled = ctx.op(Op::Binary(BinaryOp::Mul), &[kk, root], Some("k_scaled"))?;
+    let k_t = ctx.op(
+        Op::Transpose {
+            perm: [0, 1, 3, 2].into_iter().collect(),
+        },
+        &[k_scaled],
+        Some("k_transposed"),
+    )?;
+    let mut qk = ctx.op(Op::MatMul, &[q_scaled, k_t], Some("qk"))?;
+    if softcap > 0.0 {
+        let c = scalar(ctx, dt, softcap as f64, "softcap");
+        let d = ctx.op(Op::Binary(BinaryOp::Div), &[qk, c], Some("qk_capped_in"))?;
+        let t = ctx.op(Op::Unary(UnaryOp::Tanh), &[d], Some("qk_tanh"))?;
+        qk = ctx.op(Op::Binary(BinaryOp::Mul), &[t, c], Some("qk_capped"))?;
+    }
+    let qk_bias = match bias {
+        Some(b) => ctx.op(Op::Binary(BinaryOp::Add), &[qk, b], Some("qk_bias"))?,
+        None => qk,
+    };
+    let mut probs = ctx.op(Op::Softmax { axis: 3 }, &[qk_bias], Some("probs"))?;
+    if let Some(b) = bias {
+        // Rows with no attendable key are 0, decided on the bias alone.
+        let brank = ctx.ty(b).shape.len();
+        let bm = ctx.op(
+            Op::Reduce {
+                op: ReduceOp::Max,
+                axes: [brank - 1].into_iter().collect(),
+                keep_dims: true,
+            },
+            &[b],
+            Some("bias_row_max"),
+        )?;
+        let ninf = scalar(ctx, dt, f64::NEG_INFINITY, "row_ninf");
+        let dead = ctx.op(
+            Op::Compare(CompareOp::Equal),
+            &[bm, ninf],
+            Some("row_masked"),
+        )?;
+        let never = ctx
+            .konst(dead)
+            .is_some_and(|t| t.to_i64_vec().iter().all(|&x| x == 0));
+        if !never {
+            let zero = scalar(ctx, dt, 0.0, "row_zero");
+            probs = ctx.op(Op::Where, &[dead, zero, probs], Some("probs_guarded"))?;
+        }
+    }
+    let y = ctx.op(Op::MatMul, &[probs, vv], Some("y_heads"))?;
+    let y = if rank == 3 {
+        let t = ctx.op(
+            Op::Transpose {
+                perm: [0, 2, 1, 3].into_iter().collect(),
+            },
+            &[y],
+            Some("y_bshd"),
+        )?;
+        let s = ctx.ty(t).shape.clone();
+        reshape_to(ctx, t, &[s[0], s[1], s[2] * s[3]], Some("y"))?
+    } else {
+        y
+    };
+    let qk_out = match mode {
+        2 => qk_bias,
+        3 => probs,
+        _ => qk,
+    };
+    Ok(vec![y, present_k, present_v, qk_out])
+}
+
+/// `RotaryEmbedding` (opset 23): the first `rotary_embedding_dim` features
+/// of each head rotate pairwise (halves, or even/odd with `interleaved`) by
+/// the cos/sin caches, gathered by `position_ids` when given.
+pub fn rotary_embedding(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    use super::movement::slice_along;
+    let x = ctx.input(node, 0)?;
+    let cos = ctx.input(node, 1)?;
+    let sin = ctx.input(node, 2)?;
+    let pos = ctx.opt_input(node, 3);
+    let xt = ctx.ty(x).clone();
+    let dt = xt.dtype;
+    if !dt.is_float() {
+        return Err(ctx.invalid(format!("X must be a float tensor, got {xt}")));
+    }
+    let interleaved = ctx.attr_i_or(node, "interleaved", 0)? != 0;
+    let x4 = match xt.shape.len() {
+        4 => ctx.op(
+            Op::Transpose {
+                perm: [0, 2, 1, 3].into_iter().collect(),
+            },
+            &[x],
+            Some("bshd"),
+        )?,
+        3 => {
+            let heads = ctx.attr_i_or(node, "num_heads", 0)?;
+            if heads < 1 || !xt.shape[2].is_multiple_of(heads as usize) {
+                return Err(ctx.bad_attr(
+                    "num_heads",
+                    format!("{heads} does not split a hidden size of {}", xt.shape[2]),
+                ));
+            }
+            let h = heads as usize;
+            let s = &xt.shape;
+            reshape_to(ctx, x, &[s[0], s[1], h, s[2] / h], Some("heads"))?
+        }
+        _ => return Err(ctx.invalid(format!("X must be 3-D or 4-D, got {xt}"))),
+    };
+    let s4 = ctx.ty(x4).shape.clone();
+    let (b, seq, h, d) = (s4[0], s4[1], s4[2], s4[3]);
+    let rd = match ctx.attr_i_or(node, "rotary_embedding_dim", 0)? {
+        0 => d,
+        r if r > 0 && (r as usize) <= d && r % 2 == 0 => r as usize,
+        r => {
+            return Err(ctx.bad_attr(
+                "rotary_embedding_dim",
+                format!("{r} is not an even size up to the head size {d}"),
+            ))
+        }
+    };
+    let half = rd / 2;
+    let mut caches = Vec::with_capacity(2);
+    for (c, tag) in [(cos, "cos"), (sin, "sin")] {
+        let c = cast_to(ctx, c, dt, &format!("{tag}_cast"))?;
+        let c = match pos {
+            Some(p) => ctx.op(Op::Gather { axis: 0 }, &[c, p], Some(&format!("{tag}_at")))?,
+            None => c,
+        };
+        if ctx.ty(c).shape.last() != Some(&half) || ctx.ty(c).num_elements() != b * seq * half {
+            return Err(ctx.invalid(format!(
+                "{tag} cache {} does not give [{b}, {seq}, {half}]",
+                ctx.ty(c)
+            )));
+        }
+        caches.push(reshape_to(
+            ctx,
+            c,
+            &[b, seq, 1, half],
+            Some(&format!("{tag}_view")),
+        )?);
+    }
+    let (cos, sin) = (caches[0], caches[1]);
+    let rot = if rd < d {
+        slice_along(ctx, x4, 3, 0, 1, rd, "rotated_part")?
+    } else {
+        x4
+    };
+    let (x1, x2) = if interleaved {
+        (
+            slice_along(ctx, rot, 3, 0, 2, half, "even")?,
+            slice_along(ctx, rot, 3, 1, 2, half, "odd")?,
+        )
+    } else {
+        (
+            slice_along(ctx, rot, 3, 0, 1, half, "first_half")?,
+            slice_along(ctx, rot, 3, half, 1, half, "second_half")?,
+        )
+    };
+    let mul = |ctx: &mut ImportCtx, a: Val, c: Val, tag: &str| {
+        ctx.op(Op::Binary(BinaryOp::Mul), &[a, c], Some(tag))
+    };
+    let c1 = mul(ctx, cos, x1, "cos_x1")?;
+    let s2 = mul(ctx, sin, x2, "sin_x2")?;
+    let s1 = mul(ctx, sin, x1, "sin_x1")?;
+    let c2 = mul(ctx, cos, x2, "cos_x2")?;
+    let real = ctx.op(Op::Binary(BinaryOp::Sub), &[c1, s2], Some("real"))?;
+    let imag = ctx.op(Op::Binary(BinaryOp::Add), &[s1, c2], Some("imag"))?;
+    let rotated = if interleaved {
+        let r = reshape_to(ctx, real, &[b, seq, h, half, 1], Some("real_pairs"))?;
+        let i = reshape_to(ctx, imag, &[b, seq, h, half, 1], Some("imag_pairs"))?;
+        let p = ctx.op(Op::Concat { axis: 4 }, &[r, i], Some("pairs"))?;
+        reshape_to(ctx, p, &[b, seq, h, rd], Some("rotated"))?
+    } else {
+        ctx.op(Op::Concat { axis: 3 }, &[real, imag], Some("rotated"))?
+    };
+    let full = if rd < d {
+        let rest = slice_along(ctx, x4, 3, rd, 1, d - rd, "passed_part")?;
+        ctx.op(Op::Concat { axis: 3 }, &[rotated, rest], Some("joined"))?
+    } else {
+        rotated
+    };
+    let y = if xt.shape.len() == 4 {
+        ctx.op(
+            Op::Transpose {
+                perm: [0, 2, 1, 3].into_iter().collect(),
+            },
+            &[full],
+            None,
+        )?
+    } else {
+        reshape_to(ctx, full, &xt.shape, None)?
+    };
+    Ok(vec![y])
+}

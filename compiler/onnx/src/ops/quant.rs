@@ -1,0 +1,382 @@
+//! Linear quantization, decomposed into float arithmetic:
+//! `DequantizeLinear` is `(float(x) - float(zero_point)) * scale` and
+//! `QuantizeLinear` is `saturate(round_half_even(x / scale) + zero_point)`,
+//! with per-tensor, per-axis and (opset 21+) blocked scales broadcast to
+//! the input.
+
+use super::elementwise::{cast_to, reshape_to, scalar};
+use super::one;
+use crate::ctx::{ImportCtx, Val};
+use crate::tensor::dtype_or_err;
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, CompareOp, DType, Op, ReduceOp, UnaryOp};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// `p` (a scale or zero point) reshaped and expanded so that it broadcasts
+/// against `shape`: a scalar stays, a 1-D per-axis vector lies along
+/// `axis`, a blocked tensor (same rank) repeats each entry `block` times
+/// along `axis`.
+fn spread(
+    ctx: &mut ImportCtx,
+    p: Val,
+    shape: &[usize],
+    axis: i64,
+    block: usize,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let ps = ctx.ty(p).shape.clone();
+    let n = ctx.ty(p).num_elements();
+    let rank = shape.len();
+    if ps.len() <= 1 && n == 1 {
+        return reshape_to(ctx, p, &[], Some(&format!("{tag}_scalar")));
+    }
+    // The axis only matters (and must be valid) for a per-axis parameter.
+    let axis = ctx.axis("axis", axis, rank)?;
+    if ps.len() == 1 && block == 0 {
+        if n != shape[axis] {
+            return Err(ctx.invalid(format!(
+                "{tag} has {n} entries for an axis of {}",
+                shape[axis]
+            )));
+        }
+        let mut view = vec![1; rank];
+        view[axis] = n;
+        return reshape_to(ctx, p, &view, Some(&format!("{tag}_axis")));
+    }
+    if block == 0 || ps.len() != rank {
+        return Err(ctx.invalid(format!(
+            "{tag} of shape {:?} does not fit an input of shape {shape:?}",
+            ps.as_slice()
+        )));
+    }
+    let d = shape[axis];
+    if ps[axis] != d.div_ceil(block) || (0..rank).any(|k| k != axis && ps[k] != shape[k]) {
+        return Err(ctx.invalid(format!(
+            "blocked {tag} of shape {:?} does not fit {shape:?} with block {block}",
+            ps.as_slice()
+        )));
+    }
+    if !d.is_multiple_of(block) {
+        return Err(ctx.unsupported(format!(
+            "blocked quantization with a partial last block (axis of {d}, block {block})"
+        )));
+    }
+    let mut view: Vec<usize> = ps.to_vec();
+    view.insert(axis + 1, 1);
+    let mut big = view.clone();
+    big[axis + 1] = block;
+    let v = reshape_to(ctx, p, &view, Some(&format!("{tag}_blocks")))?;
+    let e = ctx.op(
+        Op::Expand {
+            shape: big.into_iter().collect(),
+        },
+        &[v],
+        Some(&format!("{tag}_repeat")),
+    )?;
+    reshape_to(ctx, e, shape, Some(&format!("{tag}_blocked")))
+}
+
+/// The axis and block size of a quantization node.
+fn axis_and_block(ctx: &ImportCtx, node: &NodeProto) -> Result<(i64, usize), OnnxError> {
+    let axis = ctx.attr_i_or(node, "axis", 1)?;
+    let block = if ctx.opset >= 21 {
+        ctx.attr_i_or(node, "block_size", 0)?
+    } else {
+        0
+    };
+    if block < 0 {
+        return Err(ctx.bad_attr("block_size", format!("must be ≥ 0, got {block}")));
+    }
+    Ok((axis, block as usize))
+}
+
+/// `DequantizeLinear`: the output has the scale's type (or `output_dtype`,
+/// opset 23+).
+pub fn dequantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let zp = ctx.opt_input(node, 2);
+    let xt = ctx.ty(x).clone();
+    if !xt.dtype.is_int() {
+        return Err(ctx.unsupported(format!("DequantizeLinear of {} input", xt.dtype)));
+    }
+    let (axis, block) = axis_and_block(ctx, node)?;
+    let out = match ctx.attr_i(node, "output_dtype")? {
+        Some(code) if code != 0 && ctx.opset >= 23 => {
+            let what = format!("{}.output_dtype", ctx.node_name());
+            dtype_or_err(code as i32, &what)?
+        }
+        _ => ctx.ty(scale).dtype,
+    };
+    let xf = cast_to(ctx, x, DType::F32, "x_float")?;
+    let centered = match zp {
+        Some(z) => {
+            let z = cast_to(ctx, z, DType::F32, "zero_point_float")?;
+            let z = spread(ctx, z, &xt.shape, axis, block, "zero_point")?;
+            ctx.op(Op::Binary(BinaryOp::Sub), &[xf, z], Some("centered"))?
+        }
+        None => xf,
+    };
+    let s = cast_to(ctx, scale, DType::F32, "scale_float")?;
+    let s = spread(ctx, s, &xt.shape, axis, block, "scale")?;
+    if out == DType::F32 {
+        return one(ctx.op(Op::Binary(BinaryOp::Mul), &[centered, s], None)?);
+    }
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[centered, s], Some("scaled"))?;
+    one(ctx.op(Op::Cast { to: out }, &[y], None)?)
+}
+
+/// `QuantizeLinear`: the output type is the zero point's (or
+/// `output_dtype`, opset 21+; u8 by default), values saturate to its range.
+pub fn quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let scale = ctx.input(node, 1)?;
+    let zp = ctx.opt_input(node, 2);
+    let xt = ctx.ty(x).clone();
+    if !xt.dtype.is_float() && xt.dtype != DType::I32 {
+        return Err(ctx.unsupported(format!("QuantizeLinear of {} input", xt.dtype)));
+    }
+    let (axis, block) = axis_and_block(ctx, node)?;
+    let attr_dtype = match ctx.attr_i(node, "output_dtype")? {
+        Some(code) if code != 0 && ctx.opset >= 21 => {
+            let what = format!("{}.output_dtype", ctx.node_name());
+            Some(dtype_or_err(code as i32, &what)?)
+        }
+        _ => None,
+    };
+    let out = match (zp, attr_dtype) {
+        (_, Some(d)) => d,
+        (Some(z), None) => ctx.ty(z).dtype,
+        (None, None) => DType::U8,
+    };
+    let (lo, hi) = match out {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::I16 => (-32768.0, 32767.0),
+        DType::I32 => (i32::MIN as f32, i32::MAX as f32),
+        d => return Err(ctx.unsupported(format!("QuantizeLinear to {d}"))),
+    };
+    if ctx.attr_i_or(node, "saturate", 1)? == 0 && !out.is_int() {
+        return Err(ctx.unsupported("QuantizeLinear with saturate=0"));
+    }
+    let xf = cast_to(ctx, x, DType::F32, "x_float")?;
+    let s = cast_to(ctx, scale, DType::F32, "scale_float")?;
+    let s = spread(ctx, s, &xt.shape, axis, block, "scale")?;
+    let q = ctx.op(Op::Binary(BinaryOp::Div), &[xf, s], Some("scaled"))?;
+    let mut q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some("rounded"))?;
+    if let Some(z) = zp {
+        let z = cast_to(ctx, z, DType::F32, "zero_point_float")?;
+        let z = spread(ctx, z, &xt.shape, axis, block, "zero_point")?;
+        q = ctx.op(Op::Binary(BinaryOp::Add), &[q, z], Some("shifted"))?;
+    }
+    let q = ctx.op(
+        Op::Unary(UnaryOp::Clip { min: lo, max: hi }),
+        &[q],
+        Some("saturated"),
+    )?;
+    one(ctx.op(Op::Cast { to: out }, &[q], None)?)
+}
+
+/// `DynamicQuantizeLinear`: u8 quantization with the scale and zero point
+/// computed from the input's range (widened to include 0), as in the
+/// reference; outputs y, y_scale and y_zero_point.
+pub fn dynamic_quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    if xt.dtype != DType::F32 {
+        return Err(ctx.unsupported(format!("DynamicQuantizeLinear of {} input", xt.dtype)));
+    }
+    let all = |op| Op::Reduce {
+        op,
+        axes: (0..xt.shape.len()).collect(),
+        keep_dims: false,
+    };
+    let zero = scalar(ctx, DType::F32, 0.0, "zero");
+    let one_ = scalar(ctx, DType::F32, 1.0, "one");
+    let hi = ctx.op(all(ReduceOp::Max), &[x], Some("max"))?;
+    let hi = ctx.op(Op::Binary(BinaryOp::Max), &[hi, zero], Some("max0"))?;
+    let lo = ctx.op(all(ReduceOp::Min), &[x], Some("min"))?;
+    let lo = ctx.op(Op::Binary(BinaryOp::Min), &[lo, zero], Some("min0"))?;
+    let span = ctx.op(Op::Binary(BinaryOp::Sub), &[hi, lo], Some("span"))?;
+    let flat = ctx.op(Op::Compare(CompareOp::Equal), &[hi, lo], Some("flat"))?;
+    let span = ctx.op(Op::Where, &[flat, one_, span], Some("span_nonzero"))?;
+    let levels = scalar(ctx, DType::F32, 255.0, "levels");
+    let scale = ctx.op(Op::Binary(BinaryOp::Div), &[span, levels], Some("y_scale"))?;
+    let shift = ctx.op(Op::Binary(BinaryOp::Div), &[lo, scale], Some("min_scaled"))?;
+    let izp = ctx.op(
+        Op::Binary(BinaryOp::Sub),
+        &[zero, shift],
+        Some("zero_point_exact"),
+    )?;
+    let sat = UnaryOp::Clip {
+        min: 0.0,
+        max: 255.0,
+    };
+    let zp = ctx.op(Op::Unary(sat), &[izp], Some("zero_point_clipped"))?;
+    let zp = ctx.op(Op::Unary(UnaryOp::Round), &[zp], Some("zero_point_float"))?;
+    let q = ctx.op(Op::Binary(BinaryOp::Div), &[x, scale], Some("scaled"))?;
+    let q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some("rounded"))?;
+    let q = ctx.op(Op::Binary(BinaryOp::Add), &[q, zp], Some("shifted"))?;
+    let q = ctx.op(Op::Unary(sat), &[q], Some("saturated"))?;
+    let y = ctx.op(Op::Cast { to: DType::U8 }, &[q], None)?;
+    let zp = ctx.op(Op::Cast { to: DType::U8 }, &[zp], Some("y_zero_point"))?;
+    Ok(vec![y, scale, zp])
+}
+
+/// Largest K for which an f32 dot product of 8-bit differences (each
+/// |a|, |b| ≤ 255) is exact: every partial sum stays below 2^24.
+const EXACT_K: usize = (1 << 24) / (255 * 255);
+
+/// `(a - a_zp) @ (b - b_zp)` exactly, as i32: the f32 MatMul is exact on
+/// K-chunks of at most [`EXACT_K`], whose i32 casts are then added.
+fn int_matmul(
+    ctx: &mut ImportCtx,
+    a: Val,
+    azp: Option<Val>,
+    b: Val,
+    bzp: Option<Val>,
+) -> Result<Val, OnnxError> {
+    for v in [a, b] {
+        let d = ctx.ty(v).dtype;
+        if d != DType::U8 && d != DType::I8 {
+            return Err(ctx.unsupported(format!("integer MatMul of {d} (u8 and i8 only)")));
+        }
+    }
+    let centered = |ctx: &mut ImportCtx, x: Val, zp: Option<Val>, tag: &str| {
+        let xf = cast_to(ctx, x, DType::F32, &format!("{tag}_float"))?;
+        match zp {
+            None => Ok(xf),
+            Some(z) => {
+                let zf = cast_to(ctx, z, DType::F32, &format!("{tag}_zero_point_float"))?;
+                // A per-row (a) or per-column (b) zero point lines up with
+                // its matrix axis; a scalar broadcasts.
+                let zn = ctx.ty(zf).num_elements();
+                let xs = ctx.ty(xf).shape.clone();
+                let r = xs.len();
+                let zf = if zn > 1 && ctx.ty(zf).shape.len() == 1 && r >= 2 {
+                    let mut view = vec![1; r];
+                    let at = if tag == "a" { r - 2 } else { r - 1 };
+                    view[at] = zn;
+                    reshape_to(ctx, zf, &view, Some(&format!("{tag}_zero_point_view")))?
+                } else {
+                    zf
+                };
+                ctx.op(
+                    Op::Binary(BinaryOp::Sub),
+                    &[xf, zf],
+                    Some(&format!("{tag}_centered")),
+                )
+            }
+        }
+    };
+    let af = centered(ctx, a, azp, "a")?;
+    let bf = centered(ctx, b, bzp, "b")?;
+    let (ar, br) = (ctx.ty(af).shape.len(), ctx.ty(bf).shape.len());
+    if ar < 2 || br < 2 {
+        return Err(ctx.unsupported("integer MatMul of vectors (rank < 2)"));
+    }
+    let k = ctx.ty(af).shape[ar - 1];
+    let mut acc: Option<Val> = None;
+    let mut start = 0;
+    let mut chunk = 0;
+    while start < k || (k == 0 && chunk == 0) {
+        let len = EXACT_K.min(k - start);
+        let (ac, bc) = if len == k {
+            (af, bf)
+        } else {
+            (
+                super::movement::slice_along(
+                    ctx,
+                    af,
+                    ar - 1,
+                    start,
+                    1,
+                    len,
+                    &format!("a_k{chunk}"),
+                )?,
+                super::movement::slice_along(
+                    ctx,
+                    bf,
+                    br - 2,
+                    start,
+                    1,
+                    len,
+                    &format!("b_k{chunk}"),
+                )?,
+            )
+        };
+        let p = ctx.op(Op::MatMul, &[ac, bc], Some(&format!("product{chunk}")))?;
+        let p = ctx.op(
+            Op::Cast { to: DType::I32 },
+            &[p],
+            Some(&format!("product{chunk}_i32")),
+        )?;
+        acc = Some(match acc {
+            None => p,
+            Some(s) => ctx.op(
+                Op::Binary(BinaryOp::Add),
+                &[s, p],
+                Some(&format!("sum{chunk}")),
+            )?,
+        });
+        start += len;
+        chunk += 1;
+        if k == 0 {
+            break;
+        }
+    }
+    Ok(acc.expect("at least one chunk"))
+}
+
+/// `MatMulInteger`: exact i32 products of u8/i8 matrices.
+pub fn matmul_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let b = ctx.input(node, 1)?;
+    let azp = ctx.opt_input(node, 2);
+    let bzp = ctx.opt_input(node, 3);
+    one(int_matmul(ctx, a, azp, b, bzp)?)
+}
+
+/// `QLinearMatMul`: the exact integer product, rescaled by
+/// `a_scale·b_scale/y_scale`, rounded half to even, shifted by the output
+/// zero point and saturated to its type.
+pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let a_s = ctx.input(node, 1)?;
+    let azp = ctx.opt_input(node, 2);
+    let b = ctx.input(node, 3)?;
+    let b_s = ctx.input(node, 4)?;
+    let bzp = ctx.opt_input(node, 5);
+    let y_s = ctx.input(node, 6)?;
+    let yzp = ctx.opt_input(node, 7);
+    let out = match yzp {
+        Some(z) => ctx.ty(z).dtype,
+        None => ctx.ty(a).dtype,
+    };
+    let (lo, hi) = match out {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        d => return Err(ctx.unsupported(format!("QLinearMatMul to {d}"))),
+    };
+    let c = int_matmul(ctx, a, azp, b, bzp)?;
+    let c = ctx.op(Op::Cast { to: DType::F32 }, &[c], Some("product_float"))?;
+    let a_s = cast_to(ctx, a_s, DType::F32, "a_scale_float")?;
+    let b_s = cast_to(ctx, b_s, DType::F32, "b_scale_float")?;
+    let y_s = cast_to(ctx, y_s, DType::F32, "y_scale_float")?;
+    let f = ctx.op(Op::Binary(BinaryOp::Mul), &[a_s, b_s], Some("scale_ab"))?;
+    let f = ctx.op(Op::Binary(BinaryOp::Div), &[f, y_s], Some("scale"))?;
+    let mut d = ctx.op(Op::Binary(BinaryOp::Mul), &[c, f], Some("rescaled"))?;
+    if let Some(z) = yzp {
+        let z = cast_to(ctx, z, DType::F32, "y_zero_point_float")?;
+        d = ctx.op(Op::Binary(BinaryOp::Add), &[d, z], Some("shifted"))?;
+    }
+    let d = ctx.op(Op::Unary(UnaryOp::Round), &[d], Some("rounded"))?;
+    let d = ctx.op(
+        Op::Unary(UnaryOp::Clip { min: lo, max: hi }),
+        &[d],
+        Some("saturated"),
+    )?;
+    one(ctx.op(Op::Cast { to: out }, &[d], None)?)
+}

@@ -1,0 +1,401 @@
+//! `GridSample` decomposed like the ONNX reference, one spatial axis at a
+//! time: the grid coordinate is denormalized, rounded (nearest), moved back
+//! inside the borders (border/reflection padding), split into taps (1, 2 or
+//! 4 per axis) with weights, and every combination of taps is one
+//! GatherElements-style gather on the flattened image, weighted and summed.
+//! Taps outside the image read 0 with zeros padding, the clamped or
+//! reflected pixel otherwise.
+
+use super::elementwise::{cast_to, reshape_to, scalar};
+use super::index::gather_along;
+use super::movement::slice_along;
+use super::one;
+use crate::ctx::{ImportCtx, Val};
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, CompareOp, DType, LogicalOp, Op, UnaryOp};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Pad {
+    Zeros,
+    Border,
+    Reflection,
+}
+
+/// One tap along one axis: the pixel index (i64), its weight and, with
+/// zeros padding, whether it lies inside the image.
+struct Tap {
+    index: Val,
+    weight: Option<Val>,
+    valid: Option<Val>,
+}
+
+struct Ops<'a> {
+    tag: &'a str,
+    n: usize,
+}
+
+impl Ops<'_> {
+    fn name(&mut self, s: &str) -> String {
+        self.n += 1;
+        format!("{}_{s}{}", self.tag, self.n)
+    }
+}
+
+fn bin(ctx: &mut ImportCtx, o: &mut Ops, op: BinaryOp, a: Val, b: Val) -> Result<Val, OnnxError> {
+    let name = o.name(op.name());
+    ctx.op(Op::Binary(op), &[a, b], Some(&name))
+}
+
+fn un(ctx: &mut ImportCtx, o: &mut Ops, op: UnaryOp, a: Val) -> Result<Val, OnnxError> {
+    let name = o.name(op.name());
+    ctx.op(Op::Unary(op), &[a], Some(&name))
+}
+
+fn cmp(ctx: &mut ImportCtx, o: &mut Ops, op: CompareOp, a: Val, b: Val) -> Result<Val, OnnxError> {
+    let name = o.name(op.name());
+    ctx.op(Op::Compare(op), &[a, b], Some(&name))
+}
+
+fn sel(ctx: &mut ImportCtx, o: &mut Ops, c: Val, a: Val, b: Val) -> Result<Val, OnnxError> {
+    let name = o.name("where");
+    ctx.op(Op::Where, &[c, a, b], Some(&name))
+}
+
+fn k(ctx: &mut ImportCtx, o: &mut Ops, v: f64) -> Val {
+    let name = o.name("const");
+    scalar(ctx, DType::F32, v, &name)
+}
+
+/// The reference's reflection of `x` into `[lo, hi]` (by the near border,
+/// repeatedly), for values outside; values inside are returned as they are.
+fn reflect(ctx: &mut ImportCtx, o: &mut Ops, x: Val, lo: f64, hi: f64) -> Result<Val, OnnxError> {
+    let rng = hi - lo;
+    if rng <= 0.0 {
+        // A one-pixel axis with aligned corners: everything maps to it.
+        let c = k(ctx, o, lo);
+        let z = k(ctx, o, 0.0);
+        let zx = bin(ctx, o, BinaryOp::Mul, x, z)?;
+        return bin(ctx, o, BinaryOp::Add, zx, c);
+    }
+    let (lo_v, hi_v, rng_v) = (k(ctx, o, lo), k(ctx, o, hi), k(ctx, o, rng));
+    let two = k(ctx, o, 2.0);
+    let zero = k(ctx, o, 0.0);
+    // Below: dx = lo - x; above: dx = x - hi.
+    let below = cmp(ctx, o, CompareOp::Less, x, lo_v)?;
+    let above = cmp(ctx, o, CompareOp::Greater, x, hi_v)?;
+    let d_lo = bin(ctx, o, BinaryOp::Sub, lo_v, x)?;
+    let d_hi = bin(ctx, o, BinaryOp::Sub, x, hi_v)?;
+    let dx = sel(ctx, o, below, d_lo, d_hi)?;
+    let q = bin(ctx, o, BinaryOp::Div, dx, rng_v)?;
+    let nq = un(ctx, o, UnaryOp::Floor, q)?;
+    let nr = bin(ctx, o, BinaryOp::Mul, nq, rng_v)?;
+    let r = bin(ctx, o, BinaryOp::Sub, dx, nr)?;
+    let parity = bin(ctx, o, BinaryOp::Fmod, nq, two)?;
+    let even = cmp(ctx, o, CompareOp::Equal, parity, zero)?;
+    let lo_r = bin(ctx, o, BinaryOp::Add, lo_v, r)?;
+    let hi_r = bin(ctx, o, BinaryOp::Sub, hi_v, r)?;
+    // Below: even → lo + r, odd → hi - r; above: even → hi - r, odd → lo + r.
+    let from_below = sel(ctx, o, even, lo_r, hi_r)?;
+    let from_above = sel(ctx, o, even, hi_r, lo_r)?;
+    let outside = sel(ctx, o, below, from_below, from_above)?;
+    let out = ctx.op(
+        Op::Logical(LogicalOp::Or),
+        &[below, above],
+        Some(&o.name("outside")),
+    )?;
+    sel(ctx, o, out, outside, x)
+}
+
+/// The taps of one axis of size `d` at (denormalized, adjusted) coordinates
+/// `x`.
+fn taps(
+    ctx: &mut ImportCtx,
+    o: &mut Ops,
+    x: Val,
+    d: usize,
+    mode: &str,
+    pad: Pad,
+    border: (f64, f64),
+) -> Result<Vec<Tap>, OnnxError> {
+    // (offset from floor(x), weight) per tap; nearest reads x itself.
+    let mut raw: Vec<(Val, Option<Val>)> = Vec::new();
+    match mode {
+        "nearest" => raw.push((x, None)),
+        "linear" | "cubic" => {
+            let x0 = un(ctx, o, UnaryOp::Floor, x)?;
+            let t = bin(ctx, o, BinaryOp::Sub, x, x0)?;
+            let one_ = k(ctx, o, 1.0);
+            if mode == "linear" {
+                let w0 = bin(ctx, o, BinaryOp::Sub, one_, t)?;
+                let x1 = bin(ctx, o, BinaryOp::Add, x0, one_)?;
+                raw.push((x0, Some(w0)));
+                raw.push((x1, Some(t)));
+            } else {
+                let a = -0.75f64;
+                // Keys' kernel at distances t+1, t, 1-t, 2-t.
+                let far = |ctx: &mut ImportCtx, o: &mut Ops, s: Val| -> Result<Val, OnnxError> {
+                    // ((a·s - 5a)·s + 8a)·s - 4a
+                    let av = k(ctx, o, a);
+                    let v = bin(ctx, o, BinaryOp::Mul, av, s)?;
+                    let c = k(ctx, o, -5.0 * a);
+                    let v = bin(ctx, o, BinaryOp::Add, v, c)?;
+                    let v = bin(ctx, o, BinaryOp::Mul, v, s)?;
+                    let c = k(ctx, o, 8.0 * a);
+                    let v = bin(ctx, o, BinaryOp::Add, v, c)?;
+                    let v = bin(ctx, o, BinaryOp::Mul, v, s)?;
+                    let c = k(ctx, o, -4.0 * a);
+                    bin(ctx, o, BinaryOp::Add, v, c)
+                };
+                let near = |ctx: &mut ImportCtx, o: &mut Ops, s: Val| -> Result<Val, OnnxError> {
+                    // ((a+2)·s - (a+3))·s·s + 1
+                    let c2 = k(ctx, o, a + 2.0);
+                    let v = bin(ctx, o, BinaryOp::Mul, c2, s)?;
+                    let c3 = k(ctx, o, -(a + 3.0));
+                    let v = bin(ctx, o, BinaryOp::Add, v, c3)?;
+                    let v = bin(ctx, o, BinaryOp::Mul, v, s)?;
+                    let v = bin(ctx, o, BinaryOp::Mul, v, s)?;
+                    let c1 = k(ctx, o, 1.0);
+                    bin(ctx, o, BinaryOp::Add, v, c1)
+                };
+                let two = k(ctx, o, 2.0);
+                let tp1 = bin(ctx, o, BinaryOp::Add, t, one_)?;
+                let omt = bin(ctx, o, BinaryOp::Sub, one_, t)?;
+                let tmt = bin(ctx, o, BinaryOp::Sub, two, t)?;
+                let w = [
+                    far(ctx, o, tp1)?,
+                    near(ctx, o, t)?,
+                    near(ctx, o, omt)?,
+                    far(ctx, o, tmt)?,
+                ];
+                for (i, wi) in w.into_iter().enumerate() {
+                    let off = k(ctx, o, i as f64 - 1.0);
+                    let xi = bin(ctx, o, BinaryOp::Add, x0, off)?;
+                    raw.push((xi, Some(wi)));
+                }
+            }
+        }
+        m => return Err(ctx.bad_attr("mode", format!("unknown mode '{m}'"))),
+    }
+    let hi = k(ctx, o, d as f64 - 1.0);
+    let zero = k(ctx, o, 0.0);
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, w) in raw {
+        let (i, valid) = match pad {
+            Pad::Zeros => {
+                let ge = cmp(ctx, o, CompareOp::GreaterOrEqual, i, zero)?;
+                let le = cmp(ctx, o, CompareOp::LessOrEqual, i, hi)?;
+                let v = ctx.op(
+                    Op::Logical(LogicalOp::And),
+                    &[ge, le],
+                    Some(&o.name("inside")),
+                )?;
+                (i, Some(v))
+            }
+            Pad::Border => (i, None),
+            Pad::Reflection if mode == "nearest" => (i, None),
+            Pad::Reflection => (reflect(ctx, o, i, border.0, border.1)?, None),
+        };
+        // Truncate like the reference's int(), then keep the index inside.
+        let idx = ctx.op(Op::Cast { to: DType::I64 }, &[i], Some(&o.name("index")))?;
+        let idx = ctx.op(
+            Op::Unary(UnaryOp::Clip {
+                min: 0.0,
+                max: d as f32 - 1.0,
+            }),
+            &[idx],
+            Some(&o.name("index_clamped")),
+        )?;
+        out.push(Tap {
+            index: idx,
+            weight: w,
+            valid,
+        });
+    }
+    Ok(out)
+}
+
+/// `GridSample` (opset 16 names modes bilinear/bicubic, 20+ linear/cubic
+/// and N-D).
+pub fn grid_sample(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let grid = ctx.input(node, 1)?;
+    let xt = ctx.ty(x).clone();
+    let gt = ctx.ty(grid).clone();
+    let nd = xt.shape.len().saturating_sub(2);
+    if nd == 0 || xt.dtype != DType::F32 || gt.shape.len() != nd + 2 || gt.shape[nd + 1] != nd {
+        return Err(ctx.invalid(format!(
+            "X {xt} and grid {gt} do not form an f32 [N, C, D..] image and an [N, D.., {nd}] grid"
+        )));
+    }
+    if gt.shape[0] != xt.shape[0] {
+        return Err(ctx.invalid("X and grid differ in batch size"));
+    }
+    let mode = ctx.attr_s(node, "mode")?.unwrap_or_else(|| {
+        if ctx.opset < 20 {
+            "bilinear".into()
+        } else {
+            "linear".into()
+        }
+    });
+    let mode = match mode.as_str() {
+        "bilinear" => "linear".to_string(),
+        "bicubic" => "cubic".to_string(),
+        m => m.to_string(),
+    };
+    let pad = match ctx
+        .attr_s(node, "padding_mode")?
+        .unwrap_or_else(|| "zeros".into())
+        .as_str()
+    {
+        "zeros" => Pad::Zeros,
+        "border" => Pad::Border,
+        "reflection" => Pad::Reflection,
+        p => return Err(ctx.bad_attr("padding_mode", format!("unknown padding mode '{p}'"))),
+    };
+    let align = ctx.attr_i_or(node, "align_corners", 0)? != 0;
+    let (n, c) = (xt.shape[0], xt.shape[1]);
+    let dims: Vec<usize> = xt.shape[2..].to_vec();
+    let out_sp: Vec<usize> = gt.shape[1..=nd].to_vec();
+    let p: usize = out_sp.iter().product();
+    let grid = cast_to(ctx, grid, DType::F32, "grid_f32")?;
+    let mut o = Ops { tag: "gs", n: 0 };
+    let mut axes_taps = Vec::with_capacity(nd);
+    for (ax, &d) in dims.iter().enumerate() {
+        // The grid's last axis lists coordinates fastest-axis first.
+        let g = slice_along(
+            ctx,
+            grid,
+            nd + 1,
+            nd - 1 - ax,
+            1,
+            1,
+            &format!("grid_axis{ax}"),
+        )?;
+        let g = reshape_to(ctx, g, &[n, p], Some(&format!("grid_axis{ax}_flat")))?;
+        let df = d as f64;
+        let one_ = k(ctx, &mut o, 1.0);
+        let g1 = bin(ctx, &mut o, BinaryOp::Add, g, one_)?;
+        let mut xv = if align {
+            let s = k(ctx, &mut o, (df - 1.0) / 2.0);
+            bin(ctx, &mut o, BinaryOp::Mul, g1, s)?
+        } else {
+            let s = k(ctx, &mut o, df);
+            let v = bin(ctx, &mut o, BinaryOp::Mul, g1, s)?;
+            let m1 = k(ctx, &mut o, 1.0);
+            let v = bin(ctx, &mut o, BinaryOp::Sub, v, m1)?;
+            let h = k(ctx, &mut o, 0.5);
+            bin(ctx, &mut o, BinaryOp::Mul, v, h)?
+        };
+        if mode == "nearest" {
+            xv = un(ctx, &mut o, UnaryOp::Round, xv)?;
+        }
+        let border = if align {
+            (0.0, df - 1.0)
+        } else {
+            (-0.5, df - 0.5)
+        };
+        match pad {
+            Pad::Zeros => {}
+            Pad::Border => {
+                let lo = k(ctx, &mut o, border.0);
+                let hi = k(ctx, &mut o, border.1);
+                let b = cmp(ctx, &mut o, CompareOp::Less, xv, lo)?;
+                let a = cmp(ctx, &mut o, CompareOp::Greater, xv, hi)?;
+                let out = ctx.op(
+                    Op::Logical(LogicalOp::Or),
+                    &[b, a],
+                    Some(&o.name("outside")),
+                )?;
+                let cl = un(
+                    ctx,
+                    &mut o,
+                    UnaryOp::Clip {
+                        min: 0.0,
+                        max: d as f32 - 1.0,
+                    },
+                    xv,
+                )?;
+                xv = sel(ctx, &mut o, out, cl, xv)?;
+            }
+            Pad::Reflection => {
+                xv = reflect(ctx, &mut o, xv, border.0, border.1)?;
+            }
+        }
+        axes_taps.push(taps(ctx, &mut o, xv, d, &mode, pad, border)?);
+    }
+    // Every combination of one tap per axis.
+    let strides: Vec<usize> = (0..nd).map(|a| dims[a + 1..].iter().product()).collect();
+    let s: usize = dims.iter().product();
+    let flat_x = reshape_to(ctx, x, &[n, c, s], Some("image_flat"))?;
+    let combos: usize = axes_taps.iter().map(|t| t.len()).product();
+    let mut total: Option<Val> = None;
+    for combo in 0..combos {
+        let mut rest = combo;
+        let mut flat: Option<Val> = None;
+        let mut weight: Option<Val> = None;
+        let mut valid: Option<Val> = None;
+        for ax in (0..nd).rev() {
+            let t = &axes_taps[ax][rest % axes_taps[ax].len()];
+            rest /= axes_taps[ax].len();
+            let st = super::index::int_scalar(ctx, strides[ax] as i64, &o.name("stride"))?;
+            let part = ctx.op(
+                Op::Binary(BinaryOp::Mul),
+                &[t.index, st],
+                Some(&o.name("offset")),
+            )?;
+            flat = Some(match flat {
+                None => part,
+                Some(f) => ctx.op(Op::Binary(BinaryOp::Add), &[f, part], Some(&o.name("flat")))?,
+            });
+            if let Some(w) = t.weight {
+                weight = Some(match weight {
+                    None => w,
+                    Some(p) => bin(ctx, &mut o, BinaryOp::Mul, p, w)?,
+                });
+            }
+            if let Some(v) = t.valid {
+                valid = Some(match valid {
+                    None => v,
+                    Some(p) => {
+                        ctx.op(Op::Logical(LogicalOp::And), &[p, v], Some(&o.name("valid")))?
+                    }
+                });
+            }
+        }
+        let flat = flat.expect("nd ≥ 1");
+        let fi = reshape_to(ctx, flat, &[n, 1, p], Some(&o.name("tap_index")))?;
+        let fi = ctx.op(
+            Op::Expand {
+                shape: [n, c, p].into_iter().collect(),
+            },
+            &[fi],
+            Some(&o.name("tap_index_channels")),
+        )?;
+        let name = o.name("tap");
+        let mut v = gather_along(ctx, flat_x, fi, 2, Some(&name))?;
+        if let Some(ok) = valid {
+            let ok = reshape_to(ctx, ok, &[n, 1, p], Some(&o.name("valid_view")))?;
+            let z = k(ctx, &mut o, 0.0);
+            v = sel(ctx, &mut o, ok, v, z)?;
+        }
+        if let Some(w) = weight {
+            let w = reshape_to(ctx, w, &[n, 1, p], Some(&o.name("weight_view")))?;
+            v = bin(ctx, &mut o, BinaryOp::Mul, v, w)?;
+        }
+        total = Some(match total {
+            None => v,
+            Some(t) => bin(ctx, &mut o, BinaryOp::Add, t, v)?,
+        });
+    }
+    let mut out = vec![n, c];
+    out.extend(out_sp);
+    one(reshape_to(
+        ctx,
+        total.expect("at least one tap"),
+        &out,
+        None,
+    )?)
+}
