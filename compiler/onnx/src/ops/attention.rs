@@ -6,7 +6,7 @@
 //! softcap before the bias, and rows whose bias is all `-inf` zeroed.
 
 use super::elementwise::{cast_to, reshape_to, scalar};
-use super::index::gen_const;
+use super::index::{build_const, gen_const};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, ReduceOp, Tensor, UnaryOp};
@@ -150,13 +150,9 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             // A short mask leaves the remaining keys masked.
             let mut ps: Vec<usize> = mt.shape.to_vec();
             *ps.last_mut().expect("rank ≥ 1") = kv_len - last;
-            let n: usize = ps.iter().product();
-            let fill = Tensor::new(
-                &ps,
-                Data::from_f64s(dt, std::iter::repeat_n(f64::NEG_INFINITY, n)),
-            )
-            .expect("n");
-            let fill = gen_const(ctx, fill, "mask_fill")?;
+            let fill = build_const(ctx, &ps, dt, "mask_fill", |n| {
+                Data::from_f64s(dt, std::iter::repeat_n(f64::NEG_INFINITY, n))
+            })?;
             let axis = mt.shape.len() - 1;
             m = ctx.op(Op::Concat { axis }, &[m, fill], Some("mask_padded"))?;
         }
@@ -166,15 +162,13 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     // the query block: the past length, or nonpad_kv_seqlen - q_len.
     let windowed = left >= 0 || right >= 0;
     if causal || windowed {
-        let rel: Vec<i64> = (0..q_len * kv_len)
-            .map(|f| (f % kv_len) as i64 - (f / kv_len) as i64)
-            .collect();
-        ctx.charge_generated((q_len * kv_len * 8) as u64)?;
-        let rel = gen_const(
-            ctx,
-            Tensor::new([q_len, kv_len], Data::I64(rel)).expect("q*kv"),
-            "key_minus_query",
-        )?;
+        let rel = build_const(ctx, &[q_len, kv_len], DType::I64, "key_minus_query", |n| {
+            Data::I64(
+                (0..n)
+                    .map(|f| (f % kv_len) as i64 - (f / kv_len) as i64)
+                    .collect(),
+            )
+        })?;
         let rel = match (nonpad, past_len) {
             (Some(np), _) => {
                 let np = cast_to(ctx, np, DType::I64, "nonpad_i64")?;

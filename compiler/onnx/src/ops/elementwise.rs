@@ -390,11 +390,14 @@ pub fn is_inf(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         Some(h) => one(h),
         None => {
             // Neither sign detected: all false.
-            let n = ctx.ty(x).num_elements();
             let shape = ctx.ty(x).shape.clone();
-            let t = Tensor::new(&shape, Data::Bool(vec![false; n])).expect("n");
-            let name = ctx.node_name().to_string();
-            one(ctx.generated_constant(t, name)?)
+            one(super::index::build_const(
+                ctx,
+                &shape,
+                DType::Bool,
+                "none",
+                |n| Data::Bool(vec![false; n]),
+            )?)
         }
     }
 }

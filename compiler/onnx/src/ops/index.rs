@@ -20,6 +20,26 @@ pub(crate) fn gen_const(ctx: &mut ImportCtx, t: Tensor, suffix: &str) -> Result<
     ctx.generated_constant(t, name)
 }
 
+/// A constant of `shape` and `dtype` the current node creates, named
+/// `{node}/{suffix}`, its data made by `data` from the element count only
+/// after the generated-constant budget has been charged: `shape` comes from
+/// the model, so it may claim far more memory than the machine has.
+pub(crate) fn build_const(
+    ctx: &mut ImportCtx,
+    shape: &[usize],
+    dtype: DType,
+    suffix: &str,
+    data: impl FnOnce(usize) -> Data,
+) -> Result<Val, OnnxError> {
+    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    let bytes = n.and_then(|n| n.checked_mul(dtype.size_bytes()));
+    ctx.charge_generated(bytes.map_or(u64::MAX, |b| b as u64))?;
+    let n = n.expect("charged, so it fits");
+    let t = Tensor::new(shape, data(n)).expect("n elements");
+    let name = format!("{}/{suffix}", ctx.node_name());
+    Ok(ctx.constant(t, name))
+}
+
 /// `0, 1, .., n-1` of `dtype` laid along `axis` of a rank-`rank` tensor whose
 /// other dims are 1, so it broadcasts against a tensor of that rank.
 pub(crate) fn ramp(
@@ -32,8 +52,9 @@ pub(crate) fn ramp(
 ) -> Result<Val, OnnxError> {
     let mut shape = vec![1; rank];
     shape[axis] = n;
-    let data = Data::from_i64s(dtype, 0..n as i64);
-    gen_const(ctx, Tensor::new(&shape, data).expect("n elements"), suffix)
+    build_const(ctx, &shape, dtype, suffix, |n| {
+        Data::from_i64s(dtype, 0..n as i64)
+    })
 }
 
 /// An i64 scalar constant.

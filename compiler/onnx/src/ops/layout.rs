@@ -6,7 +6,7 @@ use super::one;
 use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
 use crate::OnnxError;
-use kiln_ir::{infer::broadcast_shapes, Data, Op, SliceAxis, Tensor};
+use kiln_ir::{infer::broadcast_shapes, DType, Data, Op, SliceAxis};
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::NodeProto;
 
@@ -143,10 +143,9 @@ pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     // The mask of an inference-mode Dropout keeps everything.
     let shape = ctx.ty(x).shape.clone();
-    let n = ctx.ty(x).num_elements();
-    let mask = Tensor::new(&shape, Data::Bool(vec![true; n])).expect("n elements");
-    let name = format!("{}/mask", ctx.node_name());
-    let mask = ctx.generated_constant(mask, name)?;
+    let mask = super::index::build_const(ctx, &shape, DType::Bool, "mask", |n| {
+        Data::Bool(vec![true; n])
+    })?;
     Ok(vec![x, mask])
 }
 

@@ -60,7 +60,10 @@ pub fn split(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let sizes: Vec<usize> = match sizes {
         Some(s) => {
-            if s.iter().any(|&v| v < 0) || s.iter().sum::<i64>() != d as i64 || s.len() != n {
+            if s.iter().any(|&v| v < 0)
+                || s.iter().try_fold(0i64, |a, &v| a.checked_add(v)) != Some(d as i64)
+                || s.len() != n
+            {
                 return Err(ctx.bad_attr(
                     "split",
                     format!("{s:?} does not split a dim of {d} into {n} outputs"),
@@ -213,9 +216,9 @@ pub fn pad(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let d = ctx.ty(x).shape[axis] as i64;
         // Crop first: a negative pad removes elements.
         if b < 0 || e < 0 {
-            let lo = (-b).max(0);
-            let hi = (-e).max(0);
-            if lo + hi > d {
+            let lo = b.checked_neg().unwrap_or(i64::MAX).max(0);
+            let hi = e.checked_neg().unwrap_or(i64::MAX).max(0);
+            if lo.saturating_add(hi) > d {
                 return Err(ctx.bad_attr("pads", format!("crops more than the dim of {d}")));
             }
             x = slice_along(
@@ -338,8 +341,8 @@ fn block_args(ctx: &ImportCtx, node: &NodeProto, x: Val) -> Result<([usize; 4], 
     let b = ctx
         .attr_i(node, "blocksize")?
         .ok_or_else(|| ctx.bad_attr("blocksize", "is required"))?;
-    if b < 1 {
-        return Err(ctx.bad_attr("blocksize", format!("must be positive, got {b}")));
+    if !(1..=1 << 20).contains(&b) {
+        return Err(ctx.bad_attr("blocksize", format!("must be in 1..=2^20, got {b}")));
     }
     Ok(([s[0], s[1], s[2], s[3]], b as usize))
 }

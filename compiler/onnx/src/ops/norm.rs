@@ -227,12 +227,9 @@ fn grouped_norm(
         }
     }
     let v = reshape_to(ctx, x, &[n, groups, rest], Some("groups"))?;
-    let ones = Tensor::new(
-        [rest],
-        Data::from_f64s(xt.dtype, std::iter::repeat_n(1.0, rest)),
-    )
-    .expect("rest");
-    let ones = super::index::gen_const(ctx, ones, "unit_scale")?;
+    let ones = super::index::build_const(ctx, &[rest], xt.dtype, "unit_scale", |n| {
+        Data::from_f64s(xt.dtype, std::iter::repeat_n(1.0, n))
+    })?;
     let normed = ctx.op(
         Op::LayerNorm { axis: 2, epsilon },
         &[v, ones],

@@ -122,11 +122,12 @@ pub fn lp_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         },
         Some("window_mean"),
     )?[0];
-    let k: i64 = ctx
+    let k = ctx
         .attr_ints(node, "kernel_shape")?
         .unwrap_or_default()
         .iter()
-        .product();
+        .try_fold(1i64, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| ctx.bad_attr("kernel_shape", "the window size overflows"))?;
     let kc = scalar(ctx, dt, k as f64, "window_size");
     let sum = ctx.op(Op::Binary(BinaryOp::Mul), &[mean, kc], Some("window_sum"))?;
     let y = match p {

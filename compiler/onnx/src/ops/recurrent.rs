@@ -243,17 +243,9 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
         }
         None => None,
     };
-    let zero_state = {
-        // Charged before allocating: batch and hidden come from the model
-        // (at least one row, which also covers the GRU bias constant below).
-        let bytes = (batch.max(1) as u64)
-            .saturating_mul(h as u64)
-            .saturating_mul(dt.size_bytes() as u64);
-        ctx.charge_generated(bytes)?;
-        let z = kiln_ir::Tensor::new([batch, h], kiln_ir::Data::zeros(dt, batch * h)).expect("b*h");
-        let name = format!("{}/zero_state", ctx.node_name());
-        ctx.constant(z, name)
-    };
+    let zero_state = super::index::build_const(ctx, &[batch, h], dt, "zero_state", |n| {
+        kiln_ir::Data::zeros(dt, n)
+    })?;
 
     let mut ys = Vec::with_capacity(nd);
     let mut yhs = Vec::with_capacity(nd);
@@ -288,11 +280,9 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
             if lbr {
                 // GRU's hidden-gate recurrence bias goes inside the reset.
                 let rb_zr = slice_along(ctx, rb, 0, 0, 1, 2 * h, &tag("Rb_zr"))?;
-                let zero_h = super::index::gen_const(
-                    ctx,
-                    kiln_ir::Tensor::new([h], kiln_ir::Data::zeros(dt, h)).expect("h"),
-                    &tag("Rb_h_zero"),
-                )?;
+                let zero_h = super::index::build_const(ctx, &[h], dt, &tag("Rb_h_zero"), |n| {
+                    kiln_ir::Data::zeros(dt, n)
+                })?;
                 let rb_zr = ctx.op(
                     Op::Concat { axis: 0 },
                     &[rb_zr, zero_h],
