@@ -244,8 +244,7 @@ pub struct AssignPrecision {
 fn operands(graph: &Graph, id: NodeId) -> Result<(usize, Option<usize>), &'static str> {
     let node = graph.node(id);
     let inputs = graph.inputs_of(id);
-    if node.ty.dtype != DType::F32 || inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32)
-    {
+    if node.ty.dtype != DType::F32 || inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32) {
         return Err("not an f32 op");
     }
     let is_const = |slot: usize| graph.constant(inputs[slot]).is_some();
@@ -253,9 +252,7 @@ fn operands(graph: &Graph, id: NodeId) -> Result<(usize, Option<usize>), &'stati
         Op::MatMul if is_const(1) && !is_const(0) && graph.node(inputs[1]).ty.shape.len() >= 2 => {
             Ok((1, Some(0)))
         }
-        Op::Gemm {
-            trans_a: false, ..
-        } if is_const(1) && !is_const(0) => Ok((1, Some(0))),
+        Op::Gemm { trans_a: false, .. } if is_const(1) && !is_const(0) => Ok((1, Some(0))),
         Op::Gemm { .. } if is_const(1) && !is_const(0) => Ok((1, None)),
         Op::Conv(c) if c.group == 1 && is_const(1) && !is_const(0) => Ok((1, None)),
         Op::Conv(_) => Err("grouped/depthwise convolution (memory-bound, f32 kernel)"),
@@ -271,7 +268,12 @@ impl AssignPrecision {
         let dense: Vec<NodeId> = graph
             .topo_order()?
             .into_iter()
-            .filter(|&id| matches!(graph.node(id).op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)))
+            .filter(|&id| {
+                matches!(
+                    graph.node(id).op,
+                    Op::MatMul | Op::Gemm { .. } | Op::Conv(_)
+                )
+            })
             .collect();
         let eligible: Vec<NodeId> = dense
             .iter()
@@ -306,7 +308,8 @@ impl AssignPrecision {
                     decision.reason = Reason::Force(format!("{p}={pat}"));
                 }
             }
-            if let Some(pat) = (self.policy.keep_fp32.iter()).find(|p| p.matches(&node.op, &node.name))
+            if let Some(pat) =
+                (self.policy.keep_fp32.iter()).find(|p| p.matches(&node.op, &node.name))
             {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::KeepFp32(pat.to_string());

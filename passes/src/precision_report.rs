@@ -179,9 +179,13 @@ mod tests {
     fn report_ranks_layers_and_measures_outputs() {
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::F32, [4, 8]));
-        let w1: Vec<f32> = (0..64).map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0).collect();
+        let w1: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0)
+            .collect();
         let w1 = g.add_const("w1", Tensor::new([8, 8], Data::F32(w1)).unwrap());
-        let w2: Vec<f32> = (0..16).map(|i| ((i * 11 % 13) as f32 - 6.0) / 3.0).collect();
+        let w2: Vec<f32> = (0..16)
+            .map(|i| ((i * 11 % 13) as f32 - 6.0) / 3.0)
+            .collect();
         let w2 = g.add_const("w2", Tensor::new([8, 2], Data::F32(w2)).unwrap());
         let h = g.add_node(Op::MatMul, &[x, w1], "fc1").unwrap();
         let r = g.add_node(Op::Unary(UnaryOp::Tanh), &[h], "act").unwrap();
@@ -195,7 +199,9 @@ mod tests {
             },
         };
         let (_, decisions) = pass.assign(&mut low).unwrap();
-        let xs: Vec<f32> = (0..32).map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0).collect();
+        let xs: Vec<f32> = (0..32)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+            .collect();
         let sample = vec![Tensor::new([4, 8], Data::F32(xs)).unwrap()];
         let rep = compare(&g, &low, &decisions, &[sample], true).unwrap();
         assert_eq!(rep.layers.len(), 2);

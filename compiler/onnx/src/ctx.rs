@@ -178,7 +178,12 @@ impl<'a> ImportCtx<'a> {
     /// A MatMul, Gemm or Conv with ONNX result typing: Kiln's dense ops on
     /// bf16/f16 operands return f32 (f32 accumulation), so an ONNX model in
     /// f16 or bf16 gets a Cast back to its own type after them.
-    pub fn dense_op(&mut self, op: Op, inputs: &[Val], suffix: Option<&str>) -> Result<Val, OnnxError> {
+    pub fn dense_op(
+        &mut self,
+        op: Op,
+        inputs: &[Val],
+        suffix: Option<&str>,
+    ) -> Result<Val, OnnxError> {
         let d = self.ty(inputs[0]).dtype;
         let y = self.op(op, inputs, suffix)?;
         if self.ty(y).dtype == d {

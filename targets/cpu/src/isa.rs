@@ -73,6 +73,10 @@ pub(crate) struct Target {
     /// Whether the dense ops use the AVX-512 microkernels (x86-64 with
     /// AVX-512F).
     pub avx512: bool,
+    /// Whether bf16 dot products (`vdpbf16ps`) may be used: AVX-512 plus
+    /// AVX512-BF16, only for `native` on a host that has it (no named
+    /// target level includes it). Recorded in the artifact when used.
+    pub bf16: bool,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -186,12 +190,16 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         Arch::Nvptx64 => false,
     };
     let avx512 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX512F);
+    let bf16 = avx512
+        && opts.target == CpuTarget::Native
+        && CpuFeatures::detect_host().contains(CpuFeatures::AVX512BF16);
     Ok(Target {
         isa,
         arch,
         features,
         fma,
         avx512,
+        bf16,
     })
 }
 

@@ -132,7 +132,15 @@ fn product_elem(a: DType, b: DType) -> Option<Elem> {
 }
 
 /// B packed for the kernel's element types.
-fn pack_b_for(elem: Elem, b: &[f32], k: usize, n: usize, row: usize, col: usize, nr: usize) -> Vec<u8> {
+fn pack_b_for(
+    elem: Elem,
+    b: &[f32],
+    k: usize,
+    n: usize,
+    row: usize,
+    col: usize,
+    nr: usize,
+) -> Vec<u8> {
     match elem {
         Elem::Bf16Dot => pack_b_pairs(b, k, n, row, col, nr),
         Elem::WidenB(h) => pack_b_half(b, k, n, row, col, nr, h),

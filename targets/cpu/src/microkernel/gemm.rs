@@ -216,7 +216,11 @@ pub(crate) fn pack_a_half(
         for kk in 0..k {
             for r in 0..mr {
                 let i = p * mr + r;
-                let v = if i < m { a[i * a_row + kk * a_col] } else { 0.0 };
+                let v = if i < m {
+                    a[i * a_row + kk * a_col]
+                } else {
+                    0.0
+                };
                 out.extend_from_slice(&half_bits(v, h).to_le_bytes());
             }
         }
@@ -240,7 +244,11 @@ pub(crate) fn pack_b_half(
         for kk in 0..k {
             for c in 0..nr {
                 let j = q * nr + c;
-                let v = if j < n { b[kk * b_row + j * b_col] } else { 0.0 };
+                let v = if j < n {
+                    b[kk * b_row + j * b_col]
+                } else {
+                    0.0
+                };
                 out.extend_from_slice(&half_bits(v, h).to_le_bytes());
             }
         }
@@ -1064,7 +1072,13 @@ mod tests {
                 let mut weights = Vec::new();
                 let (a_layout, a_loc) = if a_packed {
                     weights = pack_a_half(&av, m, k, k, 1, blocking.mr, ha.unwrap());
-                    (ALayout::Packed, Loc { base: Base::Weights, offset: 0 })
+                    (
+                        ALayout::Packed,
+                        Loc {
+                            base: Base::Weights,
+                            offset: 0,
+                        },
+                    )
                 } else {
                     for &x in &av {
                         match ha {
@@ -1073,19 +1087,42 @@ mod tests {
                         }
                     }
                     arena.extend([0xff; 64]);
-                    let lay = ALayout::Strided { row: (k * ea) as i64, col: ea as i64 };
-                    (lay, Loc { base: Base::Arena, offset: 0 })
+                    let lay = ALayout::Strided {
+                        row: (k * ea) as i64,
+                        col: ea as i64,
+                    };
+                    (
+                        lay,
+                        Loc {
+                            base: Base::Arena,
+                            offset: 0,
+                        },
+                    )
                 };
                 let (b_layout, b_loc) = if a_packed {
                     let at = arena.len() as u64;
                     arena.extend(bv.iter().flat_map(|x| x.to_le_bytes()));
-                    (BLayout::Strided { row: (n * 4) as i64 }, Loc { base: Base::Arena, offset: at })
+                    (
+                        BLayout::Strided {
+                            row: (n * 4) as i64,
+                        },
+                        Loc {
+                            base: Base::Arena,
+                            offset: at,
+                        },
+                    )
                 } else {
                     weights = match elem {
                         Elem::Bf16Dot => pack_b_pairs(&bv, k, n, n, 1, blocking.nr()),
                         _ => pack_b_half(&bv, k, n, n, 1, blocking.nr(), hb.unwrap()),
                     };
-                    (BLayout::Packed, Loc { base: Base::Weights, offset: 0 })
+                    (
+                        BLayout::Packed,
+                        Loc {
+                            base: Base::Weights,
+                            offset: 0,
+                        },
+                    )
                 };
                 let out_at = arena.len().div_ceil(64) * 64;
                 arena.resize(out_at + m * n * 4, 0);
@@ -1104,7 +1141,10 @@ mod tests {
                     calls: vec![Call {
                         a: a_loc,
                         b: b_loc,
-                        out: Loc { base: Base::Arena, offset: out_at as u64 },
+                        out: Loc {
+                            base: Base::Arena,
+                            offset: out_at as u64,
+                        },
                         c: None,
                         src: None,
                     }],
@@ -1112,7 +1152,10 @@ mod tests {
                     b_panel: None,
                 };
                 let code = spec.assemble().unwrap();
-                assert_eq!(super::super::exec::call_kernel(&code, &mut arena, &weights), 0);
+                assert_eq!(
+                    super::super::exec::call_kernel(&code, &mut arena, &weights),
+                    0
+                );
                 for i in 0..m {
                     for j in 0..n {
                         let terms = (0..k).map(|kk| av[i * k + kk] as f64 * bv[kk * n + j] as f64);
