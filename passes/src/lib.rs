@@ -15,13 +15,18 @@
 //! ```
 #![deny(missing_docs)]
 
+mod assign_precision;
 mod dce;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse;
 mod manager;
+mod precision_report;
 mod simplify;
 
+pub use assign_precision::{
+    AssignPrecision, Decision, Mode, Pattern, Policy, PolicyError, Precision, Reason,
+};
 pub use dce::DeadCodeElimination;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
@@ -29,4 +34,5 @@ pub use fuse::Fuse;
 pub use manager::{
     Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
 };
+pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
 pub use simplify::Simplify;

@@ -177,6 +177,18 @@ impl PassManager {
         self
     }
 
+    /// The passes before the first one named `name`, and the rest (empty
+    /// when there is none): the driver runs `assign-precision` between
+    /// them, before `fuse`, so that dense ops are assigned a precision
+    /// before they become fused heads.
+    pub fn split_before(mut self, name: &str) -> (PassManager, PassManager) {
+        let at = (self.passes.iter())
+            .position(|p| p.name() == name)
+            .unwrap_or(self.passes.len());
+        let rest = self.passes.split_off(at);
+        (self, PassManager { passes: rest })
+    }
+
     /// Names of the passes in this pipeline.
     pub fn names(&self) -> Vec<&'static str> {
         self.passes.iter().map(|p| p.name()).collect()

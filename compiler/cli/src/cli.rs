@@ -92,6 +92,19 @@ struct ModelArgs {
     /// and code generation) to stderr.
     #[arg(long)]
     time_passes: bool,
+    /// Precision of the dense ops (MatMul, Gemm, Conv): fp32, bf16, fp16
+    /// (f16 weights, f32 math) or mixed (bf16 except the first and last
+    /// dense layer). Everything else stays fp32 (docs/precision.md).
+    #[arg(long, default_value = "fp32", value_name = "PRECISION")]
+    precision: String,
+    /// Keep these nodes in fp32: op types or node-name globs,
+    /// comma-separated (`Conv,/encoder/layer.0/*`).
+    #[arg(long = "keep-fp32", value_name = "PATTERNS")]
+    keep_fp32: Option<String>,
+    /// Force nodes to a precision: PRECISION=PATTERNS (repeatable; a later
+    /// one wins; --keep-fp32 wins over all).
+    #[arg(long, value_name = "PRECISION=PATTERNS")]
+    force: Vec<String>,
 }
 
 #[derive(Args)]
@@ -137,6 +150,14 @@ struct CompileArgs {
     /// signature to OUTPUT.sig for `Model::load_verified`.
     #[arg(long, value_name = "KEYFILE")]
     sign: Option<PathBuf>,
+    /// Reduced-precision builds: compare every dense layer with the fp32
+    /// graph on N deterministic random inputs (flagged as random in the
+    /// report; 0 skips the report).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    calibrate_random: usize,
+    /// Write the per-layer precision report (JSON) here.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
     /// Print a machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -358,6 +379,21 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
         verify_each: args.verify_each,
         ..CompileOptions::default()
     };
+    let usage =
+        |flag: &str, e: kiln_passes::PolicyError| Failure::new(exit::USAGE, format!("{flag}: {e}"));
+    opts.precision.mode = args
+        .precision
+        .parse()
+        .map_err(|e| usage("--precision", e))?;
+    if let Some(k) = &args.keep_fp32 {
+        opts.precision.keep_fp32 =
+            kiln_passes::Pattern::list(k).map_err(|e| usage("--keep-fp32", e))?;
+    }
+    for f in &args.force {
+        opts.precision
+            .force
+            .push(kiln_passes::Policy::parse_force(f).map_err(|e| usage("--force", e))?);
+    }
     for s in &args.input_shapes {
         let (name, dims) = parse_pair("--input-shape", s)?;
         let dims = dims
@@ -520,6 +556,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             "--dump-ptx needs a CUDA target (--target cuda-sm80, ...)",
         ));
     }
+    opts.calibrate_random = a.calibrate_random;
     let start = Instant::now();
     let out = driver::compile(&a.model, &opts).map_err(|e| {
         let f = Failure::from(e);
@@ -588,6 +625,11 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             eprintln!("wrote {} IR dump(s) to {}", out.dumps.len(), dir.display());
         }
     }
+    let precision_json = out.precision.as_ref().map(precision_json);
+    if let (Some(path), Some(p)) = (&a.report, &precision_json) {
+        let text = serde_json::to_string_pretty(p).expect("JSON values serialize");
+        write_file(path, text.as_bytes())?;
+    }
     let meta = &out.artifact.metadata;
     if a.json {
         let passes: Vec<Value> = out
@@ -615,6 +657,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "content_sha256": hex(&out.artifact.content_hash()),
                 "reproducible": reproducible.is_some().then_some(true),
                 "signature": signature_path.as_ref().map(|p| p.display().to_string()),
+                "precision": precision_json,
             })
         );
     } else {
@@ -629,6 +672,9 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             meta.arena_size,
             elapsed.as_secs_f64() * 1e3
         );
+        if let Some(p) = &out.precision {
+            print_precision(p);
+        }
         if let Some(path) = &signature_path {
             println!("signed: {}", path.display());
         }
@@ -735,6 +781,53 @@ fn specs_json(specs: &[TensorSpec]) -> Value {
             .map(|s| json!({"name": s.name, "dtype": s.dtype.to_string(), "shape": s.shape}))
             .collect(),
     )
+}
+
+fn layer_json(l: &kiln_passes::LayerError) -> Value {
+    json!({"node": l.node, "op": l.op, "precision": l.precision.name(), "rel_l2": l.rel_l2, "cosine": l.cosine, "max_abs": l.max_abs})
+}
+
+/// The precision decisions and accuracy report as JSON (`--json`,
+/// `--report`).
+fn precision_json(p: &driver::PrecisionOutcome) -> Value {
+    let decisions: Vec<Value> = p
+        .decisions
+        .iter()
+        .map(|d| json!({"node": d.node, "op": d.op, "precision": d.precision.name(), "reason": d.reason.to_string()}))
+        .collect();
+    let report = p.report.as_ref().map(|r| {
+        json!({
+            "samples": r.samples,
+            "random_inputs": r.random,
+            "outputs": r.outputs.iter().map(layer_json).collect::<Vec<_>>(),
+            "layers_worst_first": r.layers.iter().map(layer_json).collect::<Vec<_>>(),
+        })
+    });
+    json!({"decisions": decisions, "report": report})
+}
+
+/// The human summary of a reduced-precision build.
+fn print_precision(p: &driver::PrecisionOutcome) {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in &p.decisions {
+        *counts.entry(d.precision.name()).or_default() += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    println!("precision: dense ops {}", counts.join(", "));
+    let Some(r) = &p.report else { return };
+    let kind = if r.random { "random" } else { "calibration" };
+    for o in &r.outputs {
+        println!(
+            "  {} vs fp32 on {} {kind} sample(s): rel L2 {:.3e}, cosine {:.6}, max abs {:.3e}",
+            o.node, r.samples, o.rel_l2, o.cosine, o.max_abs
+        );
+    }
+    for l in r.layers.iter().take(3) {
+        println!(
+            "  worst: {} ({} {}): rel L2 {:.3e}, cosine {:.6}, max abs {:.3e}",
+            l.node, l.op, l.precision, l.rel_l2, l.cosine, l.max_abs
+        );
+    }
 }
 
 /// Deterministic pseudo-random tensor for a spec (SplitMix64).

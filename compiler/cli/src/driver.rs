@@ -2,7 +2,10 @@
 
 use kiln_ir::Graph;
 use kiln_onnx::{ImportOptions, OnnxError};
-use kiln_passes::{PassError, PassManager, PipelineOptions, PipelineReport};
+use kiln_passes::{
+    AccuracyReport, AssignPrecision, Decision, PassError, PassManager, PassRecord, PipelineOptions,
+    PipelineReport, Policy,
+};
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
 use kiln_target_cuda::{CudaError, SmArch};
@@ -51,6 +54,13 @@ pub struct CompileOptions {
     /// CPU targets: the most tasks a dense kernel is split into for
     /// multi-threaded sessions (`--threads`; 1: no split).
     pub threads: usize,
+    /// Precision policy (`--precision`, `--keep-fp32`, `--force`); the
+    /// default (fp32) leaves the graph untouched.
+    pub precision: Policy,
+    /// Random input samples on which a reduced-precision build is compared
+    /// with the f32 graph for the accuracy report (`--calibrate-random`;
+    /// 0: no report).
+    pub calibrate_random: usize,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -68,6 +78,8 @@ impl Default for CompileOptions {
             dump_ir: DumpIr::None,
             max_arena_bytes: DEFAULT_MAX_ARENA_BYTES,
             threads: kiln_target_cpu::DEFAULT_THREADS,
+            precision: Policy::default(),
+            calibrate_random: 1,
         }
     }
 }
@@ -94,6 +106,24 @@ impl CompileOptions {
         for (name, v) in &self.import.dims {
             let _ = write!(s, " dim={name}={v}");
         }
+        // fp32 builds keep the options text (and so the artifact bytes)
+        // they had before precision assignment existed.
+        let p = &self.precision;
+        if !p.is_identity() {
+            let _ = write!(s, " precision={}", p.mode.name());
+            let list = |v: &[kiln_passes::Pattern]| {
+                v.iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            if !p.keep_fp32.is_empty() {
+                let _ = write!(s, " keep_fp32={}", list(&p.keep_fp32));
+            }
+            for (prec, pats) in &p.force {
+                let _ = write!(s, " force={prec}={}", list(pats));
+            }
+        }
         s
     }
 }
@@ -110,6 +140,9 @@ pub struct Compiled {
     pub report: PipelineReport,
     /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
     pub dumps: Vec<(String, String)>,
+    /// The precision decisions and accuracy report of a reduced-precision
+    /// build.
+    pub precision: Option<PrecisionOutcome>,
     /// CUDA compilations: every kernel as a standalone PTX module (kernel
     /// name, text), for `--dump-ptx`. Empty for CPU targets.
     pub ptx_kernels: Vec<(String, String)>,
@@ -156,6 +189,15 @@ pub enum DriverError {
     },
 }
 
+/// What `assign-precision` decided and what it cost in accuracy.
+#[derive(Clone, Debug)]
+pub struct PrecisionOutcome {
+    /// Every dense node's precision and the reason.
+    pub decisions: Vec<Decision>,
+    /// Errors against the f32 graph (`None` with `--calibrate-random 0`).
+    pub report: Option<AccuracyReport>,
+}
+
 /// An imported and optimized graph, before code generation.
 pub struct Optimized {
     /// The final IR.
@@ -166,6 +208,82 @@ pub struct Optimized {
     pub dumps: Vec<(String, String)>,
     /// Wall time of reading and importing the ONNX model.
     pub import_time: Duration,
+    /// The precision outcome of a reduced-precision build.
+    pub precision: Option<PrecisionOutcome>,
+}
+
+/// Deterministic calibration inputs for `graph` (SplitMix64 per sample):
+/// floats uniform in [-1, 1), integers 1 (a valid token id, mask value and
+/// index for every model Kiln has seen), booleans true.
+pub fn random_samples(graph: &Graph, count: usize) -> Vec<Vec<kiln_ir::Tensor>> {
+    use kiln_ir::{DType, Data, Tensor};
+    (0..count)
+        .map(|sample| {
+            graph
+                .inputs()
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let ty = &graph.node(id).ty;
+                    let n = ty.num_elements();
+                    let mut state = (sample as u64 * 1_000_003 + i as u64) ^ 0x9E37_79B9_7F4A_7C15;
+                    let mut unit = move || {
+                        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                        let mut z = state;
+                        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                    };
+                    let data = match ty.dtype {
+                        DType::F32 => Data::F32((0..n).map(|_| unit() as f32).collect()),
+                        DType::F64 => Data::F64((0..n).map(|_| unit()).collect()),
+                        DType::Bool => Data::Bool(vec![true; n]),
+                        d => Data::from_i64s(d, std::iter::repeat_n(1, n)),
+                    };
+                    Tensor::new(&ty.shape, data).expect("element count")
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `assign-precision` on `graph` (the f32 graph after the pipeline)
+/// and compares it with the f32 graph on `samples`.
+pub fn assign_precision(
+    graph: &mut Graph,
+    policy: &Policy,
+    samples: &[Vec<kiln_ir::Tensor>],
+    random: bool,
+) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
+    let reference = graph.clone();
+    let pass = AssignPrecision {
+        policy: policy.clone(),
+    };
+    let start = std::time::Instant::now();
+    let (stats, decisions) = pass.assign(graph)?;
+    let time = start.elapsed();
+    kiln_ir::verify::verify(graph).map_err(|source| PassError::Verify {
+        pass: "assign-precision",
+        source,
+    })?;
+    let report = if samples.is_empty() {
+        None
+    } else {
+        Some(
+            kiln_passes::compare_precision(&reference, graph, &decisions, samples, random)
+                .map_err(|source| PassError::Failed {
+                    pass: "assign-precision",
+                    source,
+                })?,
+        )
+    };
+    let record = PassRecord {
+        name: "assign-precision",
+        stats,
+        time,
+        nodes_after: graph.node_count(),
+    };
+    Ok((record, PrecisionOutcome { decisions, report }))
 }
 
 /// Imports the model at `path` and runs the pass pipeline on it.
@@ -207,18 +325,37 @@ fn optimize_graph(
     let pipeline = PipelineOptions {
         verify_each: opts.verify_each,
     };
+    // Precision is assigned before `fuse` (dense ops, not fused heads);
+    // the rest of the pipeline then fuses what stays f32.
+    let (before, after) = if opts.precision.is_identity() {
+        (pm, PassManager::from_names(&[])?)
+    } else {
+        pm.split_before("fuse")
+    };
     let mut index = 0;
-    let report = pm.run_with(&mut graph, &pipeline, |pass, g| {
+    let mut record = |pass: &str, g: &Graph| {
         index += 1;
         if wants(pass) {
             dumps.push((format!("{index:02}-{pass}.kir"), kiln_ir::text::print(g)));
         }
-    })?;
+    };
+    let mut report = before.run_with(&mut graph, &pipeline, &mut record)?;
+    let mut precision = None;
+    if !opts.precision.is_identity() {
+        let samples = random_samples(&graph, opts.calibrate_random);
+        let (pass, outcome) = assign_precision(&mut graph, &opts.precision, &samples, true)?;
+        report.passes.push(pass);
+        record("assign-precision", &graph);
+        precision = Some(outcome);
+    }
+    let rest = after.run_with(&mut graph, &pipeline, &mut record)?;
+    report.passes.extend(rest.passes);
     Ok(Optimized {
         graph,
         report,
         dumps,
         import_time,
+        precision,
     })
 }
 
@@ -259,6 +396,7 @@ fn generate(
         report,
         dumps,
         import_time,
+        precision,
     } = optimized;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
@@ -318,6 +456,7 @@ fn generate(
         graph,
         report,
         dumps,
+        precision,
         ptx_kernels,
         ptxas,
         import_time,

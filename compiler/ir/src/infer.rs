@@ -107,7 +107,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             trans_a, trans_b, ..
         } => {
             let (a, b) = (inputs[0], inputs[1]);
-            same_dtype(name, a, b)?;
+            let out = dense_result(name, inputs)?;
             float_only(name, a)?;
             if a.shape.len() != 2 || b.shape.len() != 2 {
                 return Err(IrError::ty(
@@ -132,7 +132,6 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 ));
             }
             if let Some(c) = inputs.get(2) {
-                same_dtype(name, a, c)?;
                 match broadcast_shapes(&c.shape, &[m, n]) {
                     Some(s) if s.as_slice() == [m, n] => {}
                     _ => {
@@ -143,7 +142,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                     }
                 }
             }
-            Ok(ValueType::new(a.dtype, [m, n]))
+            Ok(ValueType::new(out, [m, n]))
         }
         Op::Conv(c) => infer_conv(c, inputs),
         Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
@@ -483,9 +482,43 @@ fn float_only(op: &'static str, x: &ValueType) -> Result<(), IrError> {
     Ok(())
 }
 
+/// The result type of MatMul, Gemm and Conv. Operands of one type give
+/// that type (ONNX semantics); a bf16 or f16 operand makes the op a
+/// reduced-precision dense op: its operands may mix f32, bf16 and f16 (each
+/// widened exactly to f32), it accumulates in f32 and returns f32, so the
+/// precision of the storage is in the value types and the math is fixed.
+pub fn dense_result(op: &'static str, inputs: &[&ValueType]) -> Result<DType, IrError> {
+    let first = inputs[0].dtype;
+    if inputs.iter().all(|t| t.dtype == first) && !is_half(first) {
+        return Ok(first);
+    }
+    if !inputs.iter().any(|t| is_half(t.dtype)) {
+        same_dtype(op, inputs[0], inputs[1])?;
+        same_dtype(op, inputs[0], inputs[inputs.len() - 1])?;
+    }
+    match inputs
+        .iter()
+        .find(|t| !matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16))
+    {
+        Some(t) => Err(IrError::ty(
+            op,
+            format!(
+                "a reduced-precision {op} takes f32, bf16 or f16 operands, got {}",
+                t.dtype
+            ),
+        )),
+        None => Ok(DType::F32),
+    }
+}
+
+/// Whether `d` is a 16-bit float type (stored reduced precision).
+pub fn is_half(d: DType) -> bool {
+    matches!(d, DType::BF16 | DType::F16)
+}
+
 fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
     let name = "matmul";
-    same_dtype(name, a, b)?;
+    let out = dense_result(name, &[a, b])?;
     if a.dtype == DType::Bool || a.shape.is_empty() || b.shape.is_empty() {
         return Err(IrError::ty(
             name,
@@ -520,13 +553,13 @@ fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
     if b.shape.len() > 1 {
         shape.push(n);
     }
-    Ok(ValueType::new(a.dtype, shape))
+    Ok(ValueType::new(out, shape))
 }
 
 fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
     let name = "conv";
     let (x, w) = (inputs[0], inputs[1]);
-    same_dtype(name, x, w)?;
+    let out = dense_result(name, inputs)?;
     float_only(name, x)?;
     if x.shape.len() != 4 || w.shape.len() != 4 {
         return Err(IrError::ty(
@@ -545,7 +578,6 @@ fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         ));
     }
     if let Some(b) = inputs.get(2) {
-        same_dtype(name, x, b)?;
         if b.shape.as_slice() != [cout] {
             return Err(IrError::ty(name, format!("bias must be [{cout}], got {b}")));
         }
@@ -558,7 +590,7 @@ fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         ceil_mode: false,
     };
     let (oh, ow) = pool_output(name, &pool, x.shape[2], x.shape[3])?;
-    Ok(ValueType::new(x.dtype, [x.shape[0], cout, oh, ow]))
+    Ok(ValueType::new(out, [x.shape[0], cout, oh, ow]))
 }
 
 fn pool_output(

@@ -151,6 +151,15 @@ impl Data {
         if self.dtype() == to {
             return self.clone();
         }
+        // half's f64 → bf16/f16 conversion drops the low mantissa bits
+        // before rounding (wrong ties); from f32 it rounds to nearest even
+        // exactly, as the kernels do.
+        if let (Data::F32(v), DType::BF16) = (self, to) {
+            return Data::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect());
+        }
+        if let (Data::F32(v), DType::F16) = (self, to) {
+            return Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect());
+        }
         if self.dtype().is_float() {
             Data::from_f64s(to, (0..self.len()).map(|i| self.get_f64(i)))
         } else {

@@ -175,6 +175,27 @@ impl<'a> ImportCtx<'a> {
         id
     }
 
+    /// A MatMul, Gemm or Conv with ONNX result typing: Kiln's dense ops on
+    /// bf16/f16 operands return f32 (f32 accumulation), so an ONNX model in
+    /// f16 or bf16 gets a Cast back to its own type after them.
+    pub fn dense_op(
+        &mut self,
+        op: Op,
+        inputs: &[Val],
+        suffix: Option<&str>,
+    ) -> Result<Val, OnnxError> {
+        let d = self.ty(inputs[0]).dtype;
+        let y = self.op(op, inputs, suffix)?;
+        if self.ty(y).dtype == d {
+            return Ok(y);
+        }
+        let name = match suffix {
+            Some(s) => format!("{s}/cast"),
+            None => "cast".to_string(),
+        };
+        self.op(Op::Cast { to: d }, &[y], Some(&name))
+    }
+
     /// Applies an IR op to `inputs`: evaluated at import when every input is
     /// a constant, the result is at most [`FOLD_LIMIT_BYTES`] and fits in
     /// the generated-constant budget, and evaluating it costs at most

@@ -75,6 +75,10 @@ pub(crate) struct Target {
     pub avx512: bool,
     /// The most tasks a dense kernel is split into.
     pub tasks: usize,
+    /// Whether bf16 dot products (`vdpbf16ps`) may be used: AVX-512 plus
+    /// AVX512-BF16, only for `native` on a host that has it (no named
+    /// target level includes it). Recorded in the artifact when used.
+    pub bf16: bool,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -188,6 +192,9 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         Arch::Nvptx64 => false,
     };
     let avx512 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX512F);
+    let bf16 = avx512
+        && opts.target == CpuTarget::Native
+        && CpuFeatures::detect_host().contains(CpuFeatures::AVX512BF16);
     Ok(Target {
         isa,
         arch,
@@ -195,6 +202,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         fma,
         avx512,
         tasks: opts.threads.max(1),
+        bf16,
     })
 }
 

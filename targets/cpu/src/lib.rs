@@ -45,6 +45,7 @@
 
 mod emit;
 mod isa;
+mod legalize;
 mod lower;
 pub mod microkernel;
 mod plan;
@@ -168,6 +169,11 @@ pub fn compile(
     meta: ArtifactInfo,
 ) -> Result<Artifact, CpuError> {
     let target = isa::build(opts)?;
+    let graph = &*legalize::legalize(graph, &target)?;
+    let mut features = target.features;
+    if graph.node_ids().any(|id| legalize::is_bf16_dot(graph, id)) {
+        features |= kiln_runtime::format::CpuFeatures::AVX512BF16;
+    }
     let order = graph.topo_order()?;
     let mut plan = plan::plan(graph, &order)?;
     let mut text = emit::Text::new(target.arch);
@@ -182,7 +188,7 @@ pub fn compile(
     let (text, kernels, relocs, schedule) = text.finish();
     Ok(Artifact {
         arch: target.arch,
-        features: target.features,
+        features,
         metadata: Metadata {
             compiler_version: meta.compiler_version,
             target: opts.target.to_string(),

@@ -1,7 +1,7 @@
 //! 2-D convolution (ONNX Conv: cross-correlation, NCHW input, OIHW weights,
 //! groups, pads `[top, left, bottom, right]`, strides, dilations).
 
-use super::{run_float, Float, FloatKernel};
+use super::{run_dense, Float, FloatKernel};
 use crate::{Conv2d, Data, IrError, Tensor, ValueType};
 
 struct ConvKernel<'a> {
@@ -79,7 +79,7 @@ pub(super) fn conv(attrs: &Conv2d, inputs: &[&Tensor], out: &ValueType) -> Resul
         w: dims(inputs[1]),
         out_hw: [out.shape[2], out.shape[3]],
     };
-    run_float("conv", inputs, &kernel)
+    run_dense("conv", inputs, out, &kernel)
 }
 
 #[cfg(test)]

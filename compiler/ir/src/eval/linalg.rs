@@ -1,6 +1,6 @@
 //! MatMul (numpy semantics) and Gemm. Float dot products accumulate in f64.
 
-use super::{broadcast_offsets, eval_err, run_float, Float, FloatKernel};
+use super::{broadcast_offsets, eval_err, run_dense, Float, FloatKernel};
 use crate::infer::broadcast_shapes;
 use crate::{Data, IrError, Tensor, ValueType};
 
@@ -69,7 +69,7 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &ValueType) -> Result<Data, Ir
     };
     debug_assert_eq!(dims.ia.len() * m * n, out.num_elements());
     if a.dtype().is_float() {
-        return run_float("matmul", &[a, b], &dims);
+        return run_dense("matmul", &[a, b], out, &dims);
     }
     if !a.dtype().is_int() {
         return Err(eval_err(
@@ -154,7 +154,7 @@ pub(super) fn gemm(
             .get(2)
             .map(|c| broadcast_offsets(c.shape(), &out.shape)),
     };
-    run_float("gemm", inputs, &kernel)
+    run_dense("gemm", inputs, out, &kernel)
 }
 
 #[cfg(test)]

@@ -168,6 +168,17 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
 /// outputs depend on are evaluated, and intermediate values are dropped as
 /// soon as their last user has run.
 pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrError> {
+    eval_graph_with(graph, inputs, |_, _| {})
+}
+
+/// [`eval_graph`] that also shows every computed value (not constants or
+/// inputs) to `visit` as soon as it exists, in evaluation order: the
+/// precision report compares them node by node.
+pub fn eval_graph_with(
+    graph: &Graph,
+    inputs: &[Tensor],
+    mut visit: impl FnMut(NodeId, &Tensor),
+) -> Result<Vec<Tensor>, IrError> {
     if inputs.len() != graph.inputs().len() {
         return Err(eval_err(
             "input",
@@ -243,6 +254,7 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, IrErr
                         values.remove(&a);
                     }
                 }
+                visit(id, &value);
                 value
             }
         };
@@ -472,6 +484,25 @@ pub(crate) fn run_float(
         }
         other => return Err(eval_err(op, format!("needs a float input, got {other}"))),
     })
+}
+
+/// Runs a dense op (MatMul, Gemm, Conv). A reduced-precision one (a bf16
+/// or f16 operand, f32 result: see [`infer::dense_result`]) computes what
+/// the kernels compute: every operand widened exactly from its stored type,
+/// products accumulated at least in f32, the sum returned as f32; the
+/// rounding to bf16/f16 happened where the operand was stored.
+pub(crate) fn run_dense(
+    op: &'static str,
+    inputs: &[&Tensor],
+    out: &ValueType,
+    kernel: &impl FloatKernel,
+) -> Result<Data, IrError> {
+    if out.dtype == DType::F32 && inputs.iter().any(|t| infer::is_half(t.dtype())) {
+        let w: Vec<Vec<f32>> = inputs.iter().map(|t| t.to_f32_vec()).collect();
+        let s: Vec<&[f32]> = w.iter().map(Vec::as_slice).collect();
+        return Ok(Data::F32(kernel.run(&s)));
+    }
+    run_float(op, inputs, kernel)
 }
 
 #[cfg(test)]

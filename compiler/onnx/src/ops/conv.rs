@@ -180,13 +180,13 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if nsp == 2 {
         let mut inputs = vec![x, w];
         inputs.extend(b);
-        return one(ctx.op(op, &inputs, None)?);
+        return one(ctx.dense_op(op, &inputs, None)?);
     }
     let x4 = lift(ctx, x, "x2d")?;
     let w4 = lift(ctx, w, "w2d")?;
     let mut inputs = vec![x4, w4];
     inputs.extend(b);
-    let y = ctx.op(op, &inputs, Some("conv2d"))?;
+    let y = ctx.dense_op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
     one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
 }
@@ -329,7 +329,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         &[wg],
         Some("w_t"),
     )?;
-    let cols = ctx.op(Op::MatMul, &[wt, xg], Some("cols"))?;
+    let cols = ctx.dense_op(Op::MatMul, &[wt, xg], Some("cols"))?;
     let cols = reshape_to(ctx, cols, &[n, co * kh * kw, h * wd], Some("cols_flat"))?;
     let col2im = Op::Col2Im(Col2Im {
         grid: [h, wd],

@@ -12,7 +12,7 @@ type R = Result<Vec<Val>, OnnxError>;
 pub fn matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = ctx.input(node, 0)?;
     let b = ctx.input(node, 1)?;
-    one(ctx.op(Op::MatMul, &[a, b], None)?)
+    one(ctx.dense_op(Op::MatMul, &[a, b], None)?)
 }
 
 /// `Gemm`: `alpha * op(A) @ op(B) + beta * C`. C is required before opset
@@ -35,5 +35,5 @@ pub fn gemm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         trans_a,
         trans_b,
     };
-    one(ctx.op(op, &inputs, None)?)
+    one(ctx.dense_op(op, &inputs, None)?)
 }

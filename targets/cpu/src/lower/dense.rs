@@ -8,6 +8,8 @@
 //! depthwise with W stride 1, non-constant weights of ungrouped convs, an empty dimension, offsets beyond 32-bit
 //! displacements); the node then keeps its Cranelift kernel.
 
+use std::borrow::Cow;
+
 use kiln_ir::{
     BinaryOp, Conv2d, DType, Data, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr, NodeId,
     Op, Reg, UnaryOp,
@@ -17,8 +19,8 @@ use super::elementwise::broadcast_strides;
 use super::NodeCx;
 use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
-    pack_a, pack_b, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, GemmSpec,
-    MAX_MR,
+    pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, packed_a_rows, ALayout, Activation,
+    BLayout, Blocking, CLayout, Call, Elem, GemmSpec, Half, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
@@ -73,7 +75,18 @@ fn lower_with(
     tasks: usize,
 ) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
     let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
-    if cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32) || cx.node.ty.dtype != DType::F32 {
+    let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
+    if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
+        return None;
+    }
+    // Bias / C are read as f32 by the epilogue.
+    if cx.inputs.get(2).is_some_and(|(_, t)| t.dtype != DType::F32) {
+        return None;
+    }
+    // The depthwise kernel reads f32 only.
+    if matches!(&cx.node.op, Op::Conv(c) if c.group > 1)
+        && cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32)
+    {
         return None;
     }
     if cx.node.ty.num_elements() == 0 {
@@ -269,6 +282,64 @@ fn f32_constant(graph: &Graph, id: NodeId) -> Option<&[f32]> {
     }
 }
 
+/// The values of a float constant (f32, or 16-bit widened exactly, so that
+/// packing them back into 16 bits reproduces the stored bits).
+fn float_constant(graph: &Graph, id: NodeId) -> Option<Cow<'_, [f32]>> {
+    let t = graph.constant(id)?;
+    match t.data() {
+        Data::F32(v) => Some(Cow::Borrowed(v)),
+        Data::BF16(_) | Data::F16(_) => Some(Cow::Owned(t.to_f32_vec())),
+        _ => None,
+    }
+}
+
+/// The kernel element types of a MatMul/Gemm with operand types `a`, `b`
+/// (B must then be a constant packed at compile time, except for f32).
+fn product_elem(a: DType, b: DType) -> Option<Elem> {
+    match (a, b) {
+        (DType::F32, DType::F32) => Some(Elem::F32),
+        (DType::BF16, DType::BF16) => Some(Elem::Bf16Dot),
+        (DType::F32, DType::BF16) => Some(Elem::WidenB(Half::Bf16)),
+        (DType::F32, DType::F16) => Some(Elem::WidenB(Half::F16)),
+        _ => None,
+    }
+}
+
+/// B packed for the kernel's element types.
+fn pack_b_for(
+    elem: Elem,
+    b: &[f32],
+    k: usize,
+    n: usize,
+    row: usize,
+    col: usize,
+    nr: usize,
+) -> Vec<u8> {
+    match elem {
+        Elem::Bf16Dot => pack_b_pairs(b, k, n, row, col, nr),
+        Elem::WidenB(h) => pack_b_half(b, k, n, row, col, nr, h),
+        Elem::F32 | Elem::WidenA(_) => pack_b(b, k, n, row, col, nr),
+    }
+}
+
+/// The kernel element types of a Conv with input `x` and weights `w`.
+fn conv_elem(x: DType, w: DType) -> Option<Elem> {
+    match (x, w) {
+        (DType::F32, DType::F32) => Some(Elem::F32),
+        (DType::F32, DType::BF16) => Some(Elem::WidenA(Half::Bf16)),
+        (DType::F32, DType::F16) => Some(Elem::WidenA(Half::F16)),
+        _ => None,
+    }
+}
+
+/// Conv weights packed for the kernel's element types.
+fn pack_w_for(elem: Elem, w: &[f32], oc: usize, k: usize, mr: usize) -> Vec<u8> {
+    match elem {
+        Elem::WidenA(h) => pack_a_half(w, oc, k, k, 1, mr, h),
+        _ => pack_a(w, oc, k, k, 1, mr),
+    }
+}
+
 fn offset(loc: Loc, bytes: i64) -> Loc {
     Loc {
         base: loc.base,
@@ -328,8 +399,15 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
     if count > MAX_CALLS || k == 0 {
         return None;
     }
-    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
-    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let elem = product_elem(aty.dtype, bty.dtype)?;
+    let b_const = float_constant(cx.graph, cx.input_ids[1]);
+    if elem != Elem::F32 && b_const.is_none() {
+        return None;
+    }
+    let b_const = b_const.as_deref();
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]).filter(|_| elem == Elem::F32);
+    // Bytes of one stored A element.
+    let ea = aty.dtype.size_bytes();
     let a_packed = a_const.is_some() && b_const.is_none();
     let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
     let mats = |sh: &[usize]| sh.iter().product::<usize>();
@@ -345,18 +423,18 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         }
         _ => (
             ALayout::Strided {
-                row: (k * 4) as i64,
-                col: 4,
+                row: (k * ea) as i64,
+                col: ea as i64,
             },
             aloc,
-            (m * k * 4) as i64,
+            (m * k * ea) as i64,
         ),
     };
     let (b_layout, b_base, b_mat) = match b_const {
         Some(v) => {
             let mut bytes = Vec::new();
             for q in 0..mats(b_batch) {
-                bytes.extend(pack_b(&v[q * k * n..], k, n, n, 1, blocking.nr()));
+                bytes.extend(pack_b_for(elem, &v[q * k * n..], k, n, n, 1, blocking.nr()));
             }
             let per = (bytes.len() / mats(b_batch).max(1)) as i64;
             (BLayout::Packed, weights_loc(weights, &bytes), per)
@@ -395,6 +473,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         m,
         n,
         k,
+        elem,
         blocking,
         a: a_layout,
         b: b_layout,
@@ -431,13 +510,20 @@ fn gemm(
     // Element strides of op(A)[i, k] and op(B)[k, j] in the stored tensors.
     let (a_row, a_col) = if trans_a { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if trans_b { (1, k) } else { (n, 1) };
-    let b_const = f32_constant(cx.graph, cx.input_ids[1]);
-    let a_const = f32_constant(cx.graph, cx.input_ids[0]);
+    let elem = product_elem(aty.dtype, cx.inputs[1].1.dtype)?;
+    let b_const = float_constant(cx.graph, cx.input_ids[1]);
+    // A bf16 dot reads A pairs along k, which a transposed A does not have.
+    if elem != Elem::F32 && (b_const.is_none() || (elem == Elem::Bf16Dot && trans_a)) {
+        return None;
+    }
+    let b_const = b_const.as_deref();
+    let a_const = f32_constant(cx.graph, cx.input_ids[0]).filter(|_| elem == Elem::F32);
+    let ea = aty.dtype.size_bytes();
     let a_packed = a_const.is_some() && b_const.is_none();
     let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
     let (b, b_base) = match b_const {
         Some(v) => {
-            let bytes = pack_b(v, k, n, b_row, b_col, blocking.nr());
+            let bytes = pack_b_for(elem, v, k, n, b_row, b_col, blocking.nr());
             (BLayout::Packed, weights_loc(weights, &bytes))
         }
         None if !trans_b => (
@@ -456,8 +542,8 @@ fn gemm(
         }
         _ => (
             ALayout::Strided {
-                row: (a_row * 4) as i64,
-                col: (a_col * 4) as i64,
+                row: (a_row * ea) as i64,
+                col: (a_col * ea) as i64,
             },
             aloc,
         ),
@@ -480,6 +566,7 @@ fn gemm(
         m,
         n,
         k,
+        elem,
         blocking,
         a,
         b,
@@ -512,10 +599,11 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
     if !pointwise || batch > MAX_CALLS || cin == 0 {
         return None;
     }
-    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let elem = conv_elem(xty.dtype, wty.dtype)?;
+    let wv = float_constant(cx.graph, cx.input_ids[1])?;
     let p = h * w;
     let blocking = Blocking::choose(oc, p, packed_a_rows(cin));
-    let packed = pack_a(wv, oc, cin, cin, 1, blocking.mr);
+    let packed = pack_w_for(elem, &wv, oc, cin, blocking.mr);
     let a_base = weights_loc(weights, &packed);
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let calls = (0..batch as i64)
@@ -531,6 +619,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         m: oc,
         n: p,
         k: cin,
+        elem,
         blocking,
         a: ALayout::Packed,
         b: BLayout::Strided {
@@ -563,7 +652,8 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     if c.group != 1 || batch > MAX_CALLS || cin * kh * kw == 0 {
         return None;
     }
-    let wv = f32_constant(cx.graph, cx.input_ids[1])?;
+    let elem = conv_elem(xty.dtype, wty.dtype)?;
+    let wv = float_constant(cx.graph, cx.input_ids[1])?;
     let geo = Im2col {
         cin,
         h,
@@ -581,7 +671,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     }
     let (k, p) = (cin * kh * kw, oh * ow);
     let blocking = Blocking::choose(oc, p, packed_a_rows(k));
-    let packed = pack_a(wv, oc, k, k, 1, blocking.mr);
+    let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
     let a_base = weights_loc(weights, &packed);
     // `lower` points B at the im2col matrix once scratch is reserved.
     let col = Loc {
@@ -602,6 +692,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         m: oc,
         n: p,
         k,
+        elem,
         blocking,
         a: ALayout::Packed,
         b: BLayout::Strided {

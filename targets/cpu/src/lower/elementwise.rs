@@ -8,7 +8,7 @@
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
-use cranelift_codegen::ir::{InstBuilder, Type, Value};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 use kiln_runtime::format::HostFn;
 
@@ -622,6 +622,12 @@ fn binary_int(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
 /// and saturates, like Rust `as`; to bool is `!= 0`).
 pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
     let from = cx.inputs[0].1.dtype;
+    if matches!(
+        (from, to),
+        (DType::F32, DType::BF16) | (DType::BF16, DType::F32)
+    ) {
+        return cast_bf16(kb, cx, to);
+    }
     for d in [from, to] {
         if scalar_type(d).is_none() {
             return Err(cx.dtype_err(d));
@@ -633,6 +639,38 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
     let vector = if from == to { vector_type(from) } else { None };
     map(kb, &shape, out, &[input], vector, &move |kb, v| {
         cast_value(kb, v[0], from, to)
+    });
+    Ok(())
+}
+
+/// f32 ↔ bf16 with integer arithmetic (bf16 is the high half of an f32):
+/// to bf16 rounds to nearest even and keeps NaNs quiet NaNs, as
+/// `half::bf16::from_f32` and the reference evaluator do; to f32 is exact.
+/// The 16-bit side is moved as `i16` bits.
+fn cast_bf16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
+    let mut input = out_and_input(kb, cx, 0);
+    let bits = |d: DType| if d == DType::BF16 { DType::I16 } else { d };
+    input.dtype = bits(input.dtype);
+    let out = (kb.ptr(cx.out), bits(to));
+    let shape = cx.node.ty.shape.clone();
+    let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+    map(kb, &shape, out, &[input], None, &move |kb, v| {
+        if to == DType::F32 {
+            let w = kb.b.ins().uextend(I32, v[0]);
+            let w = kb.b.ins().ishl_imm_u(w, 16);
+            return kb.b.ins().bitcast(F32, flags, w);
+        }
+        let x = v[0];
+        let b = kb.b.ins().bitcast(I32, flags, x);
+        let hi = kb.b.ins().ushr_imm_u(b, 16);
+        let lsb = kb.b.ins().band_imm_u(hi, 1);
+        let bias = kb.b.ins().iadd_imm_u(lsb, 0x7fff);
+        let r = kb.b.ins().iadd(b, bias);
+        let r = kb.b.ins().ushr_imm_u(r, 16);
+        let quiet = kb.b.ins().bor_imm_u(hi, 0x40);
+        let nan = kb.b.ins().fcmp(FloatCC::Unordered, x, x);
+        let r = kb.b.ins().select(nan, quiet, r);
+        kb.b.ins().ireduce(I16, r)
     });
     Ok(())
 }

@@ -64,7 +64,7 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
     }
     let (a_row_bytes, a_panel_bytes) = match spec.a {
         ALayout::Strided { row, .. } => (row, 0),
-        ALayout::Packed => (0, (mr * spec.k * 4) as i64),
+        ALayout::Packed => (0, mr as i64 * spec.k as i64 * spec.elem.a_size()),
     };
     (0..tasks)
         .map(|t| {

@@ -138,6 +138,156 @@ pub(crate) enum BLayout {
     Packed,
 }
 
+/// A 16-bit float storage type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Half {
+    /// bfloat16: widened by a 16-bit shift.
+    Bf16,
+    /// IEEE binary16: widened by `vcvtph2ps` (F16C / AVX-512F).
+    F16,
+}
+
+/// The element types the kernel reads. Accumulation is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Elem {
+    /// f32 operands, `vfmadd231ps`.
+    F32,
+    /// A bf16 and contiguous along k ([`ALayout::Strided`] with `col` 2),
+    /// B bf16 pairs along k ([`pack_b_pairs`]): each `vdpbf16ps` takes a
+    /// broadcast (A[i,k], A[i,k+1]) dword and 16 columns of (B[k,j],
+    /// B[k+1,j]) pairs, two multiply-adds per lane into f32 accumulators.
+    Bf16Dot,
+    /// A f32; B packed 16-bit ([`pack_b_half`]), widened to f32 as it is
+    /// loaded; f32 FMAs.
+    WidenB(Half),
+    /// A packed 16-bit ([`pack_a_half`]), each element broadcast and
+    /// widened; B f32; f32 FMAs.
+    WidenA(Half),
+}
+
+impl Elem {
+    /// Bytes of one stored A element.
+    pub(crate) fn a_size(self) -> i64 {
+        match self {
+            Elem::F32 | Elem::WidenB(_) => F,
+            Elem::Bf16Dot | Elem::WidenA(_) => 2,
+        }
+    }
+
+    /// Bytes of one stored B element.
+    fn b_size(self) -> i64 {
+        match self {
+            Elem::F32 | Elem::WidenA(_) => F,
+            Elem::Bf16Dot | Elem::WidenB(_) => 2,
+        }
+    }
+
+    /// Reduction steps of the kernel loop for `k` (pairs for bf16 dot).
+    fn steps(self, k: usize) -> usize {
+        match self {
+            Elem::Bf16Dot => k.div_ceil(2),
+            _ => k,
+        }
+    }
+}
+
+/// The bits of `x` as a 16-bit float, rounded to nearest even.
+pub(crate) fn half_bits(x: f32, h: Half) -> u16 {
+    match h {
+        Half::Bf16 => half::bf16::from_f32(x).to_bits(),
+        Half::F16 => half::f16::from_f32(x).to_bits(),
+    }
+}
+
+/// [`pack_a`] with 16-bit elements (`a` already holds the stored values,
+/// so the conversion is exact).
+pub(crate) fn pack_a_half(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    a_row: usize,
+    a_col: usize,
+    mr: usize,
+    h: Half,
+) -> Vec<u8> {
+    let panels = m.div_ceil(mr);
+    let mut out = Vec::with_capacity(panels * mr * k * 2);
+    for p in 0..panels {
+        for kk in 0..k {
+            for r in 0..mr {
+                let i = p * mr + r;
+                let v = if i < m {
+                    a[i * a_row + kk * a_col]
+                } else {
+                    0.0
+                };
+                out.extend_from_slice(&half_bits(v, h).to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// [`pack_b`] with 16-bit elements.
+pub(crate) fn pack_b_half(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    b_row: usize,
+    b_col: usize,
+    nr: usize,
+    h: Half,
+) -> Vec<u8> {
+    let panels = n.div_ceil(nr);
+    let mut out = Vec::with_capacity(panels * nr * k * 2);
+    for q in 0..panels {
+        for kk in 0..k {
+            for c in 0..nr {
+                let j = q * nr + c;
+                let v = if j < n {
+                    b[kk * b_row + j * b_col]
+                } else {
+                    0.0
+                };
+                out.extend_from_slice(&half_bits(v, h).to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Packs `b` as bf16 pairs along k for [`Elem::Bf16Dot`]: panel `q` holds
+/// columns `q*nr..` as `ceil(K/2)` rows of `nr` dwords (B[2t, j],
+/// B[2t+1, j]), zero past `n` and past `K`.
+pub(crate) fn pack_b_pairs(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    b_row: usize,
+    b_col: usize,
+    nr: usize,
+) -> Vec<u8> {
+    let panels = n.div_ceil(nr);
+    let pairs = k.div_ceil(2);
+    let mut out = Vec::with_capacity(panels * nr * pairs * 4);
+    for q in 0..panels {
+        for t in 0..pairs {
+            for c in 0..nr {
+                let j = q * nr + c;
+                for kk in [2 * t, 2 * t + 1] {
+                    let v = if j < n && kk < k {
+                        b[kk * b_row + j * b_col]
+                    } else {
+                        0.0
+                    };
+                    out.extend_from_slice(&half_bits(v, Half::Bf16).to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The elementwise activation applied in the store loop (a fused kernel's
 /// Relu or Clip, see `lower::dense::absorb`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -190,6 +340,8 @@ pub(crate) struct GemmSpec {
     pub n: usize,
     /// Reduction length.
     pub k: usize,
+    /// Operand element types.
+    pub elem: Elem,
     /// Register tile.
     pub blocking: Blocking,
     /// A's layout.
@@ -295,6 +447,8 @@ const K_COUNT: AsmRegister64 = r15;
 const PANEL: AsmRegister64 = rbp;
 /// Scratch for constants in the epilogue (the k counter is free there).
 const CONST: AsmRegister32 = r15d;
+/// The low half of the broadcast register (zmm31), for `vcvtph2ps`.
+const ABC_Y: AsmRegisterYmm = ymm31;
 /// Callee-saved registers the body uses.
 const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
@@ -314,15 +468,19 @@ struct Geometry {
 impl GemmSpec {
     fn geometry(&self) -> Geometry {
         let Blocking { mr, nv } = self.blocking;
+        let (ea, eb) = (self.elem.a_size(), self.elem.b_size());
+        // bf16 dot steps over k pairs: a dword of A, a dword per B column.
+        let pair = if self.elem == Elem::Bf16Dot { 2 } else { 1 };
+        let steps = self.elem.steps(self.k) as i64;
         let (a_row, a_k, a_tile) = match self.a {
-            ALayout::Strided { row, col } => (row, col, row * mr as i64),
-            ALayout::Packed => (F, F * mr as i64, F * (mr * self.k) as i64),
+            ALayout::Strided { row, col } => (row, col * pair, row * mr as i64),
+            ALayout::Packed => (ea, ea * mr as i64, ea * (mr * self.k) as i64),
         };
         let nr = (nv * 16) as i64;
         let (b_k, b_tile, b_pack_row) = match (self.b, self.b_panel) {
             (BLayout::Strided { row }, None) => (row, F * nr, None),
             (BLayout::Strided { row }, Some(_)) => (F * nr, F * nr, Some(row)),
-            (BLayout::Packed, _) => (F * nr, F * nr * self.k as i64, None),
+            (BLayout::Packed, _) => (eb * pair * nr, eb * pair * nr * steps, None),
         };
         Geometry {
             a_tile,
@@ -338,6 +496,21 @@ impl GemmSpec {
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         let Blocking { mr, nv } = self.blocking;
         assert!(mr >= 1 && nv >= 1 && mr * nv + nv < 32, "tile too large");
+        let operands_fit = match self.elem {
+            Elem::F32 => true,
+            Elem::Bf16Dot => {
+                matches!(self.a, ALayout::Strided { col: 2, .. })
+                    && matches!(self.b, BLayout::Packed)
+            }
+            Elem::WidenB(_) => matches!(self.b, BLayout::Packed),
+            Elem::WidenA(_) => matches!(self.a, ALayout::Packed),
+        };
+        if !operands_fit {
+            return Err(MicrokernelError::Layout(format!(
+                "{:?} cannot read A {:?} and B {:?}",
+                self.elem, self.a, self.b
+            )));
+        }
         let g = self.geometry();
         let mut a = CodeAssembler::new(64)?;
         let mut body = a.create_label();
@@ -513,20 +686,67 @@ impl GemmSpec {
                 a.vpxord(acc(r, v), acc(r, v), acc(r, v))?;
             }
         }
-        let step = |a: &mut CodeAssembler, u: usize| -> Result<(), MicrokernelError> {
+        let elem = self.elem;
+        // `odd`: the last k step of a bf16 dot over an odd K, whose A pair
+        // would read one element past the row: the single element is
+        // zero-extended into the dword instead (B's pair is zero there).
+        let step = |a: &mut CodeAssembler, u: usize, odd: bool| -> Result<(), MicrokernelError> {
             let bk = g.b_k * u as i64;
+            // Bytes of one 16-column B vector as stored (pairs are dwords).
+            let b_vec = match elem {
+                Elem::WidenB(_) => 32,
+                _ => 64,
+            };
             for v in 0..nv {
-                let disp = imm32(bk + 64 * v as i64, "B displacement")?;
-                if partial && v == nv - 1 {
-                    a.vmovups(breg(v).k1().z(), zmmword_ptr(B_K + disp))?;
-                } else {
-                    a.vmovups(breg(v), zmmword_ptr(B_K + disp))?;
+                let disp = imm32(bk + b_vec * v as i64, "B displacement")?;
+                let mem = B_K + disp;
+                match elem {
+                    Elem::F32 | Elem::WidenA(_) => {
+                        if partial && v == nv - 1 {
+                            a.vmovups(breg(v).k1().z(), zmmword_ptr(mem))?;
+                        } else {
+                            a.vmovups(breg(v), zmmword_ptr(mem))?;
+                        }
+                    }
+                    // Packed panels are zero-padded to whole tiles, so
+                    // the 16-bit loads need no mask.
+                    Elem::Bf16Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
+                    Elem::WidenB(Half::F16) => a.vcvtph2ps(breg(v), ymmword_ptr(mem))?,
+                    Elem::WidenB(Half::Bf16) => {
+                        a.vpmovzxwd(breg(v), ymmword_ptr(mem))?;
+                        a.vpslld(breg(v), breg(v), 16)?;
+                    }
                 }
             }
             let ak = g.a_k * u as i64;
             for r in 0..rows {
                 let disp = imm32(ak + g.a_row * r as i64, "A displacement")?;
-                a.vbroadcastss(abc, dword_ptr(A_K + disp))?;
+                let mem = A_K + disp;
+                match elem {
+                    Elem::Bf16Dot if odd => {
+                        a.movzx(CONST, word_ptr(mem))?;
+                        a.vpbroadcastd(abc, CONST)?;
+                        for v in 0..nv {
+                            a.vdpbf16ps(acc(r, v), abc, breg(v))?;
+                        }
+                        continue;
+                    }
+                    Elem::Bf16Dot => {
+                        for v in 0..nv {
+                            a.vdpbf16ps(acc(r, v), breg(v), dword_bcst(mem))?;
+                        }
+                        continue;
+                    }
+                    Elem::F32 | Elem::WidenB(_) => a.vbroadcastss(abc, dword_ptr(mem))?,
+                    Elem::WidenA(Half::F16) => {
+                        a.vpbroadcastw(abc, word_ptr(mem))?;
+                        a.vcvtph2ps(abc, ABC_Y)?;
+                    }
+                    Elem::WidenA(Half::Bf16) => {
+                        a.vpbroadcastw(abc, word_ptr(mem))?;
+                        a.vpslld(abc, abc, 16)?;
+                    }
+                }
                 for v in 0..nv {
                     a.vfmadd231ps(acc(r, v), abc, breg(v))?;
                 }
@@ -542,13 +762,15 @@ impl GemmSpec {
                 B_TILE
             },
         )?;
-        let (blocks, rest) = (self.k / K_UNROLL, self.k % K_UNROLL);
+        let odd_tail = elem == Elem::Bf16Dot && self.k % 2 == 1;
+        let steps = elem.steps(self.k) - usize::from(odd_tail);
+        let (blocks, rest) = (steps / K_UNROLL, steps % K_UNROLL);
         if blocks > 0 {
             let mut top = a.create_label();
             a.mov(K_COUNT, blocks as u64)?;
             a.set_label(&mut top)?;
             for u in 0..K_UNROLL {
-                step(a, u)?;
+                step(a, u, false)?;
             }
             a.add(A_K, imm32(g.a_k * K_UNROLL as i64, "A k stride")?)?;
             a.add(B_K, imm32(g.b_k * K_UNROLL as i64, "B k stride")?)?;
@@ -556,7 +778,10 @@ impl GemmSpec {
             a.jnz(top)?;
         }
         for u in 0..rest {
-            step(a, u)?;
+            step(a, u, false)?;
+        }
+        if odd_tail {
+            step(a, rest, true)?;
         }
         self.epilogue(a, rows, nv, partial, &acc)
     }
@@ -734,6 +959,7 @@ mod tests {
                 m,
                 n,
                 k,
+                elem: Elem::F32,
                 blocking,
                 a: ALayout::Strided {
                     row: (k * 4) as i64,
@@ -792,6 +1018,153 @@ mod tests {
                         (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
                         "{act:?} [{i},{j}]: {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Reduced-precision kernels against an f64 reference computed from the
+    /// same 16-bit-rounded operands: what is left is f32 accumulation error.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn reduced_precision_kernels_match_rounded_operands() {
+        let have = |f: &str| match f {
+            "avx512_bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
+            _ => std::arch::is_x86_feature_detected!("avx512f"),
+        };
+        if !have("avx512f") {
+            eprintln!("no AVX-512F on this host: the generated code cannot run here");
+            return;
+        }
+        let val = |i: usize, salt: usize| {
+            (((i * 7919 + salt * 104_729) % 97) as f32 - 48.0) / 13.7 + 0.001 * salt as f32
+        };
+        let round = |x: f32, h: Option<Half>| match h {
+            Some(Half::Bf16) => half::bf16::from_f32(x).to_f32(),
+            Some(Half::F16) => half::f16::from_f32(x).to_f32(),
+            None => x,
+        };
+        let cases = [
+            (Elem::Bf16Dot, Some(Half::Bf16), Some(Half::Bf16)),
+            (Elem::WidenB(Half::F16), None, Some(Half::F16)),
+            (Elem::WidenB(Half::Bf16), None, Some(Half::Bf16)),
+            (Elem::WidenA(Half::F16), Some(Half::F16), None),
+            (Elem::WidenA(Half::Bf16), Some(Half::Bf16), None),
+        ];
+        for (elem, ha, hb) in cases {
+            if elem == Elem::Bf16Dot && !have("avx512_bf16") {
+                eprintln!("no AVX512-BF16 on this host: skipping {elem:?}");
+                continue;
+            }
+            for (m, k, n) in [(19, 7, 37), (5, 64, 16), (14, 33, 100), (1, 1, 3)] {
+                let av: Vec<f32> = (0..m * k).map(|i| round(val(i, 1), ha)).collect();
+                let bv: Vec<f32> = (0..k * n).map(|i| round(val(i, 2), hb)).collect();
+                let blocking = Blocking::choose(m, n, MAX_MR);
+                let ea = ha.map_or(4, |_| 2);
+                let a_packed = matches!(elem, Elem::WidenA(_));
+                // Arena: A (unless packed), B (when strided), then the output;
+                // poison after A so an over-read of the odd-K pair would show.
+                let mut arena = Vec::new();
+                let mut weights = Vec::new();
+                let (a_layout, a_loc) = if a_packed {
+                    weights = pack_a_half(&av, m, k, k, 1, blocking.mr, ha.unwrap());
+                    (
+                        ALayout::Packed,
+                        Loc {
+                            base: Base::Weights,
+                            offset: 0,
+                        },
+                    )
+                } else {
+                    for &x in &av {
+                        match ha {
+                            Some(h) => arena.extend(half_bits(x, h).to_le_bytes()),
+                            None => arena.extend(x.to_le_bytes()),
+                        }
+                    }
+                    arena.extend([0xff; 64]);
+                    let lay = ALayout::Strided {
+                        row: (k * ea) as i64,
+                        col: ea as i64,
+                    };
+                    (
+                        lay,
+                        Loc {
+                            base: Base::Arena,
+                            offset: 0,
+                        },
+                    )
+                };
+                let (b_layout, b_loc) = if a_packed {
+                    let at = arena.len() as u64;
+                    arena.extend(bv.iter().flat_map(|x| x.to_le_bytes()));
+                    (
+                        BLayout::Strided {
+                            row: (n * 4) as i64,
+                        },
+                        Loc {
+                            base: Base::Arena,
+                            offset: at,
+                        },
+                    )
+                } else {
+                    weights = match elem {
+                        Elem::Bf16Dot => pack_b_pairs(&bv, k, n, n, 1, blocking.nr()),
+                        _ => pack_b_half(&bv, k, n, n, 1, blocking.nr(), hb.unwrap()),
+                    };
+                    (
+                        BLayout::Packed,
+                        Loc {
+                            base: Base::Weights,
+                            offset: 0,
+                        },
+                    )
+                };
+                let out_at = arena.len().div_ceil(64) * 64;
+                arena.resize(out_at + m * n * 4, 0);
+                let spec = GemmSpec {
+                    m,
+                    n,
+                    k,
+                    elem,
+                    blocking,
+                    a: a_layout,
+                    b: b_layout,
+                    out_row: (n * 4) as i64,
+                    alpha: 1.0,
+                    c: None,
+                    act: Activation::None,
+                    calls: vec![Call {
+                        a: a_loc,
+                        b: b_loc,
+                        out: Loc {
+                            base: Base::Arena,
+                            offset: out_at as u64,
+                        },
+                        c: None,
+                        src: None,
+                    }],
+                    im2col: None,
+                    b_panel: None,
+                };
+                let code = spec.assemble().unwrap();
+                assert_eq!(
+                    super::super::exec::call_kernel(&code, &mut arena, &weights),
+                    0
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let terms = (0..k).map(|kk| av[i * k + kk] as f64 * bv[kk * n + j] as f64);
+                        let abs: f64 = terms.clone().map(f64::abs).sum();
+                        let want: f64 = terms.sum();
+                        let at = out_at + (i * n + j) * 4;
+                        let got = f32::from_le_bytes(arena[at..at + 4].try_into().unwrap()) as f64;
+                        // f32 accumulation: a few ulps of the sum of |terms|.
+                        assert!(
+                            (got - want).abs() <= 1e-6 * k as f64 * abs.max(1e-30) + 1e-30,
+                            "{elem:?} {m}x{k}x{n} [{i},{j}]: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

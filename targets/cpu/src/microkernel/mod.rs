@@ -33,6 +33,10 @@ pub enum MicrokernelError {
     /// An offset, stride or displacement does not fit a 32-bit immediate.
     #[error("{0} does not fit a 32-bit displacement")]
     Displacement(&'static str),
+    /// The operand layouts do not fit the element types (a caller bug,
+    /// reported rather than assembled wrong).
+    #[error("operand layout: {0}")]
+    Layout(String),
     /// The assembler rejected the generated code.
     #[error("assembler: {0}")]
     Assembler(String),

@@ -1,0 +1,514 @@
+//! `assign-precision`: stores the weights of the dense ops (MatMul, Gemm,
+//! Conv) in bf16 or f16 and, for bf16, feeds their activations through a
+//! Cast to bf16, so that the targets run them on reduced-precision kernels
+//! with f32 accumulation (`docs/precision.md`).
+//!
+//! The representation is the value types: a dense op with a bf16/f16
+//! operand returns f32 ([`kiln_ir::infer::dense_result`]); everything else
+//! (Softmax, normalizations, reductions, exp/log/pow, elementwise ops, the
+//! graph outputs) keeps computing in f32.
+
+use crate::{Pass, PassError, PassStats};
+use half::{bf16, f16};
+use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use thiserror::Error;
+
+/// The precision a dense op runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Precision {
+    /// f32 storage and math.
+    Fp32,
+    /// bf16 weights and activations, `vdpbf16ps` with f32 accumulation
+    /// (Conv: bf16 weights, f32 activations).
+    Bf16,
+    /// f16 weights (storage), widened in the kernel; f32 activations and
+    /// math.
+    Fp16,
+}
+
+impl Precision {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    /// The weight storage type.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::Fp32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+            Precision::Fp16 => DType::F16,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        match s {
+            "fp32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" => Ok(Precision::Fp16),
+            other => Err(PolicyError::UnknownPrecision(other.to_string())),
+        }
+    }
+}
+
+/// The `--precision` mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Nothing changes (the default).
+    #[default]
+    Fp32,
+    /// Every eligible dense op in bf16.
+    Bf16,
+    /// Every eligible dense op with f16 weights.
+    Fp16,
+    /// bf16, except the first and the last dense op of the graph (the
+    /// layer reading the raw input and the one producing the logits).
+    Mixed,
+}
+
+impl Mode {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fp32 => "fp32",
+            Mode::Bf16 => "bf16",
+            Mode::Fp16 => "fp16",
+            Mode::Mixed => "mixed",
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        match s {
+            "fp32" => Ok(Mode::Fp32),
+            "bf16" => Ok(Mode::Bf16),
+            "fp16" => Ok(Mode::Fp16),
+            "mixed" => Ok(Mode::Mixed),
+            other => Err(PolicyError::UnknownPrecision(other.to_string())),
+        }
+    }
+}
+
+/// Bad `--precision`, `--keep-fp32` or `--force` arguments.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PolicyError {
+    /// Not one of the precision names.
+    #[error("unknown precision '{0}'; use fp32, fp16, bf16 or mixed (mixed only for --precision)")]
+    UnknownPrecision(String),
+    /// `--force` without `=`.
+    #[error("--force takes PRECISION=PATTERN[,PATTERN...], got '{0}'")]
+    BadForce(String),
+    /// An empty pattern in a list.
+    #[error("empty pattern in '{0}'")]
+    EmptyPattern(String),
+}
+
+/// Which nodes a pattern names: an op type (`MatMul`, `Conv`, compared
+/// without case, ONNX or IR spelling) or a node name, where `*` matches any
+/// run of characters and `?` one character.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    /// Parses a comma-separated list.
+    pub fn list(s: &str) -> Result<Vec<Pattern>, PolicyError> {
+        s.split(',')
+            .map(|p| {
+                let p = p.trim();
+                if p.is_empty() {
+                    Err(PolicyError::EmptyPattern(s.to_string()))
+                } else {
+                    Ok(Pattern(p.to_string()))
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the pattern names a node with this op and name.
+    pub fn matches(&self, op: &Op, name: &str) -> bool {
+        self.0.eq_ignore_ascii_case(op.name()) || glob(self.0.as_bytes(), name.as_bytes())
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    match (p.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
+        _ => false,
+    }
+}
+
+/// The precision policy: a mode and per-node overrides.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// `--precision`.
+    pub mode: Mode,
+    /// `--keep-fp32`: nodes that stay f32 whatever else says.
+    pub keep_fp32: Vec<Pattern>,
+    /// `--force PRECISION=PATTERN`, in command-line order (a later one wins).
+    pub force: Vec<(Precision, Vec<Pattern>)>,
+}
+
+impl Policy {
+    /// Parses one `--force PRECISION=PATTERN[,PATTERN...]` argument.
+    pub fn parse_force(s: &str) -> Result<(Precision, Vec<Pattern>), PolicyError> {
+        let (p, pats) = s
+            .split_once('=')
+            .ok_or_else(|| PolicyError::BadForce(s.to_string()))?;
+        Ok((p.parse()?, Pattern::list(pats)?))
+    }
+
+    /// Whether the policy can change a graph (`fp32` with no `--force`
+    /// cannot).
+    pub fn is_identity(&self) -> bool {
+        self.mode == Mode::Fp32 && self.force.iter().all(|(p, _)| *p == Precision::Fp32)
+    }
+}
+
+/// Why a dense node got its precision (recorded in the report).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The `--precision` mode.
+    Mode,
+    /// `mixed` keeps the first and last dense layer in f32.
+    MixedEdge,
+    /// A `--keep-fp32` pattern.
+    KeepFp32(String),
+    /// A `--force` pattern.
+    Force(String),
+    /// The op or its operands have no reduced-precision kernel form.
+    NotEligible(&'static str),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Mode => f.write_str("precision mode"),
+            Reason::MixedEdge => f.write_str("mixed: first/last dense layer stays fp32"),
+            Reason::KeepFp32(p) => write!(f, "--keep-fp32 {p}"),
+            Reason::Force(p) => write!(f, "--force {p}"),
+            Reason::NotEligible(why) => write!(f, "stays fp32: {why}"),
+        }
+    }
+}
+
+/// One dense node's decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Node (ONNX) name.
+    pub node: String,
+    /// IR op name.
+    pub op: &'static str,
+    /// The precision it runs in.
+    pub precision: Precision,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// The pass. Its decisions are recorded in [`AssignPrecision::decisions`]
+/// by [`AssignPrecision::assign`].
+pub struct AssignPrecision {
+    /// The policy.
+    pub policy: Policy,
+}
+
+/// Which operand of a dense op is the constant weight, and which the
+/// activation that is cast to bf16 (none for Conv and a transposed A,
+/// whose kernels read f32 activations).
+fn operands(graph: &Graph, id: NodeId) -> Result<(usize, Option<usize>), &'static str> {
+    let node = graph.node(id);
+    let inputs = graph.inputs_of(id);
+    if node.ty.dtype != DType::F32 || inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32) {
+        return Err("not an f32 op");
+    }
+    let is_const = |slot: usize| graph.constant(inputs[slot]).is_some();
+    match &node.op {
+        Op::MatMul if is_const(1) && !is_const(0) && graph.node(inputs[1]).ty.shape.len() >= 2 => {
+            Ok((1, Some(0)))
+        }
+        Op::Gemm { trans_a: false, .. } if is_const(1) && !is_const(0) => Ok((1, Some(0))),
+        Op::Gemm { .. } if is_const(1) && !is_const(0) => Ok((1, None)),
+        Op::Conv(c) if c.group == 1 && is_const(1) && !is_const(0) => Ok((1, None)),
+        Op::Conv(_) => Err("grouped/depthwise convolution (memory-bound, f32 kernel)"),
+        Op::MatMul | Op::Gemm { .. } => Err("no constant weight operand"),
+        _ => Err("not a dense op"),
+    }
+}
+
+impl AssignPrecision {
+    /// The precision of every dense node by the policy, in topological
+    /// order.
+    pub fn decide(&self, graph: &Graph) -> Result<Vec<(NodeId, Decision)>, kiln_ir::IrError> {
+        let dense: Vec<NodeId> = graph
+            .topo_order()?
+            .into_iter()
+            .filter(|&id| {
+                matches!(
+                    graph.node(id).op,
+                    Op::MatMul | Op::Gemm { .. } | Op::Conv(_)
+                )
+            })
+            .collect();
+        let eligible: Vec<NodeId> = dense
+            .iter()
+            .copied()
+            .filter(|&id| operands(graph, id).is_ok())
+            .collect();
+        let base = match self.policy.mode {
+            Mode::Fp32 | Mode::Mixed => Precision::Fp32,
+            Mode::Bf16 => Precision::Bf16,
+            Mode::Fp16 => Precision::Fp16,
+        };
+        let mut out = Vec::new();
+        for id in dense {
+            let node = graph.node(id);
+            let mut decision = Decision {
+                node: node.name.clone(),
+                op: node.op.name(),
+                precision: base,
+                reason: Reason::Mode,
+            };
+            if self.policy.mode == Mode::Mixed {
+                let edge = eligible.first() == Some(&id) || eligible.last() == Some(&id);
+                if edge {
+                    decision.reason = Reason::MixedEdge;
+                } else {
+                    decision.precision = Precision::Bf16;
+                }
+            }
+            for (p, pats) in &self.policy.force {
+                if let Some(pat) = pats.iter().find(|p| p.matches(&node.op, &node.name)) {
+                    decision.precision = *p;
+                    decision.reason = Reason::Force(format!("{p}={pat}"));
+                }
+            }
+            if let Some(pat) =
+                (self.policy.keep_fp32.iter()).find(|p| p.matches(&node.op, &node.name))
+            {
+                decision.precision = Precision::Fp32;
+                decision.reason = Reason::KeepFp32(pat.to_string());
+            }
+            if let Err(why) = operands(graph, id) {
+                if decision.precision != Precision::Fp32 {
+                    decision.precision = Precision::Fp32;
+                    decision.reason = Reason::NotEligible(why);
+                }
+            }
+            out.push((id, decision));
+        }
+        Ok(out)
+    }
+
+    /// Runs the pass and returns its decisions.
+    pub fn assign(&self, graph: &mut Graph) -> Result<(PassStats, Vec<Decision>), PassError> {
+        let failed = |source| PassError::Failed {
+            pass: "assign-precision",
+            source,
+        };
+        let mut stats = PassStats::default();
+        if self.policy.is_identity() {
+            return Ok((stats, Vec::new()));
+        }
+        let decisions = self.decide(graph).map_err(failed)?;
+        // One converted copy per (weight, precision) and one Cast per
+        // activation: two dense ops reading one value share them.
+        let mut weights: BTreeMap<(NodeId, DType), NodeId> = BTreeMap::new();
+        let mut casts: BTreeMap<(NodeId, DType), NodeId> = BTreeMap::new();
+        let mut old_weights = Vec::new();
+        for (id, d) in &decisions {
+            if d.precision == Precision::Fp32 {
+                continue;
+            }
+            let (w_slot, act_slot) = operands(graph, *id).expect("decide checked");
+            let dtype = d.precision.dtype();
+            let mut inputs = graph.inputs_of(*id);
+            let w = inputs[w_slot];
+            inputs[w_slot] = match weights.get(&(w, dtype)) {
+                Some(&c) => c,
+                None => {
+                    let t = graph.constant(w).expect("checked constant");
+                    let converted = convert(t, dtype);
+                    let name = format!("{}/{}", graph.node(w).name, dtype);
+                    let c = graph.add_const(name, converted);
+                    weights.insert((w, dtype), c);
+                    old_weights.push(w);
+                    stats.added += 1;
+                    c
+                }
+            };
+            if let (Some(slot), Precision::Bf16) = (act_slot, d.precision) {
+                let x = inputs[slot];
+                inputs[slot] = match casts.get(&(x, dtype)) {
+                    Some(&c) => c,
+                    None => {
+                        let name = format!("{}/to_{}", graph.node(x).name, dtype);
+                        let c = graph
+                            .add_node(Op::Cast { to: dtype }, &[x], name)
+                            .map_err(failed)?;
+                        casts.insert((x, dtype), c);
+                        stats.added += 1;
+                        c
+                    }
+                };
+            }
+            let node = graph.node(*id);
+            let (op, name) = (node.op.clone(), node.name.clone());
+            let new = graph.add_node(op, &inputs, name).map_err(failed)?;
+            graph.replace_all_uses(*id, new).map_err(failed)?;
+            graph.remove_unused(*id);
+            stats.rewritten += 1;
+        }
+        for w in old_weights {
+            if graph.remove_unused(w) {
+                stats.removed += 1;
+            }
+        }
+        Ok((stats, decisions.into_iter().map(|(_, d)| d).collect()))
+    }
+}
+
+/// `t` rounded to nearest-even in `dtype` (bf16 or f16).
+fn convert(t: &Tensor, dtype: DType) -> Tensor {
+    let v = t.to_f32_vec();
+    let data = match dtype {
+        DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+        DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
+        _ => Data::F32(v),
+    };
+    Tensor::new(t.shape(), data).expect("same element count")
+}
+
+impl Pass for AssignPrecision {
+    fn name(&self) -> &'static str {
+        "assign-precision"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<PassStats, PassError> {
+        self.assign(graph).map(|(s, _)| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{UnaryOp, ValueType};
+
+    fn mlp() -> (Graph, NodeId, NodeId) {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [2, 3]));
+        let w1 = (0..12).map(|i| i as f32 * 0.1 + 0.01).collect();
+        let w1 = g.add_const("w1", Tensor::new([3, 4], Data::F32(w1)).unwrap());
+        let w2 = (0..8).map(|i| 1.0 / (i as f32 + 3.0)).collect();
+        let w2 = g.add_const("w2", Tensor::new([4, 2], Data::F32(w2)).unwrap());
+        let h = g.add_node(Op::MatMul, &[x, w1], "/fc1/MatMul").unwrap();
+        let r = g.add_node(Op::Unary(UnaryOp::Relu), &[h], "/relu").unwrap();
+        let y = g.add_node(Op::MatMul, &[r, w2], "/fc2/MatMul").unwrap();
+        g.add_output("y", y);
+        (g, x, y)
+    }
+
+    fn pass(mode: Mode) -> AssignPrecision {
+        AssignPrecision {
+            policy: Policy {
+                mode,
+                ..Policy::default()
+            },
+        }
+    }
+
+    #[test]
+    fn fp32_leaves_the_graph_untouched() {
+        let (mut g, _, _) = mlp();
+        let before = kiln_ir::text::print(&g);
+        let (stats, d) = pass(Mode::Fp32).assign(&mut g).unwrap();
+        assert!(!stats.changed() && d.is_empty());
+        assert_eq!(kiln_ir::text::print(&g), before);
+    }
+
+    #[test]
+    fn bf16_stores_weights_casts_activations_and_keeps_f32_results() {
+        let (mut g, _, _) = mlp();
+        let (_, d) = pass(Mode::Bf16).assign(&mut g).unwrap();
+        assert!(d.iter().all(|d| d.precision == Precision::Bf16));
+        kiln_ir::verify::verify(&g).unwrap();
+        let text = kiln_ir::text::print(&g);
+        assert_eq!(text.matches("cast(").count(), 2, "{text}");
+        assert_eq!(text.matches(": bf16[3,4] = const").count(), 1, "{text}");
+        assert!(!text.contains(": f32[3,4] = const"), "{text}");
+        let (_, y) = g.outputs()[0].clone();
+        assert_eq!(g.node(y).ty.dtype, DType::F32);
+    }
+
+    #[test]
+    fn mixed_keeps_first_and_last_dense_layers_and_overrides_apply() {
+        let (mut g, _, _) = mlp();
+        let d = pass(Mode::Mixed).decide(&g).unwrap();
+        assert!(d.iter().all(|(_, d)| d.precision == Precision::Fp32));
+        let p = AssignPrecision {
+            policy: Policy {
+                mode: Mode::Bf16,
+                keep_fp32: Pattern::list("/fc2/*").unwrap(),
+                force: vec![Policy::parse_force("fp16=/fc1/MatMul").unwrap()],
+            },
+        };
+        let (_, d) = p.assign(&mut g).unwrap();
+        assert_eq!(d[0].precision, Precision::Fp16);
+        assert_eq!(d[1].precision, Precision::Fp32);
+        assert_eq!(d[1].reason, Reason::KeepFp32("/fc2/*".into()));
+        kiln_ir::verify::verify(&g).unwrap();
+    }
+
+    #[test]
+    fn eval_matches_bf16_rounded_operands() {
+        let (g0, _, _) = mlp();
+        let mut g = g0.clone();
+        pass(Mode::Bf16).assign(&mut g).unwrap();
+        let x = Tensor::new([2, 3], Data::F32(vec![0.3, -1.7, 2.9, 0.11, 5.3, -0.77])).unwrap();
+        let y0 = kiln_ir::eval::eval_graph(&g0, std::slice::from_ref(&x)).unwrap();
+        let y = kiln_ir::eval::eval_graph(&g, &[x]).unwrap();
+        let (a, b) = (y0[0].to_f32_vec(), y[0].to_f32_vec());
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 2e-2 * (1.0 + p.abs()), "{a:?} vs {b:?}");
+        }
+        assert_ne!(a, b, "bf16 rounding must be visible");
+    }
+
+    #[test]
+    fn patterns_match_op_types_and_globs() {
+        let p = Pattern::list("Softmax, /encoder/layer.0/*").unwrap();
+        assert!(p[0].matches(&Op::Softmax { axis: 1 }, "x"));
+        assert!(p[1].matches(&Op::MatMul, "/encoder/layer.0/attention/MatMul"));
+        assert!(!p[1].matches(&Op::MatMul, "/encoder/layer.1/attention/MatMul"));
+        assert_eq!(
+            Policy::parse_force("int4=x"),
+            Err(PolicyError::UnknownPrecision("int4".into()))
+        );
+        assert!(Pattern::list("a,,b").is_err());
+    }
+}

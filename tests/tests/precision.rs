@@ -1,0 +1,268 @@
+//! Reduced-precision builds (`--precision bf16|fp16|mixed`,
+//! `docs/precision.md`) on real data:
+//!
+//! - the digits MLP and CNN keep their test-set accuracy within 0.5 point
+//!   of the fp32 build, and the weights section halves in bf16/fp16;
+//! - the compiled kernels compute what the reference evaluator says the
+//!   reduced-precision graph computes (bf16-rounded operands, f32
+//!   accumulation), on the AVX-512 microkernels and on `x86_64-v3`;
+//! - the CUDA target refuses bf16 dense nodes by name;
+//! - the real models (when fetched): MiniLM-L3 embedding cosine ≥ 0.999
+//!   against fp32, PP-OCRv4 rec per-step argmax agreement.
+
+use kiln::driver::{compile, CompileOptions};
+use kiln_passes::{Mode, Policy};
+use kiln_runtime::Tensor;
+use kiln_tests::{argmax_rows, repo_root, run_artifact, Fixture};
+
+/// Kernel vs reference evaluator: max abs error relative to the output's
+/// scale. Both read the same 16-bit operands; what differs is the order of
+/// the f32 (kernel) and f64 (evaluator) accumulation.
+const KERNEL_VS_EVAL: f64 = 1e-4;
+
+fn with_precision(mut opts: CompileOptions, mode: Mode) -> CompileOptions {
+    opts.precision = Policy {
+        mode,
+        ..Policy::default()
+    };
+    opts.calibrate_random = 0;
+    opts
+}
+
+fn ir_tensor(t: &Tensor) -> kiln_ir::Tensor {
+    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    let data = match t.to_f32_vec() {
+        Some(v) => kiln_ir::Data::F32(v),
+        None => kiln_ir::Data::I64(t.to_i64_vec().expect("f32 or i64 input")),
+    };
+    kiln_ir::Tensor::new(shape, data).expect("element count")
+}
+
+/// Max abs difference over the largest reference magnitude.
+fn rel_max(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want.iter().fold(1e-12f64, |m, &x| m.max((x as f64).abs()));
+    got.iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b as f64).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// The kernel outputs of a compiled build against `kiln_ir::eval` of its
+/// final graph.
+fn check_kernels_against_eval(
+    name: &str,
+    compiled: &kiln::driver::Compiled,
+    inputs: &[Tensor],
+) -> Vec<Tensor> {
+    let outputs = run_artifact(&compiled.bytes, inputs).unwrap();
+    let ir_inputs: Vec<kiln_ir::Tensor> = inputs.iter().map(ir_tensor).collect();
+    let want = kiln_ir::eval::eval_graph(&compiled.graph, &ir_inputs).unwrap();
+    for (o, w) in outputs.iter().zip(&want) {
+        let err = rel_max(&o.to_f32_vec().unwrap(), &w.to_f32_vec());
+        assert!(
+            err <= KERNEL_VS_EVAL,
+            "{name}: output {} kernel vs eval {err:.3e}",
+            o.name
+        );
+    }
+    outputs
+}
+
+fn digits(name: &str) {
+    let fixture = Fixture::load(name);
+    let acc = &fixture.meta["accuracy"];
+    let images = kiln::npy::read_tensor(
+        acc["input"].as_str().unwrap(),
+        &fixture.dir.join(acc["images"].as_str().unwrap()),
+    )
+    .unwrap();
+    let labels =
+        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
+            .unwrap()
+            .to_i64_vec()
+            .unwrap();
+    let mut base = fixture.compile_options();
+    base.import.input_shapes.insert(
+        images.name.clone(),
+        images.shape.iter().map(|&d| d as usize).collect(),
+    );
+    let score = |outs: &[Tensor]| {
+        let scores = outs
+            .iter()
+            .find(|t| t.name == acc["output"].as_str().unwrap())
+            .unwrap();
+        let correct = argmax_rows(scores)
+            .iter()
+            .zip(&labels)
+            .filter(|(p, l)| **p as i64 == **l)
+            .count();
+        correct as f64 / labels.len() as f64
+    };
+    let fp32 = compile(&fixture.model_path(), &base).unwrap();
+    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(&images)).unwrap());
+    let w32 = fp32.artifact.weights.len();
+    println!("{name} fp32: accuracy {acc32:.4}, weights {w32} B");
+    for mode in [Mode::Bf16, Mode::Mixed, Mode::Fp16] {
+        let opts = with_precision(base.clone(), mode);
+        let c = compile(&fixture.model_path(), &opts).unwrap();
+        let outs = check_kernels_against_eval(name, &c, std::slice::from_ref(&images));
+        let a = score(&outs);
+        let w = c.artifact.weights.len();
+        println!(
+            "{name} {}: accuracy {a:.4} ({:+.2} points), weights {w} B ({:.2}x)",
+            mode.name(),
+            (a - acc32) * 100.0,
+            w as f64 / w32 as f64
+        );
+        assert!(
+            (a - acc32).abs() <= 0.005,
+            "{name} {}: accuracy {a} vs fp32 {acc32}",
+            mode.name()
+        );
+        if mode != Mode::Mixed {
+            // Every dense weight is 16-bit; biases stay f32.
+            assert!(
+                (w as f64) < 0.55 * w32 as f64,
+                "{name} {}: weights {w} B vs fp32 {w32} B",
+                mode.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn digits_mlp_bf16_mixed_fp16_keep_accuracy() {
+    digits("digits_mlp");
+}
+
+#[test]
+fn digits_cnn_bf16_mixed_fp16_keep_accuracy() {
+    digits("digits_cnn");
+}
+
+#[test]
+fn fp32_precision_leaves_the_artifact_unchanged() {
+    let fixture = Fixture::load("digits_mlp");
+    let opts = fixture.compile_options();
+    let plain = compile(&fixture.model_path(), &opts).unwrap();
+    let explicit = compile(&fixture.model_path(), &with_precision(opts, Mode::Fp32)).unwrap();
+    assert_eq!(plain.bytes, explicit.bytes);
+    assert!(explicit.precision.is_none());
+}
+
+#[test]
+fn bf16_on_x86_64_v3_widens_to_f32_and_matches_eval() {
+    if !std::arch::is_x86_feature_detected!("avx2") || !std::arch::is_x86_feature_detected!("fma") {
+        eprintln!("host cannot run x86_64-v3 code");
+        return;
+    }
+    for name in ["digits_mlp", "digits_cnn"] {
+        let fixture = Fixture::load(name);
+        let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
+        opts.target = "x86_64-v3".parse().unwrap();
+        let c = compile(&fixture.model_path(), &opts).unwrap();
+        check_kernels_against_eval(name, &c, &fixture.inputs());
+    }
+}
+
+#[test]
+fn cuda_refuses_bf16_dense_nodes_by_name() {
+    let fixture = Fixture::load("digits_mlp");
+    let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
+    opts.cuda = Some(kiln_target_cuda::SmArch::parse("80").unwrap());
+    let err = match compile(&fixture.model_path(), &opts) {
+        Ok(_) => panic!("CUDA compiled a bf16 graph"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("bf16") && err.contains("node '"), "{err}");
+}
+
+fn real_model(name: &str) -> Option<Fixture> {
+    let root = std::env::var_os("KILN_REAL_MODELS")
+        .map(Into::into)
+        .unwrap_or_else(|| repo_root().join("target/real-models"));
+    let dir = root.join(name);
+    if !dir.join("meta.json").exists() {
+        assert!(
+            std::env::var("KILN_REQUIRE_REAL_MODELS").as_deref() != Ok("1"),
+            "real model {name} missing under {}",
+            root.display()
+        );
+        eprintln!("skipping: real model {name} not fetched (fixtures/make_real.py)");
+        return None;
+    }
+    Some(Fixture::load_dir(&dir))
+}
+
+#[test]
+fn minilm_bf16_and_mixed_embeddings_keep_cosine() {
+    let Some(fixture) = real_model("minilm_l3") else {
+        return;
+    };
+    let inputs = fixture.inputs();
+    let fp32 = compile(&fixture.model_path(), &fixture.compile_options()).unwrap();
+    let ref_out = run_artifact(&fp32.bytes, &inputs).unwrap();
+    for mode in [Mode::Bf16, Mode::Mixed, Mode::Fp16] {
+        let c = compile(
+            &fixture.model_path(),
+            &with_precision(fixture.compile_options(), mode),
+        )
+        .unwrap();
+        let out = run_artifact(&c.bytes, &inputs).unwrap();
+        // The float outputs (the export also passes integer tensors through).
+        let mut compared = 0;
+        for (got, want) in out.iter().zip(&ref_out) {
+            let (Some(got), Some(want)) = (got.to_f32_vec(), want.to_f32_vec()) else {
+                continue;
+            };
+            let cos = cosine(&got, &want);
+            println!(
+                "minilm_l3 {}: output cosine vs fp32 {cos:.6}, weights {} B vs {} B",
+                mode.name(),
+                c.artifact.weights.len(),
+                fp32.artifact.weights.len()
+            );
+            assert!(cos >= 0.999, "minilm {}: cosine {cos}", mode.name());
+            compared += 1;
+        }
+        assert_eq!(compared, 2, "minilm has two float outputs");
+    }
+}
+
+#[test]
+fn ppocr_rec_bf16_keeps_per_step_argmax() {
+    let Some(fixture) = real_model("ppocrv4_rec") else {
+        return;
+    };
+    let inputs = fixture.inputs();
+    let fp32 = compile(&fixture.model_path(), &fixture.compile_options()).unwrap();
+    let ref_out = run_artifact(&fp32.bytes, &inputs).unwrap();
+    for mode in [Mode::Bf16, Mode::Mixed] {
+        let c = compile(
+            &fixture.model_path(),
+            &with_precision(fixture.compile_options(), mode),
+        )
+        .unwrap();
+        let out = run_artifact(&c.bytes, &inputs).unwrap();
+        let (a, b) = (argmax_rows(&out[0]), argmax_rows(&ref_out[0]));
+        let agree = a.iter().zip(&b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64;
+        println!(
+            "ppocrv4_rec {}: per-step argmax agreement {agree:.4} over {} steps",
+            mode.name(),
+            a.len()
+        );
+        assert!(
+            agree >= 0.99,
+            "ppocr rec {}: agreement {agree}",
+            mode.name()
+        );
+    }
+}
