@@ -15,10 +15,16 @@
 //!    with `Model::run_into`; the time includes copying the input into the
 //!    arena and the output out of it. Prints best and median GFLOP/s and the
 //!    best as a fraction of the peak.
+//! 3. **Reduced precision** (constant B, `docs/precision.md`): the same
+//!    GEMM with bf16 operands (`vdpbf16ps`; the input given in bf16, so
+//!    the kernel alone), after `assign-precision` bf16 (an f32 input cast
+//!    to bf16 first, as in a model) and fp16 (f16 weights widened in the
+//!    kernel). GFLOP/s count the same 2·M·N·K operations.
 
 use std::time::Instant;
 
 use kiln_ir::{DType, Data, Graph, Op, Tensor, ValueType};
+use kiln_passes::{AssignPrecision, Mode, Policy};
 use kiln_runtime::format::DType as FDType;
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::microkernel::peak;
@@ -41,14 +47,52 @@ fn main() {
         None => println!("peak: this host has no AVX-512F; skipped"),
     }
 
-    for const_a in [true, false] {
-        let (best, median) = gemm_gflops(m, n, k, runs, const_a);
-        let which = if const_a { "constant A" } else { "constant B" };
+    for (const_a, variant) in [
+        (true, Variant::F32),
+        (false, Variant::F32),
+        (false, Variant::Bf16Input),
+        (false, Variant::Pass(Mode::Bf16)),
+        (false, Variant::Pass(Mode::Fp16)),
+    ] {
+        if variant != Variant::F32 && !bf16_host() {
+            println!("no AVX512-BF16 on this host: reduced-precision GEMMs skipped");
+            break;
+        }
+        let (best, median) = gemm_gflops(m, n, k, runs, const_a, variant);
+        let which = match (const_a, variant) {
+            (true, _) => "constant A",
+            (false, Variant::F32) => "constant B",
+            (false, Variant::Bf16Input) => "constant B, bf16 operands",
+            (false, Variant::Pass(Mode::Bf16)) => "constant B, --precision bf16 (incl. cast)",
+            (false, Variant::Pass(_)) => "constant B, --precision fp16",
+        };
         print!("GEMM {m}x{n}x{k} {which} (native target, 1 thread, {runs} runs): best {best:.1} GFLOP/s, median {median:.1} GFLOP/s");
         match peak_gflops {
             Some(p) => println!(" = {:.1}% of peak", 100.0 * best / p),
             None => println!(),
         }
+    }
+}
+
+/// How the GEMM's operands are stored.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// f32.
+    F32,
+    /// A bf16 graph input and bf16 weights.
+    Bf16Input,
+    /// An f32 graph, then `assign-precision` in this mode.
+    Pass(Mode),
+}
+
+fn bf16_host() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -94,7 +138,14 @@ fn peak_gflops() -> Option<f64> {
 }
 
 /// (best, median) GFLOP/s of the compiled GEMM.
-fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64, f64) {
+fn gemm_gflops(
+    m: usize,
+    n: usize,
+    k: usize,
+    runs: usize,
+    const_a: bool,
+    variant: Variant,
+) -> (f64, f64) {
     let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0;
     let mut g = Graph::new();
     let (const_shape, input_shape) = if const_a {
@@ -102,16 +153,28 @@ fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64
     } else {
         ([k, n], [m, k])
     };
-    let c = Tensor::new(
-        const_shape,
-        Data::F32((0..const_shape[0] * const_shape[1]).map(val).collect()),
-    )
-    .unwrap();
-    let c = g.add_const("w", c);
-    let x = g.add_input("x", ValueType::new(DType::F32, input_shape));
+    let values: Vec<f32> = (0..const_shape[0] * const_shape[1]).map(val).collect();
+    let (in_dtype, c) = match variant {
+        Variant::Bf16Input => (
+            DType::BF16,
+            Data::BF16(values.iter().map(|&v| half::bf16::from_f32(v)).collect()),
+        ),
+        _ => (DType::F32, Data::F32(values)),
+    };
+    let c = g.add_const("w", Tensor::new(const_shape, c).unwrap());
+    let x = g.add_input("x", ValueType::new(in_dtype, input_shape));
     let operands = if const_a { [c, x] } else { [x, c] };
     let y = g.add_node(Op::MatMul, &operands, "gemm").unwrap();
     g.add_output("y", y);
+    if let Variant::Pass(mode) = variant {
+        let pass = AssignPrecision {
+            policy: Policy {
+                mode,
+                ..Policy::default()
+            },
+        };
+        pass.assign(&mut g).expect("assign-precision");
+    }
     let opts = CpuOptions {
         target: CpuTarget::Native,
         opt_level: 2,
@@ -120,10 +183,18 @@ fn gemm_gflops(m: usize, n: usize, k: usize, runs: usize, const_a: bool) -> (f64
     let artifact = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
     let model = Model::from_bytes(&artifact.to_bytes()).expect("load");
     let x_bytes: Vec<u8> = (0..input_shape[0] * input_shape[1])
-        .flat_map(|i| val(i + 1).to_le_bytes())
+        .flat_map(|i| match in_dtype {
+            DType::BF16 => half::bf16::from_f32(val(i + 1)).to_le_bytes().to_vec(),
+            _ => val(i + 1).to_le_bytes().to_vec(),
+        })
         .collect();
     let shape = input_shape.map(|d| d as u64);
-    let inputs = [TensorRef::new("x", FDType::F32, &shape, &x_bytes)];
+    let fdtype = if in_dtype == DType::BF16 {
+        FDType::BF16
+    } else {
+        FDType::F32
+    };
+    let inputs = [TensorRef::new("x", fdtype, &shape, &x_bytes)];
     let mut out = vec![0u8; m * n * 4];
     let mut times = Vec::with_capacity(runs);
     for i in 0..runs + 3 {
