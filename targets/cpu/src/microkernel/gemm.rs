@@ -228,7 +228,8 @@ pub(crate) fn pack_a_half(
     out
 }
 
-/// [`pack_b`] with 16-bit elements.
+/// [`pack_b`] with 16-bit elements: B's panels are A's panels of Bᵀ
+/// (columns as rows), so [`pack_a_half`] with the strides swapped.
 pub(crate) fn pack_b_half(
     b: &[f32],
     k: usize,
@@ -238,22 +239,7 @@ pub(crate) fn pack_b_half(
     nr: usize,
     h: Half,
 ) -> Vec<u8> {
-    let panels = n.div_ceil(nr);
-    let mut out = Vec::with_capacity(panels * nr * k * 2);
-    for q in 0..panels {
-        for kk in 0..k {
-            for c in 0..nr {
-                let j = q * nr + c;
-                let v = if j < n {
-                    b[kk * b_row + j * b_col]
-                } else {
-                    0.0
-                };
-                out.extend_from_slice(&half_bits(v, h).to_le_bytes());
-            }
-        }
-    }
-    out
+    pack_a_half(b, n, k, b_col, b_row, nr, h)
 }
 
 /// Packs `b` as bf16 pairs along k for [`Elem::Bf16Dot`]: panel `q` holds
