@@ -160,6 +160,18 @@ impl Model {
         &self.program.metadata.inputs
     }
 
+    /// The source node of each schedule step, in run order (a fused
+    /// kernel's step is named after its fused node).
+    pub fn step_nodes(&self) -> &[String] {
+        &self.program.step_nodes
+    }
+
+    /// How many tasks each schedule step splits into (run concurrently by
+    /// a multi-threaded session).
+    pub fn step_tasks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.program.steps.iter().map(|s| s.len())
+    }
+
     /// The model's outputs, in declared order.
     pub fn outputs(&self) -> &[TensorSpec] {
         &self.program.metadata.outputs
@@ -275,6 +287,28 @@ impl Session {
     pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
         self.program
             .run(&mut self.arena, self.pool.as_ref(), inputs)
+    }
+
+    /// Runs one inference (as [`Session::run_into`]) and adds the wall
+    /// time of each schedule step to `step_times`, which holds one entry
+    /// per step in schedule order (see [`Model::step_nodes`]; it is resized
+    /// to that when it is not). For profiling; a plain run does not read
+    /// the clock.
+    pub fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [&mut [u8]],
+        step_times: &mut Vec<std::time::Duration>,
+    ) -> Result<(), Error> {
+        step_times.resize(self.program.steps.len(), std::time::Duration::ZERO);
+        let program = &self.program;
+        program.check_output_buffers(outputs.iter().map(|b| b.len()))?;
+        program.bind_inputs(&mut self.arena, inputs)?;
+        program.execute_timed(&mut self.arena, self.pool.as_ref(), Some(step_times))?;
+        for (i, out) in outputs.iter_mut().enumerate() {
+            out.copy_from_slice(program.output_bytes(&self.arena, i));
+        }
+        Ok(())
     }
 
     /// Threads this session's runs use.
@@ -397,6 +431,17 @@ impl Program {
     /// Calls the schedule's kernels in order over `arena`, which must be
     /// `metadata.arena_size` bytes (every arena is allocated with that size).
     pub(crate) fn execute(&self, arena: &mut AlignedBuf, pool: Option<&Pool>) -> Result<(), Error> {
+        self.execute_timed(arena, pool, None)
+    }
+
+    /// [`Program::execute`], adding each step's wall time to `step_times`
+    /// when given (one entry per step).
+    fn execute_timed(
+        &self,
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+        mut step_times: Option<&mut [std::time::Duration]>,
+    ) -> Result<(), Error> {
         debug_assert_eq!(arena.as_slice().len() as u64, self.metadata.arena_size);
         let arena = arena.as_mut_ptr();
         let weights = self.weights.as_ptr();
@@ -409,6 +454,7 @@ impl Program {
             // them safely, and the tasks of one step are independent by the
             // format's definition (see `format::Step`). What the code does
             // is the artifact's responsibility (see the type's docs).
+            let start = step_times.is_some().then(std::time::Instant::now);
             let code = match pool {
                 Some(pool) if tasks.len() > 1 => unsafe { pool.run(tasks, arena, weights) },
                 _ => tasks
@@ -417,6 +463,9 @@ impl Program {
                     .find(|&c| c != 0)
                     .unwrap_or(0),
             };
+            if let (Some(times), Some(start)) = (step_times.as_deref_mut(), start) {
+                times[i] += start.elapsed();
+            }
             if code != 0 {
                 return Err(Error::Kernel {
                     node: self.step_nodes[i].clone(),

@@ -288,3 +288,48 @@ fn small_cnn_end_to_end() {
     g.add_output("prob", y);
     check_rand(&g, 99, 1e-5);
 }
+
+#[test]
+fn large_images_convert_in_bands_of_output_rows() {
+    // im2col matrices of several MB: converted and multiplied in bands of
+    // output rows (top and bottom bands with padding, interior ones
+    // sharing a routine), split over threads by band.
+    let cases = [
+        // 3x3 pad 1: K = 144, 70 rows of 40 KB → bands of 14 rows.
+        conv_graph(
+            [1, 16, 70, 70],
+            32,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        // Stride 2, dilation 2, asymmetric pads, two images, no bias.
+        conv_graph(
+            [2, 24, 131, 120],
+            12,
+            [3, 3],
+            [2, 2],
+            [2, 1, 3, 2],
+            [2, 2],
+            1,
+            false,
+        ),
+        // 5x5 with pads deeper than one band's worth of taps.
+        conv_graph(
+            [1, 32, 64, 48],
+            8,
+            [5, 5],
+            [1, 1],
+            [2, 2, 2, 2],
+            [1, 1],
+            1,
+            true,
+        ),
+    ];
+    for g in &cases {
+        check_rand(g, 23, 1e-5);
+    }
+}

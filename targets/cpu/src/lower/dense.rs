@@ -160,7 +160,8 @@ fn scratch_bytes(spec: &GemmSpec) -> (u64, u64) {
         _ => 0,
     };
     let panel = if panel > MAX_SCRATCH / 2 { 0 } else { panel };
-    (spec.im2col.map_or(0, |i| i.col_bytes()), panel)
+    let col = spec.im2col.iter().map(Im2col::col_bytes).max().unwrap_or(0);
+    (col, panel)
 }
 
 /// Moves the start of `k`'s program into `spec`'s store loop: a first
@@ -512,7 +513,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         c: None,
         act: Activation::None,
         calls,
-        im2col: None,
+        im2col: Vec::new(),
         b_panel: None,
     })
 }
@@ -611,7 +612,7 @@ fn gemm(
             c: c.map(|(_, loc)| loc),
             src: None,
         }],
-        im2col: None,
+        im2col: Vec::new(),
         b_panel: None,
     })
 }
@@ -664,7 +665,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         }),
         act: Activation::None,
         calls,
-        im2col: None,
+        im2col: Vec::new(),
         b_panel: None,
     })
 }
@@ -684,22 +685,25 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     }
     let elem = conv_elem(xty.dtype, wty.dtype)?;
     let wv = float_constant(cx.graph, cx.input_ids[1])?;
-    let geo = Im2col {
+    let full = Im2col {
         cin,
         h,
         w,
         kh,
         kw,
-        oh,
+        row0: 0,
+        rows: oh,
         ow,
         strides: c.strides,
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: c.dilations,
     };
-    if geo.col_bytes() > MAX_SCRATCH / 2 {
+    let band = im2col_band(&full);
+    let first = Im2col { rows: band, ..full };
+    if first.col_bytes() > MAX_SCRATCH / 2 {
         return None;
     }
-    let (k, p) = (cin * kh * kw, oh * ow);
+    let (k, p) = (cin * kh * kw, band * ow);
     let blocking = Blocking::choose(oc, p, packed_a_rows(k));
     let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
     let a_base = weights_loc(weights, &packed);
@@ -709,15 +713,40 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         offset: 0,
     };
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
-    let calls = (0..batch as i64)
-        .map(|img| Call {
-            a: a_base,
-            b: col,
-            out: offset(cx.out, img * (oc * p * 4) as i64),
-            c: bias,
-            src: Some(offset(xloc, img * (cin * h * w * 4) as i64)),
-        })
-        .collect();
+    // One routine per distinct band geometry; a band reuses one with the
+    // image moved down by the rows between them.
+    let mut routines: Vec<Im2col> = Vec::new();
+    let mut calls = Vec::new();
+    for img in 0..batch as i64 {
+        for row0 in (0..oh).step_by(band) {
+            let geo = Im2col { row0, ..first };
+            let key = geo.band_key();
+            let routine = match routines.iter().position(|r| r.band_key() == key) {
+                Some(i) => i,
+                None => {
+                    routines.push(geo);
+                    routines.len() - 1
+                }
+            };
+            let shift = ((row0 - routines[routine].row0) * c.strides[0] * w * 4) as i64;
+            calls.push(Call {
+                a: a_base,
+                b: col,
+                out: offset(
+                    cx.out,
+                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
+                ),
+                c: bias,
+                src: Some((
+                    offset(xloc, img * (cin * h * w * 4) as i64 + shift),
+                    routine,
+                )),
+            });
+        }
+    }
+    if calls.len() > MAX_CALLS {
+        return None;
+    }
     Some(GemmSpec {
         m: oc,
         n: p,
@@ -728,7 +757,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         b: BLayout::Strided {
             row: (p * 4) as i64,
         },
-        out_row: (p * 4) as i64,
+        out_row: (oh * ow * 4) as i64,
         alpha: 1.0,
         c: bias.map(|_| CLayout {
             row: 4,
@@ -737,9 +766,30 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         }),
         act: Activation::None,
         calls,
-        im2col: Some(geo),
+        im2col: routines,
         b_panel: None,
     })
+}
+
+/// An im2col matrix up to this size is built for the whole image at once.
+const IM2COL_WHOLE_BYTES: u64 = 2 << 20;
+/// A band's im2col matrix is kept under this size (when one output row
+/// allows), so the GEMM reads it from L2 right after it is written.
+const IM2COL_BAND_BYTES: u64 = 1 << 20;
+
+/// Output rows per im2col band: the whole image when its matrix is small,
+/// else the most rows dividing the output height (so every band is one
+/// GEMM of the same width) whose matrix fits [`IM2COL_BAND_BYTES`], at
+/// least one.
+fn im2col_band(full: &Im2col) -> usize {
+    if full.col_bytes() <= IM2COL_WHOLE_BYTES {
+        return full.rows;
+    }
+    let row_bytes = full.col_bytes() / full.rows as u64;
+    (1..=full.rows)
+        .rev()
+        .find(|&b| full.rows % b == 0 && b as u64 * row_bytes <= IM2COL_BAND_BYTES)
+        .unwrap_or(1)
 }
 
 /// A depthwise convolution (one input channel per group, any depth

@@ -53,7 +53,7 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
             })
             .collect();
     }
-    if spec.im2col.is_some() {
+    if !spec.im2col.is_empty() {
         return vec![spec];
     }
     let mr = spec.blocking.mr;

@@ -313,8 +313,9 @@ pub(crate) struct Call {
     pub out: Loc,
     /// C, when the spec has one.
     pub c: Option<Loc>,
-    /// The image im2col reads (writing B), when the spec has an im2col.
-    pub src: Option<Loc>,
+    /// When B is built by im2col: the image (moved as the routine needs)
+    /// and which of the spec's [`GemmSpec::im2col`] routines reads it.
+    pub src: Option<(Loc, usize)>,
 }
 
 /// A whole GEMM kernel.
@@ -344,8 +345,9 @@ pub(crate) struct GemmSpec {
     pub act: Activation,
     /// The GEMMs to run, in order.
     pub calls: Vec<Call>,
-    /// Before each GEMM, build B from the call's `src` with this im2col.
-    pub im2col: Option<Im2col>,
+    /// The im2col routines that build B from a call's `src` before its
+    /// GEMM (one per distinct band geometry; empty when B is an operand).
+    pub im2col: Vec<Im2col>,
     /// With a strided B: scratch (`K × 16·nv` floats) into which each
     /// column tile of B is copied before the row tiles read it, so they
     /// stream one contiguous panel instead of K rows a page apart.
@@ -500,7 +502,7 @@ impl GemmSpec {
         let g = self.geometry();
         let mut a = CodeAssembler::new(64)?;
         let mut body = a.create_label();
-        let mut im2col = a.create_label();
+        let mut im2col: Vec<CodeLabel> = self.im2col.iter().map(|_| a.create_label()).collect();
         for r in SAVED {
             a.push(r)?;
         }
@@ -508,10 +510,10 @@ impl GemmSpec {
             load_address(&mut a, PANEL, panel)?;
         }
         for call in &self.calls {
-            if let (Some(_), Some(src)) = (self.im2col, call.src) {
+            if let Some((src, routine)) = call.src {
                 load_address(&mut a, r8, src)?;
                 load_address(&mut a, r9, call.b)?;
-                a.call(im2col)?;
+                a.call(im2col[routine])?;
             }
             load_address(&mut a, A_BASE, call.a)?;
             load_address(&mut a, B_TILE, call.b)?;
@@ -530,9 +532,9 @@ impl GemmSpec {
         a.set_label(&mut body)?;
         self.body(&mut a, &g)?;
         a.ret()?;
-        if let Some(i) = self.im2col {
-            a.set_label(&mut im2col)?;
-            i.emit(&mut a)?;
+        for (routine, label) in self.im2col.iter().zip(&mut im2col) {
+            a.set_label(label)?;
+            routine.emit(&mut a)?;
         }
         Ok(a.assemble(0)?)
     }
@@ -979,7 +981,7 @@ mod tests {
                     }),
                     src: None,
                 }],
-                im2col: None,
+                im2col: Vec::new(),
                 b_panel: None,
             };
             let code = spec.assemble().unwrap();
@@ -1130,7 +1132,7 @@ mod tests {
                         c: None,
                         src: None,
                     }],
-                    im2col: None,
+                    im2col: Vec::new(),
                     b_panel: None,
                 };
                 let code = spec.assemble().unwrap();

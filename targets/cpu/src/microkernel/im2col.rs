@@ -4,6 +4,13 @@
 //! (zero where the tap falls in the padding). The GEMM then multiplies the
 //! packed weights `[OC, Cin*kh*kw]` by `col`.
 //!
+//! A large image is converted in bands of output rows (`row0`, `rows`):
+//! the GEMM of each band then reads a `col` small enough to stay in the
+//! core's L2 cache right after im2col wrote it, instead of a matrix of tens
+//! of megabytes streamed through memory twice. Bands whose taps all fall
+//! inside the image ([`Im2col::band_key`] equal) share one routine, called
+//! with the image pointer moved down by the rows between them.
+//!
 //! Every padding border is resolved at compile time: per tap, the output
 //! rows and columns whose input lies inside the image form one range, so a
 //! row is "zeros, a copy, zeros" with fixed lengths. Copies with a W stride
@@ -27,8 +34,10 @@ pub(crate) struct Im2col {
     pub kh: usize,
     /// Kernel width.
     pub kw: usize,
-    /// Output height.
-    pub oh: usize,
+    /// The first output row of the band this routine converts.
+    pub row0: usize,
+    /// Output rows in the band (`col` has `rows * ow` columns).
+    pub rows: usize,
     /// Output width.
     pub ow: usize,
     /// Strides (H, W).
@@ -78,13 +87,38 @@ fn valid_range(
 impl Im2col {
     /// Bytes of the `col` matrix of one image.
     pub(crate) fn col_bytes(&self) -> u64 {
-        (self.cin * self.kh * self.kw * self.oh * self.ow * 4) as u64
+        (self.cin * self.kh * self.kw * self.rows * self.ow * 4) as u64
+    }
+
+    /// Per kernel row, the band's rows (relative to `row0`) whose input
+    /// lies inside the image. Two bands with equal keys and equal
+    /// geometry otherwise compile to the same routine, the image pointer
+    /// moved by `(row0' - row0) * stride * w` pixels.
+    pub(crate) fn band_key(&self) -> Vec<(usize, usize)> {
+        (0..self.kh).map(|th| self.band_rows(th)).collect()
+    }
+
+    /// The band's rows (relative to `row0`) whose input row for kernel row
+    /// `th` lies inside the image, as a half-open range.
+    fn band_rows(&self, th: usize) -> (usize, usize) {
+        let end = self.row0 + self.rows;
+        let (lo, hi) = valid_range(
+            end,
+            self.h,
+            self.strides[0],
+            th,
+            self.dilations[0],
+            self.pad_tl[0],
+        );
+        let lo = lo.max(self.row0);
+        let hi = hi.max(lo);
+        (lo - self.row0, hi - self.row0)
     }
 
     /// Emits the routine (ends with `ret`): reads the image at r8, writes
     /// `col` at r9. Clobbers rax, rcx, rdx, r10–r14, zmm0, zmm1 and k2.
     pub(crate) fn emit(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
-        let p = self.oh * self.ow;
+        let p = self.rows * self.ow;
         let row_bytes = (p * 4) as i64;
         let [sh, sw] = self.strides;
         let [pt, pl] = self.pad_tl;
@@ -96,7 +130,7 @@ impl Im2col {
         let mut top = a.create_label();
         a.set_label(&mut top)?;
         for th in 0..self.kh {
-            let (oh_lo, oh_hi) = valid_range(self.oh, self.h, sh, th, dil_h, pt);
+            let (oh_lo, oh_hi) = self.band_rows(th);
             for tw in 0..self.kw {
                 let (ow_lo, ow_hi) = valid_range(self.ow, self.w, sw, tw, dil_w, pl);
                 let t = (th * self.kw + tw) as i64;
@@ -107,7 +141,7 @@ impl Im2col {
                 }
                 self.zeros(a, 0, oh_lo * self.ow)?;
                 a.add(DST, imm32((oh_lo * self.ow * 4) as i64, "col offset")?)?;
-                let ih0 = (oh_lo * sh + th * dil_h) as i64 - pt as i64;
+                let ih0 = ((self.row0 + oh_lo) * sh + th * dil_h) as i64 - pt as i64;
                 let iw0 = (ow_lo * sw + tw * dil_w) as i64 - pl as i64;
                 a.lea(
                     SRC,
@@ -123,7 +157,7 @@ impl Im2col {
                 a.add(DST, imm32((self.ow * 4) as i64, "col row stride")?)?;
                 a.dec(ROWS)?;
                 a.jnz(rows)?;
-                self.zeros(a, 0, (self.oh - oh_hi) * self.ow)?;
+                self.zeros(a, 0, (self.rows - oh_hi) * self.ow)?;
             }
         }
         a.add(X_CH, imm32((self.h * self.w * 4) as i64, "channel stride")?)?;
