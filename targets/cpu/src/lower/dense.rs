@@ -788,7 +788,7 @@ fn im2col_band(full: &Im2col) -> usize {
     let row_bytes = full.col_bytes() / full.rows as u64;
     (1..=full.rows)
         .rev()
-        .find(|&b| full.rows % b == 0 && b as u64 * row_bytes <= IM2COL_BAND_BYTES)
+        .find(|&b| full.rows.is_multiple_of(b) && b as u64 * row_bytes <= IM2COL_BAND_BYTES)
         .unwrap_or(1)
 }
 
