@@ -1449,3 +1449,99 @@ fn unsupported_ops_inside_subgraphs_are_reported_and_control_flow_is_not() {
     let report = kiln_onnx::preflight(&if_model(None), &ImportOptions::default()).unwrap();
     assert!(report.unsupported.is_empty(), "{report:?}");
 }
+
+/// A `Loop` named `name` over the carried value `y` with trip count `m`
+/// (an outer name) and body `nodes` (reading `i` and `y_in`, giving
+/// `y_out`).
+fn simple_loop(name: &str, m: &str, nodes: Vec<NodeProto>, y: &str, out: &str) -> NodeProto {
+    let body = subgraph(
+        &format!("{name}_body"),
+        nodes,
+        vec![
+            value_info("i", 7, &[]),
+            value_info("c", 9, &[]),
+            f32_input("y_in", &[2]),
+        ],
+        &["c", "y_out"],
+    );
+    let mut lp = node("Loop", name, &[m, "", y], &[out]);
+    lp.attribute.push(attr_g("body", body));
+    lp
+}
+
+#[test]
+fn control_flow_nests() {
+    // for i in 0..5: y = if i < 2 { y + 1 } else { y * 2 }, the If's
+    // condition folding in each iteration.
+    let then_g = subgraph(
+        "then",
+        vec![node("Add", "inc", &["y_in", "one"], &["t"])],
+        vec![],
+        &["t"],
+    );
+    let else_g = subgraph(
+        "else",
+        vec![node("Mul", "dbl", &["y_in", "two"], &["e"])],
+        vec![],
+        &["e"],
+    );
+    let mut iff = node("If", "pick", &["early"], &["y_out"]);
+    iff.attribute.push(attr_g("then_branch", then_g));
+    iff.attribute.push(attr_g("else_branch", else_g));
+    let lp = simple_loop(
+        "outer",
+        "M",
+        vec![node("Less", "less", &["i", "stop"], &["early"]), iff],
+        "y",
+        "z",
+    );
+    let m = model(
+        vec![lp],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![
+            i64_scalar("M", 5),
+            i64_scalar("stop", 2),
+            f32_tensor("one", &[], &[1.0]),
+            f32_tensor("two", &[], &[2.0]),
+        ],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let ops = ops_of(&g).join(" ");
+    assert!(!ops.contains("Where"), "every condition folds: {ops}");
+    let y0 = [1.5f32, -2.0];
+    let out = kiln_ir::eval::eval_graph(&g, &[f32s(&y0)]).unwrap();
+    let mut want = y0;
+    for i in 0..5 {
+        for v in &mut want {
+            *v = if i < 2 { *v + 1.0 } else { *v * 2.0 };
+        }
+    }
+    assert_close(&out[0].to_f64_vec(), &want);
+}
+
+#[test]
+fn nested_loops_of_empty_bodies_are_bounded() {
+    // 4096 × 4096 copies of a body with no nodes: each copy counts, so
+    // the import stops at the unrolled-node limit instead of creating 16M
+    // iterations.
+    let inner = simple_loop(
+        "inner",
+        "M",
+        vec![node("Identity", "pass", &["y_in"], &["y_out"])],
+        "y_in",
+        "y_out",
+    );
+    let mut inner = inner;
+    inner.attribute[0].g.as_mut().unwrap().node.clear();
+    inner.attribute[0].g.as_mut().unwrap().output[1].name = "y_in".into();
+    let outer = simple_loop("outer", "M", vec![inner], "y", "z");
+    let m = model(
+        vec![outer],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 4096)],
+    );
+    let e = err(&m);
+    assert!(e.to_string().contains("unrolled nodes"), "{e}");
+}

@@ -37,9 +37,9 @@ type R = Result<Vec<Val>, OnnxError>;
 /// Most iterations one `Scan` or `Loop` may unroll.
 pub const MAX_ITERATIONS: usize = 4096;
 
-/// Most body nodes unrolled control flow may import over a whole model
-/// (nested loops multiply): far larger graphs would take the compiler
-/// longer than running the loop ever could.
+/// Most body nodes unrolled control flow may import over a whole model,
+/// each body copy counting one more (nested loops multiply): far larger
+/// graphs would take the compiler longer than running the loop ever could.
 pub const MAX_UNROLLED_NODES: usize = 1 << 20;
 
 // ---- subgraph names, shared with the model-level checks ----
@@ -135,6 +135,13 @@ fn prepare<'g>(ctx: &mut ImportCtx, graph: &'g GraphProto) -> Result<Body<'g>, O
     })
 }
 
+/// What one imported copy of `g` counts against [`MAX_UNROLLED_NODES`]:
+/// its nodes, plus one for the copy itself, so that loops of empty bodies
+/// nested in loops are bounded too.
+fn copy_cost(g: &GraphProto) -> usize {
+    g.node.len().saturating_add(1)
+}
+
 /// Refuses, before they are imported, `copies` more copies of `body` for
 /// a node that then runs `iterations` in all, beyond the unrolling limits;
 /// charges the constants the copies re-create (`first`: one of them is the
@@ -152,7 +159,7 @@ fn reserve(
             "{what} of {iterations} iterations: Kiln unrolls control flow and stops at {MAX_ITERATIONS} iterations"
         )));
     }
-    let nodes = body.graph.node.len().saturating_mul(copies);
+    let nodes = copy_cost(body.graph).saturating_mul(copies);
     if ctx.unrolled_nodes().saturating_add(nodes) > MAX_UNROLLED_NODES {
         return Err(ctx.unsupported(format!(
             "{what} of {iterations} iterations over a body of {} nodes: with the {} body nodes already unrolled, the model would exceed Kiln's limit of {MAX_UNROLLED_NODES} unrolled nodes",
@@ -201,7 +208,7 @@ fn run_body(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
 
 fn import_nodes(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
     let g = body.graph;
-    ctx.count_unrolled(g.node.len());
+    ctx.count_unrolled(copy_cost(g));
     for &(name, v) in &body.inits {
         ctx.bind(name, v);
     }
