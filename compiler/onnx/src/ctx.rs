@@ -45,6 +45,10 @@ pub struct ImportCtx<'a> {
     /// Body nodes imported so far by unrolled control flow (each `Scan` and
     /// `Loop` iteration, each `If` branch); bounded by `ops::control`.
     unrolled_nodes: usize,
+    /// The decoded initializers of each subgraph imported so far, keyed by
+    /// the subgraph's address in the model (which outlives the import):
+    /// every copy of a body shares them.
+    subgraph_inits: HashMap<usize, Vec<(String, Val)>>,
 }
 
 impl<'a> ImportCtx<'a> {
@@ -64,6 +68,7 @@ impl<'a> ImportCtx<'a> {
             op_type: String::new(),
             generated_bytes: 0,
             unrolled_nodes: 0,
+            subgraph_inits: HashMap::new(),
         }
     }
 
@@ -166,6 +171,16 @@ impl<'a> ImportCtx<'a> {
     /// Records `n` more body nodes imported by unrolled control flow.
     pub(crate) fn count_unrolled(&mut self, n: usize) {
         self.unrolled_nodes = self.unrolled_nodes.saturating_add(n);
+    }
+
+    /// The initializers of the subgraph at `key`, if it was imported before.
+    pub(crate) fn subgraph_inits(&self, key: usize) -> Option<&[(String, Val)]> {
+        self.subgraph_inits.get(&key).map(|v| v.as_slice())
+    }
+
+    /// Records the initializers of the subgraph at `key`.
+    pub(crate) fn set_subgraph_inits(&mut self, key: usize, inits: Vec<(String, Val)>) {
+        self.subgraph_inits.insert(key, inits);
     }
 
     /// The value bound to an ONNX name.

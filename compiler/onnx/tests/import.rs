@@ -1545,3 +1545,67 @@ fn nested_loops_of_empty_bodies_are_bounded() {
     let e = err(&m);
     assert!(e.to_string().contains("unrolled nodes"), "{e}");
 }
+
+#[test]
+fn body_initializers_are_decoded_once_and_nested_constants_charged_per_copy() {
+    // for i in 0..3: y = y + w, with w an initializer of the body.
+    let mut lp = simple_loop(
+        "lp",
+        "M",
+        vec![node("Add", "add", &["y_in", "w"], &["y_out"])],
+        "y",
+        "z",
+    );
+    let body = lp.attribute[0].g.as_mut().unwrap();
+    body.initializer.push(f32_tensor("w", &[2], &[0.25, -1.0]));
+    let m = model(
+        vec![lp],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 3)],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let copies = g
+        .node_ids()
+        .filter(|&id| g.node(id).name.ends_with("/w"))
+        .count();
+    assert_eq!(copies, 1, "one constant node for w");
+    let out = kiln_ir::eval::eval_graph(&g, &[f32s(&[1.0, 2.0])]).unwrap();
+    assert_close(&out[0].to_f64_vec(), &[1.75, -1.0]);
+
+    // An inner loop of 2 iterations whose body holds a 4000-byte Constant,
+    // in an outer loop of 10: 19 copies re-create it (76000 bytes), more
+    // than a budget of 50000 bytes.
+    let mut k = node("Constant", "k", &[], &["k"]);
+    k.attribute.push(AttributeProto {
+        name: "value".into(),
+        r#type: AttributeType::Tensor as i32,
+        t: Some(f32_tensor("k", &[1000], &[1.0; 1000])),
+        ..Default::default()
+    });
+    let inner = simple_loop(
+        "inner",
+        "M2",
+        vec![k, node("Identity", "id", &["y_in"], &["y_out"])],
+        "y_in",
+        "y_out",
+    );
+    let outer = simple_loop("outer", "M", vec![inner], "y", "z");
+    let m = model(
+        vec![outer],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 10), i64_scalar("M2", 2)],
+    );
+    let opts = ImportOptions {
+        max_generated_bytes: 50_000,
+        ..ImportOptions::default()
+    };
+    let e = import_model(&m, None, &opts).expect_err("over the budget");
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    let opts = ImportOptions {
+        max_generated_bytes: 100_000,
+        ..ImportOptions::default()
+    };
+    import_model(&m, None, &opts).expect("within the budget");
+}

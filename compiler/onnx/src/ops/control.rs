@@ -98,23 +98,43 @@ pub(crate) fn used_names(g: &GraphProto) -> HashSet<&str> {
 
 // ---- importing a body ----
 
-/// A subgraph ready to be imported (possibly many times): its initializers
-/// decoded once and shared by every copy.
+/// A subgraph ready to be imported (possibly many times).
 struct Body<'g> {
     graph: &'g GraphProto,
-    inits: Vec<(&'g str, Val)>,
+    /// Its initializers, decoded once per model and shared by every copy.
+    inits: Vec<(String, Val)>,
     /// Bytes of `Constant` node data one copy of the body creates.
     constant_bytes: u64,
+    /// Whether no copy of this subgraph was imported before: the first
+    /// copy's constants are the model's own, later copies create theirs.
+    first: bool,
 }
 
 fn prepare<'g>(ctx: &mut ImportCtx, graph: &'g GraphProto) -> Result<Body<'g>, OnnxError> {
-    let owner = ctx.node_name().to_string();
-    let mut inits = Vec::with_capacity(graph.initializer.len());
-    for t in &graph.initializer {
-        let tensor = ctx.tensor(t, &t.name)?;
-        let v = ctx.constant(tensor, format!("{owner}/{}", t.name));
-        inits.push((t.name.as_str(), v));
-    }
+    // The model outlives the import, so a subgraph's address names it; the
+    // initializer names are compared as well, for safety.
+    let key = std::ptr::from_ref(graph) as usize;
+    let cached = ctx.subgraph_inits(key).filter(|inits| {
+        inits.len() == graph.initializer.len()
+            && inits
+                .iter()
+                .zip(&graph.initializer)
+                .all(|((n, _), t)| *n == t.name)
+    });
+    let (inits, first) = match cached {
+        Some(inits) => (inits.to_vec(), false),
+        None => {
+            let owner = ctx.node_name().to_string();
+            let mut inits = Vec::with_capacity(graph.initializer.len());
+            for t in &graph.initializer {
+                let tensor = ctx.tensor(t, &t.name)?;
+                let v = ctx.constant(tensor, format!("{owner}/{}", t.name));
+                inits.push((t.name.clone(), v));
+            }
+            ctx.set_subgraph_inits(key, inits.clone());
+            (inits, true)
+        }
+    };
     let constant_bytes = graph
         .node
         .iter()
@@ -132,6 +152,7 @@ fn prepare<'g>(ctx: &mut ImportCtx, graph: &'g GraphProto) -> Result<Body<'g>, O
         graph,
         inits,
         constant_bytes,
+        first,
     })
 }
 
@@ -145,7 +166,8 @@ fn copy_cost(g: &GraphProto) -> usize {
 /// Refuses, before they are imported, `copies` more copies of `body` for
 /// a node that then runs `iterations` in all, beyond the unrolling limits;
 /// charges the constants the copies re-create (`first`: one of them is the
-/// first copy, whose constants are the model's own).
+/// first copy of this subgraph in the model, whose constants are the
+/// model's own).
 fn reserve(
     ctx: &mut ImportCtx,
     what: &str,
@@ -186,7 +208,7 @@ fn run_body(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
         )));
     }
     let mut defined: Vec<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
-    defined.extend(body.inits.iter().map(|&(n, _)| n));
+    defined.extend(body.inits.iter().map(|(n, _)| n.as_str()));
     for n in &g.node {
         defined.extend(
             n.output
@@ -209,8 +231,8 @@ fn run_body(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
 fn import_nodes(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
     let g = body.graph;
     ctx.count_unrolled(copy_cost(g));
-    for &(name, v) in &body.inits {
-        ctx.bind(name, v);
+    for (name, v) in &body.inits {
+        ctx.bind(name, *v);
     }
     for (input, &v) in g.input.iter().zip(args) {
         ctx.bind(&input.name, v);
@@ -339,7 +361,7 @@ pub fn if_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let cond = ctx.input(node, 0)?;
     let branch = |ctx: &mut ImportCtx, g: &GraphProto, tag: &str| -> R {
         let body = prepare(ctx, g)?;
-        reserve(ctx, "an If branch", 1, 1, true, &body)?;
+        reserve(ctx, "an If branch", 1, 1, body.first, &body)?;
         let outs = run_body(ctx, &body, &[], &format!("{name}/{tag}"))?;
         ctx.set_current(&name, "If");
         if outs.len() < n_out {
@@ -445,7 +467,7 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let body = prepare(ctx, body_g)?;
     match trip {
         // A for loop: its length is known before anything is imported.
-        Some(m) if !has_cond => reserve(ctx, "a Loop", m, m, true, &body)?,
+        Some(m) if !has_cond => reserve(ctx, "a Loop", m, m, body.first, &body)?,
         _ => {}
     }
     let mut per_step: Vec<Vec<Val>> = vec![Vec::new(); k_out];
@@ -453,7 +475,7 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     while cond && trip.is_none_or(|m| t < m) {
         if has_cond {
             // A while loop: checked one iteration at a time.
-            reserve(ctx, "a Loop", t + 1, 1, t == 0, &body)?;
+            reserve(ctx, "a Loop", t + 1, 1, body.first && t == 0, &body)?;
         }
         let prefix = format!("{name}/iter{t}");
         ctx.set_current(&prefix, "Loop");
@@ -549,7 +571,7 @@ pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let steps = steps.expect("m ≥ 1");
     let body = prepare(ctx, body_g)?;
-    reserve(ctx, "a Scan", steps, steps, true, &body)?;
+    reserve(ctx, "a Scan", steps, steps, body.first, &body)?;
     let mut states: Vec<Val> = inputs[..n_state].to_vec();
     let mut per_step: Vec<Vec<Val>> = vec![Vec::with_capacity(steps); k_out];
     for t in 0..steps {
