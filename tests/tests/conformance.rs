@@ -300,13 +300,6 @@ fn run_case(dir: &Path) -> Value {
             ),
         };
     }
-    let compiled = match compiled {
-        Ok(c) => c,
-        Err(e) => {
-            return json!({ "outcome": "unsupported", "error_kind": error_kind(&e), "detail": e.to_string() })
-        }
-    };
-
     let mut data_sets: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
@@ -321,84 +314,192 @@ fn run_case(dir: &Path) -> Value {
     if data_sets.is_empty() {
         return outcome("fail", "the case has no test_data_set_*");
     }
-    let model_rt = match kiln_runtime::Model::from_bytes(&compiled.bytes) {
-        Ok(m) => m,
-        Err(e) => return outcome("fail", format!("runtime load: {e}")),
+    let unsupported = |e: &DriverError, bound: &BTreeSet<String>| {
+        let detail = if bound.is_empty() {
+            e.to_string()
+        } else {
+            format!("with {bound:?} bound at compile time: {e}")
+        };
+        json!({ "outcome": "unsupported", "error_kind": error_kind(e), "detail": detail })
     };
-    let (rtol, atol) = tolerances(&case);
+    let tolerance = tolerances(&case);
+
+    // An op that needs a compile-time value computed from graph inputs (a
+    // Reshape target, Pad amounts, TopK's k) compiles once those inputs are
+    // bound, as `kiln compile --bind-input` does: the model is then compiled
+    // per data set with that set's values.
+    let mut bound = match &compiled {
+        Err(e) => match bindable_inputs(e) {
+            Some(names) => names,
+            None => return unsupported(e, &BTreeSet::new()),
+        },
+        Ok(_) => BTreeSet::new(),
+    };
+    if bound.is_empty() {
+        let compiled = compiled.expect("an error returned above");
+        let model_rt = match kiln_runtime::Model::from_bytes(&compiled.bytes) {
+            Ok(m) => m,
+            Err(e) => return outcome("fail", format!("runtime load: {e}")),
+        };
+        for set in &data_sets {
+            if let Err(failure) = check_data_set(&model_rt, set, &inputs_pb, &bound, tolerance) {
+                return failure;
+            }
+        }
+        return outcome("pass", "");
+    }
     for set in &data_sets {
         let set_name = set.file_name().unwrap().to_string_lossy().into_owned();
-        let (inputs, refs) = match (read_tensors(set, "input"), read_tensors(set, "output")) {
-            (Ok(i), Ok(o)) => (i, o),
-            (Err(e), _) | (_, Err(e)) => {
-                return outcome("fail", format!("{set_name}: reading the data: {e}"))
-            }
+        let inputs = match named_inputs(set, &inputs_pb) {
+            Ok(i) => i,
+            Err(e) => return outcome("fail", format!("{set_name}: reading the data: {e}")),
         };
-        let inputs: Vec<kiln_runtime::Tensor> = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, (name, t))| {
-                let name = if name.is_empty() {
-                    inputs_pb.get(i).map(|v| v.name.as_str()).unwrap_or("")
-                } else {
-                    name
-                };
-                to_runtime(name, t)
-            })
-            .collect();
-        let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
-        let outputs = match model_rt.run(&views) {
-            Ok(o) => o,
-            Err(e) => return outcome("fail", format!("{set_name}: run: {e}")),
-        };
-        if outputs.len() != refs.len() {
-            return outcome(
-                "fail",
-                format!(
-                    "{set_name}: {} outputs, the reference has {}",
-                    outputs.len(),
-                    refs.len()
-                ),
-            );
-        }
-        let mut errors = Vec::new();
-        for (i, (o, (rname, r))) in outputs.iter().zip(&refs).enumerate() {
-            let Some(data) = kiln_ir::Data::from_le_bytes(ir_dtype(o.dtype), &o.data) else {
-                errors.push(
-                    json!({"output": o.name, "mismatch": "output bytes do not match its dtype"}),
-                );
-                continue;
-            };
-            let shape: Vec<usize> = o.shape.iter().map(|&d| d as usize).collect();
-            let Some(actual) = kiln_ir::Tensor::new(&shape, data) else {
-                errors.push(
-                    json!({"output": o.name, "mismatch": "output size does not match its shape"}),
-                );
-                continue;
-            };
-            if let Some(mut d) = compare(&actual, r, rtol, atol) {
-                d["output"] = json!(if rname.is_empty() {
-                    format!("#{i}")
-                } else {
-                    rname.clone()
-                });
-                errors.push(d);
-            }
-        }
-        if !errors.is_empty() {
-            let max_abs = errors
+        let model_rt = loop {
+            opts.import.input_values = inputs
                 .iter()
-                .filter_map(|e| e["max_abs_err"].as_f64())
-                .fold(0f64, f64::max);
-            return json!({
-                "outcome": "fail",
-                "detail": format!("{set_name}: wrong answer: {}", Value::Array(errors.clone())),
-                "max_abs_err": max_abs,
-                "errors": errors,
-            });
+                .filter(|(name, _)| bound.contains(name))
+                .map(|(name, t)| (name.clone(), t.clone()))
+                .collect();
+            match compile(&model_path, &opts) {
+                Ok(c) => match kiln_runtime::Model::from_bytes(&c.bytes) {
+                    Ok(m) => break m,
+                    Err(e) => return outcome("fail", format!("runtime load: {e}")),
+                },
+                Err(e) => match bindable_inputs(&e) {
+                    Some(more) if !more.is_subset(&bound) => bound.extend(more),
+                    _ => return unsupported(&e, &bound),
+                },
+            }
+        };
+        if let Err(failure) = check_data_set(&model_rt, set, &inputs_pb, &bound, tolerance) {
+            return failure;
         }
     }
-    outcome("pass", "")
+    outcome(
+        "pass",
+        format!(
+            "{BOUND_MARK}{}",
+            bound.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+    )
+}
+
+/// How the detail of a case that passes with inputs bound at compile time
+/// starts.
+const BOUND_MARK: &str = "inputs bound at compile time: ";
+
+/// The graph inputs that, bound at compile time, would let the compile
+/// proceed: `Some` when every op the error names needs only that.
+fn bindable_inputs(e: &DriverError) -> Option<BTreeSet<String>> {
+    match e {
+        DriverError::Onnx(kiln_onnx::OnnxError::Unsupported(ops))
+            if ops.iter().all(|op| !op.bindable_inputs.is_empty()) =>
+        {
+            Some(
+                ops.iter()
+                    .flat_map(|op| op.bindable_inputs.iter().cloned())
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// A data set's inputs, named (a `.pb` without a name takes the graph
+/// input's at its position).
+fn named_inputs(
+    set: &Path,
+    inputs_pb: &[&pb::ValueInfoProto],
+) -> Result<Vec<(String, kiln_ir::Tensor)>, String> {
+    Ok(read_tensors(set, "input")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, t))| {
+            let name = if name.is_empty() {
+                inputs_pb.get(i).map(|v| v.name.clone()).unwrap_or_default()
+            } else {
+                name
+            };
+            (name, t)
+        })
+        .collect())
+}
+
+/// Runs one data set (the inputs in `bound` are compiled in) and compares
+/// the outputs with its references; `Err` is the case's failing outcome.
+fn check_data_set(
+    model_rt: &kiln_runtime::Model,
+    set: &Path,
+    inputs_pb: &[&pb::ValueInfoProto],
+    bound: &BTreeSet<String>,
+    (rtol, atol): (f64, f64),
+) -> Result<(), Value> {
+    let set_name = set.file_name().unwrap().to_string_lossy().into_owned();
+    let (inputs, refs) = match (named_inputs(set, inputs_pb), read_tensors(set, "output")) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => {
+            return Err(outcome(
+                "fail",
+                format!("{set_name}: reading the data: {e}"),
+            ))
+        }
+    };
+    let inputs: Vec<kiln_runtime::Tensor> = inputs
+        .iter()
+        .filter(|(name, _)| !bound.contains(name))
+        .map(|(name, t)| to_runtime(name, t))
+        .collect();
+    let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+    let outputs = match model_rt.run(&views) {
+        Ok(o) => o,
+        Err(e) => return Err(outcome("fail", format!("{set_name}: run: {e}"))),
+    };
+    if outputs.len() != refs.len() {
+        return Err(outcome(
+            "fail",
+            format!(
+                "{set_name}: {} outputs, the reference has {}",
+                outputs.len(),
+                refs.len()
+            ),
+        ));
+    }
+    let mut errors = Vec::new();
+    for (i, (o, (rname, r))) in outputs.iter().zip(&refs).enumerate() {
+        let Some(data) = kiln_ir::Data::from_le_bytes(ir_dtype(o.dtype), &o.data) else {
+            errors
+                .push(json!({"output": o.name, "mismatch": "output bytes do not match its dtype"}));
+            continue;
+        };
+        let shape: Vec<usize> = o.shape.iter().map(|&d| d as usize).collect();
+        let Some(actual) = kiln_ir::Tensor::new(&shape, data) else {
+            errors.push(
+                json!({"output": o.name, "mismatch": "output size does not match its shape"}),
+            );
+            continue;
+        };
+        if let Some(mut d) = compare(&actual, r, rtol, atol) {
+            d["output"] = json!(if rname.is_empty() {
+                format!("#{i}")
+            } else {
+                rname.clone()
+            });
+            errors.push(d);
+        }
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let max_abs = errors
+        .iter()
+        .filter_map(|e| e["max_abs_err"].as_f64())
+        .fold(0f64, f64::max);
+    Err(json!({
+        "outcome": "fail",
+        "detail": format!("{set_name}: wrong answer: {}", Value::Array(errors.clone())),
+        "max_abs_err": max_abs,
+        "errors": errors,
+    }))
 }
 
 // --------------------------------------------------------------- the parent
@@ -642,6 +743,21 @@ fn results_md(results: &[CaseResult], onnx_version: &str) -> String {
         s.push_str(&format!("| {o} | {} |\n", count(o)));
     }
     s.push_str(&format!("| **total** | **{}** |\n\n", results.len()));
+    let bound: Vec<&str> = results
+        .iter()
+        .filter(|r| r.outcome == "pass" && r.detail.starts_with(BOUND_MARK))
+        .map(|r| r.info.name.as_str())
+        .collect();
+    if !bound.is_empty() {
+        s.push_str(&format!(
+            "{} of the passing cases feed a graph input to an op that needs a compile-time \
+             value (a shape, pad amounts, `k`); the runner binds those inputs from the case's \
+             data, as `kiln compile --bind-input NAME=FILE.npy` does, and compiles once per \
+             data set: {}.\n\n",
+            bound.len(),
+            bound.join(", ")
+        ));
+    }
 
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for r in results.iter().filter(|r| r.outcome == "unsupported") {

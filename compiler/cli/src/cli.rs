@@ -78,6 +78,11 @@ struct ModelArgs {
     /// Bind a symbolic dim by name: NAME=VALUE (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Fix a graph input's value at compile time: NAME=FILE.npy
+    /// (repeatable). The input folds into what reads it (a Reshape target,
+    /// Pad amounts, TopK's k) and is no longer an input of the artifact.
+    #[arg(long = "bind-input", value_name = "NAME=FILE.npy")]
+    bind_inputs: Vec<String>,
     /// Optimization level: 0 imports as is, 1 folds constants and removes dead code,
     /// 2 also simplifies and folds BatchNormalization into Conv/Gemm/MatMul.
     #[arg(short = 'O', default_value_t = 2, value_name = "LEVEL")]
@@ -275,6 +280,7 @@ impl From<DriverError> for Failure {
                 | OnnxError::UnboundDim { .. }
                 | OnnxError::UnsupportedDType { .. }
                 | OnnxError::UnsupportedOpset { .. } => exit::UNSUPPORTED,
+                OnnxError::InputValue { .. } => exit::USAGE,
                 _ => exit::BAD_MODEL,
             },
             DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
@@ -407,6 +413,11 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
                 )
             })?;
         opts.import.input_shapes.insert(name.to_string(), dims);
+    }
+    for s in &args.bind_inputs {
+        let (name, path) = parse_pair("--bind-input", s)?;
+        let value = npy::read_ir_tensor(Path::new(path))?;
+        opts.import.input_values.insert(name.to_string(), value);
     }
     for s in &args.dims {
         let (name, v) = parse_pair("--dim", s)?;
@@ -723,6 +734,9 @@ fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure>
     }
     for s in &m.dims {
         args.extend(["--dim".into(), s.into()]);
+    }
+    for s in &m.bind_inputs {
+        args.extend(["--bind-input".into(), s.into()]);
     }
     if let Some(p) = &m.passes {
         args.extend(["--passes".into(), p.join(",").into()]);

@@ -35,12 +35,23 @@ fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
         I16 => t.to_vec::<i16>()?.into_iter().map(f64::from).collect(),
         I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
         I64 => t.to_vec::<i64>()?.into_iter().map(|x| x as f64).collect(),
+        F16 | BF16 => t
+            .data
+            .chunks_exact(2)
+            .map(|c| {
+                let bits = u16::from_le_bytes([c[0], c[1]]);
+                if t.dtype == F16 {
+                    half::f16::from_bits(bits).to_f64()
+                } else {
+                    half::bf16::from_bits(bits).to_f64()
+                }
+            })
+            .collect(),
         Bool => t
             .to_vec::<bool>()?
             .into_iter()
             .map(|b| b as u8 as f64)
             .collect(),
-        _ => return None,
     })
 }
 

@@ -106,6 +106,20 @@ impl CompileOptions {
         for (name, v) in &self.import.dims {
             let _ = write!(s, " dim={name}={v}");
         }
+        for (name, t) in &self.import.input_values {
+            let digest = Sha256::digest(t.data().to_le_bytes());
+            let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+            let _ = write!(
+                s,
+                " bind_input={name}={}[{}]sha256:{}",
+                t.dtype(),
+                dims.join("x"),
+                digest[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            );
+        }
         // fp32 builds keep the options text (and so the artifact bytes)
         // they had before precision assignment existed.
         let p = &self.precision;

@@ -112,6 +112,23 @@ pub fn read_tensor(name: &str, path: &Path) -> Result<Tensor, NpyError> {
     tensor_from_npy(&p, name, npy)
 }
 
+/// Reads an `.npy` file as a compiler-side tensor (for values fixed at
+/// compile time, `--bind-input`).
+pub fn read_ir_tensor(path: &Path) -> Result<kiln_ir::Tensor, NpyError> {
+    let t = read_tensor("", path)?;
+    let malformed = |message: &str| NpyError::Malformed {
+        path: path.display().to_string(),
+        message: message.into(),
+    };
+    let dtype = kiln_ir::DType::from_name(t.dtype.name())
+        .ok_or_else(|| malformed("its element type has no compiler equivalent"))?;
+    let data = kiln_ir::Data::from_le_bytes(dtype, &t.data)
+        .ok_or_else(|| malformed("its data is not a whole number of elements"))?;
+    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    kiln_ir::Tensor::new(&shape, data)
+        .ok_or_else(|| malformed("its element count does not match its shape"))
+}
+
 /// Reads every array of an `.npz` file; array names are tensor names.
 pub fn read_npz(path: &Path) -> Result<Vec<Tensor>, NpyError> {
     let p = path.display().to_string();

@@ -467,3 +467,123 @@ fn compile_check_lists_every_blocker_without_compiling() {
     assert_eq!(v["ok"], true);
     assert_eq!(v["unsupported"].as_array().map(Vec::len), Some(0));
 }
+
+/// `y = Reshape(x, s)` with `x: f32[2,3]` and the target `s: i64[2]` a
+/// graph input.
+fn reshape_by_input_model(dir: &Path) -> PathBuf {
+    use kiln_onnx::pb::{self, tensor_shape_proto::dimension, type_proto};
+    use prost::Message;
+    let input = |name: &str, elem: i32, dims: &[i64]| pb::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(pb::TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| pb::tensor_shape_proto::Dimension {
+                            value: Some(dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: vec![pb::NodeProto {
+                op_type: "Reshape".into(),
+                name: "rs".into(),
+                input: vec!["x".into(), "s".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![input("x", 1, &[2, 3]), input("s", 7, &[2])],
+            output: vec![pb::ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = dir.join("reshape.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    path
+}
+
+#[test]
+fn bind_input_fixes_a_shape_input_at_compile_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = reshape_by_input_model(dir.path());
+    let model = model.to_str().unwrap();
+    let art = dir.path().join("r.kiln");
+    let art = art.to_str().unwrap();
+
+    // Unbound, the error says which input to bind and how.
+    expect_failure(
+        &["compile", model, "-o", art],
+        4,
+        &[
+            "'rs'",
+            "input 1 must be a compile-time constant",
+            "--bind-input s=FILE.npy",
+        ],
+    );
+
+    let target = dir.path().join("s.npy");
+    write_tensor(&target, &Tensor::from_i64("s", &[2], &[3, 2])).unwrap();
+    let o = kiln(&[
+        "compile",
+        model,
+        "-o",
+        art,
+        "--bind-input",
+        &format!("s={}", target.display()),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+
+    // The artifact takes only `x`; the output has the bound shape and
+    // x's values in order.
+    let x = dir.path().join("x.npy");
+    let values: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    write_tensor(&x, &Tensor::from_f32("x", &[2, 3], &values)).unwrap();
+    let out = dir.path().join("out");
+    let o = kiln(&[
+        "run",
+        art,
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let y = read_tensor("y", &out.join("y.npy")).unwrap();
+    assert_eq!(y.shape, vec![3, 2]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), values);
+
+    // A value of the wrong type is a usage error naming the input.
+    let wrong = dir.path().join("wrong.npy");
+    write_tensor(&wrong, &Tensor::from_f32("s", &[2], &[3.0, 2.0])).unwrap();
+    expect_failure(
+        &[
+            "compile",
+            model,
+            "-o",
+            art,
+            "--bind-input",
+            &format!("s={}", wrong.display()),
+        ],
+        2,
+        &["'s'", "i64", "f32"],
+    );
+}

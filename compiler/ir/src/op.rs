@@ -813,9 +813,13 @@ impl Resize {
                     0.0
                 }
             }
+            // The ONNX reference divides by the unrounded resized length
+            // (`scale * in_len`), which differs from `out_len` when a
+            // scale does not land on a whole size.
             CoordinateTransform::AlignCorners => {
-                if out_len > 1 {
-                    o * (in_len as f64 - 1.0) / (out_len as f64 - 1.0)
+                let resized = scale * in_len as f64;
+                if out_len > 1 && resized != 1.0 {
+                    o * (in_len as f64 - 1.0) / (resized - 1.0)
                 } else {
                     0.0
                 }

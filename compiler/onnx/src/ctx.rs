@@ -285,13 +285,53 @@ impl<'a> ImportCtx<'a> {
 
     /// An `Unsupported` error for the current node.
     pub fn unsupported(&self, hint: impl Into<String>) -> OnnxError {
+        self.unsupported_unless_bound(hint, Vec::new())
+    }
+
+    fn unsupported_unless_bound(
+        &self,
+        hint: impl Into<String>,
+        bindable_inputs: Vec<String>,
+    ) -> OnnxError {
         OnnxError::Unsupported(vec![UnsupportedOp {
             op_type: self.op_type.clone(),
             node_name: self.node_name.clone(),
             domain: "ai.onnx".into(),
             opset: self.opset,
             hint: hint.into(),
+            bindable_inputs,
         }])
+    }
+
+    /// The error for an op that needs `v` at compile time when it is not
+    /// known: `hint` says what is needed, and the error lists the graph
+    /// inputs `v` is computed from, so the user (or a test runner) can fix
+    /// their values with `--bind-input`.
+    pub fn not_constant(&self, v: Val, hint: impl Into<String>) -> OnnxError {
+        let mut roots = Vec::new();
+        if let Some(start) = self.vals[v.0].node {
+            let mut seen = std::collections::HashSet::new();
+            let mut stack = vec![start];
+            while let Some(id) = stack.pop() {
+                if !seen.insert(id) {
+                    continue;
+                }
+                let node = self.graph.node(id);
+                if matches!(node.op, Op::Input { .. }) {
+                    roots.push(node.name.clone());
+                }
+                stack.extend(self.graph.inputs_of(id));
+            }
+        }
+        // Graph input order, so the message and the runner are stable.
+        let order: Vec<&str> = self
+            .graph
+            .inputs()
+            .iter()
+            .map(|&id| self.graph.node(id).name.as_str())
+            .collect();
+        roots.sort_by_key(|r| order.iter().position(|o| o == r));
+        self.unsupported_unless_bound(hint, roots)
     }
 
     /// An `InvalidNode` error for the current node.
@@ -341,7 +381,9 @@ impl<'a> ImportCtx<'a> {
             None => Ok(None),
             Some(v) => match self.konst(v) {
                 Some(t) => Ok(Some(t.clone())),
-                None => Err(self.unsupported(format!("input {i} must be a compile-time constant"))),
+                None => {
+                    Err(self.not_constant(v, format!("input {i} must be a compile-time constant")))
+                }
             },
         }
     }

@@ -16,6 +16,11 @@ pub struct UnsupportedOp {
     pub opset: i64,
     /// Why, and what to do about it.
     pub hint: String,
+    /// Graph inputs whose values, fixed at compile time
+    /// ([`crate::ImportOptions::input_values`], `--bind-input`), would let
+    /// the op import: set when the op needs a compile-time constant that
+    /// depends only on these inputs. Empty otherwise.
+    pub bindable_inputs: Vec<String>,
 }
 
 impl fmt::Display for UnsupportedOp {
@@ -24,7 +29,35 @@ impl fmt::Display for UnsupportedOp {
             f,
             "unsupported op '{}' (domain '{}', opset {}) at node '{}': {}",
             self.op_type, self.domain, self.opset, self.node_name, self.hint
-        )
+        )?;
+        if !self.bindable_inputs.is_empty() {
+            let flags: Vec<String> = self
+                .bindable_inputs
+                .iter()
+                .map(|i| format!("--bind-input {i}=FILE.npy"))
+                .collect();
+            write!(
+                f,
+                "; it depends on graph input{} {}: fix {} at compile time with {}",
+                if self.bindable_inputs.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                self.bindable_inputs
+                    .iter()
+                    .map(|i| format!("'{i}'"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if self.bindable_inputs.len() == 1 {
+                    "its value"
+                } else {
+                    "their values"
+                },
+                flags.join(" ")
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -83,6 +116,15 @@ pub enum OnnxError {
         /// An example shape for the message: the declared dims with every
         /// unbound one shown as 1.
         suggested_shape: Vec<usize>,
+    },
+    /// A value bound to a graph input at compile time contradicts the
+    /// model's declared type or names no input.
+    #[error("bound value for input '{input}': {message}")]
+    InputValue {
+        /// The input named in the options.
+        input: String,
+        /// What is wrong.
+        message: String,
     },
     /// A bound input shape contradicts the model or names no input.
     #[error("input shape for '{input}': {message}")]

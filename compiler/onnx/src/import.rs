@@ -4,7 +4,7 @@
 use crate::ctx::ImportCtx;
 use crate::tensor::{dtype_or_err, tensor_from_proto};
 use crate::{ops, ImportOptions, OnnxError, UnsupportedOp};
-use kiln_ir::{Graph, ValueType};
+use kiln_ir::{DType, Graph, Tensor, ValueType};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::path::Path;
@@ -190,6 +190,7 @@ fn scan_graph(
                 domain,
                 opset,
                 hint,
+                bindable_inputs: Vec::new(),
             });
         }
     }
@@ -293,6 +294,51 @@ fn bind_shape(
         .collect()
 }
 
+/// Checks a value bound to graph input `name` against its declaration:
+/// same element type, same rank, and equal sizes where the model gives
+/// them.
+fn check_bound_value(
+    name: &str,
+    dtype: DType,
+    declared: &DeclaredDims,
+    value: &Tensor,
+) -> Result<(), OnnxError> {
+    let bad = |message: String| OnnxError::InputValue {
+        input: name.into(),
+        message,
+    };
+    if value.dtype() != dtype {
+        return Err(bad(format!(
+            "the model declares element type {dtype}, the value is {}",
+            value.dtype()
+        )));
+    }
+    let Some(dims) = declared else {
+        return Ok(());
+    };
+    let given = value.shape().as_slice();
+    let fits = dims.len() == given.len()
+        && dims
+            .iter()
+            .zip(given)
+            .all(|(d, &g)| d.as_ref().map_or(true, |&d| d == g));
+    if !fits {
+        let declared: Vec<String> = dims
+            .iter()
+            .map(|d| match d {
+                Ok(v) => v.to_string(),
+                Err(Some(p)) => p.clone(),
+                Err(None) => "?".into(),
+            })
+            .collect();
+        return Err(bad(format!(
+            "the model declares shape [{}], the value has {given:?}",
+            declared.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// Imports a decoded model; see [`crate::import_model`].
 pub(crate) fn import_model(
     model: &ModelProto,
@@ -353,12 +399,31 @@ pub(crate) fn import_model(
         }
     }
 
+    for name in opts.input_values.keys() {
+        if !inputs.iter().any(|i| &i.name == name) {
+            let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(OnnxError::InputValue {
+                input: name.clone(),
+                message: format!(
+                    "the model has no input of that name (inputs: {})",
+                    list.join(", ")
+                ),
+            });
+        }
+    }
+
     let used = ops::control::used_names(graph);
 
     let mut ctx = ImportCtx::new(opset_of(model, ""), opts, model_dir);
     for input in &inputs {
         let (code, declared) = declared_type(input)?;
         let dtype = dtype_or_err(code, &input.name)?;
+        if let Some(value) = opts.input_values.get(&input.name) {
+            check_bound_value(&input.name, dtype, &declared, value)?;
+            let v = ctx.constant(value.clone(), input.name.clone());
+            ctx.bind(&input.name, v);
+            continue;
+        }
         let shape = bind_shape(&input.name, &declared, opts)?;
         let fits = shape
             .iter()

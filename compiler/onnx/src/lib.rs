@@ -63,7 +63,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Options of an import.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ImportOptions {
     /// Whole shapes for graph inputs by name (`--input-shape x=1x3x224x224`).
     /// The rank must match the model and known dims must agree.
@@ -82,6 +82,13 @@ pub struct ImportOptions {
     /// the limit is an [`OnnxError::TooLarge`] naming it, except plain folds,
     /// which are then left in the graph to run in the arena.
     pub max_generated_bytes: u64,
+    /// Values fixed at compile time for graph inputs by name
+    /// (`--bind-input NAME=FILE.npy`). The input becomes a constant that
+    /// folds into whatever reads it (a `Reshape` target, `Pad` amounts,
+    /// `TopK`'s k) and is no longer an input of the compiled model. The
+    /// value's type must match the model's declaration (symbolic dims take
+    /// the value's size).
+    pub input_values: BTreeMap<String, kiln_ir::Tensor>,
 }
 
 /// Default of [`ImportOptions::max_generated_bytes`]: 1 GiB, enough for the
@@ -96,6 +103,7 @@ impl Default for ImportOptions {
             dims: BTreeMap::new(),
             max_initializer_bytes: 4 << 30,
             max_generated_bytes: DEFAULT_MAX_GENERATED_BYTES,
+            input_values: BTreeMap::new(),
         }
     }
 }

@@ -377,6 +377,80 @@ fn non_constant_reshape_target_is_unsupported() {
             .contains("input 1 must be a compile-time constant"),
         "{e}"
     );
+    // The error names the graph input the target comes from (through a
+    // computing node), so it can be bound.
+    let OnnxError::Unsupported(ops) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(ops[0].bindable_inputs, ["s"]);
+    assert!(e.to_string().contains("--bind-input s=FILE.npy"), "{e}");
+}
+
+fn reshape_by_input_model() -> ModelProto {
+    // y = Reshape(x, s + 0): the target is computed from graph input `s`.
+    model(
+        vec![
+            node("Add", "plus", &["s", "zero"], &["t"]),
+            node("Reshape", "rs", &["x", "t"], &["y"]),
+        ],
+        vec![f32_input("x", &[2, 3]), value_info("s", 7, &[D::S("n")])],
+        &["y"],
+        vec![i64_tensor("zero", &[0])],
+    )
+}
+
+#[test]
+fn computed_reshape_target_names_its_graph_input() {
+    let m = reshape_by_input_model();
+    let mut opts = ImportOptions::default();
+    opts.dims.insert("n".into(), 2);
+    let e = import_model(&m, None, &opts).unwrap_err();
+    let OnnxError::Unsupported(ops) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(ops[0].node_name, "rs");
+    assert_eq!(ops[0].bindable_inputs, ["s"]);
+}
+
+#[test]
+fn bound_input_folds_and_leaves_the_graph_inputs() {
+    let m = reshape_by_input_model();
+    let mut opts = ImportOptions::default();
+    let target = kiln_ir::Tensor::new([3], Data::I64(vec![3, 1, 2])).unwrap();
+    opts.input_values.insert("s".into(), target);
+    let g = import_model(&m, None, &opts).unwrap();
+    // Only `x` is left, and the output has the bound shape.
+    assert_eq!(g.inputs().len(), 1);
+    assert_eq!(g.node(g.inputs()[0]).name, "x");
+    assert_eq!(g.node(g.outputs()[0].1).ty.shape.as_slice(), &[3, 1, 2]);
+}
+
+#[test]
+fn bound_values_must_match_the_declaration() {
+    let m = reshape_by_input_model();
+    let bind = |name: &str, t: kiln_ir::Tensor| {
+        let mut opts = ImportOptions::default();
+        opts.input_values.insert(name.into(), t);
+        import_model(&m, None, &opts).unwrap_err().to_string()
+    };
+    let wrong_type = bind(
+        "s",
+        kiln_ir::Tensor::new([2], Data::I32(vec![3, 2])).unwrap(),
+    );
+    assert!(
+        wrong_type.contains("'s'") && wrong_type.contains("i64") && wrong_type.contains("i32"),
+        "{wrong_type}"
+    );
+    let wrong_rank = bind(
+        "s",
+        kiln_ir::Tensor::new([1, 2], Data::I64(vec![3, 2])).unwrap(),
+    );
+    assert!(wrong_rank.contains("[n]"), "{wrong_rank}");
+    let no_such = bind("q", kiln_ir::Tensor::new([1], Data::I64(vec![1])).unwrap());
+    assert!(
+        no_such.contains("'q'") && no_such.contains("inputs: x, s"),
+        "{no_such}"
+    );
 }
 
 // ---- dims ----

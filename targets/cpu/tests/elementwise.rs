@@ -335,3 +335,114 @@ fn tanh_is_accurate_over_a_dense_sweep() {
     let g = unary_graph(UnaryOp::Tanh, DType::F32, &[v.len()]);
     check(&g, &[Tensor::new([v.len()], Data::F32(v)).unwrap()]);
 }
+
+#[test]
+fn f16_casts_are_exact_and_round_to_nearest_even() {
+    // Every f16 bit pattern (subnormals, infinities, NaNs) widens exactly.
+    let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F16, [all.len()]));
+    let y = g
+        .add_node(Op::Cast { to: DType::F32 }, &[x], "widen")
+        .unwrap();
+    g.add_output("y", y);
+    check(
+        &g,
+        &[Tensor::new([all.len()], Data::F16(all.clone())).unwrap()],
+    );
+
+    // Narrowing: every f16 value, the midpoints between neighbours (ties
+    // go to even), values just either side of them, the overflow
+    // threshold, the subnormal range, and random bit patterns.
+    let mut v: Vec<f32> = Vec::new();
+    for w in all.windows(2) {
+        let (a, b) = (w[0].to_f32(), w[1].to_f32());
+        if a.is_finite() && b.is_finite() {
+            let mid = (a + b) / 2.0;
+            v.extend([a, mid, f32::from_bits(mid.to_bits() + 1)]);
+            if mid.to_bits() > 0 {
+                v.push(f32::from_bits(mid.to_bits() - 1));
+            }
+        }
+    }
+    v.extend([
+        65504.0,
+        65519.99,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        f32::NAN,
+        -0.0,
+    ]);
+    v.extend([f32::MIN_POSITIVE, 1e-8, 2.9e-8, 3.0e-8, 6.0e-8, 5.96e-8]);
+    let mut rng = Rng::new(41);
+    v.extend((0..50_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [v.len()]));
+    let y = g
+        .add_node(Op::Cast { to: DType::F16 }, &[x], "narrow")
+        .unwrap();
+    g.add_output("y", y);
+    let n = v.len();
+    let expected: Vec<u16> = v
+        .iter()
+        .map(|&f| half::f16::from_f32(f).to_bits())
+        .collect();
+    let got = common::compile_run(&g, &[Tensor::new([n], Data::F32(v.clone())).unwrap()]).unwrap();
+    let Data::F16(got) = got[0].data() else {
+        panic!("f16 output")
+    };
+    for (i, (e, a)) in expected.iter().zip(got).enumerate() {
+        let nan = half::f16::from_bits(*e).is_nan() && a.is_nan();
+        assert!(
+            nan || *e == a.to_bits(),
+            "{} (bits {:#x}): expected {e:#06x}, got {:#06x}",
+            v[i],
+            v[i].to_bits(),
+            a.to_bits()
+        );
+    }
+}
+
+#[test]
+fn sixteen_bit_float_ops_run_in_f32_between_casts() {
+    for dtype in [DType::F16, DType::BF16] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(dtype, [3, 5]));
+        let z = g.add_input("z", ValueType::new(dtype, [5]));
+        let sum = g
+            .add_node(Op::Binary(BinaryOp::Add), &[x, z], "add")
+            .unwrap();
+        let quotient = g
+            .add_node(Op::Binary(BinaryOp::Div), &[sum, x], "div")
+            .unwrap();
+        let root = g
+            .add_node(Op::Unary(UnaryOp::Sqrt), &[quotient], "sqrt")
+            .unwrap();
+        let t = g
+            .add_node(
+                Op::Transpose {
+                    perm: [1usize, 0][..].into(),
+                },
+                &[root],
+                "t",
+            )
+            .unwrap();
+        let wide = g
+            .add_node(Op::Cast { to: DType::F64 }, &[t], "to_f64")
+            .unwrap();
+        let back = g.add_node(Op::Cast { to: dtype }, &[wide], "back").unwrap();
+        g.add_output("t", t);
+        g.add_output("back", back);
+        let mut rng = Rng::new(5);
+        let mut pos = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f64> = (0..n).map(|_| rng.f64(0.5, 4.0)).collect();
+            Tensor::new(shape, Data::from_f64s(dtype, v.into_iter())).unwrap()
+        };
+        let inputs = [pos(&[3, 5]), pos(&[5])];
+        // Each op rounds once to the 16-bit type, as the reference does:
+        // the results agree exactly.
+        check(&g, &inputs);
+    }
+}

@@ -291,7 +291,7 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         &[k_scaled],
         Some("k_transposed"),
     )?;
-    let mut qk = ctx.op(Op::MatMul, &[q_scaled, k_t], Some("qk"))?;
+    let mut qk = ctx.dense_op(Op::MatMul, &[q_scaled, k_t], Some("qk"))?;
     if softcap > 0.0 {
         let c = scalar(ctx, dt, softcap as f64, "softcap");
         let d = ctx.op(Op::Binary(BinaryOp::Div), &[qk, c], Some("qk_capped_in"))?;
@@ -329,7 +329,7 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             probs = ctx.op(Op::Where, &[dead, zero, probs], Some("probs_guarded"))?;
         }
     }
-    let y = ctx.op(Op::MatMul, &[probs, vv], Some("y_heads"))?;
+    let y = ctx.dense_op(Op::MatMul, &[probs, vv], Some("y_heads"))?;
     let y = if rank == 3 {
         let t = ctx.op(
             Op::Transpose {

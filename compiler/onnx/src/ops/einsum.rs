@@ -304,7 +304,7 @@ fn contract(
     sb.extend([k, r]);
     let av = reshape_to(ctx, a.v, &sa, Some(&format!("{tag}_a_matrix")))?;
     let bv = reshape_to(ctx, b.v, &sb, Some(&format!("{tag}_b_matrix")))?;
-    let p = ctx.op(Op::MatMul, &[av, bv], Some(&format!("{tag}_product")))?;
+    let p = ctx.dense_op(Op::MatMul, &[av, bv], Some(&format!("{tag}_product")))?;
     let mut shape = out_batch;
     shape.extend(left_dims);
     shape.extend(right_dims);

@@ -105,7 +105,7 @@ pub fn range(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                     t.shape().as_slice()
                 )))
             }
-            None => return Err(ctx.unsupported(hint)),
+            None => return Err(ctx.not_constant(v, hint)),
         }
     }
     let dtype = args[0].dtype();
@@ -715,7 +715,8 @@ pub fn top_k(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let Some(t) = ctx.konst(x).cloned() else {
-        return Err(ctx.unsupported(
+        return Err(ctx.not_constant(
+            x,
             "NonZero of run-time data (its output shape depends on the values); only a constant input folds",
         ));
     };

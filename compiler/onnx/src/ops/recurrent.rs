@@ -269,7 +269,7 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
             Some(&tag("R_t")),
         )?;
         // Input projections of every step at once: [steps, batch, g·h].
-        let mut xw = ctx.op(Op::MatMul, &[x, wt], Some(&tag("x_proj")))?;
+        let mut xw = ctx.dense_op(Op::MatMul, &[x, wt], Some(&tag("x_proj")))?;
         let mut rb_h = None;
         if let Some(b) = bias {
             let bd = direction_of(ctx, b, d, "B")?;
@@ -336,14 +336,14 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
             };
             let (h_new, c_new) = match cell {
                 Cell::Rnn => {
-                    let hr = ctx.op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
+                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
                     let pre = add(ctx, xt, hr, &st("pre"))?;
                     (act(ctx, f[0], pre, clip, &st("h"))?, None)
                 }
                 Cell::Gru => {
                     let rt_zr = slice_along(ctx, rt, 1, 0, 1, 2 * h, &st("R_zr"))?;
                     let rt_h = slice_along(ctx, rt, 1, 2 * h, 1, h, &st("R_h"))?;
-                    let hr = ctx.op(Op::MatMul, &[hs, rt_zr], Some(&st("h_proj_zr")))?;
+                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt_zr], Some(&st("h_proj_zr")))?;
                     let x_zr = slice_along(ctx, xt, 1, 0, 1, 2 * h, &st("x_zr"))?;
                     let zr = add(ctx, x_zr, hr, &st("pre_zr"))?;
                     let z = gate(ctx, zr, 0, "pre_z")?;
@@ -352,14 +352,15 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
                     let rg = act(ctx, f[0], rg, clip, &st("r"))?;
                     let x_h = gate(ctx, xt, 2, "x_h")?;
                     let inner = if lbr {
-                        let mut hh = ctx.op(Op::MatMul, &[hs, rt_h], Some(&st("h_proj_h")))?;
+                        let mut hh =
+                            ctx.dense_op(Op::MatMul, &[hs, rt_h], Some(&st("h_proj_h")))?;
                         if let Some(b) = rb_h {
                             hh = add(ctx, hh, b, &st("h_proj_hb"))?;
                         }
                         mul(ctx, rg, hh, &st("reset"))?
                     } else {
                         let rh = mul(ctx, rg, hs, &st("reset"))?;
-                        ctx.op(Op::MatMul, &[rh, rt_h], Some(&st("h_proj_h")))?
+                        ctx.dense_op(Op::MatMul, &[rh, rt_h], Some(&st("h_proj_h")))?
                     };
                     let pre = add(ctx, x_h, inner, &st("pre_h"))?;
                     let cand = act(ctx, f[1], pre, clip, &st("candidate"))?;
@@ -369,7 +370,7 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
                     (add(ctx, cand, zd, &st("h"))?, None)
                 }
                 Cell::Lstm => {
-                    let hr = ctx.op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
+                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
                     let pre = add(ctx, xt, hr, &st("pre"))?;
                     let mut pi = gate(ctx, pre, 0, "pre_i")?;
                     let mut po = gate(ctx, pre, 1, "pre_o")?;

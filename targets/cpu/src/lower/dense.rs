@@ -305,6 +305,36 @@ fn product_elem(a: DType, b: DType) -> Option<Elem> {
     }
 }
 
+/// Whether the microkernels can take dense node `id` with its 16-bit
+/// float operands as they are (on an AVX-512 target; `bf16_dot`: the
+/// target has AVX512-BF16): the element pairs [`product_elem`] and
+/// [`conv_elem`] accept, with the 16-bit operand a constant the kernel
+/// packs at compile time. `legalize` widens the operands of every other
+/// dense op with a 16-bit operand to f32.
+pub(crate) fn takes_half_operands(graph: &Graph, id: NodeId, bf16_dot: bool) -> bool {
+    let node = graph.node(id);
+    let ins = graph.inputs_of(id);
+    if node.ty.dtype != DType::F32
+        || ins.len() < 2
+        || ins[2..]
+            .iter()
+            .any(|&i| graph.node(i).ty.dtype != DType::F32)
+        || float_constant(graph, ins[1]).is_none()
+    {
+        return false;
+    }
+    let (a, b) = (graph.node(ins[0]).ty.dtype, graph.node(ins[1]).ty.dtype);
+    match &node.op {
+        Op::MatMul => matches!(product_elem(a, b), Some(e) if e != Elem::Bf16Dot || bf16_dot),
+        Op::Gemm { trans_a, .. } => match product_elem(a, b) {
+            Some(Elem::Bf16Dot) => bf16_dot && !trans_a,
+            e => e.is_some(),
+        },
+        Op::Conv(c) => c.group == 1 && conv_elem(a, b).is_some(),
+        _ => false,
+    }
+}
+
 /// B packed for the kernel's element types.
 fn pack_b_for(
     elem: Elem,

@@ -628,6 +628,12 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
     ) {
         return cast_bf16(kb, cx, to);
     }
+    if matches!(
+        (from, to),
+        (DType::F32, DType::F16) | (DType::F16, DType::F32)
+    ) {
+        return cast_f16(kb, cx, to);
+    }
     for d in [from, to] {
         if scalar_type(d).is_none() {
             return Err(cx.dtype_err(d));
@@ -670,6 +676,80 @@ fn cast_bf16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
         let quiet = kb.b.ins().bor_imm_u(hi, 0x40);
         let nan = kb.b.ins().fcmp(FloatCC::Unordered, x, x);
         let r = kb.b.ins().select(nan, quiet, r);
+        kb.b.ins().ireduce(I16, r)
+    });
+    Ok(())
+}
+
+/// f32 ↔ f16 with integer arithmetic, so it needs no F16C and runs on
+/// every target (F. Giesen's branch-free conversions): to f16 rounds to
+/// nearest even, overflows to infinity and keeps NaNs NaN, as
+/// `half::f16::from_f32` does; to f32 is exact, subnormals included.
+/// The 16-bit side is moved as `i16` bits.
+fn cast_f16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
+    let mut input = out_and_input(kb, cx, 0);
+    let bits = |d: DType| if d == DType::F16 { DType::I16 } else { d };
+    input.dtype = bits(input.dtype);
+    let out = (kb.ptr(cx.out), bits(to));
+    let shape = cx.node.ty.shape.clone();
+    let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+    map(kb, &shape, out, &[input], None, &move |kb, v| {
+        if to == DType::F32 {
+            let h = kb.b.ins().uextend(I32, v[0]);
+            let sign = kb.b.ins().band_imm_u(h, 0x8000);
+            let sign = kb.b.ins().ishl_imm_u(sign, 16);
+            let magnitude = kb.b.ins().band_imm_u(h, 0x7fff);
+            let shifted = kb.b.ins().ishl_imm_u(magnitude, 13);
+            let exp = kb.b.ins().band_imm_u(shifted, 0x0f80_0000);
+            // Rebias the exponent (15 → 127).
+            let normal = kb.b.ins().iadd_imm_u(shifted, (127 - 15) << 23);
+            // Inf/NaN: the exponent goes all ones.
+            let special = kb.b.ins().iadd_imm_u(normal, (128 - 16) << 23);
+            // Zero and subnormals: renormalize through a float subtraction.
+            let denormal = kb.b.ins().iadd_imm_u(normal, 1 << 23);
+            let denormal = kb.b.ins().bitcast(F32, flags, denormal);
+            let magic = kb.b.ins().f32const(f32::from_bits(113 << 23));
+            let denormal = kb.b.ins().fsub(denormal, magic);
+            let denormal = kb.b.ins().bitcast(I32, flags, denormal);
+            let is_special = kb.b.ins().icmp_imm_u(IntCC::Equal, exp, 0x0f80_0000);
+            let is_denormal = kb.b.ins().icmp_imm_u(IntCC::Equal, exp, 0);
+            let r = kb.b.ins().select(is_denormal, denormal, normal);
+            let r = kb.b.ins().select(is_special, special, r);
+            let r = kb.b.ins().bor(r, sign);
+            return kb.b.ins().bitcast(F32, flags, r);
+        }
+        let f = kb.b.ins().bitcast(I32, flags, v[0]);
+        let sign = kb.b.ins().band_imm_u(f, 0x8000_0000);
+        let u = kb.b.ins().bxor(f, sign);
+        // |x| ≥ 65520 rounds to infinity; NaN stays a (quiet) NaN.
+        let is_nan =
+            kb.b.ins()
+                .icmp_imm_u(IntCC::UnsignedGreaterThan, u, 255 << 23);
+        let inf = kb.b.ins().iconst(I32, 0x7c00);
+        let nan = kb.b.ins().iconst(I32, 0x7e00);
+        let overflow = kb.b.ins().select(is_nan, nan, inf);
+        let is_overflow =
+            kb.b.ins()
+                .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, u, (127 + 16) << 23);
+        // Results below the smallest normal f16: adding a magic float makes
+        // the FPU round the mantissa into place.
+        const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23;
+        let uf = kb.b.ins().bitcast(F32, flags, u);
+        let magic = kb.b.ins().f32const(f32::from_bits(DENORM_MAGIC));
+        let sub = kb.b.ins().fadd(uf, magic);
+        let sub = kb.b.ins().bitcast(I32, flags, sub);
+        let sub = kb.b.ins().iadd_imm_s(sub, -(DENORM_MAGIC as i64));
+        let is_sub = kb.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, u, 113 << 23);
+        // Normal results: rebias and round to nearest even.
+        let odd = kb.b.ins().ushr_imm_u(u, 13);
+        let odd = kb.b.ins().band_imm_u(odd, 1);
+        let normal = kb.b.ins().iadd_imm_s(u, ((15 - 127) << 23) + 0xfff);
+        let normal = kb.b.ins().iadd(normal, odd);
+        let normal = kb.b.ins().ushr_imm_u(normal, 13);
+        let r = kb.b.ins().select(is_sub, sub, normal);
+        let r = kb.b.ins().select(is_overflow, overflow, r);
+        let sign = kb.b.ins().ushr_imm_u(sign, 16);
+        let r = kb.b.ins().bor(r, sign);
         kb.b.ins().ireduce(I16, r)
     });
     Ok(())

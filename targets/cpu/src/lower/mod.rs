@@ -6,7 +6,7 @@
 //! submodules; loop construction is in [`loops`].
 
 mod conv;
-mod dense;
+pub(crate) mod dense;
 mod elementwise;
 mod fused;
 mod layout;
