@@ -1482,6 +1482,9 @@ fn runtime_trip_counts_and_conditions_are_unsupported_naming_the_node() {
     assert_eq!(list[0].node_name, "loop", "{e}");
     assert!(list[0].hint.contains("trip count"), "{e}");
     assert!(list[0].hint.contains("run time"), "{e}");
+    // The trip count is the graph input M: binding it would let the loop
+    // import.
+    assert_eq!(list[0].bindable_inputs, vec!["M".to_string()], "{e}");
     // A condition the body computes from run-time data.
     let mut m = loop_model(Some(4), Some(true), 0);
     let body = m.graph.as_mut().unwrap().node[0].attribute[0]

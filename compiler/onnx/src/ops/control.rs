@@ -427,7 +427,7 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                 )))
             }
             None => {
-                return Err(ctx.unsupported(format!(
+                return Err(ctx.not_constant(v, format!(
                     "Loop '{name}' has a trip count (input M) known only at run time: Kiln unrolls loops and needs it at compile time"
                 )))
             }
@@ -439,7 +439,7 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         Some(v) => match ctx.konst(v) {
             Some(t) => truth(ctx, t, "the condition")?,
             None => {
-                return Err(ctx.unsupported(format!(
+                return Err(ctx.not_constant(v, format!(
                     "Loop '{name}' has a condition (input cond) known only at run time: Kiln unrolls loops and needs it at compile time"
                 )))
             }
@@ -495,7 +495,7 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             cond = match ctx.konst(outs[0]) {
                 Some(c) => truth(ctx, c, "the condition the body computes")?,
                 None => {
-                    return Err(ctx.unsupported(format!(
+                    return Err(ctx.not_constant(outs[0], format!(
                         "Loop '{name}' computes its condition from values known only at run time (iteration {t}): Kiln unrolls loops and needs it at compile time"
                     )))
                 }
