@@ -42,6 +42,13 @@ pub struct ImportCtx<'a> {
     /// (folded results, `ConstantOfShape`, `Expand`, folded BatchNorm
     /// parameters); bounded by `ImportOptions::max_generated_bytes`.
     generated_bytes: u64,
+    /// Body nodes imported so far by unrolled control flow (each `Scan` and
+    /// `Loop` iteration, each `If` branch); bounded by `ops::control`.
+    unrolled_nodes: usize,
+    /// The decoded initializers of each subgraph imported so far, keyed by
+    /// the subgraph's address in the model (which outlives the import):
+    /// every copy of a body shares them.
+    subgraph_inits: HashMap<usize, Vec<(String, Val)>>,
 }
 
 impl<'a> ImportCtx<'a> {
@@ -60,6 +67,8 @@ impl<'a> ImportCtx<'a> {
             node_name: String::new(),
             op_type: String::new(),
             generated_bytes: 0,
+            unrolled_nodes: 0,
+            subgraph_inits: HashMap::new(),
         }
     }
 
@@ -146,6 +155,32 @@ impl<'a> ImportCtx<'a> {
     /// Binds an ONNX value name to `v`.
     pub(crate) fn bind(&mut self, name: &str, v: Val) {
         self.names.insert(name.to_string(), v);
+    }
+
+    /// Removes the binding of an ONNX name (a subgraph's own name going out
+    /// of scope).
+    pub(crate) fn unbind(&mut self, name: &str) {
+        self.names.remove(name);
+    }
+
+    /// Body nodes imported so far by unrolled control flow.
+    pub(crate) fn unrolled_nodes(&self) -> usize {
+        self.unrolled_nodes
+    }
+
+    /// Records `n` more body nodes imported by unrolled control flow.
+    pub(crate) fn count_unrolled(&mut self, n: usize) {
+        self.unrolled_nodes = self.unrolled_nodes.saturating_add(n);
+    }
+
+    /// The initializers of the subgraph at `key`, if it was imported before.
+    pub(crate) fn subgraph_inits(&self, key: usize) -> Option<&[(String, Val)]> {
+        self.subgraph_inits.get(&key).map(|v| v.as_slice())
+    }
+
+    /// Records the initializers of the subgraph at `key`.
+    pub(crate) fn set_subgraph_inits(&mut self, key: usize, inits: Vec<(String, Val)>) {
+        self.subgraph_inits.insert(key, inits);
     }
 
     /// The value bound to an ONNX name.

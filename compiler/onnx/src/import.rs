@@ -56,12 +56,15 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
             }
         }
     }
-    for (i, n) in graph.node.iter().enumerate() {
-        for x in n.input.iter().filter(|x| !x.is_empty()) {
-            if !available.contains(x.as_str()) && !producer.contains_key(x.as_str()) {
+    // What a node reads includes what its subgraphs (If branches, Loop and
+    // Scan bodies) read from the graph by name.
+    let reads: Vec<Vec<&str>> = graph.node.iter().map(ops::control::node_reads).collect();
+    for (i, r) in reads.iter().enumerate() {
+        for &x in r {
+            if !available.contains(x) && !producer.contains_key(x) {
                 return Err(OnnxError::MissingInput {
                     node: names[i].clone(),
-                    input: x.clone(),
+                    input: x.to_string(),
                 });
             }
         }
@@ -84,15 +87,13 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
         }
     }
     // Kahn's algorithm, smallest index first: the given order when valid.
-    let deps: Vec<Vec<usize>> = graph
-        .node
+    let deps: Vec<Vec<usize>> = reads
         .iter()
-        .map(|n| {
-            let mut d: Vec<usize> = n
-                .input
+        .map(|r| {
+            let mut d: Vec<usize> = r
                 .iter()
-                .filter(|x| !available.contains(x.as_str()))
-                .filter_map(|x| producer.get(x.as_str()).copied())
+                .filter(|&&x| !available.contains(x))
+                .filter_map(|&x| producer.get(x).copied())
                 .collect();
             d.sort_unstable();
             d.dedup();
@@ -139,20 +140,35 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
     Ok(order)
 }
 
-/// Finds every node Kiln cannot import.
+/// Finds every node Kiln cannot import, in subgraphs too.
 fn scan_unsupported(
     model: &ModelProto,
     graph: &GraphProto,
     names: &[String],
 ) -> Vec<UnsupportedOp> {
-    let mut used: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    for n in &graph.node {
-        used.extend(n.input.iter().map(|s| s.as_str()));
-    }
+    let mut out = Vec::new();
+    scan_graph(model, graph, names, &mut out);
+    out
+}
+
+/// [`scan_unsupported`] for one graph whose nodes display as `names`; the
+/// nodes of a subgraph display under the name of the node that holds it.
+fn scan_graph(
+    model: &ModelProto,
+    graph: &GraphProto,
+    names: &[String],
+    out: &mut Vec<UnsupportedOp>,
+) {
+    let used = ops::control::used_names(graph);
     let is_used = |name: &str| used.contains(name);
     let default_opset = opset_of(model, "");
-    let mut out = Vec::new();
     for (i, n) in graph.node.iter().enumerate() {
+        for (attr, g) in ops::control::subgraphs(n) {
+            let inner: Vec<String> = (0..g.node.len())
+                .map(|k| format!("{}/{attr}/{}", names[i], node_display_name(g, k)))
+                .collect();
+            scan_graph(model, g, &inner, out);
+        }
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
         let domain = if default_domain {
             "ai.onnx".to_string()
@@ -178,7 +194,6 @@ fn scan_unsupported(
             });
         }
     }
-    out
 }
 
 /// The declared dims of a graph input: `Some(d)` known, `None` with an
@@ -397,10 +412,7 @@ pub(crate) fn import_model(
         }
     }
 
-    let mut used: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    for n in &graph.node {
-        used.extend(n.input.iter().map(|s| s.as_str()));
-    }
+    let used = ops::control::used_names(graph);
 
     let mut ctx = ImportCtx::new(opset_of(model, ""), opts, model_dir);
     for input in &inputs {

@@ -18,6 +18,20 @@
 //!    constant, so shape subgraphs (Shape → Gather → Concat → Reshape)
 //!    vanish at import.
 //!
+//! Control flow is imported inline ([`ops::control`]), since the IR has no
+//! subgraphs: an `If` whose condition folds to a constant imports only the
+//! branch taken; one whose condition is known only at run time imports both
+//! branches and selects each output with a `Where` on the condition (exact,
+//! as ONNX branches have no side effects; both branches must give the same
+//! static shapes and types). `Scan` and `Loop` are unrolled, one copy of the
+//! body per iteration, scan outputs stacked with a `Concat`: a `Loop` needs
+//! its trip count and its condition (initial and per iteration) known at
+//! import. At most [`ops::control::MAX_ITERATIONS`] iterations per node and
+//! [`ops::control::MAX_UNROLLED_NODES`] body nodes per model are unrolled,
+//! checked before a body is imported. Subgraphs read outer values by name;
+//! the names a subgraph defines are scoped to it, and the unsupported-op
+//! scan of step 2 looks into subgraphs too.
+//!
 //! Opsets 1 to 23 and later of the default domain are accepted; opset
 //! differences live inside each builder.
 //!

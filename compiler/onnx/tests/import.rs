@@ -1162,3 +1162,527 @@ fn recurrences_too_long_to_unroll_are_refused_before_allocating() {
     assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
     import_model(&rnn_model(3, 2), None, &ImportOptions::default()).expect("a short RNN imports");
 }
+
+// ---- control flow ----
+
+fn attr_g(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Graph as i32,
+        g: Some(g),
+        ..Default::default()
+    }
+}
+
+/// A subgraph: `nodes` reading `inputs` (and outer names), giving `outputs`.
+fn subgraph(
+    name: &str,
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: &[&str],
+) -> GraphProto {
+    GraphProto {
+        name: name.into(),
+        node: nodes,
+        input: inputs,
+        output: outputs
+            .iter()
+            .map(|o| ValueInfoProto {
+                name: o.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn bool_scalar(name: &str, v: bool) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        data_type: 9,
+        raw_data: vec![u8::from(v)],
+        ..Default::default()
+    }
+}
+
+fn ops_of(g: &kiln_ir::Graph) -> Vec<String> {
+    g.node_ids()
+        .filter(|&id| !matches!(g.node(id).op, Op::Constant(_) | Op::Input { .. }))
+        .map(|id| format!("{:?}", g.node(id).op))
+        .collect()
+}
+
+fn f32s(v: &[f32]) -> kiln_ir::Tensor {
+    kiln_ir::Tensor::new([v.len()], Data::F32(v.to_vec())).unwrap()
+}
+
+/// `y = If(c) then Relu(x) else Neg(x)`; then `z = y + h` where `h` is an
+/// outer value the then-branch shadows with a name of its own.
+fn if_model(cond: Option<bool>) -> ModelProto {
+    let then_g = subgraph(
+        "then",
+        vec![
+            node("Relu", "r", &["x"], &["h"]),
+            node("Identity", "i", &["h"], &["t"]),
+        ],
+        vec![],
+        &["t"],
+    );
+    let else_g = subgraph(
+        "else",
+        vec![node("Neg", "n", &["x"], &["e"])],
+        vec![],
+        &["e"],
+    );
+    let mut iff = node("If", "if", &["c"], &["y"]);
+    iff.attribute.push(attr_g("then_branch", then_g));
+    iff.attribute.push(attr_g("else_branch", else_g));
+    let mut inputs = vec![f32_input("x", &[3])];
+    let mut inits = vec![];
+    match cond {
+        Some(c) => inits.push(bool_scalar("c", c)),
+        None => inputs.push(value_info("c", 9, &[])),
+    }
+    model(
+        vec![
+            node("Sigmoid", "h", &["x"], &["h"]),
+            iff,
+            node("Add", "z", &["y", "h"], &["z"]),
+        ],
+        inputs,
+        &["z"],
+        inits,
+    )
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn assert_close(a: &[f64], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - *y as f64).abs() < 1e-5, "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn constant_condition_if_imports_only_the_taken_branch() {
+    let x = [-1.0f32, 0.5, 2.0];
+    for (c, want_op, other_op) in [(true, "Relu", "Neg"), (false, "Neg", "Relu")] {
+        let g = import_model(&if_model(Some(c)), None, &ImportOptions::default()).unwrap();
+        let ops = ops_of(&g).join(" ");
+        assert!(ops.contains(want_op), "{c}: {ops}");
+        assert!(!ops.contains(other_op), "{c}: {ops}");
+        assert!(!ops.contains("Where"), "{c}: {ops}");
+        let out = kiln_ir::eval::eval_graph(&g, &[f32s(&x)]).unwrap();
+        // The outer `h` (a Sigmoid) is read after the If, not the
+        // branch's own `h`.
+        let want: Vec<f32> = x
+            .iter()
+            .map(|&v| if c { v.max(0.0) } else { -v } + sigmoid(v))
+            .collect();
+        assert_close(&out[0].to_f64_vec(), &want);
+    }
+}
+
+#[test]
+fn runtime_condition_if_selects_with_where() {
+    let g = import_model(&if_model(None), None, &ImportOptions::default()).unwrap();
+    let ops = ops_of(&g).join(" ");
+    assert!(ops.contains("Where"), "{ops}");
+    let x = [-1.0f32, 0.5, 2.0];
+    for c in [true, false] {
+        let ct = kiln_ir::Tensor::new([], Data::Bool(vec![c])).unwrap();
+        let out = kiln_ir::eval::eval_graph(&g, &[f32s(&x), ct]).unwrap();
+        let want: Vec<f32> = x
+            .iter()
+            .map(|&v| if c { v.max(0.0) } else { -v } + sigmoid(v))
+            .collect();
+        assert_close(&out[0].to_f64_vec(), &want);
+    }
+}
+
+#[test]
+fn runtime_condition_if_with_differing_branch_shapes_is_unsupported() {
+    let mut m = if_model(None);
+    let g = m.graph.as_mut().unwrap();
+    // The else branch now gives x concatenated with itself: [6], not [3].
+    let else_g = subgraph(
+        "else",
+        vec![{
+            let mut n = node("Concat", "cat", &["x", "x"], &["e"]);
+            n.attribute.push(attr_i("axis", 0));
+            n
+        }],
+        vec![],
+        &["e"],
+    );
+    g.node[1].attribute[1] = attr_g("else_branch", else_g);
+    g.node.truncate(2);
+    g.output[0].name = "y".into();
+    let hint = unsupported_hint(&m, "If");
+    assert!(hint.contains("If 'if'"), "{hint}");
+    assert!(hint.contains("[3]") && hint.contains("[6]"), "{hint}");
+    // With a constant condition only the taken branch counts.
+    g_set_cond(&mut m, false);
+    import_model(&m, None, &ImportOptions::default()).expect("one branch imports");
+}
+
+/// Makes the If's condition the constant `c`.
+fn g_set_cond(m: &mut ModelProto, c: bool) {
+    let g = m.graph.as_mut().unwrap();
+    g.input.retain(|i| i.name != "c");
+    g.initializer.push(bool_scalar("c", c));
+}
+
+/// `Loop(M, cond, y)` whose body is `y_out = y_in * two + float(i)`, scan
+/// output `y_out`, and `cond_out = i < stop`. The body's carried input is
+/// named `y` like the outer graph input it shadows; the outer `y` is added
+/// to the final value after the loop.
+fn loop_model(m: Option<i64>, cond: Option<bool>, stop: i64) -> ModelProto {
+    let mut cast = node("Cast", "cast", &["i"], &["i_f"]);
+    cast.attribute.push(attr_i("to", 1));
+    let body = subgraph(
+        "body",
+        vec![
+            node("Less", "less", &["i", "stop"], &["cond_out"]),
+            node("Mul", "mul", &["y", "two"], &["y2"]),
+            cast,
+            node("Add", "add", &["y2", "i_f"], &["y_out"]),
+            node("Identity", "id", &["y_out"], &["scan"]),
+        ],
+        vec![
+            value_info("i", 7, &[]),
+            value_info("cond_in", 9, &[]),
+            f32_input("y", &[2]),
+        ],
+        &["cond_out", "y_out", "scan"],
+    );
+    let mut lp = node(
+        "Loop",
+        "loop",
+        &[
+            if m.is_some() { "M" } else { "" },
+            if cond.is_some() { "cond" } else { "" },
+            "y",
+        ],
+        &["final", "stacked"],
+    );
+    lp.attribute.push(attr_g("body", body));
+    let mut inits = vec![f32_tensor("two", &[], &[2.0]), i64_scalar("stop", stop)];
+    if let Some(m) = m {
+        inits.push(i64_scalar("M", m));
+    }
+    if let Some(c) = cond {
+        inits.push(bool_scalar("cond", c));
+    }
+    model(
+        vec![lp, node("Add", "after", &["final", "y"], &["z"])],
+        vec![f32_input("y", &[2])],
+        &["z", "stacked"],
+        inits,
+    )
+}
+
+/// The loop of [`loop_model`] run directly: (z, stacked values).
+fn loop_reference(y0: [f32; 2], iterations: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut y = y0;
+    let mut stacked = Vec::new();
+    for i in 0..iterations {
+        y = [y[0] * 2.0 + i as f32, y[1] * 2.0 + i as f32];
+        stacked.extend(y);
+    }
+    (vec![y[0] + y0[0], y[1] + y0[1]], stacked)
+}
+
+#[test]
+fn static_loop_unrolls_and_matches_a_reference() {
+    let y0 = [0.5f32, -3.0];
+    // A for loop (M = 4, no condition), a while loop (stops once i < 2 is
+    // false, after 3 iterations, before M = 100), and a loop whose initial
+    // condition is false (no iteration, no scan output: only `final`).
+    for (m, cond, iterations) in [(Some(4), None, 4), (Some(100), Some(true), 3)] {
+        let g = import_model(&loop_model(m, cond, 2), None, &ImportOptions::default())
+            .unwrap_or_else(|e| panic!("{m:?} {cond:?}: {e}"));
+        assert!(!ops_of(&g).join(" ").contains("Loop"));
+        let out = kiln_ir::eval::eval_graph(&g, &[f32s(&y0)]).unwrap();
+        let (z, stacked) = loop_reference(y0, iterations);
+        assert_close(&out[0].to_f64_vec(), &z);
+        assert_eq!(out[1].shape().as_slice(), &[iterations, 2]);
+        assert_close(&out[1].to_f64_vec(), &stacked);
+    }
+}
+
+#[test]
+fn loops_too_long_to_unroll_are_refused_before_allocating() {
+    // 2^40 iterations: refused before the body is imported once.
+    let e = err(&loop_model(Some(1 << 40), None, 0));
+    assert!(matches!(e, OnnxError::Unsupported(_)), "{e:?}");
+    assert!(e.to_string().contains("1099511627776 iterations"), "{e}");
+    // A while loop whose condition stays true stops at the limit.
+    let e = err(&loop_model(None, Some(true), i64::MAX));
+    assert!(e.to_string().contains("4097 iterations"), "{e}");
+    // 4000 iterations of a 300-node body exceed the unrolled-node limit.
+    let mut m = loop_model(Some(4000), None, 0);
+    let body = m.graph.as_mut().unwrap().node[0].attribute[0]
+        .g
+        .as_mut()
+        .unwrap();
+    for k in 0..300 {
+        let prev = if k == 0 {
+            "scan".to_string()
+        } else {
+            format!("pad{}", k - 1)
+        };
+        body.node.push(node(
+            "Identity",
+            &format!("pad{k}"),
+            &[&prev],
+            &[&format!("pad{k}")],
+        ));
+    }
+    let e = err(&m);
+    assert!(e.to_string().contains("unrolled nodes"), "{e}");
+    // Constants a body re-creates in every iteration are charged to the
+    // generated-constant budget up front.
+    let mut m = loop_model(Some(100), None, 0);
+    let body = m.graph.as_mut().unwrap().node[0].attribute[0]
+        .g
+        .as_mut()
+        .unwrap();
+    let mut k = node("Constant", "k", &[], &["k"]);
+    k.attribute.push(AttributeProto {
+        name: "value".into(),
+        r#type: AttributeType::Tensor as i32,
+        t: Some(f32_tensor("k", &[1000], &[1.0; 1000])),
+        ..Default::default()
+    });
+    body.node.push(k);
+    let opts = ImportOptions {
+        max_generated_bytes: 100_000,
+        ..ImportOptions::default()
+    };
+    let e = import_model(&m, None, &opts).expect_err("over the budget");
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    let m = loop_model(Some(3), None, 0);
+    import_model(&m, None, &opts).expect("a short loop fits");
+}
+
+#[test]
+fn runtime_trip_counts_and_conditions_are_unsupported_naming_the_node() {
+    let mut m = loop_model(Some(4), None, 0);
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.retain(|t| t.name != "M");
+    g.input.push(value_info("M", 7, &[]));
+    let e = err(&m);
+    let OnnxError::Unsupported(list) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(list[0].node_name, "loop", "{e}");
+    assert!(list[0].hint.contains("trip count"), "{e}");
+    assert!(list[0].hint.contains("run time"), "{e}");
+    // The trip count is the graph input M: binding it would let the loop
+    // import.
+    assert_eq!(list[0].bindable_inputs, vec!["M".to_string()], "{e}");
+    // A condition the body computes from run-time data.
+    let mut m = loop_model(Some(4), Some(true), 0);
+    let body = m.graph.as_mut().unwrap().node[0].attribute[0]
+        .g
+        .as_mut()
+        .unwrap();
+    body.node[0] = node("Less", "less", &["y", "two"], &["lt"]);
+    body.node.push({
+        let mut n = node("Cast", "lt_f", &["lt"], &["lt_f"]);
+        n.attribute.push(attr_i("to", 1));
+        n
+    });
+    body.node.push({
+        let mut n = node("ReduceMin", "all", &["lt_f"], &["all"]);
+        n.attribute.push(attr_i("keepdims", 0));
+        n
+    });
+    body.node.push({
+        let mut n = node("Cast", "cond_out", &["all"], &["cond_out"]);
+        n.attribute.push(attr_i("to", 9));
+        n
+    });
+    let hint = unsupported_hint(&m, "Loop");
+    assert!(hint.contains("computes its condition"), "{hint}");
+}
+
+#[test]
+fn unsupported_ops_inside_subgraphs_are_reported_and_control_flow_is_not() {
+    let mut m = if_model(None);
+    let g = m.graph.as_mut().unwrap();
+    g.node[1].attribute[1].g.as_mut().unwrap().node[0].op_type = "Frobnicate".into();
+    let e = err(&m);
+    let OnnxError::Unsupported(list) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(list.len(), 1, "{e}");
+    assert_eq!(list[0].op_type, "Frobnicate", "{e}");
+    assert_eq!(list[0].node_name, "if/else_branch/n", "{e}");
+    let report = kiln_onnx::preflight(&if_model(None), &ImportOptions::default()).unwrap();
+    assert!(report.unsupported.is_empty(), "{report:?}");
+}
+
+/// A `Loop` named `name` over the carried value `y` with trip count `m`
+/// (an outer name) and body `nodes` (reading `i` and `y_in`, giving
+/// `y_out`).
+fn simple_loop(name: &str, m: &str, nodes: Vec<NodeProto>, y: &str, out: &str) -> NodeProto {
+    let body = subgraph(
+        &format!("{name}_body"),
+        nodes,
+        vec![
+            value_info("i", 7, &[]),
+            value_info("c", 9, &[]),
+            f32_input("y_in", &[2]),
+        ],
+        &["c", "y_out"],
+    );
+    let mut lp = node("Loop", name, &[m, "", y], &[out]);
+    lp.attribute.push(attr_g("body", body));
+    lp
+}
+
+#[test]
+fn control_flow_nests() {
+    // for i in 0..5: y = if i < 2 { y + 1 } else { y * 2 }, the If's
+    // condition folding in each iteration.
+    let then_g = subgraph(
+        "then",
+        vec![node("Add", "inc", &["y_in", "one"], &["t"])],
+        vec![],
+        &["t"],
+    );
+    let else_g = subgraph(
+        "else",
+        vec![node("Mul", "dbl", &["y_in", "two"], &["e"])],
+        vec![],
+        &["e"],
+    );
+    let mut iff = node("If", "pick", &["early"], &["y_out"]);
+    iff.attribute.push(attr_g("then_branch", then_g));
+    iff.attribute.push(attr_g("else_branch", else_g));
+    let lp = simple_loop(
+        "outer",
+        "M",
+        vec![node("Less", "less", &["i", "stop"], &["early"]), iff],
+        "y",
+        "z",
+    );
+    let m = model(
+        vec![lp],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![
+            i64_scalar("M", 5),
+            i64_scalar("stop", 2),
+            f32_tensor("one", &[], &[1.0]),
+            f32_tensor("two", &[], &[2.0]),
+        ],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let ops = ops_of(&g).join(" ");
+    assert!(!ops.contains("Where"), "every condition folds: {ops}");
+    let y0 = [1.5f32, -2.0];
+    let out = kiln_ir::eval::eval_graph(&g, &[f32s(&y0)]).unwrap();
+    let mut want = y0;
+    for i in 0..5 {
+        for v in &mut want {
+            *v = if i < 2 { *v + 1.0 } else { *v * 2.0 };
+        }
+    }
+    assert_close(&out[0].to_f64_vec(), &want);
+}
+
+#[test]
+fn nested_loops_of_empty_bodies_are_bounded() {
+    // 4096 × 4096 copies of a body with no nodes: each copy counts, so
+    // the import stops at the unrolled-node limit instead of creating 16M
+    // iterations.
+    let inner = simple_loop(
+        "inner",
+        "M",
+        vec![node("Identity", "pass", &["y_in"], &["y_out"])],
+        "y_in",
+        "y_out",
+    );
+    let mut inner = inner;
+    inner.attribute[0].g.as_mut().unwrap().node.clear();
+    inner.attribute[0].g.as_mut().unwrap().output[1].name = "y_in".into();
+    let outer = simple_loop("outer", "M", vec![inner], "y", "z");
+    let m = model(
+        vec![outer],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 4096)],
+    );
+    let e = err(&m);
+    assert!(e.to_string().contains("unrolled nodes"), "{e}");
+}
+
+#[test]
+fn body_initializers_are_decoded_once_and_nested_constants_charged_per_copy() {
+    // for i in 0..3: y = y + w, with w an initializer of the body.
+    let mut lp = simple_loop(
+        "lp",
+        "M",
+        vec![node("Add", "add", &["y_in", "w"], &["y_out"])],
+        "y",
+        "z",
+    );
+    let body = lp.attribute[0].g.as_mut().unwrap();
+    body.initializer.push(f32_tensor("w", &[2], &[0.25, -1.0]));
+    let m = model(
+        vec![lp],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 3)],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let copies = g
+        .node_ids()
+        .filter(|&id| g.node(id).name.ends_with("/w"))
+        .count();
+    assert_eq!(copies, 1, "one constant node for w");
+    let out = kiln_ir::eval::eval_graph(&g, &[f32s(&[1.0, 2.0])]).unwrap();
+    assert_close(&out[0].to_f64_vec(), &[1.75, -1.0]);
+
+    // An inner loop of 2 iterations whose body holds a 4000-byte Constant,
+    // in an outer loop of 10: 19 copies re-create it (76000 bytes), more
+    // than a budget of 50000 bytes.
+    let mut k = node("Constant", "k", &[], &["k"]);
+    k.attribute.push(AttributeProto {
+        name: "value".into(),
+        r#type: AttributeType::Tensor as i32,
+        t: Some(f32_tensor("k", &[1000], &[1.0; 1000])),
+        ..Default::default()
+    });
+    let inner = simple_loop(
+        "inner",
+        "M2",
+        vec![k, node("Identity", "id", &["y_in"], &["y_out"])],
+        "y_in",
+        "y_out",
+    );
+    let outer = simple_loop("outer", "M", vec![inner], "y", "z");
+    let m = model(
+        vec![outer],
+        vec![f32_input("y", &[2])],
+        &["z"],
+        vec![i64_scalar("M", 10), i64_scalar("M2", 2)],
+    );
+    let opts = ImportOptions {
+        max_generated_bytes: 50_000,
+        ..ImportOptions::default()
+    };
+    let e = import_model(&m, None, &opts).expect_err("over the budget");
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
+    let opts = ImportOptions {
+        max_generated_bytes: 100_000,
+        ..ImportOptions::default()
+    };
+    import_model(&m, None, &opts).expect("within the budget");
+}

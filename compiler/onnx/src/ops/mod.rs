@@ -11,6 +11,7 @@ use tract_onnx::pb::NodeProto;
 
 pub mod attention;
 pub mod constant;
+pub mod control;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
@@ -167,6 +168,9 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
         "NonZero" => index::non_zero,
+        "If" => control::if_,
+        "Loop" => control::loop_,
+        "Scan" => control::scan,
         "GridSample" => sample::grid_sample,
         "RNN" => recurrent::rnn,
         "GRU" => recurrent::gru,
@@ -187,12 +191,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
 
 /// Why an op type Kiln does not implement is unsupported.
 pub fn missing_op_hint(op_type: &str) -> String {
-    match op_type {
-        "Loop" | "If" | "Scan" => {
-            format!("Kiln does not implement {op_type} yet (control flow needs static graphs)")
-        }
-        _ => format!("Kiln does not implement {op_type} yet"),
-    }
+    format!("Kiln does not implement {op_type} yet")
 }
 
 /// Checks a supported node for features only visible in its attributes and

@@ -1,0 +1,611 @@
+//! Control flow, imported inline: Kiln's graphs are static, so a subgraph
+//! becomes ordinary IR nodes at the place of the node that holds it.
+//!
+//! - `If` with a condition known at import imports only the branch taken;
+//!   with a condition known only at run time it imports both branches and
+//!   selects each output with a `Where` on the (scalar) condition, which is
+//!   exact because ONNX branches have no side effects. Both branches must
+//!   then give outputs of the same static types.
+//! - `Scan` (opset 9+) and `Loop` are unrolled: the body is imported once
+//!   per iteration with its inputs bound to the current loop-carried values
+//!   (and, for `Scan`, the current slices of the scanned inputs; for `Loop`,
+//!   the iteration number and condition as constants); per-iteration scan
+//!   outputs are stacked with a `Concat`. A `Scan` runs for the static
+//!   length of its scanned axis; a `Loop` needs its trip count and its
+//!   condition (the initial one and the one each iteration computes) known
+//!   at import.
+//!
+//! Subgraphs read outer values by name and may shadow outer names: every
+//! name a subgraph defines is bound only while it is imported, the outer
+//! binding restored afterwards. Nested control flow imports recursively.
+//! Unrolling is bounded: at most [`MAX_ITERATIONS`] iterations per node and
+//! [`MAX_UNROLLED_NODES`] body nodes imported over the whole model, checked
+//! before a body is imported; constants a body re-creates in each iteration
+//! are charged to the generated-constant budget.
+
+use super::elementwise::reshape_to;
+use super::movement::slice_along;
+use crate::ctx::{ImportCtx, Val};
+use crate::tensor::dtype_from_onnx;
+use crate::OnnxError;
+use kiln_ir::{Data, Op, Tensor};
+use std::collections::HashSet;
+use tract_onnx::pb::{GraphProto, NodeProto};
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// Most iterations one `Scan` or `Loop` may unroll.
+pub const MAX_ITERATIONS: usize = 4096;
+
+/// Most body nodes unrolled control flow may import over a whole model,
+/// each body copy counting one more (nested loops multiply): far larger
+/// graphs would take the compiler longer than running the loop ever could.
+pub const MAX_UNROLLED_NODES: usize = 1 << 20;
+
+// ---- subgraph names, shared with the model-level checks ----
+
+/// The graphs held by a node's attributes (If branches, Loop and Scan
+/// bodies), each with the name of its attribute.
+pub(crate) fn subgraphs(node: &NodeProto) -> impl Iterator<Item = (&str, &GraphProto)> {
+    node.attribute
+        .iter()
+        .flat_map(|a| (a.g.iter().chain(a.graphs.iter())).map(move |g| (a.name.as_str(), g)))
+}
+
+/// The names a subgraph reads from its enclosing scopes: what its nodes
+/// (and their own subgraphs) read or its outputs name, less what it
+/// defines itself.
+pub(crate) fn outer_reads(g: &GraphProto) -> HashSet<&str> {
+    let mut defined: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+    defined.extend(g.initializer.iter().map(|t| t.name.as_str()));
+    for n in &g.node {
+        defined.extend(n.output.iter().map(|o| o.as_str()));
+    }
+    let mut reads: HashSet<&str> = g.output.iter().map(|o| o.name.as_str()).collect();
+    for n in &g.node {
+        reads.extend(node_reads(n));
+    }
+    reads.retain(|r| !r.is_empty() && !defined.contains(r));
+    reads
+}
+
+/// Every name a node reads: its inputs and what its subgraphs read from
+/// outside them.
+pub(crate) fn node_reads(node: &NodeProto) -> Vec<&str> {
+    let mut reads: Vec<&str> = node
+        .input
+        .iter()
+        .map(|s| s.as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for (_, g) in subgraphs(node) {
+        let mut inner: Vec<&str> = outer_reads(g).into_iter().collect();
+        inner.sort_unstable();
+        reads.extend(inner);
+    }
+    reads
+}
+
+/// The names read in a graph: by its nodes (and their subgraphs) or as
+/// its outputs.
+pub(crate) fn used_names(g: &GraphProto) -> HashSet<&str> {
+    let mut used: HashSet<&str> = g.output.iter().map(|o| o.name.as_str()).collect();
+    for n in &g.node {
+        used.extend(node_reads(n));
+    }
+    used
+}
+
+// ---- importing a body ----
+
+/// A subgraph ready to be imported (possibly many times).
+struct Body<'g> {
+    graph: &'g GraphProto,
+    /// Its initializers, decoded once per model and shared by every copy.
+    inits: Vec<(String, Val)>,
+    /// Bytes of `Constant` node data one copy of the body creates.
+    constant_bytes: u64,
+    /// Whether no copy of this subgraph was imported before: the first
+    /// copy's constants are the model's own, later copies create theirs.
+    first: bool,
+}
+
+fn prepare<'g>(ctx: &mut ImportCtx, graph: &'g GraphProto) -> Result<Body<'g>, OnnxError> {
+    // The model outlives the import, so a subgraph's address names it; the
+    // initializer names are compared as well, for safety.
+    let key = std::ptr::from_ref(graph) as usize;
+    let cached = ctx.subgraph_inits(key).filter(|inits| {
+        inits.len() == graph.initializer.len()
+            && inits
+                .iter()
+                .zip(&graph.initializer)
+                .all(|((n, _), t)| *n == t.name)
+    });
+    let (inits, first) = match cached {
+        Some(inits) => (inits.to_vec(), false),
+        None => {
+            let owner = ctx.node_name().to_string();
+            let mut inits = Vec::with_capacity(graph.initializer.len());
+            for t in &graph.initializer {
+                let tensor = ctx.tensor(t, &t.name)?;
+                let v = ctx.constant(tensor, format!("{owner}/{}", t.name));
+                inits.push((t.name.clone(), v));
+            }
+            ctx.set_subgraph_inits(key, inits.clone());
+            (inits, true)
+        }
+    };
+    let constant_bytes = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type == "Constant")
+        .flat_map(|n| n.attribute.iter().filter_map(|a| a.t.as_ref()))
+        .map(|t| {
+            let size = dtype_from_onnx(t.data_type).map_or(1, |d| d.size_bytes() as u64);
+            t.dims
+                .iter()
+                .try_fold(size, |acc, &d| acc.checked_mul(d.max(0) as u64))
+                .unwrap_or(u64::MAX)
+        })
+        .fold(0u64, |acc, b| acc.saturating_add(b));
+    Ok(Body {
+        graph,
+        inits,
+        constant_bytes,
+        first,
+    })
+}
+
+/// What one imported copy of `g` counts against [`MAX_UNROLLED_NODES`]:
+/// its nodes, plus one for the copy itself, so that loops of empty bodies
+/// nested in loops are bounded too.
+fn copy_cost(g: &GraphProto) -> usize {
+    g.node.len().saturating_add(1)
+}
+
+/// Refuses, before they are imported, `copies` more copies of `body` for
+/// a node that then runs `iterations` in all, beyond the unrolling limits;
+/// charges the constants the copies re-create (`first`: one of them is the
+/// first copy of this subgraph in the model, whose constants are the
+/// model's own).
+fn reserve(
+    ctx: &mut ImportCtx,
+    what: &str,
+    iterations: usize,
+    copies: usize,
+    first: bool,
+    body: &Body,
+) -> Result<(), OnnxError> {
+    if iterations > MAX_ITERATIONS {
+        return Err(ctx.unsupported(format!(
+            "{what} of {iterations} iterations: Kiln unrolls control flow and stops at {MAX_ITERATIONS} iterations"
+        )));
+    }
+    let nodes = copy_cost(body.graph).saturating_mul(copies);
+    if ctx.unrolled_nodes().saturating_add(nodes) > MAX_UNROLLED_NODES {
+        return Err(ctx.unsupported(format!(
+            "{what} of {iterations} iterations over a body of {} nodes: with the {} body nodes already unrolled, the model would exceed Kiln's limit of {MAX_UNROLLED_NODES} unrolled nodes",
+            body.graph.node.len(),
+            ctx.unrolled_nodes()
+        )));
+    }
+    let charged = copies.saturating_sub(usize::from(first)) as u64;
+    ctx.charge_generated(body.constant_bytes.saturating_mul(charged))
+}
+
+/// Imports `body` inline under `prefix` with its inputs bound to `args`;
+/// returns the values of its outputs. Every name the body defines is bound
+/// only while it is imported: the outer bindings are restored afterwards
+/// (on error too), so a body may shadow outer names without clobbering them.
+fn run_body(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
+    let g = body.graph;
+    if args.len() != g.input.len() {
+        return Err(ctx.invalid(format!(
+            "the subgraph '{}' declares {} inputs, the node binds {}",
+            g.name,
+            g.input.len(),
+            args.len()
+        )));
+    }
+    let mut defined: Vec<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+    defined.extend(body.inits.iter().map(|(n, _)| n.as_str()));
+    for n in &g.node {
+        defined.extend(
+            n.output
+                .iter()
+                .map(|o| o.as_str())
+                .filter(|o| !o.is_empty()),
+        );
+    }
+    let saved: Vec<(&str, Option<Val>)> = defined.iter().map(|&n| (n, ctx.lookup(n))).collect();
+    let result = import_nodes(ctx, body, args, prefix);
+    for (name, v) in saved.into_iter().rev() {
+        match v {
+            Some(v) => ctx.bind(name, v),
+            None => ctx.unbind(name),
+        }
+    }
+    result
+}
+
+fn import_nodes(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) -> R {
+    let g = body.graph;
+    ctx.count_unrolled(copy_cost(g));
+    for (name, v) in &body.inits {
+        ctx.bind(name, *v);
+    }
+    for (input, &v) in g.input.iter().zip(args) {
+        ctx.bind(&input.name, v);
+    }
+    let used = used_names(g);
+    let is_used = |name: &str| used.contains(name);
+    for (i, n) in g.node.iter().enumerate() {
+        let name = if n.name.is_empty() {
+            format!("{prefix}/{}_{i}", n.op_type)
+        } else {
+            format!("{prefix}/{}", n.name)
+        };
+        ctx.set_current(&name, &n.op_type);
+        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+            return Err(ctx.unsupported(format!(
+                "ops of domain '{}' are not supported (in a subgraph)",
+                n.domain
+            )));
+        }
+        let build = super::builder(&n.op_type).ok_or_else(|| {
+            ctx.unsupported(format!(
+                "{} (in a subgraph)",
+                super::missing_op_hint(&n.op_type)
+            ))
+        })?;
+        if let Some(hint) = super::precheck(n, ctx.opset, &is_used) {
+            return Err(ctx.unsupported(hint));
+        }
+        let outs = build(ctx, n)?;
+        for (k, out) in n.output.iter().enumerate() {
+            if out.is_empty() {
+                continue;
+            }
+            match outs.get(k) {
+                Some(&v) => ctx.bind(out, v),
+                None if !is_used(out) => {}
+                None => return Err(ctx.invalid(format!("output {k} ('{out}') cannot be produced"))),
+            }
+        }
+    }
+    g.output
+        .iter()
+        .map(|o| {
+            ctx.lookup(&o.name).ok_or_else(|| {
+                ctx.invalid(format!(
+                    "the subgraph '{}' does not produce its output '{}'",
+                    g.name, o.name
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The graph attribute `name` of `node`.
+fn graph_attr<'n>(
+    ctx: &ImportCtx,
+    node: &'n NodeProto,
+    name: &str,
+) -> Result<&'n GraphProto, OnnxError> {
+    ctx.raw_attr(node, name)
+        .and_then(|a| a.g.as_ref())
+        .ok_or_else(|| ctx.bad_attr(name, "is required (a graph)"))
+}
+
+/// Whether a one-element constant is true (non-zero).
+fn truth(ctx: &ImportCtx, t: &Tensor, what: &str) -> Result<bool, OnnxError> {
+    if t.len() != 1 {
+        return Err(ctx.invalid(format!(
+            "{what} must hold one element, got shape {:?}",
+            t.shape().as_slice()
+        )));
+    }
+    Ok(t.data().get_f64(0) != 0.0)
+}
+
+/// Stacks per-iteration values along a new axis `axis` (negative counts
+/// from the end of the stacked rank).
+fn stack(
+    ctx: &mut ImportCtx,
+    values: Vec<Val>,
+    axis: i64,
+    attr: &str,
+    suffix: &str,
+) -> Result<Val, OnnxError> {
+    let Some(&first) = values.first() else {
+        return Err(ctx.unsupported(format!(
+            "{suffix}: a scan output of zero iterations (an empty tensor) is not supported"
+        )));
+    };
+    let r = ctx.ty(first).shape.len() + 1;
+    let a = ctx.axis(attr, axis, r)?;
+    let mut lifted = Vec::with_capacity(values.len());
+    for (t, v) in values.into_iter().enumerate() {
+        let mut shape = ctx.ty(v).shape.to_vec();
+        shape.insert(a, 1);
+        lifted.push(reshape_to(
+            ctx,
+            v,
+            &shape,
+            Some(&format!("{suffix}_step{t}")),
+        )?);
+    }
+    if lifted.len() == 1 {
+        return Ok(lifted[0]);
+    }
+    ctx.op(Op::Concat { axis: a }, &lifted, Some(suffix))
+}
+
+// ---- If ----
+
+/// `If`: the taken branch inline when the condition is known at import,
+/// else both branches and a `Where` per output.
+pub fn if_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let name = ctx.node_name().to_string();
+    let then_g = graph_attr(ctx, node, "then_branch")?;
+    let else_g = graph_attr(ctx, node, "else_branch")?;
+    for (g, attr) in [(then_g, "then_branch"), (else_g, "else_branch")] {
+        if !g.input.is_empty() {
+            return Err(ctx.bad_attr(
+                attr,
+                format!("a branch takes no inputs, it declares {}", g.input.len()),
+            ));
+        }
+    }
+    let n_out = node.output.len();
+    let cond = ctx.input(node, 0)?;
+    let branch = |ctx: &mut ImportCtx, g: &GraphProto, tag: &str| -> R {
+        let body = prepare(ctx, g)?;
+        reserve(ctx, "an If branch", 1, 1, body.first, &body)?;
+        let outs = run_body(ctx, &body, &[], &format!("{name}/{tag}"))?;
+        ctx.set_current(&name, "If");
+        if outs.len() < n_out {
+            return Err(ctx.invalid(format!(
+                "the {tag} branch gives {} outputs for the node's {n_out}",
+                outs.len()
+            )));
+        }
+        Ok(outs)
+    };
+    if let Some(t) = ctx.konst(cond) {
+        let taken = truth(ctx, t, "the condition")?;
+        return if taken {
+            branch(ctx, then_g, "then")
+        } else {
+            branch(ctx, else_g, "else")
+        };
+    }
+    let cond_ty = ctx.ty(cond).clone();
+    if cond_ty.shape.iter().product::<usize>() != 1 {
+        return Err(ctx.invalid(format!(
+            "the condition must hold one element, got {cond_ty}"
+        )));
+    }
+    let then_v = branch(ctx, then_g, "then")?;
+    let else_v = branch(ctx, else_g, "else")?;
+    let c = reshape_to(ctx, cond, &[], Some("cond"))?;
+    let mut outs = Vec::with_capacity(n_out);
+    for k in 0..n_out {
+        let (a, b) = (then_v[k], else_v[k]);
+        if a == b {
+            outs.push(a);
+            continue;
+        }
+        let (ta, tb) = (ctx.ty(a).clone(), ctx.ty(b).clone());
+        if ta != tb {
+            return Err(ctx.unsupported(format!(
+                "If '{name}' has a condition known only at run time and its branches give output {k} ('{}') as {ta} (then) and {tb} (else): Kiln imports both branches and selects with Where, which needs the same static shape and type",
+                node.output[k]
+            )));
+        }
+        let suffix = format!("select{k}");
+        outs.push(ctx.op(Op::Where, &[c, a, b], (k > 0).then_some(suffix.as_str()))?);
+    }
+    Ok(outs)
+}
+
+// ---- Loop ----
+
+/// `Loop`: unrolled; the trip count `M` and the condition (initial and per
+/// iteration) must be known at import.
+pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let name = ctx.node_name().to_string();
+    let body_g = graph_attr(ctx, node, "body")?;
+    let trip = match ctx.opt_input(node, 0) {
+        None => None,
+        Some(v) => match ctx.konst(v) {
+            Some(t) if t.len() == 1 => Some(usize::try_from(t.data().get_i64(0)).unwrap_or(0)),
+            Some(t) => {
+                return Err(ctx.invalid(format!(
+                    "the trip count M must hold one element, got shape {:?}",
+                    t.shape().as_slice()
+                )))
+            }
+            None => {
+                return Err(ctx.not_constant(v, format!(
+                    "Loop '{name}' has a trip count (input M) known only at run time: Kiln unrolls loops and needs it at compile time"
+                )))
+            }
+        },
+    };
+    let has_cond = ctx.opt_input(node, 1).is_some();
+    let mut cond = match ctx.opt_input(node, 1) {
+        None => true,
+        Some(v) => match ctx.konst(v) {
+            Some(t) => truth(ctx, t, "the condition")?,
+            None => {
+                return Err(ctx.not_constant(v, format!(
+                    "Loop '{name}' has a condition (input cond) known only at run time: Kiln unrolls loops and needs it at compile time"
+                )))
+            }
+        },
+    };
+    if trip.is_none() && !has_cond {
+        return Err(ctx.unsupported(format!(
+            "Loop '{name}' has neither a trip count nor a condition (it would never end)"
+        )));
+    }
+    let mut states: Vec<Val> = (2..node.input.len())
+        .map(|i| ctx.input(node, i))
+        .collect::<Result<_, _>>()?;
+    let n = states.len();
+    if body_g.input.len() != n + 2 || body_g.output.len() < n + 1 {
+        return Err(ctx.invalid(format!(
+            "the body has {} inputs and {} outputs for {n} loop-carried values (it needs {} inputs and at least {} outputs)",
+            body_g.input.len(),
+            body_g.output.len(),
+            n + 2,
+            n + 1
+        )));
+    }
+    let k_out = body_g.output.len() - 1 - n;
+    let body = prepare(ctx, body_g)?;
+    match trip {
+        // A for loop: its length is known before anything is imported.
+        Some(m) if !has_cond => reserve(ctx, "a Loop", m, m, body.first, &body)?,
+        _ => {}
+    }
+    let mut per_step: Vec<Vec<Val>> = vec![Vec::new(); k_out];
+    let mut t = 0usize;
+    while cond && trip.is_none_or(|m| t < m) {
+        if has_cond {
+            // A while loop: checked one iteration at a time.
+            reserve(ctx, "a Loop", t + 1, 1, body.first && t == 0, &body)?;
+        }
+        let prefix = format!("{name}/iter{t}");
+        ctx.set_current(&prefix, "Loop");
+        let iter_num = ctx.generated_constant(
+            Tensor::new([], Data::I64(vec![t as i64])).expect("scalar"),
+            format!("{prefix}/iteration_num"),
+        )?;
+        let cond_in = ctx.generated_constant(
+            Tensor::new([], Data::Bool(vec![true])).expect("scalar"),
+            format!("{prefix}/cond"),
+        )?;
+        let mut args = vec![iter_num, cond_in];
+        args.extend(&states);
+        let outs = run_body(ctx, &body, &args, &prefix)?;
+        ctx.set_current(&name, "Loop");
+        if has_cond {
+            cond = match ctx.konst(outs[0]) {
+                Some(c) => truth(ctx, c, "the condition the body computes")?,
+                None => {
+                    return Err(ctx.not_constant(outs[0], format!(
+                        "Loop '{name}' computes its condition from values known only at run time (iteration {t}): Kiln unrolls loops and needs it at compile time"
+                    )))
+                }
+            };
+        }
+        states.copy_from_slice(&outs[1..=n]);
+        for (k, steps) in per_step.iter_mut().enumerate() {
+            steps.push(outs[1 + n + k]);
+        }
+        t += 1;
+    }
+    let mut results = states;
+    for (k, steps) in per_step.into_iter().enumerate() {
+        results.push(stack(ctx, steps, 0, "body", &format!("scan{k}"))?);
+    }
+    Ok(results)
+}
+
+// ---- Scan ----
+
+/// `Scan` (opset 9+; the batched opset-8 form is unsupported).
+pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    if ctx.opset < 9 {
+        return Err(ctx.unsupported("Scan before opset 9 (with a batch axis and sequence_lens)"));
+    }
+    let scan_name = ctx.node_name().to_string();
+    let body_g = graph_attr(ctx, node, "body")?;
+    let m = ctx
+        .attr_i(node, "num_scan_inputs")?
+        .ok_or_else(|| ctx.bad_attr("num_scan_inputs", "is required"))?;
+    let inputs: Vec<Val> = (0..node.input.len())
+        .map(|i| ctx.input(node, i))
+        .collect::<Result<_, _>>()?;
+    if m < 1 || m as usize > inputs.len() {
+        return Err(ctx.bad_attr(
+            "num_scan_inputs",
+            format!("{m} does not fit {} inputs", inputs.len()),
+        ));
+    }
+    let m = m as usize;
+    let n_state = inputs.len() - m;
+    if body_g.input.len() != inputs.len() || body_g.output.len() < n_state {
+        return Err(ctx.invalid(format!(
+            "the body has {} inputs and {} outputs for {} states and {m} scan inputs",
+            body_g.input.len(),
+            body_g.output.len(),
+            n_state
+        )));
+    }
+    let k_out = body_g.output.len() - n_state;
+    let list = |ctx: &ImportCtx, name: &str, n: usize| -> Result<Vec<i64>, OnnxError> {
+        let v = ctx.attr_ints(node, name)?.unwrap_or_else(|| vec![0; n]);
+        if v.len() != n {
+            return Err(ctx.bad_attr(name, format!("{} values for {n}", v.len())));
+        }
+        Ok(v)
+    };
+    let in_axes = list(ctx, "scan_input_axes", m)?;
+    let in_dirs = list(ctx, "scan_input_directions", m)?;
+    let out_axes = list(ctx, "scan_output_axes", k_out)?;
+    let out_dirs = list(ctx, "scan_output_directions", k_out)?;
+    let mut steps = None;
+    let mut axes = Vec::with_capacity(m);
+    for j in 0..m {
+        let v = inputs[n_state + j];
+        let r = ctx.ty(v).shape.len();
+        let a = ctx.axis("scan_input_axes", in_axes[j], r)?;
+        let t = ctx.ty(v).shape[a];
+        if *steps.get_or_insert(t) != t {
+            return Err(ctx.invalid("scan inputs differ in length"));
+        }
+        axes.push(a);
+    }
+    let steps = steps.expect("m ≥ 1");
+    let body = prepare(ctx, body_g)?;
+    reserve(ctx, "a Scan", steps, steps, body.first, &body)?;
+    let mut states: Vec<Val> = inputs[..n_state].to_vec();
+    let mut per_step: Vec<Vec<Val>> = vec![Vec::with_capacity(steps); k_out];
+    for t in 0..steps {
+        let prefix = format!("{scan_name}/iter{t}");
+        ctx.set_current(&prefix, "Scan");
+        let mut args = states.clone();
+        for j in 0..m {
+            let v = inputs[n_state + j];
+            let at = if in_dirs[j] != 0 { steps - 1 - t } else { t };
+            let s = slice_along(ctx, v, axes[j], at, 1, 1, &format!("in{j}"))?;
+            let mut shape = ctx.ty(s).shape.to_vec();
+            shape.remove(axes[j]);
+            args.push(reshape_to(ctx, s, &shape, Some(&format!("in{j}_item")))?);
+        }
+        let outs = run_body(ctx, &body, &args, &prefix)?;
+        ctx.set_current(&scan_name, "Scan");
+        states.copy_from_slice(&outs[..n_state]);
+        for (k, o) in per_step.iter_mut().enumerate() {
+            o.push(outs[n_state + k]);
+        }
+    }
+    ctx.set_current(&scan_name, "Scan");
+    let mut results = states;
+    for (k, mut outs) in per_step.into_iter().enumerate() {
+        if out_dirs[k] != 0 {
+            outs.reverse();
+        }
+        results.push(stack(
+            ctx,
+            outs,
+            out_axes[k],
+            "scan_output_axes",
+            &format!("out{k}"),
+        )?);
+    }
+    Ok(results)
+}
