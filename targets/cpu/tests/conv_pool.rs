@@ -243,6 +243,35 @@ fn softmax_on_every_axis() {
 }
 
 #[test]
+fn softmax_rows_of_every_length_and_range() {
+    // Innermost-axis softmax (the AVX-512 kernel on such hosts): full and
+    // masked 16-lane chunks, one to many rows, values spread wide enough
+    // to underflow exp, masked-out entries (-inf, -1e30) as attention
+    // masks write them, and rows split over threads.
+    let mut rng = Rng::new(77);
+    for (rows, len) in [
+        (1, 1),
+        (3, 15),
+        (2, 16),
+        (5, 17),
+        (7, 128),
+        (2, 1000),
+        (640, 256),
+    ] {
+        let g = softmax_graph(&[rows, len], 1);
+        let v: Vec<f32> = (0..rows * len)
+            .map(|i| match i % 23 {
+                0 => f32::NEG_INFINITY,
+                1 => -1e30,
+                _ => rng.f64(-60.0, 60.0) as f32,
+            })
+            .collect();
+        let x = kiln_ir::Tensor::new([rows, len], kiln_ir::Data::F32(v)).unwrap();
+        common::check_with(&g, &[x], 0.0);
+    }
+}
+
+#[test]
 fn small_cnn_end_to_end() {
     use kiln_ir::{Ints, UnaryOp};
     let mut rng = Rng::new(1234);

@@ -311,6 +311,8 @@ pub(crate) fn lower_job(
                 })?;
                 return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
             }
+        } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
+            return Ok(Lowered::Machine(code));
         } else if let Some(code) =
             dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks)
         {

@@ -1,5 +1,10 @@
 //! Softmax along any axis: max, `exp(x - max)` with its sum, then division.
 //!
+//! On AVX-512 targets a softmax over the innermost axis is the
+//! [`microkernel::softmax`](crate::microkernel::softmax) kernel, split by
+//! rows over threads like the GEMMs; everything else is the Cranelift
+//! kernel below.
+//!
 //! When the axis is innermost each row is contiguous and every pass runs on
 //! `f32x4` with a scalar tail. Otherwise four neighbouring positions of the
 //! inner dims form the vector lanes and the passes walk the axis with the
@@ -8,10 +13,41 @@
 use cranelift_codegen::ir::types::{F32, F32X4};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
 
+use kiln_ir::{DType, Op};
+
 use super::loops::{for_range, for_range_carry};
 use super::pool::reduce;
 use super::{math, Kb, NodeCx};
+use crate::microkernel::softmax::SoftmaxSpec;
 use crate::CpuError;
+
+/// The AVX-512 kernel of softmax node `cx` as up to `tasks` tasks, or
+/// `None` when it does not apply (not f32, the axis not innermost).
+pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
+    let Op::Softmax { axis } = cx.node.op else {
+        return None;
+    };
+    let shape = &cx.node.ty.shape;
+    if cx.inputs[0].1.dtype != DType::F32 || axis + 1 != shape.len() {
+        return None;
+    }
+    let len = shape[axis];
+    let rows: usize = shape[..axis].iter().product();
+    // About twenty operations an element; a task is worth its wake-up
+    // from MIN_TASK_FLOPS on, as for the GEMMs.
+    let work = rows * len * 20;
+    let tasks = tasks.min(work / super::partition::MIN_TASK_FLOPS).max(1);
+    let spec = SoftmaxSpec {
+        rows,
+        len,
+        x: cx.inputs[0].0,
+        y: cx.out,
+    };
+    spec.split(tasks)
+        .iter()
+        .map(|part| part.assemble().ok())
+        .collect()
+}
 
 /// Softmax on f32.
 pub(crate) fn softmax(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {

@@ -13,8 +13,8 @@
 
 use iced_x86::code_asm::*;
 
-use super::{imm32, MicrokernelError};
-use crate::plan::{Base, Loc};
+use super::{imm32, load_address, MicrokernelError};
+use crate::plan::Loc;
 
 /// Most 16-pixel vectors accumulated together.
 const MAX_TILES: usize = 8;
@@ -82,25 +82,6 @@ pub(crate) struct DepthwiseSpec {
     pub bias: Option<Loc>,
     /// Per image: (input, output).
     pub images: Vec<(Loc, Loc)>,
-}
-
-fn load_address(
-    a: &mut CodeAssembler,
-    reg: AsmRegister64,
-    loc: Loc,
-) -> Result<(), MicrokernelError> {
-    let base = match loc.base {
-        Base::Arena => rdi,
-        Base::Weights => rsi,
-    };
-    match i32::try_from(loc.offset) {
-        Ok(off) => a.lea(reg, qword_ptr(base + off))?,
-        Err(_) => {
-            a.mov(reg, loc.offset)?;
-            a.add(reg, base)?;
-        }
-    }
-    Ok(())
 }
 
 impl DepthwiseSpec {

@@ -29,8 +29,8 @@
 use iced_x86::code_asm::*;
 
 use super::im2col::Im2col;
-use super::{imm32, MicrokernelError};
-use crate::plan::{Base, Loc};
+use super::{imm32, load_address, MicrokernelError};
+use crate::plan::Loc;
 
 /// K steps per unrolled loop iteration.
 pub(crate) const K_UNROLL: usize = 4;
@@ -844,29 +844,10 @@ impl GemmSpec {
     }
 }
 
-/// `reg = base pointer of loc + offset` (rdi: arena, rsi: weights).
-fn load_address(
-    a: &mut CodeAssembler,
-    reg: AsmRegister64,
-    loc: Loc,
-) -> Result<(), MicrokernelError> {
-    let base = match loc.base {
-        Base::Arena => rdi,
-        Base::Weights => rsi,
-    };
-    match i32::try_from(loc.offset) {
-        Ok(off) => a.lea(reg, qword_ptr(base + off))?,
-        Err(_) => {
-            a.mov(reg, loc.offset)?;
-            a.add(reg, base)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Base;
 
     #[test]
     fn blocking_fits_the_register_file() {

@@ -15,6 +15,7 @@
 //!   vectors and padding handled by load masks.
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
 //!   scratch before the GEMM runs over it.
+//! - [`softmax`]: softmax over contiguous rows with an inline `exp`.
 //! - [`peak`]: the FMA throughput loop used to measure the machine's peak
 //!   (the denominator of the GEMM efficiency figure).
 //!
@@ -25,6 +26,7 @@ pub(crate) mod depthwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod peak;
+pub(crate) mod softmax;
 
 /// Why a microkernel could not be generated for a shape. The caller falls
 /// back to the Cranelift kernel.
@@ -51,6 +53,28 @@ impl From<iced_x86::IcedError> for MicrokernelError {
 /// `v` as a 32-bit displacement or immediate.
 pub(crate) fn imm32(v: i64, what: &'static str) -> Result<i32, MicrokernelError> {
     i32::try_from(v).map_err(|_| MicrokernelError::Displacement(what))
+}
+
+/// `reg` = the address of `loc`: the kernel ABI passes the arena base in
+/// rdi and the weights base in rsi.
+pub(crate) fn load_address(
+    a: &mut iced_x86::code_asm::CodeAssembler,
+    reg: iced_x86::code_asm::AsmRegister64,
+    loc: crate::plan::Loc,
+) -> Result<(), MicrokernelError> {
+    use iced_x86::code_asm::{qword_ptr, rdi, rsi};
+    let base = match loc.base {
+        crate::plan::Base::Arena => rdi,
+        crate::plan::Base::Weights => rsi,
+    };
+    match i32::try_from(loc.offset) {
+        Ok(off) => a.lea(reg, qword_ptr(base + off))?,
+        Err(_) => {
+            a.mov(reg, loc.offset)?;
+            a.add(reg, base)?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs generated kernels in unit tests: copies code to an anonymous
