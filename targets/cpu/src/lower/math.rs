@@ -18,6 +18,22 @@ use super::Kb;
 /// integer and leaves that integer in the low mantissa bits.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
+/// `ln 2` in two parts for `r = x - n·ln 2`: `n · LN2_HI` is exact in f32
+/// for the `n` an f32 exponent allows.
+pub(crate) const LN2_HI: f64 = 0.693_359_375;
+/// The rest of `ln 2` after [`LN2_HI`].
+pub(crate) const LN2_LO: f64 = -2.121_944_4e-4;
+/// The minimax polynomial `P` (highest degree first) with
+/// `e^r ≈ 1 + r + r²·P(r)` on `|r| ≤ ln 2 / 2`, f32 accuracy.
+pub(crate) const EXP_POLY: [f64; 6] = [
+    1.987_569_150_0e-4,
+    1.398_199_950_7e-3,
+    8.333_451_907_3e-3,
+    4.166_579_589_4e-2,
+    1.666_666_545_9e-1,
+    5.000_000_120_1e-1,
+];
+
 /// `e^x` for an f32 / f32x4 / f64 value.
 pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
     let ty = kb.b.func.dfg.value_type(x);
@@ -35,19 +51,12 @@ pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
     let t = kb.fmadd(x, log2e, magic);
     let n = kb.b.ins().fsub(t, magic);
     // r = x - n ln2 (two parts; n·C1 is exact)
-    let c1 = kb.fconst(ty, -0.693_359_375);
-    let c2 = kb.fconst(ty, 2.121_944_4e-4);
+    let c1 = kb.fconst(ty, -LN2_HI);
+    let c2 = kb.fconst(ty, -LN2_LO);
     let r = kb.fmadd(n, c1, x);
     let r = kb.fmadd(n, c2, r);
     // p(r) = 1 + r + r² · P(r)
-    let coeffs = [
-        1.987_569_150_0e-4,
-        1.398_199_950_7e-3,
-        8.333_451_907_3e-3,
-        4.166_579_589_4e-2,
-        1.666_666_545_9e-1,
-        5.000_000_120_1e-1,
-    ];
+    let coeffs = EXP_POLY;
     let mut p = kb.fconst(ty, coeffs[0]);
     for &c in &coeffs[1..] {
         let cv = kb.fconst(ty, c);

@@ -13,7 +13,7 @@ mod layout;
 mod linalg;
 mod logic;
 pub(crate) mod loops;
-mod math;
+pub(crate) mod math;
 mod norm;
 mod partition;
 mod pool;

@@ -12,6 +12,7 @@
 use iced_x86::code_asm::*;
 
 use super::{imm32, load_address, MicrokernelError};
+use crate::lower::math::{EXP_POLY, LN2_HI, LN2_LO};
 use crate::plan::Loc;
 
 /// One softmax kernel: `rows` rows of `len` contiguous f32 values.
@@ -34,16 +35,6 @@ const ROWS: AsmRegister64 = rcx;
 const OFF: AsmRegister64 = rax;
 const CHUNKS: AsmRegister64 = rdx;
 
-/// The `e^r` polynomial `P` (highest degree first); `e^r ≈ 1 + r + r²·P(r)`
-/// on `|r| ≤ ln 2 / 2`.
-const EXP_POLY: [f32; 6] = [
-    1.987_569_150_0e-4,
-    1.398_199_950_7e-3,
-    8.333_451_907_3e-3,
-    4.166_579_589_4e-2,
-    1.666_666_545_9e-1,
-    5.000_000_120_1e-1,
-];
 /// Below this `e^t` is zero in f32 (`vscalefps` flushes the rest).
 const EXP_LOWEST: f32 = -104.0;
 
@@ -94,17 +85,15 @@ impl SoftmaxSpec {
     }
 
     fn constants(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
-        let ln2_hi = 0.693_359_375f32;
-        let ln2_lo = -2.121_944_4e-4f32;
         let consts = [
             (LOG2E, std::f32::consts::LOG2_E),
-            (NEG_LN2_HI, -ln2_hi),
-            (NEG_LN2_LO, -ln2_lo),
+            (NEG_LN2_HI, -LN2_HI as f32),
+            (NEG_LN2_LO, -LN2_LO as f32),
             (ONE, 1.0),
             (LOWEST, EXP_LOWEST),
             (NEG_INF, f32::NEG_INFINITY),
         ];
-        let poly = POLY.iter().copied().zip(EXP_POLY);
+        let poly = POLY.iter().copied().zip(EXP_POLY.map(|c| c as f32));
         for (reg, v) in consts.into_iter().chain(poly) {
             a.mov(eax, v.to_bits())?;
             a.vpbroadcastd(reg, eax)?;
