@@ -362,3 +362,21 @@ fn large_images_convert_in_bands_of_output_rows() {
         check_rand(g, 23, 1e-5);
     }
 }
+
+#[test]
+fn depthwise_convolutions_with_w_stride_two() {
+    // W stride 2 (two loads per vector, even lanes kept): borders on both
+    // sides, widths below, at and across vector multiples, a depth
+    // multiplier of 2, dilation, and 5x5 taps reaching two pixels out.
+    let cases = [
+        ([1, 8, 9, 7], 8, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([1, 4, 12, 32], 8, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([2, 3, 11, 67], 3, [5, 5], [2, 2], [2, 2, 2, 2], [1, 1]),
+        ([1, 5, 20, 45], 5, [3, 3], [1, 2], [0, 2, 1, 0], [2, 2]),
+        ([1, 16, 40, 184], 16, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+    ];
+    for (x, oc, k, strides, pads, dilations) in cases {
+        let g = conv_graph(x, oc, k, strides, pads, dilations, x[1], true);
+        check_rand(&g, 31, 1e-5);
+    }
+}

@@ -801,7 +801,7 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
     let (oc, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
     let depthwise = c.group == cin && cg == 1 && oc % c.group == 0;
-    if !depthwise || c.strides[1] != 1 || batch > MAX_CALLS || ow > 4096 {
+    if !depthwise || c.strides[1] > 2 || batch > MAX_CALLS || ow > 4096 {
         return None;
     }
     let rows = super::pool::window_segments(
@@ -838,6 +838,7 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
         oh,
         ow,
         stride_h: c.strides[0],
+        stride_w: c.strides[1],
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: c.dilations,
         rows,

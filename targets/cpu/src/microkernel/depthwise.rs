@@ -1,6 +1,7 @@
-//! AVX-512 depthwise convolution (one input channel per group, W stride 1):
-//! output pixels along W in zmm vectors, each tap an FMA with the tap's
-//! weight broadcast from memory.
+//! AVX-512 depthwise convolution (one input channel per group, W stride 1
+//! or 2): output pixels along W in zmm vectors, each tap an FMA with the
+//! tap's weight broadcast from memory. With W stride 2 a vector's input is
+//! two loads of 16 columns, the even columns picked by `vpermt2ps`.
 //!
 //! Output rows are split at compile time into segments with a fixed set of
 //! valid vertical taps (`lower::pool::window_segments`); a segment is a
@@ -30,6 +31,8 @@ const SRC: AsmRegister64 = r13;
 const DST: AsmRegister64 = r14;
 const TMP: AsmRegister32 = r15d;
 const SAVED: [AsmRegister64; 5] = [rbx, r12, r13, r14, r15];
+/// The lane indices 0, 2, .., 30 (W stride 2). Tiles use zmm0–zmm23.
+const EVEN: AsmRegisterZmm = zmm24;
 
 const ZMM: [AsmRegisterZmm; 32] = [
     zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
@@ -68,8 +71,11 @@ pub(crate) struct DepthwiseSpec {
     pub oh: usize,
     /// Output width.
     pub ow: usize,
-    /// H stride (the W stride is 1).
+    /// H stride.
     pub stride_h: usize,
+    /// W stride: 1, or 2 (each 16-pixel vector loads 32 input columns and
+    /// keeps the even ones with `vpermt2ps`).
+    pub stride_w: usize,
     /// Padding at the top and the left.
     pub pad_tl: [usize; 2],
     /// Dilations (H, W).
@@ -87,9 +93,19 @@ pub(crate) struct DepthwiseSpec {
 impl DepthwiseSpec {
     /// Assembles the kernel.
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        if !(1..=2).contains(&self.stride_w) {
+            return Err(MicrokernelError::Layout(format!(
+                "depthwise W stride {} (1 or 2)",
+                self.stride_w
+            )));
+        }
         let mut a = CodeAssembler::new(64)?;
+        let mut even_lanes = a.create_label();
         for r in SAVED {
             a.push(r)?;
+        }
+        if self.stride_w == 2 {
+            a.vpmovzxbd(EVEN, xmmword_ptr(even_lanes))?;
         }
         for &(x, out) in &self.images {
             load_address(&mut a, X_G, x)?;
@@ -106,6 +122,12 @@ impl DepthwiseSpec {
         a.vzeroupper()?;
         a.xor(eax, eax)?;
         a.ret()?;
+        if self.stride_w == 2 {
+            // The permutation picking lanes 0, 2, .., 30 of two vectors.
+            a.set_label(&mut even_lanes)?;
+            let idx: Vec<u8> = (0..16).map(|i| 2 * i).collect();
+            a.db(&idx)?;
+        }
         Ok(a.assemble(0)?)
     }
 
@@ -186,27 +208,37 @@ impl DepthwiseSpec {
                     let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
                     for t in 0..n {
                         let ow0 = (v0 + t) * 16;
-                        // Lanes whose output pixel exists and whose input
-                        // column lies inside the row.
-                        let mut mask = 0u32;
-                        for lane in 0..16 {
-                            let o = ow0 + lane;
-                            let col = (o + tw * dil_w) as i64 - pl as i64;
-                            if o < self.ow && col >= 0 && col < self.w as i64 {
-                                mask |= 1 << lane;
+                        let sw = self.stride_w;
+                        // Input columns `col0 + q` for q in 0..16·sw; a
+                        // column is loaded when it lies inside the row and
+                        // its output pixel exists (the odd ones of a
+                        // stride-2 pair are loaded only to be dropped).
+                        let col0 = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
+                        let mut masks = [0u32; 2];
+                        for q in 0..16 * sw {
+                            let col = col0 + q as i64;
+                            if ow0 + q / sw < self.ow && col >= 0 && col < self.w as i64 {
+                                masks[q / 16] |= 1 << (q % 16);
                             }
                         }
-                        if mask == 0 {
+                        if masks == [0, 0] {
                             continue;
                         }
-                        let col0 = (ow0 + tw * dil_w) as i64 - pl as i64;
-                        let disp = imm32(row + col0 * 4, "input pixel")?;
-                        if mask == 0xffff {
-                            a.vmovups(xr(t), zmmword_ptr(SRC + disp))?;
-                        } else {
-                            a.mov(TMP, mask)?;
-                            a.kmovw(k1, TMP)?;
-                            a.vmovups(xr(t).k1().z(), zmmword_ptr(SRC + disp))?;
+                        let regs = [xr(t), ZMM[2 * MAX_TILES + t]];
+                        for (half, &mask) in masks[..sw].iter().enumerate() {
+                            let disp = imm32(row + (col0 + 16 * half as i64) * 4, "input pixel")?;
+                            if mask == 0xffff {
+                                a.vmovups(regs[half], zmmword_ptr(SRC + disp))?;
+                            } else if mask == 0 {
+                                a.vpxord(regs[half], regs[half], regs[half])?;
+                            } else {
+                                a.mov(TMP, mask)?;
+                                a.kmovw(k1, TMP)?;
+                                a.vmovups(regs[half].k1().z(), zmmword_ptr(SRC + disp))?;
+                            }
+                        }
+                        if sw == 2 {
+                            a.vpermt2ps(regs[0], EVEN, regs[1])?;
                         }
                         a.vfmadd231ps(acc(t), xr(t), dword_bcst(W_G + wdisp))?;
                     }
