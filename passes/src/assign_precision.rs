@@ -173,6 +173,10 @@ pub struct Policy {
     pub keep_fp32: Vec<Pattern>,
     /// `--force PRECISION=PATTERN`, in command-line order (a later one wins).
     pub force: Vec<(Precision, Vec<Pattern>)>,
+    /// Nodes (by name) the error-driven fallback (`--max-rel-error`) raised
+    /// to fp32, with the measurement that made it; wins over everything
+    /// but an ineligible op.
+    pub fallback: BTreeMap<String, String>,
 }
 
 impl Policy {
@@ -204,6 +208,9 @@ pub enum Reason {
     Force(String),
     /// The op or its operands have no reduced-precision kernel form.
     NotEligible(&'static str),
+    /// `--max-rel-error`: raised to fp32 because the graph outputs missed
+    /// the bound (the measurement that chose it).
+    ErrorFallback(String),
 }
 
 impl fmt::Display for Reason {
@@ -214,6 +221,7 @@ impl fmt::Display for Reason {
             Reason::KeepFp32(p) => write!(f, "--keep-fp32 {p}"),
             Reason::Force(p) => write!(f, "--force {p}"),
             Reason::NotEligible(why) => write!(f, "stays fp32: {why}"),
+            Reason::ErrorFallback(why) => write!(f, "raised to fp32 by --max-rel-error: {why}"),
         }
     }
 }
@@ -313,6 +321,10 @@ impl AssignPrecision {
             {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::KeepFp32(pat.to_string());
+            }
+            if let Some(why) = self.policy.fallback.get(&node.name) {
+                decision.precision = Precision::Fp32;
+                decision.reason = Reason::ErrorFallback(why.clone());
             }
             if let Err(why) = operands(graph, id) {
                 if decision.precision != Precision::Fp32 {
@@ -475,6 +487,7 @@ mod tests {
                 mode: Mode::Bf16,
                 keep_fp32: Pattern::list("/fc2/*").unwrap(),
                 force: vec![Policy::parse_force("fp16=/fc1/MatMul").unwrap()],
+                ..Policy::default()
             },
         };
         let (_, d) = p.assign(&mut g).unwrap();

@@ -106,6 +106,8 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Cuda(c) => format!("cuda::{}", variant(c)),
         DriverError::Io { .. } => "io".to_string(),
         DriverError::ArenaTooLarge { .. } => "arena_too_large".to_string(),
+        DriverError::Calibration { .. } => "calibration".to_string(),
+        DriverError::Usage(_) => "usage".to_string(),
     }
 }
 

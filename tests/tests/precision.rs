@@ -266,3 +266,140 @@ fn ppocr_rec_bf16_keeps_per_step_argmax() {
         );
     }
 }
+
+/// The digits MLP at batch 8 and a directory of `samples` calibration
+/// files cut from its test set (8 images each).
+fn mlp_with_calibration(samples: usize) -> (Fixture, CompileOptions, tempfile::TempDir) {
+    let fixture = Fixture::load("digits_mlp");
+    let images = kiln::npy::read_tensor("input", &fixture.dir.join("inputs/input.npy")).unwrap();
+    let pixels = images.to_f32_vec().unwrap();
+    let mut base = fixture.compile_options();
+    base.import.input_shapes.insert("input".into(), vec![8, 64]);
+    let dir = tempfile::tempdir().unwrap();
+    for s in 0..samples {
+        let rows = &pixels[s * 8 * 64..(s + 1) * 8 * 64];
+        let t = Tensor::from_f32("input", &[8, 64], rows);
+        kiln::npy::write_npz(&dir.path().join(format!("sample{s:02}.npz")), &[t]).unwrap();
+    }
+    (fixture, base, dir)
+}
+
+#[test]
+fn calibration_directories_are_checked_before_any_work() {
+    let (fixture, base, dir) = mlp_with_calibration(3);
+    let mut opts = with_precision(base, Mode::Bf16);
+    opts.calibrate = Some(dir.path().to_path_buf());
+    let c = compile(&fixture.model_path(), &opts).unwrap();
+    let report = c.precision.unwrap().report.unwrap();
+    assert_eq!(report.samples, 3);
+    assert!(!report.random);
+
+    let refused = |files: &[(&str, Vec<Tensor>)], needles: &[&str]| {
+        let bad = tempfile::tempdir().unwrap();
+        for (name, tensors) in files {
+            kiln::npy::write_npz(&bad.path().join(name), tensors).unwrap();
+        }
+        let mut o = opts.clone();
+        o.calibrate = Some(bad.path().to_path_buf());
+        let Err(e) = compile(&fixture.model_path(), &o) else {
+            panic!("bad calibration data {files:?} was accepted")
+        };
+        assert!(
+            matches!(e, kiln::driver::DriverError::Calibration { .. }),
+            "{e:?}"
+        );
+        for n in needles {
+            assert!(e.to_string().contains(n), "expected '{n}' in: {e}");
+        }
+    };
+    let good = || Tensor::from_f32("input", &[8, 64], &[0.5; 512]);
+    refused(&[], &["no .npz"]);
+    refused(
+        &[("a.npz", vec![Tensor::from_f32("x", &[8, 64], &[0.5; 512])])],
+        &["a.npz", "'x'", "not a model input", "input"],
+    );
+    refused(
+        &[(
+            "a.npz",
+            vec![good(), Tensor::from_f32("labels", &[1], &[1.0])],
+        )],
+        &["'labels'"],
+    );
+    refused(
+        &[(
+            "b.npz",
+            vec![Tensor::from_f32("input", &[4, 64], &[0.5; 256])],
+        )],
+        &["b.npz", "'input'", "[4, 64]", "f32[8,64]"],
+    );
+    refused(
+        &[(
+            "c.npz",
+            vec![Tensor::from_i64("input", &[8, 64], &[1; 512])],
+        )],
+        &["c.npz", "i64"],
+    );
+    let mut nan = vec![0.5f32; 512];
+    nan[77] = f32::NAN;
+    refused(
+        &[
+            ("ok.npz", vec![good()]),
+            ("z.npz", vec![Tensor::from_f32("input", &[8, 64], &nan)]),
+        ],
+        &["z.npz", "non-finite", "77"],
+    );
+}
+
+#[test]
+fn max_rel_error_raises_layers_until_the_outputs_meet_it() {
+    let (fixture, base, dir) = mlp_with_calibration(4);
+    let mut opts = with_precision(base, Mode::Fp16);
+    opts.calibrate = Some(dir.path().to_path_buf());
+    let worst_output = |c: &kiln::driver::Compiled| {
+        let report = c.precision.as_ref().unwrap().report.as_ref().unwrap();
+        report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max)
+    };
+    let raised = |c: &kiln::driver::Compiled| {
+        c.precision
+            .as_ref()
+            .unwrap()
+            .decisions
+            .iter()
+            .filter(|d| matches!(d.reason, kiln_passes::Reason::ErrorFallback(_)))
+            .count()
+    };
+    let free = compile(&fixture.model_path(), &opts).unwrap();
+    let e0 = worst_output(&free);
+    assert!(e0 > 0.0, "fp16 must change the outputs");
+    assert_eq!(raised(&free), 0);
+
+    // A loose bound changes nothing; a bound of zero raises every layer.
+    opts.max_rel_error = Some(e0 * 2.0);
+    let loose = compile(&fixture.model_path(), &opts).unwrap();
+    assert_eq!(raised(&loose), 0);
+    opts.max_rel_error = Some(0.0);
+    let strict = compile(&fixture.model_path(), &opts).unwrap();
+    let dense = strict.precision.as_ref().unwrap().decisions.len();
+    assert_eq!(raised(&strict), dense);
+    assert_eq!(worst_output(&strict), 0.0);
+
+    // In between, some layers are raised and the bound holds.
+    opts.max_rel_error = Some(e0 / 3.0);
+    let mid = compile(&fixture.model_path(), &opts).unwrap();
+    println!(
+        "fp16 digits MLP: output error {e0:.3e} free, {:.3e} with --max-rel-error {:.3e} ({} of {dense} layers raised)",
+        worst_output(&mid),
+        e0 / 3.0,
+        raised(&mid)
+    );
+    assert!(raised(&mid) >= 1);
+    assert!(worst_output(&mid) <= e0 / 3.0);
+
+    // Without samples there is nothing to measure.
+    opts.calibrate = None;
+    opts.calibrate_random = 0;
+    assert!(matches!(
+        compile(&fixture.model_path(), &opts),
+        Err(kiln::driver::DriverError::Usage(_))
+    ));
+}

@@ -160,6 +160,16 @@ struct CompileArgs {
     /// report; 0 skips the report).
     #[arg(long, default_value_t = 1, value_name = "N")]
     calibrate_random: usize,
+    /// Reduced-precision builds: real calibration samples instead of random
+    /// ones, one .npz per sample with an array per model input (its name,
+    /// dtype and shape), checked before any work.
+    #[arg(long, value_name = "DIR")]
+    calibrate: Option<PathBuf>,
+    /// Error-driven fallback: while a graph output's relative L2 error on
+    /// the calibration samples exceeds E, raise the reduced-precision layer
+    /// with the largest error to fp32 (listed in the report).
+    #[arg(long, value_name = "E")]
+    max_rel_error: Option<f64>,
     /// Write the per-layer precision report (JSON) here.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
@@ -296,6 +306,8 @@ impl From<DriverError> for Failure {
             DriverError::Cuda(kiln_target_cuda::CudaError::PtxasRejected { .. }) => exit::INTERNAL,
             DriverError::Cuda(_) => exit::UNSUPPORTED,
             DriverError::Io { .. } => exit::IO,
+            DriverError::Calibration { .. } => exit::BAD_INPUT,
+            DriverError::Usage(_) => exit::USAGE,
         };
         Failure::new(code, e.to_string())
     }
@@ -572,6 +584,16 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         ));
     }
     opts.calibrate_random = a.calibrate_random;
+    opts.calibrate = a.calibrate.clone();
+    if let Some(e) = a.max_rel_error {
+        if !(e.is_finite() && e >= 0.0) {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("--max-rel-error: {e} is not a non-negative number"),
+            ));
+        }
+        opts.max_rel_error = Some(e);
+    }
     let start = Instant::now();
     let out = driver::compile(&a.model, &opts).map_err(|e| {
         let f = Failure::from(e);

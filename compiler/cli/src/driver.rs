@@ -4,7 +4,7 @@ use kiln_ir::Graph;
 use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{
     AccuracyReport, AssignPrecision, Decision, PassError, PassManager, PassRecord, PipelineOptions,
-    PipelineReport, Policy,
+    PipelineReport, Policy, Precision,
 };
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
@@ -61,6 +61,13 @@ pub struct CompileOptions {
     /// with the f32 graph for the accuracy report (`--calibrate-random`;
     /// 0: no report).
     pub calibrate_random: usize,
+    /// Real calibration samples (`--calibrate DIR`, see
+    /// [`read_calibration`]); they replace the random ones.
+    pub calibrate: Option<PathBuf>,
+    /// Error-driven fallback (`--max-rel-error E`): while a graph output's
+    /// relative L2 error on the calibration samples exceeds `E`, the
+    /// reduced-precision layer with the largest error is raised to fp32.
+    pub max_rel_error: Option<f64>,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -80,6 +87,8 @@ impl Default for CompileOptions {
             threads: kiln_target_cpu::DEFAULT_THREADS,
             precision: Policy::default(),
             calibrate_random: 1,
+            calibrate: None,
+            max_rel_error: None,
         }
     }
 }
@@ -137,6 +146,9 @@ impl CompileOptions {
             for (prec, pats) in &p.force {
                 let _ = write!(s, " force={prec}={}", list(pats));
             }
+            if let Some(e) = self.max_rel_error {
+                let _ = write!(s, " max_rel_error={e}");
+            }
         }
         s
     }
@@ -193,6 +205,19 @@ pub enum DriverError {
         /// The limit.
         limit: u64,
     },
+    /// Calibration data (`--calibrate DIR`) that does not fit the model,
+    /// found before any compile work is done.
+    #[error("calibration data {}: {message}", path.display())]
+    Calibration {
+        /// The directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// An option combination that cannot work (`--max-rel-error` without
+    /// calibration samples).
+    #[error("{0}")]
+    Usage(String),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -261,6 +286,88 @@ pub fn random_samples(graph: &Graph, count: usize) -> Vec<Vec<kiln_ir::Tensor>> 
         .collect()
 }
 
+/// Reads the calibration samples in `dir` for `graph`'s inputs: every
+/// `.npz` file (in name order) is one sample with one array per graph
+/// input, named as the input, of its exact dtype and shape, all values
+/// finite. Anything else is a [`DriverError::Calibration`] naming the file
+/// and array: an empty directory, a missing or extra array, a wrong dtype
+/// or shape, NaN or infinity.
+pub fn read_calibration(
+    dir: &Path,
+    graph: &Graph,
+) -> Result<Vec<Vec<kiln_ir::Tensor>>, DriverError> {
+    let bad = |path: &Path, message: String| DriverError::Calibration {
+        path: path.to_path_buf(),
+        message,
+    };
+    let entries = std::fs::read_dir(dir).map_err(|source| DriverError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "npz"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(bad(
+            dir,
+            "no .npz files (one per sample, one array per model input)".into(),
+        ));
+    }
+    let inputs: Vec<&kiln_ir::Node> = graph.inputs().iter().map(|&i| graph.node(i)).collect();
+    let names: Vec<&str> = inputs.iter().map(|n| n.name.as_str()).collect();
+    let mut samples = Vec::with_capacity(files.len());
+    for file in &files {
+        let arrays = crate::npy::read_npz(file).map_err(|e| bad(file, e.to_string()))?;
+        if let Some(extra) = arrays.iter().find(|a| !names.contains(&a.name.as_str())) {
+            return Err(bad(
+                file,
+                format!(
+                    "array '{}' is not a model input (inputs: {})",
+                    extra.name,
+                    names.join(", ")
+                ),
+            ));
+        }
+        let mut sample = Vec::with_capacity(inputs.len());
+        for input in &inputs {
+            let array = arrays
+                .iter()
+                .find(|a| a.name == input.name)
+                .ok_or_else(|| bad(file, format!("no array for input '{}'", input.name)))?;
+            let t = crate::npy::to_ir_tensor(array.clone(), file)
+                .map_err(|e| bad(file, e.to_string()))?;
+            if t.dtype() != input.ty.dtype || t.shape() != &input.ty.shape {
+                return Err(bad(
+                    file,
+                    format!(
+                        "array '{}' is {}{:?}, the model input is {}",
+                        input.name,
+                        t.dtype(),
+                        t.shape().as_slice(),
+                        input.ty
+                    ),
+                ));
+            }
+            if t.dtype().is_float() {
+                if let Some(i) = t.to_f64_vec().iter().position(|v| !v.is_finite()) {
+                    return Err(bad(
+                        file,
+                        format!(
+                            "array '{}' has a non-finite value at flat index {i}",
+                            input.name
+                        ),
+                    ));
+                }
+            }
+            sample.push(t);
+        }
+        samples.push(sample);
+    }
+    Ok(samples)
+}
+
 /// Runs `assign-precision` on `graph` (the f32 graph after the pipeline)
 /// and compares it with the f32 graph on `samples`.
 pub fn assign_precision(
@@ -300,6 +407,53 @@ pub fn assign_precision(
     Ok((record, PrecisionOutcome { decisions, report }))
 }
 
+/// `assign-precision` with the error-driven fallback: without
+/// `--max-rel-error` one assignment; with it, while the worst graph output
+/// misses the bound, the reduced-precision layer with the largest error in
+/// the last report is raised to fp32 (recorded as
+/// [`kiln_passes::Reason::ErrorFallback`]) and the assignment redone on the
+/// f32 graph. Ends when the bound is met or every layer is fp32.
+fn assign_with_fallback(
+    graph: &mut Graph,
+    samples: &[Vec<kiln_ir::Tensor>],
+    opts: &CompileOptions,
+) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
+    let random = opts.calibrate.is_none();
+    let mut policy = opts.precision.clone();
+    loop {
+        let mut candidate = graph.clone();
+        let (record, outcome) = assign_precision(&mut candidate, &policy, samples, random)?;
+        let raise = match (opts.max_rel_error, &outcome.report) {
+            (Some(bound), Some(report)) => {
+                let worst = report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max);
+                let layer = report.layers.iter().find(|l| {
+                    l.precision != Precision::Fp32 && !policy.fallback.contains_key(&l.node)
+                });
+                match layer {
+                    Some(l) if worst > bound => Some((
+                        l.node.clone(),
+                        format!(
+                            "layer error {:.3e} was the largest while the output error was {worst:.3e} > {bound:e}",
+                            l.rel_l2
+                        ),
+                    )),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match raise {
+            Some((node, why)) => {
+                policy.fallback.insert(node, why);
+            }
+            None => {
+                *graph = candidate;
+                return Ok((record, outcome));
+            }
+        }
+    }
+}
+
 /// Imports the model at `path` and runs the pass pipeline on it.
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let start = Instant::now();
@@ -327,6 +481,20 @@ fn optimize_graph(
     } else {
         pm
     };
+    // Calibration data is checked against the model before any work.
+    let samples = if opts.precision.is_identity() {
+        Vec::new()
+    } else {
+        match &opts.calibrate {
+            Some(dir) => read_calibration(dir, &graph)?,
+            None => random_samples(&graph, opts.calibrate_random),
+        }
+    };
+    if opts.max_rel_error.is_some() && samples.is_empty() {
+        return Err(DriverError::Usage(
+            "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision".into(),
+        ));
+    }
     let mut dumps = Vec::new();
     let wants = |pass: &str| match &opts.dump_ir {
         DumpIr::None => false,
@@ -356,8 +524,7 @@ fn optimize_graph(
     let mut report = before.run_with(&mut graph, &pipeline, &mut record)?;
     let mut precision = None;
     if !opts.precision.is_identity() {
-        let samples = random_samples(&graph, opts.calibrate_random);
-        let (pass, outcome) = assign_precision(&mut graph, &opts.precision, &samples, true)?;
+        let (pass, outcome) = assign_with_fallback(&mut graph, &samples, opts)?;
         report.passes.push(pass);
         record("assign-precision", &graph);
         precision = Some(outcome);

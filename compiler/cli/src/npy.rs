@@ -115,7 +115,11 @@ pub fn read_tensor(name: &str, path: &Path) -> Result<Tensor, NpyError> {
 /// Reads an `.npy` file as a compiler-side tensor (for values fixed at
 /// compile time, `--bind-input`).
 pub fn read_ir_tensor(path: &Path) -> Result<kiln_ir::Tensor, NpyError> {
-    let t = read_tensor("", path)?;
+    to_ir_tensor(read_tensor("", path)?, path)
+}
+
+/// A tensor read from `path` as a compiler-side tensor.
+pub fn to_ir_tensor(t: Tensor, path: &Path) -> Result<kiln_ir::Tensor, NpyError> {
     let malformed = |message: &str| NpyError::Malformed {
         path: path.display().to_string(),
         message: message.into(),
@@ -165,7 +169,35 @@ pub fn sanitize_name(name: &str) -> String {
         .collect()
 }
 
-/// Writes a tensor as an `.npy` file.
+/// Runs `$write!(T, values)` with `$tensor`'s elements as a `Vec<T>` of
+/// their Rust type (`$p` names the file in errors).
+macro_rules! with_values {
+    ($tensor:expr, $p:expr, $write:ident) => {{
+        let t: &Tensor = $tensor;
+        let bad = || NpyError::Malformed {
+            path: $p.clone(),
+            message: "tensor bytes do not match its type".into(),
+        };
+        match t.dtype {
+            DType::F32 => $write!(f32, t.to_vec::<f32>().ok_or_else(bad)?),
+            DType::F64 => $write!(f64, t.to_vec::<f64>().ok_or_else(bad)?),
+            DType::I8 => $write!(i8, t.to_vec::<i8>().ok_or_else(bad)?),
+            DType::U8 => $write!(u8, t.to_vec::<u8>().ok_or_else(bad)?),
+            DType::I16 => $write!(i16, t.to_vec::<i16>().ok_or_else(bad)?),
+            DType::I32 => $write!(i32, t.to_vec::<i32>().ok_or_else(bad)?),
+            DType::I64 => $write!(i64, t.to_vec::<i64>().ok_or_else(bad)?),
+            DType::Bool => $write!(bool, t.to_vec::<bool>().ok_or_else(bad)?),
+            other => {
+                return Err(NpyError::UnsupportedType {
+                    path: $p.clone(),
+                    descr: other.to_string(),
+                })
+            }
+        }
+    }};
+}
+
+/// Writes `tensor` as an `.npy` file.
 pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
     let p = path.display().to_string();
     let io = |source| NpyError::Io {
@@ -175,11 +207,8 @@ pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
     let file = File::create(path).map_err(io)?;
     let mut out = BufWriter::new(file);
     macro_rules! write_as {
-        ($t:ty, $v:expr) => {{
-            let values: Vec<$t> = $v.ok_or_else(|| NpyError::Malformed {
-                path: p.clone(),
-                message: "tensor bytes do not match its type".into(),
-            })?;
+        ($t:ty, $values:expr) => {{
+            let values: Vec<$t> = $values;
             let mut w = npyz::WriteOptions::new()
                 .default_dtype()
                 .shape(&tensor.shape)
@@ -190,21 +219,38 @@ pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
             w.finish().map_err(io)?;
         }};
     }
-    match tensor.dtype {
-        DType::F32 => write_as!(f32, tensor.to_vec::<f32>()),
-        DType::F64 => write_as!(f64, tensor.to_vec::<f64>()),
-        DType::I8 => write_as!(i8, tensor.to_vec::<i8>()),
-        DType::U8 => write_as!(u8, tensor.to_vec::<u8>()),
-        DType::I16 => write_as!(i16, tensor.to_vec::<i16>()),
-        DType::I32 => write_as!(i32, tensor.to_vec::<i32>()),
-        DType::I64 => write_as!(i64, tensor.to_vec::<i64>()),
-        DType::Bool => write_as!(bool, tensor.to_vec::<bool>()),
-        other => {
-            return Err(NpyError::UnsupportedType {
-                path: p,
-                descr: other.to_string(),
-            })
+    with_values!(tensor, p, write_as);
+    Ok(())
+}
+
+/// Writes `tensors` as one `.npz` archive, each array named as its tensor
+/// (the layout `kiln compile --calibrate` reads, one file per sample).
+pub fn write_npz(path: &Path, tensors: &[Tensor]) -> Result<(), NpyError> {
+    let p = path.display().to_string();
+    let io = |source| NpyError::Io {
+        path: p.clone(),
+        source,
+    };
+    let mut npz = npyz::npz::NpzWriter::create(path).map_err(io)?;
+    for tensor in tensors {
+        macro_rules! write_as {
+            ($t:ty, $values:expr) => {{
+                let values: Vec<$t> = $values;
+                let mut w = npz
+                    .array::<$t>(&tensor.name, Default::default())
+                    .map_err(io)?
+                    .default_dtype()
+                    .shape(&tensor.shape)
+                    .begin_nd()
+                    .map_err(io)?;
+                w.extend(values).map_err(io)?;
+                w.finish().map_err(io)?;
+            }};
         }
+        with_values!(tensor, p, write_as);
     }
+    npz.zip_writer()
+        .finish()
+        .map_err(|e| io(std::io::Error::other(e)))?;
     Ok(())
 }
