@@ -49,7 +49,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Compile an ONNX model into a .kiln artifact.
-    Compile(CompileArgs),
+    Compile(Box<CompileArgs>),
     /// Run an artifact on .npy/.npz inputs (or random inputs).
     Run(RunArgs),
     /// Describe an ONNX model or a .kiln artifact.
@@ -359,7 +359,7 @@ pub fn main() -> i32 {
         }
     };
     let result = match cli.command {
-        Command::Compile(a) => cmd_compile(a),
+        Command::Compile(a) => cmd_compile(*a),
         Command::Run(a) => cmd_run(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Bench(a) => cmd_bench(a),
