@@ -8,6 +8,7 @@
 //! (Softmax, normalizations, reductions, exp/log/pow, elementwise ops, the
 //! graph outputs) keeps computing in f32.
 
+use crate::precision_plan::PrecisionPlan;
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
@@ -165,7 +166,7 @@ fn glob(p: &[u8], s: &[u8]) -> bool {
 }
 
 /// The precision policy: a mode and per-node overrides.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Policy {
     /// `--precision`.
     pub mode: Mode,
@@ -177,6 +178,10 @@ pub struct Policy {
     /// to fp32, with the measurement that made it; wins over everything
     /// but an ineligible op.
     pub fallback: BTreeMap<String, String>,
+    /// `--plan FILE`: every dense node's precision, checked against the
+    /// graph (wins over the mode and the patterns; the fallback still
+    /// applies).
+    pub plan: Option<PrecisionPlan>,
 }
 
 impl Policy {
@@ -191,7 +196,12 @@ impl Policy {
     /// Whether the policy can change a graph (`fp32` with no `--force`
     /// cannot).
     pub fn is_identity(&self) -> bool {
-        self.mode == Mode::Fp32 && self.force.iter().all(|(p, _)| *p == Precision::Fp32)
+        self.mode == Mode::Fp32
+            && self.force.iter().all(|(p, _)| *p == Precision::Fp32)
+            && self
+                .plan
+                .as_ref()
+                .is_none_or(|plan| plan.entries.iter().all(|e| e.precision == Precision::Fp32))
     }
 }
 
@@ -206,6 +216,8 @@ pub enum Reason {
     KeepFp32(String),
     /// A `--force` pattern.
     Force(String),
+    /// The `--plan` file.
+    Plan,
     /// The op or its operands have no reduced-precision kernel form.
     NotEligible(&'static str),
     /// `--max-rel-error`: raised to fp32 because the graph outputs missed
@@ -220,6 +232,7 @@ impl fmt::Display for Reason {
             Reason::MixedEdge => f.write_str("mixed: first/last dense layer stays fp32"),
             Reason::KeepFp32(p) => write!(f, "--keep-fp32 {p}"),
             Reason::Force(p) => write!(f, "--force {p}"),
+            Reason::Plan => f.write_str("--plan"),
             Reason::NotEligible(why) => write!(f, "stays fp32: {why}"),
             Reason::ErrorFallback(why) => write!(f, "raised to fp32 by --max-rel-error: {why}"),
         }
@@ -272,9 +285,18 @@ fn operands(graph: &Graph, id: NodeId) -> Result<(usize, Option<usize>), &'stati
 impl AssignPrecision {
     /// The precision of every dense node by the policy, in topological
     /// order.
-    pub fn decide(&self, graph: &Graph) -> Result<Vec<(NodeId, Decision)>, kiln_ir::IrError> {
+    pub fn decide(&self, graph: &Graph) -> Result<Vec<(NodeId, Decision)>, PassError> {
+        let failed = |source| PassError::Failed {
+            pass: "assign-precision",
+            source,
+        };
+        let planned = match &self.policy.plan {
+            Some(plan) => Some(plan.resolve(graph)?),
+            None => None,
+        };
         let dense: Vec<NodeId> = graph
-            .topo_order()?
+            .topo_order()
+            .map_err(failed)?
             .into_iter()
             .filter(|&id| {
                 matches!(
@@ -322,6 +344,10 @@ impl AssignPrecision {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::KeepFp32(pat.to_string());
             }
+            if let Some(p) = planned.as_ref().and_then(|m| m.get(&id)) {
+                decision.precision = *p;
+                decision.reason = Reason::Plan;
+            }
             if let Some(why) = self.policy.fallback.get(&node.name) {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::ErrorFallback(why.clone());
@@ -347,7 +373,7 @@ impl AssignPrecision {
         if self.policy.is_identity() {
             return Ok((stats, Vec::new()));
         }
-        let decisions = self.decide(graph).map_err(failed)?;
+        let decisions = self.decide(graph)?;
         // One converted copy per (weight, precision) and one Cast per
         // activation: two dense ops reading one value share them.
         let mut weights: BTreeMap<(NodeId, DType), NodeId> = BTreeMap::new();

@@ -21,6 +21,7 @@ mod fold_batchnorm;
 mod fold_constants;
 mod fuse;
 mod manager;
+mod precision_plan;
 mod precision_report;
 mod simplify;
 
@@ -34,5 +35,6 @@ pub use fuse::Fuse;
 pub use manager::{
     Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
 };
+pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
 pub use simplify::Simplify;

@@ -72,6 +72,9 @@ pub enum PassError {
         /// The IR error.
         source: IrError,
     },
+    /// A precision plan (`--plan`) that does not fit the graph.
+    #[error("precision plan: {0}")]
+    Plan(#[from] crate::precision_plan::PlanError),
     /// The verifier rejected the graph a pass produced (a compiler bug).
     #[error("the graph is invalid after pass '{pass}' (a Kiln bug; please report it): {source}")]
     Verify {

@@ -403,3 +403,87 @@ fn max_rel_error_raises_layers_until_the_outputs_meet_it() {
         Err(kiln::driver::DriverError::Usage(_))
     ));
 }
+
+#[test]
+fn precision_plans_round_trip_apply_edits_and_refuse_other_models() {
+    use kiln_passes::{PassError, PlanError, Precision, PrecisionPlan, Reason};
+    let (fixture, base, _dir) = mlp_with_calibration(1);
+    let emitted = compile(
+        &fixture.model_path(),
+        &with_precision(base.clone(), Mode::Bf16),
+    )
+    .unwrap()
+    .precision
+    .unwrap()
+    .plan;
+    assert_eq!(emitted.entries.len(), 3);
+    assert!(emitted
+        .entries
+        .iter()
+        .all(|e| e.precision == Precision::Bf16));
+    let text = emitted.to_json();
+    assert_eq!(PrecisionPlan::parse(&text).unwrap().entries.len(), 3);
+
+    // A person edits the middle layer back to fp32; the plan wins over
+    // the (default fp32) mode everywhere.
+    let mut edited = PrecisionPlan::parse(&text).unwrap();
+    edited.entries[1].precision = Precision::Fp32;
+    let mut opts = base.clone();
+    opts.calibrate_random = 0;
+    opts.precision.plan = Some(edited.clone());
+    let c = compile(&fixture.model_path(), &opts).unwrap();
+    let got: Vec<(Precision, Reason)> = c
+        .precision
+        .unwrap()
+        .decisions
+        .iter()
+        .map(|d| (d.precision, d.reason.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Precision::Bf16, Reason::Plan),
+            (Precision::Fp32, Reason::Plan),
+            (Precision::Bf16, Reason::Plan)
+        ]
+    );
+
+    let refused = |plan: PrecisionPlan, model: &std::path::Path, o: &CompileOptions| {
+        let mut o = o.clone();
+        o.precision.plan = Some(plan);
+        match compile(model, &o) {
+            Err(kiln::driver::DriverError::Pass(PassError::Plan(e))) => e,
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("a bad plan was accepted"),
+        }
+    };
+    // An entry whose structure no longer matches.
+    let mut changed = edited.clone();
+    changed.entries[0].key = "gemm:0000000000000000".into();
+    let e = refused(changed, &fixture.model_path(), &opts);
+    assert!(
+        matches!(&e, PlanError::KeyMismatch { node, .. } if *node == edited.entries[0].node),
+        "{e}"
+    );
+    // An entry for a node the model does not have.
+    let mut stale = edited.clone();
+    stale.entries[2].node = "/no/such/Gemm".into();
+    let e = refused(stale, &fixture.model_path(), &opts);
+    assert_eq!(e, PlanError::Stale("/no/such/Gemm".into()));
+    // The MLP's plan on the digits CNN.
+    let cnn = Fixture::load("digits_cnn");
+    let mut cnn_opts = cnn.compile_options();
+    cnn_opts.calibrate_random = 0;
+    let e = refused(edited, &cnn.model_path(), &cnn_opts);
+    assert!(matches!(e, PlanError::Stale(_)), "{e}");
+    // Text that is not a plan.
+    assert!(matches!(
+        PrecisionPlan::parse("{\"nodes\": []}"),
+        Err(PlanError::Malformed(_))
+    ));
+    let twice = text.replacen(&emitted.entries[1].node, &emitted.entries[0].node, 1);
+    assert!(matches!(
+        PrecisionPlan::parse(&twice),
+        Err(PlanError::Malformed(m)) if m.contains("twice")
+    ));
+}

@@ -170,6 +170,15 @@ struct CompileArgs {
     /// with the largest error to fp32 (listed in the report).
     #[arg(long, value_name = "E")]
     max_rel_error: Option<f64>,
+    /// Write the final per-node precision plan (JSON: precision, reason and
+    /// measured error per dense node, keyed by name and structure).
+    #[arg(long, value_name = "FILE")]
+    emit_plan: Option<PathBuf>,
+    /// Apply a precision plan (from --emit-plan, possibly edited): every
+    /// dense node's precision; a plan for another model or a stale entry
+    /// is an error naming the node.
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
     /// Write the per-layer precision report (JSON) here.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
@@ -299,6 +308,7 @@ impl From<DriverError> for Failure {
             },
             DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
             | DriverError::Pass(kiln_passes::PassError::UnknownLevel(_)) => exit::USAGE,
+            DriverError::Pass(kiln_passes::PassError::Plan(_)) => exit::USAGE,
             DriverError::Pass(_) => exit::INTERNAL,
             DriverError::Cpu(_) | DriverError::ArenaTooLarge { .. } => exit::UNSUPPORTED,
             DriverError::Cuda(kiln_target_cuda::CudaError::UnsupportedSm(_)) => exit::USAGE,
@@ -585,6 +595,19 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     }
     opts.calibrate_random = a.calibrate_random;
     opts.calibrate = a.calibrate.clone();
+    if let Some(path) = &a.plan {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))?;
+        let plan = kiln_passes::PrecisionPlan::parse(&text)
+            .map_err(|e| Failure::new(exit::USAGE, format!("--plan {}: {e}", path.display())))?;
+        opts.precision.plan = Some(plan);
+    }
+    if a.emit_plan.is_some() && opts.precision.is_identity() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--emit-plan needs a reduced --precision (or --force / --plan)",
+        ));
+    }
     if let Some(e) = a.max_rel_error {
         if !(e.is_finite() && e >= 0.0) {
             return Err(Failure::new(
@@ -666,6 +689,9 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     if let (Some(path), Some(p)) = (&a.report, &precision_json) {
         let text = serde_json::to_string_pretty(p).expect("JSON values serialize");
         write_file(path, text.as_bytes())?;
+    }
+    if let (Some(path), Some(p)) = (&a.emit_plan, &out.precision) {
+        write_file(path, p.plan.to_json().as_bytes())?;
     }
     let meta = &out.artifact.metadata;
     if a.json {

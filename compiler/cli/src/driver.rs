@@ -4,7 +4,7 @@ use kiln_ir::Graph;
 use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{
     AccuracyReport, AssignPrecision, Decision, PassError, PassManager, PassRecord, PipelineOptions,
-    PipelineReport, Policy, Precision,
+    PipelineReport, Policy, Precision, PrecisionPlan,
 };
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
@@ -146,6 +146,18 @@ impl CompileOptions {
             for (prec, pats) in &p.force {
                 let _ = write!(s, " force={prec}={}", list(pats));
             }
+            if let Some(plan) = &p.plan {
+                let digest = Sha256::digest(plan.to_json().as_bytes());
+                let _ = write!(
+                    s,
+                    " plan={}nodes:sha256:{}",
+                    plan.entries.len(),
+                    digest[..8]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                );
+            }
             if let Some(e) = self.max_rel_error {
                 let _ = write!(s, " max_rel_error={e}");
             }
@@ -235,6 +247,8 @@ pub struct PrecisionOutcome {
     pub decisions: Vec<Decision>,
     /// Errors against the f32 graph (`None` with `--calibrate-random 0`).
     pub report: Option<AccuracyReport>,
+    /// The decisions as a plan file (`--emit-plan`).
+    pub plan: PrecisionPlan,
 }
 
 /// An imported and optimized graph, before code generation.
@@ -404,7 +418,20 @@ pub fn assign_precision(
         time,
         nodes_after: graph.node_count(),
     };
-    Ok((record, PrecisionOutcome { decisions, report }))
+    let plan = PrecisionPlan::from_decisions(&reference, &decisions, report.as_ref()).map_err(
+        |source| PassError::Failed {
+            pass: "assign-precision",
+            source,
+        },
+    )?;
+    Ok((
+        record,
+        PrecisionOutcome {
+            decisions,
+            report,
+            plan,
+        },
+    ))
 }
 
 /// `assign-precision` with the error-driven fallback: without
