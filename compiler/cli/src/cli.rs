@@ -179,7 +179,8 @@ struct CompileArgs {
     /// is an error naming the node.
     #[arg(long, value_name = "FILE")]
     plan: Option<PathBuf>,
-    /// Write the per-layer precision report (JSON) here.
+    /// Write the per-layer precision report here: JSON, or a self-contained
+    /// HTML page with an error plot when FILE ends in .html.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
     /// Print a machine-readable summary.
@@ -686,8 +687,12 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         }
     }
     let precision_json = out.precision.as_ref().map(precision_json);
-    if let (Some(path), Some(p)) = (&a.report, &precision_json) {
-        let text = serde_json::to_string_pretty(p).expect("JSON values serialize");
+    if let (Some(path), Some(p), Some(outcome)) = (&a.report, &precision_json, &out.precision) {
+        let text = if path.extension().is_some_and(|e| e == "html" || e == "htm") {
+            kiln::report_html::precision_html(&a.model.display().to_string(), outcome)
+        } else {
+            serde_json::to_string_pretty(p).expect("JSON values serialize")
+        };
         write_file(path, text.as_bytes())?;
     }
     if let (Some(path), Some(p)) = (&a.emit_plan, &out.precision) {

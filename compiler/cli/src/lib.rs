@@ -19,4 +19,5 @@
 pub mod compare;
 pub mod driver;
 pub mod npy;
+pub mod report_html;
 pub mod signing;

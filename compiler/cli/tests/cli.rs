@@ -587,3 +587,44 @@ fn bind_input_fixes_a_shape_input_at_compile_time() {
         &["'s'", "i64", "f32"],
     );
 }
+
+#[test]
+fn precision_report_is_json_or_a_self_contained_html_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("m.kiln");
+    let html = dir.path().join("report.html");
+    let json_path = dir.path().join("report.json");
+    for report in [&html, &json_path] {
+        let o = kiln(&[
+            "compile",
+            MLP,
+            "--input-shape",
+            "input=8x64",
+            "--precision",
+            "mixed",
+            "--report",
+            report.to_str().unwrap(),
+            "-o",
+            art.to_str().unwrap(),
+        ]);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.trim_end().ends_with("</html>"));
+    // One plotted point per dense layer, coloured by precision, and the
+    // layer table in network order with mixed's reasons.
+    assert_eq!(page.matches("<circle").count(), 3, "{page}");
+    for needle in [
+        "<svg",
+        "fc0 (fp32)",
+        "fc1 (bf16)",
+        "fc2 (fp32)",
+        "first/last dense layer",
+    ] {
+        assert!(page.contains(needle), "'{needle}' missing");
+    }
+    assert!(!page.contains("<script"), "the page must not need scripts");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(v["decisions"].as_array().map(Vec::len), Some(3));
+}
