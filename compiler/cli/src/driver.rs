@@ -3,8 +3,8 @@
 use kiln_ir::Graph;
 use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{
-    AccuracyReport, AssignPrecision, Decision, PassError, PassManager, PassRecord, PipelineOptions,
-    PipelineReport, Policy, Precision, PrecisionPlan,
+    AccuracyReport, AssignPrecision, Decision, LayerError, PassError, PassManager, PassRecord,
+    PipelineOptions, PipelineReport, Policy, Precision, PrecisionPlan,
 };
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
@@ -453,14 +453,18 @@ fn assign_with_fallback(
         let raise = match (opts.max_rel_error, &outcome.report) {
             (Some(bound), Some(report)) => {
                 let worst = report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max);
-                let layer = report.layers.iter().find(|l| {
-                    l.precision != Precision::Fp32 && !policy.fallback.contains_key(&l.node)
-                });
+                let introduced = introduced_errors(graph, report);
+                let layer = introduced
+                    .iter()
+                    .filter(|(l, _)| {
+                        l.precision != Precision::Fp32 && !policy.fallback.contains_key(&l.node)
+                    })
+                    .max_by(|a, b| a.1.total_cmp(&b.1));
                 match layer {
-                    Some(l) if worst > bound => Some((
+                    Some((l, added)) if worst > bound => Some((
                         l.node.clone(),
                         format!(
-                            "layer error {:.3e} was the largest while the output error was {worst:.3e} > {bound:e}",
+                            "it added the most error ({added:.3e}; {:.3e} at its output) while the graph output error was {worst:.3e} > {bound:e}",
                             l.rel_l2
                         ),
                     )),
@@ -479,6 +483,51 @@ fn assign_with_fallback(
             }
         }
     }
+}
+
+/// Each measured layer with the error it adds: its relative L2 error
+/// minus the largest error among the nearest dense layers it reads from
+/// (errors accumulate along the network, so the layer nearest the output
+/// would otherwise always look worst).
+fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r LayerError, f64)> {
+    let dense = |id: kiln_ir::NodeId| {
+        matches!(
+            graph.node(id).op,
+            kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. } | kiln_ir::Op::Conv(_)
+        )
+    };
+    let by_name: std::collections::HashMap<&str, kiln_ir::NodeId> = graph
+        .node_ids()
+        .filter(|&id| dense(id))
+        .map(|id| (graph.node(id).name.as_str(), id))
+        .collect();
+    let error_of: std::collections::HashMap<kiln_ir::NodeId, f64> = report
+        .layers
+        .iter()
+        .filter_map(|l| Some((*by_name.get(l.node.as_str())?, l.rel_l2)))
+        .collect();
+    report
+        .layers
+        .iter()
+        .map(|l| {
+            let Some(&start) = by_name.get(l.node.as_str()) else {
+                return (l, l.rel_l2);
+            };
+            let mut upstream = 0.0f64;
+            let mut seen = std::collections::HashSet::new();
+            let mut stack = graph.inputs_of(start);
+            while let Some(id) = stack.pop() {
+                if !seen.insert(id) {
+                    continue;
+                }
+                match error_of.get(&id) {
+                    Some(&e) => upstream = upstream.max(e),
+                    None => stack.extend(graph.inputs_of(id)),
+                }
+            }
+            (l, l.rel_l2 - upstream)
+        })
+        .collect()
 }
 
 /// Imports the model at `path` and runs the pass pipeline on it.
