@@ -147,3 +147,23 @@ fn pointwise_conv_split_by_output_channels() {
     g.add_output("y", y);
     check_split(&g, 15);
 }
+
+#[test]
+fn depthwise_conv_split_by_groups() {
+    // 96 channels, depth multiplier 2, W stride 2: the groups are shared
+    // out over the tasks with their weights, biases and output channels.
+    let mut rng = Rng::new(6);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [2, 96, 96, 130]));
+    let w = constant(&mut g, &mut rng, "w", &[192, 1, 3, 3]);
+    let b = constant(&mut g, &mut rng, "b", &[192]);
+    let conv = Conv2d {
+        strides: [1, 2],
+        pads: [1, 1, 1, 1],
+        dilations: [1, 1],
+        group: 96,
+    };
+    let y = g.add_node(Op::Conv(conv), &[x, w, b], "dw").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 16);
+}

@@ -105,8 +105,18 @@ fn lower_with(
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
         Op::Conv(c) if c.group > 1 => {
-            let code = depthwise_conv(cx, c)?.assemble().ok()?;
-            return Some((vec![code], whole(fused)));
+            let spec = depthwise_conv(cx, c)?;
+            // A fused program continues over the whole output: one task.
+            let tail = whole(fused);
+            let tasks = if tail.is_some() { 1 } else { tasks };
+            let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
+            let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+            let codes = spec
+                .split(tasks)
+                .iter()
+                .map(|part| part.assemble().ok())
+                .collect::<Option<Vec<_>>>()?;
+            return Some((codes, tail));
         }
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,

@@ -91,6 +91,41 @@ pub(crate) struct DepthwiseSpec {
 }
 
 impl DepthwiseSpec {
+    /// The kernel as up to `tasks` independent kernels over contiguous
+    /// ranges of groups (each group reads its own input channel and writes
+    /// its own output channels).
+    pub(crate) fn split(&self, tasks: usize) -> Vec<DepthwiseSpec> {
+        let tasks = tasks.clamp(1, self.groups.max(1));
+        let moved = |loc: Loc, bytes: usize| Loc {
+            offset: loc.offset + bytes as u64,
+            ..loc
+        };
+        (0..tasks)
+            .map(|t| {
+                let first = self.groups * t / tasks;
+                let end = self.groups * (t + 1) / tasks;
+                let channels = first * self.per_group;
+                DepthwiseSpec {
+                    groups: end - first,
+                    rows: self.rows.clone(),
+                    weights: moved(self.weights, channels * self.kh * self.kw * 4),
+                    bias: self.bias.map(|b| moved(b, channels * 4)),
+                    images: self
+                        .images
+                        .iter()
+                        .map(|&(x, out)| {
+                            (
+                                moved(x, first * self.h * self.w * 4),
+                                moved(out, channels * self.oh * self.ow * 4),
+                            )
+                        })
+                        .collect(),
+                    ..*self
+                }
+            })
+            .collect()
+    }
+
     /// Assembles the kernel.
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         if !(1..=2).contains(&self.stride_w) {
