@@ -12,6 +12,9 @@
 //!   from a row offset, packed panels from a panel offset), all of B, its
 //!   rows of C, and writes its rows of the output.
 //!
+//! (Depthwise convolutions split by channel groups, softmax by rows: see
+//! `DepthwiseSpec::split` and `SoftmaxSpec::split`.)
+//!
 //! A kernel that builds its B with im2col is split by calls only (every
 //! row task would rebuild the same B). Each task gets scratch of its own
 //! (the caller reserves it per task), so concurrent tasks never share a
