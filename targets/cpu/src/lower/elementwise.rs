@@ -649,18 +649,34 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
     Ok(())
 }
 
-/// f32 ↔ bf16 with integer arithmetic (bf16 is the high half of an f32):
-/// to bf16 rounds to nearest even and keeps NaNs quiet NaNs, as
-/// `half::bf16::from_f32` and the reference evaluator do; to f32 is exact.
-/// The 16-bit side is moved as `i16` bits.
-fn cast_bf16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
+/// Maps a cast between f32 and the 16-bit float `half` over the node's
+/// elements, the 16-bit side moved as `i16` bits: `convert` gets the
+/// loaded value (an f32, or the bits as `i16`) and little-endian flags for
+/// bitcasts, and returns the value to store.
+fn map_half_cast(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    to: DType,
+    half: DType,
+    convert: &dyn Fn(&mut Kb, &[Value], MemFlagsData) -> Value,
+) {
     let mut input = out_and_input(kb, cx, 0);
-    let bits = |d: DType| if d == DType::BF16 { DType::I16 } else { d };
+    let bits = |d: DType| if d == half { DType::I16 } else { d };
     input.dtype = bits(input.dtype);
     let out = (kb.ptr(cx.out), bits(to));
     let shape = cx.node.ty.shape.clone();
     let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
     map(kb, &shape, out, &[input], None, &move |kb, v| {
+        convert(kb, v, flags)
+    });
+}
+
+/// f32 ↔ bf16 with integer arithmetic (bf16 is the high half of an f32):
+/// to bf16 rounds to nearest even and keeps NaNs quiet NaNs, as
+/// `half::bf16::from_f32` and the reference evaluator do; to f32 is exact.
+/// The 16-bit side is moved as `i16` bits.
+fn cast_bf16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
+    map_half_cast(kb, cx, to, DType::BF16, &move |kb, v, flags| {
         if to == DType::F32 {
             let w = kb.b.ins().uextend(I32, v[0]);
             let w = kb.b.ins().ishl_imm_u(w, 16);
@@ -687,13 +703,7 @@ fn cast_bf16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
 /// `half::f16::from_f32` does; to f32 is exact, subnormals included.
 /// The 16-bit side is moved as `i16` bits.
 fn cast_f16(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> {
-    let mut input = out_and_input(kb, cx, 0);
-    let bits = |d: DType| if d == DType::F16 { DType::I16 } else { d };
-    input.dtype = bits(input.dtype);
-    let out = (kb.ptr(cx.out), bits(to));
-    let shape = cx.node.ty.shape.clone();
-    let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-    map(kb, &shape, out, &[input], None, &move |kb, v| {
+    map_half_cast(kb, cx, to, DType::F16, &move |kb, v, flags| {
         if to == DType::F32 {
             let h = kb.b.ins().uextend(I32, v[0]);
             let sign = kb.b.ins().band_imm_u(h, 0x8000);
