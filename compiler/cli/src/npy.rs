@@ -55,6 +55,9 @@ fn dtype_of(path: &str, descr: &npyz::DType) -> Result<DType, NpyError> {
         (TypeChar::Int, 2) => DType::I16,
         (TypeChar::Int, 4) => DType::I32,
         (TypeChar::Int, 8) => DType::I64,
+        (TypeChar::Uint, 2) => DType::U16,
+        (TypeChar::Uint, 4) => DType::U32,
+        (TypeChar::Uint, 8) => DType::U64,
         (TypeChar::Bool, 1) => DType::Bool,
         _ => return Err(unsupported()),
     })
@@ -96,6 +99,9 @@ fn tensor_from_npy<R: Read>(
         DType::I16 => read_as!(i16),
         DType::I32 => read_as!(i32),
         DType::I64 => read_as!(i64),
+        DType::U16 => read_as!(u16),
+        DType::U32 => read_as!(u32),
+        DType::U64 => read_as!(u64),
         DType::Bool => read_as!(bool),
         _ => unreachable!("dtype_of returns only the types above"),
     })
@@ -198,6 +204,9 @@ pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
         DType::I16 => write_as!(i16, tensor.to_vec::<i16>()),
         DType::I32 => write_as!(i32, tensor.to_vec::<i32>()),
         DType::I64 => write_as!(i64, tensor.to_vec::<i64>()),
+        DType::U16 => write_as!(u16, tensor.to_vec::<u16>()),
+        DType::U32 => write_as!(u32, tensor.to_vec::<u32>()),
+        DType::U64 => write_as!(u64, tensor.to_vec::<u64>()),
         DType::Bool => write_as!(bool, tensor.to_vec::<bool>()),
         other => {
             return Err(NpyError::UnsupportedType {

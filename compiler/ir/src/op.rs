@@ -437,6 +437,23 @@ impl BinaryOp {
             }
         })
     }
+
+    /// Scalar unsigned integer semantics, on values zero-extended to u64
+    /// (wrapping; a division or remainder by zero is `None`; `Mod` and
+    /// `Fmod` agree, and `PRelu` is the identity, nothing being negative).
+    pub fn apply_u64(&self, a: u64, b: u64) -> Option<u64> {
+        Some(match self {
+            BinaryOp::Add => a.wrapping_add(b),
+            BinaryOp::Sub => a.wrapping_sub(b),
+            BinaryOp::Mul => a.wrapping_mul(b),
+            BinaryOp::Div => a.checked_div(b)?,
+            BinaryOp::Pow => a.wrapping_pow(u32::try_from(b).ok()?),
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+            BinaryOp::Fmod | BinaryOp::Mod => a.checked_rem(b)?,
+            BinaryOp::PRelu => a,
+        })
+    }
 }
 
 /// Elementwise comparisons with broadcasting; the output is `bool`.

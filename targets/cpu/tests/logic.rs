@@ -66,6 +66,33 @@ fn comparisons_all_types_and_broadcasts() {
     check_rand(&g, 3, 0.0);
 }
 
+/// Unsigned comparisons see values near the type's maximum (the bits of
+/// small negative numbers) as large, not negative.
+#[test]
+fn unsigned_comparisons_near_the_maximum() {
+    for (k, op) in COMPARE.into_iter().enumerate() {
+        for dtype in [DType::U8, DType::U16, DType::U32, DType::U64] {
+            for (a, b) in [(&[9][..], &[9][..]), (&[3, 5], &[5]), (&[], &[6])] {
+                let g = binary_graph(Op::Compare(op), dtype, a, b);
+                let mut rng = Rng::new(k as u64);
+                let mut t = |shape: &[usize]| {
+                    let n: usize = shape.iter().product();
+                    let v = Data::from_i64s(dtype, (0..n).map(|_| rng.int(-2, 2)));
+                    Tensor::new(shape, v).unwrap()
+                };
+                let inputs = [t(a), t(b)];
+                check(&g, &inputs);
+            }
+        }
+    }
+    // Checked by hand too: u64::MAX > 1, u32::MAX > 1.
+    let g = binary_graph(Op::Compare(CompareOp::Greater), DType::U64, &[2], &[2]);
+    let a = Tensor::new([2], Data::U64(vec![u64::MAX, 1 << 63])).unwrap();
+    let b = Tensor::new([2], Data::U64(vec![1, 1])).unwrap();
+    let out = common::compile_run(&g, &[a, b]).unwrap();
+    assert_eq!(out[0].data(), &Data::Bool(vec![true, true]));
+}
+
 #[test]
 fn logical_ops_and_not() {
     for (k, op) in [LogicalOp::And, LogicalOp::Or, LogicalOp::Xor]

@@ -29,6 +29,11 @@ pub(super) fn compare(
             .zip(&ib)
             .map(|(&i, &j)| op.apply(da.get_f64(i), db.get_f64(j)))
             .collect()
+    } else if a.dtype().is_unsigned() {
+        ia.iter()
+            .zip(&ib)
+            .map(|(&i, &j)| op.apply(da.get_u64(i), db.get_u64(j)))
+            .collect()
     } else {
         ia.iter()
             .zip(&ib)
@@ -90,6 +95,9 @@ pub(super) fn where_(
         Data::I32(v) => super::gather_elems(&v, &idx),
         Data::I64(v) => super::gather_elems(&v, &idx),
         Data::Bool(v) => super::gather_elems(&v, &idx),
+        Data::U16(v) => super::gather_elems(&v, &idx),
+        Data::U32(v) => super::gather_elems(&v, &idx),
+        Data::U64(v) => super::gather_elems(&v, &idx),
     })
 }
 
@@ -127,6 +135,10 @@ mod tests {
         let j = i64s(&[], &[5]);
         let y = eval(&Op::Compare(CompareOp::Less), &[&i, &j]).unwrap();
         assert_eq!(y.data(), &Data::Bool(vec![true, false, false]));
+        let u = Tensor::new([2], Data::U64(vec![u64::MAX, 3])).unwrap();
+        let v = Tensor::new([], Data::U64(vec![5])).unwrap();
+        let y = eval(&Op::Compare(CompareOp::Greater), &[&u, &v]).unwrap();
+        assert_eq!(y.data(), &Data::Bool(vec![true, false]));
     }
 
     #[test]

@@ -388,6 +388,7 @@ macro_rules! impl_elem {
 impl_elem!(
     f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8,
     u8 => U8, i16 => I16, i32 => I32, i64 => I64, bool => Bool,
+    u16 => U16, u32 => U32, u64 => U64,
 );
 
 /// Copies `v[idx[i]]` for every `i`.

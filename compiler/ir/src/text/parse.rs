@@ -577,6 +577,9 @@ fn parse_elements(dtype: DType, elements: &[(String, usize)]) -> Result<Data, Ir
         DType::I16 => Data::I16(each(elements, dtype, |s| s.parse().ok())?),
         DType::I32 => Data::I32(each(elements, dtype, |s| s.parse().ok())?),
         DType::I64 => Data::I64(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U16 => Data::U16(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U32 => Data::U32(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U64 => Data::U64(each(elements, dtype, |s| s.parse().ok())?),
         DType::Bool => Data::Bool(each(elements, dtype, |s| match s {
             "true" | "1" => Some(true),
             "false" | "0" => Some(false),

@@ -330,6 +330,9 @@ fn constants_graph() -> Graph {
         Tensor::new([], Data::F32(vec![2.5])),
         Tensor::new([0], Data::F32(vec![])),
         Tensor::new([17], Data::I32((0..17).collect())),
+        Tensor::new([2], Data::U16(vec![0, u16::MAX])),
+        Tensor::new([2], Data::U32(vec![1, u32::MAX])),
+        Tensor::new([3], Data::U64(vec![0, 1 << 63, u64::MAX])),
     ];
     let names = [
         "f32 specials",
@@ -346,6 +349,9 @@ fn constants_graph() -> Graph {
         "scalar",
         "empty",
         "seventeen",
+        "u16",
+        "u32",
+        "u64",
     ];
     for (i, (t, name)) in consts.into_iter().zip(names).enumerate() {
         let id = g.add_const(name, t.unwrap());
@@ -413,6 +419,10 @@ fn round_trip_constants() {
     assert!(text.contains("nan:0x7e01"), "{text}");
     assert!(text.contains("nan:0x7ff8000000000001"), "{text}");
     assert!(text.contains("= const dense<[]>"), "{text}");
+    assert!(
+        text.contains("u64[3] = const dense<[0, 9223372036854775808, 18446744073709551615]>"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -30,6 +30,17 @@ pub(crate) fn compare(kb: &mut Kb, cx: &NodeCx, op: CompareOp) -> Result<(), Cpu
                 CompareOp::GreaterOrEqual => FloatCC::GreaterThanOrEqual,
             };
             kb.b.ins().fcmp(cc, v[0], v[1])
+        } else if d.is_unsigned() {
+            let cc = match op {
+                CompareOp::Equal => IntCC::Equal,
+                CompareOp::Less => IntCC::UnsignedLessThan,
+                CompareOp::Greater => IntCC::UnsignedGreaterThan,
+                CompareOp::LessOrEqual => IntCC::UnsignedLessThanOrEqual,
+                CompareOp::GreaterOrEqual => IntCC::UnsignedGreaterThanOrEqual,
+            };
+            let x = widen(kb, v[0], d);
+            let y = widen(kb, v[1], d);
+            kb.b.ins().icmp(cc, x, y)
         } else {
             let cc = match op {
                 CompareOp::Equal => IntCC::Equal,

@@ -212,9 +212,9 @@ pub(crate) fn scalar_type(d: DType) -> Option<Type> {
         DType::F32 => F32,
         DType::F64 => F64,
         DType::I8 | DType::U8 | DType::Bool => I8,
-        DType::I16 => I16,
-        DType::I32 => I32,
-        DType::I64 => I64,
+        DType::I16 | DType::U16 => I16,
+        DType::I32 | DType::U32 => I32,
+        DType::I64 | DType::U64 => I64,
         DType::F16 | DType::BF16 => return None,
     })
 }

@@ -82,11 +82,19 @@ pub(crate) fn unary(cx: &Cx, op: UnaryOp) -> Result<Kernel, CudaError> {
     if t == Ty::F64 && transcendental(op) {
         return Err(cx.dtype_err(DType::F64));
     }
+    let unsigned = cx.inputs[0].1.dtype.is_unsigned();
     map(
         cx,
         Box::new(move |kb, v| {
             if t.is_float() {
                 unary_float(kb, op, v[0])
+            } else if let (true, UnaryOp::Clip { min, max }) = (unsigned, op) {
+                // u8..u32, zero-extended: bounds rounded inward and
+                // saturated at 0, as the reference evaluator does.
+                let lo = (min as f64).ceil().max(0.0) as i64;
+                let hi = (max as f64).floor().max(0.0) as i64;
+                let y = kb.bin(Bin::Max, v[0], Opnd::I(lo));
+                kb.bin(Bin::Min, y, Opnd::I(hi))
             } else {
                 unary_int(kb, op, v[0])
             }
@@ -414,6 +422,8 @@ fn int_range(d: DType) -> (i64, i64) {
         DType::U8 => (0, u8::MAX as i64),
         DType::I16 => (i16::MIN as i64, i16::MAX as i64),
         DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::U16 => (0, u16::MAX as i64),
+        DType::U32 => (0, u32::MAX as i64),
         _ => (i64::MIN, i64::MAX),
     }
 }
