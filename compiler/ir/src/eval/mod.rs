@@ -138,6 +138,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Compare(c) => logic::compare(*c, inputs[0], inputs[1], &out)?,
         Op::Logical(l) => logic::logical(*l, inputs[0], inputs[1], &out)?,
         Op::Not => logic::not(inputs[0])?,
+        Op::Bitwise(op) => logic::bitwise(*op, inputs[0], inputs[1], &out)?,
+        Op::BitwiseNot => logic::bitwise_not(inputs[0])?,
         Op::Where => logic::where_(inputs[0], inputs[1], inputs[2], &out)?,
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, inputs[0], &out)?,
         Op::Expand { .. } => layout::expand(inputs[0], &out),

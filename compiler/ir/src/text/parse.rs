@@ -7,8 +7,8 @@ use crate::op::{
     Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
 };
 use crate::{
-    BinaryOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op, ReduceOp, Shape,
-    Tensor, UnaryOp, ValueType,
+    BinaryOp, BitwiseOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op,
+    ReduceOp, Shape, Tensor, UnaryOp, ValueType,
 };
 use half::{bf16, f16};
 use smallvec::SmallVec;
@@ -927,6 +927,12 @@ const OPS: &[(&str, &[&str])] = &[
     ("or", &[]),
     ("xor", &[]),
     ("not", &[]),
+    ("bitwise_and", &[]),
+    ("bitwise_or", &[]),
+    ("bitwise_xor", &[]),
+    ("shift_left", &[]),
+    ("shift_right", &[]),
+    ("bitwise_not", &[]),
     ("where", &[]),
     ("reduce_sum", &["axes", "keep_dims"]),
     ("reduce_mean", &["axes", "keep_dims"]),
@@ -1233,6 +1239,12 @@ fn build_op(
         "or" => Op::Logical(LogicalOp::Or),
         "xor" => Op::Logical(LogicalOp::Xor),
         "not" => Op::Not,
+        "bitwise_and" => Op::Bitwise(BitwiseOp::And),
+        "bitwise_or" => Op::Bitwise(BitwiseOp::Or),
+        "bitwise_xor" => Op::Bitwise(BitwiseOp::Xor),
+        "shift_left" => Op::Bitwise(BitwiseOp::ShiftLeft),
+        "shift_right" => Op::Bitwise(BitwiseOp::ShiftRight),
+        "bitwise_not" => Op::BitwiseNot,
         "where" => Op::Where,
         r if r.starts_with("reduce_") && ReduceOp::ALL.iter().any(|o| o.name() == r) => {
             Op::Reduce {

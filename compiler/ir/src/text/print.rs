@@ -84,6 +84,8 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
         | Op::Compare(_)
         | Op::Logical(_)
         | Op::Not
+        | Op::Bitwise(_)
+        | Op::BitwiseNot
         | Op::Where
         | Op::MatMul
         | Op::GlobalAveragePool

@@ -428,6 +428,8 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Compare(op) => logic::compare(kb, &cx, *op),
         Op::Logical(op) => logic::logical(kb, &cx, *op),
         Op::Not => logic::not(kb, &cx),
+        Op::Bitwise(op) => logic::bitwise(kb, &cx, *op),
+        Op::BitwiseNot => logic::bitwise_not(kb, &cx),
         Op::Where => logic::where_(kb, &cx),
         Op::Reduce { op, axes, .. } => reduce::reduce(kb, &cx, *op, axes),
         Op::Expand { .. } => elementwise::expand(kb, &cx),

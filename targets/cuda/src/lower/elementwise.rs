@@ -8,7 +8,9 @@
 //! compute type ([`cty`](super::cty)): integers as s64 with the reference
 //! evaluator's wrapping semantics, bools as 0/1.
 
-use kiln_ir::{BinaryOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp};
+use kiln_ir::{
+    BinaryOp, BitwiseOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp,
+};
 
 use super::math;
 use super::{
@@ -492,6 +494,51 @@ pub(crate) fn logical(cx: &Cx, op: LogicalOp) -> Result<Kernel, CudaError> {
         LogicalOp::Xor => Bin::Xor,
     };
     map(cx, Box::new(move |kb, v| kb.bin(bin, v[0], v[1])))
+}
+
+/// Bitwise ops on integers held in s64 (sign- or zero-extended; stores
+/// truncate; u64 has no lowering). Shifts: a negative amount becomes 64,
+/// amounts are capped at 64 and moved to a u32 register, and PTX clamps
+/// shifts to the register width, so an amount of the bit width or more
+/// leaves only bits the store drops (left, and right of a non-negative
+/// value: 0) or the sign fill (`shr.s64` of a negative value: -1), as
+/// numpy gives.
+pub(crate) fn bitwise(cx: &Cx, op: BitwiseOp) -> Result<Kernel, CudaError> {
+    let d = cx.inputs[0].1.dtype;
+    cx.input_cty(0, true)?;
+    if !d.is_int() {
+        return Err(cx.dtype_err(d));
+    }
+    map(
+        cx,
+        Box::new(move |kb, v| match op {
+            BitwiseOp::And => kb.bin(Bin::And, v[0], v[1]),
+            BitwiseOp::Or => kb.bin(Bin::Or, v[0], v[1]),
+            BitwiseOp::Xor => kb.bin(Bin::Xor, v[0], v[1]),
+            BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight => {
+                let neg = kb.setp(Cmp::Lt, v[1], Opnd::I(0));
+                let n = kb.selp(Ty::S64, neg, Opnd::I(64), v[1]);
+                let n = kb.bin(Bin::Min, n, Opnd::I(64));
+                let n = kb.cvt(Ty::U32, "", n);
+                let bin = if op == BitwiseOp::ShiftLeft {
+                    Bin::Shl
+                } else {
+                    Bin::Shr
+                };
+                kb.bin(bin, v[0], n)
+            }
+        }),
+    )
+}
+
+/// Bitwise complement of integers (`xor` with all ones; stores truncate).
+pub(crate) fn bitwise_not(cx: &Cx) -> Result<Kernel, CudaError> {
+    let d = cx.inputs[0].1.dtype;
+    cx.input_cty(0, true)?;
+    if !d.is_int() {
+        return Err(cx.dtype_err(d));
+    }
+    map(cx, Box::new(|kb, v| kb.bin(Bin::Xor, v[0], Opnd::I(-1))))
 }
 
 pub(crate) fn not(cx: &Cx) -> Result<Kernel, CudaError> {

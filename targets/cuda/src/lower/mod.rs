@@ -362,6 +362,8 @@ pub(crate) fn lower_job<'g>(
         Op::Compare(c) => elementwise::compare(&cx, *c)?,
         Op::Logical(l) => elementwise::logical(&cx, *l)?,
         Op::Not => elementwise::not(&cx)?,
+        Op::Bitwise(op) => elementwise::bitwise(&cx, *op)?,
+        Op::BitwiseNot => elementwise::bitwise_not(&cx)?,
         Op::Where => elementwise::where_(&cx)?,
         Op::MatMul => linalg::matmul(&cx)?,
         Op::Gemm {
