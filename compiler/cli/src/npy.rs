@@ -217,3 +217,29 @@ pub fn write_tensor(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsigned_arrays_round_trip_with_their_numpy_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = [
+            Tensor::from_slice("a", &[2], &[0u16, u16::MAX]),
+            Tensor::from_slice("b", &[3], &[1u32, 7, u32::MAX]),
+            Tensor::from_slice("c", &[1, 2], &[1u64 << 63, u64::MAX]),
+        ];
+        for (t, descr) in tensors.iter().zip(["<u2", "<u4", "<u8"]) {
+            let path = dir.path().join(format!("{}.npy", t.name));
+            write_tensor(&path, t).unwrap();
+            let header = std::fs::read(&path).unwrap();
+            assert!(
+                String::from_utf8_lossy(&header[..64]).contains(descr),
+                "{descr}"
+            );
+            let back = read_tensor(&t.name, &path).unwrap();
+            assert_eq!(&back, t);
+        }
+    }
+}
