@@ -32,7 +32,10 @@ macro_rules! element {
     )*};
 }
 
-element!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, i32 => I32, i64 => I64);
+element!(
+    f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, i32 => I32, i64 => I64,
+    u16 => U16, u32 => U32, u64 => U64
+);
 
 impl sealed::Sealed for bool {
     fn write_le(self, out: &mut Vec<u8>) {

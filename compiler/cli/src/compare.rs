@@ -35,6 +35,9 @@ fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
         I16 => t.to_vec::<i16>()?.into_iter().map(f64::from).collect(),
         I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
         I64 => t.to_vec::<i64>()?.into_iter().map(|x| x as f64).collect(),
+        U16 => t.to_vec::<u16>()?.into_iter().map(f64::from).collect(),
+        U32 => t.to_vec::<u32>()?.into_iter().map(f64::from).collect(),
+        U64 => t.to_vec::<u64>()?.into_iter().map(|x| x as f64).collect(),
         F16 | BF16 => t
             .data
             .chunks_exact(2)

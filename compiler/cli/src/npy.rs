@@ -55,6 +55,9 @@ fn dtype_of(path: &str, descr: &npyz::DType) -> Result<DType, NpyError> {
         (TypeChar::Int, 2) => DType::I16,
         (TypeChar::Int, 4) => DType::I32,
         (TypeChar::Int, 8) => DType::I64,
+        (TypeChar::Uint, 2) => DType::U16,
+        (TypeChar::Uint, 4) => DType::U32,
+        (TypeChar::Uint, 8) => DType::U64,
         (TypeChar::Bool, 1) => DType::Bool,
         _ => return Err(unsupported()),
     })
@@ -96,6 +99,9 @@ fn tensor_from_npy<R: Read>(
         DType::I16 => read_as!(i16),
         DType::I32 => read_as!(i32),
         DType::I64 => read_as!(i64),
+        DType::U16 => read_as!(u16),
+        DType::U32 => read_as!(u32),
+        DType::U64 => read_as!(u64),
         DType::Bool => read_as!(bool),
         _ => unreachable!("dtype_of returns only the types above"),
     })
@@ -186,6 +192,9 @@ macro_rules! with_values {
             DType::I16 => $write!(i16, t.to_vec::<i16>().ok_or_else(bad)?),
             DType::I32 => $write!(i32, t.to_vec::<i32>().ok_or_else(bad)?),
             DType::I64 => $write!(i64, t.to_vec::<i64>().ok_or_else(bad)?),
+            DType::U16 => $write!(u16, t.to_vec::<u16>().ok_or_else(bad)?),
+            DType::U32 => $write!(u32, t.to_vec::<u32>().ok_or_else(bad)?),
+            DType::U64 => $write!(u64, t.to_vec::<u64>().ok_or_else(bad)?),
             DType::Bool => $write!(bool, t.to_vec::<bool>().ok_or_else(bad)?),
             other => {
                 return Err(NpyError::UnsupportedType {
@@ -253,4 +262,30 @@ pub fn write_npz(path: &Path, tensors: &[Tensor]) -> Result<(), NpyError> {
         .finish()
         .map_err(|e| io(std::io::Error::other(e)))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsigned_arrays_round_trip_with_their_numpy_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = [
+            Tensor::from_slice("a", &[2], &[0u16, u16::MAX]),
+            Tensor::from_slice("b", &[3], &[1u32, 7, u32::MAX]),
+            Tensor::from_slice("c", &[1, 2], &[1u64 << 63, u64::MAX]),
+        ];
+        for (t, descr) in tensors.iter().zip(["<u2", "<u4", "<u8"]) {
+            let path = dir.path().join(format!("{}.npy", t.name));
+            write_tensor(&path, t).unwrap();
+            let header = std::fs::read(&path).unwrap();
+            assert!(
+                String::from_utf8_lossy(&header[..64]).contains(descr),
+                "{descr}"
+            );
+            let back = read_tensor(&t.name, &path).unwrap();
+            assert_eq!(&back, t);
+        }
+    }
 }

@@ -29,11 +29,17 @@ pub enum DType {
     I64,
     /// Boolean, one byte per element (0 or 1).
     Bool,
+    /// Unsigned 16-bit integer.
+    U16,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Unsigned 64-bit integer.
+    U64,
 }
 
 impl DType {
     /// Every type, in a fixed order (used by the text parser and tests).
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -44,15 +50,18 @@ impl DType {
         DType::I32,
         DType::I64,
         DType::Bool,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
 
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 | DType::I16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -65,8 +74,20 @@ impl DType {
     pub fn is_int(self) -> bool {
         matches!(
             self,
-            DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
+            DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::I32
+                | DType::I64
+                | DType::U16
+                | DType::U32
+                | DType::U64
         )
+    }
+
+    /// Whether the type is an unsigned integer type (`u8` to `u64`).
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 
     /// The short name used in the text format (`f32`, `i64`, ...).
@@ -82,6 +103,9 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
         }
     }
 

@@ -306,6 +306,27 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             bool_only(name, b)?;
             Ok(ValueType::new(DType::Bool, broadcast2(name, a, b)?))
         }
+        Op::Bitwise(_) => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_dtype(name, a, b)?;
+            if !a.dtype.is_int() {
+                return Err(IrError::ty(
+                    name,
+                    format!("needs integer inputs, got {}", a.dtype),
+                ));
+            }
+            Ok(ValueType::new(a.dtype, broadcast2(name, a, b)?))
+        }
+        Op::BitwiseNot => {
+            let x = inputs[0];
+            if !x.dtype.is_int() {
+                return Err(IrError::ty(
+                    name,
+                    format!("needs an integer input, got {}", x.dtype),
+                ));
+            }
+            Ok(x.clone())
+        }
         Op::Not => {
             bool_only(name, inputs[0])?;
             Ok(inputs[0].clone())

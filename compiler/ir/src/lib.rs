@@ -38,8 +38,8 @@ pub use error::IrError;
 pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
 pub use graph::{Graph, Node, NodeId, ValueType};
 pub use op::{
-    BinaryOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp, NearestRounding, Op,
-    Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
+    BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,
+    NearestRounding, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
 };
 pub use tensor::{Data, Tensor};
 

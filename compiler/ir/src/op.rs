@@ -437,6 +437,23 @@ impl BinaryOp {
             }
         })
     }
+
+    /// Scalar unsigned integer semantics, on values zero-extended to u64
+    /// (wrapping; a division or remainder by zero is `None`; `Mod` and
+    /// `Fmod` agree, and `PRelu` is the identity, nothing being negative).
+    pub fn apply_u64(&self, a: u64, b: u64) -> Option<u64> {
+        Some(match self {
+            BinaryOp::Add => a.wrapping_add(b),
+            BinaryOp::Sub => a.wrapping_sub(b),
+            BinaryOp::Mul => a.wrapping_mul(b),
+            BinaryOp::Div => a.checked_div(b)?,
+            BinaryOp::Pow => a.wrapping_pow(u32::try_from(b).ok()?),
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+            BinaryOp::Fmod | BinaryOp::Mod => a.checked_rem(b)?,
+            BinaryOp::PRelu => a,
+        })
+    }
 }
 
 /// Elementwise comparisons with broadcasting; the output is `bool`.
@@ -500,6 +517,58 @@ impl LogicalOp {
             LogicalOp::And => a && b,
             LogicalOp::Or => a || b,
             LogicalOp::Xor => a != b,
+        }
+    }
+}
+
+/// Bitwise operations on integers with numpy broadcasting (same type in
+/// and out, every integer type). Shifts follow numpy's `left_shift` /
+/// `right_shift` (the ONNX `BitShift` reference): bits shifted out are
+/// dropped, a right shift of a signed value is arithmetic, and an amount
+/// out of range (negative, or the bit width or more) gives 0, or -1 for a
+/// right shift of a negative value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum BitwiseOp {
+    And,
+    Or,
+    Xor,
+    ShiftLeft,
+    ShiftRight,
+}
+
+impl BitwiseOp {
+    /// Text-format name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BitwiseOp::And => "bitwise_and",
+            BitwiseOp::Or => "bitwise_or",
+            BitwiseOp::Xor => "bitwise_xor",
+            BitwiseOp::ShiftLeft => "shift_left",
+            BitwiseOp::ShiftRight => "shift_right",
+        }
+    }
+
+    /// Whether the op is a shift.
+    pub fn is_shift(&self) -> bool {
+        matches!(self, BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight)
+    }
+
+    /// Scalar semantics on `bits`-wide values extended to 64 bits (sign-
+    /// extended when `signed`, else zero-extended); the caller truncates
+    /// the result to the type. A negative amount, extended, is at least
+    /// 2^63 as a u64, so one unsigned test finds every amount out of range.
+    pub fn apply(&self, a: u64, b: u64, bits: u32, signed: bool) -> u64 {
+        let in_range = b < bits as u64;
+        match self {
+            BitwiseOp::And => a & b,
+            BitwiseOp::Or => a | b,
+            BitwiseOp::Xor => a ^ b,
+            BitwiseOp::ShiftLeft if in_range => a << b,
+            BitwiseOp::ShiftRight if in_range && signed => ((a as i64) >> b) as u64,
+            BitwiseOp::ShiftRight if in_range => a >> b,
+            BitwiseOp::ShiftRight if signed => ((a as i64) >> 63) as u64,
+            BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight => 0,
         }
     }
 }
@@ -915,6 +984,11 @@ pub enum Op {
     Logical(LogicalOp),
     /// Elementwise boolean negation.
     Not,
+    /// Elementwise bitwise op on integers with broadcasting; two inputs of
+    /// one integer type, same type out.
+    Bitwise(BitwiseOp),
+    /// Elementwise bitwise complement of an integer input.
+    BitwiseNot,
     /// `cond ? x : y` elementwise; inputs cond (`bool`), X and Y (one element
     /// type), all three broadcast together.
     Where,
@@ -977,6 +1051,8 @@ impl Op {
             Op::Compare(c) => c.name(),
             Op::Logical(l) => l.name(),
             Op::Not => "not",
+            Op::Bitwise(b) => b.name(),
+            Op::BitwiseNot => "bitwise_not",
             Op::Where => "where",
             Op::Reduce { op, .. } => op.name(),
             Op::Expand { .. } => "expand",
@@ -991,9 +1067,12 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input { .. } | Op::Constant(_) => (0, 0),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Compare(_) | Op::Logical(_) => {
-                (2, 2)
-            }
+            Op::Binary(_)
+            | Op::MatMul
+            | Op::Gather { .. }
+            | Op::Compare(_)
+            | Op::Logical(_)
+            | Op::Bitwise(_) => (2, 2),
             Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),

@@ -22,6 +22,9 @@ pub enum Data {
     I32(Vec<i32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
 }
 
 /// Applies `$body` to the vector inside a [`Data`], whatever its type.
@@ -39,6 +42,9 @@ macro_rules! with_data {
             $crate::Data::I32($v) => $body,
             $crate::Data::I64($v) => $body,
             $crate::Data::Bool($v) => $body,
+            $crate::Data::U16($v) => $body,
+            $crate::Data::U32($v) => $body,
+            $crate::Data::U64($v) => $body,
         }
     };
 }
@@ -57,6 +63,9 @@ impl Data {
             Data::I32(_) => DType::I32,
             Data::I64(_) => DType::I64,
             Data::Bool(_) => DType::Bool,
+            Data::U16(_) => DType::U16,
+            Data::U32(_) => DType::U32,
+            Data::U64(_) => DType::U64,
         }
     }
 
@@ -83,6 +92,9 @@ impl Data {
             DType::I32 => Data::I32(vec![0; len]),
             DType::I64 => Data::I64(vec![0; len]),
             DType::Bool => Data::Bool(vec![false; len]),
+            DType::U16 => Data::U16(vec![0; len]),
+            DType::U32 => Data::U32(vec![0; len]),
+            DType::U64 => Data::U64(vec![0; len]),
         }
     }
 
@@ -99,10 +111,15 @@ impl Data {
             Data::I32(v) => v[i] as f64,
             Data::I64(v) => v[i] as f64,
             Data::Bool(v) => v[i] as u8 as f64,
+            Data::U16(v) => v[i] as f64,
+            Data::U32(v) => v[i] as f64,
+            Data::U64(v) => v[i] as f64,
         }
     }
 
-    /// Element `i` converted to i64 (floats truncated toward zero, saturating).
+    /// Element `i` converted to i64 (floats truncated toward zero, saturating;
+    /// a `u64` above `i64::MAX` keeps its bits, so it wraps to a negative
+    /// value: use [`Data::get_u64`] for unsigned semantics).
     pub fn get_i64(&self, i: usize) -> i64 {
         match self {
             Data::I8(v) => v[i] as i64,
@@ -111,7 +128,21 @@ impl Data {
             Data::I32(v) => v[i] as i64,
             Data::I64(v) => v[i],
             Data::Bool(v) => v[i] as i64,
+            Data::U16(v) => v[i] as i64,
+            Data::U32(v) => v[i] as i64,
+            Data::U64(v) => v[i] as i64,
             _ => self.get_f64(i) as i64,
+        }
+    }
+
+    /// Element `i` as u64: unsigned types exactly, signed integers and bools
+    /// by their two's-complement bits (as [`Data::get_i64`] then `as u64`),
+    /// floats truncated toward zero and saturating to `0..=u64::MAX`.
+    pub fn get_u64(&self, i: usize) -> u64 {
+        match self {
+            Data::U64(v) => v[i],
+            d if d.dtype().is_float() => d.get_f64(i) as u64,
+            d => d.get_i64(i) as u64,
         }
     }
 
@@ -129,6 +160,9 @@ impl Data {
             DType::I32 => Data::I32(values.map(|x| x as i32).collect()),
             DType::I64 => Data::I64(values.map(|x| x as i64).collect()),
             DType::Bool => Data::Bool(values.map(|x| x != 0.0).collect()),
+            DType::U16 => Data::U16(values.map(|x| x as u16).collect()),
+            DType::U32 => Data::U32(values.map(|x| x as u32).collect()),
+            DType::U64 => Data::U64(values.map(|x| x as u64).collect()),
         }
     }
 
@@ -142,6 +176,9 @@ impl Data {
             DType::I32 => Data::I32(values.map(|x| x as i32).collect()),
             DType::I64 => Data::I64(values.collect()),
             DType::Bool => Data::Bool(values.map(|x| x != 0).collect()),
+            DType::U16 => Data::U16(values.map(|x| x as u16).collect()),
+            DType::U32 => Data::U32(values.map(|x| x as u32).collect()),
+            DType::U64 => Data::U64(values.map(|x| x as u64).collect()),
             _ => Data::from_f64s(dtype, values.map(|x| x as f64)),
         }
     }
@@ -160,7 +197,9 @@ impl Data {
         if let (Data::F32(v), DType::F16) = (self, to) {
             return Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect());
         }
-        if self.dtype().is_float() {
+        // Integer to float goes through f64 too, so that a u64 above
+        // i64::MAX converts by value, not by its bits.
+        if self.dtype().is_float() || to.is_float() {
             Data::from_f64s(to, (0..self.len()).map(|i| self.get_f64(i)))
         } else {
             Data::from_i64s(to, (0..self.len()).map(|i| self.get_i64(i)))
@@ -180,6 +219,9 @@ impl Data {
             Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::Bool(v) => v.iter().map(|x| *x as u8).collect(),
+            Data::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 
@@ -208,6 +250,9 @@ impl Data {
             DType::I32 => Data::I32(decode!(i32, 4)),
             DType::I64 => Data::I64(decode!(i64, 8)),
             DType::Bool => Data::Bool(bytes.iter().map(|b| *b != 0).collect()),
+            DType::U16 => Data::U16(decode!(u16, 2)),
+            DType::U32 => Data::U32(decode!(u32, 4)),
+            DType::U64 => Data::U64(decode!(u64, 8)),
         })
     }
 }

@@ -23,6 +23,9 @@ pub fn dtype_from_onnx(code: i32) -> Option<DType> {
         DataType::Uint8 => DType::U8,
         DataType::Int8 => DType::I8,
         DataType::Int16 => DType::I16,
+        DataType::Uint16 => DType::U16,
+        DataType::Uint32 => DType::U32,
+        DataType::Uint64 => DType::U64,
         DataType::Int32 => DType::I32,
         DataType::Int64 => DType::I64,
         DataType::Bool => DType::Bool,
@@ -141,6 +144,8 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
         DType::F32 => t.float_data.len(),
         DType::F64 => t.double_data.len(),
         DType::I64 => t.int64_data.len(),
+        // ONNX keeps uint32 and uint64 in `uint64_data`, uint16 in `int32_data`.
+        DType::U32 | DType::U64 => t.uint64_data.len(),
         _ => t.int32_data.len(),
     };
     if present != count {
@@ -169,6 +174,9 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
         DType::I16 => Data::I16(i32s.iter().map(|&x| x as i16).collect()),
         DType::I8 => Data::I8(i32s.iter().map(|&x| x as i8).collect()),
         DType::U8 => Data::U8(i32s.iter().map(|&x| x as u8).collect()),
+        DType::U16 => Data::U16(i32s.iter().map(|&x| x as u16).collect()),
+        DType::U32 => Data::U32(t.uint64_data.iter().map(|&x| x as u32).collect()),
+        DType::U64 => Data::U64(t.uint64_data.clone()),
         DType::Bool => Data::Bool(i32s.iter().map(|&x| x != 0).collect()),
         DType::F16 => Data::F16(i32s.iter().map(|&x| f16::from_bits(x as u16)).collect()),
         DType::BF16 => Data::BF16(i32s.iter().map(|&x| bf16::from_bits(x as u16)).collect()),

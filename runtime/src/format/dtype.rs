@@ -26,11 +26,17 @@ pub enum DType {
     I64 = 9,
     /// Boolean, one byte per element (0 or 1).
     Bool = 10,
+    /// Unsigned 16-bit integer.
+    U16 = 11,
+    /// Unsigned 32-bit integer.
+    U32 = 12,
+    /// Unsigned 64-bit integer.
+    U64 = 13,
 }
 
 impl DType {
     /// Every dtype, in code order.
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -41,15 +47,18 @@ impl DType {
         DType::I32,
         DType::I64,
         DType::Bool,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
 
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 | DType::I16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -66,6 +75,9 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
         }
     }
 
@@ -98,6 +110,10 @@ mod tests {
             assert_eq!(d.to_string(), d.name());
         }
         assert_eq!(DType::from_u8(0), None);
-        assert_eq!(DType::from_u8(11), None);
+        assert_eq!(DType::from_u8(14), None);
+        // Codes are on-disk: never renumbered.
+        assert_eq!(DType::U8 as u8, 6);
+        assert_eq!(DType::Bool as u8, 10);
+        assert_eq!(DType::U64 as u8, 13);
     }
 }

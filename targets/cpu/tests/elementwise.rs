@@ -127,6 +127,35 @@ fn integer_unary_ops() {
     }
 }
 
+const UNSIGNED: [DType; 4] = [DType::U8, DType::U16, DType::U32, DType::U64];
+
+/// Values near 0 and near the type's maximum (the bits of -20..=20).
+#[test]
+fn unsigned_unary_ops() {
+    for d in UNSIGNED {
+        for op in [
+            UnaryOp::Relu,
+            UnaryOp::Neg,
+            UnaryOp::Abs,
+            UnaryOp::Sign,
+            UnaryOp::Clip {
+                min: 3.5,
+                max: 17.0,
+            },
+            UnaryOp::Clip {
+                min: -4.0,
+                max: 1e30,
+            },
+            UnaryOp::Clip {
+                min: 2.0,
+                max: -1.0,
+            },
+        ] {
+            check_rand(&unary_graph(op, d, &[13]), 5, 0.0);
+        }
+    }
+}
+
 fn binary_graph(op: BinaryOp, dtype: DType, a: &[usize], b: &[usize]) -> Graph {
     let mut g = Graph::new();
     let x = g.add_input("a", ValueType::new(dtype, a));
@@ -202,6 +231,62 @@ fn integer_binary_ops() {
     }
 }
 
+/// Random values near 0 and near the maximum, and divisors that are never
+/// zero (the reference refuses a division by zero).
+#[test]
+fn unsigned_binary_ops() {
+    for d in UNSIGNED {
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Max,
+            BinaryOp::Min,
+            BinaryOp::Div,
+            BinaryOp::Mod,
+            BinaryOp::Fmod,
+        ] {
+            for (k, (a, b)) in SHAPES.into_iter().enumerate() {
+                let g = binary_graph(op, d, a, b);
+                let mut rng = Rng::new(k as u64);
+                let n: usize = a.iter().product();
+                let m: usize = b.iter().product();
+                let x = Data::from_i64s(d, (0..n).map(|_| rng.int(-20, 20)));
+                let y = Data::from_i64s(
+                    d,
+                    (0..m).map(|_| match rng.int(-20, 20) {
+                        0 => 1,
+                        v => v,
+                    }),
+                );
+                check(
+                    &g,
+                    &[Tensor::new(a, x).unwrap(), Tensor::new(b, y).unwrap()],
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unsigned_division_and_extremes_by_hand() {
+    let g = binary_graph(BinaryOp::Div, DType::U64, &[3], &[3]);
+    let a = Tensor::new([3], Data::U64(vec![u64::MAX, 1 << 63, 7])).unwrap();
+    let b = Tensor::new([3], Data::U64(vec![2, u64::MAX, 0])).unwrap();
+    let out = common::compile_run(&g, &[a, b]).unwrap();
+    assert_eq!(out[0].data(), &Data::U64(vec![u64::MAX / 2, 0, 0]));
+    let g = binary_graph(BinaryOp::Max, DType::U32, &[2], &[2]);
+    let a = Tensor::new([2], Data::U32(vec![u32::MAX, 0])).unwrap();
+    let b = Tensor::new([2], Data::U32(vec![1, 5])).unwrap();
+    let out = common::compile_run(&g, &[a.clone(), b.clone()]).unwrap();
+    assert_eq!(out[0].data(), &Data::U32(vec![u32::MAX, 5]));
+    let g = binary_graph(BinaryOp::Mod, DType::U16, &[2], &[2]);
+    let a = Tensor::new([2], Data::U16(vec![u16::MAX, 9])).unwrap();
+    let b = Tensor::new([2], Data::U16(vec![10, 4])).unwrap();
+    let out = common::compile_run(&g, &[a, b]).unwrap();
+    assert_eq!(out[0].data(), &Data::U16(vec![5, 1]));
+}
+
 #[test]
 fn i64_add_large_values_and_division() {
     let g = binary_graph(BinaryOp::Add, DType::I64, &[4], &[4]);
@@ -241,6 +326,9 @@ fn casts_between_supported_types() {
         DType::U8,
         DType::I16,
         DType::Bool,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
     for from in types {
         for to in types {
@@ -276,12 +364,45 @@ fn float_to_int_casts_saturate_and_truncate() {
         DType::I32,
         DType::I64,
         DType::Bool,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ] {
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::F32, [n]));
         let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
         g.add_output("y", y);
         check(&g, &[Tensor::new([n], Data::F32(v.clone())).unwrap()]);
+    }
+}
+
+/// u64 values above i64::MAX convert to floats by value (unsigned), and
+/// floats beyond u64 saturate.
+#[test]
+fn unsigned_float_conversions_at_the_extremes() {
+    let v = vec![u64::MAX, 1 << 63, (1 << 63) + 12345, 0, 1, u32::MAX as u64];
+    for to in [DType::F32, DType::F64] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::U64, [v.len()]));
+        let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+        g.add_output("y", y);
+        check(&g, &[Tensor::new([v.len()], Data::U64(v.clone())).unwrap()]);
+    }
+    let f = vec![
+        1.8e19,
+        2e19,
+        9.3e18,
+        -1.0,
+        4294967295.0,
+        4294967296.0,
+        65535.9,
+    ];
+    for to in UNSIGNED {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F64, [f.len()]));
+        let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+        g.add_output("y", y);
+        check(&g, &[Tensor::new([f.len()], Data::F64(f.clone())).unwrap()]);
     }
 }
 

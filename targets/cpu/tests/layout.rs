@@ -6,13 +6,16 @@ use common::{check, check_rand, compile_run, rand_tensor, Rng};
 use kiln_ir::{BinaryOp, DType, Data, Graph, Ints, Op, SliceAxis, Tensor, UnaryOp, ValueType};
 use smallvec::SmallVec;
 
-const TYPES: [DType; 6] = [
+const TYPES: [DType; 9] = [
     DType::F32,
     DType::I64,
     DType::U8,
     DType::I16,
     DType::Bool,
     DType::F64,
+    DType::U16,
+    DType::U32,
+    DType::U64,
 ];
 
 #[test]

@@ -55,7 +55,15 @@ fn float_reductions() {
 #[test]
 fn integer_reductions() {
     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
-        for dtype in [DType::I32, DType::I64, DType::U8, DType::I8] {
+        for dtype in [
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::I8,
+            DType::U16,
+            DType::U32,
+            DType::U64,
+        ] {
             for (shape, axes) in CASES {
                 let g = reduce_graph(op, dtype, shape, axes, true);
                 check_rand(&g, 5, 0.0);

@@ -36,6 +36,9 @@ fn format_dtype(d: kiln_ir::DType) -> FDType {
         D::I32 => FDType::I32,
         D::I64 => FDType::I64,
         D::Bool => FDType::Bool,
+        D::U16 => FDType::U16,
+        D::U32 => FDType::U32,
+        D::U64 => FDType::U64,
     }
 }
 

@@ -5,8 +5,8 @@
 mod interp;
 
 use kiln_ir::{
-    BinaryOp, CompareOp, Conv2d, DType, Data, Graph, LogicalOp, NodeId, Op, Pool2d, ReduceOp,
-    SliceAxis, Tensor, UnaryOp, ValueType,
+    BinaryOp, BitwiseOp, CompareOp, Conv2d, DType, Data, Graph, LogicalOp, NodeId, Op, Pool2d,
+    ReduceOp, SliceAxis, Tensor, UnaryOp, ValueType,
 };
 use kiln_target_cuda::{compile, SmArch};
 use smallvec::smallvec;
@@ -37,6 +37,8 @@ fn tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {
         DType::I32 => Data::I32(v.iter().map(|&x| (x * 5.0) as i32).collect()),
         DType::U8 => Data::U8(v.iter().map(|&x| ((x + 2.0) * 60.0) as u8).collect()),
         DType::I8 => Data::I8(v.iter().map(|&x| (x * 60.0) as i8).collect()),
+        DType::U16 => Data::U16(v.iter().map(|&x| (x * 20000.0) as i32 as u16).collect()),
+        DType::U32 => Data::U32(v.iter().map(|&x| (x * 1e9) as i64 as u32).collect()),
         other => panic!("no generator for {other}"),
     };
     Tensor::new(shape, data).unwrap()
@@ -208,6 +210,103 @@ fn casts_compares_logic_where() {
             tensor(DType::F32, &[4], 6),
         ],
     );
+}
+
+/// The bits of `v` as a `d` tensor (small negatives become values near an
+/// unsigned type's maximum).
+fn ints(d: DType, shape: &[usize], v: &[i64]) -> Tensor {
+    Tensor::new(shape, Data::from_i64s(d, v.iter().copied())).unwrap()
+}
+
+fn graph2_with(op: Op, a: Tensor, b: Tensor) -> (Graph, Vec<Tensor>) {
+    let mut g = Graph::new();
+    let x = g.add_input("a", ValueType::new(a.dtype(), a.shape().as_slice()));
+    let y = g.add_input("b", ValueType::new(b.dtype(), b.shape().as_slice()));
+    let z = g.add_node(op, &[x, y], "z").unwrap();
+    g.add_output("z", z);
+    (g, vec![a, b])
+}
+
+#[test]
+fn unsigned_types_and_bitwise_ops() {
+    let vals = [0, 1, -1, -2, 7, 0x55, 1000, -1000];
+    for d in [DType::U8, DType::U16, DType::U32] {
+        let w = 8 * d.size_bytes() as i64;
+        let a = ints(d, &[2, 4], &vals);
+        let nz = ints(d, &[4], &[3, -1, 2, 1000]);
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Mod,
+            BinaryOp::Max,
+            BinaryOp::Min,
+        ] {
+            let (g, i) = graph2_with(Op::Binary(op), a.clone(), nz.clone());
+            check(&g, &i);
+        }
+        for op in [CompareOp::Less, CompareOp::GreaterOrEqual] {
+            let (g, i) = graph2_with(Op::Compare(op), a.clone(), nz.clone());
+            check(&g, &i);
+        }
+        for to in [DType::F32, DType::I64, DType::U8] {
+            let mut g = Graph::new();
+            let x = g.add_input("x", ValueType::new(d, [2, 4]));
+            let y = g.add_node(Op::Cast { to }, &[x], "c").unwrap();
+            g.add_output("y", y);
+            check(&g, std::slice::from_ref(&a));
+        }
+        let f = Tensor::new([4], Data::F32(vec![-3.0, 1e10, 65535.9, 7.5])).unwrap();
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [4]));
+        let y = g.add_node(Op::Cast { to: d }, &[x], "c").unwrap();
+        g.add_output("y", y);
+        check(&g, &[f]);
+        for op in [BitwiseOp::And, BitwiseOp::Or, BitwiseOp::Xor] {
+            let (g, i) = graph2_with(Op::Bitwise(op), a.clone(), nz.clone());
+            check(&g, &i);
+        }
+        // Every value shifted by 0, 1, width - 1, width and past it.
+        let amounts = ints(d, &[8], &[0, 1, w - 1, w, w + 1, 100, -1, 3]);
+        let col = ints(d, &[8, 1], &vals);
+        for op in [BitwiseOp::ShiftLeft, BitwiseOp::ShiftRight] {
+            let (g, i) = graph2_with(Op::Bitwise(op), col.clone(), amounts.clone());
+            check(&g, &i);
+        }
+        run1(d, &[8], Op::BitwiseNot);
+    }
+    for d in [DType::I8, DType::I32, DType::I64] {
+        let w = 8 * d.size_bytes() as i64;
+        let amounts = ints(d, &[8], &[0, 1, w - 1, w, w + 1, 100, -1, -70]);
+        for op in [BitwiseOp::ShiftLeft, BitwiseOp::ShiftRight] {
+            let (g, i) = graph2_with(Op::Bitwise(op), ints(d, &[8, 1], &vals), amounts.clone());
+            check(&g, &i);
+        }
+        let (g, i) = graph2_with(
+            Op::Bitwise(BitwiseOp::Xor),
+            ints(d, &[2, 4], &vals),
+            ints(d, &[4], &[-1, 5, -8, 0]),
+        );
+        check(&g, &i);
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(d, [8]));
+        let y = g.add_node(Op::BitwiseNot, &[x], "n").unwrap();
+        g.add_output("y", y);
+        check(&g, &[ints(d, &[8], &vals)]);
+    }
+}
+
+#[test]
+fn u64_is_refused_with_the_node_named() {
+    let (g, _) = graph2_with(
+        Op::Bitwise(BitwiseOp::ShiftLeft),
+        ints(DType::U64, &[2], &[1, 2]),
+        ints(DType::U64, &[2], &[1, 2]),
+    );
+    let err = compile(&g, SmArch::parse("sm80").unwrap()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("'z'") && text.contains("u64"), "{text}");
 }
 
 #[test]

@@ -31,6 +31,27 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor) -> Result<Data, IrError> {
             format!("unsupported element type {}", x.dtype()),
         ));
     }
+    if x.dtype().is_unsigned() {
+        let d = x.data();
+        let values = (0..x.len()).map(|i| {
+            let v = d.get_u64(i);
+            let v = match op {
+                UnaryOp::Relu | UnaryOp::Abs => v,
+                UnaryOp::Neg => v.wrapping_neg(),
+                UnaryOp::Sign => (v != 0) as u64,
+                UnaryOp::Clip { min, max } => {
+                    // Bounds rounded inward, saturated to 0..=u64::MAX
+                    // (`as u64`), then an exact integer clamp.
+                    let lo = (min as f64).ceil() as u64;
+                    let hi = (max as f64).floor() as u64;
+                    v.max(lo).min(hi)
+                }
+                _ => unreachable!("rejected by accepts_int"),
+            };
+            v as i64
+        });
+        return Ok(Data::from_i64s(x.dtype(), values));
+    }
     let v = x.to_i64_vec();
     Ok(Data::from_i64s(
         x.dtype(),
@@ -68,6 +89,24 @@ pub(super) fn binary(
             op.name(),
             format!("unsupported element type {}", a.dtype()),
         ));
+    }
+    if a.dtype().is_unsigned() {
+        let (da, db) = (a.data(), b.data());
+        let values = ia
+            .iter()
+            .zip(&ib)
+            .map(|(&i, &j)| {
+                let (x, y) = (da.get_u64(i), db.get_u64(j));
+                op.apply_u64(x, y).map(|v| v as i64).ok_or_else(|| {
+                    let why = match op {
+                        BinaryOp::Pow => format!("integer power with exponent {y}"),
+                        _ => "integer division by zero".to_string(),
+                    };
+                    eval_err(op.name(), why)
+                })
+            })
+            .collect::<Result<Vec<i64>, IrError>>()?;
+        return Ok(Data::from_i64s(a.dtype(), values.into_iter()));
     }
     let (va, vb) = (a.to_i64_vec(), b.to_i64_vec());
     let values = ia
@@ -174,6 +213,40 @@ mod tests {
         let v = Tensor::new([1], Data::U8(vec![5])).unwrap();
         let y = eval(&Op::Binary(BinaryOp::Sub), &[&u, &v]).unwrap();
         assert_eq!(y.data(), &Data::U8(vec![254, 195]));
+    }
+
+    #[test]
+    fn unsigned_integers_have_unsigned_semantics() {
+        let a = Tensor::new([3], Data::U64(vec![u64::MAX, 1 << 63, 7])).unwrap();
+        let b = Tensor::new([3], Data::U64(vec![2, 3, 0])).unwrap();
+        let two = Tensor::new([], Data::U64(vec![2])).unwrap();
+        let y = eval(&Op::Binary(BinaryOp::Div), &[&a, &two]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![u64::MAX / 2, 1 << 62, 3]));
+        let y = eval(&Op::Binary(BinaryOp::Max), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![u64::MAX, 1 << 63, 7]));
+        let y = eval(&Op::Binary(BinaryOp::Mod), &[&a, &two]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![1, 0, 1]));
+        assert!(eval(&Op::Binary(BinaryOp::Div), &[&a, &b]).is_err());
+        let u = Tensor::new([3], Data::U32(vec![u32::MAX, 0, 5])).unwrap();
+        let y = eval(&Op::Unary(UnaryOp::Neg), &[&u]).unwrap();
+        assert_eq!(y.data(), &Data::U32(vec![1, 0, u32::MAX - 4]));
+        let y = eval(&Op::Unary(UnaryOp::Abs), &[&a]).unwrap();
+        assert_eq!(y.data(), a.data());
+        let y = eval(&Op::Unary(UnaryOp::Sign), &[&a]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![1, 1, 1]));
+        let clip = UnaryOp::Clip {
+            min: 6.5,
+            max: -1.0,
+        };
+        let y = eval(&Op::Unary(clip), &[&u]).unwrap();
+        assert_eq!(y.data(), &Data::U32(vec![0, 0, 0]));
+        let y = eval(&Op::Cast { to: DType::F64 }, &[&a]).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![u64::MAX as f64, 2f64.powi(63), 7.0]);
+        let f = Tensor::new([3], Data::F64(vec![-3.0, 1e30, 65535.9])).unwrap();
+        let y = eval(&Op::Cast { to: DType::U16 }, &[&f]).unwrap();
+        assert_eq!(y.data(), &Data::U16(vec![0, u16::MAX, u16::MAX]));
+        let y = eval(&Op::Cast { to: DType::U64 }, &[&f]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![0, u64::MAX, 65535]));
     }
 
     #[test]

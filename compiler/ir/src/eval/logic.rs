@@ -1,7 +1,7 @@
 //! Comparisons, boolean ops and Where.
 
 use super::{broadcast_offsets, eval_err};
-use crate::{CompareOp, Data, IrError, LogicalOp, Tensor, ValueType};
+use crate::{BitwiseOp, CompareOp, Data, IrError, LogicalOp, Tensor, ValueType};
 
 fn bools<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [bool], IrError> {
     match t.data() {
@@ -28,6 +28,11 @@ pub(super) fn compare(
         ia.iter()
             .zip(&ib)
             .map(|(&i, &j)| op.apply(da.get_f64(i), db.get_f64(j)))
+            .collect()
+    } else if a.dtype().is_unsigned() {
+        ia.iter()
+            .zip(&ib)
+            .map(|(&i, &j)| op.apply(da.get_u64(i), db.get_u64(j)))
             .collect()
     } else {
         ia.iter()
@@ -61,6 +66,45 @@ pub(super) fn not(x: &Tensor) -> Result<Data, IrError> {
     Ok(Data::Bool(bools("not", x)?.iter().map(|v| !v).collect()))
 }
 
+/// A bitwise op with broadcasting on integers: on the u64 bits of each
+/// element (zero-extended for unsigned types, sign-extended for signed
+/// ones), truncated back to the type ([`BitwiseOp::apply`]).
+pub(super) fn bitwise(
+    op: BitwiseOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &ValueType,
+) -> Result<Data, IrError> {
+    let d = a.dtype();
+    if !d.is_int() {
+        return Err(eval_err(op.name(), format!("unsupported element type {d}")));
+    }
+    let bits = 8 * d.size_bytes() as u32;
+    let ia = broadcast_offsets(a.shape(), &out.shape);
+    let ib = broadcast_offsets(b.shape(), &out.shape);
+    let (da, db) = (a.data(), b.data());
+    let values = ia
+        .iter()
+        .zip(&ib)
+        .map(|(&i, &j)| op.apply(da.get_u64(i), db.get_u64(j), bits, !d.is_unsigned()) as i64);
+    Ok(Data::from_i64s(d, values))
+}
+
+/// Bitwise complement of an integer tensor.
+pub(super) fn bitwise_not(x: &Tensor) -> Result<Data, IrError> {
+    if !x.dtype().is_int() {
+        return Err(eval_err(
+            "bitwise_not",
+            format!("unsupported element type {}", x.dtype()),
+        ));
+    }
+    let d = x.data();
+    Ok(Data::from_i64s(
+        x.dtype(),
+        (0..d.len()).map(|i| !d.get_i64(i)),
+    ))
+}
+
 /// `cond ? x : y` with three-way broadcasting; works for every element type.
 pub(super) fn where_(
     cond: &Tensor,
@@ -90,6 +134,9 @@ pub(super) fn where_(
         Data::I32(v) => super::gather_elems(&v, &idx),
         Data::I64(v) => super::gather_elems(&v, &idx),
         Data::Bool(v) => super::gather_elems(&v, &idx),
+        Data::U16(v) => super::gather_elems(&v, &idx),
+        Data::U32(v) => super::gather_elems(&v, &idx),
+        Data::U64(v) => super::gather_elems(&v, &idx),
     })
 }
 
@@ -102,7 +149,7 @@ fn flat(t: &Tensor) -> Result<Tensor, IrError> {
 mod tests {
     use super::super::eval;
     use super::super::test_util::*;
-    use crate::{CompareOp, Data, LogicalOp, Op, Tensor};
+    use crate::{BitwiseOp, CompareOp, Data, LogicalOp, Op, Tensor};
 
     fn bools(shape: &[usize], v: &[bool]) -> Tensor {
         Tensor::new(shape, Data::Bool(v.to_vec())).unwrap()
@@ -127,6 +174,50 @@ mod tests {
         let j = i64s(&[], &[5]);
         let y = eval(&Op::Compare(CompareOp::Less), &[&i, &j]).unwrap();
         assert_eq!(y.data(), &Data::Bool(vec![true, false, false]));
+        let u = Tensor::new([2], Data::U64(vec![u64::MAX, 3])).unwrap();
+        let v = Tensor::new([], Data::U64(vec![5])).unwrap();
+        let y = eval(&Op::Compare(CompareOp::Greater), &[&u, &v]).unwrap();
+        assert_eq!(y.data(), &Data::Bool(vec![true, false]));
+    }
+
+    #[test]
+    fn bitwise_ops_and_shifts_past_the_width() {
+        let a = Tensor::new([4], Data::U8(vec![0b1010_1010, 255, 1, 128])).unwrap();
+        let b = Tensor::new([4], Data::U8(vec![0b0110_0110, 1, 7, 8])).unwrap();
+        let op = |o| Op::Bitwise(o);
+        let y = eval(&op(BitwiseOp::And), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U8(vec![0b0010_0010, 1, 1, 0]));
+        let y = eval(&op(BitwiseOp::Or), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U8(vec![0b1110_1110, 255, 7, 136]));
+        let y = eval(&op(BitwiseOp::Xor), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U8(vec![0b1100_1100, 254, 6, 136]));
+        // 170 << 102 is past the width: 0, as numpy gives.
+        let y = eval(&op(BitwiseOp::ShiftLeft), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U8(vec![0, 254, 128, 0]));
+        let y = eval(&op(BitwiseOp::ShiftRight), &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &Data::U8(vec![0, 127, 0, 0]));
+        let x = Tensor::new([2], Data::U64(vec![u64::MAX, 1])).unwrap();
+        let s = Tensor::new([2], Data::U64(vec![63, 64])).unwrap();
+        let y = eval(&op(BitwiseOp::ShiftRight), &[&x, &s]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![1, 0]));
+        let y = eval(&op(BitwiseOp::ShiftLeft), &[&x, &s]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![1 << 63, 0]));
+        let i = Tensor::new([2], Data::I16(vec![-1, 0x1234])).unwrap();
+        let j = Tensor::new([], Data::I16(vec![0x00ff])).unwrap();
+        let y = eval(&op(BitwiseOp::And), &[&i, &j]).unwrap();
+        assert_eq!(y.data(), &Data::I16(vec![0xff, 0x34]));
+        let y = eval(&Op::BitwiseNot, &[&i]).unwrap();
+        assert_eq!(y.data(), &Data::I16(vec![0, !0x1234]));
+        let y = eval(&Op::BitwiseNot, &[&x]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![0, u64::MAX - 1]));
+        // Signed: arithmetic right shifts, and out-of-range amounts
+        // (negative or >= 8) give 0, or -1 shifting a negative value right.
+        let x = Tensor::new([5], Data::I8(vec![-8, 4, -1, -64, 64])).unwrap();
+        let s = Tensor::new([5], Data::I8(vec![1, 9, -1, 1, 1])).unwrap();
+        let y = eval(&op(BitwiseOp::ShiftRight), &[&x, &s]).unwrap();
+        assert_eq!(y.data(), &Data::I8(vec![-4, 0, -1, -32, 32]));
+        let y = eval(&op(BitwiseOp::ShiftLeft), &[&x, &s]).unwrap();
+        assert_eq!(y.data(), &Data::I8(vec![-16, 0, 0, -128, -128]));
     }
 
     #[test]

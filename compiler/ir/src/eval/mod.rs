@@ -138,6 +138,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Compare(c) => logic::compare(*c, inputs[0], inputs[1], &out)?,
         Op::Logical(l) => logic::logical(*l, inputs[0], inputs[1], &out)?,
         Op::Not => logic::not(inputs[0])?,
+        Op::Bitwise(op) => logic::bitwise(*op, inputs[0], inputs[1], &out)?,
+        Op::BitwiseNot => logic::bitwise_not(inputs[0])?,
         Op::Where => logic::where_(inputs[0], inputs[1], inputs[2], &out)?,
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, inputs[0], &out)?,
         Op::Expand { .. } => layout::expand(inputs[0], &out),
@@ -388,6 +390,7 @@ macro_rules! impl_elem {
 impl_elem!(
     f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8,
     u8 => U8, i16 => I16, i32 => I32, i64 => I64, bool => Bool,
+    u16 => U16, u32 => U32, u64 => U64,
 );
 
 /// Copies `v[idx[i]]` for every `i`.

@@ -91,6 +91,21 @@ pub(super) fn reduce(
             format!("unsupported element type {}", x.dtype()),
         ));
     }
+    if x.dtype().is_unsigned() {
+        let hi = uint_max(x.dtype());
+        let values = groups.iter().map(|g| {
+            let it = g.iter().map(|&i| d.get_u64(i));
+            let v = match op {
+                ReduceOp::Sum => it.fold(0u64, u64::wrapping_add),
+                ReduceOp::Prod => it.fold(1u64, u64::wrapping_mul),
+                ReduceOp::Max => it.fold(0, u64::max),
+                ReduceOp::Min => it.fold(hi, u64::min),
+                _ => unreachable!("checked by accepts_int"),
+            };
+            v as i64
+        });
+        return Ok(Data::from_i64s(out.dtype, values));
+    }
     let (lo, hi) = int_range(x.dtype());
     let values = groups.iter().map(|g| {
         let it = g.iter().map(|&i| d.get_i64(i));
@@ -105,7 +120,18 @@ pub(super) fn reduce(
     Ok(Data::from_i64s(out.dtype, values))
 }
 
-/// The value range of an integer type.
+/// The largest value of an unsigned integer type.
+fn uint_max(d: crate::DType) -> u64 {
+    use crate::DType;
+    match d {
+        DType::U8 => u8::MAX as u64,
+        DType::U16 => u16::MAX as u64,
+        DType::U32 => u32::MAX as u64,
+        _ => u64::MAX,
+    }
+}
+
+/// The value range of a signed integer type (u8 too).
 pub(crate) fn int_range(d: crate::DType) -> (i64, i64) {
     use crate::DType;
     match d {
@@ -169,6 +195,14 @@ mod tests {
         let y = eval(&reduce(ReduceOp::Sum, &[0], true), &[&x]).unwrap();
         assert_eq!(y.data(), &Data::I32(vec![8, -5]));
         assert!(eval(&reduce(ReduceOp::Mean, &[0], true), &[&x]).is_err());
+        let u = Tensor::new([2, 2], Data::U64(vec![u64::MAX, 1, 2, 3])).unwrap();
+        let y = eval(&reduce(ReduceOp::Max, &[1], false), &[&u]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![u64::MAX, 3]));
+        let y = eval(&reduce(ReduceOp::Min, &[0], false), &[&u]).unwrap();
+        assert_eq!(y.data(), &Data::U64(vec![2, 1]));
+        let e = Tensor::new([0], Data::U32(vec![])).unwrap();
+        let y = eval(&reduce(ReduceOp::Min, &[0], false), &[&e]).unwrap();
+        assert_eq!(y.data(), &Data::U32(vec![u32::MAX]));
         let n = f32s(&[3], &[1.0, f32::NAN, 2.0]);
         let y = eval(&reduce(ReduceOp::Max, &[0], false), &[&n]).unwrap();
         assert!(y.to_f64_vec()[0].is_nan());

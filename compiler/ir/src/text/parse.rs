@@ -7,8 +7,8 @@ use crate::op::{
     Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
 };
 use crate::{
-    BinaryOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op, ReduceOp, Shape,
-    Tensor, UnaryOp, ValueType,
+    BinaryOp, BitwiseOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op,
+    ReduceOp, Shape, Tensor, UnaryOp, ValueType,
 };
 use half::{bf16, f16};
 use smallvec::SmallVec;
@@ -577,6 +577,9 @@ fn parse_elements(dtype: DType, elements: &[(String, usize)]) -> Result<Data, Ir
         DType::I16 => Data::I16(each(elements, dtype, |s| s.parse().ok())?),
         DType::I32 => Data::I32(each(elements, dtype, |s| s.parse().ok())?),
         DType::I64 => Data::I64(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U16 => Data::U16(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U32 => Data::U32(each(elements, dtype, |s| s.parse().ok())?),
+        DType::U64 => Data::U64(each(elements, dtype, |s| s.parse().ok())?),
         DType::Bool => Data::Bool(each(elements, dtype, |s| match s {
             "true" | "1" => Some(true),
             "false" | "0" => Some(false),
@@ -924,6 +927,12 @@ const OPS: &[(&str, &[&str])] = &[
     ("or", &[]),
     ("xor", &[]),
     ("not", &[]),
+    ("bitwise_and", &[]),
+    ("bitwise_or", &[]),
+    ("bitwise_xor", &[]),
+    ("shift_left", &[]),
+    ("shift_right", &[]),
+    ("bitwise_not", &[]),
     ("where", &[]),
     ("reduce_sum", &["axes", "keep_dims"]),
     ("reduce_mean", &["axes", "keep_dims"]),
@@ -1230,6 +1239,12 @@ fn build_op(
         "or" => Op::Logical(LogicalOp::Or),
         "xor" => Op::Logical(LogicalOp::Xor),
         "not" => Op::Not,
+        "bitwise_and" => Op::Bitwise(BitwiseOp::And),
+        "bitwise_or" => Op::Bitwise(BitwiseOp::Or),
+        "bitwise_xor" => Op::Bitwise(BitwiseOp::Xor),
+        "shift_left" => Op::Bitwise(BitwiseOp::ShiftLeft),
+        "shift_right" => Op::Bitwise(BitwiseOp::ShiftRight),
+        "bitwise_not" => Op::BitwiseNot,
         "where" => Op::Where,
         r if r.starts_with("reduce_") && ReduceOp::ALL.iter().any(|o| o.name() == r) => {
             Op::Reduce {

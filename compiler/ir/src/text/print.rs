@@ -84,6 +84,8 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
         | Op::Compare(_)
         | Op::Logical(_)
         | Op::Not
+        | Op::Bitwise(_)
+        | Op::BitwiseNot
         | Op::Where
         | Op::MatMul
         | Op::GlobalAveragePool
@@ -242,6 +244,9 @@ fn print_const(out: &mut String, t: &Tensor, opts: &PrintOptions) {
             Data::I32(v) => v.iter().map(|x| x.to_string()).collect(),
             Data::I64(v) => v.iter().map(|x| x.to_string()).collect(),
             Data::Bool(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::U16(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::U32(v) => v.iter().map(|x| x.to_string()).collect(),
+            Data::U64(v) => v.iter().map(|x| x.to_string()).collect(),
         };
         out.push_str(&elements.join(", "));
         out.push_str("]>");
@@ -276,6 +281,9 @@ pub(super) fn fnv1a(data: &Data) -> u64 {
         Data::I32(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
         Data::I64(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
         Data::Bool(v) => v.iter().for_each(|&x| eat(&[x as u8])),
+        Data::U16(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::U32(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::U64(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
     }
     h
 }

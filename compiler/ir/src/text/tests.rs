@@ -3,8 +3,8 @@
 use super::{parse, print, print_with, PrintOptions};
 use crate::op::{Conv2d, Pool2d, SliceAxis};
 use crate::{
-    BinaryOp, CompareOp, DType, Data, Graph, IrError, LogicalOp, NodeId, Op, ReduceOp, Tensor,
-    UnaryOp, ValueType,
+    BinaryOp, BitwiseOp, CompareOp, DType, Data, Graph, IrError, LogicalOp, NodeId, Op, ReduceOp,
+    Tensor, UnaryOp, ValueType,
 };
 use half::{bf16, f16};
 use smallvec::smallvec;
@@ -330,6 +330,9 @@ fn constants_graph() -> Graph {
         Tensor::new([], Data::F32(vec![2.5])),
         Tensor::new([0], Data::F32(vec![])),
         Tensor::new([17], Data::I32((0..17).collect())),
+        Tensor::new([2], Data::U16(vec![0, u16::MAX])),
+        Tensor::new([2], Data::U32(vec![1, u32::MAX])),
+        Tensor::new([3], Data::U64(vec![0, 1 << 63, u64::MAX])),
     ];
     let names = [
         "f32 specials",
@@ -346,6 +349,9 @@ fn constants_graph() -> Graph {
         "scalar",
         "empty",
         "seventeen",
+        "u16",
+        "u32",
+        "u64",
     ];
     for (i, (t, name)) in consts.into_iter().zip(names).enumerate() {
         let id = g.add_const(name, t.unwrap());
@@ -413,6 +419,10 @@ fn round_trip_constants() {
     assert!(text.contains("nan:0x7e01"), "{text}");
     assert!(text.contains("nan:0x7ff8000000000001"), "{text}");
     assert!(text.contains("= const dense<[]>"), "{text}");
+    assert!(
+        text.contains("u64[3] = const dense<[0, 9223372036854775808, 18446744073709551615]>"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -680,6 +690,50 @@ fn logic_and_reduce_graph() -> Graph {
         g.add_output(op.name(), r);
     }
     g
+}
+
+#[test]
+fn round_trip_bitwise_ops() {
+    let mut g = Graph::new();
+    let a = g.add_input("a", vt(DType::U32, &[2, 3]));
+    let b = g.add_input("b", vt(DType::U32, &[3]));
+    let mut acc = a;
+    for op in [
+        BitwiseOp::And,
+        BitwiseOp::Or,
+        BitwiseOp::Xor,
+        BitwiseOp::ShiftLeft,
+        BitwiseOp::ShiftRight,
+    ] {
+        acc = g.add_node(Op::Bitwise(op), &[acc, b], op.name()).unwrap();
+    }
+    let n = g.add_node(Op::BitwiseNot, &[acc], "not").unwrap();
+    g.add_output("n", n);
+    let text = round_trip(&g);
+    for name in [
+        "bitwise_and(",
+        "bitwise_or(",
+        "bitwise_xor(",
+        "shift_left(",
+        "shift_right(",
+        "bitwise_not(",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    // Bitwise ops are for integers only.
+    let mut g = Graph::new();
+    let i = g.add_input("i", vt(DType::I32, &[2]));
+    let f = g.add_input("f", vt(DType::F32, &[2]));
+    let shift = Op::Bitwise(BitwiseOp::ShiftLeft);
+    assert!(g.add_node(shift.clone(), &[i, i], "s").is_ok());
+    assert!(g.add_node(shift, &[f, f], "s").is_err());
+    assert!(g
+        .add_node(Op::Bitwise(BitwiseOp::And), &[i, i], "a")
+        .is_ok());
+    assert!(g
+        .add_node(Op::Bitwise(BitwiseOp::And), &[f, f], "a")
+        .is_err());
+    assert!(g.add_node(Op::BitwiseNot, &[f], "n").is_err());
 }
 
 #[test]

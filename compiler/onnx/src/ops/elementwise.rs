@@ -300,7 +300,19 @@ pub fn clip(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             ctx.opt_input(node, i)
                 .is_some_and(|v| ctx.konst(v).is_none())
         };
-        if runtime(1) || runtime(2) {
+        // An integer limit that f32 cannot hold exactly (beyond 2^24, as
+        // large u32/u64/i64 limits are) is applied exactly as Max/Min.
+        let inexact = |i: usize| {
+            ctx.opt_input(node, i)
+                .and_then(|v| ctx.konst(v))
+                .is_some_and(|t| {
+                    !t.dtype().is_float()
+                        && t.len() == 1
+                        && t.data().get_u64(0) as f32 as u64 != t.data().get_u64(0)
+                        && t.data().get_i64(0) as f32 as i64 != t.data().get_i64(0)
+                })
+        };
+        if runtime(1) || runtime(2) || inexact(1) || inexact(2) {
             return clip_by_values(ctx, node);
         }
         let limit = |ctx: &ImportCtx, i: usize, default: f32| -> Result<f32, OnnxError> {

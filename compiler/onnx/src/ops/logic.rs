@@ -1,11 +1,12 @@
 //! Comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual), boolean
-//! ops (And, Or, Xor, Not) and Where.
+//! ops (And, Or, Xor, Not), bitwise ops (BitShift, BitwiseAnd/Or/Xor/Not)
+//! and Where.
 
 use super::elementwise::binary_operands;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{CompareOp, LogicalOp, Op};
+use kiln_ir::{BitwiseOp, CompareOp, LogicalOp, Op};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -59,6 +60,42 @@ pub fn xor(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn not(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     one(ctx.op(Op::Not, &[x], None)?)
+}
+
+fn bitwise(ctx: &mut ImportCtx, node: &NodeProto, op: BitwiseOp) -> R {
+    let (a, b) = binary_operands(ctx, node)?;
+    one(ctx.op(Op::Bitwise(op), &[a, b], None)?)
+}
+
+/// `BitShift` (opset 11+, `direction` LEFT or RIGHT): unsigned integers,
+/// and signed ones (as the opset 28 tests use them) with numpy semantics.
+pub fn bit_shift(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let op = match ctx.attr_s(node, "direction")?.as_deref() {
+        Some("LEFT") => BitwiseOp::ShiftLeft,
+        Some("RIGHT") => BitwiseOp::ShiftRight,
+        Some(other) => {
+            return Err(ctx.bad_attr("direction", format!("must be LEFT or RIGHT, got {other:?}")))
+        }
+        None => return Err(ctx.bad_attr("direction", "is required")),
+    };
+    bitwise(ctx, node, op)
+}
+/// `BitwiseAnd` (opset 18+).
+pub fn bitwise_and(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    bitwise(ctx, node, BitwiseOp::And)
+}
+/// `BitwiseOr` (opset 18+).
+pub fn bitwise_or(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    bitwise(ctx, node, BitwiseOp::Or)
+}
+/// `BitwiseXor` (opset 18+).
+pub fn bitwise_xor(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    bitwise(ctx, node, BitwiseOp::Xor)
+}
+/// `BitwiseNot` (opset 18+).
+pub fn bitwise_not(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    one(ctx.op(Op::BitwiseNot, &[x], None)?)
 }
 
 /// `Where` (opset 9+; numpy broadcasting of all three inputs).

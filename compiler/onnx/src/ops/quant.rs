@@ -155,6 +155,7 @@ pub fn quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
         DType::I16 => (-32768.0, 32767.0),
+        DType::U16 => (0.0, 65535.0),
         DType::I32 => (i32::MIN as f32, i32::MAX as f32),
         d => return Err(ctx.unsupported(format!("QuantizeLinear to {d}"))),
     };

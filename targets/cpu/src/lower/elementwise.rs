@@ -201,10 +201,7 @@ pub(crate) fn expand(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
 pub(crate) fn unary(kb: &mut Kb, cx: &NodeCx, op: &UnaryOp) -> Result<(), CpuError> {
     let d = cx.inputs[0].1.dtype;
     let op = *op;
-    let int = matches!(
-        d,
-        DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
-    );
+    let int = d.is_int();
     if !(matches!(d, DType::F32 | DType::F64) || (int && op.accepts_int())) {
         return Err(cx.dtype_err(d));
     }
@@ -432,11 +429,12 @@ fn libm_f32(op: UnaryOp) -> Option<HostFn> {
     })
 }
 
-/// Extends an integer element to i64 (signed, or unsigned for u8/bool).
+/// Extends an integer element to i64 (signed, or zero-extended for the
+/// unsigned types and bool; u64 keeps its bits).
 pub(crate) fn widen(kb: &mut Kb, x: Value, d: DType) -> Value {
     match d {
-        DType::I64 => x,
-        DType::U8 | DType::Bool => kb.b.ins().uextend(I64, x),
+        DType::I64 | DType::U64 => x,
+        DType::U8 | DType::U16 | DType::U32 | DType::Bool => kb.b.ins().uextend(I64, x),
         _ => kb.b.ins().sextend(I64, x),
     }
 }
@@ -463,8 +461,35 @@ fn select_gt(kb: &mut Kb, x: Value, bound: i64, then: i64) -> Value {
     kb.b.ins().select(c, t, x)
 }
 
+/// Unary ops on unsigned elements zero-extended to i64, compared as
+/// unsigned (a u64 above `i64::MAX` is not negative).
+fn unary_uint(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
+    match op {
+        UnaryOp::Relu | UnaryOp::Abs => x,
+        UnaryOp::Neg => kb.b.ins().ineg(x),
+        UnaryOp::Sign => {
+            let nz = kb.b.ins().icmp_imm_u(IntCC::NotEqual, x, 0);
+            kb.b.ins().uextend(I64, nz)
+        }
+        UnaryOp::Clip { min, max } => {
+            // As the reference: bounds rounded inward, saturated to u64.
+            let lo = (min as f64).ceil() as u64 as i64;
+            let hi = (max as f64).floor() as u64 as i64;
+            let lo = kb.iconst(lo);
+            let hi = kb.iconst(hi);
+            let y = kb.b.ins().umax(x, lo);
+            kb.b.ins().umin(y, hi)
+        }
+        _ => unreachable!("checked by accepts_int"),
+    }
+}
+
 fn unary_int(kb: &mut Kb, op: UnaryOp, x: Value, d: DType) -> Value {
     let x = widen(kb, x, d);
+    if d.is_unsigned() {
+        let r = unary_uint(kb, op, x);
+        return narrow(kb, r, d);
+    }
     let r = match op {
         UnaryOp::Relu => select_lt(kb, x, 0, 0),
         UnaryOp::Neg => kb.b.ins().ineg(x),
@@ -515,7 +540,11 @@ pub(crate) fn binary(kb: &mut Kb, cx: &NodeCx, op: BinaryOp) -> Result<(), CpuEr
         map(kb, &shape, out, &[a, b], None, &move |kb, v| {
             let x = widen(kb, v[0], d);
             let y = widen(kb, v[1], d);
-            let r = binary_int(kb, op, x, y);
+            let r = if d.is_unsigned() {
+                binary_uint(kb, op, x, y)
+            } else {
+                binary_int(kb, op, x, y)
+            };
             narrow(kb, r, d)
         });
     }
@@ -615,6 +644,42 @@ fn binary_int(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
             let neg = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, a, 0);
             kb.b.ins().select(neg, scaled, a)
         }
+    }
+}
+
+/// Unsigned integer semantics on zero-extended i64 (wrapping; division and
+/// remainder by zero give 0 instead of trapping; `Mod` and `Fmod` agree,
+/// and `PRelu` is the identity).
+fn binary_uint(kb: &mut Kb, op: BinaryOp, a: Value, b: Value) -> Value {
+    let safe_div = |kb: &mut Kb, rem: bool| {
+        let zero = kb.b.ins().icmp_imm_u(IntCC::Equal, b, 0);
+        let one = kb.iconst(1);
+        let safe = kb.b.ins().select(zero, one, b);
+        let q = if rem {
+            kb.b.ins().urem(a, safe)
+        } else {
+            kb.b.ins().udiv(a, safe)
+        };
+        let z = kb.iconst(0);
+        kb.b.ins().select(zero, z, q)
+    };
+    match op {
+        BinaryOp::Div => safe_div(kb, false),
+        BinaryOp::Mod | BinaryOp::Fmod => safe_div(kb, true),
+        BinaryOp::Max => kb.b.ins().umax(a, b),
+        BinaryOp::Min => kb.b.ins().umin(a, b),
+        BinaryOp::PRelu => a,
+        BinaryOp::Pow => {
+            // The exponent is unsigned: one at or above 2^32 gives 0, as the
+            // reference evaluator rejects it.
+            let r = binary_int(kb, op, a, b);
+            let big =
+                kb.b.ins()
+                    .icmp_imm_u(IntCC::UnsignedGreaterThan, b, u32::MAX as i64);
+            let z = kb.iconst(0);
+            kb.b.ins().select(big, z, r)
+        }
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul => binary_int(kb, op, a, b),
     }
 }
 
@@ -771,6 +836,10 @@ pub(crate) fn int_range(d: DType) -> (i64, i64) {
         DType::U8 => (0, u8::MAX as i64),
         DType::I16 => (i16::MIN as i64, i16::MAX as i64),
         DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::U16 => (0, u16::MAX as i64),
+        DType::U32 => (0, u32::MAX as i64),
+        // Bits of 0 and u64::MAX; compared as unsigned by the callers.
+        DType::U64 => (0, -1),
         _ => (i64::MIN, i64::MAX),
     }
 }
@@ -793,6 +862,9 @@ fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
             let z = kb.fconst(from_ty, 0.0);
             return kb.b.ins().fcmp(FloatCC::NotEqual, x, z);
         }
+        if to == DType::U64 {
+            return kb.b.ins().fcvt_to_uint_sat(I64, x);
+        }
         let v = kb.b.ins().fcvt_to_sint_sat(I64, x);
         if to == DType::I64 {
             return v;
@@ -806,7 +878,11 @@ fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
     }
     let v = widen(kb, x, from);
     if to.is_float() {
-        return kb.b.ins().fcvt_from_sint(to_ty, v);
+        return if from == DType::U64 {
+            kb.b.ins().fcvt_from_uint(to_ty, v)
+        } else {
+            kb.b.ins().fcvt_from_sint(to_ty, v)
+        };
     }
     if to == DType::Bool {
         return kb.b.ins().icmp_imm_s(IntCC::NotEqual, v, 0);

@@ -212,9 +212,9 @@ pub(crate) fn scalar_type(d: DType) -> Option<Type> {
         DType::F32 => F32,
         DType::F64 => F64,
         DType::I8 | DType::U8 | DType::Bool => I8,
-        DType::I16 => I16,
-        DType::I32 => I32,
-        DType::I64 => I64,
+        DType::I16 | DType::U16 => I16,
+        DType::I32 | DType::U32 => I32,
+        DType::I64 | DType::U64 => I64,
         DType::F16 | DType::BF16 => return None,
     })
 }
@@ -430,6 +430,8 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Compare(op) => logic::compare(kb, &cx, *op),
         Op::Logical(op) => logic::logical(kb, &cx, *op),
         Op::Not => logic::not(kb, &cx),
+        Op::Bitwise(op) => logic::bitwise(kb, &cx, *op),
+        Op::BitwiseNot => logic::bitwise_not(kb, &cx),
         Op::Where => logic::where_(kb, &cx),
         Op::Reduce { op, axes, .. } => reduce::reduce(kb, &cx, *op, axes),
         Op::Expand { .. } => elementwise::expand(kb, &cx),

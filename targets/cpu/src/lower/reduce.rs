@@ -180,6 +180,10 @@ fn reduce_int(
         let x = kb.load(sty, p, 0);
         let x = widen(kb, x, d);
         match op {
+            // Unsigned values are zero-extended: u8..u32 are non-negative
+            // in i64, u64 compares as unsigned.
+            ReduceOp::Max if d.is_unsigned() => kb.b.ins().umax(acc, x),
+            ReduceOp::Min if d.is_unsigned() => kb.b.ins().umin(acc, x),
             ReduceOp::Max => kb.b.ins().smax(acc, x),
             ReduceOp::Min => kb.b.ins().smin(acc, x),
             ReduceOp::Prod => kb.b.ins().imul(acc, x),

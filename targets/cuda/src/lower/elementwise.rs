@@ -8,7 +8,9 @@
 //! compute type ([`cty`](super::cty)): integers as s64 with the reference
 //! evaluator's wrapping semantics, bools as 0/1.
 
-use kiln_ir::{BinaryOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp};
+use kiln_ir::{
+    BinaryOp, BitwiseOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp,
+};
 
 use super::math;
 use super::{
@@ -82,11 +84,19 @@ pub(crate) fn unary(cx: &Cx, op: UnaryOp) -> Result<Kernel, CudaError> {
     if t == Ty::F64 && transcendental(op) {
         return Err(cx.dtype_err(DType::F64));
     }
+    let unsigned = cx.inputs[0].1.dtype.is_unsigned();
     map(
         cx,
         Box::new(move |kb, v| {
             if t.is_float() {
                 unary_float(kb, op, v[0])
+            } else if let (true, UnaryOp::Clip { min, max }) = (unsigned, op) {
+                // u8..u32, zero-extended: bounds rounded inward and
+                // saturated at 0, as the reference evaluator does.
+                let lo = (min as f64).ceil().max(0.0) as i64;
+                let hi = (max as f64).floor().max(0.0) as i64;
+                let y = kb.bin(Bin::Max, v[0], Opnd::I(lo));
+                kb.bin(Bin::Min, y, Opnd::I(hi))
             } else {
                 unary_int(kb, op, v[0])
             }
@@ -414,6 +424,8 @@ fn int_range(d: DType) -> (i64, i64) {
         DType::U8 => (0, u8::MAX as i64),
         DType::I16 => (i16::MIN as i64, i16::MAX as i64),
         DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::U16 => (0, u16::MAX as i64),
+        DType::U32 => (0, u32::MAX as i64),
         _ => (i64::MIN, i64::MAX),
     }
 }
@@ -482,6 +494,51 @@ pub(crate) fn logical(cx: &Cx, op: LogicalOp) -> Result<Kernel, CudaError> {
         LogicalOp::Xor => Bin::Xor,
     };
     map(cx, Box::new(move |kb, v| kb.bin(bin, v[0], v[1])))
+}
+
+/// Bitwise ops on integers held in s64 (sign- or zero-extended; stores
+/// truncate; u64 has no lowering). Shifts: a negative amount becomes 64,
+/// amounts are capped at 64 and moved to a u32 register, and PTX clamps
+/// shifts to the register width, so an amount of the bit width or more
+/// leaves only bits the store drops (left, and right of a non-negative
+/// value: 0) or the sign fill (`shr.s64` of a negative value: -1), as
+/// numpy gives.
+pub(crate) fn bitwise(cx: &Cx, op: BitwiseOp) -> Result<Kernel, CudaError> {
+    let d = cx.inputs[0].1.dtype;
+    cx.input_cty(0, true)?;
+    if !d.is_int() {
+        return Err(cx.dtype_err(d));
+    }
+    map(
+        cx,
+        Box::new(move |kb, v| match op {
+            BitwiseOp::And => kb.bin(Bin::And, v[0], v[1]),
+            BitwiseOp::Or => kb.bin(Bin::Or, v[0], v[1]),
+            BitwiseOp::Xor => kb.bin(Bin::Xor, v[0], v[1]),
+            BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight => {
+                let neg = kb.setp(Cmp::Lt, v[1], Opnd::I(0));
+                let n = kb.selp(Ty::S64, neg, Opnd::I(64), v[1]);
+                let n = kb.bin(Bin::Min, n, Opnd::I(64));
+                let n = kb.cvt(Ty::U32, "", n);
+                let bin = if op == BitwiseOp::ShiftLeft {
+                    Bin::Shl
+                } else {
+                    Bin::Shr
+                };
+                kb.bin(bin, v[0], n)
+            }
+        }),
+    )
+}
+
+/// Bitwise complement of integers (`xor` with all ones; stores truncate).
+pub(crate) fn bitwise_not(cx: &Cx) -> Result<Kernel, CudaError> {
+    let d = cx.inputs[0].1.dtype;
+    cx.input_cty(0, true)?;
+    if !d.is_int() {
+        return Err(cx.dtype_err(d));
+    }
+    map(cx, Box::new(|kb, v| kb.bin(Bin::Xor, v[0], Opnd::I(-1))))
 }
 
 pub(crate) fn not(cx: &Cx) -> Result<Kernel, CudaError> {

@@ -128,13 +128,23 @@ impl Cx<'_> {
 /// The register type an element of `d` is computed in: f32 and f64 as
 /// themselves, every integer type and bool widened to s64 (wrapping
 /// arithmetic then matches the reference evaluator's i64 semantics, and
-/// stores truncate back). f16/bf16 kernels come with the precision work.
+/// stores truncate back; u8, u16 and u32 load zero-extended, so signed
+/// s64 comparisons and divisions are exact for them). u64 has no lowering
+/// (it would need unsigned comparisons, divisions and conversions), nor do
+/// f16/bf16 yet: nodes with those types are refused.
 pub(crate) fn cty(d: DType) -> Option<Ty> {
     Some(match d {
         DType::F32 => Ty::F32,
         DType::F64 => Ty::F64,
-        DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64 | DType::Bool => Ty::S64,
-        DType::F16 | DType::BF16 => return None,
+        DType::I8
+        | DType::U8
+        | DType::I16
+        | DType::U16
+        | DType::I32
+        | DType::U32
+        | DType::I64
+        | DType::Bool => Ty::S64,
+        DType::U64 | DType::F16 | DType::BF16 => return None,
     })
 }
 
@@ -146,8 +156,11 @@ pub(crate) fn mem(d: DType) -> MemTy {
         DType::I8 => "s8",
         DType::U8 | DType::Bool => "u8",
         DType::I16 => "s16",
+        DType::U16 => "u16",
         DType::I32 => "s32",
+        DType::U32 => "u32",
         DType::I64 => "s64",
+        DType::U64 => "u64",
         DType::F16 | DType::BF16 => "b16",
     })
 }
@@ -349,6 +362,8 @@ pub(crate) fn lower_job<'g>(
         Op::Compare(c) => elementwise::compare(&cx, *c)?,
         Op::Logical(l) => elementwise::logical(&cx, *l)?,
         Op::Not => elementwise::not(&cx)?,
+        Op::Bitwise(op) => elementwise::bitwise(&cx, *op)?,
+        Op::BitwiseNot => elementwise::bitwise_not(&cx)?,
         Op::Where => elementwise::where_(&cx)?,
         Op::MatMul => linalg::matmul(&cx)?,
         Op::Gemm {

@@ -614,8 +614,9 @@ fn arith(op: &[&str], v: Vec<u64>, text: &str) -> u64 {
                 "and" => x[0] & x[1],
                 "or" => x[0] | x[1],
                 "xor" => x[0] ^ x[1],
-                "shl" => x[0] << x[1],
-                "shr" => x[0] >> x[1],
+                // PTX clamps shift amounts to the register width.
+                "shl" => x[0].checked_shl(x[1]).unwrap_or(0),
+                "shr" => x[0].checked_shr(x[1]).unwrap_or(0),
                 o => panic!("{o} in {text}"),
             }) as u64
         }
@@ -633,9 +634,10 @@ fn arith(op: &[&str], v: Vec<u64>, text: &str) -> u64 {
                 "and" => x[0] & x[1],
                 "or" => x[0] | x[1],
                 "xor" => x[0] ^ x[1],
-                "shl" => x[0] << x[1],
-                "shr" if ty == "s64" => x[0] >> x[1],
-                "shr" => ((x[0] as u64) >> x[1]) as i64,
+                // PTX clamps shift amounts (u32) to the register width.
+                "shl" => x[0].checked_shl(x[1] as u32).unwrap_or(0),
+                "shr" if ty == "s64" => x[0] >> (x[1] as u64).min(63),
+                "shr" => (x[0] as u64).checked_shr(x[1] as u32).unwrap_or(0) as i64,
                 "neg" => x[0].wrapping_neg(),
                 "abs" => x[0].wrapping_abs(),
                 o => panic!("{o} in {text}"),
