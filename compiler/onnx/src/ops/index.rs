@@ -9,7 +9,7 @@ use super::elementwise::{cast_to, reshape_to};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, Tensor};
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, Tensor, ValueType};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -345,6 +345,23 @@ pub(crate) fn gather_along(
     if it.shape.len() != rank || rank == 0 {
         return Err(ctx.invalid(format!("indices {it} must have the rank of data {dt}")));
     }
+    let flat_idx = elements_flat_index(ctx, &dt, idx, axis)?;
+    let flat = reshape_to(ctx, data, &[dt.num_elements()], Some("flat"))?;
+    ctx.op(Op::Gather { axis: 0 }, &[flat, flat_idx], suffix)
+}
+
+/// The flat position in data of type `dt` of every element of the
+/// GatherElements / ScatterElements index tensor `idx` (of data's rank)
+/// along `axis`: `idx·stride[axis]` (negative indices wrapped) plus the
+/// element's own offset in the other dims, a constant of the index shape.
+pub(crate) fn elements_flat_index(
+    ctx: &mut ImportCtx,
+    dt: &ValueType,
+    idx: Val,
+    axis: usize,
+) -> Result<Val, OnnxError> {
+    let it = ctx.ty(idx).clone();
+    let rank = dt.shape.len();
     if let Some(k) = (0..rank).find(|&k| k != axis && it.shape[k] > dt.shape[k]) {
         return Err(ctx.invalid(format!("indices {it} exceed data {dt} along axis {k}")));
     }
@@ -369,9 +386,7 @@ pub(crate) fn gather_along(
     let i = wrap_negative(ctx, idx, bound, "indices")?;
     let stride = int_scalar(ctx, ds[axis] as i64, "stride")?;
     let off = ctx.op(Op::Binary(BinaryOp::Mul), &[i, stride], Some("offset"))?;
-    let flat_idx = ctx.op(Op::Binary(BinaryOp::Add), &[off, base], Some("flat_index"))?;
-    let flat = reshape_to(ctx, data, &[dt.num_elements()], Some("flat"))?;
-    ctx.op(Op::Gather { axis: 0 }, &[flat, flat_idx], suffix)
+    ctx.op(Op::Binary(BinaryOp::Add), &[off, base], Some("flat_index"))
 }
 
 /// `GatherND` (`batch_dims` from opset 12): the last index axis (length K)

@@ -13,7 +13,7 @@
 //! refused as unsupported.
 
 use super::elementwise::{cast_to, reshape_to};
-use super::index::{gen_const, int_scalar, ramp, strides, wrap_negative};
+use super::index::{elements_flat_index, gen_const, int_scalar, ramp, strides, wrap_negative};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -200,36 +200,13 @@ pub fn scatter_elements(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let axis = ctx.attr_i_or(node, "axis", 0)?;
     let axis = ctx.axis("axis", axis, rank)?;
-    if let Some(k) = (0..rank).find(|&k| k != axis && it.shape[k] > dt.shape[k]) {
-        return Err(ctx.invalid(format!("indices {it} exceed data {dt} along axis {k}")));
-    }
     let red = if node.op_type == "Scatter" {
         "none".to_string()
     } else {
         reduction(ctx, node)?
     };
-    let ds = strides(&dt.shape);
-    let is = strides(&it.shape);
+    let pos = elements_flat_index(ctx, &dt, idx, axis)?;
     let count = it.num_elements();
-    ctx.charge_generated(count as u64 * 8)?;
-    let base: Vec<i64> = (0..count)
-        .map(|f| {
-            (0..rank)
-                .filter(|&k| k != axis)
-                .map(|k| ((f / is[k]) % it.shape[k] * ds[k]) as i64)
-                .sum()
-        })
-        .collect();
-    let base = gen_const(
-        ctx,
-        Tensor::new(&it.shape, Data::I64(base)).expect("count"),
-        "base",
-    )?;
-    let bound = int_scalar(ctx, dt.shape[axis] as i64, "axis_len")?;
-    let i = wrap_negative(ctx, idx, bound, "indices")?;
-    let stride = int_scalar(ctx, ds[axis] as i64, "stride")?;
-    let off = ctx.op(Op::Binary(BinaryOp::Mul), &[i, stride], Some("offset"))?;
-    let pos = ctx.op(Op::Binary(BinaryOp::Add), &[off, base], Some("flat_index"))?;
     let flat = reshape_to(ctx, data, &[dt.num_elements(), 1], Some("data_rows"))?;
     let upd = reshape_to(ctx, updates, &[count, 1], Some("update_rows"))?;
     one(scatter_rows(ctx, flat, pos, upd, &red, &dt.shape)?)
