@@ -385,7 +385,7 @@ pub(crate) fn pack_a(
 
 /// Packs `b` (`B[k, j]` at `b[k * b_row + j * b_col]`, in elements) into
 /// panels of `nr` columns: panel `q` holds columns `q*nr..` as `K` rows of
-/// `nr` values (zero past `n`).
+/// `nr` values (zero past `n`). That is [`pack_a`] of `Bᵀ`.
 pub(crate) fn pack_b(
     b: &[f32],
     k: usize,
@@ -394,22 +394,7 @@ pub(crate) fn pack_b(
     b_col: usize,
     nr: usize,
 ) -> Vec<u8> {
-    let panels = n.div_ceil(nr);
-    let mut out = Vec::with_capacity(panels * nr * k * 4);
-    for q in 0..panels {
-        for kk in 0..k {
-            for c in 0..nr {
-                let j = q * nr + c;
-                let v = if j < n {
-                    b[kk * b_row + j * b_col]
-                } else {
-                    0.0
-                };
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-    }
-    out
+    pack_a(b, n, k, b_col, b_row, nr)
 }
 
 const ZMM: [AsmRegisterZmm; 32] = [
