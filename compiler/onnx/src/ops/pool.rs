@@ -1,5 +1,5 @@
-//! Pooling: `MaxPool`, `AveragePool` (2-D, or 1-D through a reshape) and the
-//! global pools.
+//! Pooling: `MaxPool`, `AveragePool` (2-D; 1-D through a reshape; 3-D as
+//! per-slice 2-D pools combined along the depth) and the global pools.
 
 use super::conv::{lift, spatial_rank, window};
 use super::elementwise::{reshape_to, scalar};
@@ -26,6 +26,9 @@ fn pool_of(
     make: impl Fn(Pool2d) -> Op,
     suffix: Option<&str>,
 ) -> R {
+    if ctx.ty(x).shape.len() == 5 {
+        return pool_3d(ctx, node, x, make, suffix);
+    }
     let nsp = spatial_rank(ctx, x, "pools")?;
     let xs = ctx.ty(x).shape.clone();
     let kernel = match ctx.attr_ints(node, "kernel_shape")? {
@@ -62,6 +65,143 @@ fn pool_of(
     let y = ctx.op(op, &[x4], Some("pool2d"))?;
     let ys = ctx.ty(y).shape.clone();
     one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], suffix)?)
+}
+
+/// Most (output depth × kernel depth) slices a 3-D pool is unrolled into.
+const MAX_DEPTH_TAPS: usize = 4096;
+
+/// A 3-D pool `[N, C, D, H, W]`: the 2-D pool over (H, W) of every depth
+/// slice (the input viewed as `[N, C·D, H, W]`), then, per output depth,
+/// the max or the mean of the valid depth taps. Rectangular windows make
+/// this exact: the max of maxes is the max, and a mean of equal-count means
+/// is the mean, the count being the product of the per-axis counts (with or
+/// without padding, as `count_include_pad` says).
+fn pool_3d(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    make: impl Fn(Pool2d) -> Op,
+    suffix: Option<&str>,
+) -> R {
+    let xs = ctx.ty(x).shape.clone();
+    let dt = ctx.ty(x).dtype;
+    let kernel = match ctx.attr_ints(node, "kernel_shape")? {
+        Some(k) if k.len() == 3 && k.iter().all(|&v| v > 0) => {
+            k.iter().map(|&v| v as usize).collect::<Vec<_>>()
+        }
+        Some(k) => {
+            return Err(ctx.bad_attr(
+                "kernel_shape",
+                format!("expected 3 positive values, got {k:?}"),
+            ))
+        }
+        None => return Err(ctx.bad_attr("kernel_shape", "is required")),
+    };
+    let win = window(ctx, node, &xs[2..], &kernel)?;
+    let ceil_mode = ctx.attr_i_or(node, "ceil_mode", 0)? != 0;
+    let (depth, kd, sd, dd) = (xs[2], kernel[0], win.strides[0], win.dilations[0]);
+    let (pd, pd_end) = (win.pads_begin[0], win.pads_end[0]);
+    let out_depth = kiln_ir::infer::window_output_len(depth, kd, sd, pd, pd_end, dd, ceil_mode)
+        .ok_or_else(|| ctx.invalid(format!("the depth window does not fit the input {xs:?}")))?;
+    if out_depth.saturating_mul(kd) > MAX_DEPTH_TAPS {
+        return Err(ctx.unsupported(format!(
+            "a 3-D pool with {out_depth} output depths of {kd} taps (more than {MAX_DEPTH_TAPS} slices)"
+        )));
+    }
+    let op = make(Pool2d {
+        kernel: [kernel[1], kernel[2]],
+        strides: [win.strides[1], win.strides[2]],
+        pads: [
+            win.pads_begin[1],
+            win.pads_begin[2],
+            win.pads_end[1],
+            win.pads_end[2],
+        ],
+        dilations: [win.dilations[1], win.dilations[2]],
+        ceil_mode,
+    });
+    let average = match &op {
+        Op::AveragePool {
+            count_include_pad, ..
+        } => Some(*count_include_pad),
+        _ => None,
+    };
+    let planes = reshape_to(
+        ctx,
+        x,
+        &[xs[0], xs[1] * depth, xs[3], xs[4]],
+        Some("planes"),
+    )?;
+    let pooled = ctx.op(op, &[planes], Some("pool_hw"))?;
+    let ps = ctx.ty(pooled).shape.clone();
+    let pooled = reshape_to(
+        ctx,
+        pooled,
+        &[xs[0], xs[1], depth, ps[2], ps[3]],
+        Some("depths"),
+    )?;
+    let mut outs = Vec::with_capacity(out_depth);
+    for od in 0..out_depth {
+        let start = (od * sd) as i64 - pd as i64;
+        let taps: Vec<i64> = (0..kd as i64).map(|k| start + k * dd as i64).collect();
+        let valid: Vec<usize> = taps
+            .iter()
+            .filter(|&&d| d >= 0 && d < depth as i64)
+            .map(|&d| d as usize)
+            .collect();
+        if valid.is_empty() {
+            return Err(ctx.unsupported(format!(
+                "output depth {od} of the 3-D pool covers only padding"
+            )));
+        }
+        let mut acc: Option<Val> = None;
+        for &d in &valid {
+            let slice =
+                super::movement::slice_along(ctx, pooled, 2, d, 1, 1, &format!("d{od}_{d}"))?;
+            acc = Some(match acc {
+                None => slice,
+                Some(a) => {
+                    let combine = if average.is_some() {
+                        BinaryOp::Add
+                    } else {
+                        BinaryOp::Max
+                    };
+                    ctx.op(
+                        Op::Binary(combine),
+                        &[a, slice],
+                        Some(&format!("d{od}_acc{d}")),
+                    )?
+                }
+            });
+        }
+        let mut v = acc.expect("at least one tap");
+        if let Some(include_pad) = average {
+            let count = if include_pad {
+                let padded_end = (depth + pd_end) as i64;
+                taps.iter()
+                    .filter(|&&d| d >= -(pd as i64) && d < padded_end)
+                    .count()
+            } else {
+                valid.len()
+            };
+            let c = scalar(ctx, dt, count as f64, &format!("d{od}_count"));
+            v = ctx.op(
+                Op::Binary(BinaryOp::Div),
+                &[v, c],
+                Some(&format!("d{od}_mean")),
+            )?;
+        }
+        outs.push(v);
+    }
+    if outs.len() == 1 {
+        return one(reshape_to(
+            ctx,
+            outs[0],
+            &ctx.ty(outs[0]).shape.clone(),
+            suffix,
+        )?);
+    }
+    one(ctx.op(Op::Concat { axis: 2 }, &outs, suffix)?)
 }
 
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`
