@@ -246,7 +246,7 @@ impl Model {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
-        self.with_arena(|program, arena| program.run_into(arena, None, inputs, outputs))?
+        self.with_arena(|program, arena| program.run_into(arena, None, inputs, outputs, None))?
     }
 
     /// Calls `f` with the cached arena, or with a fresh one while the
@@ -301,14 +301,13 @@ impl Session {
         step_times: &mut Vec<std::time::Duration>,
     ) -> Result<(), Error> {
         step_times.resize(self.program.steps.len(), std::time::Duration::ZERO);
-        let program = &self.program;
-        program.check_output_buffers(outputs.iter().map(|b| b.len()))?;
-        program.bind_inputs(&mut self.arena, inputs)?;
-        program.execute_timed(&mut self.arena, self.pool.as_ref(), Some(step_times))?;
-        for (i, out) in outputs.iter_mut().enumerate() {
-            out.copy_from_slice(program.output_bytes(&self.arena, i));
-        }
-        Ok(())
+        self.program.run_into(
+            &mut self.arena,
+            self.pool.as_ref(),
+            inputs,
+            outputs,
+            Some(step_times),
+        )
     }
 
     /// Threads this session's runs use.
@@ -325,7 +324,7 @@ impl Session {
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
         self.program
-            .run_into(&mut self.arena, self.pool.as_ref(), inputs, outputs)
+            .run_into(&mut self.arena, self.pool.as_ref(), inputs, outputs, None)
     }
 
     /// The shared program, this session's arena and its threads (for the
@@ -359,10 +358,11 @@ impl Program {
         pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
+        step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
         self.check_output_buffers(outputs.iter().map(|b| b.len()))?;
         self.bind_inputs(arena, inputs)?;
-        self.execute(arena, pool)?;
+        self.execute_timed(arena, pool, step_times)?;
         for (i, out) in outputs.iter_mut().enumerate() {
             out.copy_from_slice(self.output_bytes(arena, i));
         }

@@ -93,6 +93,16 @@ impl Default for CompileOptions {
     }
 }
 
+/// The first 8 bytes of the SHA-256 of `data`, in hex: names data that
+/// decides the artifact (bound input values, a plan file) in the options
+/// text.
+fn digest_prefix(data: &[u8]) -> String {
+    Sha256::digest(data)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl CompileOptions {
     /// A canonical, deterministic rendering of the options, stored in the
     /// artifact so `kiln inspect` can show how it was built.
@@ -116,17 +126,13 @@ impl CompileOptions {
             let _ = write!(s, " dim={name}={v}");
         }
         for (name, t) in &self.import.input_values {
-            let digest = Sha256::digest(t.data().to_le_bytes());
             let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
             let _ = write!(
                 s,
                 " bind_input={name}={}[{}]sha256:{}",
                 t.dtype(),
                 dims.join("x"),
-                digest[..8]
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                digest_prefix(&t.data().to_le_bytes())
             );
         }
         // fp32 builds keep the options text (and so the artifact bytes)
@@ -147,15 +153,11 @@ impl CompileOptions {
                 let _ = write!(s, " force={prec}={}", list(pats));
             }
             if let Some(plan) = &p.plan {
-                let digest = Sha256::digest(plan.to_json().as_bytes());
                 let _ = write!(
                     s,
                     " plan={}nodes:sha256:{}",
                     plan.entries.len(),
-                    digest[..8]
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect::<String>()
+                    digest_prefix(plan.to_json().as_bytes())
                 );
             }
             if let Some(e) = self.max_rel_error {

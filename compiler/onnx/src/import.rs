@@ -386,30 +386,25 @@ pub(crate) fn import_model(
         .iter()
         .filter(|i| !init_names.contains(i.name.as_str()))
         .collect();
-    for name in opts.input_shapes.keys() {
-        if !inputs.iter().any(|i| &i.name == name) {
-            let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(OnnxError::InputShape {
-                input: name.clone(),
-                message: format!(
+    // Options naming no graph input: the message lists the inputs.
+    let unknown = |names: Vec<&String>| {
+        names
+            .into_iter()
+            .find(|n| !inputs.iter().any(|i| &i.name == *n))
+            .map(|n| {
+                let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+                let message = format!(
                     "the model has no input of that name (inputs: {})",
                     list.join(", ")
-                ),
-            });
-        }
+                );
+                (n.clone(), message)
+            })
+    };
+    if let Some((input, message)) = unknown(opts.input_shapes.keys().collect()) {
+        return Err(OnnxError::InputShape { input, message });
     }
-
-    for name in opts.input_values.keys() {
-        if !inputs.iter().any(|i| &i.name == name) {
-            let list: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(OnnxError::InputValue {
-                input: name.clone(),
-                message: format!(
-                    "the model has no input of that name (inputs: {})",
-                    list.join(", ")
-                ),
-            });
-        }
+    if let Some((input, message)) = unknown(opts.input_values.keys().collect()) {
+        return Err(OnnxError::InputValue { input, message });
     }
 
     let used = ops::control::used_names(graph);

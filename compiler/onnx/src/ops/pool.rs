@@ -17,6 +17,20 @@ fn pool(ctx: &mut ImportCtx, node: &NodeProto, make: impl Fn(Pool2d) -> Op) -> R
     pool_of(ctx, node, x, make, None)
 }
 
+/// The required `kernel_shape`: `dims` positive sizes.
+fn kernel_shape(ctx: &ImportCtx, node: &NodeProto, dims: usize) -> Result<Vec<usize>, OnnxError> {
+    match ctx.attr_ints(node, "kernel_shape")? {
+        Some(k) if k.len() == dims && k.iter().all(|&v| v > 0) => {
+            Ok(k.iter().map(|&v| v as usize).collect())
+        }
+        Some(k) => Err(ctx.bad_attr(
+            "kernel_shape",
+            format!("expected {dims} positive values, got {k:?}"),
+        )),
+        None => Err(ctx.bad_attr("kernel_shape", "is required")),
+    }
+}
+
 /// [`pool`] on the value `x` (not necessarily the node's input); `suffix`
 /// names the result (`None`: the node's own output).
 fn pool_of(
@@ -31,18 +45,7 @@ fn pool_of(
     }
     let nsp = spatial_rank(ctx, x, "pools")?;
     let xs = ctx.ty(x).shape.clone();
-    let kernel = match ctx.attr_ints(node, "kernel_shape")? {
-        Some(k) if k.len() == nsp && k.iter().all(|&v| v > 0) => {
-            k.iter().map(|&v| v as usize).collect::<Vec<_>>()
-        }
-        Some(k) => {
-            return Err(ctx.bad_attr(
-                "kernel_shape",
-                format!("expected {nsp} positive values, got {k:?}"),
-            ))
-        }
-        None => return Err(ctx.bad_attr("kernel_shape", "is required")),
-    };
+    let kernel = kernel_shape(ctx, node, nsp)?;
     let win = window(ctx, node, &xs[2..], &kernel)?;
     let ceil_mode = ctx.attr_i_or(node, "ceil_mode", 0)? != 0;
     let (strides, pads, dilations) = win.to_2d();
@@ -85,18 +88,7 @@ fn pool_3d(
 ) -> R {
     let xs = ctx.ty(x).shape.clone();
     let dt = ctx.ty(x).dtype;
-    let kernel = match ctx.attr_ints(node, "kernel_shape")? {
-        Some(k) if k.len() == 3 && k.iter().all(|&v| v > 0) => {
-            k.iter().map(|&v| v as usize).collect::<Vec<_>>()
-        }
-        Some(k) => {
-            return Err(ctx.bad_attr(
-                "kernel_shape",
-                format!("expected 3 positive values, got {k:?}"),
-            ))
-        }
-        None => return Err(ctx.bad_attr("kernel_shape", "is required")),
-    };
+    let kernel = kernel_shape(ctx, node, 3)?;
     let win = window(ctx, node, &xs[2..], &kernel)?;
     let ceil_mode = ctx.attr_i_or(node, "ceil_mode", 0)? != 0;
     let (depth, kd, sd, dd) = (xs[2], kernel[0], win.strides[0], win.dilations[0]);
@@ -126,6 +118,11 @@ fn pool_3d(
         } => Some(*count_include_pad),
         _ => None,
     };
+    let combine = Op::Binary(if average.is_some() {
+        BinaryOp::Add
+    } else {
+        BinaryOp::Max
+    });
     let planes = reshape_to(
         ctx,
         x,
@@ -160,18 +157,7 @@ fn pool_3d(
                 super::movement::slice_along(ctx, pooled, 2, d, 1, 1, &format!("d{od}_{d}"))?;
             acc = Some(match acc {
                 None => slice,
-                Some(a) => {
-                    let combine = if average.is_some() {
-                        BinaryOp::Add
-                    } else {
-                        BinaryOp::Max
-                    };
-                    ctx.op(
-                        Op::Binary(combine),
-                        &[a, slice],
-                        Some(&format!("d{od}_acc{d}")),
-                    )?
-                }
+                Some(a) => ctx.op(combine.clone(), &[a, slice], Some(&format!("d{od}_acc{d}")))?,
             });
         }
         let mut v = acc.expect("at least one tap");
@@ -193,15 +179,10 @@ fn pool_3d(
         }
         outs.push(v);
     }
-    if outs.len() == 1 {
-        return one(reshape_to(
-            ctx,
-            outs[0],
-            &ctx.ty(outs[0]).shape.clone(),
-            suffix,
-        )?);
+    match outs[..] {
+        [only] => one(only),
+        _ => one(ctx.op(Op::Concat { axis: 2 }, &outs, suffix)?),
     }
-    one(ctx.op(Op::Concat { axis: 2 }, &outs, suffix)?)
 }
 
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`
