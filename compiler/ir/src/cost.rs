@@ -16,7 +16,7 @@ pub fn dense_flops(graph: &Graph) -> u64 {
             let input = |i: usize| graph.node(graph.inputs_of(id)[i]).ty.shape.clone();
             let out: u64 = node.ty.shape.iter().map(|&d| d as u64).product();
             match &node.op {
-                Op::MatMul => {
+                Op::MatMul | Op::MatMulInteger => {
                     let a = input(0);
                     2 * out * a.last().copied().unwrap_or(1) as u64
                 }

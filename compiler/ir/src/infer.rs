@@ -103,6 +103,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             Ok(ValueType::new(a.dtype, shape))
         }
         Op::MatMul => infer_matmul(inputs[0], inputs[1]),
+        Op::MatMulInteger => infer_matmul_integer(inputs),
         Op::Gemm {
             trans_a, trans_b, ..
         } => {
@@ -538,9 +539,56 @@ pub fn is_half(d: DType) -> bool {
 }
 
 fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
-    let name = "matmul";
-    let out = dense_result(name, &[a, b])?;
-    if a.dtype == DType::Bool || a.shape.is_empty() || b.shape.is_empty() {
+    let out = dense_result("matmul", &[a, b])?;
+    if a.dtype == DType::Bool {
+        return Err(IrError::ty(
+            "matmul",
+            format!("unsupported operands {a} and {b}"),
+        ));
+    }
+    Ok(ValueType::new(out, matmul_shape("matmul", a, b)?))
+}
+
+/// MatMulInteger: u8/i8 operands, zero points of their types (A's a
+/// scalar, B's a scalar or one per column), i32 out.
+fn infer_matmul_integer(inputs: &[&ValueType]) -> Result<ValueType, IrError> {
+    let name = "matmul_integer";
+    let (a, b, az, bz) = (inputs[0], inputs[1], inputs[2], inputs[3]);
+    for t in [a, b] {
+        if !matches!(t.dtype, DType::U8 | DType::I8) {
+            return Err(IrError::ty(
+                name,
+                format!("operands must be u8 or i8, got {t}"),
+            ));
+        }
+    }
+    let shape = matmul_shape(name, a, b)?;
+    same_dtype(name, a, az)?;
+    same_dtype(name, b, bz)?;
+    if az.num_elements() != 1 || az.shape.len() > 1 {
+        return Err(IrError::ty(
+            name,
+            format!("A's zero point must be a scalar, got {az}"),
+        ));
+    }
+    let n = if b.shape.len() > 1 {
+        b.shape[b.shape.len() - 1]
+    } else {
+        1
+    };
+    let per_column = bz.shape.len() == 1 && bz.shape[0] == n;
+    if !(bz.num_elements() == 1 && bz.shape.len() <= 1) && !per_column {
+        return Err(IrError::ty(
+            name,
+            format!("B's zero point must be a scalar or one per column ({n}), got {bz}"),
+        ));
+    }
+    Ok(ValueType::new(DType::I32, shape))
+}
+
+/// The numpy MatMul result shape of `a @ b`.
+fn matmul_shape(name: &'static str, a: &ValueType, b: &ValueType) -> Result<Shape, IrError> {
+    if a.shape.is_empty() || b.shape.is_empty() {
         return Err(IrError::ty(
             name,
             format!("unsupported operands {a} and {b}"),
@@ -574,7 +622,7 @@ fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
     if b.shape.len() > 1 {
         shape.push(n);
     }
-    Ok(ValueType::new(out, shape))
+    Ok(shape)
 }
 
 fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {

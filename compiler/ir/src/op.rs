@@ -914,6 +914,12 @@ pub enum Op {
     Binary(BinaryOp),
     /// Matrix product with numpy semantics (batched, broadcast).
     MatMul,
+    /// Integer matrix product `(A - a_zero) @ (B - b_zero)` with numpy
+    /// semantics, accumulated exactly in i32 (ONNX `MatMulInteger`):
+    /// inputs A and B (`u8` or `i8`, each with its own type), A's zero
+    /// point (a scalar of A's type) and B's (a scalar or one per column of
+    /// B, of B's type); `i32` out.
+    MatMulInteger,
     /// `alpha * op(A) @ op(B) + beta * C`; 2 or 3 inputs, C unidirectionally
     /// broadcast to the output.
     Gemm {
@@ -1035,6 +1041,7 @@ impl Op {
             Op::Unary(u) => u.name(),
             Op::Binary(b) => b.name(),
             Op::MatMul => "matmul",
+            Op::MatMulInteger => "matmul_integer",
             Op::Gemm { .. } => "gemm",
             Op::Conv(_) => "conv",
             Op::MaxPool(_) => "max_pool",
@@ -1074,6 +1081,7 @@ impl Op {
             | Op::Logical(_)
             | Op::Bitwise(_) => (2, 2),
             Op::Where => (3, 3),
+            Op::MatMulInteger => (4, 4),
             Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),
             Op::Fused(k) => (k.num_inputs(), k.num_inputs()),

@@ -86,6 +86,37 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &ValueType) -> Result<Data, Ir
     Ok(Data::from_i64s(a.dtype(), values.into_iter()))
 }
 
+/// `MatMulInteger`: `(A - a_zero) @ (B - b_zero)` in wrapping i32 (every
+/// product of two centred 8-bit values fits; sums of more than 2^17 of them
+/// wrap as the ONNX reference's int32 accumulation does).
+pub(super) fn matmul_integer(inputs: &[&Tensor], out: &ValueType) -> Result<Data, IrError> {
+    let a = inputs[0].to_i64_vec();
+    let b = inputs[1].to_i64_vec();
+    let az = inputs[2].to_i64_vec()[0];
+    let bz = inputs[3].to_i64_vec();
+    let a_centred: Vec<i64> = a.iter().map(|v| v - az).collect();
+    let b_shape = inputs[1].shape();
+    let n = if b_shape.len() > 1 {
+        b_shape[b_shape.len() - 1]
+    } else {
+        1
+    };
+    let b_centred: Vec<i64> = (b.iter().enumerate())
+        .map(|(i, v)| v - bz[if bz.len() == 1 { 0 } else { i % n }])
+        .collect();
+    let wrap = |d: Vec<i64>, t: &Tensor| {
+        Tensor::new(t.shape(), Data::I64(d))
+            .ok_or_else(|| eval_err("matmul_integer", "operand size does not match its shape"))
+    };
+    let a = wrap(a_centred, inputs[0])?;
+    let b = wrap(b_centred, inputs[1])?;
+    let wide = ValueType::new(crate::DType::I64, out.shape.clone());
+    let Data::I64(v) = matmul(&a, &b, &wide)? else {
+        unreachable!("an i64 product is i64")
+    };
+    Ok(Data::I32(v.into_iter().map(|x| x as i32).collect()))
+}
+
 struct GemmKernel {
     alpha: f64,
     beta: f64,

@@ -62,7 +62,7 @@ pub fn work(op: &Op, inputs: &[&ValueType], output: &ValueType) -> u64 {
     let out = elems(output);
     let reduction = match op {
         // A[.., M, K] x B[.., K, N]: K per output element.
-        Op::MatMul => inputs
+        Op::MatMul | Op::MatMulInteger => inputs
             .first()
             .and_then(|a| a.shape.last())
             .map(|&k| k as u64),
@@ -116,6 +116,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Unary(u) => elementwise::unary(*u, inputs[0])?,
         Op::Binary(b) => elementwise::binary(*b, inputs[0], inputs[1], &out)?,
         Op::MatMul => linalg::matmul(inputs[0], inputs[1], &out)?,
+        Op::MatMulInteger => linalg::matmul_integer(inputs, &out)?,
         Op::Gemm {
             alpha,
             beta,

@@ -892,6 +892,7 @@ const OPS: &[(&str, &[&str])] = &[
     ("max", &[]),
     ("min", &[]),
     ("matmul", &[]),
+    ("matmul_integer", &[]),
     ("gemm", &["alpha", "beta", "trans_a", "trans_b"]),
     ("conv", &["strides", "pads", "dilations", "group"]),
     (
@@ -1190,6 +1191,7 @@ fn build_op(
         "max" => Op::Binary(BinaryOp::Max),
         "min" => Op::Binary(BinaryOp::Min),
         "matmul" => Op::MatMul,
+        "matmul_integer" => Op::MatMulInteger,
         "gemm" => Op::Gemm {
             alpha: a.optional("alpha", 1.0, Attrs::f32)?,
             beta: a.optional("beta", 1.0, Attrs::f32)?,

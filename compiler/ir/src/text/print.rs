@@ -88,6 +88,7 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
         | Op::BitwiseNot
         | Op::Where
         | Op::MatMul
+        | Op::MatMulInteger
         | Op::GlobalAveragePool
         | Op::GlobalMaxPool => vec![],
         Op::Unary(u) => match *u {

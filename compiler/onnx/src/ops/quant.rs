@@ -331,13 +331,53 @@ fn int_matmul(
     Ok(acc.expect("at least one chunk"))
 }
 
+/// `(a - a_zp) @ (b - b_zp)` as i32: the IR's `MatMulInteger` when the
+/// zero points are a scalar (A) and a scalar or one per column (B), which
+/// is what quantizers write; the exact float decomposition ([`int_matmul`])
+/// for per-row zero points of A and other layouts.
+fn integer_product(
+    ctx: &mut ImportCtx,
+    a: Val,
+    azp: Option<Val>,
+    b: Val,
+    bzp: Option<Val>,
+) -> Result<Val, OnnxError> {
+    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
+    let (ta, tb) = (ctx.ty(a).clone(), ctx.ty(b).clone());
+    if !eight_bit(ta.dtype) || !eight_bit(tb.dtype) || ta.shape.len() < 2 || tb.shape.len() < 2 {
+        return int_matmul(ctx, a, azp, b, bzp);
+    }
+    let n = tb.shape[tb.shape.len() - 1];
+    let scalar_like = |t: &kiln_ir::ValueType| t.num_elements() == 1 && t.shape.len() <= 1;
+    let fits_a = azp.is_none_or(|z| scalar_like(ctx.ty(z)));
+    let fits_b = bzp.is_none_or(|z| {
+        let t = ctx.ty(z);
+        scalar_like(t) || (t.shape.len() == 1 && t.shape[0] == n)
+    });
+    if !fits_a || !fits_b {
+        return int_matmul(ctx, a, azp, b, bzp);
+    }
+    let azp = match azp {
+        Some(z) => reshape_to(ctx, z, &[], Some("a_zero_point_scalar"))?,
+        None => scalar(ctx, ta.dtype, 0.0, "a_zero_point"),
+    };
+    let bzp = match bzp {
+        Some(z) if ctx.ty(z).num_elements() == 1 => {
+            reshape_to(ctx, z, &[], Some("b_zero_point_scalar"))?
+        }
+        Some(z) => z,
+        None => scalar(ctx, tb.dtype, 0.0, "b_zero_point"),
+    };
+    ctx.op(Op::MatMulInteger, &[a, b, azp, bzp], Some("product"))
+}
+
 /// `MatMulInteger`: exact i32 products of u8/i8 matrices.
 pub fn matmul_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = ctx.input(node, 0)?;
     let b = ctx.input(node, 1)?;
     let azp = ctx.opt_input(node, 2);
     let bzp = ctx.opt_input(node, 3);
-    one(int_matmul(ctx, a, azp, b, bzp)?)
+    one(integer_product(ctx, a, azp, b, bzp)?)
 }
 
 /// `QLinearMatMul`: the exact integer product, rescaled by
@@ -361,7 +401,7 @@ pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         DType::I8 => (-128.0, 127.0),
         d => return Err(ctx.unsupported(format!("QLinearMatMul to {d}"))),
     };
-    let c = int_matmul(ctx, a, azp, b, bzp)?;
+    let c = integer_product(ctx, a, azp, b, bzp)?;
     let c = ctx.op(Op::Cast { to: DType::F32 }, &[c], Some("product_float"))?;
     let a_s = cast_to(ctx, a_s, DType::F32, "a_scale_float")?;
     let b_s = cast_to(ctx, b_s, DType::F32, "b_scale_float")?;

@@ -7,7 +7,7 @@
 //! on a non-constant B) uses scalar 4-column tiles; a constant B with
 //! `trans_b` is transposed at compile time instead.
 
-use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::types::{F32, F32X4, I32, I8};
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::{DType, Data};
 
@@ -189,45 +189,74 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
     }
 }
 
+/// The loop structure of a numpy-semantics batched MatMul whose operand
+/// and output elements take `a_size`, `b_size` and `out_size` bytes.
+struct Batched {
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Collapsed batch dims and, per dim, the byte strides of the output,
+    /// A and B.
+    dims: Vec<usize>,
+    strides: Vec<Vec<i64>>,
+}
+
+impl Batched {
+    fn new(
+        cx: &NodeCx,
+        a_size: usize,
+        b_size: usize,
+        out_size: usize,
+    ) -> Result<Batched, CpuError> {
+        let (_, aty) = cx.inputs[0];
+        let (_, bty) = cx.inputs[1];
+        let a_sh: Vec<usize> = if aty.shape.len() == 1 {
+            vec![1, aty.shape[0]]
+        } else {
+            aty.shape.to_vec()
+        };
+        let b_sh: Vec<usize> = if bty.shape.len() == 1 {
+            vec![bty.shape[0], 1]
+        } else {
+            bty.shape.to_vec()
+        };
+        let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
+        let n = b_sh[b_sh.len() - 1];
+        let a_batch = &a_sh[..a_sh.len() - 2];
+        let b_batch = &b_sh[..b_sh.len() - 2];
+        let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)
+            .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?;
+        let scaled =
+            |st: Vec<i64>, by: usize| -> Vec<i64> { st.iter().map(|s| s * by as i64).collect() };
+        let out_st = scaled(super::strides(&batch), m * n * out_size);
+        let a_st = scaled(broadcast_strides(a_batch, &batch), m * k * a_size);
+        let b_st = scaled(broadcast_strides(b_batch, &batch), k * n * b_size);
+        let (dims, strides) = collapse(&batch, &[out_st, a_st, b_st]);
+        Ok(Batched {
+            m,
+            k,
+            n,
+            dims,
+            strides,
+        })
+    }
+}
+
 /// numpy-semantics MatMul on f32.
 pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
     let d = cx.float_input(0, false)?;
     debug_assert_eq!(d, DType::F32);
-    let (aloc, aty) = cx.inputs[0];
-    let (bloc, bty) = cx.inputs[1];
-    let a_sh: Vec<usize> = if aty.shape.len() == 1 {
-        vec![1, aty.shape[0]]
-    } else {
-        aty.shape.to_vec()
-    };
-    let b_sh: Vec<usize> = if bty.shape.len() == 1 {
-        vec![bty.shape[0], 1]
-    } else {
-        bty.shape.to_vec()
-    };
-    let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
-    let n = b_sh[b_sh.len() - 1];
-    let a_batch = &a_sh[..a_sh.len() - 2];
-    let b_batch = &b_sh[..b_sh.len() - 2];
-    let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)
-        .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?;
-    let mk = (m * k * 4) as i64;
-    let kn = (k * n * 4) as i64;
-    let mn = (m * n * 4) as i64;
-    let out_st: Vec<i64> = super::strides(&batch).iter().map(|s| s * mn).collect();
-    let a_st: Vec<i64> = broadcast_strides(a_batch, &batch)
-        .iter()
-        .map(|s| s * mk)
-        .collect();
-    let b_st: Vec<i64> = broadcast_strides(b_batch, &batch)
-        .iter()
-        .map(|s| s * kn)
-        .collect();
-    let (dims, st) = collapse(&batch, &[out_st, a_st, b_st]);
-    let a = kb.ptr(aloc);
-    let b = kb.ptr(bloc);
+    let Batched {
+        m,
+        k,
+        n,
+        dims,
+        strides,
+    } = Batched::new(cx, 4, 4, 4)?;
+    let a = kb.ptr(cx.inputs[0].0);
+    let b = kb.ptr(cx.inputs[1].0);
     let out = kb.ptr(cx.out);
-    nest(kb, &dims, &[out, a, b], &st, &mut |kb, p| {
+    nest(kb, &dims, &[out, a, b], &strides, &mut |kb, p| {
         emit(
             kb,
             &Gemm {
@@ -247,6 +276,61 @@ pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
                 out_rs: (n * 4) as i64,
             },
         )
+    });
+    Ok(())
+}
+
+/// `MatMulInteger` as scalar i32 loops: the portable path (any target, a
+/// non-constant B, zero points the AVX-512 VNNI kernel does not take).
+pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
+    let Batched {
+        m,
+        k,
+        n,
+        dims,
+        strides,
+    } = Batched::new(cx, 1, 1, 4)?;
+    let signed = |i: usize| cx.inputs[i].1.dtype == DType::I8;
+    let (a_signed, b_signed) = (signed(0), signed(1));
+    let byte = |kb: &mut Kb, p: Value, off: i64, is_signed: bool| -> Value {
+        let v = kb.load(I8, p, off);
+        if is_signed {
+            kb.b.ins().sextend(I32, v)
+        } else {
+            kb.b.ins().uextend(I32, v)
+        }
+    };
+    let a_zero_p = kb.ptr(cx.inputs[2].0);
+    let a_zero = byte(kb, a_zero_p, 0, a_signed);
+    let b_zero = kb.ptr(cx.inputs[3].0);
+    let b_zero_step = i64::from(cx.inputs[3].1.num_elements() > 1);
+    let a = kb.ptr(cx.inputs[0].0);
+    let b = kb.ptr(cx.inputs[1].0);
+    let out = kb.ptr(cx.out);
+    nest(kb, &dims, &[out, a, b], &strides, &mut |kb, p| {
+        let (out, a, b) = (p[0], p[1], p[2]);
+        for_range(kb, 0, m as i64, 1, &mut |kb, i| {
+            let a_row = kb.add_scaled(a, i, k as i64);
+            let out_row = kb.add_scaled(out, i, (n * 4) as i64);
+            for_range(kb, 0, n as i64, 1, &mut |kb, j| {
+                let zp = kb.add_scaled(b_zero, j, b_zero_step);
+                let bz = byte(kb, zp, 0, b_signed);
+                let b_col = kb.add_scaled(b, j, 1);
+                let zero = kb.b.ins().iconst(I32, 0);
+                let sum = for_range_carry(kb, 0, k as i64, 1, &[zero], &mut |kb, kk, acc| {
+                    let ap = kb.add_scaled(a_row, kk, 1);
+                    let bp = kb.add_scaled(b_col, kk, n as i64);
+                    let av = byte(kb, ap, 0, a_signed);
+                    let bv = byte(kb, bp, 0, b_signed);
+                    let ac = kb.b.ins().isub(av, a_zero);
+                    let bc = kb.b.ins().isub(bv, bz);
+                    let prod = kb.b.ins().imul(ac, bc);
+                    vec![kb.b.ins().iadd(acc[0], prod)]
+                });
+                let at = kb.add_scaled(out_row, j, 4);
+                kb.store(sum[0], at, 0);
+            });
+        });
     });
     Ok(())
 }

@@ -407,6 +407,7 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Binary(op) => elementwise::binary(kb, &cx, *op),
         Op::Cast { to } => elementwise::cast(kb, &cx, *to),
         Op::MatMul => linalg::matmul(kb, &cx),
+        Op::MatMulInteger => linalg::matmul_integer(kb, &cx),
         Op::Gemm {
             alpha,
             beta,
