@@ -20,6 +20,9 @@
 //!    the kernel alone), after `assign-precision` bf16 (an f32 input cast
 //!    to bf16 first, as in a model) and fp16 (f16 weights widened in the
 //!    kernel). GFLOP/s count the same 2·M·N·K operations.
+//! 4. **int8** (constant B): `MatMulInteger` of a u8 input (zero point
+//!    128) and i8 weights on AVX512-VNNI (`vpdpbusd`), i32 out; GOP/s of
+//!    the same 2·M·N·K operations, and the ratio to the fp32 kernel.
 
 use std::time::Instant;
 
@@ -47,22 +50,40 @@ fn main() {
         None => println!("peak: this host has no AVX-512F; skipped"),
     }
 
+    let mut f32_best = None;
     for (const_a, variant) in [
         (true, Variant::F32),
         (false, Variant::F32),
+        (false, Variant::Int8),
         (false, Variant::Bf16Input),
         (false, Variant::Pass(Mode::Bf16)),
         (false, Variant::Pass(Mode::Fp16)),
     ] {
-        if variant != Variant::F32 && !bf16_host() {
+        if variant == Variant::Int8 && !host_has("avx512vnni") {
+            println!("no AVX512-VNNI on this host: the int8 GEMM is skipped");
+            continue;
+        }
+        if !matches!(variant, Variant::F32 | Variant::Int8) && !host_has("avx512bf16") {
             println!("no AVX512-BF16 on this host: reduced-precision GEMMs skipped");
             break;
         }
         let (best, median) = gemm_gflops(m, n, k, runs, const_a, variant);
+        if (const_a, variant) == (false, Variant::F32) {
+            f32_best = Some(best);
+        }
+        if variant == Variant::Int8 {
+            print!("GEMM {m}x{n}x{k} constant B, int8 (u8 x i8 -> i32, VNNI) (native target, 1 thread, {runs} runs): best {best:.1} GOP/s, median {median:.1} GOP/s");
+            match f32_best {
+                Some(f) => println!(" = {:.2}x the fp32 kernel", best / f),
+                None => println!(),
+            }
+            continue;
+        }
         let which = match (const_a, variant) {
             (true, _) => "constant A",
             (false, Variant::F32) => "constant B",
             (false, Variant::Bf16Input) => "constant B, bf16 operands",
+            (false, Variant::Int8) => unreachable!("printed above"),
             (false, Variant::Pass(Mode::Bf16)) => "constant B, --precision bf16 (incl. cast)",
             (false, Variant::Pass(_)) => "constant B, --precision fp16",
         };
@@ -83,15 +104,27 @@ enum Variant {
     Bf16Input,
     /// An f32 graph, then `assign-precision` in this mode.
     Pass(Mode),
+    /// `MatMulInteger`: a u8 input and i8 weights.
+    Int8,
 }
 
-fn bf16_host() -> bool {
+/// Whether the host has the x86 feature `name` (`avx512bf16`,
+/// `avx512vnni`).
+fn host_has(name: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512bf16")
+        match name {
+            "avx512bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
+            "avx512vnni" => {
+                std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+            }
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = name;
         false
     }
 }
@@ -159,12 +192,23 @@ fn gemm_gflops(
             DType::BF16,
             Data::BF16(values.iter().map(|&v| half::bf16::from_f32(v)).collect()),
         ),
+        Variant::Int8 => (
+            DType::U8,
+            Data::I8(values.iter().map(|&v| (v * 250.0) as i8).collect()),
+        ),
         _ => (DType::F32, Data::F32(values)),
     };
     let c = g.add_const("w", Tensor::new(const_shape, c).unwrap());
     let x = g.add_input("x", ValueType::new(in_dtype, input_shape));
     let operands = if const_a { [c, x] } else { [x, c] };
-    let y = g.add_node(Op::MatMul, &operands, "gemm").unwrap();
+    let y = if variant == Variant::Int8 {
+        let scalar = |d: Data| Tensor::new([], d).unwrap();
+        let a_zero = g.add_const("a_zero", scalar(Data::U8(vec![128])));
+        let b_zero = g.add_const("b_zero", scalar(Data::I8(vec![0])));
+        (g.add_node(Op::MatMulInteger, &[x, c, a_zero, b_zero], "gemm")).unwrap()
+    } else {
+        g.add_node(Op::MatMul, &operands, "gemm").unwrap()
+    };
     g.add_output("y", y);
     if let Variant::Pass(mode) = variant {
         let pass = AssignPrecision {
@@ -185,14 +229,15 @@ fn gemm_gflops(
     let x_bytes: Vec<u8> = (0..input_shape[0] * input_shape[1])
         .flat_map(|i| match in_dtype {
             DType::BF16 => half::bf16::from_f32(val(i + 1)).to_le_bytes().to_vec(),
+            DType::U8 => vec![(i * 7919 % 256) as u8],
             _ => val(i + 1).to_le_bytes().to_vec(),
         })
         .collect();
     let shape = input_shape.map(|d| d as u64);
-    let fdtype = if in_dtype == DType::BF16 {
-        FDType::BF16
-    } else {
-        FDType::F32
+    let fdtype = match in_dtype {
+        DType::BF16 => FDType::BF16,
+        DType::U8 => FDType::U8,
+        _ => FDType::F32,
     };
     let inputs = [TensorRef::new("x", fdtype, &shape, &x_bytes)];
     let mut out = vec![0u8; m * n * 4];

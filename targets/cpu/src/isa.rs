@@ -79,6 +79,10 @@ pub(crate) struct Target {
     /// AVX512-BF16, only for `native` on a host that has it (no named
     /// target level includes it). Recorded in the artifact when used.
     pub bf16: bool,
+    /// Whether int8 dot products (`vpdpbusd`, with AVX512-BW byte masks)
+    /// may be used: like [`Target::bf16`], only for `native` on a host
+    /// with AVX512-VNNI and AVX512-BW. Recorded in the artifact when used.
+    pub vnni: bool,
 }
 
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
@@ -195,6 +199,9 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
     let bf16 = avx512
         && opts.target == CpuTarget::Native
         && CpuFeatures::detect_host().contains(CpuFeatures::AVX512BF16);
+    let vnni = avx512
+        && opts.target == CpuTarget::Native
+        && CpuFeatures::detect_host().contains(CpuFeatures::AVX512VNNI | CpuFeatures::AVX512BW);
     Ok(Target {
         isa,
         arch,
@@ -203,6 +210,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         avx512,
         tasks: opts.threads.max(1),
         bf16,
+        vnni,
     })
 }
 

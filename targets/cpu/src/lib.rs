@@ -174,6 +174,14 @@ pub fn compile(
     if graph.node_ids().any(|id| legalize::is_bf16_dot(graph, id)) {
         features |= kiln_runtime::format::CpuFeatures::AVX512BF16;
     }
+    if target.vnni
+        && graph
+            .node_ids()
+            .any(|id| graph.node(id).op == kiln_ir::Op::MatMulInteger)
+    {
+        features |= kiln_runtime::format::CpuFeatures::AVX512VNNI
+            | kiln_runtime::format::CpuFeatures::AVX512BW;
+    }
     let order = graph.topo_order()?;
     let mut plan = plan::plan(graph, &order)?;
     let mut text = emit::Text::new(target.arch);

@@ -19,8 +19,8 @@ use super::elementwise::broadcast_strides;
 use super::NodeCx;
 use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
-    pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, packed_a_rows, ALayout, Activation,
-    BLayout, Blocking, CLayout, Call, Elem, GemmSpec, Half, MAX_MR,
+    pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads, packed_a_rows, ALayout,
+    Activation, BLayout, Blocking, CLayout, Call, Elem, GemmSpec, Half, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
@@ -75,6 +75,14 @@ fn lower_with(
     tasks: usize,
 ) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
     let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
+    if let Op::MatMulInteger = cx.node.op {
+        let spec = integer_matmul(cx, weights).filter(|_| fused.is_none())?;
+        let codes = super::partition::split(spec, tasks)
+            .iter()
+            .map(|part| part.assemble().ok())
+            .collect::<Option<Vec<_>>>()?;
+        return Some((codes, None));
+    }
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
     if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
         return None;
@@ -360,6 +368,7 @@ fn pack_b_for(
         Elem::Bf16Dot => pack_b_pairs(b, k, n, row, col, nr),
         Elem::WidenB(h) => pack_b_half(b, k, n, row, col, nr, h),
         Elem::F32 | Elem::WidenA(_) => pack_b(b, k, n, row, col, nr),
+        Elem::U8I8Dot => unreachable!("int8 B is packed by pack_b_quads"),
     }
 }
 
@@ -525,6 +534,92 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         calls,
         im2col: Vec::new(),
         b_panel: None,
+        a_zero: None,
+    })
+}
+
+/// `MatMulInteger` with a u8 A and a constant B that is signed once its
+/// zero point is taken out (i8 with zero point 0, or u8 with zero point
+/// 128, stored as `b - 128`): B is packed as i8 quads with its column sums
+/// after the panels, and A's zero point (any u8, constant or computed) is
+/// applied in the epilogue. Batch dims of A fold into its rows (B is one
+/// matrix). Other operand types and zero points keep the Cranelift kernel.
+fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
+    let (aloc, aty) = cx.inputs[0];
+    let (_, bty) = cx.inputs[1];
+    if aty.dtype != DType::U8 || aty.shape.len() < 2 || bty.shape.len() != 2 {
+        return None;
+    }
+    let (k, n) = (bty.shape[0], bty.shape[1]);
+    let m = aty.num_elements() / k.max(1);
+    if k == 0 || m == 0 || n == 0 {
+        return None;
+    }
+    let b = cx.graph.constant(cx.input_ids[1])?.to_i64_vec();
+    let b_zero = cx.graph.constant(cx.input_ids[3])?.to_i64_vec();
+    let shift = match bty.dtype {
+        DType::I8 => 0,
+        _ => 128,
+    };
+    if b_zero.iter().any(|&z| z != shift) {
+        return None;
+    }
+    let b: Vec<i8> = b.iter().map(|&v| (v - shift) as i8).collect();
+    let blocking = Blocking::choose(m, n, MAX_MR);
+    let nr = blocking.nr();
+    let packed = pack_b_quads(&b, k, n, n, 1, nr);
+    let b_loc = weights_loc(weights, &packed);
+    // A's zero point: skipped when it is the constant 0.
+    let zero_is_0 = cx
+        .graph
+        .constant(cx.input_ids[2])
+        .is_some_and(|t| t.to_i64_vec() == [0]);
+    let (c, c_loc, a_zero) = if zero_is_0 {
+        (None, None, None)
+    } else {
+        let mut sums = vec![0i32; n.div_ceil(nr) * nr];
+        for row in b.chunks(n) {
+            for (j, &v) in row.iter().enumerate() {
+                sums[j] += i32::from(v);
+            }
+        }
+        let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let layout = CLayout {
+            row: 0,
+            per_column: true,
+            beta: 1.0,
+        };
+        (
+            Some(layout),
+            Some(weights_loc(weights, &bytes)),
+            Some(cx.inputs[2].0),
+        )
+    };
+    Some(GemmSpec {
+        m,
+        n,
+        k,
+        elem: Elem::U8I8Dot,
+        blocking,
+        a: ALayout::Strided {
+            row: k as i64,
+            col: 1,
+        },
+        b: BLayout::Packed,
+        out_row: (n * 4) as i64,
+        alpha: 1.0,
+        c,
+        act: Activation::None,
+        calls: vec![Call {
+            a: aloc,
+            b: b_loc,
+            out: cx.out,
+            c: c_loc,
+            src: None,
+        }],
+        im2col: Vec::new(),
+        b_panel: None,
+        a_zero,
     })
 }
 
@@ -624,6 +719,7 @@ fn gemm(
         }],
         im2col: Vec::new(),
         b_panel: None,
+        a_zero: None,
     })
 }
 
@@ -677,6 +773,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         calls,
         im2col: Vec::new(),
         b_panel: None,
+        a_zero: None,
     })
 }
 
@@ -778,6 +875,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         calls,
         im2col: routines,
         b_panel: None,
+        a_zero: None,
     })
 }
 

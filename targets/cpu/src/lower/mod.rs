@@ -297,6 +297,7 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
+        let needs_vnni = cx.node.op == Op::MatMulInteger;
         if let Op::Fused(k) = &cx.node.op {
             if let Some((mut tasks, tail)) =
                 dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)
@@ -313,8 +314,9 @@ pub(crate) fn lower_job(
             }
         } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
             return Ok(Lowered::Machine(code));
-        } else if let Some(code) =
-            dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks)
+        } else if let Some(code) = (target.vnni || !needs_vnni)
+            .then(|| dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks))
+            .flatten()
         {
             return Ok(Lowered::Machine(code));
         }

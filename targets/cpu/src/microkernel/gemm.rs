@@ -163,6 +163,13 @@ pub(crate) enum Elem {
     /// A packed 16-bit ([`pack_a_half`]), each element broadcast and
     /// widened; B f32; f32 FMAs.
     WidenA(Half),
+    /// int8 dot products (AVX512-VNNI): A u8 and contiguous along k
+    /// ([`ALayout::Strided`] with `col` 1), B i8 quads along k
+    /// ([`pack_b_quads`]); each `vpdpbusd` takes a broadcast dword of four
+    /// A bytes and 16 columns of four B bytes, four multiply-adds per lane
+    /// into i32 accumulators. The output is i32; the epilogue subtracts
+    /// `a_zero * column_sum(B)` (see [`GemmSpec::a_zero`]).
+    U8I8Dot,
 }
 
 impl Elem {
@@ -171,6 +178,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::WidenB(_) => F,
             Elem::Bf16Dot | Elem::WidenA(_) => 2,
+            Elem::U8I8Dot => 1,
         }
     }
 
@@ -179,15 +187,23 @@ impl Elem {
         match self {
             Elem::F32 | Elem::WidenA(_) => F,
             Elem::Bf16Dot | Elem::WidenB(_) => 2,
+            Elem::U8I8Dot => 1,
         }
     }
 
-    /// Reduction steps of the kernel loop for `k` (pairs for bf16 dot).
-    fn steps(self, k: usize) -> usize {
+    /// k elements one dot-product instruction reduces per lane.
+    fn group(self) -> usize {
         match self {
-            Elem::Bf16Dot => k.div_ceil(2),
-            _ => k,
+            Elem::Bf16Dot => 2,
+            Elem::U8I8Dot => 4,
+            _ => 1,
         }
+    }
+
+    /// Reduction steps of the kernel loop for `k` (pairs for bf16 dot,
+    /// quads for int8 dot).
+    fn steps(self, k: usize) -> usize {
+        k.div_ceil(self.group())
     }
 }
 
@@ -274,6 +290,38 @@ pub(crate) fn pack_b_pairs(
     out
 }
 
+/// Packs i8 `b` (`B[k, j]` at `b[k * b_row + j * b_col]`) as quads along k
+/// for [`Elem::U8I8Dot`]: panel `q` holds columns `q*nr..` as `ceil(K/4)`
+/// rows of `nr` dwords (B[4t..4t+4, j]), zero past `n` and past `K`.
+pub(crate) fn pack_b_quads(
+    b: &[i8],
+    k: usize,
+    n: usize,
+    b_row: usize,
+    b_col: usize,
+    nr: usize,
+) -> Vec<u8> {
+    let panels = n.div_ceil(nr);
+    let quads = k.div_ceil(4);
+    let mut out = Vec::with_capacity(panels * nr * quads * 4);
+    for q in 0..panels {
+        for t in 0..quads {
+            for c in 0..nr {
+                let j = q * nr + c;
+                for kk in 4 * t..4 * t + 4 {
+                    let v = if j < n && kk < k {
+                        b[kk * b_row + j * b_col]
+                    } else {
+                        0
+                    };
+                    out.push(v as u8);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The elementwise activation applied in the store loop (a fused kernel's
 /// Relu or Clip, see `lower::dense::absorb`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -352,6 +400,11 @@ pub(crate) struct GemmSpec {
     /// column tile of B is copied before the row tiles read it, so they
     /// stream one contiguous panel instead of K rows a page apart.
     pub b_panel: Option<Loc>,
+    /// [`Elem::U8I8Dot`]: the byte holding A's zero point `z`; the
+    /// epilogue subtracts `z * C[j]`, C being B's column sums (i32, one per
+    /// column, padded to whole tiles), so the output is `(A - z) @ B`.
+    /// `None`: a zero point of 0 (and no C).
+    pub a_zero: Option<Loc>,
 }
 
 /// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
@@ -422,6 +475,8 @@ const PANEL: AsmRegister64 = rbp;
 const CONST: AsmRegister32 = r15d;
 /// The low half of the broadcast register (zmm31), for `vcvtph2ps`.
 const ABC_Y: AsmRegisterYmm = ymm31;
+/// The low quarter of the broadcast register, for the masked int8 tail.
+const ABC_X: AsmRegisterXmm = xmm31;
 /// Callee-saved registers the body uses.
 const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
@@ -442,8 +497,9 @@ impl GemmSpec {
     fn geometry(&self) -> Geometry {
         let Blocking { mr, nv } = self.blocking;
         let (ea, eb) = (self.elem.a_size(), self.elem.b_size());
-        // bf16 dot steps over k pairs: a dword of A, a dword per B column.
-        let pair = if self.elem == Elem::Bf16Dot { 2 } else { 1 };
+        // Dot products step over k groups: a dword of A, a dword per B
+        // column.
+        let pair = self.elem.group() as i64;
         let steps = self.elem.steps(self.k) as i64;
         let (a_row, a_k, a_tile) = match self.a {
             ALayout::Strided { row, col } => (row, col * pair, row * mr as i64),
@@ -477,6 +533,13 @@ impl GemmSpec {
             }
             Elem::WidenB(_) => matches!(self.b, BLayout::Packed),
             Elem::WidenA(_) => matches!(self.a, ALayout::Packed),
+            Elem::U8I8Dot => {
+                matches!(self.a, ALayout::Strided { col: 1, .. })
+                    && matches!(self.b, BLayout::Packed)
+                    && self.alpha == 1.0
+                    && self.act == Activation::None
+                    && self.c.is_some() == self.a_zero.is_some()
+            }
         };
         if !operands_fit {
             return Err(MicrokernelError::Layout(format!(
@@ -660,9 +723,10 @@ impl GemmSpec {
             }
         }
         let elem = self.elem;
-        // `odd`: the last k step of a bf16 dot over an odd K, whose A pair
-        // would read one element past the row: the single element is
-        // zero-extended into the dword instead (B's pair is zero there).
+        // `odd`: the last k step of a dot over a K that is not a multiple
+        // of the group, whose A dword would read past the row: only the
+        // elements inside are loaded, the rest zero (B is zero there too).
+        let tail_len = self.k % elem.group();
         let step = |a: &mut CodeAssembler, u: usize, odd: bool| -> Result<(), MicrokernelError> {
             let bk = g.b_k * u as i64;
             // Bytes of one 16-column B vector as stored (pairs are dwords).
@@ -682,8 +746,8 @@ impl GemmSpec {
                         }
                     }
                     // Packed panels are zero-padded to whole tiles, so
-                    // the 16-bit loads need no mask.
-                    Elem::Bf16Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
+                    // the 16-bit and 8-bit loads need no mask.
+                    Elem::Bf16Dot | Elem::U8I8Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
                     Elem::WidenB(Half::F16) => a.vcvtph2ps(breg(v), ymmword_ptr(mem))?,
                     Elem::WidenB(Half::Bf16) => {
                         a.vpmovzxwd(breg(v), ymmword_ptr(mem))?;
@@ -707,6 +771,22 @@ impl GemmSpec {
                     Elem::Bf16Dot => {
                         for v in 0..nv {
                             a.vdpbf16ps(acc(r, v), breg(v), dword_bcst(mem))?;
+                        }
+                        continue;
+                    }
+                    // vpdpbusd takes the unsigned bytes from its first
+                    // source, a register, so A is broadcast into one.
+                    Elem::U8I8Dot => {
+                        if odd {
+                            a.mov(CONST, (1u32 << tail_len) - 1)?;
+                            a.kmovw(k2, CONST)?;
+                            a.vmovdqu8(ABC_X.k2().z(), xmmword_ptr(mem))?;
+                            a.vpbroadcastd(abc, ABC_X)?;
+                        } else {
+                            a.vpbroadcastd(abc, dword_ptr(mem))?;
+                        }
+                        for v in 0..nv {
+                            a.vpdpbusd(acc(r, v), abc, breg(v))?;
                         }
                         continue;
                     }
@@ -735,7 +815,7 @@ impl GemmSpec {
                 B_TILE
             },
         )?;
-        let odd_tail = elem == Elem::Bf16Dot && self.k % 2 == 1;
+        let odd_tail = tail_len != 0;
         let steps = elem.steps(self.k) - usize::from(odd_tail);
         let (blocks, rest) = (steps / K_UNROLL, steps % K_UNROLL);
         if blocks > 0 {
@@ -756,7 +836,55 @@ impl GemmSpec {
         if odd_tail {
             step(a, rest, true)?;
         }
+        if elem == Elem::U8I8Dot {
+            return self.epilogue_int(a, rows, nv, partial, &acc);
+        }
         self.epilogue(a, rows, nv, partial, &acc)
+    }
+
+    /// The store loop of [`Elem::U8I8Dot`]: `acc - a_zero * C[j]`, i32.
+    fn epilogue_int(
+        &self,
+        a: &mut CodeAssembler,
+        rows: usize,
+        nv: usize,
+        partial: bool,
+        acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
+    ) -> Result<(), MicrokernelError> {
+        // The B registers are free here: one correction vector per column
+        // vector, computed once per tile.
+        let corr = |v: usize| ZMM[rows * nv + v];
+        if let Some(zero) = self.a_zero {
+            let base = match zero.base {
+                crate::plan::Base::Arena => rdi,
+                crate::plan::Base::Weights => rsi,
+            };
+            let disp = imm32(zero.offset as i64, "zero point offset")?;
+            a.movzx(CONST, byte_ptr(base + disp))?;
+            a.vpbroadcastd(ZMM[31], CONST)?;
+            for v in 0..nv {
+                let disp = imm32(64 * v as i64, "C displacement")?;
+                a.vpmulld(corr(v), ZMM[31], zmmword_ptr(C_TILE + disp))?;
+            }
+        }
+        for r in 0..rows {
+            for v in 0..nv {
+                let x = acc(r, v);
+                if self.a_zero.is_some() {
+                    a.vpsubd(x, x, corr(v))?;
+                }
+                let disp = imm32(
+                    self.out_row * r as i64 + 64 * v as i64,
+                    "output displacement",
+                )?;
+                if partial && v == nv - 1 {
+                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp).k1(), x)?;
+                } else {
+                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp), x)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn epilogue(
@@ -949,6 +1077,7 @@ mod tests {
                 }],
                 im2col: Vec::new(),
                 b_panel: None,
+                a_zero: None,
             };
             let code = spec.assemble().unwrap();
             assert_eq!(
@@ -1100,6 +1229,7 @@ mod tests {
                     }],
                     im2col: Vec::new(),
                     b_panel: None,
+                    a_zero: None,
                 };
                 let code = spec.assemble().unwrap();
                 assert_eq!(
@@ -1118,6 +1248,105 @@ mod tests {
                             (got - want).abs() <= 1e-6 * k as f64 * abs.max(1e-30) + 1e-30,
                             "{elem:?} {m}x{k}x{n} [{i},{j}]: {got} vs {want}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The int8 VNNI kernel against exact integer arithmetic, over shapes
+    /// with K tails (not a multiple of 4), partial column vectors and row
+    /// tails, with and without A's zero point.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn int8_dot_kernel_is_exact() {
+        if !(std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512bw"))
+        {
+            eprintln!("no AVX512-VNNI/BW on this host: the generated code cannot run here");
+            return;
+        }
+        let byte = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 251) as u8;
+        for (m, k, n) in [
+            (19, 7, 37),
+            (5, 64, 16),
+            (14, 33, 100),
+            (1, 1, 3),
+            (128, 384, 96),
+        ] {
+            for zero in [None, Some(131u8)] {
+                let av: Vec<u8> = (0..m * k).map(|i| byte(i, 1)).collect();
+                let bv: Vec<i8> = (0..k * n).map(|i| byte(i, 2) as i8).collect();
+                let blocking = Blocking::choose(m, n, MAX_MR);
+                let mut weights = pack_b_quads(&bv, k, n, n, 1, blocking.nr());
+                let c_at = weights.len() as u64;
+                let mut sums = vec![0i32; n.div_ceil(blocking.nr()) * blocking.nr()];
+                for kk in 0..k {
+                    for j in 0..n {
+                        sums[j] += i32::from(bv[kk * n + j]);
+                    }
+                }
+                weights.extend(sums.iter().flat_map(|v| v.to_le_bytes()));
+                // Arena: A, then the zero point, then the output.
+                let mut arena = av.clone();
+                let zero_at = arena.len() as u64;
+                arena.push(zero.unwrap_or(0));
+                let out_at = arena.len().div_ceil(64) * 64;
+                arena.resize(out_at + m * n * 4, 0);
+                let arena_loc = |offset: u64| Loc {
+                    base: Base::Arena,
+                    offset,
+                };
+                let spec = GemmSpec {
+                    m,
+                    n,
+                    k,
+                    elem: Elem::U8I8Dot,
+                    blocking,
+                    a: ALayout::Strided {
+                        row: k as i64,
+                        col: 1,
+                    },
+                    b: BLayout::Packed,
+                    out_row: (n * 4) as i64,
+                    alpha: 1.0,
+                    c: zero.map(|_| CLayout {
+                        row: 0,
+                        per_column: true,
+                        beta: 1.0,
+                    }),
+                    act: Activation::None,
+                    calls: vec![Call {
+                        a: arena_loc(0),
+                        b: Loc {
+                            base: Base::Weights,
+                            offset: 0,
+                        },
+                        out: arena_loc(out_at as u64),
+                        c: zero.map(|_| Loc {
+                            base: Base::Weights,
+                            offset: c_at,
+                        }),
+                        src: None,
+                    }],
+                    im2col: Vec::new(),
+                    b_panel: None,
+                    a_zero: zero.map(|_| arena_loc(zero_at)),
+                };
+                let code = spec.assemble().unwrap();
+                assert_eq!(
+                    super::super::exec::call_kernel(&code, &mut arena, &weights),
+                    0
+                );
+                let z = i32::from(zero.unwrap_or(0));
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: i32 = (0..k)
+                            .map(|kk| (i32::from(av[i * k + kk]) - z) * i32::from(bv[kk * n + j]))
+                            .sum();
+                        let at = out_at + (i * n + j) * 4;
+                        let got = i32::from_le_bytes(arena[at..at + 4].try_into().unwrap());
+                        assert_eq!(got, want, "{m}x{k}x{n} zero {zero:?} [{i},{j}]");
                     }
                 }
             }
