@@ -9,6 +9,7 @@
 //! graph outputs) keeps computing in f32.
 
 use crate::precision_plan::PrecisionPlan;
+use crate::quantize::{quantize_dense, ActivationRange};
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
@@ -28,6 +29,10 @@ pub enum Precision {
     /// f16 weights (storage), widened in the kernel; f32 activations and
     /// math.
     Fp16,
+    /// int8: i8 weights per output column, u8 activations per tensor
+    /// (calibrated or computed per run), i32 accumulation, f32 rescale
+    /// (`crate::quantize`).
+    Int8,
 }
 
 impl Precision {
@@ -37,6 +42,7 @@ impl Precision {
             Precision::Fp32 => "fp32",
             Precision::Bf16 => "bf16",
             Precision::Fp16 => "fp16",
+            Precision::Int8 => "int8",
         }
     }
 
@@ -46,6 +52,7 @@ impl Precision {
             Precision::Fp32 => DType::F32,
             Precision::Bf16 => DType::BF16,
             Precision::Fp16 => DType::F16,
+            Precision::Int8 => DType::I8,
         }
     }
 }
@@ -63,6 +70,7 @@ impl FromStr for Precision {
             "fp32" => Ok(Precision::Fp32),
             "bf16" => Ok(Precision::Bf16),
             "fp16" => Ok(Precision::Fp16),
+            "int8" => Ok(Precision::Int8),
             other => Err(PolicyError::UnknownPrecision(other.to_string())),
         }
     }
@@ -81,6 +89,8 @@ pub enum Mode {
     /// bf16, except the first and the last dense op of the graph (the
     /// layer reading the raw input and the one producing the logits).
     Mixed,
+    /// Every eligible MatMul/Gemm in int8 (`--quantize`).
+    Int8,
 }
 
 impl Mode {
@@ -91,6 +101,7 @@ impl Mode {
             Mode::Bf16 => "bf16",
             Mode::Fp16 => "fp16",
             Mode::Mixed => "mixed",
+            Mode::Int8 => "int8",
         }
     }
 }
@@ -103,6 +114,7 @@ impl FromStr for Mode {
             "bf16" => Ok(Mode::Bf16),
             "fp16" => Ok(Mode::Fp16),
             "mixed" => Ok(Mode::Mixed),
+            "int8" => Ok(Mode::Int8),
             other => Err(PolicyError::UnknownPrecision(other.to_string())),
         }
     }
@@ -112,7 +124,7 @@ impl FromStr for Mode {
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PolicyError {
     /// Not one of the precision names.
-    #[error("unknown precision '{0}'; use fp32, fp16, bf16 or mixed (mixed only for --precision)")]
+    #[error("unknown precision '{0}'; use fp32, fp16, bf16, int8 or mixed (mixed only for --precision)")]
     UnknownPrecision(String),
     /// `--force` without `=`.
     #[error("--force takes PRECISION=PATTERN[,PATTERN...], got '{0}'")]
@@ -182,6 +194,11 @@ pub struct Policy {
     /// graph (wins over the mode and the patterns; the fallback still
     /// applies).
     pub plan: Option<PrecisionPlan>,
+    /// int8 activations (`--quantize static`): the calibrated range of
+    /// each int8 node's activation input, by node name. `None`: ranges
+    /// are computed at run time (`--quantize dynamic`); a node missing
+    /// from the map is quantized dynamically too.
+    pub activation_ranges: Option<BTreeMap<String, (f32, f32)>>,
 }
 
 impl Policy {
@@ -314,6 +331,7 @@ impl AssignPrecision {
             Mode::Fp32 | Mode::Mixed => Precision::Fp32,
             Mode::Bf16 => Precision::Bf16,
             Mode::Fp16 => Precision::Fp16,
+            Mode::Int8 => Precision::Int8,
         };
         let mut out = Vec::new();
         for id in dense {
@@ -352,7 +370,14 @@ impl AssignPrecision {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::ErrorFallback(why.clone());
             }
-            if let Err(why) = operands(graph, id) {
+            let eligible = operands(graph, id).and_then(|slots| {
+                if decision.precision == Precision::Int8 {
+                    int8_form(graph, id, slots).map(|_| ())
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(why) = eligible {
                 if decision.precision != Precision::Fp32 {
                     decision.precision = Precision::Fp32;
                     decision.reason = Reason::NotEligible(why);
@@ -384,6 +409,43 @@ impl AssignPrecision {
                 continue;
             }
             let (w_slot, act_slot) = operands(graph, *id).expect("decide checked");
+            if d.precision == Precision::Int8 {
+                let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
+                let inputs = graph.inputs_of(*id);
+                let c = match (inputs.get(2), form.beta) {
+                    (None, _) => None,
+                    (Some(&c), beta) if beta == 1.0 => Some(c),
+                    (Some(&c), beta) => {
+                        let name = format!("{}/beta", d.node);
+                        let t = Tensor::new([], Data::F32(vec![beta])).expect("scalar");
+                        let b = graph.add_const(name.clone(), t);
+                        let scaled = graph
+                            .add_node(Op::Binary(kiln_ir::BinaryOp::Mul), &[c, b], format!("{name}_c"))
+                            .map_err(failed)?;
+                        stats.added += 2;
+                        Some(scaled)
+                    }
+                };
+                let range = match self.policy.activation_ranges.as_ref().and_then(|r| r.get(&d.node)) {
+                    Some(&(lo, hi)) => ActivationRange::Static { lo, hi },
+                    None => ActivationRange::Dynamic,
+                };
+                let w = inputs[w_slot];
+                stats.added += quantize_dense(
+                    graph,
+                    *id,
+                    inputs[0],
+                    &form.weights,
+                    (form.k, form.n),
+                    form.alpha,
+                    c,
+                    range,
+                )
+                .map_err(failed)?;
+                stats.rewritten += 1;
+                old_weights.push(w);
+                continue;
+            }
             let dtype = d.precision.dtype();
             let mut inputs = graph.inputs_of(*id);
             let w = inputs[w_slot];
@@ -428,6 +490,68 @@ impl AssignPrecision {
             }
         }
         Ok((stats, decisions.into_iter().map(|(_, d)| d).collect()))
+    }
+}
+
+/// A dense op as `alpha * (x @ W) + beta * C` for int8: W as a `K × N`
+/// row-major matrix (a transposed Gemm B transposed back).
+struct Int8Form {
+    weights: Vec<f32>,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    beta: f32,
+}
+
+/// The int8 form of dense node `id` with operand slots `slots` (see
+/// [`operands`]), or why it has none: only MatMul with a 2-D weight and
+/// Gemm without a transposed A (the activation must be the left operand,
+/// quantized per tensor).
+fn int8_form(
+    graph: &Graph,
+    id: NodeId,
+    slots: (usize, Option<usize>),
+) -> Result<Int8Form, &'static str> {
+    let inputs = graph.inputs_of(id);
+    if slots != (1, Some(0)) {
+        return Err("int8 needs the activation as the left operand of a MatMul or Gemm");
+    }
+    let w = graph.constant(inputs[1]).expect("operands checked");
+    let shape = w.shape();
+    let values = w.to_f32_vec();
+    match graph.node(id).op {
+        Op::MatMul if shape.len() == 2 && graph.node(inputs[0]).ty.shape.len() >= 2 => Ok(Int8Form {
+            weights: values,
+            k: shape[0],
+            n: shape[1],
+            alpha: 1.0,
+            beta: 1.0,
+        }),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_b,
+            ..
+        } => {
+            let (k, n) = if trans_b {
+                (shape[1], shape[0])
+            } else {
+                (shape[0], shape[1])
+            };
+            let weights = if trans_b {
+                (0..k * n).map(|i| values[(i % n) * k + i / n]).collect()
+            } else {
+                values
+            };
+            Ok(Int8Form {
+                weights,
+                k,
+                n,
+                alpha,
+                beta,
+            })
+        }
+        _ => Err("int8 takes MatMul with a 2-D weight and a matrix activation, and Gemm"),
     }
 }
 

@@ -23,6 +23,7 @@ mod fuse;
 mod manager;
 mod precision_plan;
 mod precision_report;
+mod quantize;
 mod simplify;
 
 pub use assign_precision::{
@@ -37,4 +38,5 @@ pub use manager::{
 };
 pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
+pub use quantize::{quantize_weights, u8_params, ActivationRange};
 pub use simplify::Simplify;

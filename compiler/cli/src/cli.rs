@@ -98,10 +98,17 @@ struct ModelArgs {
     #[arg(long)]
     time_passes: bool,
     /// Precision of the dense ops (MatMul, Gemm, Conv): fp32, bf16, fp16
-    /// (f16 weights, f32 math) or mixed (bf16 except the first and last
-    /// dense layer). Everything else stays fp32 (docs/precision.md).
+    /// (f16 weights, f32 math), int8 (as --quantize dynamic) or mixed (bf16
+    /// except the first and last dense layer). Everything else stays fp32
+    /// (docs/precision.md).
     #[arg(long, default_value = "fp32", value_name = "PRECISION")]
     precision: String,
+    /// int8 MatMul/Gemm (i8 weights per output column, u8 activations per
+    /// tensor, VNNI kernels): `dynamic` computes activation ranges at run
+    /// time; `static` observes them (min/max) on the calibration samples
+    /// (--calibrate DIR; --calibrate-random only for tests).
+    #[arg(long, value_name = "static|dynamic")]
+    quantize: Option<String>,
     /// Keep these nodes in fp32: op types or node-name globs,
     /// comma-separated (`Conv,/encoder/layer.0/*`).
     #[arg(long = "keep-fp32", value_name = "PATTERNS")]
@@ -418,6 +425,25 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
         .precision
         .parse()
         .map_err(|e| usage("--precision", e))?;
+    if let Some(q) = &args.quantize {
+        if args.precision != "fp32" {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--quantize sets the precision to int8; use --force PRECISION=PATTERN for other layers",
+            ));
+        }
+        opts.static_activations = match q.as_str() {
+            "static" => true,
+            "dynamic" => false,
+            other => {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!("--quantize: unknown mode '{other}'; use static or dynamic"),
+                ))
+            }
+        };
+        opts.precision.mode = kiln_passes::Mode::Int8;
+    }
     if let Some(k) = &args.keep_fp32 {
         opts.precision.keep_fp32 =
             kiln_passes::Pattern::list(k).map_err(|e| usage("--keep-fp32", e))?;

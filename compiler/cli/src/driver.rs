@@ -1,6 +1,7 @@
 //! The compile pipeline: import → passes → codegen → artifact bytes.
 
-use kiln_ir::Graph;
+use kiln_ir::{Graph, NodeId};
+use std::collections::{BTreeMap, HashMap};
 use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{
     AccuracyReport, AssignPrecision, Decision, LayerError, PassError, PassManager, PassRecord,
@@ -68,6 +69,10 @@ pub struct CompileOptions {
     /// relative L2 error on the calibration samples exceeds `E`, the
     /// reduced-precision layer with the largest error is raised to fp32.
     pub max_rel_error: Option<f64>,
+    /// int8 layers quantize their activations with ranges observed on the
+    /// calibration samples (`--quantize static`, min/max observer);
+    /// otherwise per run (`--quantize dynamic`).
+    pub static_activations: bool,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -89,6 +94,7 @@ impl Default for CompileOptions {
             calibrate_random: 1,
             calibrate: None,
             max_rel_error: None,
+            static_activations: false,
         }
     }
 }
@@ -140,6 +146,9 @@ impl CompileOptions {
         let p = &self.precision;
         if !p.is_identity() {
             let _ = write!(s, " precision={}", p.mode.name());
+            if self.static_activations {
+                s.push_str(" quantize=static");
+            }
             let list = |v: &[kiln_passes::Pattern]| {
                 v.iter()
                     .map(|p| p.to_string())
@@ -532,6 +541,48 @@ fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r 
         .collect()
 }
 
+/// The min/max observer of `--quantize static`: the smallest and largest
+/// value of every MatMul/Gemm's left operand over `samples`, by node name.
+pub fn activation_ranges(
+    graph: &Graph,
+    samples: &[Vec<kiln_ir::Tensor>],
+) -> Result<BTreeMap<String, (f32, f32)>, DriverError> {
+    // Every value read as an activation, with the dense nodes reading it.
+    let mut readers: HashMap<NodeId, Vec<String>> = HashMap::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        if matches!(node.op, kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. }) {
+            let x = graph.inputs_of(id)[0];
+            readers.entry(x).or_default().push(node.name.clone());
+        }
+    }
+    let mut ranges: BTreeMap<String, (f32, f32)> = BTreeMap::new();
+    let mut observe = |id: NodeId, t: &kiln_ir::Tensor| {
+        let Some(names) = readers.get(&id) else {
+            return;
+        };
+        let v = t.to_f32_vec();
+        let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for name in names {
+            let r = ranges.entry(name.clone()).or_insert((lo, hi));
+            *r = (r.0.min(lo), r.1.max(hi));
+        }
+    };
+    for sample in samples {
+        for (&id, t) in graph.inputs().iter().zip(sample) {
+            observe(id, t);
+        }
+        kiln_ir::eval::eval_graph_with(graph, sample, &mut observe).map_err(|source| {
+            PassError::Failed {
+                pass: "assign-precision",
+                source,
+            }
+        })?;
+    }
+    Ok(ranges)
+}
+
 /// Imports the model at `path` and runs the pass pipeline on it.
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let start = Instant::now();
@@ -602,6 +653,15 @@ fn optimize_graph(
     let mut report = before.run_with(&mut graph, &pipeline, &mut record)?;
     let mut precision = None;
     if !opts.precision.is_identity() {
+        let observed;
+        let opts = if opts.static_activations {
+            let mut o = opts.clone();
+            o.precision.activation_ranges = Some(activation_ranges(&graph, &samples)?);
+            observed = o;
+            &observed
+        } else {
+            opts
+        };
         let (pass, outcome) = assign_with_fallback(&mut graph, &samples, opts)?;
         report.passes.push(pass);
         record("assign-precision", &graph);

@@ -38,6 +38,7 @@ fn color(p: Precision) -> &'static str {
         Precision::Fp32 => "#777777",
         Precision::Bf16 => "#1f77b4",
         Precision::Fp16 => "#d62728",
+        Precision::Int8 => "#2ca02c",
     }
 }
 
@@ -217,7 +218,7 @@ fn plot(p: &PrecisionOutcome, layers: &[LayerError]) -> String {
         );
     }
     s.push_str("</svg>\n<p>");
-    for prec in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+    for prec in [Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Int8] {
         let _ = write!(
             s,
             "<span class=\"k\" style=\"background:{}\"></span>{prec}",

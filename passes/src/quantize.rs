@@ -1,0 +1,219 @@
+//! int8 quantization of one dense op, for `assign-precision`'s
+//! [`Precision::Int8`](crate::Precision::Int8) (`docs/precision.md`).
+//!
+//! `Y = X @ W` (MatMul, or Gemm without a transposed A) becomes
+//!
+//! ```text
+//! q      = u8(clip(round(X / s) + z, 0, 255))        activation, per tensor
+//! Wq     = i8(round(W / w[j]))                        weights, per column
+//! Y      = f32(matmul_integer(q, Wq, z, 0)) * (s * w[j])
+//! ```
+//!
+//! - **Weights**: symmetric per output column, `w[j] = max_k |W[k, j]| /
+//!   127`, so their zero point is 0 and the CPU target runs the product on
+//!   its VNNI kernel (`vpdpbusd` takes u8 × i8).
+//! - **Activations**: asymmetric u8 per tensor over `[min(lo, 0), max(hi,
+//!   0)]` (0 stays exact): `s = (hi - lo) / 255`, `z = round(-lo / s)`.
+//!   With a calibrated range ([`ActivationRange::Static`]) `s` and `z` are
+//!   constants; without one ([`ActivationRange::Dynamic`]) they are computed
+//!   from each run's tensor as ONNX `DynamicQuantizeLinear` does.
+//! - Gemm's `alpha` and `beta * C` are applied after the rescale in f32.
+//!
+//! The node that produces `Y` keeps the original node's name, so the
+//! accuracy report, the plan file and `--max-rel-error` see the quantized
+//! layer as the same layer.
+
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
+
+/// How an activation's quantization range is known.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ActivationRange {
+    /// Computed at run time from the tensor (dynamic quantization).
+    Dynamic,
+    /// Observed on calibration data: the smallest and largest value.
+    Static {
+        /// Smallest observed value.
+        lo: f32,
+        /// Largest observed value.
+        hi: f32,
+    },
+}
+
+/// The u8 scale and zero point of the range `[lo, hi]` widened to hold 0.
+pub fn u8_params(lo: f32, hi: f32) -> (f32, u8) {
+    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+    let span = hi - lo;
+    let scale = if span > 0.0 && span.is_finite() {
+        span / 255.0
+    } else {
+        1.0
+    };
+    let zero = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as u8;
+    (scale, zero)
+}
+
+/// `w` (`K × N`, row-major) as i8 per column with its scales: symmetric,
+/// `max |w[., j]|` maps to 127; an all-zero column gets scale 1.
+pub fn quantize_weights(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut scales = vec![0f32; n];
+    for row in w.chunks(n).take(k) {
+        for (s, &v) in scales.iter_mut().zip(row) {
+            *s = s.max(v.abs());
+        }
+    }
+    for s in &mut scales {
+        *s = if *s > 0.0 && s.is_finite() {
+            *s / 127.0
+        } else {
+            1.0
+        };
+    }
+    let q = w
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v / scales[i % n]).round_ties_even().clamp(-127.0, 127.0) as i8)
+        .collect();
+    (q, scales)
+}
+
+/// Adds nodes to `g` named under one prefix.
+struct Builder<'g> {
+    g: &'g mut Graph,
+    prefix: String,
+    added: usize,
+}
+
+impl Builder<'_> {
+    fn node(&mut self, op: Op, inputs: &[NodeId], what: &str) -> Result<NodeId, IrError> {
+        self.added += 1;
+        self.g
+            .add_node(op, inputs, format!("{}/{what}", self.prefix))
+    }
+
+    fn constant(&mut self, shape: &[usize], data: Data, what: &str) -> NodeId {
+        self.added += 1;
+        let t = Tensor::new(shape, data).expect("constant of matching size");
+        self.g.add_const(format!("{}/{what}", self.prefix), t)
+    }
+
+    fn scalar(&mut self, v: f32, what: &str) -> NodeId {
+        self.constant(&[], Data::F32(vec![v]), what)
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId, what: &str) -> Result<NodeId, IrError> {
+        self.node(Op::Binary(op), &[a, b], what)
+    }
+
+    fn unary(&mut self, op: UnaryOp, a: NodeId, what: &str) -> Result<NodeId, IrError> {
+        self.node(Op::Unary(op), &[a], what)
+    }
+}
+
+/// Replaces dense node `id` (`x @ w` with `w` the constant `K × N` weight,
+/// already transposed for a Gemm with `trans_b`) by its int8 form; returns
+/// the number of nodes added. `alpha` and `c` (`beta * C` as a node) apply
+/// after the rescale.
+pub(crate) fn quantize_dense(
+    g: &mut Graph,
+    id: NodeId,
+    x: NodeId,
+    w: &[f32],
+    (k, n): (usize, usize),
+    alpha: f32,
+    c: Option<NodeId>,
+    range: ActivationRange,
+) -> Result<usize, IrError> {
+    let name = g.node(id).name.clone();
+    let x_rank = g.node(x).ty.shape.len();
+    let mut b = Builder {
+        g,
+        prefix: name.clone(),
+        added: 0,
+    };
+    let saturate = UnaryOp::Clip {
+        min: 0.0,
+        max: 255.0,
+    };
+    // Activation scale and zero point: (scale node, zero point as f32, as u8).
+    let (scale, zero_f, zero_u8) = match range {
+        ActivationRange::Static { lo, hi } => {
+            let (s, z) = u8_params(lo, hi);
+            (
+                b.scalar(s, "x_scale"),
+                b.scalar(f32::from(z), "x_zero_point_float"),
+                b.constant(&[], Data::U8(vec![z]), "x_zero_point"),
+            )
+        }
+        ActivationRange::Dynamic => {
+            let all = |op| Op::Reduce {
+                op,
+                axes: (0..x_rank).collect(),
+                keep_dims: false,
+            };
+            let zero = b.scalar(0.0, "zero");
+            let hi = b.node(all(ReduceOp::Max), &[x], "x_max")?;
+            let hi = b.binary(BinaryOp::Max, hi, zero, "x_max0")?;
+            let lo = b.node(all(ReduceOp::Min), &[x], "x_min")?;
+            let lo = b.binary(BinaryOp::Min, lo, zero, "x_min0")?;
+            let span = b.binary(BinaryOp::Sub, hi, lo, "x_span")?;
+            let flat = b.node(Op::Compare(CompareOp::Equal), &[hi, lo], "x_flat")?;
+            let levels = b.scalar(255.0, "levels");
+            let unit = b.scalar(1.0, "unit_span");
+            let span = b.node(Op::Where, &[flat, unit, span], "x_span_nonzero")?;
+            let s = b.binary(BinaryOp::Div, span, levels, "x_scale")?;
+            let shift = b.binary(BinaryOp::Div, lo, s, "x_min_scaled")?;
+            let z = b.binary(BinaryOp::Sub, zero, shift, "x_zero_point_exact")?;
+            let z = b.unary(UnaryOp::Round, z, "x_zero_point_rounded")?;
+            let z = b.unary(saturate, z, "x_zero_point_float")?;
+            let zu = b.node(Op::Cast { to: DType::U8 }, &[z], "x_zero_point")?;
+            (s, z, zu)
+        }
+    };
+    let q = b.binary(BinaryOp::Div, x, scale, "x_scaled")?;
+    let q = b.unary(UnaryOp::Round, q, "x_rounded")?;
+    let q = b.binary(BinaryOp::Add, q, zero_f, "x_shifted")?;
+    let q = b.unary(saturate, q, "x_saturated")?;
+    let q = b.node(Op::Cast { to: DType::U8 }, &[q], "x_quantized")?;
+    let (wq, w_scales) = quantize_weights(w, k, n);
+    let wq = b.constant(&[k, n], Data::I8(wq), "w_quantized");
+    let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
+    let acc = b.node(Op::MatMulInteger, &[q, wq, zero_u8, w_zero], "int8_matmul")?;
+    let acc = b.node(Op::Cast { to: DType::F32 }, &[acc], "int8_matmul_float")?;
+    let w_scales: Vec<f32> = w_scales.iter().map(|s| s * alpha).collect();
+    let w_scales = b.constant(&[n], Data::F32(w_scales), "w_scale");
+    let rescale = b.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
+    let y = match c {
+        None => b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?,
+        Some(c) => {
+            let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
+            b.g.add_node(Op::Binary(BinaryOp::Add), &[y, c], name)?
+        }
+    };
+    let added = b.added + 1;
+    g.replace_all_uses(id, y)?;
+    g.remove_unused(id);
+    Ok(added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_params_keep_zero_exact() {
+        let (s, z) = u8_params(-1.0, 3.0);
+        assert!((s - 4.0 / 255.0).abs() < 1e-7);
+        assert_eq!(z, 64);
+        // A positive range is widened to 0; a flat one gets scale 1.
+        assert_eq!(u8_params(2.0, 5.1).1, 0);
+        assert_eq!(u8_params(0.0, 0.0), (1.0, 0));
+    }
+
+    #[test]
+    fn weights_are_symmetric_per_column() {
+        // K = 2, N = 2: columns (1, -0.5) and (0, 0).
+        let (q, s) = quantize_weights(&[1.0, 0.0, -0.5, 0.0], 2, 2);
+        assert_eq!(s, [1.0 / 127.0, 1.0]);
+        assert_eq!(q, [127, 0, -64, 0]);
+    }
+}
