@@ -577,7 +577,8 @@ fn infer_matmul_integer(inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         1
     };
     let per_column = bz.shape.len() == 1 && bz.shape[0] == n;
-    if !(bz.num_elements() == 1 && bz.shape.len() <= 1) && !per_column {
+    let scalar = bz.num_elements() == 1 && bz.shape.len() <= 1;
+    if !(scalar || per_column) {
         return Err(IrError::ty(
             name,
             format!("B's zero point must be a scalar or one per column ({n}), got {bz}"),
