@@ -12,8 +12,16 @@
 //! offsets of A and B use broadcasting strides. fp32 only, like the CPU
 //! target; tensor-core `mma.sync` for fp16/bf16 comes with reduced
 //! precision.
+//!
+//! MatMulInteger (u8/i8 operands, exact wrapping i32 result) is a direct
+//! kernel: one thread per output element walks K with 8-bit loads
+//! (`ld.global.u8`/`s8`, zero- or sign-extended to 32 bits), subtracts the
+//! zero points (A's scalar, B's scalar or per-column one) and accumulates
+//! with `mad.lo.s32`; batch offsets use the same broadcasting strides.
 
-use super::{broadcast_strides, coords, offset, ptr, Cx, Kernel};
+use super::{
+    broadcast_strides, coords, global_index, linear_launch, mem, offset, ptr, store, Cx, Kernel,
+};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
 use crate::{CudaError, Launch};
 use kiln_ir::DType;
@@ -85,24 +93,57 @@ fn check_f32(cx: &Cx) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// MatMul's operand geometry (numpy 1-D promotion: A `[k]` reads as
+/// `[1, k]`, B `[k]` as `[k, 1]`): `m`, `k`, `n`, the broadcast batch
+/// shape and A's and B's batch strides in elements (0 where broadcast).
+struct Batched {
+    m: usize,
+    k: usize,
+    n: usize,
+    batch: Vec<usize>,
+    a_batch: Vec<i64>,
+    b_batch: Vec<i64>,
+}
+
+impl Batched {
+    fn new(cx: &Cx) -> Result<Batched, CudaError> {
+        let promote = |s: &[usize], row: bool| -> Vec<usize> {
+            match (s.len(), row) {
+                (1, true) => vec![1, s[0]],
+                (1, false) => vec![s[0], 1],
+                _ => s.to_vec(),
+            }
+        };
+        let a = promote(&cx.inputs[0].1.shape, true);
+        let b = promote(&cx.inputs[1].1.shape, false);
+        let (ra, rb) = (a.len(), b.len());
+        let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
+        let batch = kiln_ir::infer::broadcast_shapes(&a[..ra - 2], &b[..rb - 2])
+            .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?
+            .to_vec();
+        // Batch strides in elements: each batch of A is m*k elements.
+        let scale = |bs: Vec<i64>, per: usize| bs.into_iter().map(|s| s * per as i64).collect();
+        Ok(Batched {
+            a_batch: scale(broadcast_strides(&a[..ra - 2], &batch), m * k),
+            b_batch: scale(broadcast_strides(&b[..rb - 2], &batch), k * n),
+            m,
+            k,
+            n,
+            batch,
+        })
+    }
+}
+
 pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
     check_f32(cx)?;
-    let promote = |s: &[usize], row: bool| -> Vec<usize> {
-        match (s.len(), row) {
-            (1, true) => vec![1, s[0]],
-            (1, false) => vec![s[0], 1],
-            _ => s.to_vec(),
-        }
-    };
-    let a = promote(&cx.inputs[0].1.shape, true);
-    let b = promote(&cx.inputs[1].1.shape, false);
-    let (ra, rb) = (a.len(), b.len());
-    let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
-    let batch = kiln_ir::infer::broadcast_shapes(&a[..ra - 2], &b[..rb - 2])
-        .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?
-        .to_vec();
-    // Batch strides in elements: each batch of A is m*k elements.
-    let scale = |bs: Vec<i64>, per: usize| bs.into_iter().map(|s| s * per as i64).collect();
+    let Batched {
+        m,
+        k,
+        n,
+        batch,
+        a_batch,
+        b_batch,
+    } = Batched::new(cx)?;
     let g = Gemm {
         m,
         n,
@@ -113,8 +154,8 @@ pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
             ks: n as i64,
             cs: 1,
         },
-        a_batch: scale(broadcast_strides(&a[..ra - 2], &batch), m * k),
-        b_batch: scale(broadcast_strides(&b[..rb - 2], &batch), k * n),
+        a_batch,
+        b_batch,
         batch,
         c: None,
         c_batch: Vec::new(),
@@ -122,6 +163,67 @@ pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
         beta: 0.0,
     };
     gemm_kernel(cx, &g)
+}
+
+/// `MatMulInteger`: `out = (A - a_zero) @ (B - b_zero)` in wrapping i32,
+/// A and B u8 or i8 (independently), A's zero point a scalar, B's a scalar
+/// or one per column. One thread per output element loops over K.
+pub(crate) fn matmul_integer(cx: &Cx) -> Result<Kernel, CudaError> {
+    for &(_, ty) in &cx.inputs {
+        if !matches!(ty.dtype, DType::U8 | DType::I8) {
+            return Err(cx.dtype_err(ty.dtype));
+        }
+    }
+    let Batched {
+        m,
+        k,
+        n,
+        batch,
+        a_batch,
+        b_batch,
+    } = Batched::new(cx)?;
+    // Output coordinates (batch..., i, j), and per-axis element strides of
+    // A[.., i, 0] and B[.., 0, j].
+    let full: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+    let a_strides: Vec<i64> = a_batch.into_iter().chain([k as i64, 0]).collect();
+    let b_strides: Vec<i64> = b_batch.into_iter().chain([0, 1]).collect();
+    let total: usize = full.iter().product();
+    let (da, db) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
+    let per_column = cx.inputs[3].1.num_elements() > 1;
+    let byte = |kb: &mut KernelBuilder, d: DType, addr: Reg| {
+        kb.ld(Space::Global, mem(d), Ty::S32, addr, 0)
+    };
+    let mut kb = cx.builder([super::BLOCK, 1, 1]);
+    let i = global_index(&mut kb, total);
+    let c = coords(&mut kb, i, &full);
+    let a_off = offset(&mut kb, &c, &a_strides, 0);
+    let b_off = offset(&mut kb, &c, &b_strides, 0);
+    let a_zero_ptr = ptr(&mut kb, cx.inputs[2].0);
+    let a_zero = byte(&mut kb, da, a_zero_ptr);
+    let b_zero_ptr = ptr(&mut kb, cx.inputs[3].0);
+    let b_zero_addr = match c[full.len() - 1].filter(|_| per_column) {
+        Some(j) => kb.addr(b_zero_ptr, j, 1),
+        None => b_zero_ptr,
+    };
+    let b_zero = byte(&mut kb, db, b_zero_addr);
+    // Byte addresses of A[.., i, 0] and B[.., 0, j], advanced along K.
+    let a_base = ptr(&mut kb, cx.inputs[0].0);
+    let b_base = ptr(&mut kb, cx.inputs[1].0);
+    let a_addr = kb.addr(a_base, a_off, 1);
+    let b_addr = kb.addr(b_base, b_off, 1);
+    let acc = kb.mov(Ty::S32, 0u32);
+    kb.for_range(0u32, k as u32, 1u32, |kb, _| {
+        let av = byte(kb, da, a_addr);
+        let bv = byte(kb, db, b_addr);
+        let ac = kb.bin(Bin::Sub, av, a_zero);
+        let bc = kb.bin(Bin::Sub, bv, b_zero);
+        kb.mad_into(acc, ac, bc, acc);
+        kb.bin_into(a_addr, Bin::Add, a_addr, 1u32);
+        kb.bin_into(b_addr, Bin::Add, b_addr, Opnd::I(n as i64));
+    });
+    let out = ptr(&mut kb, cx.out);
+    store(&mut kb, out, i, DType::I32, acc);
+    Ok(cx.finish(kb, linear_launch(total)))
 }
 
 pub(crate) fn gemm(

@@ -366,7 +366,7 @@ pub(crate) fn lower_job<'g>(
         Op::BitwiseNot => elementwise::bitwise_not(&cx)?,
         Op::Where => elementwise::where_(&cx)?,
         Op::MatMul => linalg::matmul(&cx)?,
-        Op::MatMulInteger => return Err(cx.unsupported("matmul_integer: CUDA lowering pending")),
+        Op::MatMulInteger => linalg::matmul_integer(&cx)?,
         Op::Gemm {
             alpha,
             beta,

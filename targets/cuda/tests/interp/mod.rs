@@ -620,6 +620,18 @@ fn arith(op: &[&str], v: Vec<u64>, text: &str) -> u64 {
                 o => panic!("{o} in {text}"),
             }) as u64
         }
+        "s32" => {
+            let x: Vec<i32> = v.iter().map(|&b| b as u32 as i32).collect();
+            (match op[0] {
+                "add" => x[0].wrapping_add(x[1]),
+                "sub" => x[0].wrapping_sub(x[1]),
+                "mul" => x[0].wrapping_mul(x[1]),
+                "mad" => x[0].wrapping_mul(x[1]).wrapping_add(x[2]),
+                "min" => x[0].min(x[1]),
+                "max" => x[0].max(x[1]),
+                o => panic!("{o} in {text}"),
+            }) as u32 as u64
+        }
         "s64" | "u64" | "b64" => {
             let x: Vec<i64> = v.iter().map(|&b| b as i64).collect();
             (match op[0] {
