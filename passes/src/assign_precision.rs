@@ -124,7 +124,9 @@ impl FromStr for Mode {
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PolicyError {
     /// Not one of the precision names.
-    #[error("unknown precision '{0}'; use fp32, fp16, bf16, int8 or mixed (mixed only for --precision)")]
+    #[error(
+        "unknown precision '{0}'; use fp32, fp16, bf16, int8 or mixed (mixed only for --precision)"
+    )]
     UnknownPrecision(String),
     /// `--force` without `=`.
     #[error("--force takes PRECISION=PATTERN[,PATTERN...], got '{0}'")]
@@ -420,13 +422,22 @@ impl AssignPrecision {
                         let t = Tensor::new([], Data::F32(vec![beta])).expect("scalar");
                         let b = graph.add_const(name.clone(), t);
                         let scaled = graph
-                            .add_node(Op::Binary(kiln_ir::BinaryOp::Mul), &[c, b], format!("{name}_c"))
+                            .add_node(
+                                Op::Binary(kiln_ir::BinaryOp::Mul),
+                                &[c, b],
+                                format!("{name}_c"),
+                            )
                             .map_err(failed)?;
                         stats.added += 2;
                         Some(scaled)
                     }
                 };
-                let range = match self.policy.activation_ranges.as_ref().and_then(|r| r.get(&d.node)) {
+                let range = match self
+                    .policy
+                    .activation_ranges
+                    .as_ref()
+                    .and_then(|r| r.get(&d.node))
+                {
                     Some(&(lo, hi)) => ActivationRange::Static { lo, hi },
                     None => ActivationRange::Dynamic,
                 };
@@ -520,13 +531,15 @@ fn int8_form(
     let shape = w.shape();
     let values = w.to_f32_vec();
     match graph.node(id).op {
-        Op::MatMul if shape.len() == 2 && graph.node(inputs[0]).ty.shape.len() >= 2 => Ok(Int8Form {
-            weights: values,
-            k: shape[0],
-            n: shape[1],
-            alpha: 1.0,
-            beta: 1.0,
-        }),
+        Op::MatMul if shape.len() == 2 && graph.node(inputs[0]).ty.shape.len() >= 2 => {
+            Ok(Int8Form {
+                weights: values,
+                k: shape[0],
+                n: shape[1],
+                alpha: 1.0,
+                beta: 1.0,
+            })
+        }
         Op::Gemm {
             alpha,
             beta,

@@ -23,7 +23,9 @@
 //! accuracy report, the plan file and `--max-rel-error` see the quantized
 //! layer as the same layer.
 
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
+use kiln_ir::{
+    BinaryOp, CompareOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp,
+};
 
 /// How an activation's quantization range is known.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,7 +102,13 @@ impl Builder<'_> {
         self.constant(&[], Data::F32(vec![v]), what)
     }
 
-    fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId, what: &str) -> Result<NodeId, IrError> {
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        a: NodeId,
+        b: NodeId,
+        what: &str,
+    ) -> Result<NodeId, IrError> {
         self.node(Op::Binary(op), &[a, b], what)
     }
 
@@ -183,7 +191,9 @@ pub(crate) fn quantize_dense(
     let w_scales = b.constant(&[n], Data::F32(w_scales), "w_scale");
     let rescale = b.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
     let y = match c {
-        None => b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?,
+        None => {
+            b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?
+        }
         Some(c) => {
             let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
             b.g.add_node(Op::Binary(BinaryOp::Add), &[y, c], name)?

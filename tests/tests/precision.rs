@@ -8,7 +8,10 @@
 //!   accumulation), on the AVX-512 microkernels and on `x86_64-v3`;
 //! - the CUDA target refuses bf16 dense nodes by name;
 //! - the real models (when fetched): MiniLM-L3 embedding cosine ≥ 0.999
-//!   against fp32, PP-OCRv4 rec per-step argmax agreement.
+//!   against fp32, PP-OCRv4 rec per-step argmax agreement;
+//! - int8 (`--quantize dynamic|static`): the digits MLP keeps its accuracy
+//!   within one point with a quarter of the weights, its kernels match the
+//!   evaluator, MiniLM-L3's embeddings keep cosine ≥ 0.99.
 
 use kiln::driver::{compile, CompileOptions};
 use kiln_passes::{Mode, Policy};
@@ -139,6 +142,87 @@ fn digits(name: &str) {
 }
 
 #[test]
+fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
+    let fixture = Fixture::load("digits_mlp");
+    let acc = &fixture.meta["accuracy"];
+    let images = kiln::npy::read_tensor(
+        acc["input"].as_str().unwrap(),
+        &fixture.dir.join(acc["images"].as_str().unwrap()),
+    )
+    .unwrap();
+    let labels =
+        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
+            .unwrap()
+            .to_i64_vec()
+            .unwrap();
+    let mut base = fixture.compile_options();
+    base.import.input_shapes.insert(
+        images.name.clone(),
+        images.shape.iter().map(|&d| d as usize).collect(),
+    );
+    let score = |outs: &[Tensor]| {
+        let scores = outs
+            .iter()
+            .find(|t| t.name == acc["output"].as_str().unwrap())
+            .unwrap();
+        let hits = argmax_rows(scores)
+            .iter()
+            .zip(&labels)
+            .filter(|(p, l)| **p as i64 == **l)
+            .count();
+        hits as f64 / labels.len() as f64
+    };
+    let fp32 = compile(&fixture.model_path(), &base).unwrap();
+    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(&images)).unwrap());
+    let w32 = fp32.artifact.weights.len();
+    // Static ranges are observed on the test images themselves: this checks
+    // the static path and its accuracy, not how a calibration set
+    // generalizes.
+    let calibration = tempfile::tempdir().unwrap();
+    kiln::npy::write_npz(
+        &calibration.path().join("test_set.npz"),
+        std::slice::from_ref(&images),
+    )
+    .unwrap();
+    for static_activations in [false, true] {
+        let mut opts = with_precision(base.clone(), Mode::Int8);
+        opts.static_activations = static_activations;
+        if static_activations {
+            opts.calibrate = Some(calibration.path().to_path_buf());
+            opts.calibrate_random = 1;
+        }
+        let c = compile(&fixture.model_path(), &opts).unwrap();
+        let int8 = c
+            .graph
+            .node_ids()
+            .filter(|&id| c.graph.node(id).op == kiln_ir::Op::MatMulInteger)
+            .count();
+        assert!(
+            int8 >= 2,
+            "every dense layer of the MLP is int8, got {int8}"
+        );
+        let outs = check_kernels_against_eval("digits_mlp int8", &c, std::slice::from_ref(&images));
+        let a = score(&outs);
+        let w = c.artifact.weights.len();
+        println!(
+            "digits_mlp int8 {}: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
+            if static_activations { "static" } else { "dynamic" },
+            (a - acc32) * 100.0,
+            w as f64 / w32 as f64
+        );
+        assert!(
+            (a - acc32).abs() <= 0.01,
+            "int8: accuracy {a} vs fp32 {acc32}"
+        );
+        // i8 weights and f32 per-column scales and biases.
+        assert!(
+            (w as f64) < 0.35 * w32 as f64,
+            "int8 weights {w} B vs {w32} B"
+        );
+    }
+}
+
+#[test]
 fn digits_mlp_bf16_mixed_fp16_keep_accuracy() {
     digits("digits_mlp");
 }
@@ -235,6 +319,33 @@ fn minilm_bf16_and_mixed_embeddings_keep_cosine() {
         }
         assert_eq!(compared, 2, "minilm has two float outputs");
     }
+}
+
+#[test]
+fn minilm_int8_dynamic_embeddings_keep_cosine() {
+    let Some(fixture) = real_model("minilm_l3") else {
+        return;
+    };
+    let inputs = fixture.inputs();
+    let fp32 = compile(&fixture.model_path(), &fixture.compile_options()).unwrap();
+    let ref_out = run_artifact(&fp32.bytes, &inputs).unwrap();
+    let c = compile(
+        &fixture.model_path(),
+        &with_precision(fixture.compile_options(), Mode::Int8),
+    )
+    .unwrap();
+    let out = run_artifact(&c.bytes, &inputs).unwrap();
+    let mut compared = 0;
+    for (got, want) in out.iter().zip(&ref_out) {
+        let (Some(got), Some(want)) = (got.to_f32_vec(), want.to_f32_vec()) else {
+            continue;
+        };
+        let cos = cosine(&got, &want);
+        println!("minilm_l3 int8 dynamic: output cosine vs fp32 {cos:.6}");
+        assert!(cos >= 0.99, "minilm int8: cosine {cos}");
+        compared += 1;
+    }
+    assert_eq!(compared, 2, "minilm has two float outputs");
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! The compile pipeline: import → passes → codegen → artifact bytes.
 
 use kiln_ir::{Graph, NodeId};
-use std::collections::{BTreeMap, HashMap};
 use kiln_onnx::{ImportOptions, OnnxError};
 use kiln_passes::{
     AccuracyReport, AssignPrecision, Decision, LayerError, PassError, PassManager, PassRecord,
@@ -11,6 +10,7 @@ use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
 use kiln_target_cuda::{CudaError, SmArch};
 use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -218,7 +218,12 @@ fn plot(p: &PrecisionOutcome, layers: &[LayerError]) -> String {
         );
     }
     s.push_str("</svg>\n<p>");
-    for prec in [Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Int8] {
+    for prec in [
+        Precision::Fp32,
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Int8,
+    ] {
         let _ = write!(
             s,
             "<span class=\"k\" style=\"background:{}\"></span>{prec}",
