@@ -9,7 +9,7 @@
 //! graph outputs) keeps computing in f32.
 
 use crate::precision_plan::PrecisionPlan;
-use crate::quantize::{quantize_dense, ActivationRange};
+use crate::quantize::{quantize_dense, ActivationRange, Int8Form};
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
@@ -416,7 +416,7 @@ impl AssignPrecision {
                 let inputs = graph.inputs_of(*id);
                 let c = match (inputs.get(2), form.beta) {
                     (None, _) => None,
-                    (Some(&c), beta) if beta == 1.0 => Some(c),
+                    (Some(&c), 1.0) => Some(c),
                     (Some(&c), beta) => {
                         let name = format!("{}/beta", d.node);
                         let t = Tensor::new([], Data::F32(vec![beta])).expect("scalar");
@@ -442,17 +442,8 @@ impl AssignPrecision {
                     None => ActivationRange::Dynamic,
                 };
                 let w = inputs[w_slot];
-                stats.added += quantize_dense(
-                    graph,
-                    *id,
-                    inputs[0],
-                    &form.weights,
-                    (form.k, form.n),
-                    form.alpha,
-                    c,
-                    range,
-                )
-                .map_err(failed)?;
+                stats.added +=
+                    quantize_dense(graph, *id, inputs[0], &form, c, range).map_err(failed)?;
                 stats.rewritten += 1;
                 old_weights.push(w);
                 continue;
@@ -502,16 +493,6 @@ impl AssignPrecision {
         }
         Ok((stats, decisions.into_iter().map(|(_, d)| d).collect()))
     }
-}
-
-/// A dense op as `alpha * (x @ W) + beta * C` for int8: W as a `K × N`
-/// row-major matrix (a transposed Gemm B transposed back).
-struct Int8Form {
-    weights: Vec<f32>,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    beta: f32,
 }
 
 /// The int8 form of dense node `id` with operand slots `slots` (see

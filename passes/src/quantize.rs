@@ -78,6 +78,16 @@ pub fn quantize_weights(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     (q, scales)
 }
 
+/// A dense op as `alpha * (x @ W) + beta * C` for int8: W as a `K × N`
+/// row-major matrix (a transposed Gemm B transposed back).
+pub(crate) struct Int8Form {
+    pub weights: Vec<f32>,
+    pub k: usize,
+    pub n: usize,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
 /// Adds nodes to `g` named under one prefix.
 struct Builder<'g> {
     g: &'g mut Graph,
@@ -117,20 +127,18 @@ impl Builder<'_> {
     }
 }
 
-/// Replaces dense node `id` (`x @ w` with `w` the constant `K × N` weight,
-/// already transposed for a Gemm with `trans_b`) by its int8 form; returns
-/// the number of nodes added. `alpha` and `c` (`beta * C` as a node) apply
+/// Replaces dense node `id` (`alpha * (x @ W)`, `form`) by its int8 form;
+/// returns the number of nodes added. `c` (`beta * C` as a node) is added
 /// after the rescale.
 pub(crate) fn quantize_dense(
     g: &mut Graph,
     id: NodeId,
     x: NodeId,
-    w: &[f32],
-    (k, n): (usize, usize),
-    alpha: f32,
+    form: &Int8Form,
     c: Option<NodeId>,
     range: ActivationRange,
 ) -> Result<usize, IrError> {
+    let (w, k, n, alpha) = (&form.weights, form.k, form.n, form.alpha);
     let name = g.node(id).name.clone();
     let x_rank = g.node(x).ty.shape.len();
     let mut b = Builder {

@@ -332,11 +332,14 @@ fn casts_between_supported_types() {
     ];
     for from in types {
         for to in types {
-            let mut g = Graph::new();
-            let x = g.add_input("x", ValueType::new(from, [9]));
-            let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
-            g.add_output("y", y);
-            check_rand(&g, 17, 0.0);
+            // 41 elements: the vector casts' blocks of 16 and a tail.
+            for n in [9, 41] {
+                let mut g = Graph::new();
+                let x = g.add_input("x", ValueType::new(from, [n]));
+                let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+                g.add_output("y", y);
+                check_rand(&g, 17, 0.0);
+            }
         }
     }
 }
@@ -356,6 +359,9 @@ fn float_to_int_casts_saturate_and_truncate() {
         255.9,
         2.5,
     ];
+    // Repeated past the vector casts' blocks of 16, shifted so that every
+    // value lands in a vector lane and in the tail.
+    let v: Vec<f32> = v.iter().cycle().take(4 * v.len() + 3).copied().collect();
     let n = v.len();
     for to in [
         DType::I8,

@@ -52,6 +52,34 @@ fn float_reductions() {
     }
 }
 
+/// f32 max/min over contiguous runs of at least 16 take the vector path:
+/// whole blocks, tails, several runs per output, NaN and signed zeros.
+#[test]
+fn f32_max_min_vector_path_matches_the_evaluator() {
+    let cases: [(&[usize], &[usize]); 5] = [
+        (&[128, 384], &[0, 1]),
+        (&[3, 37], &[1]),
+        (&[2, 5, 33], &[0, 2]),
+        (&[4, 16], &[1]),
+        (&[3, 17, 2], &[1]),
+    ];
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        for (shape, axes) in cases {
+            let n: usize = shape.iter().product();
+            let mut rng = Rng::new(n as u64);
+            let v: Vec<f32> = (0..n).map(|_| rng.f64(-3.0, 3.0) as f32).collect();
+            let g = reduce_graph(op, DType::F32, shape, axes, false);
+            check(&g, &[Tensor::new(shape, Data::F32(v.clone())).unwrap()]);
+            // A NaN in a block and one in a tail, and signed zeros.
+            let mut w = v.clone();
+            w[n / 2] = f32::NAN;
+            w[n - 1] = f32::NAN;
+            w[1] = -0.0;
+            check(&g, &[Tensor::new(shape, Data::F32(w)).unwrap()]);
+        }
+    }
+}
+
 #[test]
 fn integer_reductions() {
     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {

@@ -704,6 +704,9 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
             return Err(cx.dtype_err(d));
         }
     }
+    if cast_vector(kb, cx, from, to) {
+        return Ok(());
+    }
     let input = out_and_input(kb, cx, 0);
     let out = (kb.ptr(cx.out), to);
     let shape = cx.node.ty.shape.clone();
@@ -712,6 +715,96 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
         cast_value(kb, v[0], from, to)
     });
     Ok(())
+}
+
+/// Elements per iteration of [`cast_vector`]: four 128-bit vectors of 32-bit
+/// lanes, which narrow into one vector of 16 bytes.
+const CAST_BLOCK: usize = 16;
+
+/// The casts of int8 quantization (f32 → i32/i8/u8, i32 → f32) as vector
+/// loops over the contiguous elements, `CAST_BLOCK` at a time, with the
+/// scalar [`cast_value`] for the tail: the same truncation, saturation and
+/// NaN → 0 as the scalar code (the saturating f32x4 → i32x4 conversion,
+/// then a clamp to the target range and saturating packs that cannot
+/// saturate further). Returns false for other pairs.
+fn cast_vector(kb: &mut Kb, cx: &NodeCx, from: DType, to: DType) -> bool {
+    use cranelift_codegen::ir::types::{F32X4, I16X8, I32X4};
+    let pairs = matches!(
+        (from, to),
+        (DType::F32, DType::I32 | DType::I8 | DType::U8) | (DType::I32, DType::F32)
+    );
+    let n = cx.node.ty.num_elements();
+    if !pairs || n < CAST_BLOCK {
+        return false;
+    }
+    let src = kb.ptr(cx.inputs[0].0);
+    let dst = kb.ptr(cx.out);
+    let out_size = to.size_bytes() as i64;
+    let blocks = n / CAST_BLOCK;
+    let lane_range = match to {
+        DType::I8 | DType::U8 => {
+            let (lo, hi) = int_range(to);
+            let lo = kb.b.ins().iconst(I32, lo);
+            let hi = kb.b.ins().iconst(I32, hi);
+            Some((kb.b.ins().splat(I32X4, lo), kb.b.ins().splat(I32X4, hi)))
+        }
+        _ => None,
+    };
+    for_range(kb, 0, blocks as i64, 1, &mut |kb, b| {
+        let s = kb.add_scaled(src, b, (CAST_BLOCK * 4) as i64);
+        let d = kb.add_scaled(dst, b, CAST_BLOCK as i64 * out_size);
+        let lanes: Vec<Value> = (0..4)
+            .map(|q| {
+                if from == DType::I32 {
+                    let v = kb.load(I32X4, s, 16 * q);
+                    kb.b.ins().fcvt_from_sint(F32X4, v)
+                } else {
+                    let v = kb.load(F32X4, s, 16 * q);
+                    kb.b.ins().fcvt_to_sint_sat(I32X4, v)
+                }
+            })
+            .collect();
+        match lane_range {
+            None => {
+                for (q, v) in lanes.into_iter().enumerate() {
+                    kb.store(v, d, 16 * q as i64);
+                }
+            }
+            Some((lo, hi)) => {
+                let clamped: Vec<Value> = lanes
+                    .into_iter()
+                    .map(|v| {
+                        let v = kb.b.ins().smax(v, lo);
+                        kb.b.ins().smin(v, hi)
+                    })
+                    .collect();
+                let w0 = kb.b.ins().snarrow(clamped[0], clamped[1]);
+                let w1 = kb.b.ins().snarrow(clamped[2], clamped[3]);
+                debug_assert_eq!(kb.b.func.dfg.value_type(w0), I16X8);
+                let bytes = if to == DType::U8 {
+                    kb.b.ins().unarrow(w0, w1)
+                } else {
+                    kb.b.ins().snarrow(w0, w1)
+                };
+                kb.store(bytes, d, 0);
+            }
+        }
+    });
+    let from_ty = scalar_type(from).expect("checked");
+    for_range(
+        kb,
+        (blocks * CAST_BLOCK) as i64,
+        n as i64,
+        1,
+        &mut |kb, i| {
+            let s = kb.add_scaled(src, i, from.size_bytes() as i64);
+            let x = kb.load(from_ty, s, 0);
+            let y = cast_value(kb, x, from, to);
+            let d = kb.add_scaled(dst, i, out_size);
+            kb.store(y, d, 0);
+        },
+    );
+    true
 }
 
 /// Maps a cast between f32 and the 16-bit float `half` over the node's

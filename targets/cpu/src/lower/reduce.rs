@@ -69,7 +69,18 @@ pub(crate) fn reduce(
         return Ok(());
     }
     let bases = [kb.ptr(cx.out), kb.ptr(loc)];
+    // f32 max/min over a contiguous innermost run: exact in f32, so
+    // vectors may replace the f64 scalar fold.
+    let vector_minmax = sty == F32
+        && matches!(op, ReduceOp::Max | ReduceOp::Min)
+        && rst.last() == Some(&4)
+        && rdims.last().is_some_and(|&n| n >= MINMAX_BLOCK);
     nest(kb, &kdims, &bases, &kst, &mut |kb, ptrs| {
+        if vector_minmax {
+            let r = reduce_minmax_f32(kb, op == ReduceOp::Max, &rdims, &rst, ptrs[1]);
+            kb.store(r, ptrs[0], 0);
+            return;
+        }
         let r = if float {
             reduce_float(kb, op, sty, &rdims, &rst, ptrs[1], count)
         } else {
@@ -78,6 +89,69 @@ pub(crate) fn reduce(
         kb.store(r, ptrs[0], 0);
     });
     Ok(())
+}
+
+/// f32 elements per iteration of [`reduce_minmax_f32`]: four independent
+/// `f32x4` accumulators.
+const MINMAX_BLOCK: usize = 16;
+
+/// Max (or min) of f32 elements whose innermost reduced dim is contiguous:
+/// per innermost run, four vector accumulators over whole blocks, a scalar
+/// tail, then the lanes; NaNs propagate as in the scalar fold (Cranelift's
+/// `fmax`/`fmin` return NaN when either operand is NaN).
+fn reduce_minmax_f32(kb: &mut Kb, max: bool, dims: &[usize], st: &[i64], ptr: Value) -> Value {
+    use cranelift_codegen::ir::types::F32X4;
+    let (inner, outer) = dims.split_last().expect("a reduced dim");
+    let inner = *inner;
+    let combine = move |kb: &mut Kb, a: Value, b: Value| {
+        if max {
+            kb.b.ins().fmax(a, b)
+        } else {
+            kb.b.ins().fmin(a, b)
+        }
+    };
+    let init = kb.fconst(
+        F32,
+        if max {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        },
+    );
+    fold(
+        kb,
+        outer,
+        &st[..st.len() - 1],
+        ptr,
+        init,
+        &move |kb, row, acc| {
+            let start = kb.b.ins().splat(F32X4, acc);
+            let blocks = inner / MINMAX_BLOCK;
+            let accs = for_range_carry(kb, 0, blocks as i64, 1, &[start; 4], &mut |kb, b, accs| {
+                let p = kb.add_scaled(row, b, (MINMAX_BLOCK * 4) as i64);
+                (0..4)
+                    .map(|q| {
+                        let v = kb.load(F32X4, p, 16 * q as i64);
+                        combine(kb, accs[q], v)
+                    })
+                    .collect()
+            });
+            let a = combine(kb, accs[0], accs[1]);
+            let b = combine(kb, accs[2], accs[3]);
+            let v = combine(kb, a, b);
+            let mut r = kb.b.ins().extractlane(v, 0);
+            for lane in 1..4u8 {
+                let x = kb.b.ins().extractlane(v, lane);
+                r = combine(kb, r, x);
+            }
+            let tail = (blocks * MINMAX_BLOCK) as i64;
+            for_range_carry(kb, tail, inner as i64, 1, &[r], &mut |kb, i, c| {
+                let p = kb.add_scaled(row, i, 4);
+                let x = kb.load(F32, p, 0);
+                vec![combine(kb, c[0], x)]
+            })[0]
+        },
+    )
 }
 
 fn load_f64(kb: &mut Kb, sty: cranelift_codegen::ir::Type, p: Value) -> Value {
