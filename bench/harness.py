@@ -18,6 +18,11 @@ FLOPs (MatMul, Gemm, Conv; `kiln inspect --json`) over its p50, also as a
 fraction of the single-core AVX-512 FMA peak measured by the `roofline`
 example in the same run.
 
+With --int8, every model also runs quantized: Kiln compiled with
+`--quantize dynamic` (engine `kiln-i8`) beside onnxruntime on the model
+quantized by `onnxruntime.quantization.quantize_dynamic` with int8 weights
+(engine `ort-i8`); their ratio column compares the two int8 builds.
+
 Writes target/bench/results.json, results.md (the table printed) and
 chart.png (p50 per model and engine, log scale). Reports; never fails on a
 slow result.
@@ -61,14 +66,15 @@ def timed(run, runs, warmup):
     return percentiles(times)
 
 
-def worker_ort(model_dir, meta, threads, runs, warmup):
+def worker_ort(model_dir, meta, threads, runs, warmup, onnx_path=None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(os.path.join(model_dir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+    path = onnx_path or os.path.join(model_dir, "model.onnx")
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     feeds = load_inputs(model_dir, meta)
     return timed(lambda: sess.run(None, feeds), runs, warmup)
 
@@ -133,15 +139,24 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
     ap.add_argument("--roofline", default=os.path.join(ROOT, "target", "release", "examples", "roofline"))
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench"))
+    ap.add_argument("--int8", action="store_true", help="also time dynamic int8 builds of Kiln and onnxruntime")
     # Internal: one engine measurement in this process.
-    ap.add_argument("--worker", choices=["ort", "tract"])
+    ap.add_argument("--worker", choices=["ort", "tract", "quantize"])
     ap.add_argument("--model")
+    ap.add_argument("--onnx", help="worker: the ONNX file to run instead of the model's own")
     args = ap.parse_args()
 
+    if args.worker == "quantize":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(os.path.join(args.model, "model.onnx"), args.onnx, weight_type=QuantType.QInt8)
+        return
     if args.worker:
         meta = json.load(open(os.path.join(args.model, "meta.json")))
-        fn = worker_ort if args.worker == "ort" else worker_tract
-        p50, p95 = fn(args.model, meta, int(args.threads), args.runs, args.warmup)
+        if args.worker == "ort":
+            p50, p95 = worker_ort(args.model, meta, int(args.threads), args.runs, args.warmup, args.onnx)
+        else:
+            p50, p95 = worker_tract(args.model, meta, int(args.threads), args.runs, args.warmup)
         print(json.dumps({"p50_ms": p50, "p95_ms": p95}))
         return
 
@@ -160,7 +175,7 @@ def main():
         f"{args.warmup} warm-up, every engine in its own process on the same inputs; {peak_text}"
     )
     print(header)
-    cols = f"{'model':<12} {'thr':>3} {'engine':<6} {'p50 ms':>9} {'p95 ms':>9} {'RSS MiB':>8} {'ORT/eng':>8} {'GFLOP/s':>8} {'%peak':>6}"
+    cols = f"{'model':<12} {'thr':>3} {'engine':<7} {'p50 ms':>9} {'p95 ms':>9} {'RSS MiB':>8} {'ORT/eng':>8} {'GFLOP/s':>8} {'%peak':>6}"
     print(cols)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,37 +192,55 @@ def main():
                 ).stdout
             )
             flops = inspect.get("dense_flops") or 0
-            art = os.path.join(tmp, name + ".kiln")
-            compiled = json.loads(
-                subprocess.run(
-                    [args.kiln, "compile", model_path, "-o", art, "--json"] + shape_args(meta),
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-            )
+            builds = {"kiln": []}
+            if args.int8:
+                builds["kiln-i8"] = ["--quantize", "dynamic", "--calibrate-random", "0"]
+                # In a process of its own: peak RSS is inherited through
+                # fork, so the harness itself must stay small.
+                ort_int8 = os.path.join(tmp, name + ".int8.onnx")
+                run_measured([sys.executable, os.path.abspath(__file__), "--model", model_dir,
+                              "--worker", "quantize", "--onnx", ort_int8])
+            compiled = {}
+            for engine, extra in builds.items():
+                art = os.path.join(tmp, f"{name}.{engine}.kiln")
+                compiled[engine] = json.loads(
+                    subprocess.run(
+                        [args.kiln, "compile", model_path, "-o", art, "--json"] + shape_args(meta) + extra,
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
+                compiled[engine]["path"] = art
             for t in threads:
                 results = {}
-                kiln_cmd = [args.kiln, "bench", art, "--runs", str(args.runs), "--warmup", str(args.warmup), "--json"]
-                for i in meta["inputs"]:
-                    kiln_cmd += ["--input", f"{i['name']}={os.path.join(model_dir, i['file'])}"]
-                if kiln_threads:
-                    kiln_cmd += ["--threads", str(t)]
-                if kiln_threads or t == 1:
-                    out, rss = run_measured(kiln_cmd)
-                    k = json.loads(out)
-                    results["kiln"] = (k["p50_ms"], k["p95_ms"], rss)
+                for engine in builds:
+                    kiln_cmd = [args.kiln, "bench", compiled[engine]["path"], "--runs", str(args.runs),
+                                "--warmup", str(args.warmup), "--json"]
+                    for i in meta["inputs"]:
+                        kiln_cmd += ["--input", f"{i['name']}={os.path.join(model_dir, i['file'])}"]
+                    if kiln_threads:
+                        kiln_cmd += ["--threads", str(t)]
+                    if kiln_threads or t == 1:
+                        out, rss = run_measured(kiln_cmd)
+                        k = json.loads(out)
+                        results[engine] = (k["p50_ms"], k["p95_ms"], rss)
                 worker = [sys.executable, os.path.abspath(__file__), "--model", model_dir, "--threads", str(t),
                           "--runs", str(args.runs), "--warmup", str(args.warmup), "--worker"]
                 out, rss = run_measured(worker + ["ort"])
                 o = json.loads(out)
                 results["ort"] = (o["p50_ms"], o["p95_ms"], rss)
+                if args.int8:
+                    out, rss = run_measured(worker + ["ort", "--onnx", ort_int8])
+                    o = json.loads(out)
+                    results["ort-i8"] = (o["p50_ms"], o["p95_ms"], rss)
                 if t == 1:
                     out, rss = run_measured(worker + ["tract"])
                     o = json.loads(out)
                     results["tract"] = (o["p50_ms"], o["p95_ms"], rss)
-                ort_p50 = results["ort"][0]
                 for engine, (p50, p95, rss) in results.items():
+                    # int8 builds are compared with onnxruntime's int8 build.
+                    ort_p50 = results["ort-i8" if engine.endswith("-i8") else "ort"][0]
                     gflops = flops / (p50 * 1e6) if flops else None
                     frac = gflops / (peak * t) if (gflops and peak) else None
                     row = {
@@ -222,13 +255,13 @@ def main():
                         "gflops": gflops,
                         "fraction_of_peak": frac,
                     }
-                    if engine == "kiln":
-                        row["artifact_bytes"] = compiled["bytes"]
-                        row["compile_ms"] = compiled["compile_ms"]
+                    if engine in compiled:
+                        row["artifact_bytes"] = compiled[engine]["bytes"]
+                        row["compile_ms"] = compiled[engine]["compile_ms"]
                     rows.append(row)
                     g = f"{gflops:8.1f}" if gflops else f"{'-':>8}"
                     f = f"{100 * frac:5.1f}%" if frac else f"{'-':>6}"
-                    print(f"{name:<12} {t:>3} {engine:<6} {p50:>9.3f} {p95:>9.3f} {rss:>8.1f} {ort_p50 / p50:>7.2f}x {g} {f}")
+                    print(f"{name:<12} {t:>3} {engine:<7} {p50:>9.3f} {p95:>9.3f} {rss:>8.1f} {ort_p50 / p50:>7.2f}x {g} {f}")
     with open(os.path.join(args.out, "results.json"), "w") as fh:
         json.dump({"header": header, "peak_gflops": peak, "rows": rows}, fh, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as fh:
@@ -252,15 +285,15 @@ def chart(rows, path):
     import matplotlib.pyplot as plt
 
     labels = sorted({(r["model"], r["threads"]) for r in rows}, key=lambda x: (x[0], x[1]))
-    engines = ["kiln", "ort", "tract"]
-    width = 0.27
+    engines = [e for e in ["kiln", "ort", "tract", "kiln-i8", "ort-i8"] if any(r["engine"] == e for r in rows)]
+    width = 0.8 / len(engines)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels)), 4.5))
     for k, engine in enumerate(engines):
         values = []
         for model, t in labels:
             match = [r["p50_ms"] for r in rows if r["model"] == model and r["threads"] == t and r["engine"] == engine]
             values.append(match[0] if match else 0)
-        xs = [i + (k - 1) * width for i in range(len(labels))]
+        xs = [i + (k - (len(engines) - 1) / 2) * width for i in range(len(labels))]
         ax.bar(xs, values, width, label=engine)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels([f"{m}\n{t} thr" for m, t in labels], fontsize=8)

@@ -4,14 +4,14 @@
 # has the details). Builds the release `kiln` and the `roofline` example,
 # installs bench/requirements.txt into target/bench-venv, fetches the real
 # models (scripts/real-models.sh), then runs the harness. Arguments go to
-# the harness: --runs N, --threads 1,2, model directories.
+# the harness: --runs N, --threads 1,2, --int8, model directories.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=target/bench-venv
 PYTHON=${PYTHON:-python3}
 export PIP_ROOT_USER_ACTION=ignore
-if ! "$VENV/bin/python" -c "import numpy, onnxruntime, tract, matplotlib" >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c "import numpy, onnxruntime, tract, matplotlib, onnx" >/dev/null 2>&1; then
     echo "bench: installing bench/requirements.txt into $VENV" >&2
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
