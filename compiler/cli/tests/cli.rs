@@ -628,3 +628,64 @@ fn precision_report_is_json_or_a_self_contained_html_page() {
         serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     assert_eq!(v["decisions"].as_array().map(Vec::len), Some(3));
 }
+
+#[test]
+fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("m.kiln");
+    let plan = dir.path().join("plan.json");
+    let o = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=8x64",
+        "--quantize",
+        "dynamic",
+        "--emit-plan",
+        plan.to_str().unwrap(),
+        "--json",
+        "-o",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let decisions = v["precision"]["decisions"].as_array().unwrap();
+    assert!(
+        decisions.iter().all(|d| d["precision"] == "int8"),
+        "{decisions:?}"
+    );
+    // The plan names int8 and applies back.
+    let text = std::fs::read_to_string(&plan).unwrap();
+    assert!(text.contains("\"int8\""), "{text}");
+    let o = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=8x64",
+        "--plan",
+        plan.to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for (args, needle) in [
+        (&["--quantize", "fancy"][..], "unknown mode 'fancy'"),
+        (
+            &["--quantize", "dynamic", "--precision", "bf16"][..],
+            "--quantize sets the precision",
+        ),
+    ] {
+        let mut all = vec![
+            "compile",
+            MLP,
+            "--input-shape",
+            "input=8x64",
+            "-o",
+            art.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let o = kiln(&all);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+    }
+}
