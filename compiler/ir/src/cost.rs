@@ -25,7 +25,7 @@ pub fn dense_flops(graph: &Graph) -> u64 {
                     let k = if *trans_a { a[0] } else { a[1] };
                     2 * out * k as u64
                 }
-                Op::Conv(_) => {
+                Op::Conv(_) | Op::ConvInteger(_) => {
                     // Weights [Cout, Cin/group, KH, KW]: every output element
                     // is one dot product of that window.
                     let w = input(1);

@@ -146,6 +146,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             Ok(ValueType::new(out, [m, n]))
         }
         Op::Conv(c) => infer_conv(c, inputs),
+        Op::ConvInteger(c) => infer_conv_integer(c, inputs),
         Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
             let x = inputs[0];
             float_only(name, x)?;
@@ -628,9 +629,50 @@ fn matmul_shape(name: &'static str, a: &ValueType, b: &ValueType) -> Result<Shap
 
 fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
     let name = "conv";
-    let (x, w) = (inputs[0], inputs[1]);
     let out = dense_result(name, inputs)?;
-    float_only(name, x)?;
+    float_only(name, inputs[0])?;
+    let shape = conv_shape(name, c, inputs)?;
+    Ok(ValueType::new(out, shape))
+}
+
+/// ConvInteger: u8/i8 X and W, X's zero point a scalar, W's a scalar or
+/// one per output channel, i32 out.
+fn infer_conv_integer(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
+    let name = "conv_integer";
+    let (x, w, xz, wz) = (inputs[0], inputs[1], inputs[2], inputs[3]);
+    for t in [x, w] {
+        if !matches!(t.dtype, DType::U8 | DType::I8) {
+            return Err(IrError::ty(
+                name,
+                format!("operands must be u8 or i8, got {t}"),
+            ));
+        }
+    }
+    same_dtype(name, x, xz)?;
+    same_dtype(name, w, wz)?;
+    let shape = conv_shape(name, c, &inputs[..2])?;
+    if xz.num_elements() != 1 || xz.shape.len() > 1 {
+        return Err(IrError::ty(
+            name,
+            format!("X's zero point must be a scalar, got {xz}"),
+        ));
+    }
+    let m = w.shape[0];
+    let scalar = wz.num_elements() == 1 && wz.shape.len() <= 1;
+    let per_channel = wz.shape.len() == 1 && wz.shape[0] == m;
+    if !(scalar || per_channel) {
+        return Err(IrError::ty(
+            name,
+            format!("W's zero point must be a scalar or one per output channel ({m}), got {wz}"),
+        ));
+    }
+    Ok(ValueType::new(DType::I32, shape))
+}
+
+/// The output shape of a convolution of X by W (and, when given, the bias
+/// check).
+fn conv_shape(name: &'static str, c: &Conv2d, inputs: &[&ValueType]) -> Result<Shape, IrError> {
+    let (x, w) = (inputs[0], inputs[1]);
     if x.shape.len() != 4 || w.shape.len() != 4 {
         return Err(IrError::ty(
             name,
@@ -660,7 +702,7 @@ fn infer_conv(c: &Conv2d, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         ceil_mode: false,
     };
     let (oh, ow) = pool_output(name, &pool, x.shape[2], x.shape[3])?;
-    Ok(ValueType::new(out, [x.shape[0], cout, oh, ow]))
+    Ok(Shape::from_slice(&[x.shape[0], cout, oh, ow]))
 }
 
 fn pool_output(

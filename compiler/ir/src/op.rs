@@ -934,6 +934,12 @@ pub enum Op {
     },
     /// 2-D convolution: inputs X, W and an optional bias B.
     Conv(Conv2d),
+    /// Integer 2-D convolution `conv(X - x_zero, W - w_zero)`, exact in
+    /// i32 (ONNX `ConvInteger`): inputs X and W (`u8` or `i8`, each with
+    /// its own type), X's zero point (a scalar of X's type; padding holds
+    /// it, so padded positions add 0) and W's (a scalar or one per output
+    /// channel, of W's type); `i32` out.
+    ConvInteger(Conv2d),
     /// 2-D max pooling.
     MaxPool(Pool2d),
     /// 2-D average pooling.
@@ -1044,6 +1050,7 @@ impl Op {
             Op::MatMulInteger => "matmul_integer",
             Op::Gemm { .. } => "gemm",
             Op::Conv(_) => "conv",
+            Op::ConvInteger(_) => "conv_integer",
             Op::MaxPool(_) => "max_pool",
             Op::AveragePool { .. } => "average_pool",
             Op::GlobalAveragePool => "global_average_pool",
@@ -1081,7 +1088,7 @@ impl Op {
             | Op::Logical(_)
             | Op::Bitwise(_) => (2, 2),
             Op::Where => (3, 3),
-            Op::MatMulInteger => (4, 4),
+            Op::MatMulInteger | Op::ConvInteger(_) => (4, 4),
             Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),
             Op::Fused(k) => (k.num_inputs(), k.num_inputs()),

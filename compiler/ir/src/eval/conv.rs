@@ -82,6 +82,36 @@ pub(super) fn conv(attrs: &Conv2d, inputs: &[&Tensor], out: &ValueType) -> Resul
     run_dense("conv", inputs, out, &kernel)
 }
 
+/// `ConvInteger`: the convolution of the centred operands in f64 (exact:
+/// every term is below 2^16 and sums stay far below 2^53), then wrapped to
+/// i32.
+pub(super) fn conv_integer(
+    attrs: &Conv2d,
+    inputs: &[&Tensor],
+    out: &ValueType,
+) -> Result<Data, IrError> {
+    let (x, w) = (inputs[0], inputs[1]);
+    let xz = inputs[2].to_i64_vec()[0];
+    let wz = inputs[3].to_i64_vec();
+    let per_oc = w.shape().iter().product::<usize>() / w.shape()[0].max(1);
+    let xc = Data::F64(x.to_i64_vec().iter().map(|&v| (v - xz) as f64).collect());
+    let wc = Data::F64(
+        (w.to_i64_vec().iter().enumerate())
+            .map(|(i, &v)| (v - wz[if wz.len() == 1 { 0 } else { i / per_oc }]) as f64)
+            .collect(),
+    );
+    let sized = |t: &Tensor, d: Data| {
+        Tensor::new(t.shape(), d)
+            .ok_or_else(|| super::eval_err("conv_integer", "operand size does not match its shape"))
+    };
+    let (xc, wc) = (sized(x, xc)?, sized(w, wc)?);
+    let wide = ValueType::new(crate::DType::F64, out.shape.clone());
+    let Data::F64(v) = conv(attrs, &[&xc, &wc], &wide)? else {
+        unreachable!("an f64 convolution is f64")
+    };
+    Ok(Data::I32(v.into_iter().map(|x| x as i64 as i32).collect()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::eval;

@@ -71,7 +71,7 @@ pub fn work(op: &Op, inputs: &[&ValueType], output: &ValueType) -> u64 {
             .zip(output.shape.first())
             .map(|(a, &m)| elems(a) / (m as u64).max(1)),
         // W is [O, C/group, kh, kw]: |W| / O per output element.
-        Op::Conv(_) => (inputs.get(1))
+        Op::Conv(_) | Op::ConvInteger(_) => (inputs.get(1))
             .zip(inputs.get(1).and_then(|w| w.shape.first()))
             .map(|(w, &o)| elems(w) / (o as u64).max(1)),
         Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
@@ -124,6 +124,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
             trans_b,
         } => linalg::gemm(*alpha, *beta, *trans_a, *trans_b, inputs, &out)?,
         Op::Conv(c) => conv::conv(c, inputs, &out)?,
+        Op::ConvInteger(c) => conv::conv_integer(c, inputs, &out)?,
         Op::MaxPool(p) => pool::max_pool(p, inputs[0], &out)?,
         Op::AveragePool {
             pool,

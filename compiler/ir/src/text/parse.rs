@@ -895,6 +895,7 @@ const OPS: &[(&str, &[&str])] = &[
     ("matmul_integer", &[]),
     ("gemm", &["alpha", "beta", "trans_a", "trans_b"]),
     ("conv", &["strides", "pads", "dilations", "group"]),
+    ("conv_integer", &["strides", "pads", "dilations", "group"]),
     (
         "max_pool",
         &["kernel", "strides", "pads", "dilations", "ceil_mode"],
@@ -1198,12 +1199,19 @@ fn build_op(
             trans_a: a.optional("trans_a", false, Attrs::bool)?,
             trans_b: a.optional("trans_b", false, Attrs::bool)?,
         },
-        "conv" => Op::Conv(Conv2d {
-            strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
-            pads: a.optional("pads", [0; 4], Attrs::array::<4>)?,
-            dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
-            group: a.optional("group", 1, Attrs::usize)?,
-        }),
+        "conv" | "conv_integer" => {
+            let c = Conv2d {
+                strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
+                pads: a.optional("pads", [0; 4], Attrs::array::<4>)?,
+                dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
+                group: a.optional("group", 1, Attrs::usize)?,
+            };
+            if name == "conv" {
+                Op::Conv(c)
+            } else {
+                Op::ConvInteger(c)
+            }
+        }
         "max_pool" => Op::MaxPool(a.pool()?),
         "average_pool" => Op::AveragePool {
             pool: a.pool()?,

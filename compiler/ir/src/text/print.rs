@@ -133,6 +133,12 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             pads,
             dilations,
             group,
+        })
+        | Op::ConvInteger(Conv2d {
+            strides,
+            pads,
+            dilations,
+            group,
         }) => vec![
             format!("strides={}", ints(strides)),
             format!("pads={}", ints(pads)),
