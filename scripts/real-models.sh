@@ -11,8 +11,9 @@ VENV=target/fixtures-venv
 OUT=${KILN_REAL_MODELS:-target/real-models}
 PYTHON=${PYTHON:-python3}
 export PIP_ROOT_USER_ACTION=ignore
-pins=$(grep -E '^(numpy|onnxruntime|flatbuffers|packaging|protobuf)==' fixtures/requirements.txt)
-if ! "$VENV/bin/python" -c "import numpy, onnxruntime" >/dev/null 2>&1; then
+# onnx (with ml_dtypes, typing_extensions) for onnxruntime.quantization.
+pins=$(grep -E '^(numpy|onnxruntime|flatbuffers|packaging|protobuf|onnx|ml_dtypes|typing_extensions)==' fixtures/requirements.txt)
+if ! "$VENV/bin/python" -c "import numpy, onnxruntime, onnx" >/dev/null 2>&1; then
     echo "real models: installing numpy and onnxruntime into $VENV" >&2
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
