@@ -38,5 +38,5 @@ pub use manager::{
 };
 pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
-pub use quantize::{quantize_weights, u8_params, ActivationRange};
+pub use quantize::{observe, quantize_weights, u8_params, ActivationRange, Observer};
 pub use simplify::Simplify;

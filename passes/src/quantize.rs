@@ -41,6 +41,140 @@ pub enum ActivationRange {
     },
 }
 
+/// How `--quantize static` turns the observed activation values into a
+/// quantization range.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Observer {
+    /// The smallest and largest value.
+    #[default]
+    MinMax,
+    /// The `p`-th and `(100 − p)`-th percentiles (`percentile=99.99`):
+    /// rare outliers no longer stretch the step size.
+    Percentile(f64),
+    /// The clipping threshold `T` on `|x|` whose 128-level quantized
+    /// histogram is closest (KL divergence) to the observed one, as
+    /// TensorRT's entropy calibrator: the range is `[lo, hi]` clipped to
+    /// `[−T, T]`.
+    Entropy,
+}
+
+impl std::fmt::Display for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Observer::MinMax => f.write_str("minmax"),
+            Observer::Percentile(p) => write!(f, "percentile={p}"),
+            Observer::Entropy => f.write_str("entropy"),
+        }
+    }
+}
+
+impl std::str::FromStr for Observer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Observer, String> {
+        match s {
+            "minmax" => Ok(Observer::MinMax),
+            "entropy" => Ok(Observer::Entropy),
+            "percentile" => Ok(Observer::Percentile(99.99)),
+            _ => match s.strip_prefix("percentile=").map(str::parse::<f64>) {
+                Some(Ok(p)) if p > 50.0 && p <= 100.0 => Ok(Observer::Percentile(p)),
+                Some(_) => Err(format!("'{s}': the percentile must be in (50, 100]")),
+                None => Err(format!(
+                    "unknown observer '{s}'; use minmax, percentile[=P] or entropy"
+                )),
+            },
+        }
+    }
+}
+
+/// Bins of the `|x|` histogram of [`Observer::Entropy`].
+const ENTROPY_BINS: usize = 2048;
+/// Quantized levels the entropy search compares against (int8's 128
+/// magnitudes).
+const ENTROPY_LEVELS: usize = 128;
+
+/// The range `observer` makes of the observed `values` (finite ones; an
+/// empty or all-NaN set gives `[0, 0]`).
+pub fn observe(values: &[f32], observer: Observer) -> (f32, f32) {
+    let finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return (0.0, 0.0);
+    }
+    let lo = finite.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = finite.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    match observer {
+        Observer::MinMax => (lo, hi),
+        Observer::Percentile(p) => {
+            let mut sorted = finite;
+            sorted.sort_by(f32::total_cmp);
+            let at = |q: f64| {
+                let i = (q / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+                sorted[i.min(sorted.len() - 1)]
+            };
+            (at(100.0 - p), at(p))
+        }
+        Observer::Entropy => {
+            let t = entropy_threshold(&finite, lo.abs().max(hi.abs()));
+            (lo.max(-t), hi.min(t))
+        }
+    }
+}
+
+/// TensorRT's entropy calibration on `|x|`: the threshold (a bin edge from
+/// `ENTROPY_LEVELS` bins up) minimizing KL(P || Q), P the histogram clipped
+/// at the threshold (the tail folded into its last bin), Q P merged into
+/// `ENTROPY_LEVELS` levels and spread back over the non-empty bins.
+fn entropy_threshold(values: &[f32], max_abs: f32) -> f32 {
+    if max_abs <= 0.0 {
+        return 0.0;
+    }
+    let width = max_abs / ENTROPY_BINS as f32;
+    let mut hist = vec![0f64; ENTROPY_BINS];
+    for v in values {
+        let b = ((v.abs() / width) as usize).min(ENTROPY_BINS - 1);
+        hist[b] += 1.0;
+    }
+    let mut best = (f64::INFINITY, ENTROPY_BINS);
+    for edge in ENTROPY_LEVELS..=ENTROPY_BINS {
+        let mut p: Vec<f64> = hist[..edge].to_vec();
+        p[edge - 1] += hist[edge..].iter().sum::<f64>();
+        // Q: P's first `edge` bins merged into LEVELS groups, each group's
+        // mass spread evenly over its non-empty bins.
+        let mut q = vec![0f64; edge];
+        for level in 0..ENTROPY_LEVELS {
+            let (start, end) = (
+                level * edge / ENTROPY_LEVELS,
+                (level + 1) * edge / ENTROPY_LEVELS,
+            );
+            let mass: f64 = hist[start..end].iter().sum();
+            let nonzero = hist[start..end].iter().filter(|&&c| c > 0.0).count();
+            if nonzero > 0 {
+                for b in start..end {
+                    if hist[b] > 0.0 {
+                        q[b] = mass / nonzero as f64;
+                    }
+                }
+            }
+        }
+        let (ps, qs) = (p.iter().sum::<f64>(), q.iter().sum::<f64>());
+        if ps == 0.0 || qs == 0.0 {
+            continue;
+        }
+        let kl: f64 = p
+            .iter()
+            .zip(&q)
+            .filter(|(&pi, _)| pi > 0.0)
+            .map(|(&pi, &qi)| {
+                let (pi, qi) = (pi / ps, (qi / qs).max(1e-12));
+                pi * (pi / qi).ln()
+            })
+            .sum();
+        if kl < best.0 {
+            best = (kl, edge);
+        }
+    }
+    best.1 as f32 * width
+}
+
 /// The u8 scale and zero point of the range `[lo, hi]` widened to hold 0.
 pub fn u8_params(lo: f32, hi: f32) -> (f32, u8) {
     let (lo, hi) = (lo.min(0.0), hi.max(0.0));
@@ -225,6 +359,28 @@ mod tests {
         // A positive range is widened to 0; a flat one gets scale 1.
         assert_eq!(u8_params(2.0, 5.1).1, 0);
         assert_eq!(u8_params(0.0, 0.0), (1.0, 0));
+    }
+
+    #[test]
+    fn observers_clip_outliers() {
+        // 10,000 values in [-1, 1] and one outlier at 100.
+        let mut v: Vec<f32> = (0..10_000).map(|i| (i as f32 / 5_000.0) - 1.0).collect();
+        v.push(100.0);
+        assert_eq!(observe(&v, Observer::MinMax), (-1.0, 100.0));
+        let (lo, hi) = observe(&v, Observer::Percentile(99.9));
+        assert!(
+            (-1.0..-0.99).contains(&lo) && (0.99..=1.0).contains(&hi),
+            "{lo} {hi}"
+        );
+        let (lo, hi) = observe(&v, Observer::Entropy);
+        assert!(lo >= -1.0 && hi < 10.0, "{lo} {hi}");
+        assert_eq!(observe(&[f32::NAN], Observer::Entropy), (0.0, 0.0));
+        assert_eq!(
+            "percentile=99.9".parse::<Observer>(),
+            Ok(Observer::Percentile(99.9))
+        );
+        assert!("percentile=20".parse::<Observer>().is_err());
+        assert!("kl".parse::<Observer>().is_err());
     }
 
     #[test]

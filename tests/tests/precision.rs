@@ -184,9 +184,16 @@ fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
         std::slice::from_ref(&images),
     )
     .unwrap();
-    for static_activations in [false, true] {
+    use kiln_passes::Observer;
+    for (static_activations, observer) in [
+        (false, Observer::MinMax),
+        (true, Observer::MinMax),
+        (true, Observer::Percentile(99.99)),
+        (true, Observer::Entropy),
+    ] {
         let mut opts = with_precision(base.clone(), Mode::Int8);
         opts.static_activations = static_activations;
+        opts.observer = observer;
         if static_activations {
             opts.calibrate = Some(calibration.path().to_path_buf());
             opts.calibrate_random = 1;
@@ -206,7 +213,7 @@ fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
         let w = c.artifact.weights.len();
         println!(
             "digits_mlp int8 {}: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
-            if static_activations { "static" } else { "dynamic" },
+            if static_activations { format!("static {observer}") } else { "dynamic".into() },
             (a - acc32) * 100.0,
             w as f64 / w32 as f64
         );

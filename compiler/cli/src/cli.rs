@@ -109,6 +109,11 @@ struct ModelArgs {
     /// (--calibrate DIR; --calibrate-random only for tests).
     #[arg(long, value_name = "static|dynamic")]
     quantize: Option<String>,
+    /// --quantize static: how the observed activation values become a
+    /// range: minmax, percentile[=P] (default P 99.99) or entropy
+    /// (TensorRT-style KL-divergence threshold).
+    #[arg(long, default_value = "minmax", value_name = "OBSERVER")]
+    observer: String,
     /// Keep these nodes in fp32: op types or node-name globs,
     /// comma-separated (`Conv,/encoder/layer.0/*`).
     #[arg(long = "keep-fp32", value_name = "PATTERNS")]
@@ -443,6 +448,16 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
             }
         };
         opts.precision.mode = kiln_passes::Mode::Int8;
+    }
+    opts.observer = args
+        .observer
+        .parse()
+        .map_err(|e: String| Failure::new(exit::USAGE, format!("--observer: {e}")))?;
+    if args.observer != "minmax" && !opts.static_activations {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--observer applies to --quantize static only",
+        ));
     }
     if let Some(k) = &args.keep_fp32 {
         opts.precision.keep_fp32 =

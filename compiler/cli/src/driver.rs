@@ -73,6 +73,9 @@ pub struct CompileOptions {
     /// calibration samples (`--quantize static`, min/max observer);
     /// otherwise per run (`--quantize dynamic`).
     pub static_activations: bool,
+    /// How `--quantize static` makes a range of the observed values
+    /// (`--observer`).
+    pub observer: kiln_passes::Observer,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -95,6 +98,7 @@ impl Default for CompileOptions {
             calibrate: None,
             max_rel_error: None,
             static_activations: false,
+            observer: kiln_passes::Observer::MinMax,
         }
     }
 }
@@ -147,7 +151,7 @@ impl CompileOptions {
         if !p.is_identity() {
             let _ = write!(s, " precision={}", p.mode.name());
             if self.static_activations {
-                s.push_str(" quantize=static");
+                let _ = write!(s, " quantize=static observer={}", self.observer);
             }
             let list = |v: &[kiln_passes::Pattern]| {
                 v.iter()
@@ -541,11 +545,17 @@ fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r 
         .collect()
 }
 
-/// The min/max observer of `--quantize static`: the smallest and largest
-/// value of every MatMul/Gemm's left operand over `samples`, by node name.
+/// Most values of one activation kept for an observer: a larger tensor is
+/// sampled with a stride (every sample contributes its share).
+const MAX_OBSERVED_VALUES: usize = 1 << 22;
+
+/// The activation ranges of `--quantize static`: every MatMul/Gemm's left
+/// operand observed over `samples` and reduced to a range by `observer`,
+/// by node name.
 pub fn activation_ranges(
     graph: &Graph,
     samples: &[Vec<kiln_ir::Tensor>],
+    observer: kiln_passes::Observer,
 ) -> Result<BTreeMap<String, (f32, f32)>, DriverError> {
     // Every value read as an activation, with the dense nodes reading it.
     let mut readers: HashMap<NodeId, Vec<String>> = HashMap::new();
@@ -556,18 +566,20 @@ pub fn activation_ranges(
             readers.entry(x).or_default().push(node.name.clone());
         }
     }
-    let mut ranges: BTreeMap<String, (f32, f32)> = BTreeMap::new();
+    let mut observed: HashMap<NodeId, Vec<f32>> = HashMap::new();
+    let per_sample = MAX_OBSERVED_VALUES / samples.len().max(1);
     let mut observe = |id: NodeId, t: &kiln_ir::Tensor| {
-        let Some(names) = readers.get(&id) else {
+        if !readers.contains_key(&id) {
             return;
-        };
+        }
         let v = t.to_f32_vec();
+        let stride = v.len().div_ceil(per_sample.max(1)).max(1);
+        let kept = observed.entry(id).or_default();
+        kept.extend(v.iter().step_by(stride));
+        // The extremes always count, whatever the stride skipped.
         let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
         let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        for name in names {
-            let r = ranges.entry(name.clone()).or_insert((lo, hi));
-            *r = (r.0.min(lo), r.1.max(hi));
-        }
+        kept.extend([lo, hi]);
     };
     for sample in samples {
         for (&id, t) in graph.inputs().iter().zip(sample) {
@@ -579,6 +591,15 @@ pub fn activation_ranges(
                 source,
             }
         })?;
+    }
+    let mut ranges = BTreeMap::new();
+    for (id, names) in readers {
+        if let Some(values) = observed.get(&id) {
+            let range = kiln_passes::observe(values, observer);
+            for name in names {
+                ranges.insert(name, range);
+            }
+        }
     }
     Ok(ranges)
 }
@@ -656,7 +677,8 @@ fn optimize_graph(
         let observed;
         let opts = if opts.static_activations {
             let mut o = opts.clone();
-            o.precision.activation_ranges = Some(activation_ranges(&graph, &samples)?);
+            o.precision.activation_ranges =
+                Some(activation_ranges(&graph, &samples, opts.observer)?);
             observed = o;
             &observed
         } else {
