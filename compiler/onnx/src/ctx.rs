@@ -83,6 +83,11 @@ impl<'a> ImportCtx<'a> {
         &self.node_name
     }
 
+    /// Op type of the node being built.
+    pub fn op_type(&self) -> &str {
+        &self.op_type
+    }
+
     fn push(
         &mut self,
         name: String,

@@ -1686,3 +1686,324 @@ fn body_initializers_are_decoded_once_and_nested_constants_charged_per_copy() {
     };
     import_model(&m, None, &opts).expect("within the budget");
 }
+
+// ---- integer convolutions ----
+
+fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Ints as i32,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// An 8-bit tensor: `elem` 2 (u8) or 3 (i8), the bytes as given.
+fn byte_tensor(name: &str, elem: i32, dims: &[i64], v: &[u8]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: elem,
+        raw_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn int_input(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    value_info(
+        name,
+        elem,
+        &dims.iter().map(|&d| D::K(d)).collect::<Vec<_>>(),
+    )
+}
+
+/// `n` deterministic pseudo-random bytes.
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 56) as u8
+        })
+        .collect()
+}
+
+/// The direct integer convolution of centered values: X `[n, c, h, w]`,
+/// W `[m, c/group, kh, kw]`, pads `[top, left, bottom, right]` of zeros
+/// (the zero point, once centered).
+fn int_conv_reference(
+    x: &[i64],
+    xs: [usize; 4],
+    w: &[i64],
+    ws: [usize; 4],
+    pads: [usize; 4],
+    strides: [usize; 2],
+    group: usize,
+) -> Vec<i64> {
+    let [n, c, h, wd] = xs;
+    let [m, cg, kh, kw] = ws;
+    assert_eq!(cg * group, c);
+    let oh = (h + pads[0] + pads[2] - kh) / strides[0] + 1;
+    let ow = (wd + pads[1] + pads[3] - kw) / strides[1] + 1;
+    let mut y = Vec::new();
+    for b in 0..n {
+        for oc in 0..m {
+            let g = oc / (m / group);
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = 0i64;
+                    for ic in 0..cg {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * strides[0] + ky) as i64 - pads[0] as i64;
+                                let ix = (ox * strides[1] + kx) as i64 - pads[1] as i64;
+                                if iy < 0 || ix < 0 || iy >= h as i64 || ix >= wd as i64 {
+                                    continue;
+                                }
+                                let (iy, ix) = (iy as usize, ix as usize);
+                                let xv = x[((b * c + g * cg + ic) * h + iy) * wd + ix];
+                                let wv = w[((oc * cg + ic) * kh + ky) * kw + kx];
+                                acc += xv * wv;
+                            }
+                        }
+                    }
+                    y.push(acc);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The value of an 8-bit byte as `elem` (2: u8, 3: i8).
+fn byte_value(elem: i32, b: u8) -> i64 {
+    if elem == 3 {
+        b as i8 as i64
+    } else {
+        b as i64
+    }
+}
+
+fn byte_data(elem: i32, v: &[u8]) -> Data {
+    if elem == 3 {
+        Data::I8(v.iter().map(|&b| b as i8).collect())
+    } else {
+        Data::U8(v.to_vec())
+    }
+}
+
+fn conv_count(g: &kiln_ir::Graph) -> usize {
+    g.node_ids()
+        .filter(|&id| matches!(g.node(id).op, Op::Conv(_)))
+        .count()
+}
+
+/// One `ConvInteger` node on a graph input X and initializer W (with an
+/// X zero point `xzp` and W zero points `wzp`, scalar when one entry) of
+/// type `elem`; checks the imported graph's output (and its number of f32
+/// convolutions) against the direct integer computation, and returns it.
+#[allow(clippy::too_many_arguments)]
+fn run_conv_integer(
+    elem: i32,
+    xs: [usize; 4],
+    ws: [usize; 4],
+    x: &[u8],
+    w: &[u8],
+    xzp: u8,
+    wzp: &[u8],
+    pads: [usize; 4],
+    strides: [usize; 2],
+    group: usize,
+    convs: usize,
+) -> Vec<i64> {
+    let dims = |s: [usize; 4]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let mut n = node("ConvInteger", "ci", &["x", "w", "xzp", "wzp"], &["y"]);
+    // ONNX pads: [top, left, bottom, right] for 2 spatial axes.
+    n.attribute.push(attr_ints("pads", &pads.map(|p| p as i64)));
+    n.attribute
+        .push(attr_ints("strides", &strides.map(|s| s as i64)));
+    n.attribute.push(attr_i("group", group as i64));
+    let wzp_dims: Vec<i64> = if wzp.len() == 1 {
+        vec![]
+    } else {
+        vec![wzp.len() as i64]
+    };
+    let m = model(
+        vec![n],
+        vec![int_input("x", elem, &dims(xs))],
+        &["y"],
+        vec![
+            byte_tensor("w", elem, &dims(ws), w),
+            byte_tensor("xzp", elem, &[], &[xzp]),
+            byte_tensor("wzp", elem, &wzp_dims, wzp),
+        ],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    assert_eq!(conv_count(&g), convs, "{}", kiln_ir::text::print(&g));
+    let xt = kiln_ir::Tensor::new(xs, byte_data(elem, x)).unwrap();
+    let out = kiln_ir::eval::eval_graph(&g, &[xt]).unwrap();
+    assert_eq!(out[0].dtype(), DType::I32);
+    let xc: Vec<i64> = x
+        .iter()
+        .map(|&v| byte_value(elem, v) - byte_value(elem, xzp))
+        .collect();
+    let per_oc = ws[1] * ws[2] * ws[3];
+    let wc: Vec<i64> = w
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| byte_value(elem, v) - byte_value(elem, wzp[(i / per_oc) % wzp.len()]))
+        .collect();
+    let want = int_conv_reference(&xc, xs, &wc, ws, pads, strides, group);
+    assert_eq!(out[0].to_i64_vec(), want);
+    want
+}
+
+#[test]
+fn conv_integer_pads_with_the_zero_point_and_takes_per_channel_w_zero_points() {
+    let (xs, ws) = ([1, 2, 5, 6], [3, 2, 3, 3]);
+    let x = bytes(60, 1);
+    let w = bytes(54, 2);
+    // Asymmetric pads (top 1, left 2, bottom 0, right 1), strides (1, 2),
+    // a zero point per output channel.
+    run_conv_integer(
+        2,
+        xs,
+        ws,
+        &x,
+        &w,
+        7,
+        &[0, 128, 255],
+        [1, 2, 0, 1],
+        [1, 2],
+        1,
+        1,
+    );
+    // i8, grouped: 2 groups of 1 input channel and 2 output channels.
+    run_conv_integer(
+        3,
+        [1, 2, 5, 6],
+        [4, 1, 3, 3],
+        &x,
+        &bytes(36, 3),
+        0x85, // -123
+        &[0x7f, 0x80, 0, 0xff],
+        [1, 1, 1, 1],
+        [1, 1],
+        2,
+        1,
+    );
+}
+
+#[test]
+fn conv_integer_with_a_large_window_sums_exact_channel_chunks() {
+    // C·kH·kW = 24·5·5 = 600 terms of up to 255·255 per output: more than
+    // 2^24, so the f32 conv runs on chunks of 10 channels (250 terms):
+    // 3 convolutions whose i32 results are added.
+    let (xs, ws) = ([1, 24, 6, 7], [2, 24, 5, 5]);
+    let mut x = bytes(24 * 42, 4);
+    // The first half of the channels at the extreme, so that the sums
+    // reach well past 2^24.
+    x[..12 * 42].fill(255);
+    let mut w = bytes(2 * 600, 5);
+    w[..600].fill(0);
+    let y = run_conv_integer(2, xs, ws, &x, &w, 0, &[255], [2, 2, 2, 2], [1, 1], 1, 3);
+    assert!(y.iter().any(|v| v.abs() > 1 << 24), "{y:?}");
+    // Grouped: 2 groups of 24 channels, chunked within each group (i8,
+    // centered values up to 255 in magnitude).
+    let (xs, ws) = ([1, 48, 5, 5], [4, 24, 5, 5]);
+    let mut x = bytes(48 * 25, 6);
+    x[..24 * 25].fill(0x7f);
+    let mut w = bytes(4 * 600, 7);
+    w[..600].fill(0x80);
+    let y = run_conv_integer(3, xs, ws, &x, &w, 0x80, &[0x7f], [1, 0, 1, 0], [1, 1], 2, 3);
+    assert!(y.iter().any(|v| v.abs() > 1 << 24), "{y:?}");
+}
+
+#[test]
+fn conv_integer_windows_too_large_for_exact_f32_sums_are_unsupported() {
+    // A depthwise 17x17 window: 289 taps of one channel, more than 258.
+    let mut n = node("ConvInteger", "ci", &["x", "w"], &["y"]);
+    n.attribute.push(attr_i("group", 2));
+    let m = model(
+        vec![n],
+        vec![int_input("x", 2, &[1, 2, 20, 20])],
+        &["y"],
+        vec![byte_tensor("w", 2, &[2, 1, 17, 17], &[1; 578])],
+    );
+    let hint = unsupported_hint(&m, "ConvInteger");
+    assert!(hint.contains("289 taps"), "{hint}");
+}
+
+#[test]
+fn qlinear_conv_adds_the_bias_and_rescales_per_channel() {
+    // 1-D: X u8 [1, 3, 10], W u8 [2, 3, 3], pads 1, stride 2; bias and
+    // w_scale per output channel; i8 output. The scales are powers of two,
+    // so the rescaled values are exact and ties round half to even.
+    let x = bytes(30, 8);
+    let w = bytes(18, 9);
+    let (xzp, wzp, yzp) = (3u8, [100u8, 140], -5i8);
+    let bias = [1000i32, -7];
+    let (x_scale, w_scale, y_scale) = (0.5f32, [0.25f32, 0.125], 2.0f32);
+    let mut n = node(
+        "QLinearConv",
+        "qc",
+        &["x", "xs", "xzp", "w", "ws", "wzp", "ys", "yzp", "b"],
+        &["y"],
+    );
+    n.attribute.push(attr_ints("pads", &[1, 1]));
+    n.attribute.push(attr_ints("strides", &[2]));
+    let m = model(
+        vec![n],
+        vec![int_input("x", 2, &[1, 3, 10])],
+        &["y"],
+        vec![
+            f32_tensor("xs", &[], &[x_scale]),
+            byte_tensor("xzp", 2, &[], &[xzp]),
+            byte_tensor("w", 2, &[2, 3, 3], &w),
+            f32_tensor("ws", &[2], &w_scale),
+            byte_tensor("wzp", 2, &[2], &wzp),
+            f32_tensor("ys", &[], &[y_scale]),
+            byte_tensor("yzp", 3, &[], &[yzp as u8]),
+            TensorProto {
+                name: "b".into(),
+                dims: vec![2],
+                data_type: 6,
+                raw_data: bias.iter().flat_map(|b| b.to_le_bytes()).collect(),
+                ..Default::default()
+            },
+        ],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let xt = kiln_ir::Tensor::new([1, 3, 10], Data::U8(x.clone())).unwrap();
+    let out = kiln_ir::eval::eval_graph(&g, &[xt]).unwrap();
+    assert_eq!(out[0].dtype(), DType::I8);
+    assert_eq!(out[0].shape().as_slice(), &[1, 2, 5]);
+    let xc: Vec<i64> = x.iter().map(|&v| v as i64 - xzp as i64).collect();
+    let wc: Vec<i64> = w
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v as i64 - wzp[i / 9] as i64)
+        .collect();
+    let acc = int_conv_reference(
+        &xc,
+        [1, 3, 1, 10],
+        &wc,
+        [2, 3, 1, 3],
+        [0, 1, 0, 1],
+        [1, 2],
+        1,
+    );
+    let want: Vec<i64> = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let oc = i / 5;
+            let f = x_scale as f64 * w_scale[oc] as f64 / y_scale as f64;
+            let v = ((a + bias[oc] as i64) as f64 * f + yzp as f64).round_ties_even();
+            v.clamp(-128.0, 127.0) as i64
+        })
+        .collect();
+    assert_eq!(out[0].to_i64_vec(), want, "accumulators {acc:?}");
+}

@@ -140,15 +140,18 @@ pub(crate) fn lift(ctx: &mut ImportCtx, x: Val, suffix: &str) -> Result<Val, Onn
     reshape_to(ctx, x, &[s[0], s[1], 1, s[2]], Some(suffix))
 }
 
-/// `Conv` (2-D, or 1-D through a reshape). `kernel_shape` is optional and
-/// checked against W; `auto_pad` is resolved from the static shapes.
-pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let x = ctx.input(node, 0)?;
-    let w = ctx.input(node, 1)?;
-    let b = ctx.opt_input(node, 2);
-    let nsp = spatial_rank(ctx, x, "convolutions")?;
-    let xs = ctx.ty(x).shape.clone();
-    let ws = ctx.ty(w).shape.clone();
+/// The 2-D IR attributes of a `Conv`-like node (`Conv`, `ConvInteger`,
+/// `QLinearConv`) with input X of shape `xs` (rank 3 or 4, checked by
+/// [`spatial_rank`]) and weights of shape `ws`: `kernel_shape` is optional
+/// and checked against W, `auto_pad` is resolved from the static shapes, a
+/// 1-D window gets a neutral H axis.
+pub(crate) fn conv_attrs(
+    ctx: &ImportCtx,
+    node: &NodeProto,
+    xs: &[usize],
+    ws: &[usize],
+) -> Result<Conv2d, OnnxError> {
+    let nsp = xs.len() - 2;
     if ws.len() != xs.len() {
         return Err(ctx.invalid(format!(
             "W has rank {} but X has rank {}",
@@ -159,10 +162,7 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let kernel: Vec<usize> = ws[2..].to_vec();
     if let Some(k) = ctx.attr_ints(node, "kernel_shape")? {
         if k.len() != nsp || k.iter().zip(&kernel).any(|(&a, &b)| a != b as i64) {
-            return Err(ctx.bad_attr(
-                "kernel_shape",
-                format!("{k:?} does not match W {:?}", ws.as_slice()),
-            ));
+            return Err(ctx.bad_attr("kernel_shape", format!("{k:?} does not match W {ws:?}")));
         }
     }
     let group = ctx.attr_i_or(node, "group", 1)?;
@@ -171,12 +171,23 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let win = window(ctx, node, &xs[2..], &kernel)?;
     let (strides, pads, dilations) = win.to_2d();
-    let op = Op::Conv(Conv2d {
+    Ok(Conv2d {
         strides,
         pads,
         dilations,
         group: group as usize,
-    });
+    })
+}
+
+/// `Conv` (2-D, or 1-D through a reshape).
+pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let b = ctx.opt_input(node, 2);
+    let nsp = spatial_rank(ctx, x, "convolutions")?;
+    let xs = ctx.ty(x).shape.clone();
+    let ws = ctx.ty(w).shape.clone();
+    let op = Op::Conv(conv_attrs(ctx, node, &xs, &ws)?);
     if nsp == 2 {
         let mut inputs = vec![x, w];
         inputs.extend(b);

@@ -97,6 +97,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "DynamicQuantizeLinear" => quant::dynamic_quantize_linear,
         "MatMulInteger" => quant::matmul_integer,
         "QLinearMatMul" => quant::qlinear_matmul,
+        "ConvInteger" => quant::conv_integer,
+        "QLinearConv" => quant::qlinear_conv,
         "Resize" => conv::resize,
         "Upsample" => conv::upsample,
         "ConvTranspose" => conv::conv_transpose,

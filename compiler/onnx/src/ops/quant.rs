@@ -2,8 +2,10 @@
 //! `DequantizeLinear` is `(float(x) - float(zero_point)) * scale` and
 //! `QuantizeLinear` is `saturate(round_half_even(x / scale) + zero_point)`,
 //! with per-tensor, per-axis and (opset 21+) blocked scales broadcast to
-//! the input.
+//! the input. The integer products (`MatMulInteger`, `ConvInteger` and
+//! their `QLinear` forms) are exact i32 sums.
 
+use super::conv::{conv_attrs, lift, spatial_rank};
 use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
@@ -382,7 +384,7 @@ pub fn matmul_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 
 /// `QLinearMatMul`: the exact integer product, rescaled by
 /// `a_scale·b_scale/y_scale`, rounded half to even, shifted by the output
-/// zero point and saturated to its type.
+/// zero point and saturated to its type ([`requantize`]).
 pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = ctx.input(node, 0)?;
     let a_s = ctx.input(node, 1)?;
@@ -396,12 +398,32 @@ pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         Some(z) => ctx.ty(z).dtype,
         None => ctx.ty(a).dtype,
     };
+    let c = integer_product(ctx, a, azp, b, bzp)?;
+    one(requantize(ctx, c, [a_s, b_s, y_s], yzp, out)?)
+}
+
+/// The output stage of `QLinearMatMul` and `QLinearConv`: the exact i32
+/// accumulator `c` rescaled by `a_scale·b_scale/y_scale` (`scales`, each
+/// broadcasting against `c`: a per-channel scale already laid along its
+/// axis), shifted by the output zero point, rounded half to even and
+/// saturated to `out` (u8 or i8). The zero point is added before rounding,
+/// as in the ONNX reference.
+fn requantize(
+    ctx: &mut ImportCtx,
+    c: Val,
+    scales: [Val; 3],
+    yzp: Option<Val>,
+    out: DType,
+) -> Result<Val, OnnxError> {
     let (lo, hi) = match out {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
-        d => return Err(ctx.unsupported(format!("QLinearMatMul to {d}"))),
+        d => {
+            let op = ctx.op_type().to_string();
+            return Err(ctx.unsupported(format!("{op} to {d}")));
+        }
     };
-    let c = integer_product(ctx, a, azp, b, bzp)?;
+    let [a_s, b_s, y_s] = scales;
     let c = ctx.op(Op::Cast { to: DType::F32 }, &[c], Some("product_float"))?;
     let a_s = cast_to(ctx, a_s, DType::F32, "a_scale_float")?;
     let b_s = cast_to(ctx, b_s, DType::F32, "b_scale_float")?;
@@ -419,5 +441,210 @@ pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         &[d],
         Some("saturated"),
     )?;
-    one(ctx.op(Op::Cast { to: out }, &[d], None)?)
+    ctx.op(Op::Cast { to: out }, &[d], None)
+}
+
+/// A per-tensor parameter of an integer convolution (a zero point or
+/// scale: one element, made a scalar) or, where `per_channel` gives the
+/// number M of output channels, a vector `[M]` viewed as `[M, 1, ...]`
+/// (`view_rank` axes) so that it broadcasts along W's axis 0 (`view_rank`
+/// 4) or the output's axis 1 (`view_rank` = the output's rank - 1).
+/// Anything else is invalid.
+fn conv_param(
+    ctx: &mut ImportCtx,
+    p: Val,
+    per_channel: Option<usize>,
+    view_rank: usize,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let t = ctx.ty(p).clone();
+    if t.num_elements() == 1 && t.shape.len() <= 1 {
+        return reshape_to(ctx, p, &[], Some(&format!("{tag}_scalar")));
+    }
+    match per_channel {
+        Some(m) if t.shape.as_slice() == [m] => {
+            let mut view = vec![1; view_rank];
+            view[0] = m;
+            reshape_to(ctx, p, &view, Some(&format!("{tag}_per_channel")))
+        }
+        Some(m) => Err(ctx.invalid(format!(
+            "{tag} must be a scalar or have one entry per output channel ({m}), got {t}"
+        ))),
+        None => Err(ctx.invalid(format!("{tag} must be a scalar, got {t}"))),
+    }
+}
+
+/// `conv(x - x_zp, w - w_zp)` exactly, as i32, with the `Conv` attributes
+/// of `node` (`ConvInteger`, `QLinearConv`): x and w (u8/i8) are centered
+/// in f32 (a per-output-channel w zero point along W's first axis), so
+/// the convolution's zero padding is padding with the zero point, then
+/// convolved by the IR's f32 `conv`, which is exact while every output
+/// sums at most [`EXACT_K`] terms (`C/group·kH·kW`). Larger windows are
+/// split into chunks of input channels (within each group), whose i32
+/// casts are added; a single channel's window of more than [`EXACT_K`]
+/// taps is unsupported.
+fn int_conv(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    xzp: Option<Val>,
+    w: Val,
+    wzp: Option<Val>,
+) -> Result<Val, OnnxError> {
+    let what = ctx.op_type().to_string();
+    for (v, zp, tag) in [(x, xzp, "x"), (w, wzp, "w")] {
+        let d = ctx.ty(v).dtype;
+        if d != DType::U8 && d != DType::I8 {
+            return Err(ctx.unsupported(format!("{what} of {d} {tag} (u8 and i8 only)")));
+        }
+        if let Some(z) = zp {
+            let zd = ctx.ty(z).dtype;
+            if zd != d {
+                return Err(ctx.invalid(format!("{tag} is {d} but its zero point is {zd}")));
+            }
+        }
+    }
+    let nsp = spatial_rank(ctx, x, "integer convolutions")?;
+    let xs = ctx.ty(x).shape.clone();
+    let ws = ctx.ty(w).shape.clone();
+    let attrs = conv_attrs(ctx, node, &xs, &ws)?;
+    let (x4, w4) = if nsp == 1 {
+        (lift(ctx, x, "x2d")?, lift(ctx, w, "w2d")?)
+    } else {
+        (x, w)
+    };
+    let (x4s, w4s) = (ctx.ty(x4).shape.clone(), ctx.ty(w4).shape.clone());
+    let (n, c, h, wd) = (x4s[0], x4s[1], x4s[2], x4s[3]);
+    let (m, cg, taps) = (w4s[0], w4s[1], w4s[2] * w4s[3]);
+    let g = attrs.group;
+    if cg * g != c || !m.is_multiple_of(g) {
+        return Err(ctx.invalid(format!(
+            "W {:?} does not fit X {:?} in {g} groups (W must be [M, C/group, ...] with M a multiple of group)",
+            ws.as_slice(),
+            xs.as_slice()
+        )));
+    }
+    let xf = cast_to(ctx, x4, DType::F32, "x_float")?;
+    let xf = match xzp {
+        Some(z) => {
+            let z = conv_param(ctx, z, None, 0, "x_zero_point")?;
+            let z = cast_to(ctx, z, DType::F32, "x_zero_point_float")?;
+            ctx.op(Op::Binary(BinaryOp::Sub), &[xf, z], Some("x_centered"))?
+        }
+        None => xf,
+    };
+    let wf = cast_to(ctx, w4, DType::F32, "w_float")?;
+    let wf = match wzp {
+        Some(z) => {
+            // W is [M, C/group, kH, kW]: a per-channel zero point lies
+            // along its first axis, as `[M, 1, 1, 1]`.
+            let z = conv_param(ctx, z, Some(m), 4, "w_zero_point")?;
+            let z = cast_to(ctx, z, DType::F32, "w_zero_point_float")?;
+            ctx.op(Op::Binary(BinaryOp::Sub), &[wf, z], Some("w_centered"))?
+        }
+        None => wf,
+    };
+    let conv = Op::Conv(attrs);
+    let y = if cg * taps <= EXACT_K {
+        let y = ctx.op(conv, &[xf, wf], Some("conv"))?;
+        ctx.op(Op::Cast { to: DType::I32 }, &[y], Some("conv_i32"))?
+    } else if taps > EXACT_K {
+        return Err(ctx.unsupported(format!(
+            "{what} with a window of {taps} taps: more than {EXACT_K} cannot be summed exactly in f32"
+        )));
+    } else {
+        // Chunks of `per` input channels of every group: X viewed as
+        // [N, group, C/group, H, W] and sliced along C/group, then viewed
+        // back as [N, group·len, H, W], which a grouped conv of the W
+        // chunk [M, len, kH, kW] reads group by group.
+        let per = EXACT_K / taps;
+        let x5 = if g > 1 {
+            Some(reshape_to(ctx, xf, &[n, g, cg, h, wd], Some("x_groups"))?)
+        } else {
+            None
+        };
+        let mut acc: Option<Val> = None;
+        for (chunk, start) in (0..cg).step_by(per).enumerate() {
+            let len = per.min(cg - start);
+            let tag = |s: &str| format!("{s}{chunk}");
+            let xc = match x5 {
+                None => super::movement::slice_along(ctx, xf, 1, start, 1, len, &tag("x_c"))?,
+                Some(x5) => {
+                    let s = super::movement::slice_along(ctx, x5, 2, start, 1, len, &tag("x_c"))?;
+                    reshape_to(ctx, s, &[n, g * len, h, wd], Some(&tag("x_c_flat")))?
+                }
+            };
+            let wc = super::movement::slice_along(ctx, wf, 1, start, 1, len, &tag("w_c"))?;
+            let p = ctx.op(conv.clone(), &[xc, wc], Some(&tag("conv")))?;
+            let p = ctx.op(
+                Op::Cast { to: DType::I32 },
+                &[p],
+                Some(&format!("conv{chunk}_i32")),
+            )?;
+            acc = Some(match acc {
+                None => p,
+                Some(s) => ctx.op(Op::Binary(BinaryOp::Add), &[s, p], Some(&tag("sum")))?,
+            });
+        }
+        acc.expect("at least one chunk: cg·taps > EXACT_K")
+    };
+    if nsp == 2 {
+        return Ok(y);
+    }
+    let ys = ctx.ty(y).shape.clone();
+    reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], Some("conv1d"))
+}
+
+/// `ConvInteger`: the exact i32 convolution of u8/i8 X and W less their
+/// zero points (X's a scalar, W's a scalar or one per output channel),
+/// padding with the zero point.
+pub fn conv_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let xzp = ctx.opt_input(node, 2);
+    let wzp = ctx.opt_input(node, 3);
+    one(int_conv(ctx, node, x, xzp, w, wzp)?)
+}
+
+/// `QLinearConv`: the exact integer convolution ([`int_conv`]) plus the
+/// optional i32 bias, rescaled by `x_scale·w_scale/y_scale` (`w_scale` a
+/// scalar or one per output channel), shifted by the output zero point,
+/// rounded half to even and saturated to its type ([`requantize`]).
+pub fn qlinear_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let x_s = ctx.input(node, 1)?;
+    let xzp = ctx.opt_input(node, 2);
+    let w = ctx.input(node, 3)?;
+    let w_s = ctx.input(node, 4)?;
+    let wzp = ctx.opt_input(node, 5);
+    let y_s = ctx.input(node, 6)?;
+    let yzp = ctx.opt_input(node, 7);
+    let b = ctx.opt_input(node, 8);
+    let out = match yzp {
+        Some(z) => ctx.ty(z).dtype,
+        None => ctx.ty(x).dtype,
+    };
+    let acc = int_conv(ctx, node, x, xzp, w, wzp)?;
+    let ys = ctx.ty(acc).shape.clone();
+    // Per-channel parameters broadcast along the output's axis 1.
+    let (m, view) = (ys[1], ys.len() - 1);
+    let acc = match b {
+        Some(b) => {
+            let bt = ctx.ty(b).clone();
+            if bt.dtype != DType::I32 || bt.shape.as_slice() != [m] {
+                return Err(ctx.invalid(format!("B must be i32[{m}], got {bt}")));
+            }
+            let b = conv_param(ctx, b, Some(m), view, "bias")?;
+            ctx.op(Op::Binary(BinaryOp::Add), &[acc, b], Some("biased"))?
+        }
+        None => acc,
+    };
+    let x_s = conv_param(ctx, x_s, None, view, "x_scale")?;
+    let w_s = conv_param(ctx, w_s, Some(m), view, "w_scale")?;
+    let y_s = conv_param(ctx, y_s, None, view, "y_scale")?;
+    let yzp = match yzp {
+        Some(z) => Some(conv_param(ctx, z, None, view, "y_zero_point")?),
+        None => None,
+    };
+    one(requantize(ctx, acc, [x_s, w_s, y_s], yzp, out)?)
 }
