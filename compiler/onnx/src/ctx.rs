@@ -13,8 +13,23 @@ pub const FOLD_LIMIT_BYTES: usize = 16 << 20;
 
 /// A value during import: a graph node, a known constant, or both (a
 /// constant is added to the graph only when a computing node reads it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Val(usize);
+
+/// A value `DequantizeLinear` produced (f32, per-tensor or per-axis): its
+/// quantized input, scale, zero point and axis. A MatMul of two such values
+/// (a QDQ model) imports as an integer product of the quantized inputs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dequantized {
+    /// The integer input.
+    pub q: Val,
+    /// The scale (scalar or one per index along `axis`).
+    pub scale: Val,
+    /// The zero point, if given.
+    pub zero: Option<Val>,
+    /// The per-axis axis (as written; may be negative).
+    pub axis: i64,
+}
 
 struct ValEntry {
     name: String,
@@ -49,6 +64,8 @@ pub struct ImportCtx<'a> {
     /// the subgraph's address in the model (which outlives the import):
     /// every copy of a body shares them.
     subgraph_inits: HashMap<usize, Vec<(String, Val)>>,
+    /// Values produced by `DequantizeLinear`, for QDQ pattern imports.
+    dequantized: HashMap<Val, Dequantized>,
 }
 
 impl<'a> ImportCtx<'a> {
@@ -69,7 +86,18 @@ impl<'a> ImportCtx<'a> {
             generated_bytes: 0,
             unrolled_nodes: 0,
             subgraph_inits: HashMap::new(),
+            dequantized: HashMap::new(),
         }
+    }
+
+    /// Records that `out` is `DequantizeLinear` of `d`.
+    pub(crate) fn note_dequantized(&mut self, out: Val, d: Dequantized) {
+        self.dequantized.insert(out, d);
+    }
+
+    /// How `v` was dequantized, when `DequantizeLinear` produced it.
+    pub(crate) fn dequantized(&self, v: Val) -> Option<Dequantized> {
+        self.dequantized.get(&v).copied()
     }
 
     pub(crate) fn set_current(&mut self, node_name: &str, op_type: &str) {

@@ -12,6 +12,9 @@ type R = Result<Vec<Val>, OnnxError>;
 pub fn matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = ctx.input(node, 0)?;
     let b = ctx.input(node, 1)?;
+    if let Some(y) = super::quant::qdq_matmul(ctx, a, b)? {
+        return one(y);
+    }
     one(ctx.dense_op(Op::MatMul, &[a, b], None)?)
 }
 

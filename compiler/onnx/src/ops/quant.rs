@@ -8,7 +8,7 @@
 use super::conv::{conv_attrs, lift, spatial_rank};
 use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
-use crate::ctx::{ImportCtx, Val};
+use crate::ctx::{Dequantized, ImportCtx, Val};
 use crate::tensor::dtype_or_err;
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Op, ReduceOp, UnaryOp};
@@ -124,7 +124,17 @@ pub fn dequantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let s = cast_to(ctx, scale, DType::F32, "scale_float")?;
     let s = spread(ctx, s, &xt.shape, axis, block, "scale")?;
     if out == DType::F32 {
-        return one(ctx.op(Op::Binary(BinaryOp::Mul), &[centered, s], None)?);
+        let y = ctx.op(Op::Binary(BinaryOp::Mul), &[centered, s], None)?;
+        if block == 0 {
+            let d = Dequantized {
+                q: x,
+                scale,
+                zero: zp,
+                axis,
+            };
+            ctx.note_dequantized(y, d);
+        }
+        return one(y);
     }
     let y = ctx.op(Op::Binary(BinaryOp::Mul), &[centered, s], Some("scaled"))?;
     one(ctx.op(Op::Cast { to: out }, &[y], None)?)
@@ -371,6 +381,40 @@ fn integer_product(
         None => scalar(ctx, tb.dtype, 0.0, "b_zero_point"),
     };
     ctx.op(Op::MatMulInteger, &[a, b, azp, bzp], Some("product"))
+}
+
+/// A QDQ MatMul: `DequantizeLinear(a) @ DequantizeLinear(b)` with A per
+/// tensor and B (a matrix) per tensor or per column, imported as the
+/// integer product of the quantized inputs rescaled by `a_scale · b_scale`
+/// (the same value up to f32 rounding, on the int8 kernels instead of
+/// dequantized f32). `None` when the operands are not of that form.
+pub fn qdq_matmul(ctx: &mut ImportCtx, a: Val, b: Val) -> Result<Option<Val>, OnnxError> {
+    let (Some(da), Some(db)) = (ctx.dequantized(a), ctx.dequantized(b)) else {
+        return Ok(None);
+    };
+    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
+    let (ta, tb) = (ctx.ty(da.q).clone(), ctx.ty(db.q).clone());
+    if !eight_bit(ta.dtype) || !eight_bit(tb.dtype) || ta.shape.len() < 2 || tb.shape.len() != 2 {
+        return Ok(None);
+    }
+    let n = tb.shape[1];
+    let scalar =
+        |ctx: &ImportCtx, v: Val| ctx.ty(v).num_elements() == 1 && ctx.ty(v).shape.len() <= 1;
+    let per_column =
+        |ctx: &ImportCtx, v: Val| ctx.ty(v).shape.as_slice() == [n] && matches!(db.axis, 1 | -1);
+    let a_fits = scalar(ctx, da.scale) && da.zero.is_none_or(|z| scalar(ctx, z));
+    let b_fits = (scalar(ctx, db.scale) || per_column(ctx, db.scale))
+        && db.zero.is_none_or(|z| scalar(ctx, z) || per_column(ctx, z));
+    if !a_fits || !b_fits {
+        return Ok(None);
+    }
+    let p = integer_product(ctx, da.q, da.zero, db.q, db.zero)?;
+    let p = ctx.op(Op::Cast { to: DType::F32 }, &[p], Some("qdq_product_float"))?;
+    let sa = cast_to(ctx, da.scale, DType::F32, "qdq_a_scale")?;
+    let sa = reshape_to(ctx, sa, &[], Some("qdq_a_scale_scalar"))?;
+    let sb = cast_to(ctx, db.scale, DType::F32, "qdq_b_scale")?;
+    let s = ctx.op(Op::Binary(BinaryOp::Mul), &[sa, sb], Some("qdq_scale"))?;
+    Ok(Some(ctx.op(Op::Binary(BinaryOp::Mul), &[p, s], None)?))
 }
 
 /// `MatMulInteger`: exact i32 products of u8/i8 matrices.

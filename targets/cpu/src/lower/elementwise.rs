@@ -721,17 +721,19 @@ pub(crate) fn cast(kb: &mut Kb, cx: &NodeCx, to: DType) -> Result<(), CpuError> 
 /// lanes, which narrow into one vector of 16 bytes.
 const CAST_BLOCK: usize = 16;
 
-/// The casts of int8 quantization (f32 → i32/i8/u8, i32 → f32) as vector
-/// loops over the contiguous elements, `CAST_BLOCK` at a time, with the
-/// scalar [`cast_value`] for the tail: the same truncation, saturation and
-/// NaN → 0 as the scalar code (the saturating f32x4 → i32x4 conversion,
-/// then a clamp to the target range and saturating packs that cannot
-/// saturate further). Returns false for other pairs.
+/// The casts of int8 quantization (f32 → i32/i8/u8, i32/i8/u8 → f32) as
+/// vector loops over the contiguous elements, `CAST_BLOCK` at a time, with
+/// the scalar [`cast_value`] for the tail: the same truncation, saturation
+/// and NaN → 0 as the scalar code (the saturating f32x4 → i32x4
+/// conversion, then a clamp to the target range and saturating packs that
+/// cannot saturate further; bytes are widened exactly). Returns false for
+/// other pairs.
 fn cast_vector(kb: &mut Kb, cx: &NodeCx, from: DType, to: DType) -> bool {
-    use cranelift_codegen::ir::types::{F32X4, I16X8, I32X4};
+    use cranelift_codegen::ir::types::{F32X4, I16X8, I32X4, I8X16};
     let pairs = matches!(
         (from, to),
-        (DType::F32, DType::I32 | DType::I8 | DType::U8) | (DType::I32, DType::F32)
+        (DType::F32, DType::I32 | DType::I8 | DType::U8)
+            | (DType::I32 | DType::I8 | DType::U8, DType::F32)
     );
     let n = cx.node.ty.num_elements();
     if !pairs || n < CAST_BLOCK {
@@ -750,9 +752,30 @@ fn cast_vector(kb: &mut Kb, cx: &NodeCx, from: DType, to: DType) -> bool {
         }
         _ => None,
     };
+    let in_size = from.size_bytes() as i64;
     for_range(kb, 0, blocks as i64, 1, &mut |kb, b| {
-        let s = kb.add_scaled(src, b, (CAST_BLOCK * 4) as i64);
+        let s = kb.add_scaled(src, b, CAST_BLOCK as i64 * in_size);
         let d = kb.add_scaled(dst, b, CAST_BLOCK as i64 * out_size);
+        if in_size == 1 {
+            // 16 bytes → 2 × i16x8 → 4 × i32x4 → 4 × f32x4.
+            let v = kb.load(I8X16, s, 0);
+            let signed = from == DType::I8;
+            let widen = |kb: &mut Kb, v: Value, high: bool| match (signed, high) {
+                (true, false) => kb.b.ins().swiden_low(v),
+                (true, true) => kb.b.ins().swiden_high(v),
+                (false, false) => kb.b.ins().uwiden_low(v),
+                (false, true) => kb.b.ins().uwiden_high(v),
+            };
+            for (h, high) in [false, true].into_iter().enumerate() {
+                let half = widen(kb, v, high);
+                for (q, high) in [false, true].into_iter().enumerate() {
+                    let quarter = widen(kb, half, high);
+                    let f = kb.b.ins().fcvt_from_sint(F32X4, quarter);
+                    kb.store(f, d, 16 * (2 * h + q) as i64);
+                }
+            }
+            return;
+        }
         let lanes: Vec<Value> = (0..4)
             .map(|q| {
                 if from == DType::I32 {
@@ -797,7 +820,7 @@ fn cast_vector(kb: &mut Kb, cx: &NodeCx, from: DType, to: DType) -> bool {
         n as i64,
         1,
         &mut |kb, i| {
-            let s = kb.add_scaled(src, i, from.size_bytes() as i64);
+            let s = kb.add_scaled(src, i, in_size);
             let x = kb.load(from_ty, s, 0);
             let y = cast_value(kb, x, from, to);
             let d = kb.add_scaled(dst, i, out_size);
