@@ -79,44 +79,67 @@ fn check_kernels_against_eval(
     outputs
 }
 
-fn digits(name: &str) {
-    let fixture = Fixture::load(name);
-    let acc = &fixture.meta["accuracy"];
-    let images = kiln::npy::read_tensor(
-        acc["input"].as_str().unwrap(),
-        &fixture.dir.join(acc["images"].as_str().unwrap()),
-    )
-    .unwrap();
-    let labels =
-        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
-            .unwrap()
-            .to_i64_vec()
-            .unwrap();
-    let mut base = fixture.compile_options();
-    base.import.input_shapes.insert(
-        images.name.clone(),
-        images.shape.iter().map(|&d| d as usize).collect(),
-    );
-    let score = |outs: &[Tensor]| {
-        let scores = outs
-            .iter()
-            .find(|t| t.name == acc["output"].as_str().unwrap())
-            .unwrap();
+/// A digits model with its test set: images (the whole set as one batch),
+/// labels, and the compile options for that batch.
+struct Digits {
+    fixture: Fixture,
+    images: Tensor,
+    labels: Vec<i64>,
+    base: CompileOptions,
+}
+
+impl Digits {
+    fn load(name: &str) -> Digits {
+        let fixture = Fixture::load(name);
+        let acc = &fixture.meta["accuracy"];
+        let images = kiln::npy::read_tensor(
+            acc["input"].as_str().unwrap(),
+            &fixture.dir.join(acc["images"].as_str().unwrap()),
+        )
+        .unwrap();
+        let labels =
+            kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
+                .unwrap()
+                .to_i64_vec()
+                .unwrap();
+        let mut base = fixture.compile_options();
+        base.import.input_shapes.insert(
+            images.name.clone(),
+            images.shape.iter().map(|&d| d as usize).collect(),
+        );
+        Digits {
+            fixture,
+            images,
+            labels,
+            base,
+        }
+    }
+
+    /// Test-set accuracy of the model's outputs.
+    fn score(&self, outs: &[Tensor]) -> f64 {
+        let name = self.fixture.meta["accuracy"]["output"].as_str().unwrap();
+        let scores = outs.iter().find(|t| t.name == name).unwrap();
         let correct = argmax_rows(scores)
             .iter()
-            .zip(&labels)
+            .zip(&self.labels)
             .filter(|(p, l)| **p as i64 == **l)
             .count();
-        correct as f64 / labels.len() as f64
-    };
-    let fp32 = compile(&fixture.model_path(), &base).unwrap();
-    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(&images)).unwrap());
+        correct as f64 / self.labels.len() as f64
+    }
+}
+
+fn digits(name: &str) {
+    let digits = Digits::load(name);
+    let (fixture, images, base) = (&digits.fixture, &digits.images, &digits.base);
+    let score = |outs: &[Tensor]| digits.score(outs);
+    let fp32 = compile(&fixture.model_path(), base).unwrap();
+    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(images)).unwrap());
     let w32 = fp32.artifact.weights.len();
     println!("{name} fp32: accuracy {acc32:.4}, weights {w32} B");
     for mode in [Mode::Bf16, Mode::Mixed, Mode::Fp16] {
         let opts = with_precision(base.clone(), mode);
         let c = compile(&fixture.model_path(), &opts).unwrap();
-        let outs = check_kernels_against_eval(name, &c, std::slice::from_ref(&images));
+        let outs = check_kernels_against_eval(name, &c, std::slice::from_ref(images));
         let a = score(&outs);
         let w = c.artifact.weights.len();
         println!(
@@ -143,37 +166,11 @@ fn digits(name: &str) {
 
 #[test]
 fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
-    let fixture = Fixture::load("digits_mlp");
-    let acc = &fixture.meta["accuracy"];
-    let images = kiln::npy::read_tensor(
-        acc["input"].as_str().unwrap(),
-        &fixture.dir.join(acc["images"].as_str().unwrap()),
-    )
-    .unwrap();
-    let labels =
-        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
-            .unwrap()
-            .to_i64_vec()
-            .unwrap();
-    let mut base = fixture.compile_options();
-    base.import.input_shapes.insert(
-        images.name.clone(),
-        images.shape.iter().map(|&d| d as usize).collect(),
-    );
-    let score = |outs: &[Tensor]| {
-        let scores = outs
-            .iter()
-            .find(|t| t.name == acc["output"].as_str().unwrap())
-            .unwrap();
-        let hits = argmax_rows(scores)
-            .iter()
-            .zip(&labels)
-            .filter(|(p, l)| **p as i64 == **l)
-            .count();
-        hits as f64 / labels.len() as f64
-    };
-    let fp32 = compile(&fixture.model_path(), &base).unwrap();
-    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(&images)).unwrap());
+    let digits = Digits::load("digits_mlp");
+    let (fixture, images, base) = (&digits.fixture, &digits.images, &digits.base);
+    let score = |outs: &[Tensor]| digits.score(outs);
+    let fp32 = compile(&fixture.model_path(), base).unwrap();
+    let acc32 = score(&run_artifact(&fp32.bytes, std::slice::from_ref(images)).unwrap());
     let w32 = fp32.artifact.weights.len();
     // Static ranges are observed on the test images themselves: this checks
     // the static path and its accuracy, not how a calibration set
@@ -181,7 +178,7 @@ fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
     let calibration = tempfile::tempdir().unwrap();
     kiln::npy::write_npz(
         &calibration.path().join("test_set.npz"),
-        std::slice::from_ref(&images),
+        std::slice::from_ref(images),
     )
     .unwrap();
     use kiln_passes::Observer;
@@ -208,7 +205,7 @@ fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
             int8 >= 2,
             "every dense layer of the MLP is int8, got {int8}"
         );
-        let outs = check_kernels_against_eval("digits_mlp int8", &c, std::slice::from_ref(&images));
+        let outs = check_kernels_against_eval("digits_mlp int8", &c, std::slice::from_ref(images));
         let a = score(&outs);
         let w = c.artifact.weights.len();
         println!(

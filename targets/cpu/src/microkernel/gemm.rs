@@ -258,6 +258,40 @@ pub(crate) fn pack_b_half(
     pack_a_half(b, n, k, b_col, b_row, nr, h)
 }
 
+/// Packs `b` (`B[k, j]` at `b[k * b_row + j * b_col]`) in groups of
+/// `group` consecutive k per column for the dot-product kernels: panel `q`
+/// holds columns `q*nr..` as `ceil(K/group)` rows of `nr` groups, each
+/// element written by `emit`, `zero` past `n` and past `K`.
+fn pack_b_groups<T: Copy>(
+    b: &[T],
+    (k, n): (usize, usize),
+    (b_row, b_col): (usize, usize),
+    nr: usize,
+    group: usize,
+    zero: T,
+    emit: impl Fn(&mut Vec<u8>, T),
+) -> Vec<u8> {
+    let panels = n.div_ceil(nr);
+    let rows = k.div_ceil(group);
+    let mut out = Vec::new();
+    for q in 0..panels {
+        for t in 0..rows {
+            for c in 0..nr {
+                let j = q * nr + c;
+                for kk in group * t..group * (t + 1) {
+                    let v = if j < n && kk < k {
+                        b[kk * b_row + j * b_col]
+                    } else {
+                        zero
+                    };
+                    emit(&mut out, v);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Packs `b` as bf16 pairs along k for [`Elem::Bf16Dot`]: panel `q` holds
 /// columns `q*nr..` as `ceil(K/2)` rows of `nr` dwords (B[2t, j],
 /// B[2t+1, j]), zero past `n` and past `K`.
@@ -269,30 +303,14 @@ pub(crate) fn pack_b_pairs(
     b_col: usize,
     nr: usize,
 ) -> Vec<u8> {
-    let panels = n.div_ceil(nr);
-    let pairs = k.div_ceil(2);
-    let mut out = Vec::with_capacity(panels * nr * pairs * 4);
-    for q in 0..panels {
-        for t in 0..pairs {
-            for c in 0..nr {
-                let j = q * nr + c;
-                for kk in [2 * t, 2 * t + 1] {
-                    let v = if j < n && kk < k {
-                        b[kk * b_row + j * b_col]
-                    } else {
-                        0.0
-                    };
-                    out.extend_from_slice(&half_bits(v, Half::Bf16).to_le_bytes());
-                }
-            }
-        }
-    }
-    out
+    pack_b_groups(b, (k, n), (b_row, b_col), nr, 2, 0.0, |out, v| {
+        out.extend_from_slice(&half_bits(v, Half::Bf16).to_le_bytes())
+    })
 }
 
-/// Packs i8 `b` (`B[k, j]` at `b[k * b_row + j * b_col]`) as quads along k
-/// for [`Elem::U8I8Dot`]: panel `q` holds columns `q*nr..` as `ceil(K/4)`
-/// rows of `nr` dwords (B[4t..4t+4, j]), zero past `n` and past `K`.
+/// Packs i8 `b` as quads along k for [`Elem::U8I8Dot`]: panel `q` holds
+/// columns `q*nr..` as `ceil(K/4)` rows of `nr` dwords (B[4t..4t+4, j]),
+/// zero past `n` and past `K`.
 pub(crate) fn pack_b_quads(
     b: &[i8],
     k: usize,
@@ -301,25 +319,9 @@ pub(crate) fn pack_b_quads(
     b_col: usize,
     nr: usize,
 ) -> Vec<u8> {
-    let panels = n.div_ceil(nr);
-    let quads = k.div_ceil(4);
-    let mut out = Vec::with_capacity(panels * nr * quads * 4);
-    for q in 0..panels {
-        for t in 0..quads {
-            for c in 0..nr {
-                let j = q * nr + c;
-                for kk in 4 * t..4 * t + 4 {
-                    let v = if j < n && kk < k {
-                        b[kk * b_row + j * b_col]
-                    } else {
-                        0
-                    };
-                    out.push(v as u8);
-                }
-            }
-        }
-    }
-    out
+    pack_b_groups(b, (k, n), (b_row, b_col), nr, 4, 0, |out, v| {
+        out.push(v as u8)
+    })
 }
 
 /// The elementwise activation applied in the store loop (a fused kernel's
