@@ -166,3 +166,134 @@ fn matmul_integer_matches_the_reference_evaluator() {
         interp::check_against_reference(&g, &inputs);
     }
 }
+
+/// ConvInteger on the CUDA target: mixed u8/i8 operands, padding (with
+/// windows wholly in it), strides, dilations, groups (and depthwise),
+/// per-channel and scalar W zero points (graph inputs or constants), a
+/// nonzero X zero point, batch 2, and a window too large to unroll, exact
+/// against the reference evaluator.
+#[test]
+fn conv_integer_matches_the_reference_evaluator() {
+    use kiln_ir::{Conv2d, Graph, Op, ValueType};
+    struct Case {
+        x: (DType, [usize; 4]),
+        w: DType,
+        oc: usize,
+        k: [usize; 2],
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        group: usize,
+        /// W's zero point per output channel (else a scalar).
+        per_channel: bool,
+        /// W and the zero points as constants (else graph inputs).
+        constants: bool,
+    }
+    let cases = [
+        // u8 x i8, stride 2, asymmetric pads, group 2, per-channel W zero
+        // point, batch 2.
+        Case {
+            x: (DType::U8, [2, 4, 9, 11]),
+            w: DType::I8,
+            oc: 6,
+            k: [3, 3],
+            strides: [2, 2],
+            pads: [1, 1, 2, 1],
+            dilations: [1, 1],
+            group: 2,
+            per_channel: true,
+            constants: true,
+        },
+        // i8 x u8, dilation 2, pads 2, scalar W zero point, batch 2, all
+        // graph inputs.
+        Case {
+            x: (DType::I8, [2, 3, 10, 12]),
+            w: DType::U8,
+            oc: 4,
+            k: [3, 3],
+            strides: [1, 1],
+            pads: [2, 2, 2, 2],
+            dilations: [2, 2],
+            group: 1,
+            per_channel: false,
+            constants: false,
+        },
+        // i8 x i8 depthwise (multiplier 2), stride (1, 2), dilation (2, 1),
+        // per-channel zero points as graph inputs.
+        Case {
+            x: (DType::I8, [1, 3, 8, 13]),
+            w: DType::I8,
+            oc: 6,
+            k: [3, 2],
+            strides: [1, 2],
+            pads: [0, 1, 2, 1],
+            dilations: [2, 1],
+            group: 3,
+            per_channel: true,
+            constants: false,
+        },
+        // Pads wider than the kernel: border windows wholly in the padding.
+        Case {
+            x: (DType::U8, [1, 4, 5, 6]),
+            w: DType::I8,
+            oc: 4,
+            k: [2, 2],
+            strides: [2, 2],
+            pads: [3, 4, 3, 4],
+            dilations: [2, 2],
+            group: 2,
+            per_channel: true,
+            constants: true,
+        },
+        // A 7x8 window (56 taps: run-time window loops), u8 x u8.
+        Case {
+            x: (DType::U8, [1, 2, 9, 10]),
+            w: DType::U8,
+            oc: 3,
+            k: [7, 8],
+            strides: [1, 1],
+            pads: [3, 4, 3, 3],
+            dilations: [1, 1],
+            group: 1,
+            per_channel: false,
+            constants: true,
+        },
+    ];
+    for (ci, c) in cases.iter().enumerate() {
+        let seed = 100 + 10 * ci as u64;
+        let (xd, xs) = c.x;
+        let ws = [c.oc, xs[1] / c.group, c.k[0], c.k[1]];
+        let wz_shape: &[usize] = if c.per_channel { &[c.oc] } else { &[] };
+        let x = bytes_tensor(xd, &xs, seed + 1);
+        let w = bytes_tensor(c.w, &ws, seed + 2);
+        // A nonzero X zero point, whatever the draw.
+        let xz_value = if xd == DType::U8 { 131 } else { -7 };
+        let xz = Tensor::new([0usize; 0], Data::from_i64s(xd, [xz_value].into_iter())).unwrap();
+        let wz = bytes_tensor(c.w, wz_shape, seed + 4);
+        let mut g = Graph::new();
+        let xi = g.add_input("x", ValueType::new(xd, xs));
+        let mut inputs = vec![x];
+        let (wi, xzi, wzi) = if c.constants {
+            (
+                g.add_const("w", w),
+                g.add_const("x_zero", xz),
+                g.add_const("w_zero", wz),
+            )
+        } else {
+            let wi = g.add_input("w", ValueType::new(c.w, ws));
+            let xzi = g.add_input("x_zero", ValueType::new(xd, [0usize; 0]));
+            let wzi = g.add_input("w_zero", ValueType::new(c.w, wz_shape));
+            inputs.extend([w, xz, wz]);
+            (wi, xzi, wzi)
+        };
+        let op = Op::ConvInteger(Conv2d {
+            strides: c.strides,
+            pads: c.pads,
+            dilations: c.dilations,
+            group: c.group,
+        });
+        let y = g.add_node(op, &[xi, wi, xzi, wzi], "conv").unwrap();
+        g.add_output("y", y);
+        interp::check_against_reference(&g, &inputs);
+    }
+}

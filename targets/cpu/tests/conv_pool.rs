@@ -380,3 +380,158 @@ fn depthwise_convolutions_with_w_stride_two() {
         check_rand(&g, 31, 1e-5);
     }
 }
+
+/// A tensor of `dtype` (u8 or i8) covering its whole range.
+fn byte_tensor(rng: &mut Rng, dtype: DType, shape: &[usize]) -> kiln_ir::Tensor {
+    let n: usize = shape.iter().product();
+    let (lo, hi) = if dtype == DType::U8 {
+        (0, 255)
+    } else {
+        (-128, 127)
+    };
+    let v = (0..n).map(|_| rng.int(lo, hi));
+    kiln_ir::Tensor::new(shape, kiln_ir::Data::from_i64s(dtype, v)).unwrap()
+}
+
+/// One ConvInteger case.
+struct IntConv {
+    x: (DType, [usize; 4]),
+    w: DType,
+    oc: usize,
+    k: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    group: usize,
+    /// W's zero point per output channel (else a scalar).
+    per_channel: bool,
+    /// W and the zero points as constants (else graph inputs).
+    constants: bool,
+}
+
+#[test]
+fn conv_integer_matches_the_reference_evaluator() {
+    let case = |x, w, oc, k, strides, pads, dilations, group, per_channel, constants| IntConv {
+        x,
+        w,
+        oc,
+        k,
+        strides,
+        pads,
+        dilations,
+        group,
+        per_channel,
+        constants,
+    };
+    let cases = [
+        // u8 x i8, stride 2, asymmetric pads, group 2, per-channel W zero
+        // point, batch 2.
+        case(
+            (DType::U8, [2, 4, 9, 11]),
+            DType::I8,
+            6,
+            [3, 3],
+            [2, 2],
+            [1, 1, 2, 1],
+            [1, 1],
+            2,
+            true,
+            true,
+        ),
+        // i8 x u8, dilation 2, pads 2, scalar W zero point, batch 2,
+        // everything a graph input.
+        case(
+            (DType::I8, [2, 3, 10, 12]),
+            DType::U8,
+            4,
+            [3, 3],
+            [1, 1],
+            [2, 2, 2, 2],
+            [2, 2],
+            1,
+            false,
+            false,
+        ),
+        // i8 x i8 depthwise with a multiplier of 2, stride (1, 2), dilation
+        // (2, 1), per-channel zero points as inputs.
+        case(
+            (DType::I8, [1, 3, 8, 13]),
+            DType::I8,
+            6,
+            [3, 2],
+            [1, 2],
+            [0, 1, 2, 1],
+            [2, 1],
+            3,
+            true,
+            false,
+        ),
+        // u8 x u8 1x1, no padding, scalar zero point.
+        case(
+            (DType::U8, [2, 5, 4, 6]),
+            DType::U8,
+            3,
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            false,
+            true,
+        ),
+        // Pads wider than the kernel: border outputs whose whole window is
+        // padding (0), group 2, stride 2, dilation 2.
+        case(
+            (DType::U8, [1, 4, 5, 6]),
+            DType::I8,
+            4,
+            [2, 2],
+            [2, 2],
+            [3, 4, 3, 4],
+            [2, 2],
+            2,
+            true,
+            true,
+        ),
+    ];
+    for (ci, c) in cases.iter().enumerate() {
+        let mut rng = Rng::new(500 + ci as u64);
+        let (xd, xs) = c.x;
+        let ws = [c.oc, xs[1] / c.group, c.k[0], c.k[1]];
+        let wz_shape: &[usize] = if c.per_channel { &[c.oc] } else { &[] };
+        let x = byte_tensor(&mut rng, xd, &xs);
+        let w = byte_tensor(&mut rng, c.w, &ws);
+        // A nonzero X zero point, whatever the draw.
+        let xz = kiln_ir::Tensor::new(
+            [0usize; 0],
+            kiln_ir::Data::from_i64s(xd, [if xd == DType::U8 { 131 } else { -7 }].into_iter()),
+        )
+        .unwrap();
+        let wz = byte_tensor(&mut rng, c.w, wz_shape);
+        let mut g = Graph::new();
+        let xi = g.add_input("x", ValueType::new(xd, xs));
+        let mut inputs = vec![x];
+        let (wi, xzi, wzi) = if c.constants {
+            (
+                g.add_const("w", w),
+                g.add_const("x_zero", xz),
+                g.add_const("w_zero", wz),
+            )
+        } else {
+            let wi = g.add_input("w", ValueType::new(c.w, ws));
+            let xzi = g.add_input("x_zero", ValueType::new(xd, [0usize; 0]));
+            let wzi = g.add_input("w_zero", ValueType::new(c.w, wz_shape));
+            inputs.extend([w, xz, wz]);
+            (wi, xzi, wzi)
+        };
+        let op = Op::ConvInteger(Conv2d {
+            strides: c.strides,
+            pads: c.pads,
+            dilations: c.dilations,
+            group: c.group,
+        });
+        let y = g.add_node(op, &[xi, wi, xzi, wzi], "conv").unwrap();
+        g.add_output("y", y);
+        common::check(&g, &inputs);
+    }
+}

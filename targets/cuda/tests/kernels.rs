@@ -375,6 +375,31 @@ fn f64_exp_is_refused_rather_than_computed_in_f32() {
 }
 
 #[test]
+fn conv_integer_windows_past_32_bit_positions_are_refused() {
+    // A 2^32 top pad and H stride give a 2-row output whose first row lies
+    // wholly in the padding; truncated to u32 both would be 0 and that row
+    // would read X's first row. Refused rather than miscomputed.
+    let mut g = Graph::new();
+    let x = g.add_input("x", vt(DType::U8, &[1, 1, 4, 4]));
+    let w = g.add_input("w", vt(DType::I8, &[1, 1, 1, 1]));
+    let xz = g.add_input("x_zero", vt(DType::U8, &[]));
+    let wz = g.add_input("w_zero", vt(DType::I8, &[]));
+    let op = Op::ConvInteger(Conv2d {
+        strides: [1 << 32, 1],
+        pads: [1 << 32, 0, 0, 0],
+        dilations: [1, 1],
+        group: 1,
+    });
+    let y = g.add_node(op, &[x, w, xz, wz], "far_conv").unwrap();
+    assert_eq!(g.node(y).ty.shape.as_slice(), [1, 1, 2, 4]);
+    g.add_output("y", y);
+    let e = compile(&g, sm80()).unwrap_err();
+    assert!(matches!(e, CudaError::UnsupportedOp { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("far_conv") && msg.contains("32-bit"), "{msg}");
+}
+
+#[test]
 fn fused_max_relu_kernel_snapshot() {
     let mut g = Graph::new();
     let x = g.add_input("x", vt(DType::F32, &[2, 3]));

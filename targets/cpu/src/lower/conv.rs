@@ -8,11 +8,21 @@
 //! pixels), accumulated over the group's input channels in registers and
 //! initialised with the bias. Groups (including depthwise) are an outer
 //! loop.
+//!
+//! ConvInteger (u8/i8 X and W, exact wrapping i32 out) is the portable
+//! scalar path ([`conv_integer`]): one i32 accumulator per output
+//! `(n, oc, oy, ox)` over the group's input channels, with the same
+//! segments, so taps in the padding (which holds X's zero point and would
+//! add 0) are skipped at compile time and no load leaves the input. 8-bit
+//! loads are sign- or zero-extended, the zero points (X's scalar, W's
+//! scalar or per output channel) subtracted, and products added in
+//! wrapping i32, like `MatMulInteger`'s portable loop.
 
-use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::types::{F32, F32X4, I32};
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_ir::Conv2d;
+use kiln_ir::{Conv2d, DType};
 
+use super::linalg::load_byte;
 use super::loops::{for_range, for_range_carry, nest};
 use super::pool::{window_segments, Seg};
 use super::{Kb, NodeCx};
@@ -54,7 +64,6 @@ struct Geo {
     bias: bool,
 }
 
-/// Conv on f32.
 /// The CPU target's limits on a convolution window (shared by the Cranelift
 /// path and the AVX-512 microkernels).
 pub(crate) fn check_conv_window(cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
@@ -71,6 +80,7 @@ pub(crate) fn check_conv_window(cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError>
     )
 }
 
+/// Conv on f32.
 pub(crate) fn conv(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
     for i in 0..cx.inputs.len() {
         cx.float_input(i, false)?;
@@ -294,5 +304,149 @@ impl Tile<'_> {
                 );
             }
         }
+    }
+}
+
+/// `ConvInteger` as scalar i32 loops: the portable path (any target).
+/// `y[n, oc, oy, ox] = sum (x - x_zero) * (w - w_zero[oc])` over the
+/// group's input channels and the window taps inside the input, in
+/// wrapping i32. Taps in the padding are never read: the padding holds
+/// X's zero point, so they would add 0. As in [`conv`], output rows and
+/// columns are split into [`Seg`]s with a fixed set of valid taps, which
+/// are unrolled without bounds checks.
+pub(crate) fn conv_integer(kb: &mut Kb, cx: &NodeCx, c: &Conv2d) -> Result<(), CpuError> {
+    for &(_, ty) in &cx.inputs {
+        if !matches!(ty.dtype, DType::U8 | DType::I8) {
+            return Err(cx.dtype_err(ty.dtype));
+        }
+    }
+    let (xloc, xty) = cx.inputs[0];
+    let (wloc, wty) = cx.inputs[1];
+    let (n, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (o, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    if n * o * oh * ow == 0 {
+        return Ok(());
+    }
+    check_conv_window(cx, c)?;
+    let groups = c.group;
+    let og = o / groups;
+    let [sh, sw] = c.strides;
+    let [dh, dw] = c.dilations;
+    let [pt, pl, pb, pr] = c.pads;
+    let segs_h = window_segments(oh, h, kh, sh, pt, pb, dh);
+    let segs_w = window_segments(ow, w, kw, sw, pl, pr, dw);
+    let x_signed = xty.dtype == DType::I8;
+    let w_signed = wty.dtype == DType::I8;
+    let xz_p = kb.ptr(cx.inputs[2].0);
+    let x_zero = load_byte(kb, xz_p, 0, x_signed);
+    // W's zero point: one per output channel, or a scalar (step 0).
+    let wz_step = i64::from(cx.inputs[3].1.num_elements() > 1);
+    let x = kb.ptr(xloc);
+    let wp = kb.ptr(wloc);
+    let wz = kb.ptr(cx.inputs[3].0);
+    let y = kb.ptr(cx.out);
+    // Element sizes: 1 byte in X and W, 4 in Y.
+    let (w_row, plane, ksize) = (w as i64, (h * w) as i64, (kh * kw) as i64);
+    let oplane = (oh * ow * 4) as i64;
+    nest(
+        kb,
+        &[n, groups],
+        &[x, wp, wz, y],
+        &[
+            vec![cin as i64 * plane, cg as i64 * plane],
+            vec![0, (og * cg) as i64 * ksize],
+            vec![0, og as i64 * wz_step],
+            vec![o as i64 * oplane, og as i64 * oplane],
+        ],
+        &mut |kb, p| {
+            let (xg, wg, wzg, yg) = (p[0], p[1], p[2], p[3]);
+            for_range(kb, 0, og as i64, 1, &mut |kb, oc| {
+                let wo = kb.add_scaled(wg, oc, cg as i64 * ksize);
+                let wzp = kb.add_scaled(wzg, oc, wz_step);
+                let w_zero = load_byte(kb, wzp, 0, w_signed);
+                let yo = kb.add_scaled(yg, oc, oplane);
+                for seg_h in &segs_h {
+                    let s = seg_h.start as i64;
+                    for_range(kb, s, s + seg_h.len as i64, 1, &mut |kb, o_h| {
+                        let x_oh = kb.add_scaled(xg, o_h, sh as i64 * w_row);
+                        let y_row = kb.add_scaled(yo, o_h, (ow * 4) as i64);
+                        for seg_w in &segs_w {
+                            // Byte offsets of the valid taps from the
+                            // window's origin in X, and their W indices.
+                            let taps: Vec<(i64, i64)> = (seg_h.taps.iter())
+                                .flat_map(|&th| {
+                                    seg_w.taps.iter().map(move |&tw| {
+                                        let row = (th * dh) as i64 - pt as i64;
+                                        let col = (tw * dw) as i64 - pl as i64;
+                                        (row * w_row + col, (th * kw + tw) as i64)
+                                    })
+                                })
+                                .collect();
+                            let dot = IntDot {
+                                taps: &taps,
+                                cg,
+                                plane,
+                                ksize,
+                                x_zero,
+                                x_signed,
+                                w_signed,
+                            };
+                            let s = seg_w.start as i64;
+                            for_range(kb, s, s + seg_w.len as i64, 1, &mut |kb, o_w| {
+                                let x_px = kb.add_scaled(x_oh, o_w, sw as i64);
+                                let sum = dot.emit(kb, x_px, wo, w_zero);
+                                let at = kb.add_scaled(y_row, o_w, 4);
+                                kb.store(sum, at, 0);
+                            });
+                        }
+                    });
+                }
+            });
+        },
+    );
+    Ok(())
+}
+
+/// One output of [`conv_integer`]: the sum over the group's input channels
+/// and the valid taps of its segment.
+struct IntDot<'a> {
+    /// Per valid tap: its byte offset in X from the window's origin, and
+    /// its index in the output channel's W plane.
+    taps: &'a [(i64, i64)],
+    cg: usize,
+    /// Bytes per X plane and per W plane (`h * w`, `kh * kw`).
+    plane: i64,
+    ksize: i64,
+    x_zero: Value,
+    x_signed: bool,
+    w_signed: bool,
+}
+
+impl IntDot<'_> {
+    /// The i32 sum for the window at `x_px` (the window's origin in the
+    /// group's first input plane) with the output channel's weights at
+    /// `wo` and zero point `w_zero`.
+    fn emit(&self, kb: &mut Kb, x_px: Value, wo: Value, w_zero: Value) -> Value {
+        let zero = kb.b.ins().iconst(I32, 0);
+        if self.taps.is_empty() {
+            // The whole window lies in the padding.
+            return zero;
+        }
+        let acc = for_range_carry(kb, 0, self.cg as i64, 1, &[zero], &mut |kb, ic, acc| {
+            let xc = kb.add_scaled(x_px, ic, self.plane);
+            let wc = kb.add_scaled(wo, ic, self.ksize);
+            let mut acc = acc[0];
+            for &(xo, wi) in self.taps {
+                let xv = load_byte(kb, xc, xo, self.x_signed);
+                let wv = load_byte(kb, wc, wi, self.w_signed);
+                let xd = kb.b.ins().isub(xv, self.x_zero);
+                let wd = kb.b.ins().isub(wv, w_zero);
+                let prod = kb.b.ins().imul(xd, wd);
+                acc = kb.b.ins().iadd(acc, prod);
+            }
+            vec![acc]
+        });
+        acc[0]
     }
 }

@@ -280,6 +280,17 @@ pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
     Ok(())
 }
 
+/// The 8-bit element at `p + off` as an `i32`: sign-extended when
+/// `signed` (i8), zero-extended otherwise (u8).
+pub(crate) fn load_byte(kb: &mut Kb, p: Value, off: i64, signed: bool) -> Value {
+    let v = kb.load(I8, p, off);
+    if signed {
+        kb.b.ins().sextend(I32, v)
+    } else {
+        kb.b.ins().uextend(I32, v)
+    }
+}
+
 /// `MatMulInteger` as scalar i32 loops: the portable path (any target, a
 /// non-constant B, zero points the AVX-512 VNNI kernel does not take).
 pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
@@ -292,16 +303,8 @@ pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
     } = Batched::new(cx, 1, 1, 4)?;
     let signed = |i: usize| cx.inputs[i].1.dtype == DType::I8;
     let (a_signed, b_signed) = (signed(0), signed(1));
-    let byte = |kb: &mut Kb, p: Value, off: i64, is_signed: bool| -> Value {
-        let v = kb.load(I8, p, off);
-        if is_signed {
-            kb.b.ins().sextend(I32, v)
-        } else {
-            kb.b.ins().uextend(I32, v)
-        }
-    };
     let a_zero_p = kb.ptr(cx.inputs[2].0);
-    let a_zero = byte(kb, a_zero_p, 0, a_signed);
+    let a_zero = load_byte(kb, a_zero_p, 0, a_signed);
     let b_zero = kb.ptr(cx.inputs[3].0);
     let b_zero_step = i64::from(cx.inputs[3].1.num_elements() > 1);
     let a = kb.ptr(cx.inputs[0].0);
@@ -314,14 +317,14 @@ pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
             let out_row = kb.add_scaled(out, i, (n * 4) as i64);
             for_range(kb, 0, n as i64, 1, &mut |kb, j| {
                 let zp = kb.add_scaled(b_zero, j, b_zero_step);
-                let bz = byte(kb, zp, 0, b_signed);
+                let bz = load_byte(kb, zp, 0, b_signed);
                 let b_col = kb.add_scaled(b, j, 1);
                 let zero = kb.b.ins().iconst(I32, 0);
                 let sum = for_range_carry(kb, 0, k as i64, 1, &[zero], &mut |kb, kk, acc| {
                     let ap = kb.add_scaled(a_row, kk, 1);
                     let bp = kb.add_scaled(b_col, kk, n as i64);
-                    let av = byte(kb, ap, 0, a_signed);
-                    let bv = byte(kb, bp, 0, b_signed);
+                    let av = load_byte(kb, ap, 0, a_signed);
+                    let bv = load_byte(kb, bp, 0, b_signed);
                     let ac = kb.b.ins().isub(av, a_zero);
                     let bc = kb.b.ins().isub(bv, bz);
                     let prod = kb.b.ins().imul(ac, bc);

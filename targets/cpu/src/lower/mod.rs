@@ -410,7 +410,7 @@ fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result
         Op::Cast { to } => elementwise::cast(kb, &cx, *to),
         Op::MatMul => linalg::matmul(kb, &cx),
         Op::MatMulInteger => linalg::matmul_integer(kb, &cx),
-        Op::ConvInteger(_) => Err(cx.unsupported("conv_integer: portable lowering pending")),
+        Op::ConvInteger(c) => conv::conv_integer(kb, &cx, c),
         Op::Gemm {
             alpha,
             beta,

@@ -12,12 +12,20 @@
 //! loops over the group's input channels at run time with the kernel window
 //! unrolled when it is small (at most 49 taps), and adds the bias first.
 //! fp32 only, like the CPU target.
+//!
+//! ConvInteger (u8/i8 X and W, exact wrapping i32 out) is the direct
+//! kernel with integer taps: one thread per output element walks the same
+//! window (padded taps, which hold X's zero point and would add 0, are
+//! skipped by the same unsigned compare), loads 8-bit elements with
+//! `ld.global.u8`/`s8` (zero- or sign-extended to 32 bits), subtracts the
+//! zero points (X's scalar, W's scalar or per output channel) and
+//! accumulates with `mad.lo.s32`, like MatMulInteger.
 
 use kiln_ir::{Conv2d, DType, Pool2d};
 
 use super::linalg::{gemm_kernel, BSource, Gemm, Im2col};
-use super::{coords, global_index, linear_launch, load, ptr, store, Cx, Kernel};
-use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Ty};
+use super::{coords, global_index, linear_launch, load, mem, ptr, store, Cx, Kernel};
+use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Space, Ty};
 use crate::CudaError;
 
 /// Window taps at most this many are unrolled.
@@ -167,25 +175,49 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
 
 /// Direct convolution: one thread per output element.
 fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
-    let xs = &cx.inputs[0].1.shape;
-    let ws = &cx.inputs[1].1.shape;
-    let (cin, h, w) = (xs[1], xs[2], xs[3]);
-    let (cout, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
-    let out_per_group = cout / c.group;
     let n = cx.out_ty.num_elements();
     let mut kb = cx.builder([super::BLOCK, 1, 1]);
     let i = global_index(&mut kb, n);
-    let [on, oc, oy, ox] = out_coords(&mut kb, i, &cx.out_ty.shape);
+    let o = out_coords(&mut kb, i, &cx.out_ty.shape);
     let x_ptr = ptr(&mut kb, cx.inputs[0].0);
     let w_ptr = ptr(&mut kb, cx.inputs[1].0);
     let acc = match cx.inputs.get(2) {
         Some(&(loc, _)) => {
             let b = ptr(&mut kb, loc);
-            let v = load(&mut kb, b, oc, DType::F32);
+            let v = load(&mut kb, b, o[1], DType::F32);
             kb.mov(Ty::F32, v)
         }
         None => kb.mov(Ty::F32, fimm(Ty::F32, 0.0)),
     };
+    direct_taps(&mut kb, cx, c, o, &|kb, xi, wi| {
+        let xv = load(kb, x_ptr, xi, DType::F32);
+        let wv = load(kb, w_ptr, wi, DType::F32);
+        kb.mad_into(acc, xv, wv, acc);
+    });
+    let out = ptr(&mut kb, cx.out);
+    let acc = cx.epilogue(&mut kb, acc);
+    store(&mut kb, out, i, DType::F32, acc);
+    Ok(cx.finish(kb, linear_launch(n)))
+}
+
+/// The window walk of a direct convolution for the output `(n, oc, oy,
+/// ox)` of this thread: calls `tap(kb, xi, wi)` with the element indices
+/// into X and W of every tap inside the input, over the group's input
+/// channels (a run-time loop) and the window ([`for_window`]). Taps in the
+/// padding are skipped (see the module docs), so nothing outside X is
+/// read.
+fn direct_taps(
+    kb: &mut KernelBuilder,
+    cx: &Cx,
+    c: &Conv2d,
+    [on, oc, oy, ox]: [Reg; 4],
+    tap: &dyn Fn(&mut KernelBuilder, Reg, Reg),
+) {
+    let xs = &cx.inputs[0].1.shape;
+    let ws = &cx.inputs[1].1.shape;
+    let (cin, h, w) = (xs[1], xs[2], xs[3]);
+    let (cout, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let out_per_group = cout / c.group;
     // First input channel of this output channel's group.
     let g = kb.bin(Bin::Div, oc, out_per_group as u32);
     let c0 = kb.bin(Bin::Mul, g, cg as u32);
@@ -206,7 +238,6 @@ fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
             kb.when(ok, |kb| {
                 let row = kb.mad(iy, w as u32, x_plane);
                 let xi = kb.bin(Bin::Add, row, ix);
-                let xv = load(kb, x_ptr, xi, DType::F32);
                 let wi = match (ky, kx) {
                     (Opnd::I(ky), Opnd::I(kx)) => {
                         kb.bin(Bin::Add, w_chan, Opnd::I(ky * kw as i64 + kx))
@@ -217,14 +248,87 @@ fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
                     }
                     _ => unreachable!("both immediate or both registers"),
                 };
-                let wv = load(kb, w_ptr, wi, DType::F32);
-                kb.mad_into(acc, xv, wv, acc);
+                tap(kb, xi, wi);
             });
         });
     });
+}
+
+/// Largest window coordinate (`(out - 1) * stride + (k - 1) * dilation`,
+/// and a pad) the wrapping-`u32` tap positions of [`tap_pos`] take exactly.
+const MAX_WINDOW_POS: u64 = i32::MAX as u64;
+
+/// Refuses a window whose tap positions would leave the range in which
+/// [`tap_pos`]'s wrapping `u32` arithmetic is exact (a stride or pad near
+/// 2^32 would alias in-bounds rows).
+fn check_window_range(cx: &Cx, c: &Conv2d) -> Result<(), CudaError> {
+    let ws = &cx.inputs[1].1.shape;
+    let os = &cx.out_ty.shape;
+    for axis in 0..2 {
+        let last = |n: usize, step: usize| (n.max(1) as u64 - 1).checked_mul(step as u64);
+        let far = last(os[2 + axis], c.strides[axis])
+            .zip(last(ws[2 + axis], c.dilations[axis]))
+            .and_then(|(a, b)| a.checked_add(b));
+        let pad = c.pads[axis] as u64;
+        if far.is_none_or(|f| f > MAX_WINDOW_POS) || pad > MAX_WINDOW_POS {
+            return Err(cx.unsupported(format!(
+                "window positions along axis {axis} exceed the CUDA target's 32-bit index range"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `ConvInteger`: `out = conv(X - x_zero, W - w_zero)` in wrapping i32,
+/// X and W u8 or i8 (independently), X's zero point a scalar, W's a scalar
+/// or one per output channel. One thread per output element walks the
+/// direct convolution's window ([`direct_taps`]) with 8-bit loads
+/// (`ld.global.u8`/`s8`, zero- or sign-extended to 32 bits) and
+/// `mad.lo.s32`; taps in the padding (which holds X's zero point) add 0
+/// and are skipped.
+pub(crate) fn conv_integer(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
+    for &(_, ty) in &cx.inputs {
+        if !matches!(ty.dtype, DType::U8 | DType::I8) {
+            return Err(cx.dtype_err(ty.dtype));
+        }
+    }
+    let xs = &cx.inputs[0].1.shape;
+    if xs.len() != 4 {
+        return Err(cx.unsupported(format!("{}-D input (only 2-D convolution)", xs.len())));
+    }
+    check_window_range(cx, c)?;
+    let (dx, dw) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
+    let per_channel = cx.inputs[3].1.num_elements() > 1;
+    let byte = |kb: &mut KernelBuilder, d: DType, addr: Reg| {
+        kb.ld(Space::Global, mem(d), Ty::S32, addr, 0)
+    };
+    let n = cx.out_ty.num_elements();
+    let mut kb = cx.builder([super::BLOCK, 1, 1]);
+    let i = global_index(&mut kb, n);
+    let o = out_coords(&mut kb, i, &cx.out_ty.shape);
+    let x_ptr = ptr(&mut kb, cx.inputs[0].0);
+    let w_ptr = ptr(&mut kb, cx.inputs[1].0);
+    let x_zero_ptr = ptr(&mut kb, cx.inputs[2].0);
+    let x_zero = byte(&mut kb, dx, x_zero_ptr);
+    let w_zero_ptr = ptr(&mut kb, cx.inputs[3].0);
+    let w_zero_addr = if per_channel {
+        kb.addr(w_zero_ptr, o[1], 1)
+    } else {
+        w_zero_ptr
+    };
+    let w_zero = byte(&mut kb, dw, w_zero_addr);
+    let acc = kb.mov(Ty::S32, 0u32);
+    direct_taps(&mut kb, cx, c, o, &|kb, xi, wi| {
+        let xa = kb.addr(x_ptr, xi, 1);
+        let wa = kb.addr(w_ptr, wi, 1);
+        let xv = byte(kb, dx, xa);
+        let wv = byte(kb, dw, wa);
+        let xc = kb.bin(Bin::Sub, xv, x_zero);
+        let wc = kb.bin(Bin::Sub, wv, w_zero);
+        kb.mad_into(acc, xc, wc, acc);
+    });
     let out = ptr(&mut kb, cx.out);
-    let acc = cx.epilogue(&mut kb, acc);
-    store(&mut kb, out, i, DType::F32, acc);
+    store(&mut kb, out, i, DType::I32, acc);
     Ok(cx.finish(kb, linear_launch(n)))
 }
 

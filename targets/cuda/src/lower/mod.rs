@@ -367,7 +367,7 @@ pub(crate) fn lower_job<'g>(
         Op::Where => elementwise::where_(&cx)?,
         Op::MatMul => linalg::matmul(&cx)?,
         Op::MatMulInteger => linalg::matmul_integer(&cx)?,
-        Op::ConvInteger(_) => return Err(cx.unsupported("conv_integer: CUDA lowering pending")),
+        Op::ConvInteger(c) => conv::conv_integer(&cx, c)?,
         Op::Gemm {
             alpha,
             beta,
