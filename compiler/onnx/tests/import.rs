@@ -1922,18 +1922,15 @@ fn conv_integer_with_a_large_window_sums_exact_channel_chunks() {
 }
 
 #[test]
-fn conv_integer_windows_too_large_for_exact_f32_sums_are_unsupported() {
-    // A depthwise 17x17 window: 289 taps of one channel, more than 258.
-    let mut n = node("ConvInteger", "ci", &["x", "w"], &["y"]);
-    n.attribute.push(attr_i("group", 2));
-    let m = model(
-        vec![n],
-        vec![int_input("x", 2, &[1, 2, 20, 20])],
-        &["y"],
-        vec![byte_tensor("w", 2, &[2, 1, 17, 17], &[1; 578])],
-    );
-    let hint = unsupported_hint(&m, "ConvInteger");
-    assert!(hint.contains("289 taps"), "{hint}");
+fn conv_integer_windows_too_large_for_exact_f32_sums_use_the_integer_op() {
+    // A depthwise 17x17 window: 289 taps of one channel, more than 258,
+    // which no channel chunking keeps exact in f32: no float conv, the
+    // IR's conv_integer instead (exact i32), with padding and zero points.
+    let (xs, ws) = ([1, 2, 20, 20], [2, 1, 17, 17]);
+    let x = bytes(800, 8);
+    let w = bytes(578, 9);
+    let y = run_conv_integer(2, xs, ws, &x, &w, 5, &[3, 250], [1, 2, 1, 0], [2, 1], 2, 0);
+    assert!(!y.is_empty());
 }
 
 #[test]

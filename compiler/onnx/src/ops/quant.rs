@@ -568,6 +568,28 @@ fn int_conv(
             xs.as_slice()
         )));
     }
+    if taps > EXACT_K {
+        // No channel chunking keeps such a window exact in f32: the IR's
+        // integer convolution (exact i32) takes it.
+        let xz = match xzp {
+            Some(z) => conv_param(ctx, z, None, 0, "x_zero_point")?,
+            None => scalar(ctx, ctx.ty(x4).dtype, 0.0, "x_zero_point"),
+        };
+        let xz = reshape_to(ctx, xz, &[], Some("x_zero_point_scalar"))?;
+        let wz = match wzp {
+            Some(z) if ctx.ty(z).num_elements() == 1 => {
+                reshape_to(ctx, z, &[], Some("w_zero_point_scalar"))?
+            }
+            Some(z) => reshape_to(ctx, z, &[m], Some("w_zero_point_per_channel"))?,
+            None => scalar(ctx, ctx.ty(w4).dtype, 0.0, "w_zero_point"),
+        };
+        let y = ctx.op(
+            Op::ConvInteger(attrs),
+            &[x4, w4, xz, wz],
+            Some("conv_integer"),
+        )?;
+        return unlift(ctx, y, nsp);
+    }
     let xf = cast_to(ctx, x4, DType::F32, "x_float")?;
     let xf = match xzp {
         Some(z) => {
@@ -592,10 +614,6 @@ fn int_conv(
     let y = if cg * taps <= EXACT_K {
         let y = ctx.op(conv, &[xf, wf], Some("conv"))?;
         ctx.op(Op::Cast { to: DType::I32 }, &[y], Some("conv_i32"))?
-    } else if taps > EXACT_K {
-        return Err(ctx.unsupported(format!(
-            "{what} with a window of {taps} taps: more than {EXACT_K} cannot be summed exactly in f32"
-        )));
     } else {
         // Chunks of `per` input channels of every group: X viewed as
         // [N, group, C/group, H, W] and sliced along C/group, then viewed
@@ -632,6 +650,12 @@ fn int_conv(
         }
         acc.expect("at least one chunk: cg·taps > EXACT_K")
     };
+    unlift(ctx, y, nsp)
+}
+
+/// `y` of a convolution with `nsp` spatial dims, computed in 2-D: a 1-D
+/// convolution's neutral H axis removed again.
+fn unlift(ctx: &mut ImportCtx, y: Val, nsp: usize) -> Result<Val, OnnxError> {
     if nsp == 2 {
         return Ok(y);
     }
