@@ -183,6 +183,33 @@ impl Text {
         });
     }
 
+    /// Appends Cranelift functions as the kernels of node `name`, one per
+    /// task, scheduled as one step.
+    pub(crate) fn add_tasks(
+        &mut self,
+        name: &str,
+        funcs: Vec<Function>,
+        target: &Target,
+    ) -> Result<(), CpuError> {
+        let first = self.kernels.len() as u32;
+        let tasks = funcs.len() as u32;
+        for (t, func) in funcs.into_iter().enumerate() {
+            let kernel = format!("{name}#{t}");
+            let (start, len) = self.place(&kernel, func, target)?;
+            self.kernels.push(KernelEntry {
+                name: kernel,
+                text_offset: start,
+                text_len: len,
+            });
+        }
+        self.schedule.push(Step {
+            kernel: first,
+            tasks,
+            node: name.to_owned(),
+        });
+        Ok(())
+    }
+
     fn push_kernel(&mut self, name: &str, start: u64, len: u64) {
         let index = self.kernels.len() as u32;
         self.kernels.push(KernelEntry {

@@ -191,6 +191,11 @@ pub fn compile(
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
             lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
             lower::Lowered::Chain(code, func) => text.add_chain(&name, &code, *func, &target)?,
+            lower::Lowered::ClifTasks(funcs) => text.add_tasks(&name, funcs, &target)?,
+            lower::Lowered::SplitChain(tasks, func) => {
+                text.add_machine(&name, &tasks);
+                text.add(&format!("{name}/tail"), *func, &target)?;
+            }
         }
     }
     let (text, kernels, relocs, schedule) = text.finish();

@@ -65,8 +65,8 @@ pub(crate) fn lower_fused(
 }
 
 /// [`lower`], and for the head of a fused node (`fused`: the fused node's
-/// context and kernel) the program left after the store-loop epilogue. A
-/// head with a program left runs as one task (the tail is not split).
+/// context and kernel) the program left after the store-loop epilogue,
+/// which the caller runs over the whole output after the tasks.
 fn lower_with(
     cx: &NodeCx,
     weights: &mut Weights,
@@ -114,9 +114,7 @@ fn lower_with(
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
         Op::Conv(c) if c.group > 1 => {
             let spec = depthwise_conv(cx, c)?;
-            // A fused program continues over the whole output: one task.
             let tail = whole(fused);
-            let tasks = if tail.is_some() { 1 } else { tasks };
             let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
             let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
             let codes = spec
@@ -137,7 +135,6 @@ fn lower_with(
         Some((fcx, k)) => absorb(fcx, k, &mut spec),
         None => None,
     };
-    let tasks = if tail.is_some() { 1 } else { tasks };
     let mut parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently.
     let sizes: Vec<u64> = parts

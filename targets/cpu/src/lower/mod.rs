@@ -285,6 +285,13 @@ pub(crate) enum Lowered {
     /// fused node whose head is a microkernel and whose program continues
     /// in place over the output): see [`crate::emit::Text::add_chain`].
     Chain(Vec<u8>, Box<Function>),
+    /// A fused node whose head is split into tasks: the tasks as one
+    /// schedule step, then the program over the whole output as the next
+    /// (the head's threads matter more than one kernel per node).
+    SplitChain(Vec<Vec<u8>>, Box<Function>),
+    /// Cranelift functions, each over one part of an elementwise node's
+    /// output (see [`split_elementwise`]), as the tasks of one step.
+    ClifTasks(Vec<Function>),
 }
 
 /// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
@@ -310,6 +317,9 @@ pub(crate) fn lower_job(
                     fused::program_in_place(kb, &cx, &program, first_extra);
                     Ok(())
                 })?;
+                if tasks.len() > 1 {
+                    return Ok(Lowered::SplitChain(tasks, Box::new(func)));
+                }
                 return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
             }
         } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
@@ -321,7 +331,101 @@ pub(crate) fn lower_job(
             return Ok(Lowered::Machine(code));
         }
     }
+    if let (Job::Node(id), true) = (job, target.tasks > 1) {
+        if let Some(funcs) = split_elementwise(graph, plan, *id, target)? {
+            return Ok(Lowered::ClifTasks(funcs));
+        }
+    }
     lower_clif(graph, plan, job, target).map(|f| Lowered::Clif(Box::new(f)))
+}
+
+/// Fewest output elements for which an elementwise node is split over
+/// threads (below, waking a worker costs more than the loop).
+const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
+
+/// An elementwise node (unary, binary, cast, a headless fused program,
+/// or a layer norm over later axes) as up to `target.tasks` functions,
+/// each over a contiguous range of its output's first non-unit axis:
+/// every part is the same kernel on a smaller shape, its operands moved
+/// to the part's rows (operands broadcast along that axis stay whole).
+/// `None` when the node is not of that kind, too small, or reads a
+/// constant that varies along the axis.
+fn split_elementwise(
+    graph: &Graph,
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+) -> Result<Option<Vec<Function>>, CpuError> {
+    let cx = node_cx(graph, plan, id);
+    let shape = &cx.node.ty.shape;
+    let Some(axis) = shape.iter().position(|&d| d > 1) else {
+        return Ok(None);
+    };
+    let splittable = match &cx.node.op {
+        Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } => true,
+        Op::Fused(k) => k.head().is_none(),
+        Op::LayerNorm { axis: a, .. } => axis < *a,
+        _ => false,
+    };
+    if !splittable || cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
+        return Ok(None);
+    }
+    let rank = shape.len();
+    // Per input: the input's own axis aligned with `axis` when it varies
+    // along it (numpy broadcasting aligns trailing axes).
+    let mut along = Vec::with_capacity(cx.inputs.len());
+    for (i, (_, ty)) in cx.inputs.iter().enumerate() {
+        let offset = rank - ty.shape.len();
+        let own = axis
+            .checked_sub(offset)
+            .filter(|&a| ty.shape[a] == shape[axis]);
+        if own.is_some() && graph.constant(cx.input_ids[i]).is_some() {
+            return Ok(None);
+        }
+        along.push(own);
+    }
+    let parts = target.tasks.min(shape[axis]);
+    let row_bytes = |ty: &ValueType, a: usize| {
+        (ty.shape[a + 1..].iter().product::<usize>() * ty.dtype.size_bytes()) as u64
+    };
+    let mut funcs = Vec::with_capacity(parts);
+    for p in 0..parts {
+        let (start, end) = (shape[axis] * p / parts, shape[axis] * (p + 1) / parts);
+        let sub = |ty: &ValueType, a: usize| {
+            let mut s = ty.shape.clone();
+            s[a] = end - start;
+            ValueType::new(ty.dtype, s)
+        };
+        let moved = |loc: Loc, bytes: u64| Loc {
+            base: loc.base,
+            offset: loc.offset + bytes,
+        };
+        let node = Node {
+            op: cx.node.op.clone(),
+            name: cx.node.name.clone(),
+            ty: sub(&cx.node.ty, axis),
+        };
+        let in_tys: Vec<ValueType> = (cx.inputs.iter().zip(&along))
+            .map(|((_, ty), own)| own.map_or_else(|| (*ty).clone(), |a| sub(ty, a)))
+            .collect();
+        let inputs = (cx.inputs.iter().zip(&along).zip(&in_tys))
+            .map(|(((loc, ty), own), sub_ty)| match own {
+                Some(a) => (moved(*loc, start as u64 * row_bytes(ty, *a)), sub_ty),
+                None => (*loc, sub_ty),
+            })
+            .collect();
+        let part = NodeCx {
+            graph,
+            node: &node,
+            input_ids: cx.input_ids.clone(),
+            inputs,
+            out: moved(cx.out, start as u64 * row_bytes(&cx.node.ty, axis)),
+        };
+        funcs.push(build_function(target, |kb| {
+            lower_cx(kb, &part, &mut plan.weights)
+        })?);
+    }
+    Ok(Some(funcs))
 }
 
 /// Builds the Cranelift function of one job.
@@ -401,47 +505,51 @@ fn node_cx<'g>(graph: &'g Graph, plan: &Plan, id: NodeId) -> NodeCx<'g> {
 
 fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result<(), CpuError> {
     let cx = node_cx(graph, plan, id);
+    lower_cx(kb, &cx, &mut plan.weights)
+}
+
+/// The Cranelift kernel of node context `cx`.
+fn lower_cx(kb: &mut Kb, cx: &NodeCx, weights: &mut Weights) -> Result<(), CpuError> {
     let node = cx.node;
-    let weights: &mut Weights = &mut plan.weights;
     match &node.op {
         Op::Input { .. } | Op::Constant(_) => Ok(()),
-        Op::Unary(u) => elementwise::unary(kb, &cx, u),
-        Op::Binary(op) => elementwise::binary(kb, &cx, *op),
-        Op::Cast { to } => elementwise::cast(kb, &cx, *to),
-        Op::MatMul => linalg::matmul(kb, &cx),
-        Op::MatMulInteger => linalg::matmul_integer(kb, &cx),
-        Op::ConvInteger(c) => conv::conv_integer(kb, &cx, c),
+        Op::Unary(u) => elementwise::unary(kb, cx, u),
+        Op::Binary(op) => elementwise::binary(kb, cx, *op),
+        Op::Cast { to } => elementwise::cast(kb, cx, *to),
+        Op::MatMul => linalg::matmul(kb, cx),
+        Op::MatMulInteger => linalg::matmul_integer(kb, cx),
+        Op::ConvInteger(c) => conv::conv_integer(kb, cx, c),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => linalg::gemm(kb, &cx, weights, *alpha, *beta, *trans_a, *trans_b),
-        Op::Conv(c) => conv::conv(kb, &cx, c),
-        Op::MaxPool(p) => pool::pool(kb, &cx, p, pool::Kind::Max),
+        } => linalg::gemm(kb, cx, weights, *alpha, *beta, *trans_a, *trans_b),
+        Op::Conv(c) => conv::conv(kb, cx, c),
+        Op::MaxPool(p) => pool::pool(kb, cx, p, pool::Kind::Max),
         Op::AveragePool {
             pool: p,
             count_include_pad,
-        } => pool::pool(kb, &cx, p, pool::Kind::Avg(*count_include_pad)),
-        Op::GlobalAveragePool => pool::global(kb, &cx, false),
-        Op::GlobalMaxPool => pool::global(kb, &cx, true),
-        Op::Softmax { axis } => softmax::softmax(kb, &cx, *axis),
-        Op::Reshape { .. } => layout::reshape(kb, &cx),
-        Op::Transpose { perm } => layout::transpose(kb, &cx, perm),
-        Op::Concat { axis } => layout::concat(kb, &cx, *axis),
-        Op::Gather { axis } => layout::gather(kb, &cx, *axis),
-        Op::Slice { axes } => layout::slice(kb, &cx, axes),
-        Op::Compare(op) => logic::compare(kb, &cx, *op),
-        Op::Logical(op) => logic::logical(kb, &cx, *op),
-        Op::Not => logic::not(kb, &cx),
-        Op::Bitwise(op) => logic::bitwise(kb, &cx, *op),
-        Op::BitwiseNot => logic::bitwise_not(kb, &cx),
-        Op::Where => logic::where_(kb, &cx),
-        Op::Reduce { op, axes, .. } => reduce::reduce(kb, &cx, *op, axes),
-        Op::Expand { .. } => elementwise::expand(kb, &cx),
-        Op::LayerNorm { axis, epsilon } => norm::layer_norm(kb, &cx, *axis, *epsilon),
-        Op::Resize(r) => resize::resize(kb, &cx, weights, r),
-        Op::Col2Im(c) => resize::col2im(kb, &cx, c),
-        Op::Fused(k) => fused::fused(kb, &cx, weights, k),
+        } => pool::pool(kb, cx, p, pool::Kind::Avg(*count_include_pad)),
+        Op::GlobalAveragePool => pool::global(kb, cx, false),
+        Op::GlobalMaxPool => pool::global(kb, cx, true),
+        Op::Softmax { axis } => softmax::softmax(kb, cx, *axis),
+        Op::Reshape { .. } => layout::reshape(kb, cx),
+        Op::Transpose { perm } => layout::transpose(kb, cx, perm),
+        Op::Concat { axis } => layout::concat(kb, cx, *axis),
+        Op::Gather { axis } => layout::gather(kb, cx, *axis),
+        Op::Slice { axes } => layout::slice(kb, cx, axes),
+        Op::Compare(op) => logic::compare(kb, cx, *op),
+        Op::Logical(op) => logic::logical(kb, cx, *op),
+        Op::Not => logic::not(kb, cx),
+        Op::Bitwise(op) => logic::bitwise(kb, cx, *op),
+        Op::BitwiseNot => logic::bitwise_not(kb, cx),
+        Op::Where => logic::where_(kb, cx),
+        Op::Reduce { op, axes, .. } => reduce::reduce(kb, cx, *op, axes),
+        Op::Expand { .. } => elementwise::expand(kb, cx),
+        Op::LayerNorm { axis, epsilon } => norm::layer_norm(kb, cx, *axis, *epsilon),
+        Op::Resize(r) => resize::resize(kb, cx, weights, r),
+        Op::Col2Im(c) => resize::col2im(kb, cx, c),
+        Op::Fused(k) => fused::fused(kb, cx, weights, k),
     }
 }
