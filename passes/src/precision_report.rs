@@ -106,7 +106,16 @@ pub fn compare(
     random: bool,
 ) -> Result<AccuracyReport, IrError> {
     let ref_dense = dense_by_name(reference);
-    let low_dense = dense_by_name(lowered);
+    // The same layers in the lowered graph, by name: a dense op, or the
+    // f32 node that carries the layer's name after a rewrite (the rescale
+    // ending an int8 layer, `quantize.rs`).
+    let mut low_dense = dense_by_name(lowered);
+    for id in lowered.node_ids() {
+        let n = lowered.node(id);
+        if n.ty.dtype == DType::F32 && ref_dense.contains_key(&n.name) {
+            low_dense.entry(n.name.clone()).or_insert(id);
+        }
+    }
     let names: Vec<&String> = ref_dense
         .keys()
         .filter(|n| low_dense.contains_key(*n))
@@ -144,7 +153,7 @@ pub fn compare(
     let mut layers: Vec<LayerError> = accs
         .iter()
         .map(|(name, acc)| {
-            let op = lowered.node(low_dense[name]).op.name();
+            let op = reference.node(ref_dense[name]).op.name();
             acc.finish(name.clone(), op, precision_of(name))
         })
         .collect();

@@ -205,6 +205,21 @@ fn digits_mlp_int8_dynamic_and_static_keep_accuracy() {
             int8 >= 2,
             "every dense layer of the MLP is int8, got {int8}"
         );
+        if static_activations {
+            // The report measures each int8 layer's quantization error
+            // under its ONNX name.
+            let report = (c.precision.as_ref())
+                .and_then(|p| p.report.as_ref())
+                .expect("a calibrated build has a report");
+            let layers: Vec<_> = (report.layers.iter())
+                .filter(|l| l.precision == kiln_passes::Precision::Int8)
+                .collect();
+            assert_eq!(layers.len(), int8, "{:?}", report.layers);
+            for l in layers {
+                // Accumulated error: 0.115 at the logits (fc2, minmax).
+                assert!(l.rel_l2 > 0.0 && l.rel_l2 < 0.5, "{l:?}");
+            }
+        }
         let outs = check_kernels_against_eval("digits_mlp int8", &c, std::slice::from_ref(images));
         let a = score(&outs);
         let w = c.artifact.weights.len();
