@@ -430,20 +430,48 @@ pub fn matmul_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// `a_scale·b_scale/y_scale`, rounded half to even, shifted by the output
 /// zero point and saturated to its type ([`requantize`]).
 pub fn qlinear_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let a = ctx.input(node, 0)?;
-    let a_s = ctx.input(node, 1)?;
-    let azp = ctx.opt_input(node, 2);
-    let b = ctx.input(node, 3)?;
-    let b_s = ctx.input(node, 4)?;
-    let bzp = ctx.opt_input(node, 5);
-    let y_s = ctx.input(node, 6)?;
-    let yzp = ctx.opt_input(node, 7);
-    let out = match yzp {
-        Some(z) => ctx.ty(z).dtype,
-        None => ctx.ty(a).dtype,
-    };
-    let c = integer_product(ctx, a, azp, b, bzp)?;
-    one(requantize(ctx, c, [a_s, b_s, y_s], yzp, out)?)
+    let q = QLinearInputs::read(ctx, node)?;
+    let c = integer_product(ctx, q.a, q.a_zero, q.b, q.b_zero)?;
+    one(requantize(
+        ctx,
+        c,
+        [q.a_scale, q.b_scale, q.y_scale],
+        q.y_zero,
+        q.out,
+    )?)
+}
+
+/// The eight inputs `QLinearMatMul` and `QLinearConv` share (A, its scale
+/// and zero point, B, its scale and zero point, Y's scale and zero point)
+/// and the output type: Y's zero point's, else A's.
+struct QLinearInputs {
+    a: Val,
+    a_scale: Val,
+    a_zero: Option<Val>,
+    b: Val,
+    b_scale: Val,
+    b_zero: Option<Val>,
+    y_scale: Val,
+    y_zero: Option<Val>,
+    out: DType,
+}
+
+impl QLinearInputs {
+    fn read(ctx: &ImportCtx, node: &NodeProto) -> Result<QLinearInputs, OnnxError> {
+        let a = ctx.input(node, 0)?;
+        let y_zero = ctx.opt_input(node, 7);
+        Ok(QLinearInputs {
+            a,
+            a_scale: ctx.input(node, 1)?,
+            a_zero: ctx.opt_input(node, 2),
+            b: ctx.input(node, 3)?,
+            b_scale: ctx.input(node, 4)?,
+            b_zero: ctx.opt_input(node, 5),
+            y_scale: ctx.input(node, 6)?,
+            y_zero,
+            out: ctx.ty(y_zero.unwrap_or(a)).dtype,
+        })
+    }
 }
 
 /// The output stage of `QLinearMatMul` and `QLinearConv`: the exact i32
@@ -679,20 +707,9 @@ pub fn conv_integer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// scalar or one per output channel), shifted by the output zero point,
 /// rounded half to even and saturated to its type ([`requantize`]).
 pub fn qlinear_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let x = ctx.input(node, 0)?;
-    let x_s = ctx.input(node, 1)?;
-    let xzp = ctx.opt_input(node, 2);
-    let w = ctx.input(node, 3)?;
-    let w_s = ctx.input(node, 4)?;
-    let wzp = ctx.opt_input(node, 5);
-    let y_s = ctx.input(node, 6)?;
-    let yzp = ctx.opt_input(node, 7);
+    let q = QLinearInputs::read(ctx, node)?;
     let b = ctx.opt_input(node, 8);
-    let out = match yzp {
-        Some(z) => ctx.ty(z).dtype,
-        None => ctx.ty(x).dtype,
-    };
-    let acc = int_conv(ctx, node, x, xzp, w, wzp)?;
+    let acc = int_conv(ctx, node, q.a, q.a_zero, q.b, q.b_zero)?;
     let ys = ctx.ty(acc).shape.clone();
     // Per-channel parameters broadcast along the output's axis 1.
     let (m, view) = (ys[1], ys.len() - 1);
@@ -707,12 +724,12 @@ pub fn qlinear_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
         None => acc,
     };
-    let x_s = conv_param(ctx, x_s, None, view, "x_scale")?;
-    let w_s = conv_param(ctx, w_s, Some(m), view, "w_scale")?;
-    let y_s = conv_param(ctx, y_s, None, view, "y_scale")?;
-    let yzp = match yzp {
+    let x_s = conv_param(ctx, q.a_scale, None, view, "x_scale")?;
+    let w_s = conv_param(ctx, q.b_scale, Some(m), view, "w_scale")?;
+    let y_s = conv_param(ctx, q.y_scale, None, view, "y_scale")?;
+    let yzp = match q.y_zero {
         Some(z) => Some(conv_param(ctx, z, None, view, "y_zero_point")?),
         None => None,
     };
-    one(requantize(ctx, acc, [x_s, w_s, y_s], yzp, out)?)
+    one(requantize(ctx, acc, [x_s, w_s, y_s], yzp, q.out)?)
 }

@@ -427,21 +427,9 @@ fn dot(idx: &[usize], strides: &[i64]) -> i64 {
 fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (bloc, bty) = cx.inputs[1];
-    let a_sh: Vec<usize> = if aty.shape.len() == 1 {
-        vec![1, aty.shape[0]]
-    } else {
-        aty.shape.to_vec()
-    };
-    let b_sh: Vec<usize> = if bty.shape.len() == 1 {
-        vec![bty.shape[0], 1]
-    } else {
-        bty.shape.to_vec()
-    };
-    let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
-    let n = b_sh[b_sh.len() - 1];
-    let a_batch = &a_sh[..a_sh.len() - 2];
-    let b_batch = &b_sh[..b_sh.len() - 2];
-    let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)?;
+    let shape = super::linalg::MatMulShape::of(&aty.shape, &bty.shape)?;
+    let (m, k, n) = (shape.m, shape.k, shape.n);
+    let (a_batch, b_batch, batch) = (shape.a_batch(), shape.b_batch(), &shape.batch);
     let count: usize = batch.iter().product();
     if count > MAX_CALLS || k == 0 {
         return None;
@@ -494,19 +482,19 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
             (k * n * 4) as i64,
         ),
     };
-    let a_st: Vec<i64> = broadcast_strides(a_batch, &batch)
+    let a_st: Vec<i64> = broadcast_strides(a_batch, batch)
         .iter()
         .map(|s| s * a_mat)
         .collect();
-    let b_st: Vec<i64> = broadcast_strides(b_batch, &batch)
+    let b_st: Vec<i64> = broadcast_strides(b_batch, batch)
         .iter()
         .map(|s| s * b_mat)
         .collect();
-    let out_st: Vec<i64> = super::strides(&batch)
+    let out_st: Vec<i64> = super::strides(batch)
         .iter()
         .map(|s| s * (m * n * 4) as i64)
         .collect();
-    let calls = indices(&batch)
+    let calls = indices(batch)
         .iter()
         .map(|idx| Call {
             a: offset(a_base, dot(idx, &a_st)),

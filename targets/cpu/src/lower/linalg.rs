@@ -201,6 +201,58 @@ struct Batched {
     strides: Vec<Vec<i64>>,
 }
 
+/// The numpy MatMul view of operand shapes `a @ b`: 1-D operands promoted
+/// to a row (A) or column (B) matrix, the matrix dims and the broadcast
+/// batch dims.
+pub(crate) struct MatMulShape {
+    /// A's shape, promoted to at least 2-D.
+    pub a: Vec<usize>,
+    /// B's shape, promoted to at least 2-D.
+    pub b: Vec<usize>,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// The output's batch dims.
+    pub batch: Vec<usize>,
+}
+
+impl MatMulShape {
+    /// `None` when the batch dims do not broadcast.
+    pub(crate) fn of(a: &[usize], b: &[usize]) -> Option<MatMulShape> {
+        let a: Vec<usize> = if a.len() == 1 {
+            vec![1, a[0]]
+        } else {
+            a.to_vec()
+        };
+        let b: Vec<usize> = if b.len() == 1 {
+            vec![b[0], 1]
+        } else {
+            b.to_vec()
+        };
+        let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+        let n = b[b.len() - 1];
+        let batch = kiln_ir::infer::broadcast_shapes(&a[..a.len() - 2], &b[..b.len() - 2])?;
+        Some(MatMulShape {
+            m,
+            k,
+            n,
+            batch: batch.to_vec(),
+            a,
+            b,
+        })
+    }
+
+    /// A's batch dims.
+    pub(crate) fn a_batch(&self) -> &[usize] {
+        &self.a[..self.a.len() - 2]
+    }
+
+    /// B's batch dims.
+    pub(crate) fn b_batch(&self) -> &[usize] {
+        &self.b[..self.b.len() - 2]
+    }
+}
+
 impl Batched {
     fn new(
         cx: &NodeCx,
@@ -208,30 +260,16 @@ impl Batched {
         b_size: usize,
         out_size: usize,
     ) -> Result<Batched, CpuError> {
-        let (_, aty) = cx.inputs[0];
-        let (_, bty) = cx.inputs[1];
-        let a_sh: Vec<usize> = if aty.shape.len() == 1 {
-            vec![1, aty.shape[0]]
-        } else {
-            aty.shape.to_vec()
-        };
-        let b_sh: Vec<usize> = if bty.shape.len() == 1 {
-            vec![bty.shape[0], 1]
-        } else {
-            bty.shape.to_vec()
-        };
-        let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
-        let n = b_sh[b_sh.len() - 1];
-        let a_batch = &a_sh[..a_sh.len() - 2];
-        let b_batch = &b_sh[..b_sh.len() - 2];
-        let batch = kiln_ir::infer::broadcast_shapes(a_batch, b_batch)
+        let shape = MatMulShape::of(&cx.inputs[0].1.shape, &cx.inputs[1].1.shape)
             .ok_or_else(|| cx.unsupported("batch dims do not broadcast"))?;
+        let (m, k, n) = (shape.m, shape.k, shape.n);
+        let (a_batch, b_batch, batch) = (shape.a_batch(), shape.b_batch(), &shape.batch);
         let scaled =
             |st: Vec<i64>, by: usize| -> Vec<i64> { st.iter().map(|s| s * by as i64).collect() };
-        let out_st = scaled(super::strides(&batch), m * n * out_size);
-        let a_st = scaled(broadcast_strides(a_batch, &batch), m * k * a_size);
-        let b_st = scaled(broadcast_strides(b_batch, &batch), k * n * b_size);
-        let (dims, strides) = collapse(&batch, &[out_st, a_st, b_st]);
+        let out_st = scaled(super::strides(batch), m * n * out_size);
+        let a_st = scaled(broadcast_strides(a_batch, batch), m * k * a_size);
+        let b_st = scaled(broadcast_strides(b_batch, batch), k * n * b_size);
+        let (dims, strides) = collapse(batch, &[out_st, a_st, b_st]);
         Ok(Batched {
             m,
             k,
