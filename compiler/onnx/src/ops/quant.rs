@@ -242,6 +242,30 @@ pub fn dynamic_quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// |a|, |b| ≤ 255) is exact: every partial sum stays below 2^24.
 const EXACT_K: usize = (1 << 24) / (255 * 255);
 
+/// `acc + i32(p)`: one chunk's exact f32 sum (`p`, named `tag`) cast to
+/// i32 and added to the running i32 total of the chunks before it.
+fn add_exact_chunk(
+    ctx: &mut ImportCtx,
+    acc: Option<Val>,
+    p: Val,
+    tag: &str,
+    chunk: usize,
+) -> Result<Val, OnnxError> {
+    let p = ctx.op(
+        Op::Cast { to: DType::I32 },
+        &[p],
+        Some(&format!("{tag}_i32")),
+    )?;
+    match acc {
+        None => Ok(p),
+        Some(s) => ctx.op(
+            Op::Binary(BinaryOp::Add),
+            &[s, p],
+            Some(&format!("sum{chunk}")),
+        ),
+    }
+}
+
 /// `(a - a_zp) @ (b - b_zp)` exactly, as i32: the f32 MatMul is exact on
 /// K-chunks of at most [`EXACT_K`], whose i32 casts are then added.
 fn int_matmul(
@@ -321,19 +345,13 @@ fn int_matmul(
             )
         };
         let p = ctx.op(Op::MatMul, &[ac, bc], Some(&format!("product{chunk}")))?;
-        let p = ctx.op(
-            Op::Cast { to: DType::I32 },
-            &[p],
-            Some(&format!("product{chunk}_i32")),
-        )?;
-        acc = Some(match acc {
-            None => p,
-            Some(s) => ctx.op(
-                Op::Binary(BinaryOp::Add),
-                &[s, p],
-                Some(&format!("sum{chunk}")),
-            )?,
-        });
+        acc = Some(add_exact_chunk(
+            ctx,
+            acc,
+            p,
+            &format!("product{chunk}"),
+            chunk,
+        )?);
         start += len;
         chunk += 1;
         if k == 0 {
@@ -666,15 +684,7 @@ fn int_conv(
             };
             let wc = super::movement::slice_along(ctx, wf, 1, start, 1, len, &tag("w_c"))?;
             let p = ctx.op(conv.clone(), &[xc, wc], Some(&tag("conv")))?;
-            let p = ctx.op(
-                Op::Cast { to: DType::I32 },
-                &[p],
-                Some(&format!("conv{chunk}_i32")),
-            )?;
-            acc = Some(match acc {
-                None => p,
-                Some(s) => ctx.op(Op::Binary(BinaryOp::Add), &[s, p], Some(&tag("sum")))?,
-            });
+            acc = Some(add_exact_chunk(ctx, acc, p, &tag("conv"), chunk)?);
         }
         acc.expect("at least one chunk: cg·taps > EXACT_K")
     };
