@@ -18,4 +18,4 @@ $K inspect "$out/cls.kiln" | sed -n 1,12p
 echo "== run and compare with onnxruntime"
 $K run "$out/cls.kiln" --input x=$M/inputs/x.npy --output-dir "$out/outputs" --check $M/outputs
 echo "== bench (1 thread)"
-$K bench "$out/cls.kiln" --input x=$M/inputs/x.npy --runs 300
+$K bench "$out/cls.kiln" --input x=$M/inputs/x.npy --runs 300 --threads 1
