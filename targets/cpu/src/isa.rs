@@ -81,7 +81,9 @@ pub(crate) struct Target {
     pub bf16: bool,
     /// Whether int8 dot products (`vpdpbusd`, with AVX512-BW byte masks)
     /// may be used: like [`Target::bf16`], only for `native` on a host
-    /// with AVX512-VNNI and AVX512-BW. Recorded in the artifact when used.
+    /// with AVX512-VNNI and AVX512-BW. Recorded in the artifact whenever the
+    /// graph has a `matmul_integer` (also one that kept its portable
+    /// kernel: the record errs on the side of refusing a host).
     pub vnni: bool,
 }
 
