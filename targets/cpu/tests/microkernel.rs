@@ -342,6 +342,32 @@ fn kxk_conv_is_a_microkernel_on_avx512() {
     );
 }
 
+#[test]
+fn stride_one_conv_reads_a_padded_copy_in_place() {
+    // W stride 1: an implicit GEMM over a padded copy of the input
+    // (8 x 22 x 22 floats), not an im2col matrix (72 x 400 floats).
+    let mut rng = Rng::new(12);
+    let g = conv_graph(
+        [1, 8, 20, 20],
+        16,
+        [3, 3],
+        [1, 1],
+        [1; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    check_rand(&g, 801, 1e-5);
+    let a = compile_for(&g, CpuTarget::X86_64Avx512);
+    assert!(has_zmm_fma(&a));
+    let planned = kiln_target_cpu::memory_plan(&g).unwrap().arena_size;
+    let scratch = a.metadata.arena_size - planned;
+    assert!(
+        (8 * 22 * 22 * 4..72 * 400 * 4).contains(&scratch),
+        "scratch {scratch}"
+    );
+}
+
 /// Input shape, depth multiplier, kernel, strides, pads, dilations.
 type DepthwiseCase = (
     [usize; 4],

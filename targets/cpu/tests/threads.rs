@@ -236,6 +236,27 @@ fn pointwise_conv_split_by_output_channels() {
 }
 
 #[test]
+fn implicit_gemm_conv_split_at_band_boundaries() {
+    // 3x3 stride 1 over 48 channels of 60x60: bands of output rows share
+    // one padded copy of their input rows, so the tasks split between
+    // bands (12 rows each: 5 bands over 4 tasks), never inside one.
+    let mut rng = Rng::new(5);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 48, 60, 60]));
+    let w = constant(&mut g, &mut rng, "w", &[16, 48, 3, 3]);
+    let b = constant(&mut g, &mut rng, "b", &[16]);
+    let conv = Conv2d {
+        strides: [1, 1],
+        pads: [1, 1, 1, 1],
+        dilations: [1, 1],
+        group: 1,
+    };
+    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 16);
+}
+
+#[test]
 fn depthwise_conv_split_by_groups() {
     // 96 channels, depth multiplier 2, W stride 2: the groups are shared
     // out over the tasks with their weights, biases and output channels.

@@ -126,7 +126,10 @@ fn lower_with(
         }
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
-            None => im2col_conv(cx, weights, c)?,
+            None => match implicit_conv(cx, weights, c, tasks) {
+                Some(spec) => spec,
+                None => im2col_conv(cx, weights, c)?,
+            },
         },
         _ => return None,
     };
@@ -152,8 +155,9 @@ fn lower_with(
     let mut codes = Vec::with_capacity(parts.len());
     for (t, part) in parts.iter_mut().enumerate() {
         if sizes[2 * t] > 0 {
+            // B was addressed relative to the start of the scratch.
             for call in &mut part.calls {
-                call.b = locs[2 * t];
+                call.b = offset(locs[2 * t], call.b.offset as i64);
             }
         }
         if sizes[2 * t + 1] > 0 {
@@ -863,6 +867,140 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         a_zero: None,
     })
 }
+
+/// An ungrouped convolution with W stride 1 and constant weights as an
+/// implicit GEMM: per band of output rows, the input rows the band reads
+/// are copied once into arena scratch with their padding made explicit
+/// (`[Cin, rows, pl + W + pr]`), and every output row is one GEMM
+/// `Y[oc, ow] = bias[oc] + W[oc, :] @ B` whose B the kernel reads in
+/// place from that copy ([`BLayout::Taps`]: per channel, the `kh × kw`
+/// taps at fixed offsets). Against [`im2col_conv`] this writes the input
+/// once instead of `kh * kw` times. Bands are cut small enough for L2 and
+/// numerous enough for `tasks`.
+fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    if c.group != 1 || c.strides[1] != 1 || cin * kh * kw == 0 || kh * kw > MAX_TAPS {
+        return None;
+    }
+    let elem = conv_elem(xty.dtype, wty.dtype)?;
+    if !matches!(elem, Elem::F32 | Elem::WidenA(_)) {
+        return None;
+    }
+    let wv = float_constant(cx.graph, cx.input_ids[1])?;
+    let [sh, _] = c.strides;
+    let [dh, dw] = c.dilations;
+    let wp = c.pads[1] + w + c.pads[3];
+    // Padded input rows a band of `rows` output rows reads.
+    let padded_rows = |rows: usize| (rows - 1) * sh + (kh - 1) * dh + 1;
+    let band_bytes = |rows: usize| (cin * padded_rows(rows) * wp * 4) as u64;
+    // The most rows dividing the height whose copy stays in L2, in at
+    // least as many bands as tasks (threads split the kernel by bands).
+    let flops = 2 * batch * oc * oh * ow * cin * kh * kw;
+    let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+    let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
+    let band = (1..=oh)
+        .rev()
+        .find(|&b| {
+            oh.is_multiple_of(b) && band_bytes(b) <= IM2COL_BAND_BYTES && oh / b >= bands_wanted
+        })
+        .unwrap_or(1);
+    if band_bytes(band) > MAX_SCRATCH / 2 {
+        return None;
+    }
+    let k = cin * kh * kw;
+    let blocking = Blocking::choose(oc, ow, packed_a_rows(k));
+    let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
+    let a_base = weights_loc(weights, &packed);
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let rows_p = padded_rows(band);
+    let channel = (rows_p * wp * 4) as i64;
+    // The band copy is a 1×1 "convolution" onto the padded grid: output
+    // row `r` of the copy is input row `r - pt`, zero outside the image.
+    let copy = |row0: usize| Im2col {
+        cin,
+        h,
+        w,
+        kh: 1,
+        kw: 1,
+        row0: row0 * sh,
+        rows: rows_p,
+        ow: wp,
+        strides: [1, 1],
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: [1, 1],
+    };
+    let mut routines: Vec<Im2col> = Vec::new();
+    let mut calls = Vec::new();
+    for img in 0..batch as i64 {
+        let image = offset(xloc, img * (cin * h * w * 4) as i64);
+        for row0 in (0..oh).step_by(band) {
+            let geo = copy(row0);
+            let key = geo.band_key();
+            let routine = match routines.iter().position(|r| r.band_key() == key) {
+                Some(i) => i,
+                None => {
+                    routines.push(geo);
+                    routines.len() - 1
+                }
+            };
+            let shift = ((geo.row0 - routines[routine].row0) * w * 4) as i64;
+            for r in 0..band {
+                calls.push(Call {
+                    a: a_base,
+                    // Relative to the scratch, which `lower` reserves.
+                    b: Loc {
+                        base: Base::Arena,
+                        offset: (r * sh * wp * 4) as u64,
+                    },
+                    out: offset(
+                        cx.out,
+                        img * (oc * oh * ow * 4) as i64 + ((row0 + r) * ow * 4) as i64,
+                    ),
+                    c: bias,
+                    src: (r == 0).then_some((offset(image, shift), routine)),
+                });
+            }
+        }
+    }
+    if calls.len() > MAX_CALLS {
+        return None;
+    }
+    Some(GemmSpec {
+        m: oc,
+        n: ow,
+        k,
+        elem,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Taps {
+            channel,
+            kh,
+            kw,
+            row: (dh * wp * 4) as i64,
+            col: (dw * 4) as i64,
+        },
+        out_row: (oh * ow * 4) as i64,
+        alpha: 1.0,
+        c: bias.map(|_| CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        }),
+        act: Activation::None,
+        calls,
+        im2col: routines,
+        b_panel: None,
+        a_zero: None,
+    })
+}
+
+/// Most taps of an implicit-GEMM convolution window (its k loop unrolls
+/// them).
+const MAX_TAPS: usize = 49;
 
 /// An im2col matrix up to this size is built for the whole image at once.
 const IM2COL_WHOLE_BYTES: u64 = 2 << 20;

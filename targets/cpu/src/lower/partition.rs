@@ -16,7 +16,8 @@
 //! `DepthwiseSpec::split` and `SoftmaxSpec::split`.)
 //!
 //! A kernel that builds its B with im2col is split by calls only (every
-//! row task would rebuild the same B). Each task gets scratch of its own
+//! row task would rebuild the same B), at calls that build their B (the
+//! output rows of an implicit-GEMM band share the band's copy). Each task gets scratch of its own
 //! (the caller reserves it per task), so concurrent tasks never share a
 //! scratch panel. Kernels smaller than [`MIN_TASK_FLOPS`] per task stay
 //! whole: below that the wake-up of the workers costs more than it saves.
@@ -47,11 +48,23 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
         return vec![spec];
     }
     if calls >= tasks {
-        return (0..tasks)
+        // A call whose B another call built (the rows of an implicit-GEMM
+        // band) stays in the task of the call that built it.
+        let starts_group = |i: usize| spec.im2col.is_empty() || spec.calls[i].src.is_some();
+        let mut bounds: Vec<usize> = (0..tasks)
             .map(|t| {
-                let range = calls * t / tasks..calls * (t + 1) / tasks;
+                (calls * t / tasks..calls)
+                    .find(|&i| starts_group(i))
+                    .unwrap_or(calls)
+            })
+            .collect();
+        bounds.push(calls);
+        bounds.dedup();
+        return bounds
+            .windows(2)
+            .map(|r| {
                 let mut part = spec.clone();
-                part.calls = spec.calls[range].to_vec();
+                part.calls = spec.calls[r[0]..r[1]].to_vec();
                 part
             })
             .collect();

@@ -136,6 +136,37 @@ pub(crate) enum BLayout {
     },
     /// Panels of `16 * nv` columns written by [`pack_b`].
     Packed,
+    /// Read in place from an image (an implicit-GEMM convolution): k is
+    /// `(channel, th, tw)` with the taps of a `kh × kw` window in row-major
+    /// order, and `B[k, j]` is at byte `base + c * channel + th * row +
+    /// tw * col + 4 * j`. The k loop runs over channels with the taps
+    /// unrolled, so no im2col matrix is built.
+    Taps {
+        /// Bytes between channels.
+        channel: i64,
+        /// Kernel rows and columns.
+        kh: usize,
+        /// Kernel columns.
+        kw: usize,
+        /// Bytes between kernel rows (dilation included).
+        row: i64,
+        /// Bytes between kernel columns (dilation included).
+        col: i64,
+    },
+}
+
+impl BLayout {
+    /// Byte offsets of the taps of one channel, for [`BLayout::Taps`].
+    fn taps(self) -> Vec<i64> {
+        match self {
+            BLayout::Taps {
+                kh, kw, row, col, ..
+            } => (0..kh)
+                .flat_map(|th| (0..kw).map(move |tw| th as i64 * row + tw as i64 * col))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// A 16-bit float storage type.
@@ -512,6 +543,7 @@ impl GemmSpec {
             (BLayout::Strided { row }, None) => (row, F * nr, None),
             (BLayout::Strided { row }, Some(_)) => (F * nr, F * nr, Some(row)),
             (BLayout::Packed, _) => (eb * pair * nr, eb * pair * nr * steps, None),
+            (BLayout::Taps { channel, .. }, _) => (channel, F * nr, None),
         };
         Geometry {
             a_tile,
@@ -527,7 +559,13 @@ impl GemmSpec {
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         let Blocking { mr, nv } = self.blocking;
         assert!(mr >= 1 && nv >= 1 && mr * nv + nv < 32, "tile too large");
+        let taps = self.b.taps();
         let operands_fit = match self.elem {
+            _ if !taps.is_empty() => {
+                matches!(self.elem, Elem::F32 | Elem::WidenA(_))
+                    && self.k.is_multiple_of(taps.len())
+                    && self.b_panel.is_none()
+            }
             Elem::F32 => true,
             Elem::Bf16Dot => {
                 matches!(self.a, ALayout::Strided { col: 2, .. })
@@ -729,85 +767,85 @@ impl GemmSpec {
         // of the group, whose A dword would read past the row: only the
         // elements inside are loaded, the rest zero (B is zero there too).
         let tail_len = self.k % elem.group();
-        let step = |a: &mut CodeAssembler, u: usize, odd: bool| -> Result<(), MicrokernelError> {
-            let bk = g.b_k * u as i64;
-            // Bytes of one 16-column B vector as stored (pairs are dwords).
-            let b_vec = match elem {
-                Elem::WidenB(_) => 32,
-                _ => 64,
-            };
-            for v in 0..nv {
-                let disp = imm32(bk + b_vec * v as i64, "B displacement")?;
-                let mem = B_K + disp;
-                match elem {
-                    Elem::F32 | Elem::WidenA(_) => {
-                        if partial && v == nv - 1 {
-                            a.vmovups(breg(v).k1().z(), zmmword_ptr(mem))?;
-                        } else {
-                            a.vmovups(breg(v), zmmword_ptr(mem))?;
-                        }
-                    }
-                    // Packed panels are zero-padded to whole tiles, so
-                    // the 16-bit and 8-bit loads need no mask.
-                    Elem::Bf16Dot | Elem::U8I8Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
-                    Elem::WidenB(Half::F16) => a.vcvtph2ps(breg(v), ymmword_ptr(mem))?,
-                    Elem::WidenB(Half::Bf16) => {
-                        a.vpmovzxwd(breg(v), ymmword_ptr(mem))?;
-                        a.vpslld(breg(v), breg(v), 16)?;
-                    }
-                }
-            }
-            let ak = g.a_k * u as i64;
-            for r in 0..rows {
-                let disp = imm32(ak + g.a_row * r as i64, "A displacement")?;
-                let mem = A_K + disp;
-                match elem {
-                    Elem::Bf16Dot if odd => {
-                        a.movzx(CONST, word_ptr(mem))?;
-                        a.vpbroadcastd(abc, CONST)?;
-                        for v in 0..nv {
-                            a.vdpbf16ps(acc(r, v), abc, breg(v))?;
-                        }
-                        continue;
-                    }
-                    Elem::Bf16Dot => {
-                        for v in 0..nv {
-                            a.vdpbf16ps(acc(r, v), breg(v), dword_bcst(mem))?;
-                        }
-                        continue;
-                    }
-                    // vpdpbusd takes the unsigned bytes from its first
-                    // source, a register, so A is broadcast into one.
-                    Elem::U8I8Dot => {
-                        if odd {
-                            a.mov(CONST, (1u32 << tail_len) - 1)?;
-                            a.kmovw(k2, CONST)?;
-                            a.vmovdqu8(ABC_X.k2().z(), xmmword_ptr(mem))?;
-                            a.vpbroadcastd(abc, ABC_X)?;
-                        } else {
-                            a.vpbroadcastd(abc, dword_ptr(mem))?;
-                        }
-                        for v in 0..nv {
-                            a.vpdpbusd(acc(r, v), abc, breg(v))?;
-                        }
-                        continue;
-                    }
-                    Elem::F32 | Elem::WidenB(_) => a.vbroadcastss(abc, dword_ptr(mem))?,
-                    Elem::WidenA(Half::F16) => {
-                        a.vpbroadcastw(abc, word_ptr(mem))?;
-                        a.vcvtph2ps(abc, ABC_Y)?;
-                    }
-                    Elem::WidenA(Half::Bf16) => {
-                        a.vpbroadcastw(abc, word_ptr(mem))?;
-                        a.vpslld(abc, abc, 16)?;
-                    }
-                }
+        // One k step: B at B_K + `bk`, A at A_K + `ak`.
+        let step =
+            |a: &mut CodeAssembler, ak: i64, bk: i64, odd: bool| -> Result<(), MicrokernelError> {
+                // Bytes of one 16-column B vector as stored (pairs are dwords).
+                let b_vec = match elem {
+                    Elem::WidenB(_) => 32,
+                    _ => 64,
+                };
                 for v in 0..nv {
-                    a.vfmadd231ps(acc(r, v), abc, breg(v))?;
+                    let disp = imm32(bk + b_vec * v as i64, "B displacement")?;
+                    let mem = B_K + disp;
+                    match elem {
+                        Elem::F32 | Elem::WidenA(_) => {
+                            if partial && v == nv - 1 {
+                                a.vmovups(breg(v).k1().z(), zmmword_ptr(mem))?;
+                            } else {
+                                a.vmovups(breg(v), zmmword_ptr(mem))?;
+                            }
+                        }
+                        // Packed panels are zero-padded to whole tiles, so
+                        // the 16-bit and 8-bit loads need no mask.
+                        Elem::Bf16Dot | Elem::U8I8Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
+                        Elem::WidenB(Half::F16) => a.vcvtph2ps(breg(v), ymmword_ptr(mem))?,
+                        Elem::WidenB(Half::Bf16) => {
+                            a.vpmovzxwd(breg(v), ymmword_ptr(mem))?;
+                            a.vpslld(breg(v), breg(v), 16)?;
+                        }
+                    }
                 }
-            }
-            Ok(())
-        };
+                for r in 0..rows {
+                    let disp = imm32(ak + g.a_row * r as i64, "A displacement")?;
+                    let mem = A_K + disp;
+                    match elem {
+                        Elem::Bf16Dot if odd => {
+                            a.movzx(CONST, word_ptr(mem))?;
+                            a.vpbroadcastd(abc, CONST)?;
+                            for v in 0..nv {
+                                a.vdpbf16ps(acc(r, v), abc, breg(v))?;
+                            }
+                            continue;
+                        }
+                        Elem::Bf16Dot => {
+                            for v in 0..nv {
+                                a.vdpbf16ps(acc(r, v), breg(v), dword_bcst(mem))?;
+                            }
+                            continue;
+                        }
+                        // vpdpbusd takes the unsigned bytes from its first
+                        // source, a register, so A is broadcast into one.
+                        Elem::U8I8Dot => {
+                            if odd {
+                                a.mov(CONST, (1u32 << tail_len) - 1)?;
+                                a.kmovw(k2, CONST)?;
+                                a.vmovdqu8(ABC_X.k2().z(), xmmword_ptr(mem))?;
+                                a.vpbroadcastd(abc, ABC_X)?;
+                            } else {
+                                a.vpbroadcastd(abc, dword_ptr(mem))?;
+                            }
+                            for v in 0..nv {
+                                a.vpdpbusd(acc(r, v), abc, breg(v))?;
+                            }
+                            continue;
+                        }
+                        Elem::F32 | Elem::WidenB(_) => a.vbroadcastss(abc, dword_ptr(mem))?,
+                        Elem::WidenA(Half::F16) => {
+                            a.vpbroadcastw(abc, word_ptr(mem))?;
+                            a.vcvtph2ps(abc, ABC_Y)?;
+                        }
+                        Elem::WidenA(Half::Bf16) => {
+                            a.vpbroadcastw(abc, word_ptr(mem))?;
+                            a.vpslld(abc, abc, 16)?;
+                        }
+                    }
+                    for v in 0..nv {
+                        a.vfmadd231ps(acc(r, v), abc, breg(v))?;
+                    }
+                }
+                Ok(())
+            };
         a.mov(A_K, A_TILE)?;
         a.mov(
             B_K,
@@ -817,26 +855,34 @@ impl GemmSpec {
                 B_TILE
             },
         )?;
+        let taps = self.b.taps();
         let odd_tail = tail_len != 0;
         let steps = elem.steps(self.k) - usize::from(odd_tail);
-        let (blocks, rest) = (steps / K_UNROLL, steps % K_UNROLL);
+        // Taps: one loop iteration per channel, its taps unrolled.
+        let (unroll, b_unroll) = if taps.is_empty() {
+            (K_UNROLL, g.b_k * K_UNROLL as i64)
+        } else {
+            (taps.len(), g.b_k)
+        };
+        let b_disp = |u: usize| taps.get(u).copied().unwrap_or(g.b_k * u as i64);
+        let (blocks, rest) = (steps / unroll, steps % unroll);
         if blocks > 0 {
             let mut top = a.create_label();
             a.mov(K_COUNT, blocks as u64)?;
             a.set_label(&mut top)?;
-            for u in 0..K_UNROLL {
-                step(a, u, false)?;
+            for u in 0..unroll {
+                step(a, g.a_k * u as i64, b_disp(u), false)?;
             }
-            a.add(A_K, imm32(g.a_k * K_UNROLL as i64, "A k stride")?)?;
-            a.add(B_K, imm32(g.b_k * K_UNROLL as i64, "B k stride")?)?;
+            a.add(A_K, imm32(g.a_k * unroll as i64, "A k stride")?)?;
+            a.add(B_K, imm32(b_unroll, "B k stride")?)?;
             a.dec(K_COUNT)?;
             a.jnz(top)?;
         }
         for u in 0..rest {
-            step(a, u, false)?;
+            step(a, g.a_k * u as i64, b_disp(u), false)?;
         }
         if odd_tail {
-            step(a, rest, true)?;
+            step(a, g.a_k * rest as i64, b_disp(rest), true)?;
         }
         if elem == Elem::U8I8Dot {
             return self.epilogue_int(a, rows, nv, partial, &acc);
