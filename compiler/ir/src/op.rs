@@ -787,6 +787,18 @@ pub struct Col2Im {
     pub pads: [usize; 2],
 }
 
+impl Col2Im {
+    /// Whether every output pixel is exactly one block element: blocks
+    /// as large as the strides, undilated, unpadded, and the grid covering
+    /// the image (a ConvTranspose whose kernel equals its stride).
+    pub fn tiles_exactly(&self) -> bool {
+        self.block == self.strides
+            && self.dilations == [1, 1]
+            && self.pads == [0, 0]
+            && (0..2).all(|a| self.grid[a] * self.strides[a] == self.image[a])
+    }
+}
+
 /// One output position of a resized axis: the input indices it reads and
 /// their weights (which sum to 1).
 pub type ResizeTaps = SmallVec<[(usize, f32); 4]>;

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check_rand, f32_tensor, Rng};
-use kiln_ir::{Conv2d, DType, Graph, Op, Pool2d, ValueType};
+use kiln_ir::{Col2Im, Conv2d, DType, Graph, Op, Pool2d, ValueType};
 
 #[allow(clippy::too_many_arguments)]
 fn conv_graph(
@@ -533,5 +533,47 @@ fn conv_integer_matches_the_reference_evaluator() {
         let y = g.add_node(op, &[xi, wi, xzi, wzi], "conv").unwrap();
         g.add_output("y", y);
         common::check(&g, &inputs);
+    }
+}
+
+fn col2im_graph(channels: usize, grid: [usize; 2], c: Col2Im) -> Graph {
+    let mut g = Graph::new();
+    let rows = channels * c.block[0] * c.block[1];
+    let x = g.add_input(
+        "cols",
+        ValueType::new(DType::F32, [1, rows, grid[0] * grid[1]]),
+    );
+    let y = g.add_node(Op::Col2Im(c), &[x], "col2im").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn col2im_overlapping_and_exactly_tiling_blocks() {
+    let col2im = |grid: [usize; 2], block: [usize; 2], strides: [usize; 2], pads: [usize; 2]| {
+        let image = [0, 1].map(|a| (grid[a] - 1) * strides[a] + block[a] - 2 * pads[a]);
+        Col2Im {
+            grid,
+            image,
+            block,
+            strides,
+            dilations: [1, 1],
+            pads,
+        }
+    };
+    let cases = [
+        // Overlapping 3x3 blocks at stride 2 with padding: accumulated.
+        (3, col2im([5, 7], [3, 3], [2, 2], [1, 1])),
+        // Kernel = stride: a permutation; 2-wide blocks interleave four
+        // pixels at a time, with a scalar tail (gw = 11).
+        (4, col2im([6, 11], [2, 2], [2, 2], [0, 0])),
+        (2, col2im([3, 8], [3, 3], [3, 3], [0, 0])),
+        (3, col2im([4, 5], [1, 2], [1, 2], [0, 0])),
+        // Large enough to be split over threads by channels.
+        (48, col2im([24, 30], [2, 2], [2, 2], [0, 0])),
+    ];
+    for (i, (channels, c)) in cases.into_iter().enumerate() {
+        assert_eq!(c.tiles_exactly(), i > 0, "{c:?}");
+        check_rand(&col2im_graph(channels, c.grid, c), 40 + i as u64, 1e-6);
     }
 }

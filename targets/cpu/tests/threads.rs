@@ -8,8 +8,8 @@ mod common;
 
 use common::{f32_tensor, fdtype, Rng};
 use kiln_ir::{
-    BinaryOp, Conv2d, DType, Data, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph,
-    Instr, Op, Reg, Tensor, UnaryOp, ValueType,
+    BinaryOp, Col2Im, Conv2d, DType, Data, DenseHead, DenseOp, ElementwiseProgram, FusedKernel,
+    Graph, Instr, Op, Reg, Tensor, UnaryOp, ValueType,
 };
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -123,7 +123,8 @@ fn fused_head_with_a_program_tail_splits_the_head() {
 }
 
 /// Elementwise kernels (binary with operands broadcast along and across
-/// the split axis, unary, a headless fused program, layer norm) split
+/// the split axis, constant or not, unary, a headless fused program,
+/// layer norm) split
 /// along their first non-unit axis.
 #[test]
 fn elementwise_kernels_split_along_their_first_non_unit_axis() {
@@ -132,6 +133,12 @@ fn elementwise_kernels_split_along_their_first_non_unit_axis() {
     let x = g.add_input("x", ValueType::new(DType::F32, [1, 96, 512]));
     let bias = constant(&mut g, &mut rng, "bias", &[512]);
     let rows = g.add_input("rows", ValueType::new(DType::F32, [96, 1]));
+    // A constant that varies along the split axis (a per-channel scale):
+    // each part reads its own rows of it.
+    let per_row = constant(&mut g, &mut rng, "per_row", &[96, 1]);
+    let x = g
+        .add_node(Op::Binary(BinaryOp::Mul), &[x, per_row], "scale_rows")
+        .unwrap();
     let a = g
         .add_node(Op::Binary(BinaryOp::Add), &[x, bias], "add")
         .unwrap();
@@ -254,6 +261,25 @@ fn implicit_gemm_conv_split_at_band_boundaries() {
     let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
     g.add_output("y", y);
     check_split(&g, 16);
+}
+
+#[test]
+fn col2im_split_by_channels() {
+    // ConvTranspose's scatter (2x2 blocks at stride 2): each task moves
+    // the blocks of its channels.
+    let mut g = Graph::new();
+    let x = g.add_input("cols", ValueType::new(DType::F32, [1, 96 * 4, 40 * 36]));
+    let c = Col2Im {
+        grid: [40, 36],
+        image: [80, 72],
+        block: [2, 2],
+        strides: [2, 2],
+        dilations: [1, 1],
+        pads: [0, 0],
+    };
+    let y = g.add_node(Op::Col2Im(c), &[x], "col2im").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 17);
 }
 
 #[test]

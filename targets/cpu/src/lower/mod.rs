@@ -344,12 +344,12 @@ pub(crate) fn lower_job(
 const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
 
 /// An elementwise node (unary, binary, cast, a headless fused program,
-/// or a layer norm over later axes) as up to `target.tasks` functions,
+/// a layer norm over later axes, or a Col2Im by channels) as up to `target.tasks` functions,
 /// each over a contiguous range of its output's first non-unit axis:
 /// every part is the same kernel on a smaller shape, its operands moved
-/// to the part's rows (operands broadcast along that axis stay whole).
-/// `None` when the node is not of that kind, too small, or reads a
-/// constant that varies along the axis.
+/// to the part's rows (operands broadcast along that axis stay whole;
+/// constants are read through their location like any operand). `None`
+/// when the node is not of that kind or too small.
 fn split_elementwise(
     graph: &Graph,
     plan: &mut Plan,
@@ -365,6 +365,8 @@ fn split_elementwise(
         Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } => true,
         Op::Fused(k) => k.head().is_none(),
         Op::LayerNorm { axis: a, .. } => axis < *a,
+        // Split by channels: channel c reads input rows c·kh·kw.. .
+        Op::Col2Im(_) => axis == 1,
         _ => false,
     };
     if !splittable || cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
@@ -372,18 +374,21 @@ fn split_elementwise(
     }
     let rank = shape.len();
     // Per input: the input's own axis aligned with `axis` when it varies
-    // along it (numpy broadcasting aligns trailing axes).
-    let mut along = Vec::with_capacity(cx.inputs.len());
-    for (i, (_, ty)) in cx.inputs.iter().enumerate() {
-        let offset = rank - ty.shape.len();
-        let own = axis
-            .checked_sub(offset)
-            .filter(|&a| ty.shape[a] == shape[axis]);
-        if own.is_some() && graph.constant(cx.input_ids[i]).is_some() {
-            return Ok(None);
-        }
-        along.push(own);
-    }
+    // along it (numpy broadcasting aligns trailing axes), and its length
+    // per output index.
+    let along: Vec<Option<(usize, usize)>> = match &cx.node.op {
+        Op::Col2Im(c) => vec![Some((1, c.block[0] * c.block[1]))],
+        _ => cx
+            .inputs
+            .iter()
+            .map(|(_, ty)| {
+                let offset = rank - ty.shape.len();
+                axis.checked_sub(offset)
+                    .filter(|&a| ty.shape[a] == shape[axis])
+                    .map(|a| (a, 1))
+            })
+            .collect(),
+    };
     let parts = target.tasks.min(shape[axis]);
     let row_bytes = |ty: &ValueType, a: usize| {
         (ty.shape[a + 1..].iter().product::<usize>() * ty.dtype.size_bytes()) as u64
@@ -391,9 +396,9 @@ fn split_elementwise(
     let mut funcs = Vec::with_capacity(parts);
     for p in 0..parts {
         let (start, end) = (shape[axis] * p / parts, shape[axis] * (p + 1) / parts);
-        let sub = |ty: &ValueType, a: usize| {
+        let sub = |ty: &ValueType, (a, per): (usize, usize)| {
             let mut s = ty.shape.clone();
-            s[a] = end - start;
+            s[a] = (end - start) * per;
             ValueType::new(ty.dtype, s)
         };
         let moved = |loc: Loc, bytes: u64| Loc {
@@ -403,14 +408,17 @@ fn split_elementwise(
         let node = Node {
             op: cx.node.op.clone(),
             name: cx.node.name.clone(),
-            ty: sub(&cx.node.ty, axis),
+            ty: sub(&cx.node.ty, (axis, 1)),
         };
         let in_tys: Vec<ValueType> = (cx.inputs.iter().zip(&along))
             .map(|((_, ty), own)| own.map_or_else(|| (*ty).clone(), |a| sub(ty, a)))
             .collect();
         let inputs = (cx.inputs.iter().zip(&along).zip(&in_tys))
             .map(|(((loc, ty), own), sub_ty)| match own {
-                Some(a) => (moved(*loc, start as u64 * row_bytes(ty, *a)), sub_ty),
+                Some((a, per)) => (
+                    moved(*loc, (start * per) as u64 * row_bytes(ty, *a)),
+                    sub_ty,
+                ),
                 None => (*loc, sub_ty),
             })
             .collect();

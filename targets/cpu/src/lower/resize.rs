@@ -10,10 +10,12 @@
 //! Col2Im zeroes its output, then for every block element `(ky, kx)` (an
 //! unrolled compile-time loop) adds the grid positions whose target pixel
 //! is inside the image; those ranges are computed at compile time, so the
-//! inner loops carry no bounds checks.
+//! inner loops carry no bounds checks. Blocks that tile the image exactly
+//! (a ConvTranspose whose kernel equals its stride) are a permutation:
+//! each value is moved once.
 
-use cranelift_codegen::ir::types::{F32, F32X4, I64};
-use cranelift_codegen::ir::{InstBuilder, Value};
+use cranelift_codegen::ir::types::{F32, F32X4, I64, I8X16};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
 use kiln_ir::{Col2Im, Resize};
 
 use super::loops::for_range;
@@ -179,6 +181,10 @@ pub(crate) fn col2im(kb: &mut Kb, cx: &NodeCx, c: &Col2Im) -> Result<(), CpuErro
     let [kh, kw] = c.block;
     let y = kb.ptr(cx.out);
     let x = kb.ptr(cx.inputs[0].0);
+    if c.tiles_exactly() {
+        col2im_tiled(kb, c, x, y, batch * channels);
+        return Ok(());
+    }
     zero_f32(kb, y, batch * channels * oh * ow);
     // Grid positions whose pixel `i·s + k·d - p` falls in [0, len).
     let range = |len: usize, s: usize, kd: usize, p: usize| -> (usize, usize) {
@@ -223,6 +229,66 @@ pub(crate) fn col2im(kb: &mut Kb, cx: &NodeCx, c: &Col2Im) -> Result<(), CpuErro
         }
     });
     Ok(())
+}
+
+/// Col2Im whose blocks tile the image exactly (see
+/// [`Col2Im::tiles_exactly`]): every pixel is one block element, so the
+/// kernel moves each value once, with no zero fill and no accumulation.
+/// Output rows of a block row `ky` interleave the `kw` block columns; for
+/// `kw = 2` that is done four pixels at a time with two shuffles.
+fn col2im_tiled(kb: &mut Kb, c: &Col2Im, x: Value, y: Value, planes: usize) {
+    let [oh, ow] = c.image;
+    let [gh, gw] = c.grid;
+    let [kh, kw] = c.block;
+    let plane_in = (kh * kw * gh * gw * 4) as i64;
+    let plane_out = (oh * ow * 4) as i64;
+    let block_row = (gh * gw * 4) as i64;
+    // Pixels of a grid row done four at a time by the pair interleave.
+    let vector = if kw == 2 { gw / 4 * 4 } else { 0 };
+    let flags = MemFlagsData::new().with_endianness(Endianness::Little);
+    let lanes = |order: [u8; 4]| -> Vec<u8> {
+        order
+            .iter()
+            .flat_map(|&l| (0..4).map(move |b| 4 * l + b))
+            .collect()
+    };
+    let low = kb.b.func.dfg.immediates.push(lanes([0, 4, 1, 5]).into());
+    let high = kb.b.func.dfg.immediates.push(lanes([2, 6, 3, 7]).into());
+    for_range(kb, 0, planes as i64, 1, &mut |kb, bc| {
+        let xb = kb.add_scaled(x, bc, plane_in);
+        let yb = kb.add_scaled(y, bc, plane_out);
+        for ky in 0..kh {
+            for_range(kb, 0, gh as i64, 1, &mut |kb, iy| {
+                let src = kb.add_scaled(xb, iy, (gw * 4) as i64);
+                let src = kb.add_off(src, (ky * kw) as i64 * block_row);
+                let dst = kb.add_scaled(yb, iy, (kh * ow * 4) as i64);
+                let dst = kb.add_off(dst, (ky * ow * 4) as i64);
+                for_range(kb, 0, vector as i64 * 4, 16, &mut |kb, off| {
+                    let s = kb.b.ins().iadd(src, off);
+                    let d = kb.b.ins().iadd(dst, off);
+                    let d = kb.b.ins().iadd(d, off);
+                    let a = kb.load(F32X4, s, 0);
+                    let b = kb.load(F32X4, s, block_row);
+                    let a = kb.b.ins().bitcast(I8X16, flags, a);
+                    let b = kb.b.ins().bitcast(I8X16, flags, b);
+                    for (k, mask) in [low, high].into_iter().enumerate() {
+                        let v = kb.b.ins().shuffle(a, b, mask);
+                        let v = kb.b.ins().bitcast(F32X4, flags, v);
+                        kb.store(v, d, 16 * k as i64);
+                    }
+                });
+                for kx in 0..kw {
+                    let from = if kw == 2 { vector } else { 0 };
+                    for_range(kb, from as i64, gw as i64, 1, &mut |kb, ix| {
+                        let s = kb.add_scaled(src, ix, 4);
+                        let d = kb.add_scaled(dst, ix, (kw * 4) as i64);
+                        let v = kb.load(F32, s, kx as i64 * block_row);
+                        kb.store(v, d, kx as i64 * 4);
+                    });
+                }
+            });
+        }
+    });
 }
 
 /// Stores `n` f32 zeros at `p`.
