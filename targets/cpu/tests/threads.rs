@@ -8,8 +8,9 @@ mod common;
 
 use common::{f32_tensor, fdtype, Rng};
 use kiln_ir::{
-    BinaryOp, Col2Im, Conv2d, DType, Data, DenseHead, DenseOp, ElementwiseProgram, FusedKernel,
-    Graph, Instr, Op, Reg, Tensor, UnaryOp, ValueType,
+    BinaryOp, Col2Im, Conv2d, CoordinateTransform, DType, Data, DenseHead, DenseOp,
+    ElementwiseProgram, FusedKernel, Graph, Instr, NearestRounding, Op, Reg, Resize, ResizeMode,
+    Tensor, UnaryOp, ValueType,
 };
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -280,6 +281,68 @@ fn col2im_split_by_channels() {
     let y = g.add_node(Op::Col2Im(c), &[x], "col2im").unwrap();
     g.add_output("y", y);
     check_split(&g, 17);
+}
+
+#[test]
+fn few_output_channels_split_by_columns() {
+    // A pointwise conv to 12 channels (one row tile) over 150x150 pixels,
+    // with a bias, and a MatMul of 4 rows: both wide and short, so the
+    // tasks take column tiles.
+    let mut rng = Rng::new(6);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 96, 150, 150]));
+    let w = constant(&mut g, &mut rng, "w", &[12, 96, 1, 1]);
+    let b = constant(&mut g, &mut rng, "b", &[12]);
+    let conv = Conv2d {
+        strides: [1, 1],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: 1,
+    };
+    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 18);
+    let mut g = Graph::new();
+    let a = constant(&mut g, &mut rng, "a", &[4, 64]);
+    let x = g.add_input("x", ValueType::new(DType::F32, [64, 100_000]));
+    let y = g.add_node(Op::MatMul, &[a, x], "mm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 19);
+}
+
+#[test]
+fn resize_split_by_channels_and_concat_by_inputs() {
+    // FPN-style: a 2x nearest upsample (channels kept, so split by them)
+    // and a bilinear one, concatenated with a third map (each task copies
+    // its own inputs).
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 32, 40, 40]));
+    let z = g.add_input("z", ValueType::new(DType::F32, [1, 16, 80, 80]));
+    let up = |mode| {
+        Op::Resize(Resize {
+            shape: [1, 32, 80, 80].into_iter().collect(),
+            scales: [1.0, 1.0, 2.0, 2.0].into_iter().collect(),
+            mode,
+            coord: CoordinateTransform::Asymmetric,
+        })
+    };
+    let a = g
+        .add_node(up(ResizeMode::Nearest(NearestRounding::Floor)), &[x], "up")
+        .unwrap();
+    let b = g
+        .add_node(up(ResizeMode::Linear), &[x], "up_linear")
+        .unwrap();
+    let y = g
+        .add_node(Op::Concat { axis: 1 }, &[a, b, z], "concat")
+        .unwrap();
+    g.add_output("y", y);
+    let split = artifact(&g, 4);
+    assert!(
+        split.schedule.iter().all(|s| s.tasks > 1),
+        "{:?}",
+        split.schedule
+    );
+    check_split(&g, 20);
 }
 
 #[test]

@@ -140,11 +140,26 @@ pub(crate) fn slice(kb: &mut Kb, cx: &NodeCx, axes: &[SliceAxis]) -> Result<(), 
 
 /// Concatenation along `axis`.
 pub(crate) fn concat(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
+    concat_inputs(kb, cx, axis, 0..cx.inputs.len())
+}
+
+/// The part of a concatenation along `axis` that copies the inputs in
+/// `range` (a task of a concatenation split over threads).
+pub(crate) fn concat_inputs(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    axis: usize,
+    range: std::ops::Range<usize>,
+) -> Result<(), CpuError> {
     let e = esize_of(cx);
     let out_st = bytes_strides(&cx.node.ty.shape, e);
     let out = kb.ptr(cx.out);
     let mut at = 0i64;
-    for &(loc, ty) in &cx.inputs {
+    for (i, &(loc, ty)) in cx.inputs.iter().enumerate() {
+        if !range.contains(&i) {
+            at += ty.shape[axis] as i64;
+            continue;
+        }
         let src = kb.ptr(loc);
         let dst = kb.add_off(out, at * out_st[axis]);
         copy_strided(

@@ -335,6 +335,9 @@ pub(crate) fn lower_job(
         if let Some(funcs) = split_elementwise(graph, plan, *id, target)? {
             return Ok(Lowered::ClifTasks(funcs));
         }
+        if let Some(funcs) = split_concat(graph, plan, *id, target)? {
+            return Ok(Lowered::ClifTasks(funcs));
+        }
     }
     lower_clif(graph, plan, job, target).map(|f| Lowered::Clif(Box::new(f)))
 }
@@ -344,7 +347,8 @@ pub(crate) fn lower_job(
 const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
 
 /// An elementwise node (unary, binary, cast, a headless fused program,
-/// a layer norm over later axes, or a Col2Im by channels) as up to `target.tasks` functions,
+/// a layer norm over later axes, a Col2Im by channels, a Resize along an
+/// axis it keeps) as up to `target.tasks` functions,
 /// each over a contiguous range of its output's first non-unit axis:
 /// every part is the same kernel on a smaller shape, its operands moved
 /// to the part's rows (operands broadcast along that axis stay whole;
@@ -367,6 +371,10 @@ fn split_elementwise(
         Op::LayerNorm { axis: a, .. } => axis < *a,
         // Split by channels: channel c reads input rows c·kh·kw.. .
         Op::Col2Im(_) => axis == 1,
+        // Along an axis it does not resample.
+        Op::Resize(r) => {
+            cx.inputs.len() == 1 && r.resampled_taps(axis, cx.inputs[0].1.shape[axis]).is_none()
+        }
         _ => false,
     };
     if !splittable || cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
@@ -405,8 +413,19 @@ fn split_elementwise(
             base: loc.base,
             offset: loc.offset + bytes,
         };
+        let op = match &cx.node.op {
+            Op::Resize(r) => {
+                let mut r = r.clone();
+                r.shape[axis] = end - start;
+                if r.resampled_taps(axis, end - start).is_some() {
+                    return Ok(None);
+                }
+                Op::Resize(r)
+            }
+            op => op.clone(),
+        };
         let node = Node {
-            op: cx.node.op.clone(),
+            op,
             name: cx.node.name.clone(),
             ty: sub(&cx.node.ty, (axis, 1)),
         };
@@ -434,6 +453,51 @@ fn split_elementwise(
         })?);
     }
     Ok(Some(funcs))
+}
+
+/// A large concatenation as up to `target.tasks` functions, each copying
+/// a contiguous group of its inputs (groups balanced by bytes). `None`
+/// when the node is not a concatenation, too small, or of one input.
+fn split_concat(
+    graph: &Graph,
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+) -> Result<Option<Vec<Function>>, CpuError> {
+    let cx = node_cx(graph, plan, id);
+    let Op::Concat { axis } = cx.node.op else {
+        return Ok(None);
+    };
+    let n = cx.inputs.len();
+    if n < 2 || cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
+        return Ok(None);
+    }
+    let parts = target.tasks.min(n);
+    let total = cx.node.ty.num_elements();
+    // Input i goes to the part its first element's share of the output
+    // falls in.
+    let mut bounds = vec![0; parts + 1];
+    let mut before = 0;
+    for (i, (_, ty)) in cx.inputs.iter().enumerate() {
+        let part = (before * parts / total).min(parts - 1);
+        for b in &mut bounds[part + 1..] {
+            *b = i + 1;
+        }
+        before += ty.num_elements();
+    }
+    let groups: Vec<_> = bounds
+        .windows(2)
+        .map(|w| w[0]..w[1])
+        .filter(|r| !r.is_empty())
+        .collect();
+    if groups.len() < 2 {
+        return Ok(None);
+    }
+    groups
+        .into_iter()
+        .map(|range| build_function(target, |kb| layout::concat_inputs(kb, &cx, axis, range)))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// Builds the Cranelift function of one job.

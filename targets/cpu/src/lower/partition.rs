@@ -10,7 +10,11 @@
 //! - a kernel of fewer calls than tasks is split by output rows, in groups
 //!   of whole row tiles: each task reads its rows of A (a strided operand
 //!   from a row offset, packed panels from a panel offset), all of B, its
-//!   rows of C, and writes its rows of the output.
+//!   rows of C, and writes its rows of the output;
+//! - a kernel of fewer row tiles than tasks (a wide output of few rows: a
+//!   pointwise convolution to few channels) is split by output columns, in
+//!   groups of whole column tiles: each task reads all of A and its
+//!   columns of B and C.
 //!
 //! (Depthwise convolutions split by channel groups, softmax by rows: see
 //! `DepthwiseSpec::split` and `SoftmaxSpec::split`.)
@@ -74,9 +78,8 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
     }
     let mr = spec.blocking.mr;
     let row_tiles = spec.m.div_ceil(mr);
-    let tasks = tasks.min(row_tiles);
-    if tasks < 2 {
-        return vec![spec];
+    if row_tiles < tasks {
+        return split_columns(spec, tasks);
     }
     let (a_row_bytes, a_panel_bytes) = match spec.a {
         ALayout::Strided { row, .. } => (row, 0),
@@ -98,6 +101,37 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
                 call.out = shifted(call.out, start as i64 * spec.out_row);
                 if let (Some(c), Some(layout)) = (call.c, spec.c) {
                     call.c = Some(shifted(c, start as i64 * layout.row));
+                }
+            }
+            part
+        })
+        .collect()
+}
+
+/// `spec` split by output columns into at most `tasks` groups of whole
+/// column tiles (one when there are too few tiles).
+fn split_columns(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
+    let nr = spec.blocking.nr();
+    let col_tiles = spec.n.div_ceil(nr);
+    let tasks = tasks.min(col_tiles);
+    if tasks < 2 {
+        return vec![spec];
+    }
+    let b_tile = spec.b_tile_bytes();
+    (0..tasks)
+        .map(|t| {
+            let first_tile = col_tiles * t / tasks;
+            let end_tile = col_tiles * (t + 1) / tasks;
+            let start = first_tile * nr;
+            let mut part = spec.clone();
+            part.n = (end_tile * nr).min(spec.n) - start;
+            for call in &mut part.calls {
+                call.b = shifted(call.b, first_tile as i64 * b_tile);
+                call.out = shifted(call.out, start as i64 * 4);
+                if let (Some(c), Some(layout)) = (call.c, spec.c) {
+                    if layout.per_column {
+                        call.c = Some(shifted(c, start as i64 * 4));
+                    }
                 }
             }
             part

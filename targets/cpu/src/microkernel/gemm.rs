@@ -555,6 +555,11 @@ impl GemmSpec {
         }
     }
 
+    /// Bytes between B's column tiles as the kernel steps over them.
+    pub(crate) fn b_tile_bytes(&self) -> i64 {
+        self.geometry().b_tile
+    }
+
     /// Assembles the kernel.
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         let Blocking { mr, nv } = self.blocking;
