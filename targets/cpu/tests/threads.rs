@@ -187,6 +187,23 @@ fn matmul_split_by_rows_with_packed_b() {
 }
 
 #[test]
+fn matmul_with_wider_weights_split_by_columns() {
+    // A transformer FFN (128 tokens x 384 -> 1536): the weights are the
+    // larger operand, so each task packs and reads only its columns.
+    let mut rng = Rng::new(3);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [128, 384]));
+    let w = constant(&mut g, &mut rng, "w", &[384, 1536]);
+    let b = constant(&mut g, &mut rng, "b", &[1536]);
+    let y = g.add_node(Op::MatMul, &[x, w], "mm").unwrap();
+    let y = g
+        .add_node(Op::Binary(BinaryOp::Add), &[y, b], "bias")
+        .unwrap();
+    g.add_output("y", y);
+    check_split(&g, 21);
+}
+
+#[test]
 fn matmul_split_by_rows_with_packed_a() {
     let mut rng = Rng::new(2);
     let mut g = Graph::new();

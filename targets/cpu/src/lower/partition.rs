@@ -78,7 +78,11 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
     }
     let mr = spec.blocking.mr;
     let row_tiles = spec.m.div_ceil(mr);
-    if row_tiles < tasks {
+    // Each task reads all of the operand it does not split: split the
+    // larger one (B is usually the weights), unless it has too few tiles.
+    let col_tiles = spec.n.div_ceil(spec.blocking.nr());
+    let b_larger = spec.n * spec.elem.b_size() as usize > spec.m * spec.elem.a_size() as usize;
+    if row_tiles < tasks || (b_larger && col_tiles >= tasks) {
         return split_columns(spec, tasks);
     }
     let (a_row_bytes, a_panel_bytes) = match spec.a {

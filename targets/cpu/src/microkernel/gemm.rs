@@ -214,7 +214,7 @@ impl Elem {
     }
 
     /// Bytes of one stored B element.
-    fn b_size(self) -> i64 {
+    pub(crate) fn b_size(self) -> i64 {
         match self {
             Elem::F32 | Elem::WidenA(_) => F,
             Elem::Bf16Dot | Elem::WidenB(_) => 2,
