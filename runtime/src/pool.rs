@@ -8,10 +8,19 @@
 //! parked on a condition variable between steps; a step publishes its
 //! tasks under the mutex, then every thread claims task indices from an
 //! atomic counter, so a run neither allocates nor creates threads.
+//!
+//! Steps follow each other every few tens of microseconds, while a
+//! condition-variable wake-up costs several microseconds on each side.
+//! So a worker first spins for [`SPIN`] on an atomic copy of the epoch
+//! before it sleeps, and the caller spins as long for the last task before
+//! it waits: on a busy schedule no thread sleeps between steps. The mutex
+//! and condition variables stay the one source of truth; the spinning only
+//! decides when to look at them.
 
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::code::KernelFn;
 
@@ -32,10 +41,6 @@ struct State {
     /// Incremented for every published job; workers run each epoch once.
     epoch: u64,
     job: Option<Job>,
-    /// Workers inside [`Shared::work`]: the caller waits for them to leave
-    /// before the next job resets the task counter, so that none claims a
-    /// task of the next job with this job's pointers.
-    active: usize,
     shutdown: bool,
 }
 
@@ -51,6 +56,32 @@ struct Shared {
     finished: AtomicUsize,
     /// The first non-zero kernel return code of the current job, or 0.
     code: AtomicI32,
+    /// `State::epoch`, and bumped on shutdown, for the spinning workers.
+    published: AtomicU64,
+    /// Workers inside [`Shared::work`] (changed under the mutex): the
+    /// caller waits for them to leave before the next job resets the task
+    /// counter, so that none claims a task of the next job with this job's
+    /// pointers.
+    active: AtomicUsize,
+}
+
+/// How long a thread spins before sleeping (see the module docs).
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Spins until `ready` holds or [`SPIN`] has passed; whether it held.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return false;
+        }
+    }
 }
 
 impl Shared {
@@ -95,7 +126,6 @@ impl Pool {
             state: Mutex::new(State {
                 epoch: 0,
                 job: None,
-                active: 0,
                 shutdown: false,
             }),
             wake: Condvar::new(),
@@ -103,6 +133,8 @@ impl Pool {
             next: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
             code: AtomicI32::new(0),
+            published: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
         });
         let mut workers = Vec::with_capacity(threads.saturating_sub(1));
         for i in 1..threads {
@@ -146,11 +178,16 @@ impl Pool {
             s.code.store(0, Ordering::Release);
             state.epoch += 1;
             state.job = Some(job);
+            s.published.store(state.epoch, Ordering::Release);
             s.wake.notify_all();
         }
         s.work(job);
+        let all_done = || {
+            s.finished.load(Ordering::Acquire) >= job.count && s.active.load(Ordering::Acquire) == 0
+        };
+        spin_until(all_done);
         let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
-        while s.finished.load(Ordering::Acquire) < job.count || state.active > 0 {
+        while !all_done() {
             state = s.done.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         // No worker may touch this job's pointers after we return.
@@ -162,6 +199,7 @@ impl Pool {
 fn worker(shared: &Shared) {
     let mut seen = 0u64;
     loop {
+        spin_until(|| shared.published.load(Ordering::Acquire) != seen);
         let job = {
             let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
             loop {
@@ -170,18 +208,21 @@ fn worker(shared: &Shared) {
                 }
                 if state.epoch != seen {
                     seen = state.epoch;
-                    if let Some(job) = state.job {
-                        state.active += 1;
-                        break job;
-                    }
+                    // None: the step finished without this worker; spin
+                    // for the next one.
+                    break state.job.inspect(|_| {
+                        shared.active.fetch_add(1, Ordering::AcqRel);
+                    });
                 }
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
             }
         };
+        let Some(job) = job else {
+            continue;
+        };
         shared.work(job);
-        let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.active -= 1;
-        if state.active == 0 {
+        let _guard = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if shared.active.fetch_sub(1, Ordering::AcqRel) == 1 {
             shared.done.notify_all();
         }
     }
@@ -192,6 +233,7 @@ impl Drop for Pool {
         {
             let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             state.shutdown = true;
+            self.shared.published.fetch_add(1, Ordering::AcqRel);
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {
