@@ -13,16 +13,18 @@ use std::collections::HashSet;
 ///
 /// - a chain starts at a dense op (MatMul, Gemm, Conv) or at an
 ///   elementwise op (Unary, Binary), all f32;
-/// - it grows through the single consumer of its last value while that
-///   value is not a graph output and the consumer is an f32 Unary or Binary
-///   whose output has the same shape (the other operand of a Binary becomes
-///   an extra kernel input; it broadcasts to the output, never enlarges it);
+/// - it grows through f32 Unary or Binary users of its members whose
+///   output has the root's shape (operands from outside become extra
+///   kernel inputs; they broadcast to the output, never enlarge it), and
+///   keeps the longest prefix in which every value but the last is used
+///   only inside the chain and is not a graph output (see [`grow`]), so a
+///   value used twice inside (hard-swish, GELU) fuses;
 /// - a dense chain needs at least one elementwise step, an elementwise
 ///   chain at least two nodes.
 ///
-/// Every member but the last has exactly one user, the next member, so an
-/// extra operand can never depend on a member: the rewrite cannot create a
-/// cycle. The fused node's name joins the members' names with `+`.
+/// An extra operand never depends on the root, so the rewrite cannot
+/// create a cycle. The fused node's name joins the members' names with
+/// `+`.
 #[derive(Clone, Copy, Debug)]
 pub struct Fuse {
     dense_heads: bool,
@@ -76,6 +78,9 @@ impl Chain {
     /// program input), adding `id` as a new program input when it is
     /// neither.
     fn reg(&mut self, id: NodeId) -> Reg {
+        if self.head.is_some() && self.members.first() == Some(&id) {
+            return Reg(0);
+        }
         let n_in = self.program_inputs.len();
         if let Some(j) = self.instrs.iter().position(|(_, m)| *m == id) {
             return Reg((n_in + j) as u32);
@@ -122,6 +127,77 @@ impl Chain {
     }
 }
 
+/// Most members of one chain (bounds the work of growing it).
+const MAX_MEMBERS: usize = 64;
+
+/// The members of the chain rooted at `root`, root first, in an order
+/// where every member's inputs come before it: grown one f32 elementwise
+/// user of a member at a time (of the root's shape, not taken, reading
+/// only members and values that do not depend on the root), then cut back
+/// to the longest prefix whose values, but the last, are used only by
+/// members and are not graph outputs. So a value used twice inside the
+/// chain (hard-swish's `x * relu6(x + 3)`, GELU's `x * erf(x / √2)`)
+/// does not stop it, and no value escapes the kernel but its result.
+fn grow(graph: &Graph, root: NodeId, taken: &HashSet<NodeId>) -> Vec<NodeId> {
+    let shape = &graph.node(root).ty.shape;
+    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
+    let mut members = vec![root];
+    let mut inside: HashSet<NodeId> = HashSet::from([root]);
+    let mut best = 1;
+    // Everything that depends on the root, computed when first needed.
+    let mut downstream: Option<HashSet<NodeId>> = None;
+    while members.len() < MAX_MEMBERS && !is_output(*members.last().expect("a root")) {
+        let mut next = None;
+        'search: for &m in &members {
+            for (user, _) in graph.users_of(m) {
+                if inside.contains(&user)
+                    || taken.contains(&user)
+                    || !is_f32_elementwise(graph, user)
+                    || graph.node(user).ty.shape != *shape
+                {
+                    continue;
+                }
+                let deps = downstream.get_or_insert_with(|| descendants(graph, root));
+                let ready = graph
+                    .inputs_of(user)
+                    .iter()
+                    .all(|i| inside.contains(i) || !deps.contains(i));
+                if ready {
+                    next = Some(user);
+                    break 'search;
+                }
+            }
+        }
+        let Some(user) = next else {
+            break;
+        };
+        members.push(user);
+        inside.insert(user);
+        let closed = members[..members.len() - 1]
+            .iter()
+            .all(|&m| !is_output(m) && graph.users_of(m).iter().all(|(u, _)| inside.contains(u)));
+        if closed {
+            best = members.len();
+        }
+    }
+    members.truncate(best);
+    members
+}
+
+/// The nodes that depend on `root` (its users, theirs, and so on).
+fn descendants(graph: &Graph, root: NodeId) -> HashSet<NodeId> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(n) = stack.pop() {
+        for (u, _) in graph.users_of(n) {
+            if seen.insert(u) {
+                stack.push(u);
+            }
+        }
+    }
+    seen
+}
+
 /// The chain rooted at `root`, grown as far as the rules allow.
 fn build_chain(
     graph: &Graph,
@@ -157,41 +233,8 @@ fn build_chain(
     } else {
         return None;
     }
-    let mut last = root;
-    loop {
-        let users = graph.users_of(last);
-        if users.is_empty() || graph.outputs().iter().any(|(_, o)| *o == last) {
-            break;
-        }
-        let user = users[0].0;
-        // One consumer node (possibly reading the value in both slots).
-        if users.iter().any(|(u, _)| *u != user) || taken.contains(&user) {
-            break;
-        }
-        if !is_f32_elementwise(graph, user) || graph.node(user).ty.shape != node.ty.shape {
-            break;
-        }
-        if chain.head.is_some() && chain.instrs.is_empty() {
-            // The head's result is register 0, referenced by the consumer.
-            let args = graph.inputs_of(user);
-            for &a in args.iter().filter(|&&a| a != root) {
-                chain.reg(a);
-            }
-            let regs: Vec<Reg> = args
-                .iter()
-                .map(|&a| if a == root { Reg(0) } else { chain.reg(a) })
-                .collect();
-            let instr = match graph.node(user).op {
-                Op::Unary(u) => Instr::Unary(u, regs[0]),
-                Op::Binary(b) => Instr::Binary(b, regs[0], regs[1]),
-                _ => unreachable!("checked by is_f32_elementwise"),
-            };
-            chain.instrs.push((instr, user));
-            chain.members.push(user);
-        } else {
-            chain.push(graph, user);
-        }
-        last = user;
+    for &m in &grow(graph, root, taken)[1..] {
+        chain.push(graph, m);
     }
     let enough = if chain.head.is_some() {
         !chain.instrs.is_empty()

@@ -74,6 +74,61 @@ fn matmul_bias_gelu_and_an_elementwise_chain() {
 }
 
 #[test]
+fn values_used_twice_inside_a_chain_fuse() {
+    // Conv, then hard-swish (x * clip(x + 3, 0, 6) / 6) and a per-channel
+    // affine; MatMul, then erf-form GELU (0.5 * x * (1 + erf(x / √2))).
+    let out = fuse(
+        "graph(%x: f32[1,2,3,3], %t: f32[4,2]) {
+          %w: f32[2,2,1,1] = const dense<[0.5, -1.0, 2.0, 0.25]>
+          %c: f32[1,2,3,3] = conv(%x, %w)  # onnx: conv
+          %three: f32[] = const dense<[3.0]>
+          %six: f32[] = const dense<[6.0]>
+          %a: f32[1,2,3,3] = add(%c, %three)  # onnx: add3
+          %r: f32[1,2,3,3] = clip(%a) {min=0.0, max=6.0}  # onnx: relu6
+          %m: f32[1,2,3,3] = mul(%c, %r)  # onnx: mul
+          %d: f32[1,2,3,3] = div(%m, %six)  # onnx: hardswish
+          %s: f32[2,1,1] = const dense<[1.5, -0.5]>
+          %y: f32[1,2,3,3] = mul(%s, %d)  # onnx: scale
+          %v: f32[2,2] = const dense<[1.0, 2.0, -1.0, 0.5]>
+          %p: f32[4,2] = matmul(%t, %v)  # onnx: mm
+          %sqrt2: f32[] = const dense<[1.4142135]>
+          %one: f32[] = const dense<[1.0]>
+          %half: f32[] = const dense<[0.5]>
+          %q: f32[4,2] = div(%p, %sqrt2)  # onnx: gelu_div
+          %e: f32[4,2] = erf(%q)  # onnx: gelu_erf
+          %f: f32[4,2] = add(%e, %one)  # onnx: gelu_add
+          %g: f32[4,2] = mul(%p, %f)  # onnx: gelu_mul
+          %h: f32[4,2] = mul(%g, %half)  # onnx: gelu_half
+          return %y, %h
+        }",
+    );
+    insta::assert_snapshot!("values_used_twice_inside_a_chain", out);
+}
+
+#[test]
+fn a_value_used_outside_the_chain_ends_it() {
+    // %c feeds the chain twice and also %out2: the conv cannot be the
+    // head (its value must be written), the chain after it fuses alone.
+    let text = "graph(%x: f32[1,2,3,3]) {
+          %w: f32[2,2,1,1] = const dense<[0.5, -1.0, 2.0, 0.25]>
+          %c: f32[1,2,3,3] = conv(%x, %w)
+          %three: f32[] = const dense<[3.0]>
+          %a: f32[1,2,3,3] = add(%c, %three)
+          %r: f32[1,2,3,3] = relu(%a)
+          %m: f32[1,2,3,3] = mul(%c, %r)
+          %n: f32[1,2,3,3] = neg(%c)
+          return %m, %n
+        }";
+    let before = kiln_ir::text::parse(text).unwrap();
+    let mut after = before.clone();
+    let stats = Fuse::default().run(&mut after).unwrap();
+    kiln_ir::verify::verify(&after).unwrap();
+    assert_equivalent(&before, &after, 1e-6);
+    assert_eq!((stats.fused_nodes, stats.fused_kernels), (3, 1));
+    assert_eq!(count(&after, |op| matches!(op, Op::Conv(_))), 1);
+}
+
+#[test]
 fn shared_values_outputs_and_broadcasting_stop_a_chain() {
     // %a has two users, %b is a graph output, and %d enlarges its operand.
     let text = "graph(%x: f32[4], %y: f32[3,4]) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{check_for, f32_tensor, rand_tensor, Rng};
+use common::{check_for, f32_tensor, has_zmm_fma, rand_tensor, Rng};
 use kiln_ir::{
     BinaryOp, Conv2d, DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr,
     NodeId, Op, Reg, Tensor, UnaryOp, ValueType,
@@ -296,4 +296,132 @@ fn avx512_head_and_program_tail_are_one_chained_kernel() {
     let k = &a.kernels[0];
     let code = &a.text[k.text_offset as usize..];
     assert_eq!(&code[..7], &[0x57, 0x56, 0x48, 0x83, 0xEC, 0x08, 0xE8]);
+}
+
+/// Whether the AVX-512 kernel of `g`'s single fused node runs a Cranelift
+/// tail after the microkernel (entered through the chaining trampoline)
+/// rather than doing all its work in the store loop. Panics unless the
+/// kernel is a microkernel.
+fn has_program_tail(g: &Graph) -> bool {
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64Avx512,
+        opt_level: 2,
+        threads: 1,
+    };
+    let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
+    assert_eq!(a.kernels.len(), 1);
+    assert!(has_zmm_fma(&a), "not a microkernel");
+    let code = &a.text[a.kernels[0].text_offset as usize..];
+    code[..7] == [0x57, 0x56, 0x48, 0x83, 0xEC, 0x08, 0xE8]
+}
+
+#[test]
+fn hard_swish_and_per_channel_affine_run_in_the_store_loop() {
+    // PP-OCR's block: conv + bias, x * clip(x + 3, 0, 6) / 6, then a
+    // per-channel scale and shift; pointwise, 3x3 (implicit GEMM) and
+    // im2col (stride 2) heads.
+    let body = vec![
+        Instr::Binary(BinaryOp::Add, r(0), r(1)),
+        Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(5)),
+        Instr::Binary(BinaryOp::Mul, r(0), r(6)),
+        Instr::Binary(BinaryOp::Div, r(7), r(2)),
+        Instr::Binary(BinaryOp::Mul, r(3), r(8)),
+        Instr::Binary(BinaryOp::Add, r(9), r(4)),
+    ];
+    let strided = DenseOp::Conv(Conv2d {
+        strides: [2, 2],
+        pads: [1; 4],
+        dilations: [1, 1],
+        group: 1,
+    });
+    for (i, (op, k)) in [(conv(0, 1), 1), (conv(1, 1), 3), (strided, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let g = fused_graph(
+            Some((
+                op,
+                vec![
+                    Arg::Input(vec![2, 8, 9, 21]),
+                    Arg::Const(vec![20, 8, k, k]),
+                    Arg::Const(vec![20]),
+                ],
+            )),
+            vec![
+                Arg::Const(vec![]),
+                Arg::Const(vec![1]),
+                Arg::Const(vec![20, 1, 1]),
+                Arg::Const(vec![1, 20, 1, 1]),
+            ],
+            body.clone(),
+            20 + i as u64,
+        );
+        check(&g, 20 + i as u64);
+        assert!(!has_program_tail(&g), "case {i}");
+    }
+}
+
+#[test]
+fn matmul_epilogues_with_memory_operands_first_and_unary_ops() {
+    // Row scalars and constants as first operands (sub, div), leaky relu,
+    // hard sigmoid, hard swish, neg; on batched MatMul rows.
+    let body = vec![
+        Instr::Binary(BinaryOp::Sub, r(1), r(0)),
+        Instr::Unary(UnaryOp::LeakyRelu { alpha: 0.1 }, r(3)),
+        Instr::Binary(BinaryOp::Div, r(2), r(4)),
+        Instr::Unary(
+            UnaryOp::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
+            r(5),
+        ),
+        Instr::Unary(UnaryOp::HardSwish, r(6)),
+        Instr::Unary(UnaryOp::Neg, r(7)),
+        Instr::Binary(BinaryOp::Add, r(8), r(0)),
+    ];
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![3, 37, 24]), Arg::Const(vec![24, 50])],
+        )),
+        vec![Arg::Const(vec![37, 1]), Arg::Const(vec![1, 1, 1])],
+        body,
+        30,
+    );
+    check(&g, 30);
+    assert!(!has_program_tail(&g));
+}
+
+#[test]
+fn programs_the_store_loop_cannot_hold_keep_a_tail() {
+    // A per-column operand, and a sigmoid: both stay a Cranelift tail.
+    for (extra, body) in [
+        (
+            vec![Arg::Const(vec![50])],
+            vec![
+                Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+                Instr::Unary(UnaryOp::Relu, r(2)),
+            ],
+        ),
+        (
+            vec![],
+            vec![
+                Instr::Unary(UnaryOp::Relu, r(0)),
+                Instr::Unary(UnaryOp::Sigmoid, r(1)),
+            ],
+        ),
+    ] {
+        let g = fused_graph(
+            Some((
+                DenseOp::MatMul,
+                vec![Arg::Input(vec![37, 24]), Arg::Const(vec![24, 50])],
+            )),
+            extra,
+            body,
+            31,
+        );
+        check(&g, 31);
+        assert!(has_program_tail(&g));
+    }
 }

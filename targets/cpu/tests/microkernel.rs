@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{check_rand, f32_tensor, Rng};
+use common::{check_rand, f32_tensor, has_zmm_fma, Rng};
 use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
 use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -31,15 +31,6 @@ fn matmul_graph(a: &[usize], b: &[usize], const_a: bool, const_b: bool, rng: &mu
     let z = g.add_node(Op::MatMul, &[x, y], "mm").unwrap();
     g.add_output("z", z);
     g
-}
-
-/// Whether any kernel holds a 512-bit EVEX `vfmadd231ps` (EVEX prefix 0x62,
-/// opcode 0xB8 four bytes on, vector length bits L'L = 10 in the prefix's
-/// last byte): Cranelift never emits 512-bit vectors.
-fn has_zmm_fma(a: &Artifact) -> bool {
-    a.text
-        .windows(5)
-        .any(|w| w[0] == 0x62 && w[4] == 0xb8 && (w[3] >> 5) & 3 == 2)
 }
 
 fn compile_for(g: &Graph, target: CpuTarget) -> Artifact {

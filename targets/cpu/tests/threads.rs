@@ -363,6 +363,49 @@ fn resize_split_by_channels_and_concat_by_inputs() {
 }
 
 #[test]
+fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
+    // Pointwise conv to 512 channels over 10x10 pixels (split by output
+    // rows = channels), then hard-swish and a per-channel scale in the
+    // store loop: each task reads the scales of its own channels.
+    let mut rng = Rng::new(7);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 384, 10, 10]));
+    let w = constant(&mut g, &mut rng, "w", &[512, 384, 1, 1]);
+    let scale = constant(&mut g, &mut rng, "scale", &[512, 1, 1]);
+    let conv = Conv2d {
+        strides: [1, 1],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: 1,
+    };
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Unary(UnaryOp::HardSwish, Reg(0)),
+            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(1)),
+        ],
+    )
+    .unwrap();
+    let head = DenseHead {
+        op: DenseOp::Conv(conv),
+        inputs: 2,
+    };
+    let k = FusedKernel::new(Some(head), body).unwrap();
+    let y = g
+        .add_node(Op::Fused(Box::new(k)), &[x, w, scale], "fused")
+        .unwrap();
+    g.add_output("y", y);
+    let split = artifact(&g, 4);
+    assert_eq!(
+        split.schedule.len(),
+        1,
+        "no tail step: {:?}",
+        split.schedule
+    );
+    check_split(&g, 22);
+}
+
+#[test]
 fn depthwise_conv_split_by_groups() {
     // 96 channels, depth multiplier 2, W stride 2: the groups are shared
     // out over the tasks with their weights, biases and output channels.

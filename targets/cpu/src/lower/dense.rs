@@ -19,8 +19,9 @@ use super::elementwise::broadcast_strides;
 use super::NodeCx;
 use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
-    pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads, packed_a_rows, ALayout,
-    Activation, BLayout, Blocking, CLayout, Call, Elem, GemmSpec, Half, MAX_MR,
+    epilogue_fits, pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads,
+    packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem, EpilogueOp,
+    EpilogueStep, GemmSpec, Half, Operand, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
@@ -135,7 +136,7 @@ fn lower_with(
     };
     let mut spec = spec;
     let tail = match fused {
-        Some((fcx, k)) => absorb(fcx, k, &mut spec),
+        Some((fcx, k)) => absorb(fcx, k, &mut spec, weights),
         None => None,
     };
     let mut parts = super::partition::split(spec, tasks);
@@ -186,9 +187,28 @@ fn scratch_bytes(spec: &GemmSpec) -> (u64, u64) {
 /// Moves the start of `k`'s program into `spec`'s store loop: a first
 /// `add` of the head's result and an extra operand that the GEMM's `C`
 /// can address (a bias or a residual; only when `C` is free), then a
-/// `relu` or `clip` of that value. Returns the program left to run over
-/// the output, `None` when nothing is left.
-fn absorb(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<ElementwiseProgram> {
+/// `relu` or `clip` of that value, then whatever is left as an epilogue
+/// program when [`epilogue_steps`] can express it and it fits the tile's
+/// free registers. Returns the program left to run over the output,
+/// `None` when nothing is left.
+fn absorb(
+    cx: &NodeCx,
+    k: &FusedKernel,
+    spec: &mut GemmSpec,
+    weights: &mut Weights,
+) -> Option<ElementwiseProgram> {
+    let rest = absorb_prefix(cx, k, spec)?;
+    match epilogue_steps(cx, k, &rest, weights) {
+        Some(steps) if epilogue_fits(&steps, spec.blocking) => {
+            spec.epilogue = steps;
+            None
+        }
+        _ => Some(rest),
+    }
+}
+
+/// The C and activation part of [`absorb`]: returns the program left.
+fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<ElementwiseProgram> {
     let p = k.body();
     let h = k.head().expect("a fused head");
     let instrs = p.instrs();
@@ -248,6 +268,104 @@ fn absorb(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<Elementwi
             Some(p.clone())
         }
     }
+}
+
+/// `program` (register 0: the GEMM's output element after C and the
+/// activation; registers `1..`: the fused kernel's extra inputs) as
+/// epilogue steps, when every extra input is one f32 or one per output
+/// row (per channel of a convolution), and every instruction is `+ - × ÷`
+/// or a unary op made of them with constants: Relu, Clip, Neg,
+/// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish. Constants go to the
+/// weights section. `None` otherwise.
+fn epilogue_steps(
+    cx: &NodeCx,
+    k: &FusedKernel,
+    program: &ElementwiseProgram,
+    weights: &mut Weights,
+) -> Option<Vec<EpilogueStep>> {
+    let h = k.head()?;
+    let shape = &cx.node.ty.shape;
+    let low = match &h.op {
+        DenseOp::Conv(_) => 2,
+        DenseOp::MatMul | DenseOp::Gemm { .. } => 1,
+    };
+    let matmul_1d =
+        matches!(h.op, DenseOp::MatMul) && cx.inputs[..2].iter().any(|(_, t)| t.shape.len() < 2);
+    if shape.len() < low + 1 || matmul_1d {
+        return None;
+    }
+    let row_dim = shape.len() - low - 1;
+    let mut value = vec![Operand::Slot(0)];
+    for i in 1..program.inputs() {
+        let (loc, ety) = cx.inputs[h.inputs + i - 1];
+        if ety.dtype != DType::F32 {
+            return None;
+        }
+        let es = broadcast_strides(&ety.shape, shape);
+        value.push(if es.iter().all(|&e| e == 0) {
+            Operand::Scalar(loc)
+        } else if es
+            .iter()
+            .enumerate()
+            .all(|(d, &e)| e == 0 || (d == row_dim && e == 1))
+        {
+            Operand::PerRow(loc)
+        } else {
+            return None;
+        });
+    }
+    let mut steps: Vec<EpilogueStep> = Vec::new();
+    let mut emit = |op, a, b| {
+        steps.push(EpilogueStep { op, a, b });
+        Operand::Slot(steps.len())
+    };
+    let mut konst = |v: f32| Operand::Scalar(weights_loc(weights, &v.to_le_bytes()));
+    use EpilogueOp::{Add, Div, Max, Min, Mul, Sub};
+    for instr in program.instrs() {
+        let v = match *instr {
+            Instr::Binary(b, x, y) => {
+                let op = match b {
+                    BinaryOp::Add => Add,
+                    BinaryOp::Sub => Sub,
+                    BinaryOp::Mul => Mul,
+                    BinaryOp::Div => Div,
+                    _ => return None,
+                };
+                emit(op, value[x.index()], value[y.index()])
+            }
+            Instr::Unary(u, x) => {
+                let x = value[x.index()];
+                match u {
+                    UnaryOp::Relu => emit(Max, x, konst(0.0)),
+                    UnaryOp::Clip { min, max } => {
+                        let t = emit(Max, x, konst(min));
+                        emit(Min, t, konst(max))
+                    }
+                    UnaryOp::Neg => emit(Mul, x, konst(-1.0)),
+                    UnaryOp::LeakyRelu { alpha } if (0.0..=1.0).contains(&alpha) => {
+                        let t = emit(Mul, x, konst(alpha));
+                        emit(Max, x, t)
+                    }
+                    UnaryOp::HardSigmoid { alpha, beta } => {
+                        let t = emit(Mul, x, konst(alpha));
+                        let t = emit(Add, t, konst(beta));
+                        let t = emit(Max, t, konst(0.0));
+                        emit(Min, t, konst(1.0))
+                    }
+                    UnaryOp::HardSwish => {
+                        let t = emit(Div, x, konst(6.0));
+                        let t = emit(Add, t, konst(0.5));
+                        let t = emit(Max, t, konst(0.0));
+                        let t = emit(Min, t, konst(1.0));
+                        emit(Mul, x, t)
+                    }
+                    _ => return None,
+                }
+            }
+        };
+        value.push(v);
+    }
+    Some(steps)
 }
 
 /// How an operand with element strides `es` over the output `shape` reads
@@ -524,6 +642,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         im2col: Vec::new(),
         b_panel: None,
         a_zero: None,
+        epilogue: Vec::new(),
     })
 }
 
@@ -609,6 +728,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         im2col: Vec::new(),
         b_panel: None,
         a_zero,
+        epilogue: Vec::new(),
     })
 }
 
@@ -709,6 +829,7 @@ fn gemm(
         im2col: Vec::new(),
         b_panel: None,
         a_zero: None,
+        epilogue: Vec::new(),
     })
 }
 
@@ -763,6 +884,7 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         im2col: Vec::new(),
         b_panel: None,
         a_zero: None,
+        epilogue: Vec::new(),
     })
 }
 
@@ -865,6 +987,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         im2col: routines,
         b_panel: None,
         a_zero: None,
+        epilogue: Vec::new(),
     })
 }
 
@@ -995,6 +1118,7 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
         im2col: routines,
         b_panel: None,
         a_zero: None,
+        epilogue: Vec::new(),
     })
 }
 

@@ -26,7 +26,7 @@
 //! scratch panel. Kernels smaller than [`MIN_TASK_FLOPS`] per task stay
 //! whole: below that the wake-up of the workers costs more than it saves.
 
-use crate::microkernel::gemm::{ALayout, GemmSpec};
+use crate::microkernel::gemm::{ALayout, GemmSpec, Operand};
 use crate::plan::Loc;
 
 /// The least work (floating-point operations) worth a task of its own:
@@ -105,6 +105,13 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
                 call.out = shifted(call.out, start as i64 * spec.out_row);
                 if let (Some(c), Some(layout)) = (call.c, spec.c) {
                     call.c = Some(shifted(c, start as i64 * layout.row));
+                }
+            }
+            for step in &mut part.epilogue {
+                for o in [&mut step.a, &mut step.b] {
+                    if let Operand::PerRow(loc) = o {
+                        *loc = shifted(*loc, start as i64 * 4);
+                    }
                 }
             }
             part

@@ -383,6 +383,93 @@ pub(crate) struct CLayout {
     pub beta: f32,
 }
 
+/// An operand of an [`EpilogueStep`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Operand {
+    /// A value of the epilogue program: slot 0 is the output element after
+    /// alpha, C and the activation; step results are slots after it.
+    Slot(usize),
+    /// One f32 broadcast over the output (a constant, a scalar input).
+    Scalar(Loc),
+    /// One f32 per output row, at `loc + 4 * row`, broadcast along it (a
+    /// per-channel scale of a convolution).
+    PerRow(Loc),
+}
+
+/// Arithmetic of an [`EpilogueStep`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EpilogueOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// `max(a, b)` as `vmaxps` (b when either is NaN): only where that is
+    /// the rule of the op it implements (Relu and Clip against a constant,
+    /// LeakyRelu's `max(x, αx)`).
+    Max,
+    /// `min(a, b)` as `vminps`, under the same condition.
+    Min,
+}
+
+/// One instruction of an epilogue program: `slot[dst] = op(a, b)`, on
+/// every output vector in the store loop, after the activation. `dst` is
+/// the next slot; `a` and `b` read earlier slots or memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct EpilogueStep {
+    pub op: EpilogueOp,
+    pub a: Operand,
+    pub b: Operand,
+}
+
+/// Where each slot of an epilogue program lives: an index into the free
+/// registers of a tile (0: the accumulator itself), per step the register
+/// of its result. `None` when more than `free` registers would be live.
+fn allocate_slots(steps: &[EpilogueStep], free: usize) -> Option<Vec<usize>> {
+    let slots = steps.len() + 1;
+    let mut last_use = vec![0usize; slots];
+    for (i, st) in steps.iter().enumerate() {
+        for o in [st.a, st.b] {
+            if let Operand::Slot(k) = o {
+                last_use[k] = i + 1;
+            }
+        }
+    }
+    // The result is stored after the last step.
+    last_use[slots - 1] = steps.len() + 1;
+    let mut home = vec![0usize; slots];
+    let mut busy = vec![false; free];
+    busy[0] = true;
+    for (i, st) in steps.iter().enumerate() {
+        let step = i + 1;
+        // A memory first operand is loaded into the result register
+        // first, so that register may not be the second operand's.
+        let keep = match (st.a, st.b) {
+            (Operand::Slot(_), _) => None,
+            (_, Operand::Slot(k)) => Some(home[k]),
+            _ => None,
+        };
+        for o in [st.a, st.b] {
+            if let Operand::Slot(k) = o {
+                if last_use[k] == step {
+                    busy[home[k]] = false;
+                }
+            }
+        }
+        let r = (0..free).find(|&r| !busy[r] && Some(r) != keep)?;
+        busy[r] = true;
+        home[step] = r;
+        if last_use[step] <= step {
+            busy[r] = false;
+        }
+    }
+    Some(home)
+}
+
+/// Whether `steps` fits the store loop of tiles of `blocking`.
+pub(crate) fn epilogue_fits(steps: &[EpilogueStep], blocking: Blocking) -> bool {
+    allocate_slots(steps, 1 + 32 - blocking.mr * blocking.nv).is_some()
+}
+
 /// Operand addresses of one GEMM of a kernel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Call {
@@ -438,6 +525,10 @@ pub(crate) struct GemmSpec {
     /// column, padded to whole tiles), so the output is `(A - z) @ B`.
     /// `None`: a zero point of 0 (and no C).
     pub a_zero: Option<Loc>,
+    /// An elementwise program applied to every output element after the
+    /// activation (a fused kernel's tail: hard-swish, a per-channel
+    /// affine); empty for none. See [`epilogue_fits`].
+    pub epilogue: Vec<EpilogueStep>,
 }
 
 /// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
@@ -730,7 +821,7 @@ impl GemmSpec {
             let mut top = a.create_label();
             a.mov(I_COUNT, full_i as u64)?;
             a.set_label(&mut top)?;
-            self.tile(a, g, mr, nv, partial)?;
+            self.tile(a, g, mr, nv, partial, RowStart::Counted { full: full_i })?;
             a.add(A_TILE, imm32(g.a_tile, "A tile stride")?)?;
             a.add(
                 OUT_TILE,
@@ -745,7 +836,7 @@ impl GemmSpec {
             a.jnz(top)?;
         }
         if rem_i > 0 {
-            self.tile(a, g, rem_i, nv, partial)?;
+            self.tile(a, g, rem_i, nv, partial, RowStart::Fixed(full_i * mr))?;
         }
         Ok(())
     }
@@ -758,6 +849,7 @@ impl GemmSpec {
         rows: usize,
         nv: usize,
         partial: bool,
+        first_row: RowStart,
     ) -> Result<(), MicrokernelError> {
         let acc = |r: usize, v: usize| ZMM[r * nv + v];
         let breg = |v: usize| ZMM[rows * nv + v];
@@ -892,7 +984,7 @@ impl GemmSpec {
         if elem == Elem::U8I8Dot {
             return self.epilogue_int(a, rows, nv, partial, &acc);
         }
-        self.epilogue(a, rows, nv, partial, &acc)
+        self.epilogue(a, rows, nv, partial, first_row, &acc)
     }
 
     /// The store loop of [`Elem::U8I8Dot`]: `acc - a_zero * C[j]`, i32.
@@ -946,11 +1038,32 @@ impl GemmSpec {
         rows: usize,
         nv: usize,
         partial: bool,
+        first_row: RowStart,
         acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
     ) -> Result<(), MicrokernelError> {
         // Free in the epilogue: the B registers and the broadcast register.
         let cval = ZMM[rows * nv];
         let konst = ZMM[31];
+        let program = &self.epilogue;
+        let free = 32 - rows * nv;
+        let home = allocate_slots(program, 1 + free).ok_or_else(|| {
+            MicrokernelError::Layout(format!(
+                "an epilogue of {} steps does not fit {free} free registers",
+                program.len()
+            ))
+        })?;
+        let per_row = |o: Operand| matches!(o, Operand::PerRow(_));
+        if program.iter().any(|st| per_row(st.a) || per_row(st.b)) {
+            // The tile's first row, in bytes of a per-row operand.
+            match first_row {
+                RowStart::Counted { full } => {
+                    a.mov(ROW_BYTES, full as u64)?;
+                    a.sub(ROW_BYTES, I_COUNT)?;
+                    a.imul_3(ROW_BYTES, ROW_BYTES, (self.blocking.mr * 4) as i32)?;
+                }
+                RowStart::Fixed(row) => a.mov(ROW_BYTES, (row * 4) as u64)?,
+            }
+        }
         let splat = |a: &mut CodeAssembler, reg: AsmRegisterZmm, v: f32| {
             a.mov(CONST, v.to_bits())?;
             a.vpbroadcastd(reg, CONST)
@@ -995,6 +1108,14 @@ impl GemmSpec {
                         a.vminps(x, x, konst)?;
                     }
                 }
+                let x = if program.is_empty() {
+                    x
+                } else {
+                    let regs: Vec<AsmRegisterZmm> = std::iter::once(x)
+                        .chain(ZMM[rows * nv..].iter().copied())
+                        .collect();
+                    run_epilogue(a, program, &home, &regs, r)?
+                };
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
                     "output displacement",
@@ -1008,6 +1129,95 @@ impl GemmSpec {
         }
         Ok(())
     }
+}
+
+/// The first row of a register tile, for per-row epilogue operands.
+#[derive(Clone, Copy)]
+enum RowStart {
+    /// A full tile of the row loop: `(full - I_COUNT) * mr`.
+    Counted { full: usize },
+    /// The partial last tile.
+    Fixed(usize),
+}
+
+/// The byte offset of the tile's first row into per-row operands (the A
+/// cursor, free in the store loop).
+const ROW_BYTES: AsmRegister64 = A_K;
+
+/// Emits `program` on one output vector of tile row `row` (slot `k` in
+/// `regs[home[k]]`, slot 0 being the vector); returns the result register.
+fn run_epilogue(
+    a: &mut CodeAssembler,
+    program: &[EpilogueStep],
+    home: &[usize],
+    regs: &[AsmRegisterZmm],
+    row: usize,
+) -> Result<AsmRegisterZmm, MicrokernelError> {
+    // An operand's address: its base register, whether the tile's row
+    // offset indexes it, and the displacement.
+    type Address = (AsmRegister64, bool, i32);
+    let address = |o: Operand| -> Result<Option<Address>, MicrokernelError> {
+        let (loc, per_row) = match o {
+            Operand::Slot(_) => return Ok(None),
+            Operand::Scalar(loc) => (loc, false),
+            Operand::PerRow(loc) => (loc, true),
+        };
+        let base = match loc.base {
+            crate::plan::Base::Arena => rdi,
+            crate::plan::Base::Weights => rsi,
+        };
+        let row_off = if per_row { 4 * row as i64 } else { 0 };
+        let disp = imm32(loc.offset as i64 + row_off, "epilogue operand")?;
+        Ok(Some((base, per_row, disp)))
+    };
+    let ptr = |(base, indexed, disp): Address| {
+        if indexed {
+            dword_ptr(base + ROW_BYTES + disp)
+        } else {
+            dword_ptr(base + disp)
+        }
+    };
+    let bcst = |(base, indexed, disp): Address| {
+        if indexed {
+            dword_bcst(base + ROW_BYTES + disp)
+        } else {
+            dword_bcst(base + disp)
+        }
+    };
+    for (i, st) in program.iter().enumerate() {
+        let dst = regs[home[i + 1]];
+        let first = match st.a {
+            Operand::Slot(k) => regs[home[k]],
+            o => {
+                let m = address(o)?.expect("a memory operand");
+                a.vbroadcastss(dst, ptr(m))?;
+                dst
+            }
+        };
+        match (st.b, address(st.b)?) {
+            (Operand::Slot(k), _) => {
+                let second = regs[home[k]];
+                match st.op {
+                    EpilogueOp::Add => a.vaddps(dst, first, second)?,
+                    EpilogueOp::Sub => a.vsubps(dst, first, second)?,
+                    EpilogueOp::Mul => a.vmulps(dst, first, second)?,
+                    EpilogueOp::Div => a.vdivps(dst, first, second)?,
+                    EpilogueOp::Max => a.vmaxps(dst, first, second)?,
+                    EpilogueOp::Min => a.vminps(dst, first, second)?,
+                }
+            }
+            (_, Some(m)) => match (st.op, bcst(m)) {
+                (EpilogueOp::Add, m) => a.vaddps(dst, first, m)?,
+                (EpilogueOp::Sub, m) => a.vsubps(dst, first, m)?,
+                (EpilogueOp::Mul, m) => a.vmulps(dst, first, m)?,
+                (EpilogueOp::Div, m) => a.vdivps(dst, first, m)?,
+                (EpilogueOp::Max, m) => a.vmaxps(dst, first, m)?,
+                (EpilogueOp::Min, m) => a.vminps(dst, first, m)?,
+            },
+            (_, None) => unreachable!("a non-slot operand is in memory"),
+        }
+    }
+    Ok(regs[home[program.len()]])
 }
 
 #[cfg(test)]
@@ -1131,6 +1341,7 @@ mod tests {
                 im2col: Vec::new(),
                 b_panel: None,
                 a_zero: None,
+                epilogue: Vec::new(),
             };
             let code = spec.assemble().unwrap();
             assert_eq!(
@@ -1283,6 +1494,7 @@ mod tests {
                     im2col: Vec::new(),
                     b_panel: None,
                     a_zero: None,
+                    epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
                 assert_eq!(
@@ -1385,6 +1597,7 @@ mod tests {
                     im2col: Vec::new(),
                     b_panel: None,
                     a_zero: zero.map(|_| arena_loc(zero_at)),
+                    epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
                 assert_eq!(

@@ -161,3 +161,12 @@ pub fn check_rand(g: &Graph, seed: u64, abs_scale: f64) {
         .collect();
     check_with(g, &inputs, abs_scale);
 }
+
+/// Whether any kernel holds a 512-bit EVEX `vfmadd231ps` (EVEX prefix 0x62,
+/// opcode 0xB8 four bytes on, vector length bits L'L = 10 in the prefix's
+/// last byte): Cranelift never emits 512-bit vectors.
+pub fn has_zmm_fma(a: &Artifact) -> bool {
+    a.text
+        .windows(5)
+        .any(|w| w[0] == 0x62 && w[4] == 0xb8 && (w[3] >> 5) & 3 == 2)
+}
