@@ -194,7 +194,7 @@ pub fn compile(
             lower::Lowered::ClifTasks(funcs) => text.add_tasks(&name, funcs, &target)?,
             lower::Lowered::SplitChain(tasks, func) => {
                 text.add_machine(&name, &tasks);
-                text.add(&format!("{name}/tail"), *func, &target)?;
+                text.add_tasks(&format!("{name}/tail"), func, &target)?;
             }
         }
     }

@@ -120,6 +120,8 @@ fn fused_head_with_a_program_tail_splits_the_head() {
     }
     assert_eq!(whole.schedule.len(), 1, "{:?}", whole.schedule);
     assert_eq!(split.schedule.len(), 2, "{:?}", split.schedule);
+    // The tail (abs, in place) is split too.
+    assert!(split.schedule[1].tasks > 1, "{:?}", split.schedule);
     check_split(&g, 15);
 }
 

@@ -28,7 +28,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use kiln_ir::{DType, Graph, Node, NodeId, Op, ValueType};
+use kiln_ir::{DType, FusedKernel, Graph, Node, NodeId, Op, ValueType};
 use kiln_runtime::format::HostFn;
 
 use crate::emit::HOST_NAMESPACE;
@@ -286,9 +286,10 @@ pub(crate) enum Lowered {
     /// in place over the output): see [`crate::emit::Text::add_chain`].
     Chain(Vec<u8>, Box<Function>),
     /// A fused node whose head is split into tasks: the tasks as one
-    /// schedule step, then the program over the whole output as the next
-    /// (the head's threads matter more than one kernel per node).
-    SplitChain(Vec<Vec<u8>>, Box<Function>),
+    /// schedule step, then the program over the output in place as the
+    /// next, itself split when large (the threads matter more than one
+    /// kernel per node).
+    SplitChain(Vec<Vec<u8>>, Vec<Function>),
     /// Cranelift functions, each over one part of an elementwise node's
     /// output (see [`split_elementwise`]), as the tasks of one step.
     ClifTasks(Vec<Function>),
@@ -313,13 +314,36 @@ pub(crate) fn lower_job(
                     return Ok(Lowered::Machine(tasks));
                 };
                 let first_extra = k.head().map_or(0, |h| h.inputs);
+                if tasks.len() > 1 {
+                    // The tail as a headless kernel over the output in
+                    // place, split like any elementwise node.
+                    let tail = Node {
+                        op: Op::Fused(Box::new(FusedKernel::new(None, program.clone())?)),
+                        name: cx.node.name.clone(),
+                        ty: cx.node.ty.clone(),
+                    };
+                    let mut tail_cx = NodeCx {
+                        graph,
+                        node: &tail,
+                        input_ids: vec![*id],
+                        inputs: vec![(cx.out, &cx.node.ty)],
+                        out: cx.out,
+                    };
+                    tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
+                    tail_cx.inputs.extend(&cx.inputs[first_extra..]);
+                    let funcs = match split_cx(&tail_cx, plan, target)? {
+                        Some(funcs) => funcs,
+                        None => vec![build_function(target, |kb| {
+                            fused::program_in_place(kb, &cx, &program, first_extra);
+                            Ok(())
+                        })?],
+                    };
+                    return Ok(Lowered::SplitChain(tasks, funcs));
+                }
                 let func = build_function(target, |kb| {
                     fused::program_in_place(kb, &cx, &program, first_extra);
                     Ok(())
                 })?;
-                if tasks.len() > 1 {
-                    return Ok(Lowered::SplitChain(tasks, Box::new(func)));
-                }
                 return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
             }
         } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
@@ -361,6 +385,16 @@ fn split_elementwise(
     target: &Target,
 ) -> Result<Option<Vec<Function>>, CpuError> {
     let cx = node_cx(graph, plan, id);
+    split_cx(&cx, plan, target)
+}
+
+/// [`split_elementwise`] of the node of `cx`.
+fn split_cx(
+    cx: &NodeCx,
+    plan: &mut Plan,
+    target: &Target,
+) -> Result<Option<Vec<Function>>, CpuError> {
+    let graph = cx.graph;
     let shape = &cx.node.ty.shape;
     let Some(axis) = shape.iter().position(|&d| d > 1) else {
         return Ok(None);
