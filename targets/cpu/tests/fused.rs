@@ -394,6 +394,36 @@ fn matmul_epilogues_with_memory_operands_first_and_unary_ops() {
 }
 
 #[test]
+fn erf_gelu_runs_in_the_store_loop() {
+    // MatMul + bias, then 0.5 * x * (1 + erf(x / √2)) as BERT exports it,
+    // inputs spanning erf's clamp at ±4.
+    let body = vec![
+        Instr::Binary(BinaryOp::Add, r(0), r(1)),
+        Instr::Binary(BinaryOp::Div, r(5), r(2)),
+        Instr::Unary(UnaryOp::Erf, r(6)),
+        Instr::Binary(BinaryOp::Add, r(7), r(3)),
+        Instr::Binary(BinaryOp::Mul, r(5), r(8)),
+        Instr::Binary(BinaryOp::Mul, r(9), r(4)),
+    ];
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![40, 64]), Arg::Const(vec![64, 72])],
+        )),
+        vec![
+            Arg::Const(vec![72]),
+            Arg::Const(vec![]),
+            Arg::Const(vec![]),
+            Arg::Const(vec![]),
+        ],
+        body,
+        32,
+    );
+    check(&g, 32);
+    assert!(!has_program_tail(&g));
+}
+
+#[test]
 fn programs_the_store_loop_cannot_hold_keep_a_tail() {
     // A per-column operand, and a sigmoid: both stay a Cranelift tail.
     for (extra, body) in [

@@ -275,8 +275,9 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
 /// epilogue steps, when every extra input is one f32 or one per output
 /// row (per channel of a convolution), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
-/// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish. Constants go to the
-/// weights section. `None` otherwise.
+/// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, and Erf (the rational
+/// approximation of `math::erf`). Constants go to the weights section.
+/// `None` otherwise.
 fn epilogue_steps(
     cx: &NodeCx,
     k: &FusedKernel,
@@ -295,23 +296,25 @@ fn epilogue_steps(
         return None;
     }
     let row_dim = shape.len() - low - 1;
-    let mut value = vec![Operand::Slot(0)];
+    // Per register, its operand; `None` for an input the store loop cannot
+    // read (fatal only if the program reads it: after `absorb_prefix` the
+    // input C took is still listed).
+    let mut value = vec![Some(Operand::Slot(0))];
     for i in 1..program.inputs() {
         let (loc, ety) = cx.inputs[h.inputs + i - 1];
-        if ety.dtype != DType::F32 {
-            return None;
-        }
         let es = broadcast_strides(&ety.shape, shape);
-        value.push(if es.iter().all(|&e| e == 0) {
-            Operand::Scalar(loc)
+        value.push(if ety.dtype != DType::F32 {
+            None
+        } else if es.iter().all(|&e| e == 0) {
+            Some(Operand::Scalar(loc))
         } else if es
             .iter()
             .enumerate()
             .all(|(d, &e)| e == 0 || (d == row_dim && e == 1))
         {
-            Operand::PerRow(loc)
+            Some(Operand::PerRow(loc))
         } else {
-            return None;
+            None
         });
     }
     let mut steps: Vec<EpilogueStep> = Vec::new();
@@ -331,10 +334,10 @@ fn epilogue_steps(
                     BinaryOp::Div => Div,
                     _ => return None,
                 };
-                emit(op, value[x.index()], value[y.index()])
+                emit(op, value[x.index()]?, value[y.index()]?)
             }
             Instr::Unary(u, x) => {
-                let x = value[x.index()];
+                let x = value[x.index()]?;
                 match u {
                     UnaryOp::Relu => emit(Max, x, konst(0.0)),
                     UnaryOp::Clip { min, max } => {
@@ -359,11 +362,31 @@ fn epilogue_steps(
                         let t = emit(Min, t, konst(1.0));
                         emit(Mul, x, t)
                     }
+                    UnaryOp::Erf => {
+                        // The rational function of `math::erf`; the clamp
+                        // takes x second, so a NaN stays NaN.
+                        use super::math::{ERF_CLAMP, ERF_DENOMINATOR, ERF_NUMERATOR};
+                        let x = emit(Min, konst(ERF_CLAMP), x);
+                        let x = emit(Max, konst(-ERF_CLAMP), x);
+                        let x2 = emit(Mul, x, x);
+                        let mut horner = |coeffs: &[f64]| {
+                            let mut p = konst(coeffs[0] as f32);
+                            for &c in &coeffs[1..] {
+                                let t = emit(Mul, p, x2);
+                                p = emit(Add, t, konst(c as f32));
+                            }
+                            p
+                        };
+                        let n = horner(&ERF_NUMERATOR);
+                        let d = horner(&ERF_DENOMINATOR);
+                        let n = emit(Mul, x, n);
+                        emit(Div, n, d)
+                    }
                     _ => return None,
                 }
             }
         };
-        value.push(v);
+        value.push(Some(v));
     }
     Some(steps)
 }

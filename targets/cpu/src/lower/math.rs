@@ -172,32 +172,39 @@ pub(crate) fn pow(kb: &mut Kb, x: Value, y: Value) -> Value {
 /// outside that range erf is ±1 in f32).
 pub(crate) fn erf(kb: &mut Kb, x: Value) -> Value {
     let ty = kb.b.func.dfg.value_type(x);
-    let hi = kb.fconst(ty, 4.0);
-    let lo = kb.fconst(ty, -4.0);
+    let hi = kb.fconst(ty, ERF_CLAMP as f64);
+    let lo = kb.fconst(ty, -ERF_CLAMP as f64);
     let x = kb.b.ins().fmin(x, hi);
     let x = kb.b.ins().fmax(x, lo);
     let x2 = kb.b.ins().fmul(x, x);
-    let alpha = [
-        -2.726_142_258_013_06e-10,
-        2.770_681_424_959_02e-8,
-        -2.101_024_020_825_08e-6,
-        -5.692_506_394_623_46e-5,
-        -7.349_906_303_268_55e-4,
-        -2.954_599_808_540_25e-3,
-        -1.609_603_332_624_15e-2,
-    ];
-    let beta = [
-        -1.456_607_184_649_96e-5,
-        -2.133_740_552_789_05e-4,
-        -1.682_826_974_382_03e-3,
-        -7.373_329_167_204_68e-3,
-        -1.426_473_905_141_89e-2,
-    ];
-    let p = horner(kb, x2, &alpha);
+    let p = horner(kb, x2, &ERF_NUMERATOR);
     let p = kb.b.ins().fmul(x, p);
-    let q = horner(kb, x2, &beta);
+    let q = horner(kb, x2, &ERF_DENOMINATOR);
     kb.b.ins().fdiv(p, q)
 }
+
+/// [`erf`] is `x · N(x²) / D(x²)` on `x` clamped to `±ERF_CLAMP` (where
+/// it is 1 to f32 precision); the AVX-512 store-loop epilogue evaluates
+/// the same rational function.
+pub(crate) const ERF_CLAMP: f32 = 4.0;
+/// Coefficients of N, highest power first.
+pub(crate) const ERF_NUMERATOR: [f64; 7] = [
+    -2.726_142_258_013_06e-10,
+    2.770_681_424_959_02e-8,
+    -2.101_024_020_825_08e-6,
+    -5.692_506_394_623_46e-5,
+    -7.349_906_303_268_55e-4,
+    -2.954_599_808_540_25e-3,
+    -1.609_603_332_624_15e-2,
+];
+/// Coefficients of D, highest power first.
+pub(crate) const ERF_DENOMINATOR: [f64; 5] = [
+    -1.456_607_184_649_96e-5,
+    -2.133_740_552_789_05e-4,
+    -1.682_826_974_382_03e-3,
+    -7.373_329_167_204_68e-3,
+    -1.426_473_905_141_89e-2,
+];
 
 /// `c[0]·z^(n-1) + ... + c[n-1]` by Horner's rule.
 fn horner(kb: &mut Kb, z: Value, coeffs: &[f64]) -> Value {

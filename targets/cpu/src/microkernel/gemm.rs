@@ -404,8 +404,8 @@ pub(crate) enum EpilogueOp {
     Mul,
     Div,
     /// `max(a, b)` as `vmaxps` (b when either is NaN): only where that is
-    /// the rule of the op it implements (Relu and Clip against a constant,
-    /// LeakyRelu's `max(x, αx)`).
+    /// the rule of the op it implements (Relu and Clip against a constant
+    /// b, LeakyRelu's `max(x, αx)`, Erf's clamp with x as b).
     Max,
     /// `min(a, b)` as `vminps`, under the same condition.
     Min,
