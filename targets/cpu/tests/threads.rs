@@ -244,21 +244,28 @@ fn gemm_with_bias_rows_follow_the_split() {
     check_split(&g, 14);
 }
 
-#[test]
-fn pointwise_conv_split_by_output_channels() {
-    let mut rng = Rng::new(4);
+/// A stride-1 conv with bias of input `x` and weights `w`, padded by
+/// `pad` on every side.
+fn conv_graph(rng: &mut Rng, x: [usize; 4], w: [usize; 4], pad: usize) -> Graph {
     let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [1, 192, 20, 20]));
-    let w = constant(&mut g, &mut rng, "w", &[256, 192, 1, 1]);
-    let b = constant(&mut g, &mut rng, "b", &[256]);
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let wi = constant(&mut g, rng, "w", &w);
+    let b = constant(&mut g, rng, "b", &[w[0]]);
     let conv = Conv2d {
         strides: [1, 1],
-        pads: [0; 4],
+        pads: [pad; 4],
         dilations: [1, 1],
         group: 1,
     };
-    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
+    let y = g.add_node(Op::Conv(conv), &[xi, wi, b], "conv").unwrap();
     g.add_output("y", y);
+    g
+}
+
+#[test]
+fn pointwise_conv_split_by_output_channels() {
+    let mut rng = Rng::new(4);
+    let g = conv_graph(&mut rng, [1, 192, 20, 20], [256, 192, 1, 1], 0);
     check_split(&g, 15);
 }
 
@@ -266,20 +273,9 @@ fn pointwise_conv_split_by_output_channels() {
 fn implicit_gemm_conv_split_at_band_boundaries() {
     // 3x3 stride 1 over 48 channels of 60x60: bands of output rows share
     // one padded copy of their input rows, so the tasks split between
-    // bands (12 rows each: 5 bands over 4 tasks), never inside one.
+    // bands (15 rows each, one band per task), never inside one.
     let mut rng = Rng::new(5);
-    let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [1, 48, 60, 60]));
-    let w = constant(&mut g, &mut rng, "w", &[16, 48, 3, 3]);
-    let b = constant(&mut g, &mut rng, "b", &[16]);
-    let conv = Conv2d {
-        strides: [1, 1],
-        pads: [1, 1, 1, 1],
-        dilations: [1, 1],
-        group: 1,
-    };
-    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
-    g.add_output("y", y);
+    let g = conv_graph(&mut rng, [1, 48, 60, 60], [16, 48, 3, 3], 1);
     check_split(&g, 16);
 }
 
@@ -308,18 +304,7 @@ fn few_output_channels_split_by_columns() {
     // with a bias, and a MatMul of 4 rows: both wide and short, so the
     // tasks take column tiles.
     let mut rng = Rng::new(6);
-    let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [1, 96, 150, 150]));
-    let w = constant(&mut g, &mut rng, "w", &[12, 96, 1, 1]);
-    let b = constant(&mut g, &mut rng, "b", &[12]);
-    let conv = Conv2d {
-        strides: [1, 1],
-        pads: [0; 4],
-        dilations: [1, 1],
-        group: 1,
-    };
-    let y = g.add_node(Op::Conv(conv), &[x, w, b], "conv").unwrap();
-    g.add_output("y", y);
+    let g = conv_graph(&mut rng, [1, 96, 150, 150], [12, 96, 1, 1], 0);
     check_split(&g, 18);
     let mut g = Graph::new();
     let a = constant(&mut g, &mut rng, "a", &[4, 64]);

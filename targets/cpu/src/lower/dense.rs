@@ -886,28 +886,12 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
         })
         .collect();
     Some(GemmSpec {
-        m: oc,
-        n: p,
-        k: cin,
-        elem,
-        blocking,
-        a: ALayout::Packed,
         b: BLayout::Strided {
             row: (p * 4) as i64,
         },
         out_row: (p * 4) as i64,
-        alpha: 1.0,
-        c: bias.map(|_| CLayout {
-            row: 4,
-            per_column: false,
-            beta: 1.0,
-        }),
-        act: Activation::None,
         calls,
-        im2col: Vec::new(),
-        b_panel: None,
-        a_zero: None,
-        epilogue: Vec::new(),
+        ..conv_gemm(oc, p, cin, elem, blocking, bias.is_some())
     })
 }
 
@@ -960,16 +944,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     let mut calls = Vec::new();
     for img in 0..batch as i64 {
         for row0 in (0..oh).step_by(band) {
-            let geo = Im2col { row0, ..first };
-            let key = geo.band_key();
-            let routine = match routines.iter().position(|r| r.band_key() == key) {
-                Some(i) => i,
-                None => {
-                    routines.push(geo);
-                    routines.len() - 1
-                }
-            };
-            let shift = ((row0 - routines[routine].row0) * c.strides[0] * w * 4) as i64;
+            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
             calls.push(Call {
                 a: a_base,
                 b: col,
@@ -989,29 +964,58 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         return None;
     }
     Some(GemmSpec {
-        m: oc,
-        n: p,
-        k,
-        elem,
-        blocking,
-        a: ALayout::Packed,
         b: BLayout::Strided {
             row: (p * 4) as i64,
         },
         out_row: (oh * ow * 4) as i64,
+        calls,
+        im2col: routines,
+        ..conv_gemm(oc, p, k, elem, blocking, bias.is_some())
+    })
+}
+
+/// The GEMM of a convolution with packed weights as A (`m` output
+/// channels), a per-channel bias as C when `bias`; B, the output layout
+/// and the calls are the caller's.
+fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias: bool) -> GemmSpec {
+    GemmSpec {
+        m,
+        n,
+        k,
+        elem,
+        blocking,
+        a: ALayout::Packed,
+        b: BLayout::Packed,
+        out_row: 0,
         alpha: 1.0,
-        c: bias.map(|_| CLayout {
+        c: bias.then_some(CLayout {
             row: 4,
             per_column: false,
             beta: 1.0,
         }),
         act: Activation::None,
-        calls,
-        im2col: routines,
+        calls: Vec::new(),
+        im2col: Vec::new(),
         b_panel: None,
         a_zero: None,
         epilogue: Vec::new(),
-    })
+    }
+}
+
+/// The index of the routine in `routines` that converts band `geo` (added
+/// when no band so far has its geometry), and how far (bytes) the image
+/// pointer moves for it: bands whose taps fall alike share one routine.
+fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
+    let key = geo.band_key();
+    let i = match routines.iter().position(|r| r.band_key() == key) {
+        Some(i) => i,
+        None => {
+            routines.push(geo);
+            routines.len() - 1
+        }
+    };
+    let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * 4;
+    (i, shift as i64)
 }
 
 /// An ungrouped convolution with W stride 1 and constant weights as an
@@ -1084,16 +1088,7 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
     for img in 0..batch as i64 {
         let image = offset(xloc, img * (cin * h * w * 4) as i64);
         for row0 in (0..oh).step_by(band) {
-            let geo = copy(row0);
-            let key = geo.band_key();
-            let routine = match routines.iter().position(|r| r.band_key() == key) {
-                Some(i) => i,
-                None => {
-                    routines.push(geo);
-                    routines.len() - 1
-                }
-            };
-            let shift = ((geo.row0 - routines[routine].row0) * w * 4) as i64;
+            let (routine, shift) = band_routine(&mut routines, copy(row0));
             for r in 0..band {
                 calls.push(Call {
                     a: a_base,
@@ -1116,12 +1111,6 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
         return None;
     }
     Some(GemmSpec {
-        m: oc,
-        n: ow,
-        k,
-        elem,
-        blocking,
-        a: ALayout::Packed,
         b: BLayout::Taps {
             channel,
             kh,
@@ -1130,18 +1119,9 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
             col: (dw * 4) as i64,
         },
         out_row: (oh * ow * 4) as i64,
-        alpha: 1.0,
-        c: bias.map(|_| CLayout {
-            row: 4,
-            per_column: false,
-            beta: 1.0,
-        }),
-        act: Activation::None,
         calls,
         im2col: routines,
-        b_panel: None,
-        a_zero: None,
-        epilogue: Vec::new(),
+        ..conv_gemm(oc, ow, k, elem, blocking, bias.is_some())
     })
 }
 
