@@ -217,6 +217,39 @@ fn depthwise_conv_hard_swish() {
         6,
     );
     check(&g, 6);
+    assert!(!has_program_tail(&g));
+}
+
+#[test]
+fn depthwise_conv_with_per_channel_affine_in_the_store() {
+    // Depth multiplier 2 (per-channel operands indexed by group and
+    // multiplier), W stride 2, hard-swish then a per-channel scale and
+    // shift; two images.
+    let strided = DenseOp::Conv(Conv2d {
+        strides: [2, 2],
+        pads: [1; 4],
+        dilations: [1, 1],
+        group: 5,
+    });
+    let g = fused_graph(
+        Some((
+            strided,
+            vec![
+                Arg::Input(vec![2, 5, 17, 40]),
+                Arg::Const(vec![10, 1, 3, 3]),
+                Arg::Const(vec![10]),
+            ],
+        )),
+        vec![Arg::Const(vec![10, 1, 1]), Arg::Const(vec![1, 10, 1, 1])],
+        vec![
+            Instr::Unary(UnaryOp::HardSwish, r(0)),
+            Instr::Binary(BinaryOp::Mul, r(3), r(1)),
+            Instr::Binary(BinaryOp::Add, r(2), r(4)),
+        ],
+        33,
+    );
+    check(&g, 33);
+    assert!(!has_program_tail(&g));
 }
 
 #[test]

@@ -407,7 +407,41 @@ fn depthwise_conv_split_by_groups() {
         dilations: [1, 1],
         group: 96,
     };
-    let y = g.add_node(Op::Conv(conv), &[x, w, b], "dw").unwrap();
+    let y = g
+        .add_node(Op::Conv(conv.clone()), &[x, w, b], "dw")
+        .unwrap();
     g.add_output("y", y);
     check_split(&g, 16);
+    // The same conv fused with hard-swish and a per-channel scale in its
+    // store: each task reads the scales of its own channels.
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Unary(UnaryOp::HardSwish, Reg(0)),
+            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(1)),
+        ],
+    )
+    .unwrap();
+    let head = DenseHead {
+        op: DenseOp::Conv(conv),
+        inputs: 3,
+    };
+    let k = FusedKernel::new(Some(head), body).unwrap();
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [2, 96, 96, 130]));
+    let w = constant(&mut g, &mut rng, "w", &[192, 1, 3, 3]);
+    let b = constant(&mut g, &mut rng, "b", &[192]);
+    let scale = constant(&mut g, &mut rng, "scale", &[192, 1, 1]);
+    let y = g
+        .add_node(Op::Fused(Box::new(k)), &[x, w, b, scale], "dw_fused")
+        .unwrap();
+    g.add_output("y", y);
+    let split = artifact(&g, 4);
+    assert_eq!(
+        split.schedule.len(),
+        1,
+        "no tail step: {:?}",
+        split.schedule
+    );
+    check_split(&g, 17);
 }

@@ -17,7 +17,7 @@ use kiln_ir::{
 
 use super::elementwise::broadcast_strides;
 use super::NodeCx;
-use crate::microkernel::depthwise::{DepthwiseSpec, RowSegment};
+use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
 use crate::microkernel::gemm::{
     epilogue_fits, pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads,
     packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem, EpilogueOp,
@@ -114,8 +114,16 @@ fn lower_with(
             trans_b,
         } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
         Op::Conv(c) if c.group > 1 => {
-            let spec = depthwise_conv(cx, c)?;
-            let tail = whole(fused);
+            let mut spec = depthwise_conv(cx, c)?;
+            let mut tail = whole(fused);
+            if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
+                if let Some(steps) = epilogue_steps(fcx, k, program, weights) {
+                    if depthwise_epilogue_fits(&steps) {
+                        spec.epilogue = steps;
+                        tail = None;
+                    }
+                }
+            }
             let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
             let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
             let codes = spec
@@ -1203,5 +1211,6 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
         weights: wloc,
         bias: cx.inputs.get(2).map(|&(loc, _)| loc),
         images,
+        epilogue: Vec::new(),
     })
 }

@@ -14,6 +14,7 @@
 
 use iced_x86::code_asm::*;
 
+use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, Operand};
 use super::{imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
 
@@ -31,6 +32,9 @@ const SRC: AsmRegister64 = r13;
 const DST: AsmRegister64 = r14;
 const TMP: AsmRegister32 = r15d;
 const SAVED: [AsmRegister64; 5] = [rbx, r12, r13, r14, r15];
+/// The first output channel of the group, in bytes of a per-channel
+/// operand (for the epilogue).
+const CHANNEL: AsmRegister64 = rdx;
 /// The lane indices 0, 2, .., 30 (W stride 2). Tiles use zmm0–zmm23.
 const EVEN: AsmRegisterZmm = zmm24;
 
@@ -88,6 +92,19 @@ pub(crate) struct DepthwiseSpec {
     pub bias: Option<Loc>,
     /// Per image: (input, output).
     pub images: Vec<(Loc, Loc)>,
+    /// A fused program applied to every output vector before it is stored
+    /// (per-row operands are per output channel); empty for none.
+    pub epilogue: Vec<EpilogueStep>,
+}
+
+/// The registers free when a tile of accumulators is stored: the input
+/// registers, the stride-2 halves and what is left past the permutation
+/// index.
+const STORE_FREE: std::ops::Range<usize> = MAX_TILES..32;
+
+/// Whether `steps` fits the store of a depthwise kernel.
+pub(crate) fn depthwise_epilogue_fits(steps: &[EpilogueStep]) -> bool {
+    allocate_slots(steps, 1 + STORE_FREE.len() - 1).is_some()
 }
 
 impl DepthwiseSpec {
@@ -110,6 +127,21 @@ impl DepthwiseSpec {
                     rows: self.rows.clone(),
                     weights: moved(self.weights, channels * self.kh * self.kw * 4),
                     bias: self.bias.map(|b| moved(b, channels * 4)),
+                    epilogue: self
+                        .epilogue
+                        .iter()
+                        .map(|st| {
+                            let shift = |o: Operand| match o {
+                                Operand::PerRow(loc) => Operand::PerRow(moved(loc, channels * 4)),
+                                o => o,
+                            };
+                            EpilogueStep {
+                                a: shift(st.a),
+                                b: shift(st.b),
+                                ..*st
+                            }
+                        })
+                        .collect(),
                     images: self
                         .images
                         .iter()
@@ -149,6 +181,7 @@ impl DepthwiseSpec {
             if let Some(b) = self.bias {
                 load_address(&mut a, B_G, b)?;
             }
+            a.xor(CHANNEL, CHANNEL)?;
             self.groups_loop(&mut a)?;
         }
         for r in SAVED.iter().rev() {
@@ -174,13 +207,7 @@ impl DepthwiseSpec {
         a.set_label(&mut top)?;
         for j in 0..self.per_group {
             for seg in &self.rows {
-                self.segment(
-                    a,
-                    seg,
-                    j as i64 * taps * 4,
-                    j as i64 * 4,
-                    j as i64 * plane_out,
-                )?;
+                self.segment(a, seg, j, j as i64 * taps * 4, j as i64 * plane_out)?;
             }
         }
         a.add(X_G, imm32((self.h * self.w * 4) as i64, "input plane")?)?;
@@ -192,24 +219,33 @@ impl DepthwiseSpec {
         if self.bias.is_some() {
             a.add(B_G, imm32(self.per_group as i64 * 4, "bias")?)?;
         }
+        a.add(CHANNEL, imm32(self.per_group as i64 * 4, "channel")?)?;
         a.dec(GROUPS)?;
         a.jnz(top)?;
         Ok(())
     }
 
-    /// The rows of one segment of one output channel (weights at W_G +
-    /// `w_off`, bias at B_G + `b_off`, output plane at OUT_G + `out_off`).
+    /// The rows of one segment of output channel `j` of the group
+    /// (weights at W_G + `w_off`, bias at B_G + 4j, output plane at OUT_G +
+    /// `out_off`).
     fn segment(
         &self,
         a: &mut CodeAssembler,
         seg: &RowSegment,
+        j: usize,
         w_off: i64,
-        b_off: i64,
         out_off: i64,
     ) -> Result<(), MicrokernelError> {
         if seg.len == 0 {
             return Ok(());
         }
+        let b_off = 4 * j as i64;
+        // The epilogue's registers: the accumulator, then the free ones
+        // (the permutation index excluded).
+        let free: Vec<AsmRegisterZmm> = STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect();
+        let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
+            MicrokernelError::Layout("the depthwise epilogue does not fit".into())
+        })?;
         let w4 = (self.w * 4) as i64;
         let [dil_h, dil_w] = self.dilations;
         let [pt, pl] = self.pad_tl;
@@ -283,12 +319,20 @@ impl DepthwiseSpec {
                 let ow0 = (v0 + t) * 16;
                 let lanes = (self.ow - ow0).min(16);
                 let disp = imm32((ow0 * 4) as i64, "output pixel")?;
+                let x = if self.epilogue.is_empty() {
+                    acc(t)
+                } else {
+                    let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(t))
+                        .chain(free.iter().copied())
+                        .collect();
+                    run_epilogue(a, &self.epilogue, &home, &regs, (CHANNEL, j))?
+                };
                 if lanes == 16 {
-                    a.vmovups(zmmword_ptr(DST + disp), acc(t))?;
+                    a.vmovups(zmmword_ptr(DST + disp), x)?;
                 } else {
                     a.mov(TMP, (1u32 << lanes) - 1)?;
                     a.kmovw(k1, TMP)?;
-                    a.vmovups(zmmword_ptr(DST + disp).k1(), acc(t))?;
+                    a.vmovups(zmmword_ptr(DST + disp).k1(), x)?;
                 }
             }
             v0 += n;

@@ -424,7 +424,7 @@ pub(crate) struct EpilogueStep {
 /// Where each slot of an epilogue program lives: an index into the free
 /// registers of a tile (0: the accumulator itself), per step the register
 /// of its result. `None` when more than `free` registers would be live.
-fn allocate_slots(steps: &[EpilogueStep], free: usize) -> Option<Vec<usize>> {
+pub(crate) fn allocate_slots(steps: &[EpilogueStep], free: usize) -> Option<Vec<usize>> {
     let slots = steps.len() + 1;
     let mut last_use = vec![0usize; slots];
     for (i, st) in steps.iter().enumerate() {
@@ -1114,7 +1114,7 @@ impl GemmSpec {
                     let regs: Vec<AsmRegisterZmm> = std::iter::once(x)
                         .chain(ZMM[rows * nv..].iter().copied())
                         .collect();
-                    run_epilogue(a, program, &home, &regs, r)?
+                    run_epilogue(a, program, &home, &regs, (ROW_BYTES, r))?
                 };
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
@@ -1144,14 +1144,15 @@ enum RowStart {
 /// cursor, free in the store loop).
 const ROW_BYTES: AsmRegister64 = A_K;
 
-/// Emits `program` on one output vector of tile row `row` (slot `k` in
+/// Emits `program` on one output vector of row `row` past the row whose
+/// byte offset into per-row operands is in `index` (slot `k` in
 /// `regs[home[k]]`, slot 0 being the vector); returns the result register.
-fn run_epilogue(
+pub(crate) fn run_epilogue(
     a: &mut CodeAssembler,
     program: &[EpilogueStep],
     home: &[usize],
     regs: &[AsmRegisterZmm],
-    row: usize,
+    (index, row): (AsmRegister64, usize),
 ) -> Result<AsmRegisterZmm, MicrokernelError> {
     // An operand's address: its base register, whether the tile's row
     // offset indexes it, and the displacement.
@@ -1172,14 +1173,14 @@ fn run_epilogue(
     };
     let ptr = |(base, indexed, disp): Address| {
         if indexed {
-            dword_ptr(base + ROW_BYTES + disp)
+            dword_ptr(base + index + disp)
         } else {
             dword_ptr(base + disp)
         }
     };
     let bcst = |(base, indexed, disp): Address| {
         if indexed {
-            dword_bcst(base + ROW_BYTES + disp)
+            dword_bcst(base + index + disp)
         } else {
             dword_bcst(base + disp)
         }
