@@ -24,6 +24,7 @@ mod manager;
 mod precision_plan;
 mod precision_report;
 mod quantize;
+mod recognize;
 mod simplify;
 
 pub use assign_precision::{
@@ -39,4 +40,5 @@ pub use manager::{
 pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
 pub use quantize::{observe, quantize_weights, u8_params, ActivationRange, Observer};
+pub use recognize::Recognize;
 pub use simplify::Simplify;

@@ -1,6 +1,6 @@
 //! The pass manager: pipelines, verification between passes, statistics.
 
-use crate::{DeadCodeElimination, FoldBatchNorm, FoldConstants, Fuse, Simplify};
+use crate::{DeadCodeElimination, FoldBatchNorm, FoldConstants, Fuse, Recognize, Simplify};
 use kiln_ir::{Graph, IrError};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -122,6 +122,7 @@ fn registry() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(FoldConstants::default()),
         Box::new(Simplify::default()),
+        Box::new(Recognize),
         Box::new(FoldBatchNorm),
         Box::new(Fuse::default()),
         Box::new(DeadCodeElimination),
@@ -130,9 +131,10 @@ fn registry() -> Vec<Box<dyn Pass>> {
 
 impl PassManager {
     /// The pipeline of an optimization level: `0` imports as is, `1` folds
-    /// constants and removes dead code, `2` also simplifies and folds
-    /// per-channel scale/shift (BatchNormalization) into Conv/Gemm/MatMul
-    /// and fuses producer–consumer chains into single kernels.
+    /// constants and removes dead code, `2` also simplifies, recognizes
+    /// decomposed LayerNorm and GELU, folds per-channel scale/shift
+    /// (BatchNormalization) into Conv/Gemm/MatMul and fuses
+    /// producer–consumer chains into single kernels.
     pub fn for_level(level: u8) -> Result<PassManager, PassError> {
         match level {
             0 => Ok(PassManager { passes: vec![] }),
@@ -140,6 +142,7 @@ impl PassManager {
             2 => PassManager::from_names(&[
                 "fold-constants",
                 "simplify",
+                "recognize",
                 "fold-batchnorm",
                 "fuse",
                 "dce",

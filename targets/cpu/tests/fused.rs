@@ -454,6 +454,21 @@ fn erf_gelu_runs_in_the_store_loop() {
     );
     check(&g, 32);
     assert!(!has_program_tail(&g));
+    // The same as the single op `recognize` makes of it.
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![40, 64]), Arg::Const(vec![64, 72])],
+        )),
+        vec![Arg::Const(vec![72])],
+        vec![
+            Instr::Binary(BinaryOp::Add, r(0), r(1)),
+            Instr::Unary(UnaryOp::Gelu { tanh: false }, r(2)),
+        ],
+        34,
+    );
+    check(&g, 34);
+    assert!(!has_program_tail(&g));
 }
 
 #[test]

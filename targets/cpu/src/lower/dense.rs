@@ -283,9 +283,9 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
 /// epilogue steps, when every extra input is one f32 or one per output
 /// row (per channel of a convolution), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
-/// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, and Erf (the rational
-/// approximation of `math::erf`). Constants go to the weights section.
-/// `None` otherwise.
+/// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, Erf (the rational
+/// approximation of `math::erf`) and erf-form Gelu. Constants go to the
+/// weights section. `None` otherwise.
 fn epilogue_steps(
     cx: &NodeCx,
     k: &FusedKernel,
@@ -325,70 +325,57 @@ fn epilogue_steps(
             None
         });
     }
-    let mut steps: Vec<EpilogueStep> = Vec::new();
-    let mut emit = |op, a, b| {
-        steps.push(EpilogueStep { op, a, b });
-        Operand::Slot(steps.len())
+    let mut b = Steps {
+        steps: Vec::new(),
+        weights,
     };
-    let mut konst = |v: f32| Operand::Scalar(weights_loc(weights, &v.to_le_bytes()));
     use EpilogueOp::{Add, Div, Max, Min, Mul, Sub};
     for instr in program.instrs() {
         let v = match *instr {
-            Instr::Binary(b, x, y) => {
-                let op = match b {
+            Instr::Binary(op, x, y) => {
+                let op = match op {
                     BinaryOp::Add => Add,
                     BinaryOp::Sub => Sub,
                     BinaryOp::Mul => Mul,
                     BinaryOp::Div => Div,
                     _ => return None,
                 };
-                emit(op, value[x.index()]?, value[y.index()]?)
+                b.emit(op, value[x.index()]?, value[y.index()]?)
             }
             Instr::Unary(u, x) => {
                 let x = value[x.index()]?;
                 match u {
-                    UnaryOp::Relu => emit(Max, x, konst(0.0)),
+                    UnaryOp::Relu => b.emit_const(Max, x, 0.0),
                     UnaryOp::Clip { min, max } => {
-                        let t = emit(Max, x, konst(min));
-                        emit(Min, t, konst(max))
+                        let t = b.emit_const(Max, x, min);
+                        b.emit_const(Min, t, max)
                     }
-                    UnaryOp::Neg => emit(Mul, x, konst(-1.0)),
+                    UnaryOp::Neg => b.emit_const(Mul, x, -1.0),
                     UnaryOp::LeakyRelu { alpha } if (0.0..=1.0).contains(&alpha) => {
-                        let t = emit(Mul, x, konst(alpha));
-                        emit(Max, x, t)
+                        let t = b.emit_const(Mul, x, alpha);
+                        b.emit(Max, x, t)
                     }
                     UnaryOp::HardSigmoid { alpha, beta } => {
-                        let t = emit(Mul, x, konst(alpha));
-                        let t = emit(Add, t, konst(beta));
-                        let t = emit(Max, t, konst(0.0));
-                        emit(Min, t, konst(1.0))
+                        let t = b.emit_const(Mul, x, alpha);
+                        let t = b.emit_const(Add, t, beta);
+                        let t = b.emit_const(Max, t, 0.0);
+                        b.emit_const(Min, t, 1.0)
                     }
                     UnaryOp::HardSwish => {
-                        let t = emit(Div, x, konst(6.0));
-                        let t = emit(Add, t, konst(0.5));
-                        let t = emit(Max, t, konst(0.0));
-                        let t = emit(Min, t, konst(1.0));
-                        emit(Mul, x, t)
+                        let t = b.emit_const(Div, x, 6.0);
+                        let t = b.emit_const(Add, t, 0.5);
+                        let t = b.emit_const(Max, t, 0.0);
+                        let t = b.emit_const(Min, t, 1.0);
+                        b.emit(Mul, x, t)
                     }
-                    UnaryOp::Erf => {
-                        // The rational function of `math::erf`; the clamp
-                        // takes x second, so a NaN stays NaN.
-                        use super::math::{ERF_CLAMP, ERF_DENOMINATOR, ERF_NUMERATOR};
-                        let x = emit(Min, konst(ERF_CLAMP), x);
-                        let x = emit(Max, konst(-ERF_CLAMP), x);
-                        let x2 = emit(Mul, x, x);
-                        let mut horner = |coeffs: &[f64]| {
-                            let mut p = konst(coeffs[0] as f32);
-                            for &c in &coeffs[1..] {
-                                let t = emit(Mul, p, x2);
-                                p = emit(Add, t, konst(c as f32));
-                            }
-                            p
-                        };
-                        let n = horner(&ERF_NUMERATOR);
-                        let d = horner(&ERF_DENOMINATOR);
-                        let n = emit(Mul, x, n);
-                        emit(Div, n, d)
+                    UnaryOp::Erf => b.erf(x),
+                    UnaryOp::Gelu { tanh: false } => {
+                        // x · (1 + erf(x / √2)) / 2
+                        let t = b.emit_const(Mul, x, std::f32::consts::FRAC_1_SQRT_2);
+                        let t = b.erf(t);
+                        let t = b.emit_const(Add, t, 1.0);
+                        let t = b.emit(Mul, x, t);
+                        b.emit_const(Mul, t, 0.5)
                     }
                     _ => return None,
                 }
@@ -396,7 +383,57 @@ fn epilogue_steps(
         };
         value.push(Some(v));
     }
-    Some(steps)
+    Some(b.steps)
+}
+
+/// Epilogue steps being written, with the weights section for their
+/// constants.
+struct Steps<'w> {
+    steps: Vec<EpilogueStep>,
+    weights: &'w mut Weights,
+}
+
+impl Steps<'_> {
+    /// Appends `op(a, b)`; its result.
+    fn emit(&mut self, op: EpilogueOp, a: Operand, b: Operand) -> Operand {
+        self.steps.push(EpilogueStep { op, a, b });
+        Operand::Slot(self.steps.len())
+    }
+
+    /// A constant, stored in the weights section.
+    fn konst(&mut self, v: f32) -> Operand {
+        Operand::Scalar(weights_loc(self.weights, &v.to_le_bytes()))
+    }
+
+    /// Appends `op(a, v)` for a constant `v`.
+    fn emit_const(&mut self, op: EpilogueOp, a: Operand, v: f32) -> Operand {
+        let k = self.konst(v);
+        self.emit(op, a, k)
+    }
+
+    /// `erf(x)` as the rational function of `math::erf`; the clamp takes x
+    /// second, so a NaN stays NaN.
+    fn erf(&mut self, x: Operand) -> Operand {
+        use super::math::{ERF_CLAMP, ERF_DENOMINATOR, ERF_NUMERATOR};
+        use EpilogueOp::{Add, Div, Max, Min, Mul};
+        let hi = self.konst(ERF_CLAMP);
+        let x = self.emit(Min, hi, x);
+        let lo = self.konst(-ERF_CLAMP);
+        let x = self.emit(Max, lo, x);
+        let x2 = self.emit(Mul, x, x);
+        let mut horner = |coeffs: &[f64]| {
+            let mut p = self.konst(coeffs[0] as f32);
+            for &c in &coeffs[1..] {
+                let t = self.emit(Mul, p, x2);
+                p = self.emit_const(Add, t, c as f32);
+            }
+            p
+        };
+        let n = horner(&ERF_NUMERATOR);
+        let d = horner(&ERF_DENOMINATOR);
+        let n = self.emit(Mul, x, n);
+        self.emit(Div, n, d)
+    }
 }
 
 /// How an operand with element strides `es` over the output `shape` reads

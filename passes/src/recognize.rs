@@ -1,0 +1,272 @@
+//! `recognize`: layer normalization and GELU as exporters decompose them,
+//! rewritten into the single IR ops (`layer_norm`, `gelu`) that targets
+//! run as one kernel or inside a dense kernel's store loop.
+
+use crate::{Pass, PassError, PassStats};
+use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
+
+/// Rewrites, on f32 values:
+///
+/// - **LayerNorm** (opset < 17 exports, Keras/TF): `d = x - mean(x)`,
+///   `y = d / sqrt(mean(d²) + ε)` (the square as `pow(d, 2)` or `d * d`),
+///   then optionally `* γ` and `+ β`, the means over a suffix of the axes
+///   with kept dims → `layer_norm(x, γ, β) {axis, epsilon}` (γ a constant
+///   of ones when absent). γ and β must have the normalized axes' shape.
+/// - **GELU, erf form** (PyTorch, BERT exports): `x * (1 + erf(x / √2)) *
+///   0.5` in either association (`(x * t) * 0.5` or `(x * 0.5) * t`), the
+///   division as `x * (1/√2)` too, operands of `+`/`*` in either order →
+///   `gelu(x) {tanh=false}`.
+///
+/// Every intermediate value must be used only inside the pattern and not be
+/// a graph output; the result keeps the last node's name.
+pub struct Recognize;
+
+fn fail(source: IrError) -> PassError {
+    PassError::Failed {
+        pass: "recognize",
+        source,
+    }
+}
+
+/// The value of a one-element float constant.
+fn scalar(graph: &Graph, id: NodeId) -> Option<f64> {
+    let t = graph.constant(id)?;
+    (t.dtype().is_float() && t.shape().iter().product::<usize>() == 1).then(|| t.to_f64_vec()[0])
+}
+
+fn close(v: Option<f64>, want: f64) -> bool {
+    v.is_some_and(|v| (v - want).abs() <= 1e-6 * want.abs().max(1.0))
+}
+
+/// The users of `id` when it is not a graph output.
+fn users(graph: &Graph, id: NodeId) -> Option<Vec<NodeId>> {
+    if graph.outputs().iter().any(|(_, o)| *o == id) {
+        return None;
+    }
+    let mut u: Vec<NodeId> = graph.users_of(id).into_iter().map(|(u, _)| u).collect();
+    u.dedup();
+    Some(u)
+}
+
+/// The one user of `id` (not a graph output).
+fn sole_user(graph: &Graph, id: NodeId) -> Option<NodeId> {
+    match users(graph, id)?.as_slice() {
+        [u] => Some(*u),
+        _ => None,
+    }
+}
+
+/// When `id` is `op(a, b)`, its inputs.
+fn binary(graph: &Graph, id: NodeId, op: BinaryOp) -> Option<(NodeId, NodeId)> {
+    (graph.node(id).op == Op::Binary(op)).then(|| {
+        let i = graph.inputs_of(id);
+        (i[0], i[1])
+    })
+}
+
+/// When `id` is a commutative `op` of `known` and something else, the other
+/// operand.
+fn other_operand(graph: &Graph, id: NodeId, op: BinaryOp, known: NodeId) -> Option<NodeId> {
+    let (a, b) = binary(graph, id, op)?;
+    match (a == known, b == known) {
+        (true, false) => Some(b),
+        (false, true) => Some(a),
+        _ => None,
+    }
+}
+
+/// A mean over a suffix of the axes, with kept dims: the first axis.
+fn suffix_mean(graph: &Graph, id: NodeId, rank: usize) -> Option<usize> {
+    let Op::Reduce {
+        op: ReduceOp::Mean,
+        axes,
+        keep_dims: true,
+    } = &graph.node(id).op
+    else {
+        return None;
+    };
+    let first = *axes.first()?;
+    (axes.iter().copied().eq(first..rank)).then_some(first)
+}
+
+/// Whether `id` has the shape of the normalized axes `shape`.
+fn normalized_shape(graph: &Graph, id: NodeId, shape: &[usize]) -> bool {
+    graph.node(id).ty.shape[..] == *shape
+}
+
+/// A matched pattern: the new op and its inputs, the node it replaces and
+/// the nodes it removes.
+struct Match {
+    op: Op,
+    inputs: Vec<NodeId>,
+    /// γ when it must be created (ones over the normalized shape).
+    ones: Option<Vec<usize>>,
+    last: NodeId,
+    members: Vec<NodeId>,
+}
+
+fn layer_norm(graph: &Graph, mean: NodeId) -> Option<Match> {
+    let x = *graph.inputs_of(mean).first()?;
+    let xty = &graph.node(x).ty;
+    if xty.dtype != DType::F32 || graph.node(mean).ty.dtype != DType::F32 {
+        return None;
+    }
+    let rank = xty.shape.len();
+    let axis = suffix_mean(graph, mean, rank)?;
+    let d = sole_user(graph, mean)?;
+    if binary(graph, d, BinaryOp::Sub)? != (x, mean) {
+        return None;
+    }
+    let du = users(graph, d)?;
+    let [a, b] = du.as_slice() else { return None };
+    let is_square = |p: NodeId| {
+        binary(graph, p, BinaryOp::Mul) == Some((d, d))
+            || binary(graph, p, BinaryOp::Pow)
+                .is_some_and(|(l, r)| l == d && close(scalar(graph, r), 2.0))
+    };
+    let (square, div) = if is_square(*a) { (*a, *b) } else { (*b, *a) };
+    if !is_square(square) {
+        return None;
+    }
+    let var = sole_user(graph, square)?;
+    if suffix_mean(graph, var, rank)? != axis {
+        return None;
+    }
+    let add = sole_user(graph, var)?;
+    let eps = scalar(graph, other_operand(graph, add, BinaryOp::Add, var)?)?;
+    let sqrt = sole_user(graph, add)?;
+    if graph.node(sqrt).op != Op::Unary(UnaryOp::Sqrt) || sole_user(graph, sqrt)? != div {
+        return None;
+    }
+    if binary(graph, div, BinaryOp::Div)? != (d, sqrt) {
+        return None;
+    }
+    let mut members = vec![mean, d, square, var, add, sqrt, div];
+    let normalized = xty.shape[axis..].to_vec();
+    let mut last = div;
+    let mut gamma = None;
+    let mut beta = None;
+    if let Some(u) = sole_user(graph, last) {
+        if let Some(g) = other_operand(graph, u, BinaryOp::Mul, last) {
+            if normalized_shape(graph, g, &normalized) && graph.node(g).ty.dtype == DType::F32 {
+                gamma = Some(g);
+                members.push(u);
+                last = u;
+            }
+        }
+    }
+    if let (Some(_), Some(u)) = (gamma, sole_user(graph, last)) {
+        if let Some(b) = other_operand(graph, u, BinaryOp::Add, last) {
+            if normalized_shape(graph, b, &normalized) && graph.node(b).ty.dtype == DType::F32 {
+                beta = Some(b);
+                members.push(u);
+                last = u;
+            }
+        }
+    }
+    let mut inputs = vec![x];
+    inputs.extend(gamma);
+    inputs.extend(beta);
+    Some(Match {
+        op: Op::LayerNorm {
+            axis,
+            epsilon: eps as f32,
+        },
+        inputs,
+        ones: gamma.is_none().then_some(normalized),
+        last,
+        members,
+    })
+}
+
+fn gelu(graph: &Graph, scaled: NodeId) -> Option<Match> {
+    let x = *graph.inputs_of(scaled).first()?;
+    if graph.node(x).ty.dtype != DType::F32 || graph.node(scaled).ty != graph.node(x).ty {
+        return None;
+    }
+    let by_root2 = match binary(graph, scaled, BinaryOp::Div) {
+        Some((l, r)) => l == x && close(scalar(graph, r), std::f64::consts::SQRT_2),
+        None => binary(graph, scaled, BinaryOp::Mul).is_some_and(|(l, r)| {
+            l == x && close(scalar(graph, r), std::f64::consts::FRAC_1_SQRT_2)
+        }),
+    };
+    if !by_root2 {
+        return None;
+    }
+    let erf = sole_user(graph, scaled)?;
+    if graph.node(erf).op != Op::Unary(UnaryOp::Erf) {
+        return None;
+    }
+    let plus = sole_user(graph, erf)?;
+    if !close(
+        scalar(graph, other_operand(graph, plus, BinaryOp::Add, erf)?),
+        1.0,
+    ) {
+        return None;
+    }
+    let times = sole_user(graph, plus)?;
+    let factor = other_operand(graph, times, BinaryOp::Mul, plus)?;
+    let half = |id: NodeId, of: NodeId| {
+        other_operand(graph, id, BinaryOp::Mul, of).is_some_and(|c| close(scalar(graph, c), 0.5))
+            || binary(graph, id, BinaryOp::Div)
+                .is_some_and(|(l, r)| l == of && close(scalar(graph, r), 2.0))
+    };
+    let (last, members) = if factor == x {
+        // (x * (1 + erf)) * 0.5
+        let out = sole_user(graph, times)?;
+        if !half(out, times) {
+            return None;
+        }
+        (out, vec![scaled, erf, plus, times, out])
+    } else if half(factor, x) && sole_user(graph, factor) == Some(times) {
+        // (x * 0.5) * (1 + erf)
+        (times, vec![scaled, erf, plus, factor, times])
+    } else {
+        return None;
+    };
+    Some(Match {
+        op: Op::Unary(UnaryOp::Gelu { tanh: false }),
+        inputs: vec![x],
+        ones: None,
+        last,
+        members,
+    })
+}
+
+impl Pass for Recognize {
+    fn name(&self) -> &'static str {
+        "recognize"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<PassStats, PassError> {
+        let mut stats = PassStats::default();
+        let order = graph.topo_order().map_err(fail)?;
+        for root in order {
+            if !graph.contains(root) {
+                continue;
+            }
+            let Some(m) = layer_norm(graph, root).or_else(|| gelu(graph, root)) else {
+                continue;
+            };
+            let mut inputs = m.inputs;
+            if let Some(shape) = m.ones {
+                let name = format!("{}/scale", graph.node(m.last).name);
+                let n: usize = shape.iter().product();
+                let ones = Tensor::new(&shape, Data::F32(vec![1.0; n]))
+                    .expect("as many values as the shape holds");
+                inputs.push(graph.add_const(name, ones));
+                stats.added += 1;
+            }
+            let name = graph.node(m.last).name.clone();
+            let new = graph.add_node(m.op, &inputs, name).map_err(fail)?;
+            graph.replace_all_uses(m.last, new).map_err(fail)?;
+            for &n in m.members.iter().rev() {
+                graph.remove_unused(n);
+            }
+            stats.removed += m.members.len();
+            stats.added += 1;
+            stats.rewritten += 1;
+        }
+        Ok(stats)
+    }
+}

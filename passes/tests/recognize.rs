@@ -1,0 +1,118 @@
+//! `recognize`: decomposed LayerNorm and GELU become single ops, with the
+//! differential check (reference evaluation before and after); patterns
+//! whose values escape stay as they are.
+
+mod common;
+
+use common::run_pass;
+use kiln_passes::{Pass, Recognize};
+
+fn count(text: &str, op: &str) -> usize {
+    text.matches(&format!("= {op}(")).count()
+}
+
+#[test]
+fn decomposed_layer_norms_become_one_op() {
+    // pow and mul squares; with γ and β, with γ only, with neither.
+    for (square, tail, gamma, beta) in [
+        (
+            "pow(%d, %two)",
+            "%g: f32[2,3,8] = mul(%n, %gamma)\n %o: f32[2,3,8] = add(%beta, %g)",
+            true,
+            true,
+        ),
+        (
+            "mul(%d, %d)",
+            "%o: f32[2,3,8] = mul(%gamma, %n)",
+            true,
+            false,
+        ),
+        ("mul(%d, %d)", "%o: f32[2,3,8] = neg(%n)", false, false),
+    ] {
+        let text = format!(
+            "graph(%x: f32[2,3,8]) {{
+              %two: f32[] = const dense<[2.0]>
+              %eps: f32[] = const dense<[1e-5]>
+              %gamma: f32[8] = const dense<[1.0, 0.5, -1.0, 2.0, 0.25, 1.5, -0.5, 3.0]>
+              %beta: f32[8] = const dense<[0.1, 0.2, 0.3, 0.4, -0.1, -0.2, -0.3, -0.4]>
+              %m: f32[2,3,1] = reduce_mean(%x) {{axes=[2], keep_dims=true}}
+              %d: f32[2,3,8] = sub(%x, %m)
+              %s: f32[2,3,8] = {square}
+              %v: f32[2,3,1] = reduce_mean(%s) {{axes=[2], keep_dims=true}}
+              %e: f32[2,3,1] = add(%v, %eps)
+              %r: f32[2,3,1] = sqrt(%e)
+              %n: f32[2,3,8] = div(%d, %r)
+              {tail}
+              return %o
+            }}"
+        );
+        let out = run_pass(&Recognize, &text);
+        assert_eq!(count(&out, "layer_norm"), 1, "{out}");
+        assert_eq!(count(&out, "reduce_mean"), 0, "{out}");
+        let args = if beta { 3 } else { 2 };
+        let ln = out.lines().find(|l| l.contains("layer_norm(")).unwrap();
+        assert_eq!(ln.matches('%').count(), 1 + args, "{ln}");
+        assert!(ln.contains("axis=2") && ln.contains("epsilon=1e-5"), "{ln}");
+        assert_eq!(out.contains("neg("), !gamma, "{out}");
+    }
+}
+
+#[test]
+fn erf_gelus_in_both_associations_become_one_op() {
+    for body in [
+        // (x * (1 + erf(x / √2))) * 0.5
+        "%q: f32[4,6] = div(%x, %root2)
+         %e: f32[4,6] = erf(%q)
+         %t: f32[4,6] = add(%e, %one)
+         %u: f32[4,6] = mul(%x, %t)
+         %o: f32[4,6] = mul(%u, %half)",
+        // (x * 0.5) * (1 + erf(x * (1/√2)))
+        "%q: f32[4,6] = mul(%x, %inv_root2)
+         %e: f32[4,6] = erf(%q)
+         %t: f32[4,6] = add(%one, %e)
+         %h: f32[4,6] = mul(%half, %x)
+         %o: f32[4,6] = mul(%h, %t)",
+    ] {
+        let text = format!(
+            "graph(%x: f32[4,6]) {{
+              %root2: f32[] = const dense<[1.4142135]>
+              %inv_root2: f32[] = const dense<[0.70710677]>
+              %one: f32[] = const dense<[1.0]>
+              %half: f32[] = const dense<[0.5]>
+              {body}
+              return %o
+            }}"
+        );
+        let out = run_pass(&Recognize, &text);
+        assert!(out.contains("gelu(%0) {tanh=false}"), "{out}");
+        assert_eq!(count(&out, "erf"), 0, "{out}");
+    }
+}
+
+#[test]
+fn patterns_whose_values_escape_stay() {
+    // The centred value is also an output; 1 + erf is used twice.
+    let text = "graph(%x: f32[2,8]) {
+          %eps: f32[] = const dense<[1e-5]>
+          %m: f32[2,1] = reduce_mean(%x) {axes=[1], keep_dims=true}
+          %d: f32[2,8] = sub(%x, %m)
+          %s: f32[2,8] = mul(%d, %d)
+          %v: f32[2,1] = reduce_mean(%s) {axes=[1], keep_dims=true}
+          %e: f32[2,1] = add(%v, %eps)
+          %r: f32[2,1] = sqrt(%e)
+          %n: f32[2,8] = div(%d, %r)
+          %root2: f32[] = const dense<[1.4142135]>
+          %one: f32[] = const dense<[1.0]>
+          %half: f32[] = const dense<[0.5]>
+          %q: f32[2,8] = div(%x, %root2)
+          %f: f32[2,8] = erf(%q)
+          %t: f32[2,8] = add(%f, %one)
+          %u: f32[2,8] = mul(%x, %t)
+          %o: f32[2,8] = mul(%u, %half)
+          %w: f32[2,8] = add(%t, %o)
+          return %n, %d, %w
+        }";
+    let mut g = kiln_ir::text::parse(text).unwrap();
+    let stats = Recognize.run(&mut g).unwrap();
+    assert!(!stats.changed(), "{}", kiln_ir::text::print(&g));
+}
