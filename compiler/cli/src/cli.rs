@@ -84,7 +84,8 @@ struct ModelArgs {
     #[arg(long = "bind-input", value_name = "NAME=FILE.npy")]
     bind_inputs: Vec<String>,
     /// Optimization level: 0 imports as is, 1 folds constants and removes dead code,
-    /// 2 also simplifies and folds BatchNormalization into Conv/Gemm/MatMul.
+    /// 2 also simplifies, recognizes decomposed LayerNorm and GELU, folds
+    /// BatchNormalization into Conv/Gemm/MatMul and fuses kernels.
     #[arg(short = 'O', default_value_t = 2, value_name = "LEVEL")]
     opt_level: u8,
     /// Run exactly these passes, comma-separated (overrides -O).
