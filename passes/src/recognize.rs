@@ -15,7 +15,10 @@ use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tenso
 /// - **GELU, erf form** (PyTorch, BERT exports): `x * (1 + erf(x / √2)) *
 ///   0.5` in either association (`(x * t) * 0.5` or `(x * 0.5) * t`), the
 ///   division as `x * (1/√2)` too, operands of `+`/`*` in either order →
-///   `gelu(x) {tanh=false}`.
+///   `gelu(x) {tanh=false}`;
+/// - **GELU, tanh form** (GPT-2): the same with `tanh(√(2/π) · (x +
+///   0.044715 · x³))`, the cube as `pow(x, 3)` or `x · x · x` →
+///   `gelu(x) {tanh=true}`.
 ///
 /// Every intermediate value must be used only inside the pattern and not be
 /// a graph output; the result keeps the last node's name.
@@ -197,9 +200,70 @@ fn gelu(graph: &Graph, scaled: NodeId) -> Option<Match> {
     if graph.node(erf).op != Op::Unary(UnaryOp::Erf) {
         return None;
     }
-    let plus = sole_user(graph, erf)?;
+    gelu_tail(graph, x, erf, vec![scaled, erf], false)
+}
+
+/// The tanh form `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`,
+/// rooted at the cube (`pow(x, 3)` or `x · x · x`).
+fn gelu_tanh(graph: &Graph, cube: NodeId) -> Option<Match> {
+    let x = *graph.inputs_of(cube).first()?;
+    if graph.node(x).ty.dtype != DType::F32 || graph.node(cube).ty != graph.node(x).ty {
+        return None;
+    }
+    let mut members = vec![];
+    let cube = match binary(graph, cube, BinaryOp::Pow) {
+        Some((l, r)) if l == x && close(scalar(graph, r), 3.0) => cube,
+        Some(_) => return None,
+        None => {
+            // (x · x) · x
+            if binary(graph, cube, BinaryOp::Mul)? != (x, x) {
+                return None;
+            }
+            members.push(cube);
+            let c = sole_user(graph, cube)?;
+            if other_operand(graph, c, BinaryOp::Mul, cube)? != x {
+                return None;
+            }
+            c
+        }
+    };
+    members.push(cube);
+    let coeff = |id: NodeId, of: NodeId, want: f64| {
+        other_operand(graph, id, BinaryOp::Mul, of).is_some_and(|c| close(scalar(graph, c), want))
+    };
+    let scaled_cube = sole_user(graph, cube)?;
+    if !coeff(scaled_cube, cube, 0.044715) {
+        return None;
+    }
+    let inner = sole_user(graph, scaled_cube)?;
+    if other_operand(graph, inner, BinaryOp::Add, scaled_cube)? != x {
+        return None;
+    }
+    let arg = sole_user(graph, inner)?;
+    if !coeff(arg, inner, (2.0 / std::f64::consts::PI).sqrt()) {
+        return None;
+    }
+    let tanh = sole_user(graph, arg)?;
+    if graph.node(tanh).op != Op::Unary(UnaryOp::Tanh) {
+        return None;
+    }
+    members.extend([scaled_cube, inner, arg, tanh]);
+    gelu_tail(graph, x, tanh, members, true)
+}
+
+/// The common end of both GELU forms after `f` (the erf or the tanh):
+/// `(x · (1 + f)) · 0.5` or `(x · 0.5) · (1 + f)`; `members` are the nodes
+/// matched so far.
+fn gelu_tail(
+    graph: &Graph,
+    x: NodeId,
+    f: NodeId,
+    mut members: Vec<NodeId>,
+    tanh: bool,
+) -> Option<Match> {
+    let plus = sole_user(graph, f)?;
     if !close(
-        scalar(graph, other_operand(graph, plus, BinaryOp::Add, erf)?),
+        scalar(graph, other_operand(graph, plus, BinaryOp::Add, f)?),
         1.0,
     ) {
         return None;
@@ -211,21 +275,23 @@ fn gelu(graph: &Graph, scaled: NodeId) -> Option<Match> {
             || binary(graph, id, BinaryOp::Div)
                 .is_some_and(|(l, r)| l == of && close(scalar(graph, r), 2.0))
     };
-    let (last, members) = if factor == x {
-        // (x * (1 + erf)) * 0.5
+    let last = if factor == x {
+        // (x * (1 + f)) * 0.5
         let out = sole_user(graph, times)?;
         if !half(out, times) {
             return None;
         }
-        (out, vec![scaled, erf, plus, times, out])
+        members.extend([plus, times, out]);
+        out
     } else if half(factor, x) && sole_user(graph, factor) == Some(times) {
-        // (x * 0.5) * (1 + erf)
-        (times, vec![scaled, erf, plus, factor, times])
+        // (x * 0.5) * (1 + f)
+        members.extend([plus, factor, times]);
+        times
     } else {
         return None;
     };
     Some(Match {
-        op: Op::Unary(UnaryOp::Gelu { tanh: false }),
+        op: Op::Unary(UnaryOp::Gelu { tanh }),
         inputs: vec![x],
         ones: None,
         last,
@@ -245,7 +311,10 @@ impl Pass for Recognize {
             if !graph.contains(root) {
                 continue;
             }
-            let Some(m) = layer_norm(graph, root).or_else(|| gelu(graph, root)) else {
+            let Some(m) = layer_norm(graph, root)
+                .or_else(|| gelu(graph, root))
+                .or_else(|| gelu_tanh(graph, root))
+            else {
                 continue;
             };
             let mut inputs = m.inputs;

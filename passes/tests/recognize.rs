@@ -90,6 +90,37 @@ fn erf_gelus_in_both_associations_become_one_op() {
 }
 
 #[test]
+fn tanh_gelus_with_either_cube_become_one_op() {
+    for cube in [
+        "%c: f32[4,6] = pow(%x, %three)",
+        "%xx: f32[4,6] = mul(%x, %x)
+         %c: f32[4,6] = mul(%xx, %x)",
+    ] {
+        let text = format!(
+            "graph(%x: f32[4,6]) {{
+              %three: f32[] = const dense<[3.0]>
+              %k: f32[] = const dense<[0.044715]>
+              %s: f32[] = const dense<[0.7978846]>
+              %one: f32[] = const dense<[1.0]>
+              %half: f32[] = const dense<[0.5]>
+              {cube}
+              %m: f32[4,6] = mul(%k, %c)
+              %i: f32[4,6] = add(%x, %m)
+              %a: f32[4,6] = mul(%i, %s)
+              %t: f32[4,6] = tanh(%a)
+              %p: f32[4,6] = add(%t, %one)
+              %h: f32[4,6] = mul(%x, %half)
+              %o: f32[4,6] = mul(%h, %p)
+              return %o
+            }}"
+        );
+        let out = run_pass(&Recognize, &text);
+        assert!(out.contains("gelu(%0) {tanh=true}"), "{out}");
+        assert_eq!(count(&out, "tanh"), 0, "{out}");
+    }
+}
+
+#[test]
 fn patterns_whose_values_escape_stay() {
     // The centred value is also an output; 1 + erf is used twice.
     let text = "graph(%x: f32[2,8]) {
