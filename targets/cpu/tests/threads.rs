@@ -349,6 +349,24 @@ fn resize_split_by_channels_and_concat_by_inputs() {
     check_split(&g, 20);
 }
 
+/// `conv` (of `head_inputs` operands) fused with hard-swish and a scale:
+/// the fused node's last input.
+fn hard_swish_scaled(conv: Conv2d, head_inputs: usize) -> Op {
+    let body = ElementwiseProgram::new(
+        2,
+        vec![
+            Instr::Unary(UnaryOp::HardSwish, Reg(0)),
+            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(1)),
+        ],
+    )
+    .unwrap();
+    let head = DenseHead {
+        op: DenseOp::Conv(conv),
+        inputs: head_inputs,
+    };
+    Op::Fused(Box::new(FusedKernel::new(Some(head), body).unwrap()))
+}
+
 #[test]
 fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
     // Pointwise conv to 512 channels over 10x10 pixels (split by output
@@ -365,21 +383,8 @@ fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
         dilations: [1, 1],
         group: 1,
     };
-    let body = ElementwiseProgram::new(
-        2,
-        vec![
-            Instr::Unary(UnaryOp::HardSwish, Reg(0)),
-            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(1)),
-        ],
-    )
-    .unwrap();
-    let head = DenseHead {
-        op: DenseOp::Conv(conv),
-        inputs: 2,
-    };
-    let k = FusedKernel::new(Some(head), body).unwrap();
     let y = g
-        .add_node(Op::Fused(Box::new(k)), &[x, w, scale], "fused")
+        .add_node(hard_swish_scaled(conv, 2), &[x, w, scale], "fused")
         .unwrap();
     g.add_output("y", y);
     let split = artifact(&g, 4);
@@ -414,26 +419,13 @@ fn depthwise_conv_split_by_groups() {
     check_split(&g, 16);
     // The same conv fused with hard-swish and a per-channel scale in its
     // store: each task reads the scales of its own channels.
-    let body = ElementwiseProgram::new(
-        2,
-        vec![
-            Instr::Unary(UnaryOp::HardSwish, Reg(0)),
-            Instr::Binary(BinaryOp::Mul, Reg(2), Reg(1)),
-        ],
-    )
-    .unwrap();
-    let head = DenseHead {
-        op: DenseOp::Conv(conv),
-        inputs: 3,
-    };
-    let k = FusedKernel::new(Some(head), body).unwrap();
     let mut g = Graph::new();
     let x = g.add_input("x", ValueType::new(DType::F32, [2, 96, 96, 130]));
     let w = constant(&mut g, &mut rng, "w", &[192, 1, 3, 3]);
     let b = constant(&mut g, &mut rng, "b", &[192]);
     let scale = constant(&mut g, &mut rng, "scale", &[192, 1, 1]);
     let y = g
-        .add_node(Op::Fused(Box::new(k)), &[x, w, b, scale], "dw_fused")
+        .add_node(hard_swish_scaled(conv, 3), &[x, w, b, scale], "dw_fused")
         .unwrap();
     g.add_output("y", y);
     let split = artifact(&g, 4);

@@ -331,7 +331,7 @@ pub(crate) fn lower_job(
                     };
                     tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
                     tail_cx.inputs.extend(&cx.inputs[first_extra..]);
-                    let funcs = match split_cx(&tail_cx, plan, target)? {
+                    let funcs = match split_elementwise(&tail_cx, plan, target)? {
                         Some(funcs) => funcs,
                         None => vec![build_function(target, |kb| {
                             fused::program_in_place(kb, &cx, &program, first_extra);
@@ -356,10 +356,11 @@ pub(crate) fn lower_job(
         }
     }
     if let (Job::Node(id), true) = (job, target.tasks > 1) {
-        if let Some(funcs) = split_elementwise(graph, plan, *id, target)? {
+        let cx = node_cx(graph, plan, *id);
+        if let Some(funcs) = split_elementwise(&cx, plan, target)? {
             return Ok(Lowered::ClifTasks(funcs));
         }
-        if let Some(funcs) = split_concat(graph, plan, *id, target)? {
+        if let Some(funcs) = split_concat(&cx, target)? {
             return Ok(Lowered::ClifTasks(funcs));
         }
     }
@@ -379,17 +380,6 @@ const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
 /// constants are read through their location like any operand). `None`
 /// when the node is not of that kind or too small.
 fn split_elementwise(
-    graph: &Graph,
-    plan: &mut Plan,
-    id: NodeId,
-    target: &Target,
-) -> Result<Option<Vec<Function>>, CpuError> {
-    let cx = node_cx(graph, plan, id);
-    split_cx(&cx, plan, target)
-}
-
-/// [`split_elementwise`] of the node of `cx`.
-fn split_cx(
     cx: &NodeCx,
     plan: &mut Plan,
     target: &Target,
@@ -492,13 +482,7 @@ fn split_cx(
 /// A large concatenation as up to `target.tasks` functions, each copying
 /// a contiguous group of its inputs (groups balanced by bytes). `None`
 /// when the node is not a concatenation, too small, or of one input.
-fn split_concat(
-    graph: &Graph,
-    plan: &mut Plan,
-    id: NodeId,
-    target: &Target,
-) -> Result<Option<Vec<Function>>, CpuError> {
-    let cx = node_cx(graph, plan, id);
+fn split_concat(cx: &NodeCx, target: &Target) -> Result<Option<Vec<Function>>, CpuError> {
     let Op::Concat { axis } = cx.node.op else {
         return Ok(None);
     };
@@ -529,7 +513,7 @@ fn split_concat(
     }
     groups
         .into_iter()
-        .map(|range| build_function(target, |kb| layout::concat_inputs(kb, &cx, axis, range)))
+        .map(|range| build_function(target, |kb| layout::concat_inputs(kb, cx, axis, range)))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
