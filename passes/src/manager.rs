@@ -122,7 +122,7 @@ fn registry() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(FoldConstants::default()),
         Box::new(Simplify::default()),
-        Box::new(Recognize),
+        Box::new(Recognize::default()),
         Box::new(FoldBatchNorm),
         Box::new(Fuse::default()),
         Box::new(DeadCodeElimination),

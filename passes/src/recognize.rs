@@ -1,6 +1,7 @@
-//! `recognize`: layer normalization and GELU as exporters decompose them,
-//! rewritten into the single IR ops (`layer_norm`, `gelu`) that targets
-//! run as one kernel or inside a dense kernel's store loop.
+//! `recognize`: layer normalization, GELU, softmax and scaled dot-product
+//! attention as exporters decompose them, rewritten into the single IR ops
+//! (`layer_norm`, `gelu`, `softmax`, `attention`) that targets run as one
+//! kernel or inside a dense kernel's store loop.
 
 use crate::{Pass, PassError, PassStats};
 use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
@@ -20,9 +21,38 @@ use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tenso
 ///   0.044715 · x³))`, the cube as `pow(x, 3)` or `x · x · x` →
 ///   `gelu(x) {tanh=true}`.
 ///
+/// - **Softmax** (TF, hand-written exports): `e = exp(x - max(x))`,
+///   `y = e / sum(e)`, max and sum over the same single axis with kept dims
+///   → `softmax(x) {axis}`. Without the max subtraction (`exp(x) /
+///   sum(exp(x))`, equal in exact arithmetic) too: the kernel subtracts the
+///   max anyway, so large inputs give the softmax instead of `inf / inf`.
+/// - **Attention** (second sweep, after the softmaxes above exist):
+///   `softmax(s · (Q @ Kt) + mask) @ V` over the last axis, the scale as
+///   `* s` or `/ (1/s)` with a scalar constant, scale and mask each
+///   optional, Q, Kt and V with the same batch dims → `attention(Q, Kt, V,
+///   mask) {scale}`. Targets without an attention kernel (CUDA) run the
+///   pass without this rule ([`Recognize::without_attention`]).
+///
 /// Every intermediate value must be used only inside the pattern and not be
 /// a graph output; the result keeps the last node's name.
-pub struct Recognize;
+#[derive(Clone, Copy, Debug)]
+pub struct Recognize {
+    attention: bool,
+}
+
+impl Default for Recognize {
+    /// Every rule.
+    fn default() -> Recognize {
+        Recognize { attention: true }
+    }
+}
+
+impl Recognize {
+    /// Every rule but attention (for targets that have no attention kernel).
+    pub fn without_attention() -> Recognize {
+        Recognize { attention: false }
+    }
+}
 
 fn fail(source: IrError) -> PassError {
     PassError::Failed {
@@ -299,6 +329,161 @@ fn gelu_tail(
     })
 }
 
+/// A reduction `op` over exactly one axis with kept dims: the axis.
+fn single_axis_reduce(graph: &Graph, id: NodeId, op: ReduceOp) -> Option<usize> {
+    match &graph.node(id).op {
+        Op::Reduce {
+            op: o,
+            axes,
+            keep_dims: true,
+        } if *o == op && axes.len() == 1 => Some(axes[0]),
+        _ => None,
+    }
+}
+
+/// `e / sum(e)` with `e = exp(x - max(x))` or `e = exp(x)`, rooted at the
+/// exp.
+fn softmax(graph: &Graph, e: NodeId) -> Option<Match> {
+    if graph.node(e).op != Op::Unary(UnaryOp::Exp) || graph.node(e).ty.dtype != DType::F32 {
+        return None;
+    }
+    let t = *graph.inputs_of(e).first()?;
+    let eu = users(graph, e)?;
+    let [a, b] = eu.as_slice() else { return None };
+    let (sum, y) = if single_axis_reduce(graph, *a, ReduceOp::Sum).is_some() {
+        (*a, *b)
+    } else {
+        (*b, *a)
+    };
+    let axis = single_axis_reduce(graph, sum, ReduceOp::Sum)?;
+    if graph.inputs_of(sum).first() != Some(&e)
+        || sole_user(graph, sum) != Some(y)
+        || binary(graph, y, BinaryOp::Div)? != (e, sum)
+        || graph.node(y).ty != graph.node(t).ty
+    {
+        return None;
+    }
+    // The max subtraction joins when it is over the same axis (otherwise
+    // the softmax is of the difference).
+    let mut members = vec![];
+    let shifted = binary(graph, t, BinaryOp::Sub).filter(|&(x, max)| {
+        single_axis_reduce(graph, max, ReduceOp::Max) == Some(axis)
+            && graph.inputs_of(max).first() == Some(&x)
+            && sole_user(graph, max) == Some(t)
+            && sole_user(graph, t) == Some(e)
+    });
+    let x = match shifted {
+        Some((x, max)) => {
+            members.extend([max, t]);
+            x
+        }
+        None => t,
+    };
+    members.extend([e, sum, y]);
+    Some(Match {
+        op: Op::Softmax { axis },
+        inputs: vec![x],
+        ones: None,
+        last: y,
+        members,
+    })
+}
+
+/// `softmax(s · (Q @ Kt) + mask) @ V`, rooted at `Q @ Kt`.
+fn attention(graph: &Graph, scores: NodeId) -> Option<Match> {
+    if graph.node(scores).op != Op::MatMul {
+        return None;
+    }
+    let (q, kt) = match graph.inputs_of(scores)[..] {
+        [q, kt] => (q, kt),
+        _ => return None,
+    };
+    let rank = graph.node(scores).ty.shape.len();
+    // Same rank and batch dims as the scores, all f32 (no broadcasting).
+    let fits = |id: NodeId| {
+        let ty = &graph.node(id).ty;
+        ty.dtype == DType::F32
+            && rank >= 2
+            && ty.shape.len() == rank
+            && ty.shape[..rank - 2] == graph.node(scores).ty.shape[..rank - 2]
+    };
+    if !(fits(q) && fits(kt) && fits(scores)) {
+        return None;
+    }
+    let mut members = vec![scores];
+    let mut at = scores;
+    let mut next = sole_user(graph, at)?;
+    let mut scale = 1.0;
+    let by_mul = other_operand(graph, next, BinaryOp::Mul, at).and_then(|c| scalar(graph, c));
+    let by_div = binary(graph, next, BinaryOp::Div)
+        .filter(|&(l, _)| l == at)
+        .and_then(|(_, r)| scalar(graph, r))
+        .filter(|&d| d != 0.0)
+        .map(|d| 1.0 / d);
+    if let Some(s) = by_mul.or(by_div) {
+        scale = s;
+        members.push(next);
+        at = next;
+        next = sole_user(graph, at)?;
+    }
+    let mut mask = None;
+    if let Some(m) = other_operand(graph, next, BinaryOp::Add, at) {
+        if graph.node(m).ty.dtype == DType::F32 && graph.node(next).ty == graph.node(at).ty {
+            mask = Some(m);
+            members.push(next);
+            at = next;
+            next = sole_user(graph, at)?;
+        }
+    }
+    if graph.node(next).op != (Op::Softmax { axis: rank - 1 }) {
+        return None;
+    }
+    members.push(next);
+    let out = sole_user(graph, next)?;
+    let v = match graph.inputs_of(out)[..] {
+        [p, v] if p == next && v != next => v,
+        _ => return None,
+    };
+    if graph.node(out).op != Op::MatMul || !fits(v) {
+        return None;
+    }
+    members.push(out);
+    let mut inputs = vec![q, kt, v];
+    inputs.extend(mask);
+    Some(Match {
+        op: Op::Attention {
+            scale: scale as f32,
+        },
+        inputs,
+        ones: None,
+        last: out,
+        members,
+    })
+}
+
+/// Replaces `m.last` by the matched op and removes the members.
+fn rewrite(graph: &mut Graph, m: Match, stats: &mut PassStats) -> Result<(), PassError> {
+    let mut inputs = m.inputs;
+    if let Some(shape) = m.ones {
+        let name = format!("{}/scale", graph.node(m.last).name);
+        let n: usize = shape.iter().product();
+        let ones = Tensor::new(&shape, Data::F32(vec![1.0; n]))
+            .expect("as many values as the shape holds");
+        inputs.push(graph.add_const(name, ones));
+        stats.added += 1;
+    }
+    let name = graph.node(m.last).name.clone();
+    let new = graph.add_node(m.op, &inputs, name).map_err(fail)?;
+    graph.replace_all_uses(m.last, new).map_err(fail)?;
+    for &n in m.members.iter().rev() {
+        graph.remove_unused(n);
+    }
+    stats.removed += m.members.len();
+    stats.added += 1;
+    stats.rewritten += 1;
+    Ok(())
+}
+
 impl Pass for Recognize {
     fn name(&self) -> &'static str {
         "recognize"
@@ -311,30 +496,23 @@ impl Pass for Recognize {
             if !graph.contains(root) {
                 continue;
             }
-            let Some(m) = layer_norm(graph, root)
+            let found = layer_norm(graph, root)
                 .or_else(|| gelu(graph, root))
                 .or_else(|| gelu_tanh(graph, root))
-            else {
-                continue;
-            };
-            let mut inputs = m.inputs;
-            if let Some(shape) = m.ones {
-                let name = format!("{}/scale", graph.node(m.last).name);
-                let n: usize = shape.iter().product();
-                let ones = Tensor::new(&shape, Data::F32(vec![1.0; n]))
-                    .expect("as many values as the shape holds");
-                inputs.push(graph.add_const(name, ones));
-                stats.added += 1;
+                .or_else(|| softmax(graph, root));
+            if let Some(m) = found {
+                rewrite(graph, m, &mut stats)?;
             }
-            let name = graph.node(m.last).name.clone();
-            let new = graph.add_node(m.op, &inputs, name).map_err(fail)?;
-            graph.replace_all_uses(m.last, new).map_err(fail)?;
-            for &n in m.members.iter().rev() {
-                graph.remove_unused(n);
+        }
+        if self.attention {
+            for root in graph.topo_order().map_err(fail)? {
+                if !graph.contains(root) {
+                    continue;
+                }
+                if let Some(m) = attention(graph, root) {
+                    rewrite(graph, m, &mut stats)?;
+                }
             }
-            stats.removed += m.members.len();
-            stats.added += 1;
-            stats.rewritten += 1;
         }
         Ok(stats)
     }

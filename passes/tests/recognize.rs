@@ -46,7 +46,7 @@ fn decomposed_layer_norms_become_one_op() {
               return %o
             }}"
         );
-        let out = run_pass(&Recognize, &text);
+        let out = run_pass(&Recognize::default(), &text);
         assert_eq!(count(&out, "layer_norm"), 1, "{out}");
         assert_eq!(count(&out, "reduce_mean"), 0, "{out}");
         let args = if beta { 3 } else { 2 };
@@ -83,7 +83,7 @@ fn erf_gelus_in_both_associations_become_one_op() {
               return %o
             }}"
         );
-        let out = run_pass(&Recognize, &text);
+        let out = run_pass(&Recognize::default(), &text);
         assert!(out.contains("gelu(%0) {tanh=false}"), "{out}");
         assert_eq!(count(&out, "erf"), 0, "{out}");
     }
@@ -114,7 +114,7 @@ fn tanh_gelus_with_either_cube_become_one_op() {
               return %o
             }}"
         );
-        let out = run_pass(&Recognize, &text);
+        let out = run_pass(&Recognize::default(), &text);
         assert!(out.contains("gelu(%0) {tanh=true}"), "{out}");
         assert_eq!(count(&out, "tanh"), 0, "{out}");
     }
@@ -144,6 +144,100 @@ fn patterns_whose_values_escape_stay() {
           return %n, %d, %w
         }";
     let mut g = kiln_ir::text::parse(text).unwrap();
-    let stats = Recognize.run(&mut g).unwrap();
+    let stats = Recognize::default().run(&mut g).unwrap();
     assert!(!stats.changed(), "{}", kiln_ir::text::print(&g));
+}
+
+#[test]
+fn decomposed_softmaxes_become_one_op() {
+    for body in [
+        // exp(x - max(x)) / sum(...)
+        "%m: f32[2,5,1] = reduce_max(%x) {axes=[2], keep_dims=true}
+         %d: f32[2,5,7] = sub(%x, %m)
+         %e: f32[2,5,7] = exp(%d)
+         %s: f32[2,5,1] = reduce_sum(%e) {axes=[2], keep_dims=true}
+         %o: f32[2,5,7] = div(%e, %s)",
+        // exp(x) / sum(exp(x)), over a middle axis
+        "%e: f32[2,5,7] = exp(%x)
+         %s: f32[2,1,7] = reduce_sum(%e) {axes=[1], keep_dims=true}
+         %o: f32[2,5,7] = div(%e, %s)",
+    ] {
+        let text = format!(
+            "graph(%x: f32[2,5,7]) {{
+              {body}
+              return %o
+            }}"
+        );
+        let out = run_pass(&Recognize::default(), &text);
+        assert_eq!(count(&out, "softmax"), 1, "{out}");
+        assert_eq!(count(&out, "exp"), 0, "{out}");
+    }
+    // Max and sum over different axes: not a softmax.
+    let text = "graph(%x: f32[2,5,7]) {
+          %m: f32[2,1,7] = reduce_max(%x) {axes=[1], keep_dims=true}
+          %d: f32[2,5,7] = sub(%x, %m)
+          %e: f32[2,5,7] = exp(%d)
+          %s: f32[2,5,1] = reduce_sum(%e) {axes=[2], keep_dims=true}
+          %o: f32[2,5,7] = div(%e, %s)
+          return %o
+        }";
+    let out = run_pass(&Recognize::default(), text);
+    assert_eq!(count(&out, "softmax"), 1, "{out}");
+    assert_eq!(count(&out, "reduce_max"), 1, "the max stays: {out}");
+}
+
+/// Q @ Kt, then `scaling` (lines ending in `%z`), softmax over `axis`,
+/// then @ V.
+fn attention_graph(scaling: &str, axis: usize) -> String {
+    format!(
+        "graph(%q: f32[2,3,6,4], %kt: f32[2,3,4,9], %v: f32[2,3,9,5], %mask: f32[2,1,1,9]) {{
+          %c: f32[] = const dense<[2.0]>
+          %s: f32[2,3,6,9] = matmul(%q, %kt)
+          {scaling}
+          %p: f32[2,3,6,9] = softmax(%z) {{axis={axis}}}
+          %o: f32[2,3,6,5] = matmul(%p, %v)
+          return %o
+        }}"
+    )
+}
+
+#[test]
+fn scaled_dot_product_attention_becomes_one_op() {
+    for (scaling, scale, masked) in [
+        (
+            "%w: f32[2,3,6,9] = div(%s, %c)\n %z: f32[2,3,6,9] = add(%w, %mask)",
+            "0.5",
+            true,
+        ),
+        ("%z: f32[2,3,6,9] = mul(%c, %s)", "2.0", false),
+        ("%z: f32[2,3,6,9] = add(%mask, %s)", "1.0", true),
+        ("%z: f32[2,3,6,9] = neg(%s)", "", false),
+    ] {
+        let text = attention_graph(scaling, 3);
+        let out = run_pass(&Recognize::default(), &text);
+        if scale.is_empty() {
+            // The negation is neither a scale nor a mask.
+            assert_eq!(count(&out, "attention"), 0, "{out}");
+            continue;
+        }
+        let line = out
+            .lines()
+            .find(|l| l.contains("attention("))
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(line.contains(&format!("scale={scale}")), "{line}");
+        assert_eq!(
+            line.matches('%').count(),
+            1 + 3 + usize::from(masked),
+            "{line}"
+        );
+        assert_eq!(count(&out, "matmul") + count(&out, "softmax"), 0, "{out}");
+        let none = run_pass(&Recognize::without_attention(), &text);
+        assert_eq!(count(&none, "attention"), 0, "{none}");
+    }
+    // A softmax over another axis is not attention.
+    let out = run_pass(
+        &Recognize::default(),
+        &attention_graph("%z: f32[2,3,6,9] = add(%s, %mask)", 2),
+    );
+    assert_eq!(count(&out, "attention"), 0, "{out}");
 }

@@ -625,9 +625,11 @@ fn optimize_graph(
         None => PassManager::for_level(opts.opt_level)?,
     };
     // The CUDA target lowers headless fused kernels only (it fuses unary
-    // epilogues into dense kernels in its own plan).
+    // epilogues into dense kernels in its own plan) and has no attention
+    // kernel.
     let pm = if opts.cuda.is_some() {
         pm.with_replaced(kiln_passes::Fuse::elementwise_only())
+            .with_replaced(kiln_passes::Recognize::without_attention())
     } else {
         pm
     };

@@ -4,7 +4,8 @@
 use crate::{Graph, Op};
 
 /// Floating-point operations of the dense ops (a multiply-add counts 2):
-/// MatMul and Gemm `2·M·N·K` per product, Conv `2·N·Cout·OH·OW·(Cin/group)·
+/// MatMul and Gemm `2·M·N·K` per product, Attention `2·M·N·(K + D)` per
+/// head, Conv `2·N·Cout·OH·OW·(Cin/group)·
 /// KH·KW`. Elementwise, pooling and normalization work is left out: it is
 /// bandwidth-bound and small beside the dense ops in the models this is
 /// for, and counting it would make "GFLOP/s" mean something else.
@@ -19,6 +20,13 @@ pub fn dense_flops(graph: &Graph) -> u64 {
                 Op::MatMul | Op::MatMulInteger => {
                     let a = input(0);
                     2 * out * a.last().copied().unwrap_or(1) as u64
+                }
+                Op::Attention { .. } => {
+                    // Q @ Kt, then P @ V: 2·N·(K + D) per row of the result.
+                    let (kt, v) = (input(1), input(2));
+                    let (k, n) = (kt[kt.len() - 2], kt[kt.len() - 1]);
+                    let d = v.last().copied().unwrap_or(1).max(1);
+                    2 * out / d as u64 * (n * (k + d)) as u64
                 }
                 Op::Gemm { trans_a, .. } => {
                     let a = input(0);

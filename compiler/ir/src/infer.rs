@@ -390,6 +390,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 )),
             }
         }
+        Op::Attention { .. } => infer_attention(inputs),
         Op::LayerNorm { axis, .. } => {
             let x = inputs[0];
             float_only(name, x)?;
@@ -548,6 +549,50 @@ fn infer_matmul(a: &ValueType, b: &ValueType) -> Result<ValueType, IrError> {
         ));
     }
     Ok(ValueType::new(out, matmul_shape("matmul", a, b)?))
+}
+
+/// Attention: f32 Q `[..., M, K]`, Kt `[..., K, N]`, V `[..., N, D]`
+/// with equal batch dims, an optional mask broadcasting to `[..., M, N]`;
+/// the result `[..., M, D]`.
+fn infer_attention(inputs: &[&ValueType]) -> Result<ValueType, IrError> {
+    let name = "attention";
+    let (q, kt, v) = (inputs[0], inputs[1], inputs[2]);
+    for t in inputs {
+        if t.dtype != DType::F32 {
+            return Err(IrError::ty(name, format!("operands must be f32, got {t}")));
+        }
+    }
+    let rank = q.shape.len();
+    let same_rank = rank >= 2 && kt.shape.len() == rank && v.shape.len() == rank;
+    let batch = &q.shape[..rank.saturating_sub(2)];
+    if !same_rank || kt.shape[..rank - 2] != *batch || v.shape[..rank - 2] != *batch {
+        return Err(IrError::ty(
+            name,
+            format!("Q {q}, Kt {kt} and V {v} need the same rank (at least 2) and batch dims"),
+        ));
+    }
+    let (m, k) = (q.shape[rank - 2], q.shape[rank - 1]);
+    let (k2, n) = (kt.shape[rank - 2], kt.shape[rank - 1]);
+    let (n2, d) = (v.shape[rank - 2], v.shape[rank - 1]);
+    if k != k2 || n != n2 {
+        return Err(IrError::ty(
+            name,
+            format!("inner dimensions differ: Q {q}, Kt {kt}, V {v}"),
+        ));
+    }
+    let mut scores: Vec<usize> = batch.to_vec();
+    scores.extend([m, n]);
+    if let Some(mask) = inputs.get(3) {
+        if broadcast_shapes(&mask.shape, &scores).as_deref() != Some(scores.as_slice()) {
+            return Err(IrError::ty(
+                name,
+                format!("mask {mask} does not broadcast to the scores {scores:?}"),
+            ));
+        }
+    }
+    let mut out = batch.to_vec();
+    out.extend([m, d]);
+    Ok(ValueType::new(DType::F32, out))
 }
 
 /// MatMulInteger: u8/i8 operands, zero points of their types (A's a

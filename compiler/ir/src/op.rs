@@ -970,6 +970,18 @@ pub enum Op {
         /// The reduced axis (non-negative).
         axis: usize,
     },
+    /// Scaled dot-product attention, `softmax(scale · (Q @ Kt) + mask) @ V`
+    /// with the softmax over the last axis: inputs Q `[..., M, K]`, Kt
+    /// `[..., K, N]` (the keys already transposed), V `[..., N, D]` (all
+    /// with the same batch dims) and optionally an additive mask that
+    /// broadcasts to `[..., M, N]`; output `[..., M, D]`. All f32. The
+    /// `recognize` pass builds it from the decomposed form; a target runs
+    /// it as one kernel that keeps the `M × N` scores of one head in
+    /// scratch.
+    Attention {
+        /// The factor of the scores.
+        scale: f32,
+    },
     /// Same elements, new shape.
     Reshape {
         /// Output shape.
@@ -1068,6 +1080,7 @@ impl Op {
             Op::GlobalAveragePool => "global_average_pool",
             Op::GlobalMaxPool => "global_max_pool",
             Op::Softmax { .. } => "softmax",
+            Op::Attention { .. } => "attention",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Concat { .. } => "concat",
@@ -1100,6 +1113,7 @@ impl Op {
             | Op::Logical(_)
             | Op::Bitwise(_) => (2, 2),
             Op::Where => (3, 3),
+            Op::Attention { .. } => (3, 4),
             Op::MatMulInteger | Op::ConvInteger(_) => (4, 4),
             Op::Gemm { .. } | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
             Op::Concat { .. } => (1, usize::MAX),

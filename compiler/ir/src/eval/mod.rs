@@ -60,6 +60,16 @@ pub fn work(op: &Op, inputs: &[&ValueType], output: &ValueType) -> u64 {
     }
     let elems = |t: &ValueType| (t.shape.iter()).fold(1u64, |acc, &d| acc.saturating_mul(d as u64));
     let out = elems(output);
+    if let (Op::Attention { .. }, [q, kt, v, ..]) = (op, inputs) {
+        // Both products, plus a few operations per score for the softmax.
+        let (k, n, d) = (
+            q.shape.last().copied().unwrap_or(1) as u64,
+            kt.shape.last().copied().unwrap_or(1) as u64,
+            v.shape.last().copied().unwrap_or(1).max(1) as u64,
+        );
+        let scores = (out / d).saturating_mul(n);
+        return scores.saturating_mul(k.saturating_add(d).saturating_add(8));
+    }
     let reduction = match op {
         // A[.., M, K] x B[.., K, N]: K per output element.
         Op::MatMul | Op::MatMulInteger => inputs
@@ -133,6 +143,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::GlobalAveragePool => pool::global_pool(false, inputs[0])?,
         Op::GlobalMaxPool => pool::global_pool(true, inputs[0])?,
         Op::Softmax { axis } => softmax::softmax(*axis, inputs[0])?,
+        Op::Attention { scale } => return softmax::attention(*scale, inputs),
         Op::Transpose { perm } => layout::transpose(perm, inputs[0], &out),
         Op::Concat { axis } => layout::concat(*axis, inputs)?,
         Op::Gather { axis } => layout::gather(*axis, inputs[0], inputs[1])?,

@@ -1,7 +1,7 @@
 //! Softmax along one axis: `exp(x - max) / Σ exp(x - max)`.
 
 use super::{run_float, Float, FloatKernel};
-use crate::{Data, IrError, Tensor};
+use crate::{BinaryOp, Data, IrError, Op, Tensor};
 
 struct SoftmaxKernel {
     /// Product of the dims before the axis.
@@ -50,6 +50,22 @@ pub(super) fn softmax(axis: usize, x: &Tensor) -> Result<Data, IrError> {
         inner: s[axis + 1..].iter().product(),
     };
     run_float("softmax", &[x], &kernel)
+}
+
+/// `softmax(scale · (q @ kt) + mask) @ v` (see [`Op::Attention`]),
+/// composed of the reference kernels of its parts.
+pub(super) fn attention(scale: f32, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
+    let mut scores = super::eval(&Op::MatMul, &[inputs[0], inputs[1]])?;
+    if scale != 1.0 {
+        let s = Tensor::scalar_f32(scale);
+        scores = super::eval(&Op::Binary(BinaryOp::Mul), &[&scores, &s])?;
+    }
+    if let Some(mask) = inputs.get(3) {
+        scores = super::eval(&Op::Binary(BinaryOp::Add), &[&scores, mask])?;
+    }
+    let axis = scores.shape().len() - 1;
+    let probs = super::eval(&Op::Softmax { axis }, &[&scores])?;
+    super::eval(&Op::MatMul, &[&probs, inputs[2]])
 }
 
 #[cfg(test)]

@@ -1170,6 +1170,9 @@ fn build_op(
         "expand" => Op::Expand {
             shape: a.required("shape", Attrs::ints)?,
         },
+        "attention" => Op::Attention {
+            scale: a.required("scale", Attrs::f32)?,
+        },
         "layer_norm" => Op::LayerNorm {
             axis: a.required("axis", Attrs::usize)?,
             epsilon: a.optional("epsilon", 1e-5, Attrs::f32)?,

@@ -173,6 +173,7 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             format!("axes={}", ints(axes)),
             format!("keep_dims={keep_dims}"),
         ],
+        Op::Attention { scale } => vec![format!("scale={}", fmt_f32(*scale))],
         Op::LayerNorm { axis, epsilon } => {
             vec![
                 format!("axis={axis}"),

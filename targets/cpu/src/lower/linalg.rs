@@ -23,25 +23,25 @@ const MR: usize = 4;
 
 /// One matrix product `out = alpha * A @ B + beta * C`, addresses in bytes.
 #[derive(Clone, Copy)]
-struct Gemm {
-    m: usize,
-    n: usize,
-    k: usize,
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
     /// A[i, k] at `a + i * a_rs + k * a_ks`.
-    a: Value,
-    a_rs: i64,
-    a_ks: i64,
+    pub a: Value,
+    pub a_rs: i64,
+    pub a_ks: i64,
     /// B[k, j] at `b + k * b_ks + j * b_cs`.
-    b: Value,
-    b_ks: i64,
-    b_cs: i64,
+    pub b: Value,
+    pub b_ks: i64,
+    pub b_cs: i64,
     /// C[i, j] at `c + i * c_rs + j * c_cs` (strides 0 where broadcast).
-    c: Option<(Value, i64, i64)>,
-    alpha: f32,
-    beta: f32,
+    pub c: Option<(Value, i64, i64)>,
+    pub alpha: f32,
+    pub beta: f32,
     /// out[i, j] at `out + i * out_rs + j * 4`.
-    out: Value,
-    out_rs: i64,
+    pub out: Value,
+    pub out_rs: i64,
 }
 
 /// A column group of a tile: a vector of 4 columns or one column, at a
@@ -60,7 +60,8 @@ impl Col {
     }
 }
 
-fn emit(kb: &mut Kb, g: &Gemm) {
+/// Emits `g`.
+pub(crate) fn emit(kb: &mut Kb, g: &Gemm) {
     if g.m == 0 || g.n == 0 {
         return;
     }

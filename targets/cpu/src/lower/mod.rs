@@ -5,6 +5,7 @@
 //! constants, loads/stores and host calls. The op families live in
 //! submodules; loop construction is in [`loops`].
 
+mod attention;
 mod conv;
 pub(crate) mod dense;
 mod elementwise;
@@ -33,7 +34,7 @@ use kiln_runtime::format::HostFn;
 
 use crate::emit::HOST_NAMESPACE;
 use crate::isa::Target;
-use crate::plan::{Base, Job, Loc, Plan, Weights};
+use crate::plan::{Base, Job, Loc, Plan, Scratch, Weights};
 use crate::CpuError;
 
 /// Memory flags of every tensor access: cannot trap (the plan keeps every
@@ -348,6 +349,13 @@ pub(crate) fn lower_job(
             }
         } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
             return Ok(Lowered::Machine(code));
+        } else if let Some(code) = match cx.node.op {
+            Op::Attention { scale } => {
+                attention::lower_avx512(&cx, scale, &mut plan.scratch, target.tasks)
+            }
+            _ => None,
+        } {
+            return Ok(Lowered::Machine(code));
         } else if let Some(code) = (target.vnni || !needs_vnni)
             .then(|| dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks))
             .flatten()
@@ -473,7 +481,7 @@ fn split_elementwise(
             out: moved(cx.out, start as u64 * row_bytes(&cx.node.ty, axis)),
         };
         funcs.push(build_function(target, |kb| {
-            lower_cx(kb, &part, &mut plan.weights)
+            lower_cx(kb, &part, &mut plan.weights, &mut plan.scratch)
         })?);
     }
     Ok(Some(funcs))
@@ -595,11 +603,16 @@ fn node_cx<'g>(graph: &'g Graph, plan: &Plan, id: NodeId) -> NodeCx<'g> {
 
 fn lower_node(kb: &mut Kb, graph: &Graph, plan: &mut Plan, id: NodeId) -> Result<(), CpuError> {
     let cx = node_cx(graph, plan, id);
-    lower_cx(kb, &cx, &mut plan.weights)
+    lower_cx(kb, &cx, &mut plan.weights, &mut plan.scratch)
 }
 
 /// The Cranelift kernel of node context `cx`.
-fn lower_cx(kb: &mut Kb, cx: &NodeCx, weights: &mut Weights) -> Result<(), CpuError> {
+fn lower_cx(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+) -> Result<(), CpuError> {
     let node = cx.node;
     match &node.op {
         Op::Input { .. } | Op::Constant(_) => Ok(()),
@@ -624,6 +637,7 @@ fn lower_cx(kb: &mut Kb, cx: &NodeCx, weights: &mut Weights) -> Result<(), CpuEr
         Op::GlobalAveragePool => pool::global(kb, cx, false),
         Op::GlobalMaxPool => pool::global(kb, cx, true),
         Op::Softmax { axis } => softmax::softmax(kb, cx, *axis),
+        Op::Attention { scale } => attention::attention(kb, cx, *scale, scratch),
         Op::Reshape { .. } => layout::reshape(kb, cx),
         Op::Transpose { perm } => layout::transpose(kb, cx, perm),
         Op::Concat { axis } => layout::concat(kb, cx, *axis),

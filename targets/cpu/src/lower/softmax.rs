@@ -85,8 +85,8 @@ pub(crate) fn softmax(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuEr
     Ok(())
 }
 
-/// Softmax of `len` contiguous values.
-fn row(kb: &mut Kb, px: Value, py: Value, len: usize) {
+/// Softmax of `len` contiguous values (`px == py` works in place).
+pub(crate) fn row(kb: &mut Kb, px: Value, py: Value, len: usize) {
     let m = reduce(kb, px, len, true);
     let nv = len / 4;
     let mut sum = kb.fconst(F32, 0.0);

@@ -602,7 +602,7 @@ const ABC_Y: AsmRegisterYmm = ymm31;
 /// The low quarter of the broadcast register, for the masked int8 tail.
 const ABC_X: AsmRegisterXmm = xmm31;
 /// Callee-saved registers the body uses.
-const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+pub(crate) const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
 /// Addressing of one GEMM, in bytes, derived from a spec.
 struct Geometry {
@@ -653,6 +653,35 @@ impl GemmSpec {
 
     /// Assembles the kernel.
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        self.check_operands()?;
+        let mut a = CodeAssembler::new(64)?;
+        let mut body = a.create_label();
+        let mut im2col: Vec<CodeLabel> = self.im2col.iter().map(|_| a.create_label()).collect();
+        for r in SAVED {
+            a.push(r)?;
+        }
+        if let (Some(panel), Some(_)) = (self.b_panel, self.geometry().b_pack_row) {
+            load_address(&mut a, PANEL, panel)?;
+        }
+        for call in &self.calls {
+            self.emit_call(&mut a, call, body, &im2col)?;
+        }
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        self.emit_body(&mut a, &mut body)?;
+        for (routine, label) in self.im2col.iter().zip(&mut im2col) {
+            a.set_label(label)?;
+            routine.emit(&mut a)?;
+        }
+        Ok(a.assemble(0)?)
+    }
+
+    /// Whether the element types can read the operand layouts.
+    pub(crate) fn check_operands(&self) -> Result<(), MicrokernelError> {
         let Blocking { mr, nv } = self.blocking;
         assert!(mr >= 1 && nv >= 1 && mr * nv + nv < 32, "tile too large");
         let taps = self.b.taps();
@@ -677,50 +706,51 @@ impl GemmSpec {
                     && self.c.is_some() == self.a_zero.is_some()
             }
         };
-        if !operands_fit {
-            return Err(MicrokernelError::Layout(format!(
+        if operands_fit {
+            Ok(())
+        } else {
+            Err(MicrokernelError::Layout(format!(
                 "{:?} cannot read A {:?} and B {:?}",
                 self.elem, self.a, self.b
-            )));
+            )))
         }
-        let g = self.geometry();
-        let mut a = CodeAssembler::new(64)?;
-        let mut body = a.create_label();
-        let mut im2col: Vec<CodeLabel> = self.im2col.iter().map(|_| a.create_label()).collect();
-        for r in SAVED {
-            a.push(r)?;
+    }
+
+    /// One GEMM of the kernel: builds B with the call's im2col routine when
+    /// it has one, loads the operand addresses and calls `body` (the
+    /// callee-saved [`SAVED`] registers must be saved around all calls).
+    pub(crate) fn emit_call(
+        &self,
+        a: &mut CodeAssembler,
+        call: &Call,
+        body: CodeLabel,
+        im2col: &[CodeLabel],
+    ) -> Result<(), MicrokernelError> {
+        if let Some((src, routine)) = call.src {
+            load_address(a, r8, src)?;
+            load_address(a, r9, call.b)?;
+            a.call(im2col[routine])?;
         }
-        if let (Some(panel), Some(_)) = (self.b_panel, g.b_pack_row) {
-            load_address(&mut a, PANEL, panel)?;
+        load_address(a, A_BASE, call.a)?;
+        load_address(a, B_TILE, call.b)?;
+        load_address(a, OUT_COL, call.out)?;
+        if let Some(c) = call.c {
+            load_address(a, C_COL, c)?;
         }
-        for call in &self.calls {
-            if let Some((src, routine)) = call.src {
-                load_address(&mut a, r8, src)?;
-                load_address(&mut a, r9, call.b)?;
-                a.call(im2col[routine])?;
-            }
-            load_address(&mut a, A_BASE, call.a)?;
-            load_address(&mut a, B_TILE, call.b)?;
-            load_address(&mut a, OUT_COL, call.out)?;
-            if let Some(c) = call.c {
-                load_address(&mut a, C_COL, c)?;
-            }
-            a.call(body)?;
-        }
-        for r in SAVED.iter().rev() {
-            a.pop(*r)?;
-        }
-        a.vzeroupper()?;
-        a.xor(eax, eax)?;
+        a.call(body)?;
+        Ok(())
+    }
+
+    /// The body every call runs, at `label`, ending in `ret`.
+    pub(crate) fn emit_body(
+        &self,
+        a: &mut CodeAssembler,
+        label: &mut CodeLabel,
+    ) -> Result<(), MicrokernelError> {
+        a.set_label(label)?;
+        self.body(a, &self.geometry())?;
         a.ret()?;
-        a.set_label(&mut body)?;
-        self.body(&mut a, &g)?;
-        a.ret()?;
-        for (routine, label) in self.im2col.iter().zip(&mut im2col) {
-            a.set_label(label)?;
-            routine.emit(&mut a)?;
-        }
-        Ok(a.assemble(0)?)
+        Ok(())
     }
 
     /// Every j tile of one GEMM (operand addresses in r8–r11).

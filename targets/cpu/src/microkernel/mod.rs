@@ -16,12 +16,15 @@
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
 //!   scratch before the GEMM runs over it.
 //! - [`softmax`]: softmax over contiguous rows with an inline `exp`.
+//! - [`attention`]: the two GEMMs and the softmax of scaled dot-product
+//!   attention, per head through a scratch block of scores.
 //! - [`peak`]: the FMA throughput loop used to measure the machine's peak
 //!   (the denominator of the GEMM efficiency figure).
 //!
 //! The runtime never depends on this module or on `iced-x86`: it only sees
 //! bytes.
 
+pub(crate) mod attention;
 pub(crate) mod depthwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;

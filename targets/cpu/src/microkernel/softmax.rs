@@ -75,13 +75,22 @@ impl SoftmaxSpec {
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         let mut a = CodeAssembler::new(64)?;
         if self.rows > 0 && self.len > 0 {
-            self.constants(&mut a)?;
-            self.body(&mut a)?;
+            self.emit(&mut a)?;
             a.vzeroupper()?;
         }
         a.xor(eax, eax)?;
         a.ret()?;
         Ok(a.assemble(0)?)
+    }
+
+    /// The softmax inline (no `ret`): it clobbers rax, rcx, rdx, r8, r9,
+    /// k1, zmm0–zmm3 and zmm16–zmm27. `x == y` works in place.
+    pub(crate) fn emit(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
+        if self.rows > 0 && self.len > 0 {
+            self.constants(a)?;
+            self.body(a)?;
+        }
+        Ok(())
     }
 
     fn constants(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {

@@ -394,6 +394,11 @@ pub(crate) fn lower_job<'g>(
         Op::Resize(r) => resize::resize(&cx, r)?,
         Op::Col2Im(c) => resize::col2im(&cx, c)?,
         Op::Fused(k) if k.head().is_none() => elementwise::fused(&cx, k.body())?,
+        Op::Attention { .. } => {
+            return Err(cx.unsupported(
+                "attention has no CUDA lowering (the driver runs recognize without attention for CUDA, which keeps the matmul/softmax/matmul chain)",
+            ))
+        }
         Op::Fused(_) => {
             return Err(cx.unsupported(
                 "fused kernels with a dense head have no CUDA lowering (the driver runs fuse without dense heads for CUDA)",
