@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The `fuse` table of docs/passes.md: for each model, nodes after import,
 # nodes after -O2, what `fuse` merged, kernels at -O0 and -O2, and `kiln
-# bench` p50 (native target, one thread, random inputs) at -O0, at -O2
-# without `fuse` and at -O2.
+# bench` p50 (native target, compiled for and run on one thread, random
+# inputs) at -O0, at -O2 without `fuse` and at -O2.
 #
 #   RUNS=50 ROUNDS=3 scripts/fuse-table.sh KILN MODEL_DIR...
 #
@@ -30,14 +30,14 @@ m = json.load(open('$dir/meta.json'))
 for k, v in (m.get('input_shapes') or {}).items(): print('--input-shape'); print(k + '=' + 'x'.join(map(str, v)))
 for k, v in (m.get('dims') or {}).items(): print('--dim'); print(f'{k}={v}')
 ")
-  "$kiln" compile "$dir/model.onnx" "${args[@]}" -O0 -o "$tmp/o0.kiln" --json \
+  "$kiln" compile "$dir/model.onnx" "${args[@]}" --threads 1 -O0 -o "$tmp/o0.kiln" --json \
     --dump-ir after=import --dump-dir "$tmp/ir" > "$tmp/o0.json"
-  "$kiln" compile "$dir/model.onnx" "${args[@]}" -O2 -o "$tmp/o2.kiln" --json > "$tmp/o2.json"
-  "$kiln" compile "$dir/model.onnx" "${args[@]}" -o "$tmp/nf.kiln" \
+  "$kiln" compile "$dir/model.onnx" "${args[@]}" --threads 1 -O2 -o "$tmp/o2.kiln" --json > "$tmp/o2.json"
+  "$kiln" compile "$dir/model.onnx" "${args[@]}" --threads 1 -o "$tmp/nf.kiln" \
     --passes fold-constants,simplify,recognize,fold-batchnorm,dce > /dev/null
   for r in $(seq "$rounds"); do
     for v in o0 nf o2; do
-      "$kiln" bench "$tmp/$v.kiln" --random --runs "$runs" --warmup 3 --json > "$tmp/b-$v-$r.json"
+      "$kiln" bench "$tmp/$v.kiln" --threads 1 --random --runs "$runs" --warmup 3 --json > "$tmp/b-$v-$r.json"
     done
   done
   # Graph::node_count: every `%n:` definition, graph inputs included.

@@ -73,3 +73,15 @@ fn o2_preserves_every_fixture() {
         }
     }
 }
+
+#[test]
+fn levels_name_their_pipelines_and_unknown_levels_are_refused() {
+    let names = |l| PassManager::for_level(l).unwrap().names();
+    assert!(names(0).is_empty());
+    assert_eq!(names(1), ["fold-constants", "dce"]);
+    assert!(names(2).contains(&"recognize") && names(2).contains(&"fuse"));
+    // -O3 runs the -O2 pipeline (docs/passes.md says why).
+    assert_eq!(names(3), names(2));
+    let err = PassManager::for_level(4).err().expect("level 4 is refused");
+    assert!(err.to_string().contains("use 0, 1, 2 or 3"), "{err}");
+}

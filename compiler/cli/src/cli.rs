@@ -84,8 +84,9 @@ struct ModelArgs {
     #[arg(long = "bind-input", value_name = "NAME=FILE.npy")]
     bind_inputs: Vec<String>,
     /// Optimization level: 0 imports as is, 1 folds constants and removes dead code,
-    /// 2 also simplifies, recognizes decomposed LayerNorm and GELU, folds
-    /// BatchNormalization into Conv/Gemm/MatMul and fuses kernels.
+    /// 2 also simplifies, recognizes decomposed LayerNorm, GELU, softmax and
+    /// attention, folds BatchNormalization into Conv/Gemm/MatMul and fuses
+    /// kernels; 3 is the level-2 pipeline (docs/passes.md says why)
     #[arg(short = 'O', default_value_t = 2, value_name = "LEVEL")]
     opt_level: u8,
     /// Run exactly these passes, comma-separated (overrides -O).
