@@ -381,7 +381,7 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
             let t = kb.b.ins().sqrt(t);
             let t = kb.b.ins().fadd(ax, t);
             let l = math::log(kb, t);
-            kb.b.ins().fcopysign(l, x)
+            math::with_sign_of(kb, l, x)
         }
         UnaryOp::Acosh => {
             let one = kb.fconst(ty, 1.0);

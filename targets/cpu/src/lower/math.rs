@@ -8,7 +8,7 @@
 //! functions call the host `libm` (lane by lane for vectors).
 
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::types::{F32, F64, I32, I32X4};
+use cranelift_codegen::ir::types::{F32, F64, I32, I32X4, I64};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use kiln_runtime::format::HostFn;
 
@@ -134,10 +134,28 @@ pub(crate) fn tanh(kb: &mut Kb, x: Value) -> Value {
     } else {
         kb.b.ins().select(is_small, small, big)
     };
-    // r >= 0 (or NaN): or in the sign bit of x.
-    let ity = if ty.is_vector() { I32X4 } else { I32 };
+    with_sign_of(kb, r, x)
+}
+
+/// `r` (≥ 0 or NaN) with the sign bit of `x` or-ed in: `copysign` for
+/// non-negative magnitudes, which Cranelift's x86-64 backend has no
+/// lowering of for vectors (`fcopysign.f32x4`). f32 and f64, scalar or
+/// vector.
+pub(crate) fn with_sign_of(kb: &mut Kb, r: Value, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(r);
+    let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+    let (lane, min) = if ty.lane_type() == F64 {
+        (I64, i64::MIN)
+    } else {
+        (I32, i64::from(i32::MIN))
+    };
+    let ity = if ty.is_vector() {
+        lane.by(ty.lane_count()).expect("a vector of 2 or 4 lanes")
+    } else {
+        lane
+    };
     let xb = kb.b.ins().bitcast(ity, flags, x);
-    let sign = kb.b.ins().iconst(I32, i64::from(i32::MIN));
+    let sign = kb.b.ins().iconst(lane, min);
     let sign = kb.splat_to(ity, sign);
     let sign = kb.b.ins().band(xb, sign);
     let rb = kb.b.ins().bitcast(ity, flags, r);
