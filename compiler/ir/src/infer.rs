@@ -297,6 +297,19 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             ))
         }
         Op::Cast { to } => Ok(ValueType::new(*to, inputs[0].shape.clone())),
+        Op::Bitcast { to } => {
+            let x = inputs[0];
+            let same_size = x.dtype.size_bytes() == to.size_bytes();
+            if !same_size || (*to == DType::Bool && x.dtype != DType::Bool) {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "cannot reinterpret {x} as {to}: the element sizes differ or the target is bool"
+                    ),
+                ));
+            }
+            Ok(ValueType::new(*to, x.shape.clone()))
+        }
         Op::Compare(_) => {
             let (a, b) = (inputs[0], inputs[1]);
             same_dtype(name, a, b)?;

@@ -1008,6 +1008,13 @@ pub enum Op {
         /// Per-axis start, step and length.
         axes: SmallVec<[SliceAxis; 4]>,
     },
+    /// The same bytes read as another element type of the same size
+    /// (ONNX `BitCast`); never to `bool` from another type, whose bytes
+    /// could be other than 0 and 1.
+    Bitcast {
+        /// Target type.
+        to: DType,
+    },
     /// Element type conversion.
     Cast {
         /// Target type.
@@ -1087,6 +1094,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Slice { .. } => "slice",
             Op::Cast { .. } => "cast",
+            Op::Bitcast { .. } => "bitcast",
             Op::Compare(c) => c.name(),
             Op::Logical(l) => l.name(),
             Op::Not => "not",

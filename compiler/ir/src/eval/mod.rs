@@ -123,6 +123,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Input { .. } | Op::Constant(_) => unreachable!("handled above"),
         Op::Reshape { .. } => return layout::reshape(inputs[0], &out),
         Op::Cast { to } => return Ok(layout::cast(inputs[0], *to)),
+        Op::Bitcast { to } => {
+            let bytes = inputs[0].data().to_le_bytes();
+            Data::from_le_bytes(*to, &bytes)
+                .ok_or_else(|| eval_err(name, "the bytes do not hold whole elements"))?
+        }
         Op::Unary(u) => elementwise::unary(*u, inputs[0])?,
         Op::Binary(b) => elementwise::binary(*b, inputs[0], inputs[1], &out)?,
         Op::MatMul => linalg::matmul(inputs[0], inputs[1], &out)?,

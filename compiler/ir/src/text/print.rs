@@ -166,7 +166,7 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
                 .collect();
             vec![format!("axes=[{}]", axes.join(", "))]
         }
-        Op::Cast { to } => vec![format!("to={to}")],
+        Op::Cast { to } | Op::Bitcast { to } => vec![format!("to={to}")],
         Op::Reduce {
             axes, keep_dims, ..
         } => vec![

@@ -268,11 +268,21 @@ fn all_ops_graph() -> Graph {
                 .unwrap(),
         );
     }
+    let bits = g
+        .add_node(Op::Bitcast { to: DType::I32 }, &[sl], "bitcast")
+        .unwrap();
+    let kt = f32_const(&mut g, "keys", &[3, 4]);
+    let values = f32_const(&mut g, "values", &[4, 5]);
+    let att = g
+        .add_node(Op::Attention { scale: 0.5 }, &[v, kt, values], "attention")
+        .unwrap();
     g.add_output("probs", sm);
     g.add_output("sliced", sl);
     g.add_output("cast\tf16", outs[2]);
     g.add_output("image again", x);
     g.add_output("probs", sm);
+    g.add_output("bits", bits);
+    g.add_output("attended", att);
     g
 }
 
@@ -401,6 +411,8 @@ fn round_trip_all_ops() {
         "gather(",
         "slice(",
         "cast(",
+        "bitcast(",
+        "attention(",
         "const dense<",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");

@@ -326,6 +326,20 @@ pub fn unsqueeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// `Cast` (`to` is a type code from opset 6, a type name before).
 pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
+    let to = cast_target(ctx, node)?;
+    one(ctx.op(Op::Cast { to }, &[x], None)?)
+}
+
+/// `BitCast`: the same bytes as another type of the same size.
+pub fn bitcast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let to = cast_target(ctx, node)?;
+    one(ctx.op(Op::Bitcast { to }, &[x], None)?)
+}
+
+/// The `to` attribute of Cast and BitCast (a type code, or a type name in
+/// old models).
+fn cast_target(ctx: &ImportCtx, node: &NodeProto) -> Result<DType, OnnxError> {
     let what = format!("{}.to", ctx.node_name());
     let to = match ctx.raw_attr(node, "to") {
         None => return Err(ctx.bad_attr("to", "is required")),
@@ -343,7 +357,7 @@ pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             dtype_or_err(code, &what)?
         }
     };
-    one(ctx.op(Op::Cast { to }, &[x], None)?)
+    Ok(to)
 }
 
 /// `CastLike` (opset 15+): Cast to the element type of the second input.

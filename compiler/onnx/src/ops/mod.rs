@@ -28,6 +28,7 @@ pub mod recurrent;
 pub mod reduce;
 pub mod sample;
 pub mod scatter;
+pub mod signal;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -123,6 +124,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Squeeze" => layout::squeeze,
         "Unsqueeze" => layout::unsqueeze,
         "Cast" => layout::cast,
+        "BitCast" => layout::bitcast,
         "CastLike" => layout::cast_like,
         "Equal" => logic::equal,
         "Less" => logic::less,
@@ -159,6 +161,12 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Split" => movement::split,
         "Tile" => movement::tile,
         "Pad" => movement::pad,
+        "CenterCropPad" => movement::center_crop_pad,
+        "DFT" => signal::dft,
+        "STFT" => signal::stft,
+        "HannWindow" => signal::hann_window,
+        "HammingWindow" => signal::hamming_window,
+        "BlackmanWindow" => signal::blackman_window,
         "DepthToSpace" => movement::depth_to_space,
         "SpaceToDepth" => movement::space_to_depth,
         "Trilu" => movement::trilu,

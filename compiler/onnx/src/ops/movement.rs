@@ -212,98 +212,145 @@ pub fn pad(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     };
     for (j, &axis) in axes.iter().enumerate() {
-        let (mut b, mut e) = (pads[j], pads[j + k]);
-        let d = ctx.ty(x).shape[axis] as i64;
-        // Crop first: a negative pad removes elements.
-        if b < 0 || e < 0 {
-            let lo = b.checked_neg().unwrap_or(i64::MAX).max(0);
-            let hi = e.checked_neg().unwrap_or(i64::MAX).max(0);
-            if lo.saturating_add(hi) > d {
-                return Err(ctx.bad_attr("pads", format!("crops more than the dim of {d}")));
-            }
-            x = slice_along(
-                ctx,
-                x,
-                axis,
-                lo as usize,
-                1,
-                (d - lo - hi) as usize,
-                &format!("crop{axis}"),
-            )?;
-            b = b.max(0);
-            e = e.max(0);
-        }
-        if b == 0 && e == 0 {
-            continue;
-        }
-        let d = ctx.ty(x).shape[axis];
-        let (b, e) = (b as usize, e as usize);
-        let tag = |s: &str| format!("{s}{axis}");
-        let border = |ctx: &mut ImportCtx,
-                      x: Val,
-                      n: usize,
-                      before: bool|
-         -> Result<Val, OnnxError> {
-            let side = if before { "before" } else { "after" };
-            let mut shape = ctx.ty(x).shape.clone();
-            match mode.as_str() {
-                "constant" => {
-                    shape[axis] = n;
-                    ctx.op(
-                        Op::Expand {
-                            shape: shape.iter().copied().collect(),
-                        },
-                        &[value],
-                        Some(&tag(&format!("{side}_value"))),
-                    )
-                }
-                "edge" => {
-                    if d == 0 {
-                        return Err(ctx.invalid("edge padding of an empty axis"));
-                    }
-                    let at = if before { 0 } else { d - 1 };
-                    let s = slice_along(ctx, x, axis, at, 1, 1, &tag(&format!("{side}_edge")))?;
-                    shape[axis] = n;
-                    ctx.op(
-                        Op::Expand {
-                            shape: shape.iter().copied().collect(),
-                        },
-                        &[s],
-                        Some(&tag(&format!("{side}_edges"))),
-                    )
-                }
-                "reflect" => {
-                    if n >= d {
-                        return Err(ctx.unsupported(format!(
-                            "reflect padding of {n} on an axis of {d} (Kiln needs pads smaller than the dim)"
-                        )));
-                    }
-                    let start = if before { n } else { d - 2 };
-                    slice_along(ctx, x, axis, start, -1, n, &tag(&format!("{side}_reflect")))
-                }
-                "wrap" if ctx.opset >= 19 => {
-                    if n > d {
-                        return Err(ctx.unsupported(format!(
-                            "wrap padding of {n} on an axis of {d} (Kiln needs pads no larger than the dim)"
-                        )));
-                    }
-                    let start = if before { d - n } else { 0 };
-                    slice_along(ctx, x, axis, start, 1, n, &tag(&format!("{side}_wrap")))
-                }
-                m => Err(ctx.bad_attr("mode", format!("unknown Pad mode '{m}'"))),
-            }
-        };
-        let mut parts = Vec::with_capacity(3);
-        if b > 0 {
-            parts.push(border(ctx, x, b, true)?);
-        }
-        parts.push(x);
-        if e > 0 {
-            parts.push(border(ctx, x, e, false)?);
-        }
-        x = ctx.op(Op::Concat { axis }, &parts, Some(&tag("padded")))?;
+        x = pad_axis(ctx, x, axis, (pads[j], pads[j + k]), &mode, value)?;
     }
     one(x)
+}
+
+/// `CenterCropPad` (opset 18): each listed axis cropped (centred, the
+/// extra element at the end) or zero-padded (likewise) to the given size.
+pub fn center_crop_pad(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let mut x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    let shape = ctx.const_input(node, 1)?.to_i64_vec();
+    let axes: Vec<usize> = match ctx.attr_ints(node, "axes")? {
+        None => (0..rank).collect(),
+        Some(a) => a
+            .iter()
+            .map(|&a| ctx.axis("axes", a, rank))
+            .collect::<Result<_, _>>()?,
+    };
+    if shape.len() != axes.len() {
+        return Err(ctx.invalid(format!(
+            "shape has {} values for {} axes",
+            shape.len(),
+            axes.len()
+        )));
+    }
+    let zero = Tensor::new(vec![1; rank], Data::zeros(xt.dtype, 1)).expect("one");
+    let zero = gen_const(ctx, zero, "zero")?;
+    for (&axis, &target) in axes.iter().zip(&shape) {
+        if target < 0 {
+            return Err(ctx.invalid(format!("negative size {target} for axis {axis}")));
+        }
+        let diff = target - xt.shape[axis] as i64;
+        // A crop removes (-diff)/2 before and the rest after; a pad adds
+        // diff/2 before and the rest after.
+        let before = if diff < 0 { -(-diff / 2) } else { diff / 2 };
+        x = pad_axis(ctx, x, axis, (before, diff - before), "constant", zero)?;
+    }
+    one(x)
+}
+
+/// `x` padded along `axis` by `(before, after)` elements (a negative
+/// amount crops) in Pad's `mode`, `value` (broadcastable, rank of `x`)
+/// filling constant padding.
+pub(crate) fn pad_axis(
+    ctx: &mut ImportCtx,
+    x: Val,
+    axis: usize,
+    (before, after): (i64, i64),
+    mode: &str,
+    value: Val,
+) -> Result<Val, OnnxError> {
+    let mut x = x;
+    let (mut b, mut e) = (before, after);
+    let d = ctx.ty(x).shape[axis] as i64;
+    // Crop first: a negative pad removes elements.
+    if b < 0 || e < 0 {
+        let lo = b.checked_neg().unwrap_or(i64::MAX).max(0);
+        let hi = e.checked_neg().unwrap_or(i64::MAX).max(0);
+        if lo.saturating_add(hi) > d {
+            return Err(ctx.bad_attr("pads", format!("crops more than the dim of {d}")));
+        }
+        x = slice_along(
+            ctx,
+            x,
+            axis,
+            lo as usize,
+            1,
+            (d - lo - hi) as usize,
+            &format!("crop{axis}"),
+        )?;
+        b = b.max(0);
+        e = e.max(0);
+    }
+    if b == 0 && e == 0 {
+        return Ok(x);
+    }
+    let d = ctx.ty(x).shape[axis];
+    let (b, e) = (b as usize, e as usize);
+    let tag = |s: &str| format!("{s}{axis}");
+    let border = |ctx: &mut ImportCtx, x: Val, n: usize, before: bool| -> Result<Val, OnnxError> {
+        let side = if before { "before" } else { "after" };
+        let mut shape = ctx.ty(x).shape.clone();
+        match mode {
+            "constant" => {
+                shape[axis] = n;
+                ctx.op(
+                    Op::Expand {
+                        shape: shape.iter().copied().collect(),
+                    },
+                    &[value],
+                    Some(&tag(&format!("{side}_value"))),
+                )
+            }
+            "edge" => {
+                if d == 0 {
+                    return Err(ctx.invalid("edge padding of an empty axis"));
+                }
+                let at = if before { 0 } else { d - 1 };
+                let s = slice_along(ctx, x, axis, at, 1, 1, &tag(&format!("{side}_edge")))?;
+                shape[axis] = n;
+                ctx.op(
+                    Op::Expand {
+                        shape: shape.iter().copied().collect(),
+                    },
+                    &[s],
+                    Some(&tag(&format!("{side}_edges"))),
+                )
+            }
+            "reflect" => {
+                if n >= d {
+                    return Err(ctx.unsupported(format!(
+                        "reflect padding of {n} on an axis of {d} (Kiln needs pads smaller than the dim)"
+                    )));
+                }
+                let start = if before { n } else { d - 2 };
+                slice_along(ctx, x, axis, start, -1, n, &tag(&format!("{side}_reflect")))
+            }
+            "wrap" if ctx.opset >= 19 => {
+                if n > d {
+                    return Err(ctx.unsupported(format!(
+                        "wrap padding of {n} on an axis of {d} (Kiln needs pads no larger than the dim)"
+                    )));
+                }
+                let start = if before { d - n } else { 0 };
+                slice_along(ctx, x, axis, start, 1, n, &tag(&format!("{side}_wrap")))
+            }
+            m => Err(ctx.bad_attr("mode", format!("unknown Pad mode '{m}'"))),
+        }
+    };
+    let mut parts = Vec::with_capacity(3);
+    if b > 0 {
+        parts.push(border(ctx, x, b, true)?);
+    }
+    parts.push(x);
+    if e > 0 {
+        parts.push(border(ctx, x, e, false)?);
+    }
+    ctx.op(Op::Concat { axis }, &parts, Some(&tag("padded")))
 }
 
 /// Reshape → Transpose → Reshape, the last step named after the node.

@@ -638,7 +638,8 @@ fn lower_cx(
         Op::GlobalMaxPool => pool::global(kb, cx, true),
         Op::Softmax { axis } => softmax::softmax(kb, cx, *axis),
         Op::Attention { scale } => attention::attention(kb, cx, *scale, scratch),
-        Op::Reshape { .. } => layout::reshape(kb, cx),
+        // Both copy the bytes as they are.
+        Op::Reshape { .. } | Op::Bitcast { .. } => layout::reshape(kb, cx),
         Op::Transpose { perm } => layout::transpose(kb, cx, perm),
         Op::Concat { axis } => layout::concat(kb, cx, *axis),
         Op::Gather { axis } => layout::gather(kb, cx, *axis),

@@ -36,6 +36,20 @@ pub(crate) fn copy(cx: &Cx) -> Result<Kernel, CudaError> {
     gather_elements(cx, |_, i| i)
 }
 
+/// Element-for-element copy of the bits into another type of the same
+/// size (`bitcast`): loaded and stored as the input type.
+pub(crate) fn copy_bits(cx: &Cx) -> Result<Kernel, CudaError> {
+    let n = cx.out_ty.num_elements();
+    let mut kb = cx.builder([super::BLOCK, 1, 1]);
+    let i = global_index(&mut kb, n);
+    let (loc, ty) = cx.inputs[0];
+    let base = ptr(&mut kb, loc);
+    let v = load(&mut kb, base, i, ty.dtype);
+    let out = ptr(&mut kb, cx.out);
+    store(&mut kb, out, i, ty.dtype, v);
+    Ok(cx.finish(kb, linear_launch(n)))
+}
+
 pub(crate) fn transpose(cx: &Cx, perm: &[usize]) -> Result<Kernel, CudaError> {
     let in_strides = strides(&cx.inputs[0].1.shape);
     let st: Vec<i64> = perm.iter().map(|&p| in_strides[p]).collect();

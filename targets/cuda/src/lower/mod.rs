@@ -385,6 +385,7 @@ pub(crate) fn lower_job<'g>(
         Op::Softmax { axis } => reduce::softmax(&cx, *axis)?,
         Op::Reduce { op, axes, .. } => reduce::reduce(&cx, *op, axes)?,
         Op::Reshape { .. } => layout::copy(&cx)?,
+        Op::Bitcast { .. } => layout::copy_bits(&cx)?,
         Op::Transpose { perm } => layout::transpose(&cx, perm)?,
         Op::Concat { axis } => layout::concat(&cx, *axis)?,
         Op::Gather { axis } => layout::gather(&cx, *axis)?,
