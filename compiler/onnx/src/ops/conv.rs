@@ -8,7 +8,8 @@ use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{
-    BinaryOp, Col2Im, Conv2d, CoordinateTransform, NearestRounding, Op, Resize, ResizeMode,
+    BinaryOp, Col2Im, Conv2d, CoordinateTransform, Data, NearestRounding, Op, Resize, ResizeMode,
+    Tensor,
 };
 use tract_onnx::pb::NodeProto;
 
@@ -200,6 +201,81 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let y = ctx.dense_op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
     one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
+}
+
+/// `CausalConvWithState`: a depthwise 1-D convolution over the past state
+/// (zeros without one) followed by the input, optionally with SiLU; the
+/// second output is the last `k - 1` positions of that padded input, the
+/// state of the next call.
+pub fn causal_conv_with_state(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let b = ctx.opt_input(node, 2);
+    let past = ctx.opt_input(node, 3);
+    let (xs, ws) = (ctx.ty(x).shape.clone(), ctx.ty(w).shape.clone());
+    let [batch, channels, len] = xs[..] else {
+        return Err(ctx.invalid(format!(
+            "input must be [batch, channels, length], got {xs:?}"
+        )));
+    };
+    if ws.len() != 3 || ws[0] != channels || ws[1] != 1 || ws[2] == 0 {
+        return Err(ctx.invalid(format!(
+            "weight must be [{channels}, 1, k] with k ≥ 1, got {ws:?}"
+        )));
+    }
+    let k = ws[2];
+    let activation = ctx
+        .attr_s(node, "activation")?
+        .unwrap_or_else(|| "none".into());
+    let silu = match activation.as_str() {
+        "none" => false,
+        "silu" | "swish" => true,
+        a => return Err(ctx.bad_attr("activation", format!("unknown activation '{a}'"))),
+    };
+    let state = match past {
+        Some(p) => {
+            if ctx.ty(p).shape[..] != [batch, channels, k - 1] {
+                return Err(ctx.invalid(format!(
+                    "past_state must be [{batch}, {channels}, {}], got {}",
+                    k - 1,
+                    ctx.ty(p)
+                )));
+            }
+            p
+        }
+        None => {
+            let zeros = Tensor::new(
+                [batch, channels, k - 1],
+                Data::zeros(ctx.ty(x).dtype, batch * channels * (k - 1)),
+            )
+            .expect("sized");
+            super::index::gen_const(ctx, zeros, "no_past")?
+        }
+    };
+    let padded = if k == 1 {
+        x
+    } else {
+        ctx.op(Op::Concat { axis: 2 }, &[state, x], Some("padded"))?
+    };
+    let conv = Op::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: channels,
+    });
+    let x4 = lift(ctx, padded, "x2d")?;
+    let w4 = lift(ctx, w, "w2d")?;
+    let mut inputs = vec![x4, w4];
+    inputs.extend(b);
+    let y = ctx.dense_op(conv, &inputs, Some("conv2d"))?;
+    let y = reshape_to(ctx, y, &[batch, channels, len], Some("conv"))?;
+    let y = if silu {
+        super::elementwise::silu(ctx, y, 1.0)?
+    } else {
+        y
+    };
+    let present = super::movement::slice_along(ctx, padded, 2, len, 1, k - 1, "present_state")?;
+    Ok(vec![y, present])
 }
 
 /// `ConvTranspose` as a MatMul of the transposed weights with the input

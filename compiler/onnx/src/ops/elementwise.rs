@@ -418,15 +418,36 @@ pub fn is_inf(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn swish(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    one(silu(ctx, x, alpha as f64)?)
+}
+
+/// `SwiGLU`: `A · sigmoid(α·A) · B` (A and B of one shape).
+pub fn swiglu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let b = ctx.input(node, 1)?;
+    if ctx.ty(a) != ctx.ty(b) {
+        return Err(ctx.invalid(format!(
+            "A {} and B {} must have one shape and type",
+            ctx.ty(a),
+            ctx.ty(b)
+        )));
+    }
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    let gated = silu(ctx, a, alpha as f64)?;
+    one(ctx.op(Op::Binary(BinaryOp::Mul), &[gated, b], None)?)
+}
+
+/// `x · sigmoid(α·x)` (Swish; SiLU for α = 1).
+pub(crate) fn silu(ctx: &mut ImportCtx, x: Val, alpha: f64) -> Result<Val, OnnxError> {
     let dt = ctx.ty(x).dtype;
     let ax = if alpha == 1.0 {
         x
     } else {
-        let a = scalar(ctx, dt, alpha as f64, "alpha");
+        let a = scalar(ctx, dt, alpha, "alpha");
         ctx.op(Op::Binary(BinaryOp::Mul), &[x, a], Some("scaled"))?
     };
     let s = ctx.op(Op::Unary(UnaryOp::Sigmoid), &[ax], Some("gate"))?;
-    one(ctx.op(Op::Binary(BinaryOp::Mul), &[x, s], None)?)
+    ctx.op(Op::Binary(BinaryOp::Mul), &[x, s], Some("swish"))
 }
 
 /// `Softmax`. Before opset 13 it normalizes over the input flattened to 2-D

@@ -193,6 +193,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "IsNaN" => e::is_nan,
         "IsInf" => e::is_inf,
         "Swish" => e::swish,
+        "SwiGLU" => e::swiglu,
+        "CausalConvWithState" => conv::causal_conv_with_state,
         "EyeLike" => constant::eye_like,
         "LpPool" => pool::lp_pool,
         "LRN" => norm::lrn,
