@@ -500,3 +500,231 @@ pub fn rotary_embedding(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     Ok(vec![y])
 }
+
+/// The most time steps [`linear_attention`] unrolls.
+const MAX_LINEAR_ATTENTION_STEPS: usize = 512;
+
+/// `LinearAttention`: the recurrent state `S` (`[B, H_kv, d_k, d_v]`, zero
+/// or `past_state`) updated per time step by the update rule (`linear`:
+/// `S += kᵀv`; `gated`: `S ← S·e^g` first; `delta`: `v ← β(v − kS)`
+/// first; `gated_delta`: both), each query head reading `scale · q S` of
+/// its KV head. The static time steps are unrolled at import (up to
+/// [`MAX_LINEAR_ATTENTION_STEPS`]) in f32; the outputs are rounded to the
+/// input types once.
+pub fn linear_attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let inputs: Vec<Val> = (0..3)
+        .map(|i| ctx.input(node, i))
+        .collect::<Result<_, _>>()?;
+    let past = ctx.opt_input(node, 3);
+    let decay = ctx.opt_input(node, 4);
+    let beta = ctx.opt_input(node, 5);
+    let rule = ctx
+        .attr_s(node, "update_rule")?
+        .unwrap_or_else(|| "gated_delta".into());
+    let (gating, delta) = match rule.as_str() {
+        "linear" => (false, false),
+        "gated" => (true, false),
+        "delta" => (false, true),
+        "gated_delta" => (true, true),
+        r => return Err(ctx.bad_attr("update_rule", format!("unknown update rule '{r}'"))),
+    };
+    if gating != decay.is_some() || delta != beta.is_some() {
+        return Err(ctx.invalid(format!(
+            "update rule '{rule}' takes decay {} and beta {}",
+            if gating { "(required)" } else { "(forbidden)" },
+            if delta { "(required)" } else { "(forbidden)" },
+        )));
+    }
+    let heads = |ctx: &ImportCtx, name: &str| -> Result<usize, OnnxError> {
+        match ctx.attr_i(node, name)? {
+            Some(h) if h > 0 => Ok(h as usize),
+            _ => Err(ctx.bad_attr(name, "is required and positive")),
+        }
+    };
+    let (hq, hkv) = (heads(ctx, "q_num_heads")?, heads(ctx, "kv_num_heads")?);
+    if !hq.is_multiple_of(hkv) {
+        return Err(ctx.bad_attr("q_num_heads", format!("{hq} is not a multiple of {hkv}")));
+    }
+    let io_dt = ctx.ty(inputs[0]).dtype;
+    for &v in &inputs {
+        if ctx.ty(v).shape.len() != 3 || !ctx.ty(v).dtype.is_float() {
+            return Err(ctx.invalid(format!(
+                "query, key and value must be float [B, T, H·D], got {}",
+                ctx.ty(v)
+            )));
+        }
+    }
+    let [batch, steps, _] = ctx.ty(inputs[0]).shape[..] else {
+        unreachable!("rank 3, checked")
+    };
+    if steps == 0 {
+        return Err(ctx.invalid("LinearAttention over zero time steps"));
+    }
+    if steps > MAX_LINEAR_ATTENTION_STEPS {
+        return Err(ctx.unsupported(format!(
+            "LinearAttention over {steps} time steps (Kiln unrolls the recurrence at import, up to {MAX_LINEAR_ATTENTION_STEPS})"
+        )));
+    }
+    let f = DType::F32;
+    let wide: Vec<Val> = (inputs.iter().zip(["q", "k", "v"]))
+        .map(|(&v, tag)| cast_to(ctx, v, f, &format!("{tag}_f32")))
+        .collect::<Result<_, _>>()?;
+    let q = split_heads(ctx, wide[0], hq, "q")?;
+    let k = split_heads(ctx, wide[1], hkv, "k")?;
+    let v = split_heads(ctx, wide[2], hkv, "v")?;
+    let (dk, dv) = (ctx.ty(q).shape[3], ctx.ty(v).shape[3]);
+    if ctx.ty(k).shape[3] != dk || ctx.ty(k).shape[2] != steps || ctx.ty(v).shape[2] != steps {
+        return Err(ctx.invalid("query, key and value disagree on time steps or head size"));
+    }
+    let group = hq / hkv;
+    let scale = match ctx.attr_f(node, "scale")? {
+        Some(s) if s != 0.0 => s as f64,
+        _ => 1.0 / (dk as f64).sqrt(),
+    };
+    // Per-step factors as [B, H_kv, T, n]: the decay (already
+    // exponentiated) and β.
+    let per_step =
+        |ctx: &mut ImportCtx, x: Val, width: usize, tag: &str| -> Result<Val, OnnxError> {
+            let x = cast_to(ctx, x, f, &format!("{tag}_f32"))?;
+            let lanes = ctx.ty(x).shape.get(2).copied().unwrap_or(0);
+            if ctx.ty(x).shape[..2] != [batch, steps] || lanes % width != 0 || lanes == 0 {
+                return Err(ctx.invalid(format!(
+                    "{tag} must be [{batch}, {steps}, n], got {}",
+                    ctx.ty(x)
+                )));
+            }
+            let x = reshape_to(
+                ctx,
+                x,
+                &[batch, steps, lanes / width, width],
+                Some(&format!("{tag}_heads")),
+            )?;
+            ctx.op(
+                Op::Transpose {
+                    perm: [0, 2, 1, 3].into_iter().collect(),
+                },
+                &[x],
+                Some(&format!("{tag}_bhtn")),
+            )
+        };
+    let decay = match decay {
+        Some(g) => {
+            let lanes = ctx.ty(g).shape.get(2).copied().unwrap_or(0);
+            let width = if lanes == hkv { 1 } else { dk };
+            if lanes != hkv && lanes != hkv * dk {
+                return Err(ctx.invalid(format!("decay's last dim must be {hkv} or {}", hkv * dk)));
+            }
+            let g = per_step(ctx, g, width, "decay")?;
+            Some((
+                ctx.op(Op::Unary(UnaryOp::Exp), &[g], Some("decay_exp"))?,
+                width,
+            ))
+        }
+        None => None,
+    };
+    let beta = match beta {
+        Some(b) => {
+            let lanes = ctx.ty(b).shape.get(2).copied().unwrap_or(0);
+            if lanes != hkv && lanes != 1 {
+                return Err(ctx.invalid(format!("beta's last dim must be {hkv} or 1")));
+            }
+            Some(per_step(ctx, b, 1, "beta")?)
+        }
+        None => None,
+    };
+    let state_shape = [batch, hkv, dk, dv];
+    let state_dt = past.map_or(io_dt, |p| ctx.ty(p).dtype);
+    let mut state = match past {
+        Some(p) => {
+            if ctx.ty(p).shape[..] != state_shape {
+                return Err(ctx.invalid(format!(
+                    "past_state must be {state_shape:?}, got {}",
+                    ctx.ty(p)
+                )));
+            }
+            cast_to(ctx, p, f, "past_f32")?
+        }
+        None => build_const(ctx, &state_shape, f, "state0", |n| Data::zeros(f, n))?,
+    };
+    let step = |ctx: &mut ImportCtx, x: Val, t: usize, tag: &str| {
+        super::movement::slice_along(ctx, x, 2, t, 1, 1, &format!("{tag}{t}"))
+    };
+    let mut outs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        if let Some((g, width)) = decay {
+            let g = step(ctx, g, t, "decay_t")?;
+            let g = reshape_to(
+                ctx,
+                g,
+                &[batch, hkv, width, 1],
+                Some(&format!("decay_col{t}")),
+            )?;
+            state = ctx.op(
+                Op::Binary(BinaryOp::Mul),
+                &[state, g],
+                Some(&format!("decayed{t}")),
+            )?;
+        }
+        let k_t = step(ctx, k, t, "k_t")?;
+        let mut v_t = step(ctx, v, t, "v_t")?;
+        if let Some(b) = beta {
+            let read = ctx.dense_op(Op::MatMul, &[k_t, state], Some(&format!("retrieved{t}")))?;
+            let diff = ctx.op(
+                Op::Binary(BinaryOp::Sub),
+                &[v_t, read],
+                Some(&format!("innovation{t}")),
+            )?;
+            let b_t = step(ctx, b, t, "beta_t")?;
+            v_t = ctx.op(
+                Op::Binary(BinaryOp::Mul),
+                &[b_t, diff],
+                Some(&format!("corrected{t}")),
+            )?;
+        }
+        let k_col = reshape_to(ctx, k_t, &[batch, hkv, dk, 1], Some(&format!("k_col{t}")))?;
+        let outer = ctx.op(
+            Op::Binary(BinaryOp::Mul),
+            &[k_col, v_t],
+            Some(&format!("kv{t}")),
+        )?;
+        state = ctx.op(
+            Op::Binary(BinaryOp::Add),
+            &[state, outer],
+            Some(&format!("state{t}")),
+        )?;
+        // The query heads of one KV head read its state together.
+        let q_t = step(ctx, q, t, "q_t")?;
+        let q_t = reshape_to(
+            ctx,
+            q_t,
+            &[batch, hkv, group, dk],
+            Some(&format!("q_group{t}")),
+        )?;
+        let o_t = ctx.dense_op(Op::MatMul, &[q_t, state], Some(&format!("read{t}")))?;
+        outs.push(reshape_to(
+            ctx,
+            o_t,
+            &[batch, hq, 1, dv],
+            Some(&format!("out{t}")),
+        )?);
+    }
+    let o = if outs.len() == 1 {
+        outs[0]
+    } else {
+        ctx.op(Op::Concat { axis: 2 }, &outs, Some("outputs"))?
+    };
+    let s = scalar(ctx, f, scale, "scale");
+    let o = ctx.op(Op::Binary(BinaryOp::Mul), &[o, s], Some("scaled"))?;
+    let o = ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1, 3].into_iter().collect(),
+        },
+        &[o],
+        Some("bthd"),
+    )?;
+    let o = reshape_to(ctx, o, &[batch, steps, hq * dv], Some("merged"))?;
+    Ok(vec![
+        cast_to(ctx, o, io_dt, "output_narrow")?,
+        cast_to(ctx, state, state_dt, "present_state_narrow")?,
+    ])
+}

@@ -91,6 +91,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "NegativeLogLikelihoodLoss" => loss::nll_loss,
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy_loss,
         "Attention" => attention::attention,
+        "LinearAttention" => attention::linear_attention,
         "RotaryEmbedding" => attention::rotary_embedding,
         "LpNormalization" => norm::lp_norm,
         "QuantizeLinear" => quant::quantize_linear,
