@@ -762,3 +762,96 @@ mod tests {
         assert!(super::strides(&[]).is_empty());
     }
 }
+
+/// `ReverseSequence`: along `time_axis`, the first `sequence_lens[b]`
+/// elements of batch `b` reversed, the rest as they are. The lengths may
+/// be run-time values: the source index of each element is computed
+/// (`len − 1 − t` where `t < len`, else `t`) and gathered.
+pub fn reverse_sequence(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let lens = ctx.input(node, 1)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    let batch_axis = ctx.attr_i_or(node, "batch_axis", 1)?;
+    let time_axis = ctx.attr_i_or(node, "time_axis", 0)?;
+    let (b, t) = (
+        ctx.axis("batch_axis", batch_axis, rank)?,
+        ctx.axis("time_axis", time_axis, rank)?,
+    );
+    if rank < 2 || b == t || !matches!(b, 0 | 1) || !matches!(t, 0 | 1) {
+        return Err(ctx.invalid(format!(
+            "batch_axis and time_axis must be 0 and 1 in either order, got {b} and {t} (rank {rank})"
+        )));
+    }
+    if ctx.ty(lens).shape[..] != [xt.shape[b]] {
+        return Err(ctx.invalid(format!(
+            "sequence_lens must be [{}], got {}",
+            xt.shape[b],
+            ctx.ty(lens)
+        )));
+    }
+    let along = |axis: usize, n: usize| {
+        let mut s = vec![1; rank];
+        s[axis] = n;
+        s
+    };
+    let steps = xt.shape[t];
+    let time =
+        Tensor::new(along(t, steps), Data::I64((0..steps as i64).collect())).expect("steps values");
+    let time = gen_const(ctx, time, "time")?;
+    let lens = cast_to(ctx, lens, DType::I64, "lens_i64")?;
+    let lens = reshape_to(ctx, lens, &along(b, xt.shape[b]), Some("lens_view"))?;
+    let one_ = gen_const(
+        ctx,
+        Tensor::new([], Data::I64(vec![1])).expect("scalar"),
+        "one",
+    )?;
+    let last = ctx.op(Op::Binary(BinaryOp::Sub), &[lens, one_], Some("last"))?;
+    let mirrored = ctx.op(Op::Binary(BinaryOp::Sub), &[last, time], Some("mirrored"))?;
+    let inside = ctx.op(Op::Compare(CompareOp::Less), &[time, lens], Some("inside"))?;
+    let source = ctx.op(Op::Where, &[inside, mirrored, time], Some("source"))?;
+    let source = ctx.op(
+        Op::Expand {
+            shape: xt.shape.iter().copied().collect(),
+        },
+        &[source],
+        Some("source_full"),
+    )?;
+    one(gather_along(ctx, x, source, t, None)?)
+}
+
+/// `Compress`: the slices along `axis` (of the flattened input without
+/// one) whose condition is true. The output's length depends on the
+/// condition's values, so the condition must be known at compile time.
+pub fn compress(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let mut x = ctx.input(node, 0)?;
+    let cond = ctx.input(node, 1)?;
+    let Some(c) = ctx.konst(cond).cloned() else {
+        return Err(ctx.not_constant(
+            cond,
+            "Compress needs a constant condition (its output length is the count of true values)",
+        ));
+    };
+    let axis = match ctx.attr_i(node, "axis")? {
+        Some(a) => ctx.axis("axis", a, ctx.ty(x).shape.len())?,
+        None => {
+            let n = ctx.ty(x).num_elements();
+            x = reshape_to(ctx, x, &[n], Some("flat"))?;
+            0
+        }
+    };
+    let len = ctx.ty(x).shape[axis];
+    let keep: Vec<i64> = (c.to_i64_vec().iter().enumerate())
+        .filter(|&(i, &v)| v != 0 && i < len)
+        .map(|(i, _)| i as i64)
+        .collect();
+    if c.len() > len {
+        return Err(ctx.invalid(format!(
+            "condition has {} values for an axis of {len}",
+            c.len()
+        )));
+    }
+    let n = keep.len();
+    let index = gen_const(ctx, Tensor::new([n], Data::I64(keep)).expect("n"), "kept")?;
+    one(ctx.op(Op::Gather { axis }, &[x, index], None)?)
+}

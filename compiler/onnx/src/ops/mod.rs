@@ -178,6 +178,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Hardmax" => index::hardmax,
         "OneHot" => index::one_hot,
         "GatherElements" => index::gather_elements,
+        "ReverseSequence" => index::reverse_sequence,
+        "Compress" => index::compress,
         "GatherND" => index::gather_nd,
         "CumSum" => index::cumsum,
         "CumProd" => index::cumprod,

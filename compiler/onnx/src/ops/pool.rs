@@ -6,7 +6,7 @@ use super::elementwise::{reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, Op, Pool2d, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Op, Pool2d, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -188,7 +188,16 @@ fn pool_3d(
 /// `MaxPool` (the `Indices` output is rejected up front; `storage_order`
 /// only affects `Indices` and is ignored).
 pub fn max_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    pool(ctx, node, Op::MaxPool)
+    let x = ctx.input(node, 0)?;
+    let dt = ctx.ty(x).dtype;
+    if !matches!(dt, DType::U8 | DType::I8 | DType::U16 | DType::I16) {
+        return pool(ctx, node, Op::MaxPool);
+    }
+    // 8- and 16-bit integers are exact in f32, and the max of exact values
+    // is one of them: pooled in f32, cast back.
+    let wide = super::elementwise::cast_to(ctx, x, DType::F32, "wide")?;
+    let y = pool_of(ctx, node, wide, Op::MaxPool, Some("pooled"))?;
+    one(ctx.op(Op::Cast { to: dt }, &[y[0]], None)?)
 }
 
 /// `AveragePool` (`count_include_pad` from opset 7).
