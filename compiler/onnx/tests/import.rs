@@ -275,7 +275,7 @@ fn dangling_input_name_is_reported() {
 #[test]
 fn unsupported_op_names_op_node_domain_and_opset() {
     let m = model(
-        vec![node("DFT", "rnn1", &["x"], &["y"])],
+        vec![node("NonMaxSuppression", "rnn1", &["x"], &["y"])],
         vec![f32_input("x", &[2])],
         &["y"],
         vec![],
@@ -287,10 +287,12 @@ fn unsupported_op_names_op_node_domain_and_opset() {
     assert_eq!(list.len(), 1);
     let msg = e.to_string();
     assert!(
-        msg.starts_with("unsupported op 'DFT' (domain 'ai.onnx', opset 13) at node 'rnn1': "),
+        msg.starts_with(
+            "unsupported op 'NonMaxSuppression' (domain 'ai.onnx', opset 13) at node 'rnn1': "
+        ),
         "{msg}"
     );
-    assert!(msg.contains("Kiln does not implement DFT yet"), "{msg}");
+    assert!(msg.contains("NonMaxSuppression"), "{msg}");
 }
 
 #[test]
@@ -2003,4 +2005,59 @@ fn qlinear_conv_adds_the_bias_and_rescales_per_channel() {
         })
         .collect();
     assert_eq!(out[0].to_i64_vec(), want, "accumulators {acc:?}");
+}
+
+/// Ops that build constants from model-declared sizes (a window's size, a
+/// DFT length, a state or time ramp from a declared shape) charge them to
+/// the generated-constant budget before allocating, so a few hundred bytes
+/// of model cannot make the importer allocate terabytes.
+#[test]
+fn constants_sized_by_the_model_are_refused_before_allocating() {
+    let huge = 1i64 << 40;
+    let mut causal = node("CausalConvWithState", "causal", &["x", "w"], &["y", "s"]);
+    causal.attribute.clear();
+    let mut reverse = node("ReverseSequence", "reverse", &["x", "lens"], &["y"]);
+    reverse.attribute = vec![attr_i("batch_axis", 1), attr_i("time_axis", 0)];
+    let mut dft = node("DFT", "dft", &["x", "n"], &["y"]);
+    dft.attribute = vec![attr_i("axis", 1)];
+    let cases = [
+        model(
+            vec![causal],
+            vec![
+                f32_input("x", &[1 << 20, 1 << 20, 4]),
+                f32_input("w", &[1 << 20, 1, 3]),
+            ],
+            &["y", "s"],
+            vec![],
+        ),
+        model(
+            vec![node("HannWindow", "window", &["size"], &["y"])],
+            vec![],
+            &["y"],
+            vec![i64_tensor("size", &[huge])],
+        ),
+        model(
+            vec![dft],
+            vec![f32_input("x", &[1, 4, 1])],
+            &["y"],
+            vec![i64_tensor("n", &[1 << 31])],
+        ),
+        model(
+            vec![reverse],
+            vec![
+                f32_input("x", &[huge, 2]),
+                value_info("lens", 7, &[D::K(2)]),
+            ],
+            &["y"],
+            vec![],
+        ),
+    ];
+    for (i, m) in cases.iter().enumerate() {
+        let e = import_model(m, None, &ImportOptions::default()).expect_err("refused");
+        assert!(matches!(e, OnnxError::TooLarge { .. }), "case {i}: {e:?}");
+        assert!(
+            prost::Message::encoded_len(m) < 1024,
+            "case {i}: a small model"
+        );
+    }
 }

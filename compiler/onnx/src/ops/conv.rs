@@ -9,7 +9,6 @@ use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{
     BinaryOp, Col2Im, Conv2d, CoordinateTransform, Data, NearestRounding, Op, Resize, ResizeMode,
-    Tensor,
 };
 use tract_onnx::pb::NodeProto;
 
@@ -244,12 +243,10 @@ pub fn causal_conv_with_state(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             p
         }
         None => {
-            let zeros = Tensor::new(
-                [batch, channels, k - 1],
-                Data::zeros(ctx.ty(x).dtype, batch * channels * (k - 1)),
-            )
-            .expect("sized");
-            super::index::gen_const(ctx, zeros, "no_past")?
+            let dt = ctx.ty(x).dtype;
+            super::index::build_const(ctx, &[batch, channels, k - 1], dt, "no_past", |n| {
+                Data::zeros(dt, n)
+            })?
         }
     };
     let padded = if k == 1 {

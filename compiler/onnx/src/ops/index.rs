@@ -796,9 +796,9 @@ pub fn reverse_sequence(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         s
     };
     let steps = xt.shape[t];
-    let time =
-        Tensor::new(along(t, steps), Data::I64((0..steps as i64).collect())).expect("steps values");
-    let time = gen_const(ctx, time, "time")?;
+    let time = build_const(ctx, &along(t, steps), DType::I64, "time", |n| {
+        Data::I64((0..n as i64).collect())
+    })?;
     let lens = cast_to(ctx, lens, DType::I64, "lens_i64")?;
     let lens = reshape_to(ctx, lens, &along(b, xt.shape[b]), Some("lens_view"))?;
     let one_ = gen_const(

@@ -10,7 +10,7 @@
 //! in f32 and rounded once.
 
 use super::elementwise::{cast_to, reshape_to};
-use super::index::gen_const;
+use super::index::{build_const, gen_const};
 use super::movement::{pad_axis, slice_along};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
@@ -34,38 +34,35 @@ enum Kind {
     InverseOneSided,
 }
 
-/// The real matrices `[inputs, outputs]` of a transform of length `n`:
-/// the output's real part is `re @ A + im @ B`, its imaginary part
-/// `re @ C + im @ D` (none for [`Kind::InverseOneSided`]).
-fn matrices(kind: Kind, n: usize) -> (usize, usize, [Vec<f64>; 4]) {
-    let (rows, cols) = match kind {
+/// The shape `[inputs, outputs]` of a transform's matrices.
+fn matrix_shape(kind: Kind, n: usize) -> (usize, usize) {
+    match kind {
         Kind::Forward { bins } => (n, bins),
         Kind::Inverse => (n, n),
         Kind::InverseOneSided => (n / 2 + 1, n),
-    };
-    let mut m: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(rows * cols));
-    for j in 0..rows {
-        for k in 0..cols {
-            // jk mod n keeps the angle small, so cos/sin stay exact.
-            let angle = 2.0 * PI * ((j * k) % n.max(1)) as f64 / n as f64;
-            let (s, c) = angle.sin_cos();
-            let (a, b, cc, d) = match kind {
-                Kind::Forward { .. } => (c, s, -s, c),
-                Kind::Inverse => (c / n as f64, -s / n as f64, s / n as f64, c / n as f64),
-                Kind::InverseOneSided => {
-                    // Bins 1..n/2 stand for themselves and their mirror
-                    // images; bin 0 and (n even) bin n/2 only for
-                    // themselves, their imaginary parts ignored.
-                    let w = if j == 0 || 2 * j == n { 1.0 } else { 2.0 };
-                    (w * c / n as f64, -w * s / n as f64, 0.0, 0.0)
-                }
-            };
-            for (v, x) in m.iter_mut().zip([a, b, cc, d]) {
-                v.push(x);
-            }
+    }
+}
+
+/// Entry `(j, k)` of the four real matrices of a transform of length `n`:
+/// the output's real part is `re @ A + im @ B`, its imaginary part
+/// `re @ C + im @ D` (none for [`Kind::InverseOneSided`]).
+fn matrix_entries(kind: Kind, n: usize, j: usize, k: usize) -> [f64; 4] {
+    // jk mod n keeps the angle small, so cos/sin stay exact.
+    let angle = 2.0 * PI * ((j * k) % n.max(1)) as f64 / n as f64;
+    let (s, c) = angle.sin_cos();
+    let middle = 2 * j == n;
+    let n = n as f64;
+    match kind {
+        Kind::Forward { .. } => [c, s, -s, c],
+        Kind::Inverse => [c / n, -s / n, s / n, c / n],
+        Kind::InverseOneSided => {
+            // Bins 1..n/2 stand for themselves and their mirror images;
+            // bin 0 and (n even) bin n/2 only for themselves, their
+            // imaginary parts ignored.
+            let w = if j == 0 || middle { 1.0 } else { 2.0 };
+            [w * c / n, -w * s / n, 0.0, 0.0]
         }
     }
-    (rows, cols, m)
 }
 
 /// The transform `kind` of length `n` of `x` (real/imaginary pairs in the
@@ -104,7 +101,7 @@ fn transform(
     perm.push(axis);
     let mut flat_shape: Vec<usize> = kept.iter().map(|&d| xt.shape[d]).collect();
     let len = xt.shape[axis];
-    let (rows, cols, [a, b, c, d]) = matrices(kind, n);
+    let (rows, cols) = matrix_shape(kind, n);
     let mut planes = Vec::with_capacity(2);
     for p in 0..parts {
         let s = slice_along(ctx, x, rank - 1, p, 1, 1, &format!("part{p}"))?;
@@ -136,14 +133,19 @@ fn transform(
         planes.push(s);
     }
     flat_shape.push(cols);
-    let product = |ctx: &mut ImportCtx, plane: Val, w: &[f64], tag: &str| {
-        let t =
-            Tensor::new([rows, cols], Data::from_f64s(dt, w.iter().copied())).expect("rows·cols");
-        let w = gen_const(ctx, t, tag)?;
+    // The matrices are charged to the generated-constant budget before
+    // they are built: `n` comes from the model.
+    let product = |ctx: &mut ImportCtx, plane: Val, which: usize, tag: &str| {
+        let w = build_const(ctx, &[rows, cols], dt, tag, |count| {
+            Data::from_f64s(
+                dt,
+                (0..count).map(|i| matrix_entries(kind, n, i / cols, i % cols)[which]),
+            )
+        })?;
         ctx.dense_op(Op::MatMul, &[plane, w], Some(&format!("{tag}_product")))
     };
     let combine =
-        |ctx: &mut ImportCtx, wr: &[f64], wi: &[f64], tag: &str| -> Result<Val, OnnxError> {
+        |ctx: &mut ImportCtx, [wr, wi]: [usize; 2], tag: &str| -> Result<Val, OnnxError> {
             let re = product(ctx, planes[0], wr, &format!("{tag}_re"))?;
             match planes.get(1) {
                 Some(&im) => {
@@ -153,9 +155,9 @@ fn transform(
                 None => Ok(re),
             }
         };
-    let mut outs = vec![combine(ctx, &a, &b, "real")?];
+    let mut outs = vec![combine(ctx, [0, 1], "real")?];
     if kind != Kind::InverseOneSided {
-        outs.push(combine(ctx, &c, &d, "imag")?);
+        outs.push(combine(ctx, [2, 3], "imag")?);
     }
     let mut with_part = flat_shape.clone();
     with_part.push(1);
@@ -278,9 +280,13 @@ pub fn stft(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         "constant",
         zero,
     )?;
-    let positions = (0..frames).flat_map(|f| (0..width).map(move |w| (f * step + w) as i64));
-    let index = Tensor::new([frames, width], Data::I64(positions.collect())).expect("frames·width");
-    let index = gen_const(ctx, index, "frame_index")?;
+    let index = build_const(ctx, &[frames, width], DType::I64, "frame_index", |count| {
+        Data::I64(
+            (0..count)
+                .map(|i| ((i / width) * step + i % width) as i64)
+                .collect(),
+        )
+    })?;
     let mut framed = ctx.op(Op::Gather { axis: 1 }, &[x, index], Some("frames"))?;
     if let Some(w) = window {
         let w = cast_to(ctx, w, xt.dtype, "window_cast")?;
@@ -311,16 +317,17 @@ fn window(ctx: &mut ImportCtx, node: &NodeProto, [a0, a1, a2]: [f64; 3]) -> R {
     } else {
         size.saturating_sub(1)
     } as f64;
-    let values = (0..size).map(|i| {
+    let value = move |i: usize| {
         let t = 2.0 * PI * i as f64 / span;
         a0 - a1 * t.cos() + a2 * (2.0 * t).cos()
-    });
-    let data = if dtype.is_float() {
-        Data::from_f64s(dtype, values)
-    } else {
-        Data::from_i64s(dtype, values.map(|v| v as i64))
     };
-    one(ctx.generated_constant(Tensor::new([size], data).expect("size values"), name)?)
+    one(build_const(ctx, &[size], dtype, "window", |n| {
+        if dtype.is_float() {
+            Data::from_f64s(dtype, (0..n).map(value))
+        } else {
+            Data::from_i64s(dtype, (0..n).map(|i| value(i) as i64))
+        }
+    })?)
 }
 
 /// `HannWindow`.
