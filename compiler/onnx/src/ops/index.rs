@@ -753,16 +753,6 @@ pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.generated_constant(t, name)?)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn strides_are_row_major() {
-        assert_eq!(super::strides(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(super::strides(&[5]), vec![1]);
-        assert!(super::strides(&[]).is_empty());
-    }
-}
-
 /// `ReverseSequence`: along `time_axis`, the first `sequence_lens[b]`
 /// elements of batch `b` reversed, the rest as they are. The lengths may
 /// be run-time values: the source index of each element is computed
@@ -854,4 +844,14 @@ pub fn compress(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let n = keep.len();
     let index = gen_const(ctx, Tensor::new([n], Data::I64(keep)).expect("n"), "kept")?;
     one(ctx.op(Op::Gather { axis }, &[x, index], None)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn strides_are_row_major() {
+        assert_eq!(super::strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(super::strides(&[5]), vec![1]);
+        assert!(super::strides(&[]).is_empty());
+    }
 }
