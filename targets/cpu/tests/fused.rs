@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{check_for, f32_tensor, has_zmm_fma, rand_tensor, Rng};
+use common::{check_for, f32_tensor, has_zmm_code, has_zmm_fma, rand_tensor, Rng};
 use kiln_ir::{
     BinaryOp, Conv2d, DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr,
     NodeId, Op, Reg, Tensor, UnaryOp, ValueType,
@@ -502,4 +502,85 @@ fn programs_the_store_loop_cannot_hold_keep_a_tail() {
         check(&g, 31);
         assert!(has_program_tail(&g));
     }
+}
+
+/// Headless chains whose operands are full-size, one value per channel
+/// (of a single image), one per index of the last axis or one value run as the AVX-512 elementwise kernel:
+/// rows with full vectors and a masked tail, split over tasks, matching the
+/// reference; a chain with an op that has no step form (`exp`) keeps its
+/// Cranelift kernel.
+#[test]
+fn headless_chains_run_as_avx512_elementwise_kernels() {
+    let program = vec![
+        Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+        Instr::Binary(BinaryOp::Add, r(4), r(2)),
+        Instr::Unary(UnaryOp::HardSwish, r(5)),
+        Instr::Binary(BinaryOp::Sub, r(6), r(3)),
+        Instr::Unary(UnaryOp::Gelu { tanh: false }, r(7)),
+    ];
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    for (i, (shape, per)) in [
+        (vec![1, 5, 7, 9], vec![1, 5, 1, 1]),
+        (vec![1, 3, 16], vec![3, 1]),
+        (vec![3, 40], vec![1]),
+        (vec![2, 7, 33], vec![33]),
+        (vec![70_001], vec![1]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let g = fused_graph(
+            None,
+            vec![
+                Arg::Input(shape.clone()),
+                Arg::Input(shape.clone()),
+                Arg::Const(per),
+                Arg::Const(vec![1]),
+            ],
+            program.clone(),
+            40 + i as u64,
+        );
+        check(&g, 40 + i as u64);
+        for threads in [1, 4] {
+            let opts = |target| CpuOptions {
+                target,
+                opt_level: 2,
+                threads,
+            };
+            let native = compile(&g, &opts(CpuTarget::Native), ArtifactInfo::default()).unwrap();
+            assert_eq!(
+                has_zmm_code(&native),
+                avx512,
+                "{shape:?}: the elementwise microkernel"
+            );
+            let v3 = compile(&g, &opts(CpuTarget::X86_64V3), ArtifactInfo::default()).unwrap();
+            assert!(!has_zmm_code(&v3), "{shape:?}: Cranelift code only");
+        }
+    }
+    // Split over four threads: the same bits as one kernel.
+    let g = fused_graph(
+        None,
+        vec![
+            Arg::Input(vec![1, 8, 64, 65]),
+            Arg::Input(vec![1, 8, 64, 65]),
+            Arg::Const(vec![8, 1, 1]),
+            Arg::Const(vec![1]),
+        ],
+        program.clone(),
+        50,
+    );
+    check(&g, 50);
+    // exp has no step form.
+    let g = fused_graph(
+        None,
+        vec![Arg::Input(vec![4, 33]), Arg::Const(vec![1])],
+        vec![
+            Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+            Instr::Unary(UnaryOp::Exp, r(2)),
+        ],
+        51,
+    );
+    check(&g, 51);
+    let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+    assert!(!has_zmm_code(&native), "exp keeps the Cranelift kernel");
 }

@@ -437,3 +437,37 @@ fn depthwise_conv_split_by_groups() {
     );
     check_split(&g, 17);
 }
+
+/// Headless fused programs on the AVX-512 elementwise kernel, split by
+/// rows (channels of one image, each task reading its own per-channel
+/// values; rows of a bias along the last axis) and, for a single row, by
+/// 16-element-aligned column ranges.
+#[test]
+fn elementwise_microkernels_split_by_rows_and_by_columns() {
+    for (shape, per) in [
+        (vec![1, 96, 24, 24], vec![96, 1, 1]),
+        (vec![128, 1536], vec![1536]),
+        (vec![70_001], vec![1]),
+    ] {
+        let mut rng = Rng::new(9);
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape.clone()));
+        let y = g.add_input("y", ValueType::new(DType::F32, shape.clone()));
+        let c = constant(&mut g, &mut rng, "per", &per);
+        let body = ElementwiseProgram::new(
+            3,
+            vec![
+                Instr::Binary(BinaryOp::Mul, Reg(0), Reg(2)),
+                Instr::Binary(BinaryOp::Add, Reg(3), Reg(1)),
+                Instr::Unary(UnaryOp::HardSwish, Reg(4)),
+            ],
+        )
+        .unwrap();
+        let k = FusedKernel::new(None, body).unwrap();
+        let f = g
+            .add_node(Op::Fused(Box::new(k)), &[x, y, c], "fused")
+            .unwrap();
+        g.add_output("out", f);
+        check_split(&g, 17);
+    }
+}

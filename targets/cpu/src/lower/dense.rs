@@ -18,6 +18,7 @@ use kiln_ir::{
 use super::elementwise::broadcast_strides;
 use super::NodeCx;
 use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
+use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::gemm::{
     epilogue_fits, pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads,
     packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem, EpilogueOp,
@@ -325,6 +326,18 @@ fn epilogue_steps(
             None
         });
     }
+    program_steps(program, value, weights)
+}
+
+/// `program` as epilogue steps, `value[i]` being where register `i` (a
+/// program input) is read from (`None`: nowhere the kernel can address;
+/// fatal only if the program reads it). `None` when an instruction has no
+/// step form (see [`epilogue_steps`]).
+pub(crate) fn program_steps(
+    program: &ElementwiseProgram,
+    mut value: Vec<Option<Operand>>,
+    weights: &mut Weights,
+) -> Option<Vec<EpilogueStep>> {
     let mut b = Steps {
         steps: Vec::new(),
         weights,
@@ -384,6 +397,98 @@ fn epilogue_steps(
         value.push(Some(v));
     }
     Some(b.steps)
+}
+
+/// A fused node without a head (`cx`, kernel `k`) as AVX-512 elementwise
+/// kernels (up to `tasks`), when its program has a step form and every
+/// input is f32 of the output's shape (slot 0: the first input), one value,
+/// one value per index of the last axis (a bias), or one value per index of
+/// one axis with only unit axes before it (a per-channel operand of a
+/// single image: one value per row). `None` otherwise (the Cranelift kernel
+/// runs it).
+pub(crate) fn lower_headless(
+    cx: &NodeCx,
+    k: &FusedKernel,
+    weights: &mut Weights,
+    tasks: usize,
+) -> Option<Vec<Vec<u8>>> {
+    let shape = &cx.node.ty.shape;
+    let n = cx.node.ty.num_elements();
+    if k.head().is_some() || cx.node.ty.dtype != DType::F32 || n == 0 {
+        return None;
+    }
+    // The axis whose index is the row, for per-row operands; whether an
+    // operand varies along the last axis only (then rows are that axis).
+    let rank = shape.len();
+    let mut row_axis: Option<usize> = None;
+    let mut per_column = false;
+    let mut value = Vec::with_capacity(cx.inputs.len());
+    for (i, (loc, ty)) in cx.inputs.iter().enumerate() {
+        if ty.dtype != DType::F32 {
+            return None;
+        }
+        let es = broadcast_strides(&ty.shape, shape);
+        let v = if ty.shape == *shape {
+            Operand::Full(*loc)
+        } else if es.iter().all(|&e| e == 0) {
+            Operand::Scalar(*loc)
+        } else {
+            let axis = es.iter().position(|&e| e != 0)?;
+            let single = (es.iter().enumerate()).all(|(d, &e)| d == axis || e == 0);
+            if !single || es[axis] != 1 {
+                return None;
+            }
+            if axis + 1 == rank {
+                per_column = true;
+                Operand::PerColumn(*loc)
+            } else {
+                let leading_units = shape[..axis].iter().all(|&d| d == 1);
+                if !leading_units || *row_axis.get_or_insert(axis) != axis {
+                    return None;
+                }
+                Operand::PerRow(*loc)
+            }
+        };
+        if i == 0 && !matches!(v, Operand::Full(_)) {
+            return None;
+        }
+        value.push(Some(v));
+    }
+    // Per-column operands need rows of the last axis, per-row ones rows of
+    // their axis: both only when those are the same rows.
+    if per_column && row_axis.is_some_and(|a| a + 2 != rank) {
+        return None;
+    }
+    let mut steps = program_steps(k.body(), value, weights)?;
+    // Slot 0 is the first input, loaded by the kernel.
+    for st in &mut steps {
+        for o in [&mut st.a, &mut st.b] {
+            if *o == Operand::Full(cx.inputs[0].0) {
+                *o = Operand::Slot(0);
+            }
+        }
+    }
+    if !ElementwiseSpec::fits(&steps) {
+        return None;
+    }
+    let (rows, cols) = match (row_axis, per_column) {
+        (Some(axis), _) => (shape[axis], shape[axis + 1..].iter().product()),
+        (None, true) => (n / shape[rank - 1], shape[rank - 1]),
+        (None, false) => (1, n),
+    };
+    let spec = ElementwiseSpec {
+        rows,
+        cols,
+        input: cx.inputs[0].0,
+        steps,
+        out: cx.out,
+    };
+    // Large enough that a task is worth its wake-up (as split_elementwise).
+    let tasks = tasks.min(n / (1 << 14)).max(1);
+    spec.split(tasks)
+        .iter()
+        .map(|p| p.assemble().ok())
+        .collect()
 }
 
 /// Epilogue steps being written, with the weights section for their

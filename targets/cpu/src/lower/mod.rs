@@ -347,6 +347,9 @@ pub(crate) fn lower_job(
                 })?;
                 return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
             }
+            if let Some(code) = dense::lower_headless(&cx, k, &mut plan.weights, target.tasks) {
+                return Ok(Lowered::Machine(code));
+            }
         } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
             return Ok(Lowered::Machine(code));
         } else if let Some(code) = match cx.node.op {

@@ -325,7 +325,7 @@ impl DepthwiseSpec {
                     let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(t))
                         .chain(free.iter().copied())
                         .collect();
-                    run_epilogue(a, &self.epilogue, &home, &regs, (CHANNEL, j))?
+                    run_epilogue(a, &self.epilogue, &home, &regs, (CHANNEL, j), None)?
                 };
                 if lanes == 16 {
                     a.vmovups(zmmword_ptr(DST + disp), x)?;

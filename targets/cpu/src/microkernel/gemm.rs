@@ -394,6 +394,15 @@ pub(crate) enum Operand {
     /// One f32 per output row, at `loc + 4 * row`, broadcast along it (a
     /// per-channel scale of a convolution).
     PerRow(Loc),
+    /// One f32 per output element, at `loc` plus the element's byte
+    /// offset: a full-size operand of an elementwise kernel
+    /// (`microkernel::elementwise`; a GEMM or depthwise store loop has no
+    /// element offset to read one with).
+    Full(Loc),
+    /// One f32 per column of an elementwise kernel's rows, at `loc` plus
+    /// the element's byte offset within its row (a bias along the last
+    /// axis).
+    PerColumn(Loc),
 }
 
 /// Arithmetic of an [`EpilogueStep`].
@@ -1144,7 +1153,7 @@ impl GemmSpec {
                     let regs: Vec<AsmRegisterZmm> = std::iter::once(x)
                         .chain(ZMM[rows * nv..].iter().copied())
                         .collect();
-                    run_epilogue(a, program, &home, &regs, (ROW_BYTES, r))?
+                    run_epilogue(a, program, &home, &regs, (ROW_BYTES, r), None)?
                 };
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
@@ -1174,78 +1183,109 @@ enum RowStart {
 /// cursor, free in the store loop).
 const ROW_BYTES: AsmRegister64 = A_K;
 
+/// Where the elements of [`Operand::Full`] operands are: the register
+/// holding the current vector's byte offset, and whether only the lanes of
+/// `k1` are inside the tensor (a tail: loads are masked, and arithmetic on
+/// a memory operand is masked so the lanes outside never fault).
+#[derive(Clone, Copy)]
+pub(crate) struct FullAccess {
+    pub offset: AsmRegister64,
+    /// The vector's byte offset within its row ([`Operand::PerColumn`]).
+    pub column: AsmRegister64,
+    pub masked: bool,
+}
+
 /// Emits `program` on one output vector of row `row` past the row whose
 /// byte offset into per-row operands is in `index` (slot `k` in
 /// `regs[home[k]]`, slot 0 being the vector); returns the result register.
+/// `full` says where [`Operand::Full`] operands are read (`None`: the
+/// program has none).
 pub(crate) fn run_epilogue(
     a: &mut CodeAssembler,
     program: &[EpilogueStep],
     home: &[usize],
     regs: &[AsmRegisterZmm],
     (index, row): (AsmRegister64, usize),
+    full: Option<FullAccess>,
 ) -> Result<AsmRegisterZmm, MicrokernelError> {
-    // An operand's address: its base register, whether the tile's row
-    // offset indexes it, and the displacement.
-    type Address = (AsmRegister64, bool, i32);
+    // An operand's address: its base register, the index register it is
+    // offset by (the row offset, the element offset or none), the
+    // displacement and whether it is one value per element.
+    type Address = (AsmRegister64, Option<AsmRegister64>, i32, bool);
     let address = |o: Operand| -> Result<Option<Address>, MicrokernelError> {
-        let (loc, per_row) = match o {
+        let (loc, by, per_element) = match o {
             Operand::Slot(_) => return Ok(None),
-            Operand::Scalar(loc) => (loc, false),
-            Operand::PerRow(loc) => (loc, true),
+            Operand::Scalar(loc) => (loc, None, false),
+            Operand::PerRow(loc) => (loc, Some(index), false),
+            Operand::Full(loc) | Operand::PerColumn(loc) => match full {
+                Some(f) if matches!(o, Operand::Full(_)) => (loc, Some(f.offset), true),
+                Some(f) => (loc, Some(f.column), true),
+                None => {
+                    return Err(MicrokernelError::Layout(
+                        "a full-size operand outside an elementwise kernel".into(),
+                    ))
+                }
+            },
         };
         let base = match loc.base {
             crate::plan::Base::Arena => rdi,
             crate::plan::Base::Weights => rsi,
         };
-        let row_off = if per_row { 4 * row as i64 } else { 0 };
+        let row_off = if matches!(o, Operand::PerRow(_)) {
+            4 * row as i64
+        } else {
+            0
+        };
         let disp = imm32(loc.offset as i64 + row_off, "epilogue operand")?;
-        Ok(Some((base, per_row, disp)))
+        Ok(Some((base, by, disp, per_element)))
     };
-    let ptr = |(base, indexed, disp): Address| {
-        if indexed {
-            dword_ptr(base + index + disp)
-        } else {
-            dword_ptr(base + disp)
-        }
-    };
-    let bcst = |(base, indexed, disp): Address| {
-        if indexed {
-            dword_bcst(base + index + disp)
-        } else {
-            dword_bcst(base + disp)
-        }
-    };
+    let masked = full.is_some_and(|f| f.masked);
     for (i, st) in program.iter().enumerate() {
         let dst = regs[home[i + 1]];
         let first = match st.a {
             Operand::Slot(k) => regs[home[k]],
             o => {
-                let m = address(o)?.expect("a memory operand");
-                a.vbroadcastss(dst, ptr(m))?;
+                let (base, by, disp, per_element) = address(o)?.expect("a memory operand");
+                match (per_element, by) {
+                    (true, Some(r)) if masked => {
+                        a.vmovups(dst.k1().z(), zmmword_ptr(base + r + disp))?
+                    }
+                    (true, Some(r)) => a.vmovups(dst, zmmword_ptr(base + r + disp))?,
+                    (_, Some(r)) => a.vbroadcastss(dst, dword_ptr(base + r + disp))?,
+                    (_, None) => a.vbroadcastss(dst, dword_ptr(base + disp))?,
+                }
                 dst
             }
         };
-        match (st.b, address(st.b)?) {
-            (Operand::Slot(k), _) => {
+        // Masked when a full-size memory operand may reach past the tensor.
+        let out = if masked { dst.k1().z() } else { dst.into() };
+        let second = match st.b {
+            Operand::Slot(k) => {
                 let second = regs[home[k]];
                 match st.op {
-                    EpilogueOp::Add => a.vaddps(dst, first, second)?,
-                    EpilogueOp::Sub => a.vsubps(dst, first, second)?,
-                    EpilogueOp::Mul => a.vmulps(dst, first, second)?,
-                    EpilogueOp::Div => a.vdivps(dst, first, second)?,
-                    EpilogueOp::Max => a.vmaxps(dst, first, second)?,
-                    EpilogueOp::Min => a.vminps(dst, first, second)?,
+                    EpilogueOp::Add => a.vaddps(out, first, second)?,
+                    EpilogueOp::Sub => a.vsubps(out, first, second)?,
+                    EpilogueOp::Mul => a.vmulps(out, first, second)?,
+                    EpilogueOp::Div => a.vdivps(out, first, second)?,
+                    EpilogueOp::Max => a.vmaxps(out, first, second)?,
+                    EpilogueOp::Min => a.vminps(out, first, second)?,
                 }
+                continue;
             }
-            (_, Some(m)) => match (st.op, bcst(m)) {
-                (EpilogueOp::Add, m) => a.vaddps(dst, first, m)?,
-                (EpilogueOp::Sub, m) => a.vsubps(dst, first, m)?,
-                (EpilogueOp::Mul, m) => a.vmulps(dst, first, m)?,
-                (EpilogueOp::Div, m) => a.vdivps(dst, first, m)?,
-                (EpilogueOp::Max, m) => a.vmaxps(dst, first, m)?,
-                (EpilogueOp::Min, m) => a.vminps(dst, first, m)?,
-            },
-            (_, None) => unreachable!("a non-slot operand is in memory"),
+            o => address(o)?.expect("a non-slot operand is in memory"),
+        };
+        let m = match second {
+            (base, Some(r), disp, true) => zmmword_ptr(base + r + disp),
+            (base, Some(r), disp, false) => dword_bcst(base + r + disp),
+            (base, None, disp, _) => dword_bcst(base + disp),
+        };
+        match st.op {
+            EpilogueOp::Add => a.vaddps(out, first, m)?,
+            EpilogueOp::Sub => a.vsubps(out, first, m)?,
+            EpilogueOp::Mul => a.vmulps(out, first, m)?,
+            EpilogueOp::Div => a.vdivps(out, first, m)?,
+            EpilogueOp::Max => a.vmaxps(out, first, m)?,
+            EpilogueOp::Min => a.vminps(out, first, m)?,
         }
     }
     Ok(regs[home[program.len()]])

@@ -16,6 +16,8 @@
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
 //!   scratch before the GEMM runs over it.
 //! - [`softmax`]: softmax over contiguous rows with an inline `exp`.
+//! - [`elementwise`]: fused elementwise chains without a dense head, the
+//!   GEMM store loop's epilogue program run over whole tensors.
 //! - [`attention`]: the two GEMMs and the softmax of scaled dot-product
 //!   attention, per head through a scratch block of scores.
 //! - [`peak`]: the FMA throughput loop used to measure the machine's peak
@@ -26,6 +28,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod depthwise;
+pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod peak;

@@ -170,3 +170,13 @@ pub fn has_zmm_fma(a: &Artifact) -> bool {
         .windows(5)
         .any(|w| w[0] == 0x62 && w[4] == 0xb8 && (w[3] >> 5) & 3 == 2)
 }
+
+/// Whether the artifact holds AVX-512 microkernel code: a `vzeroupper`
+/// (`C5 F8 77`, which the microkernels end with and Cranelift never
+/// emits) and a 512-bit EVEX instruction (prefix 0x62 with L'L = 10).
+pub fn has_zmm_code(a: &Artifact) -> bool {
+    a.text.windows(3).any(|w| w == [0xc5, 0xf8, 0x77])
+        && a.text
+            .windows(4)
+            .any(|w| w[0] == 0x62 && (w[3] >> 5) & 3 == 2)
+}

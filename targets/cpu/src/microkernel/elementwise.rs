@@ -1,0 +1,200 @@
+//! AVX-512 elementwise kernels: a fused node without a dense head (a chain
+//! of `+ − × ÷`, max/min and the activations made of them, as
+//! [`EpilogueStep`]s) over `rows × cols` contiguous f32 elements, 16 lanes
+//! at a time with a masked tail per row.
+//!
+//! The program is the same one GEMM store loops run ([`run_epilogue`]):
+//! slot 0 is the first input's vector, other inputs are full-size tensors
+//! ([`Operand::Full`]), one value per column ([`Operand::PerColumn`], a
+//! bias along the last axis), one value per row (a per-channel operand,
+//! the rows being channels) or one value. Replaces the Cranelift `f32x4` loop for
+//! these chains (a quarter of the lanes).
+
+use iced_x86::code_asm::*;
+
+use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
+use super::{imm32, MicrokernelError};
+use crate::plan::Loc;
+
+/// One elementwise kernel.
+#[derive(Clone, Debug)]
+pub(crate) struct ElementwiseSpec {
+    /// Rows (per-row operands advance one value per row).
+    pub rows: usize,
+    /// Contiguous elements per row.
+    pub cols: usize,
+    /// The first input (slot 0 of the program), `rows × cols` f32.
+    pub input: Loc,
+    /// The program; its result is stored.
+    pub steps: Vec<EpilogueStep>,
+    /// The output, `rows × cols` f32.
+    pub out: Loc,
+}
+
+/// The element byte offset, the per-row byte offset, the byte offset
+/// within the row and the counters.
+const ELEM: AsmRegister64 = rax;
+const ROW: AsmRegister64 = rdx;
+const COL: AsmRegister64 = r9;
+const ROWS: AsmRegister64 = rcx;
+const VECS: AsmRegister64 = r8;
+
+/// Registers the program's slots live in.
+const REGS: [AsmRegisterZmm; 30] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
+    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
+    zmm28, zmm29,
+];
+
+/// `loc` moved `bytes` on.
+fn moved(loc: Loc, bytes: usize) -> Loc {
+    Loc {
+        offset: loc.offset + bytes as u64,
+        ..loc
+    }
+}
+
+impl ElementwiseSpec {
+    /// Whether the program's live values fit the registers.
+    pub(crate) fn fits(steps: &[EpilogueStep]) -> bool {
+        allocate_slots(steps, REGS.len()).is_some()
+    }
+
+    /// The kernel as up to `tasks` kernels over consecutive rows, or over
+    /// consecutive 16-element-aligned ranges of a single row.
+    pub(crate) fn split(&self, tasks: usize) -> Vec<ElementwiseSpec> {
+        let tasks = tasks.max(1);
+        if self.rows >= tasks {
+            return (0..tasks)
+                .map(|t| {
+                    let (first, end) = (self.rows * t / tasks, self.rows * (t + 1) / tasks);
+                    let elems = first * self.cols * 4;
+                    self.part(end - first, self.cols, elems, first * 4)
+                })
+                .collect();
+        }
+        if self.rows != 1 {
+            return vec![self.clone()];
+        }
+        let vectors = self.cols.div_ceil(16);
+        let tasks = tasks.min(vectors);
+        (0..tasks)
+            .map(|t| {
+                let first = (vectors * t / tasks) * 16;
+                let end = ((vectors * (t + 1) / tasks) * 16).min(self.cols);
+                self.part(1, end - first, first * 4, 0)
+            })
+            .collect()
+    }
+
+    /// The kernel over `rows × cols` starting `elem_bytes` into the
+    /// full-size operands and `row_bytes` into the per-row ones.
+    fn part(
+        &self,
+        rows: usize,
+        cols: usize,
+        elem_bytes: usize,
+        row_bytes: usize,
+    ) -> ElementwiseSpec {
+        // Column ranges (one row) move per-column operands too.
+        let col_bytes = if rows == 1 && self.rows == 1 {
+            elem_bytes
+        } else {
+            0
+        };
+        let shift = |o: Operand| match o {
+            Operand::Full(loc) => Operand::Full(moved(loc, elem_bytes)),
+            Operand::PerColumn(loc) => Operand::PerColumn(moved(loc, col_bytes)),
+            Operand::PerRow(loc) => Operand::PerRow(moved(loc, row_bytes)),
+            o => o,
+        };
+        ElementwiseSpec {
+            rows,
+            cols,
+            input: moved(self.input, elem_bytes),
+            steps: (self.steps.iter())
+                .map(|st| EpilogueStep {
+                    op: st.op,
+                    a: shift(st.a),
+                    b: shift(st.b),
+                })
+                .collect(),
+            out: moved(self.out, elem_bytes),
+        }
+    }
+
+    /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let home = allocate_slots(&self.steps, REGS.len())
+            .ok_or_else(|| MicrokernelError::Layout("too many live values".into()))?;
+        let mut a = CodeAssembler::new(64)?;
+        if self.rows > 0 && self.cols > 0 {
+            let (vectors, tail) = (self.cols / 16, self.cols % 16);
+            if tail > 0 {
+                a.mov(eax, (1u32 << tail) - 1)?;
+                a.kmovw(k1, eax)?;
+            }
+            a.xor(ELEM, ELEM)?;
+            a.xor(ROW, ROW)?;
+            a.mov(ROWS, self.rows as u64)?;
+            let mut row = a.create_label();
+            a.set_label(&mut row)?;
+            a.xor(COL, COL)?;
+            if vectors > 0 {
+                let mut top = a.create_label();
+                a.mov(VECS, vectors as u64)?;
+                a.set_label(&mut top)?;
+                self.vector(&mut a, &home, false)?;
+                a.add(ELEM, 64)?;
+                a.add(COL, 64)?;
+                a.dec(VECS)?;
+                a.jnz(top)?;
+            }
+            if tail > 0 {
+                self.vector(&mut a, &home, true)?;
+                a.add(ELEM, imm32(4 * tail as i64, "tail")?)?;
+            }
+            a.add(ROW, 4)?;
+            a.dec(ROWS)?;
+            a.jnz(row)?;
+            a.vzeroupper()?;
+        }
+        a.xor(eax, eax)?;
+        a.ret()?;
+        Ok(a.assemble(0)?)
+    }
+
+    /// One vector: the input loaded into slot 0, the program, the store.
+    fn vector(
+        &self,
+        a: &mut CodeAssembler,
+        home: &[usize],
+        masked: bool,
+    ) -> Result<(), MicrokernelError> {
+        let base = |loc: Loc| match loc.base {
+            crate::plan::Base::Arena => rdi,
+            crate::plan::Base::Weights => rsi,
+        };
+        let input =
+            zmmword_ptr(base(self.input) + ELEM + imm32(self.input.offset as i64, "input")?);
+        let slot0 = REGS[home[0]];
+        if masked {
+            a.vmovups(slot0.k1().z(), input)?;
+        } else {
+            a.vmovups(slot0, input)?;
+        }
+        let full = FullAccess {
+            offset: ELEM,
+            column: COL,
+            masked,
+        };
+        let result = run_epilogue(a, &self.steps, home, &REGS, (ROW, 0), Some(full))?;
+        let out = zmmword_ptr(base(self.out) + ELEM + imm32(self.out.offset as i64, "output")?);
+        if masked {
+            a.vmovups(out.k1(), result)?;
+        } else {
+            a.vmovups(out, result)?;
+        }
+        Ok(())
+    }
+}
