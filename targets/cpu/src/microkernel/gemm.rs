@@ -1258,7 +1258,7 @@ pub(crate) fn run_epilogue(
             }
         };
         // Masked when a full-size memory operand may reach past the tensor.
-        let out = if masked { dst.k1().z() } else { dst.into() };
+        let out = if masked { dst.k1().z() } else { dst };
         let second = match st.b {
             Operand::Slot(k) => {
                 let second = regs[home[k]];
