@@ -101,50 +101,19 @@ pub(crate) fn attention(
     let s = kb.ptr(scores);
     let row = (n * 4) as i64;
     nest(kb, &dims, &bases, &strides, &mut |kb, p| {
-        emit(
-            kb,
-            &Gemm {
-                m,
-                n,
-                k,
-                a: p[1],
-                a_rs: (k * 4) as i64,
-                a_ks: 4,
-                b: p[2],
-                b_ks: row,
-                b_cs: 4,
-                c: sh.mask.as_ref().map(|&(_, r, c)| (p[4], r * 4, c * 4)),
-                alpha: scale,
-                beta: 1.0,
-                out: s,
-                out_rs: row,
-            },
-        );
+        let scores = Gemm {
+            c: sh.mask.as_ref().map(|&(_, r, c)| (p[4], r * 4, c * 4)),
+            alpha: scale,
+            ..Gemm::row_major(m, n, k, p[1], p[2], s)
+        };
+        emit(kb, &scores);
         if n > 0 {
             for_range(kb, 0, m as i64 * row, row, &mut |kb, off| {
                 let r = kb.b.ins().iadd(s, off);
                 softmax::row(kb, r, r, n);
             });
         }
-        emit(
-            kb,
-            &Gemm {
-                m,
-                n: d,
-                k: n,
-                a: s,
-                a_rs: row,
-                a_ks: 4,
-                b: p[3],
-                b_ks: (d * 4) as i64,
-                b_cs: 4,
-                c: None,
-                alpha: 1.0,
-                beta: 1.0,
-                out: p[0],
-                out_rs: (d * 4) as i64,
-            },
-        );
+        emit(kb, &Gemm::row_major(m, d, n, s, p[3], p[0]));
     });
     Ok(())
 }

@@ -60,6 +60,29 @@ impl Col {
     }
 }
 
+impl Gemm {
+    /// `out = A @ B` with A `[m, k]`, B `[k, n]` and out `[m, n]`
+    /// row-major and contiguous.
+    pub(crate) fn row_major(m: usize, n: usize, k: usize, a: Value, b: Value, out: Value) -> Gemm {
+        Gemm {
+            m,
+            n,
+            k,
+            a,
+            a_rs: (k * 4) as i64,
+            a_ks: 4,
+            b,
+            b_ks: (n * 4) as i64,
+            b_cs: 4,
+            c: None,
+            alpha: 1.0,
+            beta: 1.0,
+            out,
+            out_rs: (n * 4) as i64,
+        }
+    }
+}
+
 /// Emits `g`.
 pub(crate) fn emit(kb: &mut Kb, g: &Gemm) {
     if g.m == 0 || g.n == 0 {
@@ -296,25 +319,7 @@ pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
     let b = kb.ptr(cx.inputs[1].0);
     let out = kb.ptr(cx.out);
     nest(kb, &dims, &[out, a, b], &strides, &mut |kb, p| {
-        emit(
-            kb,
-            &Gemm {
-                m,
-                n,
-                k,
-                a: p[1],
-                a_rs: (k * 4) as i64,
-                a_ks: 4,
-                b: p[2],
-                b_ks: (n * 4) as i64,
-                b_cs: 4,
-                c: None,
-                alpha: 1.0,
-                beta: 1.0,
-                out: p[0],
-                out_rs: (n * 4) as i64,
-            },
-        )
+        emit(kb, &Gemm::row_major(m, n, k, p[1], p[2], p[0]))
     });
     Ok(())
 }
