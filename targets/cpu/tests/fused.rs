@@ -570,6 +570,42 @@ fn headless_chains_run_as_avx512_elementwise_kernels() {
         50,
     );
     check(&g, 50);
+    // The requantization chain of dynamic int8 (scale, round half to even,
+    // shift, clamp), with a scale of 1 on values at .5 ties.
+    let g = fused_graph(
+        None,
+        vec![
+            Arg::Input(vec![3, 37]),
+            Arg::Input(vec![1]),
+            Arg::Const(vec![1]),
+        ],
+        vec![
+            Instr::Binary(BinaryOp::Div, r(0), r(1)),
+            Instr::Unary(UnaryOp::Round, r(3)),
+            Instr::Binary(BinaryOp::Add, r(4), r(2)),
+            Instr::Unary(
+                UnaryOp::Clip {
+                    min: 0.0,
+                    max: 255.0,
+                },
+                r(5),
+            ),
+        ],
+        52,
+    );
+    let ties: Vec<f32> = (0..3 * 37).map(|i| i as f32 * 0.5 - 20.0).collect();
+    check_for(
+        &g,
+        &[
+            Tensor::new([3, 37], kiln_ir::Data::F32(ties)).unwrap(),
+            Tensor::new([1], kiln_ir::Data::F32(vec![1.0])).unwrap(),
+        ],
+        0.0,
+        CpuTarget::Native,
+    );
+    check(&g, 52);
+    let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+    assert_eq!(has_zmm_code(&native), avx512, "round has a step form");
     // exp has no step form.
     let g = fused_graph(
         None,

@@ -285,8 +285,9 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
 /// row (per channel of a convolution), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
 /// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, Erf (the rational
-/// approximation of `math::erf`) and erf-form Gelu. Constants go to the
-/// weights section. `None` otherwise.
+/// approximation of `math::erf`) and erf-form Gelu, and Round (ties to
+/// even, one instruction). Constants go to the weights section. `None`
+/// otherwise.
 fn epilogue_steps(
     cx: &NodeCx,
     k: &FusedKernel,
@@ -364,6 +365,7 @@ pub(crate) fn program_steps(
                         b.emit_const(Min, t, max)
                     }
                     UnaryOp::Neg => b.emit_const(Mul, x, -1.0),
+                    UnaryOp::Round => b.emit(EpilogueOp::RoundEven, x, x),
                     UnaryOp::LeakyRelu { alpha } if (0.0..=1.0).contains(&alpha) => {
                         let t = b.emit_const(Mul, x, alpha);
                         b.emit(Max, x, t)

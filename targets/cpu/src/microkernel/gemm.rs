@@ -418,6 +418,9 @@ pub(crate) enum EpilogueOp {
     Max,
     /// `min(a, b)` as `vminps`, under the same condition.
     Min,
+    /// `a` rounded to the nearest integer, ties to even (`vrndscaleps`
+    /// with immediate 0: ONNX Round); `b` is `a` and unused.
+    RoundEven,
 }
 
 /// One instruction of an epilogue program: `slot[dst] = op(a, b)`, on
@@ -1259,6 +1262,10 @@ pub(crate) fn run_epilogue(
         };
         // Masked when a full-size memory operand may reach past the tensor.
         let out = if masked { dst.k1().z() } else { dst };
+        if st.op == EpilogueOp::RoundEven {
+            a.vrndscaleps(out, first, 0)?;
+            continue;
+        }
         let second = match st.b {
             Operand::Slot(k) => {
                 let second = regs[home[k]];
@@ -1269,6 +1276,7 @@ pub(crate) fn run_epilogue(
                     EpilogueOp::Div => a.vdivps(out, first, second)?,
                     EpilogueOp::Max => a.vmaxps(out, first, second)?,
                     EpilogueOp::Min => a.vminps(out, first, second)?,
+                    EpilogueOp::RoundEven => unreachable!("handled above"),
                 }
                 continue;
             }
@@ -1286,6 +1294,7 @@ pub(crate) fn run_epilogue(
             EpilogueOp::Div => a.vdivps(out, first, m)?,
             EpilogueOp::Max => a.vmaxps(out, first, m)?,
             EpilogueOp::Min => a.vminps(out, first, m)?,
+            EpilogueOp::RoundEven => unreachable!("handled above"),
         }
     }
     Ok(regs[home[program.len()]])
