@@ -112,3 +112,47 @@ fn empty_reductions_give_the_identity() {
         check(&g, &[Tensor::new([0, 3], Data::F32(vec![])).unwrap()]);
     }
 }
+
+/// Max and min of a whole f32 tensor (the range observers of dynamic
+/// int8) on the AVX-512 kernel: lengths that take the 64-element blocks,
+/// single vectors and the masked tail, all-negative and all-positive data
+/// (so the tail's identity value matters), infinities, and a NaN anywhere
+/// making the result NaN.
+#[test]
+fn whole_tensor_max_and_min_on_the_avx512_kernel() {
+    use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions};
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        for len in [64, 65, 79, 100, 1000, 4103] {
+            let g = reduce_graph(op, DType::F32, &[1, len], &[0, 1], false);
+            let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+            assert_eq!(common::has_zmm_code(&native), avx512, "{op:?} over {len}");
+            let mut rng = Rng::new(len as u64);
+            let base: Vec<f32> = (0..len).map(|_| rng.f64(-3.0, 3.0) as f32).collect();
+            let variants: Vec<Vec<f32>> = vec![
+                base.clone(),
+                base.iter().map(|v| -v.abs() - 1.0).collect(),
+                base.iter().map(|v| v.abs() + 1.0).collect(),
+                {
+                    let mut v = base.clone();
+                    v[len / 2] = f32::INFINITY;
+                    v[len - 1] = f32::NEG_INFINITY;
+                    v
+                },
+                {
+                    let mut v = base.clone();
+                    v[len - 1] = f32::NAN;
+                    v
+                },
+                {
+                    let mut v = base.clone();
+                    v[3] = f32::NAN;
+                    v
+                },
+            ];
+            for v in variants {
+                check(&g, &[Tensor::new([1, len], Data::F32(v)).unwrap()]);
+            }
+        }
+    }
+}

@@ -15,7 +15,35 @@ use kiln_runtime::format::HostFn;
 use super::elementwise::{int_range, narrow, widen};
 use super::loops::{collapse, for_range_carry, nest};
 use super::{scalar_type, strides, Kb, NodeCx};
+use crate::microkernel::reduce::{Extreme, ExtremeSpec};
 use crate::CpuError;
+
+/// The AVX-512 kernel of a max or min of a whole f32 tensor of at least
+/// 64 elements to one value (`microkernel::reduce`); `None` for any other
+/// reduction.
+pub(crate) fn lower_avx512(cx: &NodeCx) -> Option<Vec<u8>> {
+    let kiln_ir::Op::Reduce { op, axes, .. } = &cx.node.op else {
+        return None;
+    };
+    let extreme = match op {
+        ReduceOp::Max => Extreme::Max,
+        ReduceOp::Min => Extreme::Min,
+        _ => return None,
+    };
+    let (x, ty) = cx.inputs[0];
+    let len = ty.num_elements();
+    let whole = axes.len() == ty.shape.len() || cx.node.ty.num_elements() == 1;
+    if ty.dtype != DType::F32 || !whole || len < 64 {
+        return None;
+    }
+    let spec = ExtremeSpec {
+        extreme,
+        len,
+        x,
+        y: cx.out,
+    };
+    spec.assemble().ok()
+}
 
 /// Folds `step` over every element of the reduced index space at `ptr`.
 fn fold(

@@ -16,6 +16,8 @@
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
 //!   scratch before the GEMM runs over it.
 //! - [`softmax`]: softmax over contiguous rows with an inline `exp`.
+//! - [`reduce`]: the max or min of a whole tensor (dynamic int8's range
+//!   observers).
 //! - [`elementwise`]: fused elementwise chains without a dense head, the
 //!   GEMM store loop's epilogue program run over whole tensors.
 //! - [`attention`]: the two GEMMs and the softmax of scaled dot-product
@@ -32,6 +34,7 @@ pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod peak;
+pub(crate) mod reduce;
 pub(crate) mod softmax;
 
 /// Why a microkernel could not be generated for a shape. The caller falls

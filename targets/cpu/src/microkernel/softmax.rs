@@ -199,7 +199,7 @@ fn chunks(
 
 /// Reduces the 16 lanes of zmm0 with `op` (x ← op(x, y)) and broadcasts
 /// the result to every lane of zmm0. Clobbers zmm2–zmm4.
-fn horizontal(
+pub(crate) fn horizontal(
     a: &mut CodeAssembler,
     op: impl Fn(&mut CodeAssembler, AsmRegisterXmm, AsmRegisterXmm) -> Result<(), IcedError>,
 ) -> Result<(), MicrokernelError> {
