@@ -9,7 +9,7 @@
 //! graph outputs) keeps computing in f32.
 
 use crate::precision_plan::PrecisionPlan;
-use crate::quantize::{quantize_dense, ActivationRange, Int8Form};
+use crate::quantize::{quantize_conv, quantize_dense, ActivationRange, ConvInt8Form, Int8Form};
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
@@ -412,26 +412,7 @@ impl AssignPrecision {
             }
             let (w_slot, act_slot) = operands(graph, *id).expect("decide checked");
             if d.precision == Precision::Int8 {
-                let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
                 let inputs = graph.inputs_of(*id);
-                let c = match (inputs.get(2), form.beta) {
-                    (None, _) => None,
-                    (Some(&c), 1.0) => Some(c),
-                    (Some(&c), beta) => {
-                        let name = format!("{}/beta", d.node);
-                        let t = Tensor::new([], Data::F32(vec![beta])).expect("scalar");
-                        let b = graph.add_const(name.clone(), t);
-                        let scaled = graph
-                            .add_node(
-                                Op::Binary(kiln_ir::BinaryOp::Mul),
-                                &[c, b],
-                                format!("{name}_c"),
-                            )
-                            .map_err(failed)?;
-                        stats.added += 2;
-                        Some(scaled)
-                    }
-                };
                 let range = match self
                     .policy
                     .activation_ranges
@@ -441,11 +422,34 @@ impl AssignPrecision {
                     Some(&(lo, hi)) => ActivationRange::Static { lo, hi },
                     None => ActivationRange::Dynamic,
                 };
-                let w = inputs[w_slot];
-                stats.added +=
-                    quantize_dense(graph, *id, inputs[0], &form, c, range).map_err(failed)?;
+                let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
+                let added = match form {
+                    Int8Rewrite::Dense(form) => {
+                        let c = match (inputs.get(2), form.beta) {
+                            (None, _) => None,
+                            (Some(&c), 1.0) => Some(c),
+                            (Some(&c), beta) => {
+                                let name = format!("{}/beta", d.node);
+                                let t = Tensor::new([], Data::F32(vec![beta])).expect("scalar");
+                                let b = graph.add_const(name.clone(), t);
+                                let scaled = graph
+                                    .add_node(
+                                        Op::Binary(kiln_ir::BinaryOp::Mul),
+                                        &[c, b],
+                                        format!("{name}_c"),
+                                    )
+                                    .map_err(failed)?;
+                                stats.added += 2;
+                                Some(scaled)
+                            }
+                        };
+                        quantize_dense(graph, *id, inputs[0], &form, c, range)
+                    }
+                    Int8Rewrite::Conv(form) => quantize_conv(graph, *id, inputs[0], &form, range),
+                };
+                stats.added += added.map_err(failed)?;
                 stats.rewritten += 1;
-                old_weights.push(w);
+                old_weights.extend(inputs[1..].iter().copied());
                 continue;
             }
             let dtype = d.precision.dtype();
@@ -495,16 +499,43 @@ impl AssignPrecision {
     }
 }
 
+/// How a dense node is rewritten for int8.
+enum Int8Rewrite {
+    /// MatMul or Gemm: `alpha * (x @ W) + beta * C`.
+    Dense(Int8Form),
+    /// An ungrouped Conv with a constant bias.
+    Conv(ConvInt8Form),
+}
+
 /// The int8 form of dense node `id` with operand slots `slots` (see
-/// [`operands`]), or why it has none: only MatMul with a 2-D weight and
-/// Gemm without a transposed A (the activation must be the left operand,
-/// quantized per tensor).
+/// [`operands`]), or why it has none: MatMul with a 2-D weight and Gemm
+/// without a transposed A (the activation must be the left operand,
+/// quantized per tensor), and ungrouped Conv with a constant bias.
 fn int8_form(
     graph: &Graph,
     id: NodeId,
     slots: (usize, Option<usize>),
-) -> Result<Int8Form, &'static str> {
+) -> Result<Int8Rewrite, &'static str> {
     let inputs = graph.inputs_of(id);
+    if let Op::Conv(c) = &graph.node(id).op {
+        let w = graph.constant(inputs[1]).expect("operands checked");
+        let s = w.shape();
+        let bias = match inputs.get(2) {
+            None => None,
+            Some(&b) => Some(
+                graph
+                    .constant(b)
+                    .ok_or("int8 takes a Conv whose bias is a constant")?
+                    .to_f32_vec(),
+            ),
+        };
+        return Ok(Int8Rewrite::Conv(ConvInt8Form {
+            conv: c.clone(),
+            weights: w.to_f32_vec(),
+            shape: [s[0], s[1], s[2], s[3]],
+            bias,
+        }));
+    }
     if slots != (1, Some(0)) {
         return Err("int8 needs the activation as the left operand of a MatMul or Gemm");
     }
@@ -513,13 +544,13 @@ fn int8_form(
     let values = w.to_f32_vec();
     match graph.node(id).op {
         Op::MatMul if shape.len() == 2 && graph.node(inputs[0]).ty.shape.len() >= 2 => {
-            Ok(Int8Form {
+            Ok(Int8Rewrite::Dense(Int8Form {
                 weights: values,
                 k: shape[0],
                 n: shape[1],
                 alpha: 1.0,
                 beta: 1.0,
-            })
+            }))
         }
         Op::Gemm {
             alpha,
@@ -537,15 +568,15 @@ fn int8_form(
             } else {
                 values
             };
-            Ok(Int8Form {
+            Ok(Int8Rewrite::Dense(Int8Form {
                 weights,
                 k,
                 n,
                 alpha,
                 beta,
-            })
+            }))
         }
-        _ => Err("int8 takes MatMul with a 2-D weight and a matrix activation, and Gemm"),
+        _ => Err("int8 takes MatMul with a 2-D weight and a matrix activation, Gemm and Conv"),
     }
 }
 

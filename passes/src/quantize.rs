@@ -19,12 +19,16 @@
 //!   from each run's tensor as ONNX `DynamicQuantizeLinear` does.
 //! - Gemm's `alpha` and `beta * C` are applied after the rescale in f32.
 //!
+//! An ungrouped Conv becomes `conv_integer(q, Wq, z, 0)` the same way, its
+//! weights symmetric per output channel, rescaled by `s * w[oc]` per
+//! channel, then its bias added in f32.
+//!
 //! The node that produces `Y` keeps the original node's name, so the
 //! accuracy report, the plan file and `--max-rel-error` see the quantized
 //! layer as the same layer.
 
 use kiln_ir::{
-    BinaryOp, CompareOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp,
+    BinaryOp, CompareOp, Conv2d, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp,
 };
 
 /// How an activation's quantization range is known.
@@ -261,30 +265,18 @@ impl Builder<'_> {
     }
 }
 
-/// Replaces dense node `id` (`alpha * (x @ W)`, `form`) by its int8 form;
-/// returns the number of nodes added. `c` (`beta * C` as a node) is added
-/// after the rescale.
-pub(crate) fn quantize_dense(
-    g: &mut Graph,
-    id: NodeId,
+/// The activation `x` quantized to u8 per tensor: `(q, scale, zero point
+/// as f32, zero point as u8)` nodes.
+fn quantize_activation(
+    b: &mut Builder,
     x: NodeId,
-    form: &Int8Form,
-    c: Option<NodeId>,
     range: ActivationRange,
-) -> Result<usize, IrError> {
-    let (w, k, n, alpha) = (&form.weights, form.k, form.n, form.alpha);
-    let name = g.node(id).name.clone();
-    let x_rank = g.node(x).ty.shape.len();
-    let mut b = Builder {
-        g,
-        prefix: name.clone(),
-        added: 0,
-    };
+) -> Result<(NodeId, NodeId, NodeId), IrError> {
+    let x_rank = b.g.node(x).ty.shape.len();
     let saturate = UnaryOp::Clip {
         min: 0.0,
         max: 255.0,
     };
-    // Activation scale and zero point: (scale node, zero point as f32, as u8).
     let (scale, zero_f, zero_u8) = match range {
         ActivationRange::Static { lo, hi } => {
             let (s, z) = u8_params(lo, hi);
@@ -324,6 +316,28 @@ pub(crate) fn quantize_dense(
     let q = b.binary(BinaryOp::Add, q, zero_f, "x_shifted")?;
     let q = b.unary(saturate, q, "x_saturated")?;
     let q = b.node(Op::Cast { to: DType::U8 }, &[q], "x_quantized")?;
+    Ok((q, scale, zero_u8))
+}
+
+/// Replaces dense node `id` (`alpha * (x @ W)`, `form`) by its int8 form;
+/// returns the number of nodes added. `c` (`beta * C` as a node) is added
+/// after the rescale.
+pub(crate) fn quantize_dense(
+    g: &mut Graph,
+    id: NodeId,
+    x: NodeId,
+    form: &Int8Form,
+    c: Option<NodeId>,
+    range: ActivationRange,
+) -> Result<usize, IrError> {
+    let (w, k, n, alpha) = (&form.weights, form.k, form.n, form.alpha);
+    let name = g.node(id).name.clone();
+    let mut b = Builder {
+        g,
+        prefix: name.clone(),
+        added: 0,
+    };
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range)?;
     let (wq, w_scales) = quantize_weights(w, k, n);
     let wq = b.constant(&[k, n], Data::I8(wq), "w_quantized");
     let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
@@ -339,6 +353,67 @@ pub(crate) fn quantize_dense(
         Some(c) => {
             let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
             b.g.add_node(Op::Binary(BinaryOp::Add), &[y, c], name)?
+        }
+    };
+    let added = b.added + 1;
+    g.replace_all_uses(id, y)?;
+    g.remove_unused(id);
+    Ok(added)
+}
+
+/// An ungrouped convolution for int8: its attributes, weights `[OC, C,
+/// kh, kw]` and constant bias.
+pub(crate) struct ConvInt8Form {
+    pub conv: Conv2d,
+    pub weights: Vec<f32>,
+    pub shape: [usize; 4],
+    pub bias: Option<Vec<f32>>,
+}
+
+/// Replaces Conv node `id` by its int8 form (`conv_integer` of the u8
+/// activation by i8 weights per output channel, rescaled per channel,
+/// plus the bias); returns the number of nodes added.
+pub(crate) fn quantize_conv(
+    g: &mut Graph,
+    id: NodeId,
+    x: NodeId,
+    form: &ConvInt8Form,
+    range: ActivationRange,
+) -> Result<usize, IrError> {
+    let oc = form.shape[0];
+    let k = form.shape[1..].iter().product::<usize>();
+    let name = g.node(id).name.clone();
+    let mut b = Builder {
+        g,
+        prefix: name.clone(),
+        added: 0,
+    };
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range)?;
+    // Per output channel = per row of the `[OC, K]` weight matrix: the
+    // per-column quantizer on its transpose.
+    let transposed: Vec<f32> = (0..k * oc)
+        .map(|i| form.weights[(i % oc) * k + i / oc])
+        .collect();
+    let (wq_t, w_scales) = quantize_weights(&transposed, k, oc);
+    let wq: Vec<i8> = (0..oc * k).map(|i| wq_t[(i % k) * oc + i / k]).collect();
+    let wq = b.constant(&form.shape, Data::I8(wq), "w_quantized");
+    let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
+    let acc = b.node(
+        Op::ConvInteger(form.conv.clone()),
+        &[q, wq, zero_u8, w_zero],
+        "int8_conv",
+    )?;
+    let acc = b.node(Op::Cast { to: DType::F32 }, &[acc], "int8_conv_float")?;
+    let w_scales = b.constant(&[oc, 1, 1], Data::F32(w_scales), "w_scale");
+    let rescale = b.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
+    let y = match &form.bias {
+        None => {
+            b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?
+        }
+        Some(bias) => {
+            let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
+            let bias = b.constant(&[oc, 1, 1], Data::F32(bias.clone()), "bias");
+            b.g.add_node(Op::Binary(BinaryOp::Add), &[y, bias], name)?
         }
     };
     let added = b.added + 1;

@@ -550,7 +550,7 @@ fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r 
 const MAX_OBSERVED_VALUES: usize = 1 << 22;
 
 /// The activation ranges of `--quantize static`: every MatMul/Gemm's left
-/// operand observed over `samples` and reduced to a range by `observer`,
+/// operand and every Conv's input observed over `samples` and reduced to a range by `observer`,
 /// by node name.
 pub fn activation_ranges(
     graph: &Graph,
@@ -561,7 +561,10 @@ pub fn activation_ranges(
     let mut readers: HashMap<NodeId, Vec<String>> = HashMap::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if matches!(node.op, kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. }) {
+        if matches!(
+            node.op,
+            kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. } | kiln_ir::Op::Conv(_)
+        ) {
             let x = graph.inputs_of(id)[0];
             readers.entry(x).or_default().push(node.name.clone());
         }

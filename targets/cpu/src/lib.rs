@@ -175,9 +175,12 @@ pub fn compile(
         features |= kiln_runtime::format::CpuFeatures::AVX512BF16;
     }
     if target.vnni
-        && graph
-            .node_ids()
-            .any(|id| graph.node(id).op == kiln_ir::Op::MatMulInteger)
+        && graph.node_ids().any(|id| {
+            matches!(
+                graph.node(id).op,
+                kiln_ir::Op::MatMulInteger | kiln_ir::Op::ConvInteger(_)
+            )
+        })
     {
         features |= kiln_runtime::format::CpuFeatures::AVX512VNNI
             | kiln_runtime::format::CpuFeatures::AVX512BW;

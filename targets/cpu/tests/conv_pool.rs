@@ -577,3 +577,157 @@ fn col2im_overlapping_and_exactly_tiling_blocks() {
         check_rand(&col2im_graph(channels, c.grid, c), 40 + i as u64, 1e-6);
     }
 }
+
+/// ConvInteger with a u8 X and constant weights signed after their zero
+/// point (i8 with 0, u8 with 128) runs on the VNNI quad-im2col kernel:
+/// every stride path of the quad routine (1 and 2 vectorized, 3 scalar),
+/// padding filled with X's zero point (constant, a graph input, or 0),
+/// input channels not a multiple of 4, batches, and images large enough to
+/// be converted in bands. Integer results must match exactly.
+#[test]
+fn conv_integer_on_the_vnni_kernel() {
+    struct Case {
+        x: [usize; 4],
+        oc: usize,
+        k: [usize; 2],
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        w: DType,
+        /// X's zero point: a constant, or a graph input when `None`.
+        x_zero: Option<u8>,
+    }
+    let case = |x, oc, k, strides, pads, dilations, w, x_zero| Case {
+        x,
+        oc,
+        k,
+        strides,
+        pads,
+        dilations,
+        w,
+        x_zero,
+    };
+    let cases = [
+        case(
+            [2, 5, 9, 37],
+            7,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            DType::I8,
+            Some(131),
+        ),
+        case(
+            [1, 8, 12, 33],
+            20,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            [1, 1],
+            DType::I8,
+            None,
+        ),
+        case(
+            [1, 3, 10, 40],
+            16,
+            [3, 3],
+            [2, 2],
+            [0, 0, 1, 1],
+            [1, 1],
+            DType::I8,
+            Some(0),
+        ),
+        case(
+            [1, 13, 7, 19],
+            5,
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            DType::U8,
+            Some(77),
+        ),
+        case(
+            [2, 6, 11, 14],
+            9,
+            [3, 2],
+            [3, 3],
+            [2, 1, 0, 2],
+            [2, 1],
+            DType::I8,
+            None,
+        ),
+        case(
+            [1, 4, 6, 6],
+            3,
+            [5, 5],
+            [1, 1],
+            [4, 4, 4, 4],
+            [1, 1],
+            DType::I8,
+            Some(255),
+        ),
+        // Col matrix above the band size: converted in bands of rows.
+        case(
+            [1, 32, 64, 72],
+            24,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            DType::I8,
+            Some(9),
+        ),
+    ];
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512bw");
+    for (ci, c) in cases.iter().enumerate() {
+        let mut rng = Rng::new(900 + ci as u64);
+        let ws = [c.oc, c.x[1], c.k[0], c.k[1]];
+        let x = byte_tensor(&mut rng, DType::U8, &c.x);
+        let w = byte_tensor(&mut rng, c.w, &ws);
+        let w_zero = if c.w == DType::U8 { 128 } else { 0 };
+        let w_zero = kiln_ir::Tensor::new(
+            [0usize; 0],
+            kiln_ir::Data::from_i64s(c.w, [w_zero].into_iter()),
+        )
+        .unwrap();
+        let mut g = Graph::new();
+        let xi = g.add_input("x", ValueType::new(DType::U8, c.x));
+        let mut inputs = vec![x];
+        let xz = match c.x_zero {
+            Some(z) => g.add_const(
+                "x_zero",
+                kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![z])).unwrap(),
+            ),
+            None => {
+                inputs
+                    .push(kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![141])).unwrap());
+                g.add_input("x_zero", ValueType::new(DType::U8, [0usize; 0]))
+            }
+        };
+        let wi = g.add_const("w", w);
+        let wz = g.add_const("w_zero", w_zero);
+        let op = Op::ConvInteger(Conv2d {
+            strides: c.strides,
+            pads: c.pads,
+            dilations: c.dilations,
+            group: 1,
+        });
+        let y = g.add_node(op, &[xi, wi, xz, wz], "conv").unwrap();
+        g.add_output("y", y);
+        common::check(&g, &inputs);
+        let opts = kiln_target_cpu::CpuOptions {
+            target: kiln_target_cpu::CpuTarget::Native,
+            opt_level: 2,
+            threads: 1,
+        };
+        let native = kiln_target_cpu::compile(&g, &opts, Default::default()).unwrap();
+        assert_eq!(
+            common::has_zmm_code(&native),
+            vnni,
+            "case {ci}: the VNNI kernel"
+        );
+    }
+}

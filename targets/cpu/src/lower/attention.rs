@@ -157,7 +157,7 @@ pub(crate) fn lower_avx512(
             calls: vec![],
             im2col: vec![],
             b_panel: None,
-            a_zero: None,
+            u8_zero: None,
             epilogue: vec![],
         };
     let mut scores = gemm(m, n, k, k, n, n);

@@ -20,9 +20,9 @@ use super::NodeCx;
 use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
 use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::gemm::{
-    epilogue_fits, pack_a, pack_a_half, pack_b, pack_b_half, pack_b_pairs, pack_b_quads,
-    packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem, EpilogueOp,
-    EpilogueStep, GemmSpec, Half, Operand, MAX_MR,
+    epilogue_fits, pack_a, pack_a_half, pack_a_quads, pack_b, pack_b_half, pack_b_pairs,
+    pack_b_quads, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
+    EpilogueOp, EpilogueStep, GemmSpec, Half, Operand, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::plan::{Base, Loc, Scratch, Weights};
@@ -77,13 +77,15 @@ fn lower_with(
     tasks: usize,
 ) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
     let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
-    if let Op::MatMulInteger = cx.node.op {
-        let spec = integer_matmul(cx, weights).filter(|_| fused.is_none())?;
-        let codes = super::partition::split(spec, tasks)
-            .iter()
-            .map(|part| part.assemble().ok())
-            .collect::<Option<Vec<_>>>()?;
-        return Some((codes, None));
+    if fused.is_none() {
+        let integer = match &cx.node.op {
+            Op::MatMulInteger => Some(integer_matmul(cx, weights)?),
+            Op::ConvInteger(c) => Some(integer_conv(cx, weights, c)?),
+            _ => None,
+        };
+        if let Some(spec) = integer {
+            return assemble_parts(spec, scratch, tasks).map(|codes| (codes, None));
+        }
     }
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
     if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
@@ -148,6 +150,12 @@ fn lower_with(
         Some((fcx, k)) => absorb(fcx, k, &mut spec, weights),
         None => None,
     };
+    assemble_parts(spec, scratch, tasks).map(|codes| (codes, tail))
+}
+
+/// `spec` split into at most `tasks` kernels, each with scratch of its own
+/// for its im2col matrix and B panel, assembled.
+fn assemble_parts(spec: GemmSpec, scratch: &mut Scratch, tasks: usize) -> Option<Vec<Vec<u8>>> {
     let mut parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently.
     let sizes: Vec<u64> = parts
@@ -175,7 +183,7 @@ fn lower_with(
         }
         codes.push(part.assemble().ok()?);
     }
-    Some((codes, tail))
+    Some(codes)
 }
 
 /// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into
@@ -183,6 +191,8 @@ fn lower_with(
 /// is copied one column tile at a time (0 when none).
 fn scratch_bytes(spec: &GemmSpec) -> (u64, u64) {
     let panel = match spec.b {
+        // Quad rows are written to scratch as the kernel reads them.
+        BLayout::Strided { .. } if spec.elem == Elem::I8U8Dot => 0,
         BLayout::Strided { .. } if spec.m / spec.blocking.mr >= PANEL_MIN_ROW_TILES => {
             (spec.k * spec.blocking.nr() * 4) as u64
         }
@@ -662,7 +672,7 @@ fn pack_b_for(
         Elem::Bf16Dot => pack_b_pairs(b, k, n, row, col, nr),
         Elem::WidenB(h) => pack_b_half(b, k, n, row, col, nr, h),
         Elem::F32 | Elem::WidenA(_) => pack_b(b, k, n, row, col, nr),
-        Elem::U8I8Dot => unreachable!("int8 B is packed by pack_b_quads"),
+        Elem::U8I8Dot | Elem::I8U8Dot => unreachable!("int8 operands are packed as quads"),
     }
 }
 
@@ -816,7 +826,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         calls,
         im2col: Vec::new(),
         b_panel: None,
-        a_zero: None,
+        u8_zero: None,
         epilogue: Vec::new(),
     })
 }
@@ -857,7 +867,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         .graph
         .constant(cx.input_ids[2])
         .is_some_and(|t| t.to_i64_vec() == [0]);
-    let (c, c_loc, a_zero) = if zero_is_0 {
+    let (c, c_loc, u8_zero) = if zero_is_0 {
         (None, None, None)
     } else {
         let mut sums = vec![0i32; n.div_ceil(nr) * nr];
@@ -902,7 +912,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         }],
         im2col: Vec::new(),
         b_panel: None,
-        a_zero,
+        u8_zero,
         epilogue: Vec::new(),
     })
 }
@@ -1003,7 +1013,7 @@ fn gemm(
         }],
         im2col: Vec::new(),
         b_panel: None,
-        a_zero: None,
+        u8_zero: None,
         epilogue: Vec::new(),
     })
 }
@@ -1074,6 +1084,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
         strides: c.strides,
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: c.dilations,
+        quads: None,
     };
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
@@ -1126,6 +1137,126 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     })
 }
 
+/// `ConvInteger` (ungrouped) with a u8 X and constant weights that are
+/// signed once their zero point is taken out (i8 with zero point 0, or u8
+/// with zero point 128), on [`Elem::I8U8Dot`]: per band of output rows a
+/// quad im2col of X (k over `(th, tw, channel)`, channels padded to a
+/// multiple of 4, the padding filled with X's zero point `z`) in scratch,
+/// then the GEMM of the packed i8 weights by it, minus `z` times each
+/// output channel's weight sum. Other operand types keep the Cranelift
+/// kernel.
+fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    if xty.dtype != DType::U8 || c.group != 1 || batch > MAX_CALLS {
+        return None;
+    }
+    if cin * kh * kw == 0 || cx.node.ty.num_elements() == 0 {
+        return None;
+    }
+    super::conv::check_conv_window(cx, c).ok()?;
+    let wv = cx.graph.constant(cx.input_ids[1])?.to_i64_vec();
+    let shift = match wty.dtype {
+        DType::I8 => 0,
+        _ => 128,
+    };
+    let w_zero = cx.graph.constant(cx.input_ids[3])?.to_i64_vec();
+    if w_zero.iter().any(|&z| z != shift) {
+        return None;
+    }
+    // Weights as `[oc, (th, tw, channel)]` with the channels padded to
+    // quads, and each output channel's sum for the zero-point correction.
+    let cin4 = cin.div_ceil(4) * 4;
+    let k = kh * kw * cin4;
+    let mut wq = vec![0i8; oc * k];
+    let mut sums = vec![0i32; oc];
+    for o in 0..oc {
+        for ic in 0..cin {
+            for t in 0..kh * kw {
+                let v = (wv[(o * cin + ic) * kh * kw + t] - shift) as i8;
+                wq[o * k + t * cin4 + ic] = v;
+                sums[o] += i32::from(v);
+            }
+        }
+    }
+    let x_zero_is_0 = cx
+        .graph
+        .constant(cx.input_ids[2])
+        .is_some_and(|t| t.to_i64_vec() == [0]);
+    let zero = cx.inputs[2].0;
+    let full = Im2col {
+        cin,
+        h,
+        w,
+        kh,
+        kw,
+        row0: 0,
+        rows: oh,
+        ow,
+        strides: c.strides,
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+        quads: Some(zero),
+    };
+    let band = im2col_band(&full);
+    let first = Im2col { rows: band, ..full };
+    if first.col_bytes() > MAX_SCRATCH / 2 {
+        return None;
+    }
+    let p = band * ow;
+    let blocking = Blocking::choose(oc, p, packed_a_rows(k));
+    let a_base = weights_loc(weights, &pack_a_quads(&wq, oc, k, blocking.mr));
+    let (c_layout, c_loc, u8_zero) = if x_zero_is_0 {
+        (None, None, None)
+    } else {
+        let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let layout = CLayout {
+            row: 4,
+            per_column: false,
+            beta: 1.0,
+        };
+        (Some(layout), Some(weights_loc(weights, &bytes)), Some(zero))
+    };
+    let col = Loc {
+        base: Base::Arena,
+        offset: 0,
+    };
+    let mut routines: Vec<Im2col> = Vec::new();
+    let mut calls = Vec::new();
+    for img in 0..batch as i64 {
+        for row0 in (0..oh).step_by(band) {
+            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
+            calls.push(Call {
+                a: a_base,
+                b: col,
+                out: offset(
+                    cx.out,
+                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
+                ),
+                c: c_loc,
+                src: Some((offset(xloc, img * (cin * h * w) as i64 + shift), routine)),
+            });
+        }
+    }
+    if calls.len() > MAX_CALLS {
+        return None;
+    }
+    Some(GemmSpec {
+        b: BLayout::Strided {
+            row: first.row_bytes() as i64,
+        },
+        out_row: (oh * ow * 4) as i64,
+        calls,
+        im2col: routines,
+        c: c_layout,
+        u8_zero,
+        ..conv_gemm(oc, p, k, Elem::I8U8Dot, blocking, false)
+    })
+}
+
 /// The GEMM of a convolution with packed weights as A (`m` output
 /// channels), a per-channel bias as C when `bias`; B, the output layout
 /// and the calls are the caller's.
@@ -1149,7 +1280,7 @@ fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias:
         calls: Vec::new(),
         im2col: Vec::new(),
         b_panel: None,
-        a_zero: None,
+        u8_zero: None,
         epilogue: Vec::new(),
     }
 }
@@ -1166,7 +1297,8 @@ fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
             routines.len() - 1
         }
     };
-    let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * 4;
+    let elem_bytes = if geo.quads.is_some() { 1 } else { 4 };
+    let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * elem_bytes;
     (i, shift as i64)
 }
 
@@ -1234,6 +1366,7 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
         strides: [1, 1],
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: [1, 1],
+        quads: None,
     };
     let mut routines: Vec<Im2col> = Vec::new();
     let mut calls = Vec::new();

@@ -348,7 +348,7 @@ pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
     let signed = |i: usize| cx.inputs[i].1.dtype == DType::I8;
     let (a_signed, b_signed) = (signed(0), signed(1));
     let a_zero_p = kb.ptr(cx.inputs[2].0);
-    let a_zero = load_byte(kb, a_zero_p, 0, a_signed);
+    let u8_zero = load_byte(kb, a_zero_p, 0, a_signed);
     let b_zero = kb.ptr(cx.inputs[3].0);
     let b_zero_step = i64::from(cx.inputs[3].1.num_elements() > 1);
     let a = kb.ptr(cx.inputs[0].0);
@@ -369,7 +369,7 @@ pub(crate) fn matmul_integer(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
                     let bp = kb.add_scaled(b_col, kk, n as i64);
                     let av = load_byte(kb, ap, 0, a_signed);
                     let bv = load_byte(kb, bp, 0, b_signed);
-                    let ac = kb.b.ins().isub(av, a_zero);
+                    let ac = kb.b.ins().isub(av, u8_zero);
                     let bc = kb.b.ins().isub(bv, bz);
                     let prod = kb.b.ins().imul(ac, bc);
                     vec![kb.b.ins().iadd(acc[0], prod)]

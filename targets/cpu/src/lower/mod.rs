@@ -306,7 +306,7 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
-        let needs_vnni = cx.node.op == Op::MatMulInteger;
+        let needs_vnni = matches!(cx.node.op, Op::MatMulInteger | Op::ConvInteger(_));
         if let Op::Fused(k) = &cx.node.op {
             if let Some((mut tasks, tail)) =
                 dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)

@@ -199,8 +199,15 @@ pub(crate) enum Elem {
     /// ([`pack_b_quads`]); each `vpdpbusd` takes a broadcast dword of four
     /// A bytes and 16 columns of four B bytes, four multiply-adds per lane
     /// into i32 accumulators. The output is i32; the epilogue subtracts
-    /// `a_zero * column_sum(B)` (see [`GemmSpec::a_zero`]).
+    /// `u8_zero * column_sum(B)` (see [`GemmSpec::u8_zero`]).
     U8I8Dot,
+    /// int8 dot products with the signed operand on the left: A i8 packed
+    /// in panels of quads along k ([`pack_a_quads`]), each dword broadcast
+    /// from memory; B u8 quads along k, 16 columns per vector, strided (an
+    /// int8 convolution's quad im2col, rows padded to whole vectors). The
+    /// output is i32; the epilogue subtracts `u8_zero * C[i]`, C being A's
+    /// row sums (see [`GemmSpec::u8_zero`]).
+    I8U8Dot,
 }
 
 impl Elem {
@@ -209,7 +216,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::WidenB(_) => F,
             Elem::Bf16Dot | Elem::WidenA(_) => 2,
-            Elem::U8I8Dot => 1,
+            Elem::U8I8Dot | Elem::I8U8Dot => 1,
         }
     }
 
@@ -218,15 +225,20 @@ impl Elem {
         match self {
             Elem::F32 | Elem::WidenA(_) => F,
             Elem::Bf16Dot | Elem::WidenB(_) => 2,
-            Elem::U8I8Dot => 1,
+            Elem::U8I8Dot | Elem::I8U8Dot => 1,
         }
+    }
+
+    /// Whether the kernel accumulates in i32 (int8 dot products).
+    pub(crate) fn integer(self) -> bool {
+        matches!(self, Elem::U8I8Dot | Elem::I8U8Dot)
     }
 
     /// k elements one dot-product instruction reduces per lane.
     fn group(self) -> usize {
         match self {
             Elem::Bf16Dot => 2,
-            Elem::U8I8Dot => 4,
+            Elem::U8I8Dot | Elem::I8U8Dot => 4,
             _ => 1,
         }
     }
@@ -353,6 +365,13 @@ pub(crate) fn pack_b_quads(
     pack_b_groups(b, (k, n), (b_row, b_col), nr, 4, 0, |out, v| {
         out.push(v as u8)
     })
+}
+
+/// Packs i8 `a` (`m × k`, row-major, k a multiple of 4) for
+/// [`Elem::I8U8Dot`]: panel `p` holds rows `p*mr..` as `k/4` groups of `mr`
+/// dwords (A[i, 4t..4t+4]), zero past `m`.
+pub(crate) fn pack_a_quads(a: &[i8], m: usize, k: usize, mr: usize) -> Vec<u8> {
+    pack_b_groups(a, (k, m), (1, k), mr, 4, 0, |out, v| out.push(v as u8))
 }
 
 /// The elementwise activation applied in the store loop (a fused kernel's
@@ -532,11 +551,13 @@ pub(crate) struct GemmSpec {
     /// column tile of B is copied before the row tiles read it, so they
     /// stream one contiguous panel instead of K rows a page apart.
     pub b_panel: Option<Loc>,
-    /// [`Elem::U8I8Dot`]: the byte holding A's zero point `z`; the
-    /// epilogue subtracts `z * C[j]`, C being B's column sums (i32, one per
-    /// column, padded to whole tiles), so the output is `(A - z) @ B`.
-    /// `None`: a zero point of 0 (and no C).
-    pub a_zero: Option<Loc>,
+    /// The int8 kernels: the byte holding the u8 operand's zero point `z`.
+    /// [`Elem::U8I8Dot`]: the epilogue subtracts `z * C[j]`, C being B's
+    /// column sums (i32, one per column, padded to whole tiles), so the
+    /// output is `(A - z) @ B`; [`Elem::I8U8Dot`]: `z * C[i]`, C being A's
+    /// row sums (one per row), so the output is `A @ (B - z)`. `None`: a
+    /// zero point of 0 (and no C).
+    pub u8_zero: Option<Loc>,
     /// An elementwise program applied to every output element after the
     /// activation (a fused kernel's tail: hard-swish, a per-channel
     /// affine); empty for none. See [`epilogue_fits`].
@@ -639,7 +660,11 @@ impl GemmSpec {
         let steps = self.elem.steps(self.k) as i64;
         let (a_row, a_k, a_tile) = match self.a {
             ALayout::Strided { row, col } => (row, col * pair, row * mr as i64),
-            ALayout::Packed => (ea, ea * mr as i64, ea * (mr * self.k) as i64),
+            ALayout::Packed => (
+                ea * pair,
+                ea * pair * mr as i64,
+                ea * pair * mr as i64 * steps,
+            ),
         };
         let nr = (nv * 16) as i64;
         let (b_k, b_tile, b_pack_row) = match (self.b, self.b_panel) {
@@ -715,7 +740,17 @@ impl GemmSpec {
                     && matches!(self.b, BLayout::Packed)
                     && self.alpha == 1.0
                     && self.act == Activation::None
-                    && self.c.is_some() == self.a_zero.is_some()
+                    && self.c.is_some() == self.u8_zero.is_some()
+            }
+            Elem::I8U8Dot => {
+                matches!(self.a, ALayout::Packed)
+                    && matches!(self.b, BLayout::Strided { .. })
+                    && self.b_panel.is_none()
+                    && self.k.is_multiple_of(4)
+                    && self.alpha == 1.0
+                    && self.act == Activation::None
+                    && self.c.is_some() == self.u8_zero.is_some()
+                    && self.c.is_none_or(|c| !c.per_column)
             }
         };
         if operands_fit {
@@ -927,7 +962,10 @@ impl GemmSpec {
                         }
                         // Packed panels are zero-padded to whole tiles, so
                         // the 16-bit and 8-bit loads need no mask.
-                        Elem::Bf16Dot | Elem::U8I8Dot => a.vmovups(breg(v), zmmword_ptr(mem))?,
+                        // So are the quad rows of an int8 convolution.
+                        Elem::Bf16Dot | Elem::U8I8Dot | Elem::I8U8Dot => {
+                            a.vmovups(breg(v), zmmword_ptr(mem))?
+                        }
                         Elem::WidenB(Half::F16) => a.vcvtph2ps(breg(v), ymmword_ptr(mem))?,
                         Elem::WidenB(Half::Bf16) => {
                             a.vpmovzxwd(breg(v), ymmword_ptr(mem))?;
@@ -966,6 +1004,12 @@ impl GemmSpec {
                             }
                             for v in 0..nv {
                                 a.vpdpbusd(acc(r, v), abc, breg(v))?;
+                            }
+                            continue;
+                        }
+                        Elem::I8U8Dot => {
+                            for v in 0..nv {
+                                a.vpdpbusd(acc(r, v), breg(v), dword_bcst(mem))?;
                             }
                             continue;
                         }
@@ -1023,13 +1067,14 @@ impl GemmSpec {
         if odd_tail {
             step(a, g.a_k * rest as i64, b_disp(rest), true)?;
         }
-        if elem == Elem::U8I8Dot {
+        if elem.integer() {
             return self.epilogue_int(a, rows, nv, partial, &acc);
         }
         self.epilogue(a, rows, nv, partial, first_row, &acc)
     }
 
-    /// The store loop of [`Elem::U8I8Dot`]: `acc - a_zero * C[j]`, i32.
+    /// The store loop of the int8 kernels: `acc - u8_zero * C`, i32, C per
+    /// column ([`Elem::U8I8Dot`]) or per row ([`Elem::I8U8Dot`]).
     fn epilogue_int(
         &self,
         a: &mut CodeAssembler,
@@ -1041,7 +1086,7 @@ impl GemmSpec {
         // The B registers are free here: one correction vector per column
         // vector, computed once per tile.
         let corr = |v: usize| ZMM[rows * nv + v];
-        if let Some(zero) = self.a_zero {
+        if let Some(zero) = self.u8_zero {
             let base = match zero.base {
                 crate::plan::Base::Arena => rdi,
                 crate::plan::Base::Weights => rsi,
@@ -1049,16 +1094,23 @@ impl GemmSpec {
             let disp = imm32(zero.offset as i64, "zero point offset")?;
             a.movzx(CONST, byte_ptr(base + disp))?;
             a.vpbroadcastd(ZMM[31], CONST)?;
-            for v in 0..nv {
-                let disp = imm32(64 * v as i64, "C displacement")?;
-                a.vpmulld(corr(v), ZMM[31], zmmword_ptr(C_TILE + disp))?;
+            if self.elem == Elem::U8I8Dot {
+                for v in 0..nv {
+                    let disp = imm32(64 * v as i64, "C displacement")?;
+                    a.vpmulld(corr(v), ZMM[31], zmmword_ptr(C_TILE + disp))?;
+                }
             }
         }
         for r in 0..rows {
+            if self.u8_zero.is_some() && self.elem == Elem::I8U8Dot {
+                let disp = imm32(4 * r as i64, "C displacement")?;
+                a.vpmulld(corr(0), ZMM[31], dword_bcst(C_TILE + disp))?;
+            }
             for v in 0..nv {
                 let x = acc(r, v);
-                if self.a_zero.is_some() {
-                    a.vpsubd(x, x, corr(v))?;
+                if self.u8_zero.is_some() {
+                    let c = if self.elem == Elem::I8U8Dot { 0 } else { v };
+                    a.vpsubd(x, x, corr(c))?;
                 }
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
@@ -1420,7 +1472,7 @@ mod tests {
                 }],
                 im2col: Vec::new(),
                 b_panel: None,
-                a_zero: None,
+                u8_zero: None,
                 epilogue: Vec::new(),
             };
             let code = spec.assemble().unwrap();
@@ -1573,7 +1625,7 @@ mod tests {
                     }],
                     im2col: Vec::new(),
                     b_panel: None,
-                    a_zero: None,
+                    u8_zero: None,
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
@@ -1676,7 +1728,7 @@ mod tests {
                     }],
                     im2col: Vec::new(),
                     b_panel: None,
-                    a_zero: zero.map(|_| arena_loc(zero_at)),
+                    u8_zero: zero.map(|_| arena_loc(zero_at)),
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();

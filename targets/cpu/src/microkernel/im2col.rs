@@ -16,10 +16,22 @@
 //! row is "zeros, a copy, zeros" with fixed lengths. Copies with a W stride
 //! of 1 are zmm loads/stores with a masked tail; strided ones move scalars.
 //! Input channels are a run-time loop, taps and pixels are unrolled.
+//!
+//! For the int8 convolution ([`Im2col::quads`]) the image is u8 and `col`
+//! holds *quads*: k runs over `(th, tw, channel)` with the channels padded
+//! to a multiple of 4, and each 4-byte element of a `col` row packs the four
+//! channels of one quad at one output position, the dword `vpdpbusd` reads
+//! per column. A quad is built from four zero-extended byte vectors
+//! (`vpmovzxbd`, or `vpmovzxwd` masked to the low bytes for a W stride of
+//! 2) shifted into place; taps in the padding hold the activation's zero
+//! point in every byte, so that after the zero-point correction they add
+//! nothing. Rows are padded to whole 16-column vectors (the GEMM loads B
+//! unmasked).
 
 use iced_x86::code_asm::*;
 
-use super::{imm32, MicrokernelError};
+use super::{imm32, load_address, MicrokernelError};
+use crate::plan::Loc;
 
 /// Geometry of one convolution's im2col.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +58,10 @@ pub(crate) struct Im2col {
     pub pad_tl: [usize; 2],
     /// Dilations (H, W).
     pub dilations: [usize; 2],
+    /// `Some(zero)`: a u8 image converted to quads (see the module docs),
+    /// the padding filled with the byte at `zero` (the activation's zero
+    /// point); `None`: f32.
+    pub quads: Option<Loc>,
 }
 
 /// Source cursor, destination cursor, channel counter, row counter,
@@ -87,7 +103,25 @@ fn valid_range(
 impl Im2col {
     /// Bytes of the `col` matrix of one image.
     pub(crate) fn col_bytes(&self) -> u64 {
-        (self.cin * self.kh * self.kw * self.rows * self.ow * 4) as u64
+        (self.col_rows() * self.row_bytes()) as u64
+    }
+
+    /// Rows of `col`: one per `(channel, th, tw)` in f32, one per `(th, tw,
+    /// quad of channels)` for quads.
+    pub(crate) fn col_rows(&self) -> usize {
+        match self.quads {
+            None => self.cin * self.kh * self.kw,
+            Some(_) => self.cin.div_ceil(4) * self.kh * self.kw,
+        }
+    }
+
+    /// Bytes between rows of `col` (quad rows padded to whole vectors).
+    pub(crate) fn row_bytes(&self) -> usize {
+        let p = self.rows * self.ow;
+        match self.quads {
+            None => p * 4,
+            Some(_) => p.div_ceil(16) * 64,
+        }
     }
 
     /// Per kernel row, the band's rows (relative to `row0`) whose input
@@ -116,8 +150,11 @@ impl Im2col {
     }
 
     /// Emits the routine (ends with `ret`): reads the image at r8, writes
-    /// `col` at r9. Clobbers rax, rcx, rdx, r10–r14, zmm0, zmm1 and k2.
+    /// `col` at r9. Clobbers rax, rcx, rdx, r10–r14, zmm0–zmm5 and k2.
     pub(crate) fn emit(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
+        if let Some(zero) = self.quads {
+            return self.emit_quads(a, zero);
+        }
         let p = self.rows * self.ow;
         let row_bytes = (p * 4) as i64;
         let [sh, sw] = self.strides;
@@ -171,7 +208,157 @@ impl Im2col {
         Ok(())
     }
 
-    /// `len` zeros at DST + `at` floats.
+    /// [`Im2col::emit`] for quads: the loop over whole quads of channels,
+    /// then the last partial quad. Also clobbers zmm2–zmm5.
+    fn emit_quads(&self, a: &mut CodeAssembler, zero: Loc) -> Result<(), MicrokernelError> {
+        load_address(a, rax, zero)?;
+        a.movzx(TMP, byte_ptr(rax))?;
+        a.imul_3(TMP, TMP, 0x0101_0101)?;
+        a.vpbroadcastd(zmm0, TMP)?;
+        a.mov(TMP, 0xffu32)?;
+        a.vpbroadcastd(zmm5, TMP)?;
+        a.mov(X_CH, r8)?;
+        a.mov(COL_CH, r9)?;
+        let plane = (self.h * self.w) as i64;
+        let full = self.cin / 4;
+        if full > 0 {
+            let mut top = a.create_label();
+            a.mov(CH, full as u64)?;
+            a.set_label(&mut top)?;
+            self.quad_taps(a, 4)?;
+            a.add(X_CH, imm32(4 * plane, "channel quad stride")?)?;
+            a.add(COL_CH, imm32(self.row_bytes() as i64, "col quad stride")?)?;
+            a.dec(CH)?;
+            a.jnz(top)?;
+        }
+        if !self.cin.is_multiple_of(4) {
+            self.quad_taps(a, self.cin % 4)?;
+        }
+        a.ret()?;
+        Ok(())
+    }
+
+    /// Every tap's row of the quad of `channels` channels at X_CH, into the
+    /// rows at COL_CH (tap `t` at row `t * quads`).
+    fn quad_taps(&self, a: &mut CodeAssembler, channels: usize) -> Result<(), MicrokernelError> {
+        let p = self.rows * self.ow;
+        let row_bytes = self.row_bytes() as i64;
+        let quads = self.cin.div_ceil(4) as i64;
+        let [sh, sw] = self.strides;
+        let [pt, pl] = self.pad_tl;
+        let [dil_h, dil_w] = self.dilations;
+        for th in 0..self.kh {
+            let (oh_lo, oh_hi) = self.band_rows(th);
+            for tw in 0..self.kw {
+                let (ow_lo, ow_hi) = valid_range(self.ow, self.w, sw, tw, dil_w, pl);
+                let t = (th * self.kw + tw) as i64;
+                a.lea(
+                    DST,
+                    qword_ptr(COL_CH + imm32(t * quads * row_bytes, "col row")?),
+                )?;
+                if oh_lo >= oh_hi || ow_lo >= ow_hi {
+                    self.zeros(a, 0, p)?;
+                    continue;
+                }
+                self.zeros(a, 0, oh_lo * self.ow)?;
+                a.add(DST, imm32((oh_lo * self.ow * 4) as i64, "col offset")?)?;
+                let ih0 = ((self.row0 + oh_lo) * sh + th * dil_h) as i64 - pt as i64;
+                let iw0 = (ow_lo * sw + tw * dil_w) as i64 - pl as i64;
+                a.lea(
+                    SRC,
+                    qword_ptr(X_CH + imm32(ih0 * self.w as i64 + iw0, "input offset")?),
+                )?;
+                let mut rows = a.create_label();
+                a.mov(ROWS, (oh_hi - oh_lo) as u64)?;
+                a.set_label(&mut rows)?;
+                self.zeros(a, 0, ow_lo)?;
+                self.compose(a, ow_lo, ow_hi - ow_lo, iw0, channels)?;
+                self.zeros(a, ow_hi, self.ow - ow_hi)?;
+                a.add(SRC, imm32((sh * self.w) as i64, "input row stride")?)?;
+                a.add(DST, imm32((self.ow * 4) as i64, "col row stride")?)?;
+                a.dec(ROWS)?;
+                a.jnz(rows)?;
+                self.zeros(a, 0, (self.rows - oh_hi) * self.ow)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `len` quads of `channels` channels (the rest of each dword zero)
+    /// from SRC (input column `iw0`, every W-stride-th byte) to DST + `at`
+    /// elements.
+    fn compose(
+        &self,
+        a: &mut CodeAssembler,
+        at: usize,
+        len: usize,
+        iw0: i64,
+        channels: usize,
+    ) -> Result<(), MicrokernelError> {
+        let stride = self.strides[1];
+        let plane = (self.h * self.w) as i64;
+        let mut o = 0;
+        while o < len {
+            let lanes = (len - o).min(16);
+            // A W stride of 2 reads words: the odd byte of the last one may
+            // lie past the image's last row, so that pixel is moved alone.
+            let last_col = iw0 + 2 * (o + lanes - 1) as i64;
+            let vector = match stride {
+                1 => lanes,
+                2 if last_col + 1 < self.w as i64 => lanes,
+                2 => lanes - 1,
+                _ => 0,
+            };
+            if vector > 0 {
+                if vector < 16 {
+                    a.mov(TMP, (1u32 << vector) - 1)?;
+                    a.kmovw(k2, TMP)?;
+                }
+                let regs = [zmm1, zmm2, zmm3, zmm4];
+                for (c, &reg) in regs.iter().enumerate().take(channels) {
+                    let disp = imm32(c as i64 * plane + (o * stride) as i64, "quad load")?;
+                    let dst = if vector < 16 { reg.k2().z() } else { reg };
+                    if stride == 1 {
+                        a.vpmovzxbd(dst, xmmword_ptr(SRC + disp))?;
+                    } else {
+                        a.vpmovzxwd(dst, ymmword_ptr(SRC + disp))?;
+                        a.vpandd(reg, reg, zmm5)?;
+                    }
+                    if c > 0 {
+                        a.vpslld(reg, reg, 8 * c as u32)?;
+                        a.vpord(zmm1, zmm1, reg)?;
+                    }
+                }
+                let disp = imm32(((at + o) * 4) as i64, "quad store")?;
+                if vector < 16 {
+                    a.vmovdqu32(zmmword_ptr(DST + disp).k2(), zmm1)?;
+                } else {
+                    a.vmovdqu32(zmmword_ptr(DST + disp), zmm1)?;
+                }
+            }
+            for q in o + vector..o + lanes {
+                for c in 0..channels {
+                    let disp = imm32(c as i64 * plane + (q * stride) as i64, "quad byte")?;
+                    if c == 0 {
+                        a.movzx(TMP, byte_ptr(SRC + disp))?;
+                    } else {
+                        a.movzx(eax, byte_ptr(SRC + disp))?;
+                        a.shl(eax, 8 * c as u32)?;
+                        a.or(TMP, eax)?;
+                    }
+                }
+                a.mov(
+                    dword_ptr(DST + imm32(((at + q) * 4) as i64, "quad store")?),
+                    TMP,
+                )?;
+            }
+            o += lanes;
+        }
+        Ok(())
+    }
+
+    /// `len` copies of zmm0's element (0.0, or the zero-point quad) at DST
+    /// + `at` elements.
     fn zeros(&self, a: &mut CodeAssembler, at: usize, len: usize) -> Result<(), MicrokernelError> {
         let mut o = 0;
         while o < len {
