@@ -12,7 +12,10 @@ use std::collections::HashSet;
 /// the chain in one kernel without writing the intermediate tensors:
 ///
 /// - a chain starts at a dense op (MatMul, Gemm, Conv) or at an
-///   elementwise op (Unary, Binary), all f32;
+///   elementwise op (Unary, Binary), all f32, or at an integer product
+///   (`matmul_integer`, `conv_integer`) whose only user is a cast to f32
+///   (the head then includes the cast: int8 layers rescale in the store
+///   loop);
 /// - it grows through f32 Unary or Binary users of its members whose
 ///   output has the root's shape (operands from outside become extra
 ///   kernel inputs; they broadcast to the output, never enlarge it), and
@@ -68,6 +71,9 @@ struct Chain {
     /// Kernel inputs (head inputs first).
     inputs: Vec<NodeId>,
     head: Option<DenseHead>,
+    /// The node whose value is the head's result (program register 0): the
+    /// head itself, or the cast to f32 after an integer head.
+    head_value: Option<NodeId>,
     /// Program inputs: `None` for the head's result, else a kernel input.
     program_inputs: Vec<Option<NodeId>>,
     instrs: Vec<(Instr, NodeId)>,
@@ -78,7 +84,7 @@ impl Chain {
     /// program input), adding `id` as a new program input when it is
     /// neither.
     fn reg(&mut self, id: NodeId) -> Reg {
-        if self.head.is_some() && self.members.first() == Some(&id) {
+        if self.head_value == Some(id) {
             return Reg(0);
         }
         let n_in = self.program_inputs.len();
@@ -198,6 +204,20 @@ fn descendants(graph: &Graph, root: NodeId) -> HashSet<NodeId> {
     seen
 }
 
+/// The cast to f32 that is the only user of integer product `root` (not a
+/// graph output), if there is one.
+fn integer_head_cast(graph: &Graph, root: NodeId) -> Option<NodeId> {
+    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
+    match graph.users_of(root).as_slice() {
+        [(cast, _)]
+            if !is_output(root) && graph.node(*cast).op == (Op::Cast { to: DType::F32 }) =>
+        {
+            Some(*cast)
+        }
+        _ => None,
+    }
+}
+
 /// The chain rooted at `root`, grown as far as the rules allow.
 fn build_chain(
     graph: &Graph,
@@ -206,16 +226,33 @@ fn build_chain(
     dense_heads: bool,
 ) -> Option<Chain> {
     let node = graph.node(root);
-    if node.ty.dtype != DType::F32 {
-        return None;
-    }
     let mut chain = Chain {
         members: vec![],
         inputs: vec![],
         head: None,
+        head_value: None,
         program_inputs: vec![],
         instrs: vec![],
     };
+    let integer = DenseOp::from_op(&node.op).filter(|op| dense_heads && op.is_integer());
+    if let Some(op) = integer {
+        let cast = integer_head_cast(graph, root)?;
+        chain.head = Some(DenseHead {
+            op,
+            inputs: graph.inputs_of(root).len(),
+        });
+        chain.inputs = graph.inputs_of(root);
+        chain.members.extend([root, cast]);
+        chain.head_value = Some(cast);
+        chain.program_inputs.push(None);
+        for &m in &grow(graph, cast, taken)[1..] {
+            chain.push(graph, m);
+        }
+        return (!chain.instrs.is_empty()).then_some(chain);
+    }
+    if node.ty.dtype != DType::F32 {
+        return None;
+    }
     if let Some(op) = DenseOp::from_op(&node.op).filter(|_| dense_heads) {
         let inputs = graph.inputs_of(root);
         if inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32) {
@@ -227,6 +264,7 @@ fn build_chain(
         });
         chain.inputs = inputs;
         chain.members.push(root);
+        chain.head_value = Some(root);
         chain.program_inputs.push(None);
     } else if is_f32_elementwise(graph, root) {
         chain.push(graph, root);

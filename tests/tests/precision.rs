@@ -211,12 +211,7 @@ fn digits_int8(name: &str) {
         let int8 = c
             .graph
             .node_ids()
-            .filter(|&id| {
-                matches!(
-                    c.graph.node(id).op,
-                    kiln_ir::Op::MatMulInteger | kiln_ir::Op::ConvInteger(_)
-                )
-            })
+            .filter(|&id| c.graph.node(id).op.is_integer_product())
             .count();
         let dense = fp32
             .graph

@@ -41,7 +41,7 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // Every weight MatMul (3 layers × 6) is an integer product.
         let integer = (compiled.graph.node_ids())
-            .filter(|&id| compiled.graph.node(id).op == kiln_ir::Op::MatMulInteger)
+            .filter(|&id| compiled.graph.node(id).op.is_integer_product())
             .count();
         assert_eq!(integer, 18, "{name}: integer products");
         let outputs = run_artifact(&compiled.bytes, &fixture.inputs()).unwrap();

@@ -2,6 +2,11 @@
 //! an elementwise program, computed as one kernel with no intermediate
 //! tensor written (the `fuse` pass builds them).
 //!
+//! An integer head (`matmul_integer`, `conv_integer`) hands the program
+//! its exact i32 result converted to f32 (the `cast` to f32 that follows
+//! every int8 product is part of the head), so an int8 layer's rescale,
+//! bias and activation run in the product's store loop.
+//!
 //! An [`ElementwiseProgram`] is a short SSA list of float instructions over
 //! registers. Register `i < inputs` is program input `i`; register
 //! `inputs + j` is the result of instruction `j`; the last instruction is
@@ -212,9 +217,19 @@ pub enum DenseOp {
     },
     /// 2-D convolution.
     Conv(Conv2d),
+    /// `matmul_integer`, its i32 result converted to f32.
+    MatMulInteger,
+    /// `conv_integer`, its i32 result converted to f32.
+    ConvInteger(Conv2d),
 }
 
 impl DenseOp {
+    /// Whether the head is an integer product (its inputs are 8-bit, its
+    /// result converted from i32).
+    pub fn is_integer(&self) -> bool {
+        matches!(self, DenseOp::MatMulInteger | DenseOp::ConvInteger(_))
+    }
+
     /// The op as a standalone IR op.
     pub fn op(&self) -> Op {
         match self {
@@ -231,6 +246,8 @@ impl DenseOp {
                 trans_b: *trans_b,
             },
             DenseOp::Conv(c) => Op::Conv(c.clone()),
+            DenseOp::MatMulInteger => Op::MatMulInteger,
+            DenseOp::ConvInteger(c) => Op::ConvInteger(c.clone()),
         }
     }
 
@@ -250,6 +267,8 @@ impl DenseOp {
                 trans_b: *trans_b,
             },
             Op::Conv(c) => DenseOp::Conv(c.clone()),
+            Op::MatMulInteger => DenseOp::MatMulInteger,
+            Op::ConvInteger(c) => DenseOp::ConvInteger(c.clone()),
             _ => return None,
         })
     }
@@ -261,7 +280,8 @@ impl DenseOp {
 pub struct DenseHead {
     /// The op.
     pub op: DenseOp,
-    /// How many kernel inputs it reads (2, or 3 with a bias / C).
+    /// How many kernel inputs it reads (2, or 3 with a bias / C; 4 for an
+    /// integer product: the operands and their zero points).
     pub inputs: usize,
 }
 
@@ -325,12 +345,20 @@ impl FusedKernel {
         format!("fused[{}]", parts.join("+"))
     }
 
-    /// Type inference: every input f32; the head's inputs as the head op
-    /// requires; every program input broadcasts to the result without
-    /// enlarging it, and with a head the result has the head's shape.
+    /// Type inference: every input f32 (but an integer head's); the
+    /// head's inputs as the head op requires; every program input
+    /// broadcasts to the result without enlarging it, and with a head the
+    /// result has the head's shape.
     pub(crate) fn infer(&self, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         let name = "fused";
-        if let Some(t) = inputs.iter().find(|t| t.dtype != DType::F32) {
+        let integer_inputs = match &self.head {
+            Some(h) if h.op.is_integer() => h.inputs.min(inputs.len()),
+            _ => 0,
+        };
+        if let Some(t) = inputs[integer_inputs..]
+            .iter()
+            .find(|t| t.dtype != DType::F32)
+        {
             return Err(IrError::ty(
                 name,
                 format!("fused kernels are f32, got an input {t}"),

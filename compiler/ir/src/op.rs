@@ -1070,6 +1070,16 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether the op computes an integer product: `matmul_integer`,
+    /// `conv_integer`, or a fused kernel headed by one (an int8 layer).
+    pub fn is_integer_product(&self) -> bool {
+        match self {
+            Op::MatMulInteger | Op::ConvInteger(_) => true,
+            Op::Fused(k) => k.head().is_some_and(|h| h.op.is_integer()),
+            _ => false,
+        }
+    }
+
     /// Text-format name of the op.
     pub fn name(&self) -> &'static str {
         match self {

@@ -1,4 +1,5 @@
-//! Fused kernels: the head through [`super::eval`] of its op, then each
+//! Fused kernels: the head through [`super::eval`] of its op (an integer
+//! head's result then cast to f32), then each
 //! instruction through [`super::eval`] of its unary or binary op, so a fused
 //! kernel evaluates exactly as the nodes it replaced.
 
@@ -9,7 +10,16 @@ pub(super) fn fused(k: &FusedKernel, inputs: &[&Tensor]) -> Result<Tensor, IrErr
     let mut regs: Vec<Tensor> = Vec::new();
     let extra = match k.head() {
         Some(h) => {
-            regs.push(super::eval(&h.op.op(), &inputs[..h.inputs])?);
+            let mut r = super::eval(&h.op.op(), &inputs[..h.inputs])?;
+            if h.op.is_integer() {
+                r = super::eval(
+                    &crate::Op::Cast {
+                        to: crate::DType::F32,
+                    },
+                    &[&r],
+                )?;
+            }
+            regs.push(r);
             h.inputs
         }
         None => 0,

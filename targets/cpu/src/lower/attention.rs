@@ -158,6 +158,8 @@ pub(crate) fn lower_avx512(
             im2col: vec![],
             b_panel: None,
             u8_zero: None,
+            row_sums: None,
+            to_f32: false,
             epilogue: vec![],
         };
     let mut scores = gemm(m, n, k, k, n, n);

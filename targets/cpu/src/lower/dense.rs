@@ -77,15 +77,22 @@ fn lower_with(
     tasks: usize,
 ) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
     let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
-    if fused.is_none() {
-        let integer = match &cx.node.op {
-            Op::MatMulInteger => Some(integer_matmul(cx, weights)?),
-            Op::ConvInteger(c) => Some(integer_conv(cx, weights, c)?),
-            _ => None,
+    let integer = match &cx.node.op {
+        Op::MatMulInteger => Some(integer_matmul(cx, weights)?),
+        Op::ConvInteger(c) => Some(integer_conv(cx, weights, c)?),
+        _ => None,
+    };
+    if let Some(mut spec) = integer {
+        // A fused integer head converts to f32 in its store loop and takes
+        // what it can of the program there.
+        let tail = match fused {
+            Some((fcx, k)) => {
+                spec.to_f32 = true;
+                absorb(fcx, k, &mut spec, weights)
+            }
+            None => None,
         };
-        if let Some(spec) = integer {
-            return assemble_parts(spec, scratch, tasks).map(|codes| (codes, None));
-        }
+        return assemble_parts(spec, scratch, tasks).map(|codes| (codes, tail));
     }
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
     if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
@@ -226,6 +233,15 @@ fn absorb(
     }
 }
 
+/// How many trailing output dims the GEMM columns of dense head `op` span
+/// (a convolution's output pixels, a product's last dim).
+fn column_dims(op: &DenseOp) -> usize {
+    match op {
+        DenseOp::Conv(_) | DenseOp::ConvInteger(_) => 2,
+        DenseOp::MatMul | DenseOp::MatMulInteger | DenseOp::Gemm { .. } => 1,
+    }
+}
+
 /// The C and activation part of [`absorb`]: returns the program left.
 fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<ElementwiseProgram> {
     let p = k.body();
@@ -239,10 +255,7 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
             (Reg(0), e) | (e, Reg(0)) if e != Reg(0) && e.index() < p.inputs() => Some(e),
             _ => None,
         };
-        let low = match &h.op {
-            DenseOp::Conv(_) => 2,
-            DenseOp::MatMul | DenseOp::Gemm { .. } => 1,
-        };
+        let low = column_dims(&h.op);
         let matmul_1d = matches!(h.op, DenseOp::MatMul)
             && cx.inputs[..2].iter().any(|(_, t)| t.shape.len() < 2);
         if let (Some(e), false) = (extra, matmul_1d) {
@@ -306,10 +319,7 @@ fn epilogue_steps(
 ) -> Option<Vec<EpilogueStep>> {
     let h = k.head()?;
     let shape = &cx.node.ty.shape;
-    let low = match &h.op {
-        DenseOp::Conv(_) => 2,
-        DenseOp::MatMul | DenseOp::Gemm { .. } => 1,
-    };
+    let low = column_dims(&h.op);
     let matmul_1d =
         matches!(h.op, DenseOp::MatMul) && cx.inputs[..2].iter().any(|(_, t)| t.shape.len() < 2);
     if shape.len() < low + 1 || matmul_1d {
@@ -827,6 +837,8 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         im2col: Vec::new(),
         b_panel: None,
         u8_zero: None,
+        row_sums: None,
+        to_f32: false,
         epilogue: Vec::new(),
     })
 }
@@ -913,6 +925,8 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         im2col: Vec::new(),
         b_panel: None,
         u8_zero,
+        row_sums: None,
+        to_f32: false,
         epilogue: Vec::new(),
     })
 }
@@ -1014,6 +1028,8 @@ fn gemm(
         im2col: Vec::new(),
         b_panel: None,
         u8_zero: None,
+        row_sums: None,
+        to_f32: false,
         epilogue: Vec::new(),
     })
 }
@@ -1209,16 +1225,11 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
     let p = band * ow;
     let blocking = Blocking::choose(oc, p, packed_a_rows(k));
     let a_base = weights_loc(weights, &pack_a_quads(&wq, oc, k, blocking.mr));
-    let (c_layout, c_loc, u8_zero) = if x_zero_is_0 {
-        (None, None, None)
+    let (row_sums, u8_zero) = if x_zero_is_0 {
+        (None, None)
     } else {
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let layout = CLayout {
-            row: 4,
-            per_column: false,
-            beta: 1.0,
-        };
-        (Some(layout), Some(weights_loc(weights, &bytes)), Some(zero))
+        (Some(weights_loc(weights, &bytes)), Some(zero))
     };
     let col = Loc {
         base: Base::Arena,
@@ -1236,7 +1247,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
                     cx.out,
                     img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
                 ),
-                c: c_loc,
+                c: None,
                 src: Some((offset(xloc, img * (cin * h * w) as i64 + shift), routine)),
             });
         }
@@ -1251,8 +1262,8 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         out_row: (oh * ow * 4) as i64,
         calls,
         im2col: routines,
-        c: c_layout,
         u8_zero,
+        row_sums,
         ..conv_gemm(oc, p, k, Elem::I8U8Dot, blocking, false)
     })
 }
@@ -1281,6 +1292,8 @@ fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias:
         im2col: Vec::new(),
         b_panel: None,
         u8_zero: None,
+        row_sums: None,
+        to_f32: false,
         epilogue: Vec::new(),
     }
 }

@@ -8,8 +8,8 @@
 //! add and Relu/Clip), then the rest of the program runs in place over the
 //! output in the same kernel.
 
-use cranelift_codegen::ir::types::F32X4;
-use cranelift_codegen::ir::Value;
+use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::{BinaryOp, DenseOp, ElementwiseProgram, FusedKernel, Instr, Node, Op};
 
 use super::elementwise::{binary_float, broadcast_strides, map, unary_float, MapIn};
@@ -41,12 +41,17 @@ pub(crate) fn eval_program(kb: &mut Kb, p: &ElementwiseProgram, inputs: &[Value]
     regs[p.result().index()]
 }
 
-/// The node the head computes: the head op with the fused node's type.
+/// The node the head computes: the head op with the fused node's shape,
+/// f32 (i32 for an integer head, which the program reads converted).
 pub(crate) fn head_node(cx: &NodeCx, op: &DenseOp) -> Node {
+    let mut ty = cx.node.ty.clone();
+    if op.is_integer() {
+        ty.dtype = kiln_ir::DType::I32;
+    }
     Node {
         op: op.op(),
         name: cx.node.name.clone(),
-        ty: cx.node.ty.clone(),
+        ty,
     }
 }
 
@@ -62,18 +67,21 @@ pub(crate) fn head_cx<'g>(cx: &NodeCx<'g>, node: &'g Node, inputs: usize) -> Nod
 }
 
 /// Runs `program` over the output of `cx` in place: program input 0 is the
-/// output itself, input `i ≥ 1` kernel input `first_extra + i - 1`.
+/// output itself (`head` its type as the head wrote it: i32 for an integer
+/// head, converted as it is read), input `i ≥ 1` kernel input
+/// `first_extra + i - 1`.
 pub(crate) fn program_in_place(
     kb: &mut Kb,
     cx: &NodeCx,
     program: &ElementwiseProgram,
     first_extra: usize,
+    head: kiln_ir::DType,
 ) {
     let shape = cx.node.ty.shape.clone();
     let out = kb.ptr(cx.out);
     let mut ins = vec![MapIn {
         ptr: out,
-        dtype: cx.node.ty.dtype,
+        dtype: head,
         strides: broadcast_strides(&shape, &shape),
     }];
     for k in first_extra..first_extra + program.inputs() - 1 {
@@ -85,13 +93,27 @@ pub(crate) fn program_in_place(
 fn run(kb: &mut Kb, cx: &NodeCx, program: &ElementwiseProgram, (out, ins): (Value, Vec<MapIn>)) {
     let shape = cx.node.ty.shape.clone();
     let vector = vectorizable(program).then_some(F32X4);
+    // i32 inputs (an integer head's result) are read as scalars (`map`
+    // vectorizes only when every type matches) and converted.
+    let ints: Vec<bool> = ins.iter().map(|i| i.dtype == kiln_ir::DType::I32).collect();
     map(
         kb,
         &shape,
         (out, cx.node.ty.dtype),
         &ins,
         vector,
-        &|kb, v| eval_program(kb, program, v),
+        &|kb, v| {
+            let v: Vec<Value> = (v.iter().zip(&ints))
+                .map(|(&x, &int)| {
+                    if int {
+                        kb.b.ins().fcvt_from_sint(F32, x)
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            eval_program(kb, program, &v)
+        },
     );
 }
 
@@ -119,9 +141,11 @@ pub(crate) fn fused(
                     trans_b,
                 } => linalg::gemm(kb, &hcx, weights, *alpha, *beta, *trans_a, *trans_b)?,
                 Op::Conv(c) => conv::conv(kb, &hcx, c)?,
+                Op::MatMulInteger => linalg::matmul_integer(kb, &hcx)?,
+                Op::ConvInteger(c) => conv::conv_integer(kb, &hcx, c)?,
                 _ => unreachable!("DenseOp::op gives a dense op"),
             }
-            program_in_place(kb, cx, k.body(), h.inputs);
+            program_in_place(kb, cx, k.body(), h.inputs, node.ty.dtype);
         }
         None => {
             let out = kb.ptr(cx.out);

@@ -306,10 +306,13 @@ pub(crate) fn lower_job(
 ) -> Result<Lowered, CpuError> {
     if let (Job::Node(id), true) = (job, target.avx512) {
         let cx = node_cx(graph, plan, *id);
-        let needs_vnni = matches!(cx.node.op, Op::MatMulInteger | Op::ConvInteger(_));
+        let needs_vnni = cx.node.op.is_integer_product();
         if let Op::Fused(k) = &cx.node.op {
-            if let Some((mut tasks, tail)) =
-                dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)
+            if let Some((mut tasks, tail)) = (target.vnni || !needs_vnni)
+                .then(|| {
+                    dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)
+                })
+                .flatten()
             {
                 let Some(program) = tail else {
                     return Ok(Lowered::Machine(tasks));
@@ -335,14 +338,14 @@ pub(crate) fn lower_job(
                     let funcs = match split_elementwise(&tail_cx, plan, target)? {
                         Some(funcs) => funcs,
                         None => vec![build_function(target, |kb| {
-                            fused::program_in_place(kb, &cx, &program, first_extra);
+                            fused::program_in_place(kb, &cx, &program, first_extra, DType::F32);
                             Ok(())
                         })?],
                     };
                     return Ok(Lowered::SplitChain(tasks, funcs));
                 }
                 let func = build_function(target, |kb| {
-                    fused::program_in_place(kb, &cx, &program, first_extra);
+                    fused::program_in_place(kb, &cx, &program, first_extra, DType::F32);
                     Ok(())
                 })?;
                 return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));

@@ -558,6 +558,14 @@ pub(crate) struct GemmSpec {
     /// row sums (one per row), so the output is `A @ (B - z)`. `None`: a
     /// zero point of 0 (and no C).
     pub u8_zero: Option<Loc>,
+    /// [`Elem::I8U8Dot`] with a `u8_zero`: A's row sums (i32, one per
+    /// row), for the correction `u8_zero * row_sums[i]`.
+    pub row_sums: Option<Loc>,
+    /// The int8 kernels: convert the corrected i32 result to f32 and run
+    /// the float store loop (C, activation, epilogue program) instead of
+    /// storing i32 (a fused integer head: the rescale, bias and activation
+    /// of an int8 layer).
+    pub to_f32: bool,
     /// An elementwise program applied to every output element after the
     /// activation (a fused kernel's tail: hard-swish, a per-channel
     /// affine); empty for none. See [`epilogue_fits`].
@@ -739,8 +747,10 @@ impl GemmSpec {
                 matches!(self.a, ALayout::Strided { col: 1, .. })
                     && matches!(self.b, BLayout::Packed)
                     && self.alpha == 1.0
-                    && self.act == Activation::None
-                    && self.c.is_some() == self.u8_zero.is_some()
+                    && (self.u8_zero.is_none() || self.c.is_some_and(|c| c.per_column))
+                    && (self.u8_zero.is_some() || self.c.is_none() || self.to_f32)
+                    && self.row_sums.is_none()
+                    && (self.to_f32 || (self.act == Activation::None && self.epilogue.is_empty()))
             }
             Elem::I8U8Dot => {
                 matches!(self.a, ALayout::Packed)
@@ -748,9 +758,11 @@ impl GemmSpec {
                     && self.b_panel.is_none()
                     && self.k.is_multiple_of(4)
                     && self.alpha == 1.0
-                    && self.act == Activation::None
-                    && self.c.is_some() == self.u8_zero.is_some()
-                    && self.c.is_none_or(|c| !c.per_column)
+                    && self.row_sums.is_some() == self.u8_zero.is_some()
+                    && (self.to_f32
+                        || (self.act == Activation::None
+                            && self.c.is_none()
+                            && self.epilogue.is_empty()))
             }
         };
         if operands_fit {
@@ -1068,31 +1080,37 @@ impl GemmSpec {
             step(a, g.a_k * rest as i64, b_disp(rest), true)?;
         }
         if elem.integer() {
-            return self.epilogue_int(a, rows, nv, partial, &acc);
+            self.epilogue_int(a, rows, nv, partial, first_row, &acc)?;
+            if !self.to_f32 {
+                return Ok(());
+            }
         }
         self.epilogue(a, rows, nv, partial, first_row, &acc)
     }
 
-    /// The store loop of the int8 kernels: `acc - u8_zero * C`, i32, C per
-    /// column ([`Elem::U8I8Dot`]) or per row ([`Elem::I8U8Dot`]).
+    /// The zero-point correction of the int8 kernels, in i32: `acc -
+    /// u8_zero * C[j]` ([`Elem::U8I8Dot`], B's column sums in C) or `acc -
+    /// u8_zero * row_sums[i]` ([`Elem::I8U8Dot`]); then, unless the kernel
+    /// converts to f32 ([`GemmSpec::to_f32`]), the i32 store.
     fn epilogue_int(
         &self,
         a: &mut CodeAssembler,
         rows: usize,
         nv: usize,
         partial: bool,
+        first_row: RowStart,
         acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
     ) -> Result<(), MicrokernelError> {
         // The B registers are free here: one correction vector per column
-        // vector, computed once per tile.
+        // vector (per tile) or per row.
         let corr = |v: usize| ZMM[rows * nv + v];
+        let base_of = |loc: Loc| match loc.base {
+            crate::plan::Base::Arena => rdi,
+            crate::plan::Base::Weights => rsi,
+        };
         if let Some(zero) = self.u8_zero {
-            let base = match zero.base {
-                crate::plan::Base::Arena => rdi,
-                crate::plan::Base::Weights => rsi,
-            };
             let disp = imm32(zero.offset as i64, "zero point offset")?;
-            a.movzx(CONST, byte_ptr(base + disp))?;
+            a.movzx(CONST, byte_ptr(base_of(zero) + disp))?;
             a.vpbroadcastd(ZMM[31], CONST)?;
             if self.elem == Elem::U8I8Dot {
                 for v in 0..nv {
@@ -1101,25 +1119,41 @@ impl GemmSpec {
                 }
             }
         }
-        for r in 0..rows {
-            if self.u8_zero.is_some() && self.elem == Elem::I8U8Dot {
-                let disp = imm32(4 * r as i64, "C displacement")?;
-                a.vpmulld(corr(0), ZMM[31], dword_bcst(C_TILE + disp))?;
-            }
-            for v in 0..nv {
-                let x = acc(r, v);
-                if self.u8_zero.is_some() {
-                    let c = if self.elem == Elem::I8U8Dot { 0 } else { v };
-                    a.vpsubd(x, x, corr(c))?;
+        if let Some(sums) = self.row_sums {
+            row_offset(a, first_row, self.blocking.mr)?;
+            a.add(ROW_BYTES, base_of(sums))?;
+            for r in 0..rows {
+                let disp = imm32(sums.offset as i64 + 4 * r as i64, "row sum offset")?;
+                a.vpmulld(corr(0), ZMM[31], dword_bcst(ROW_BYTES + disp))?;
+                for v in 0..nv {
+                    a.vpsubd(acc(r, v), acc(r, v), corr(0))?;
                 }
+            }
+        } else if self.u8_zero.is_some() {
+            for r in 0..rows {
+                for v in 0..nv {
+                    a.vpsubd(acc(r, v), acc(r, v), corr(v))?;
+                }
+            }
+        }
+        if self.to_f32 {
+            for r in 0..rows {
+                for v in 0..nv {
+                    a.vcvtdq2ps(acc(r, v), acc(r, v))?;
+                }
+            }
+            return Ok(());
+        }
+        for r in 0..rows {
+            for v in 0..nv {
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
                     "output displacement",
                 )?;
                 if partial && v == nv - 1 {
-                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp).k1(), x)?;
+                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp).k1(), acc(r, v))?;
                 } else {
-                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp), x)?;
+                    a.vmovdqu32(zmmword_ptr(OUT_TILE + disp), acc(r, v))?;
                 }
             }
         }
@@ -1148,15 +1182,7 @@ impl GemmSpec {
         })?;
         let per_row = |o: Operand| matches!(o, Operand::PerRow(_));
         if program.iter().any(|st| per_row(st.a) || per_row(st.b)) {
-            // The tile's first row, in bytes of a per-row operand.
-            match first_row {
-                RowStart::Counted { full } => {
-                    a.mov(ROW_BYTES, full as u64)?;
-                    a.sub(ROW_BYTES, I_COUNT)?;
-                    a.imul_3(ROW_BYTES, ROW_BYTES, (self.blocking.mr * 4) as i32)?;
-                }
-                RowStart::Fixed(row) => a.mov(ROW_BYTES, (row * 4) as u64)?,
-            }
+            row_offset(a, first_row, self.blocking.mr)?;
         }
         let splat = |a: &mut CodeAssembler, reg: AsmRegisterZmm, v: f32| {
             a.mov(CONST, v.to_bits())?;
@@ -1170,7 +1196,10 @@ impl GemmSpec {
                     splat(a, konst, self.alpha)?;
                     a.vmulps(x, x, konst)?;
                 }
-                if let Some(c) = self.c {
+                // With a zero point, U8I8Dot's C holds B's column sums (see
+                // `epilogue_int`).
+                let sums = self.elem == Elem::U8I8Dot && self.u8_zero.is_some();
+                if let Some(c) = self.c.filter(|_| !sums) {
                     let disp = imm32(
                         c.row * r as i64 + if c.per_column { 64 * v as i64 } else { 0 },
                         "C displacement",
@@ -1237,6 +1266,23 @@ enum RowStart {
 /// The byte offset of the tile's first row into per-row operands (the A
 /// cursor, free in the store loop).
 const ROW_BYTES: AsmRegister64 = A_K;
+
+/// ROW_BYTES = the tile's first row times 4 (tiles of `mr` rows).
+fn row_offset(
+    a: &mut CodeAssembler,
+    first_row: RowStart,
+    mr: usize,
+) -> Result<(), MicrokernelError> {
+    match first_row {
+        RowStart::Counted { full } => {
+            a.mov(ROW_BYTES, full as u64)?;
+            a.sub(ROW_BYTES, I_COUNT)?;
+            a.imul_3(ROW_BYTES, ROW_BYTES, (mr * 4) as i32)?;
+        }
+        RowStart::Fixed(row) => a.mov(ROW_BYTES, (row * 4) as u64)?,
+    }
+    Ok(())
+}
 
 /// Where the elements of [`Operand::Full`] operands are: the register
 /// holding the current vector's byte offset, and whether only the lanes of
@@ -1473,6 +1519,8 @@ mod tests {
                 im2col: Vec::new(),
                 b_panel: None,
                 u8_zero: None,
+                row_sums: None,
+                to_f32: false,
                 epilogue: Vec::new(),
             };
             let code = spec.assemble().unwrap();
@@ -1626,6 +1674,8 @@ mod tests {
                     im2col: Vec::new(),
                     b_panel: None,
                     u8_zero: None,
+                    row_sums: None,
+                    to_f32: false,
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
@@ -1729,6 +1779,8 @@ mod tests {
                     im2col: Vec::new(),
                     b_panel: None,
                     u8_zero: zero.map(|_| arena_loc(zero_at)),
+                    row_sums: None,
+                    to_f32: false,
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
