@@ -633,3 +633,55 @@ fn transcendental_unary_ops_compile_and_match_on_every_target() {
         }
     }
 }
+
+/// f32 → u8 on the AVX-512 narrowing kernel (the end of every int8
+/// activation quantization): truncation, saturation at both ends, NaN to
+/// 0, masked tails and ranges split over threads, bit-exact with the
+/// reference evaluator.
+#[test]
+fn f32_to_u8_on_the_narrowing_kernel() {
+    let special = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.9,
+        -1.0,
+        0.5,
+        254.99,
+        255.0,
+        255.7,
+        300.0,
+        1e30,
+        -1e30,
+        127.5,
+    ];
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let mut rng = Rng::new(77);
+    for n in [13, 64, 77, 1000, 300_001] {
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                if i % 7 == 0 {
+                    special[(i / 7) % special.len()]
+                } else {
+                    rng.f64(-40.0, 300.0) as f32
+                }
+            })
+            .collect();
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [n]));
+        let y = g
+            .add_node(Op::Cast { to: DType::U8 }, &[x], "quantized")
+            .unwrap();
+        g.add_output("y", y);
+        check(&g, &[Tensor::new([n], Data::F32(v)).unwrap()]);
+        for threads in [1, 2] {
+            let opts = kiln_target_cpu::CpuOptions {
+                target: kiln_target_cpu::CpuTarget::Native,
+                opt_level: 2,
+                threads,
+            };
+            let a = kiln_target_cpu::compile(&g, &opts, Default::default()).unwrap();
+            assert_eq!(common::has_zmm_code(&a), avx512, "n = {n}");
+        }
+    }
+}

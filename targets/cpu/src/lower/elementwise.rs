@@ -1009,3 +1009,30 @@ fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
         _ => unreachable!("integer target"),
     }
 }
+
+/// A contiguous f32 → u8 cast (the end of every int8 activation
+/// quantization) as the AVX-512 [`NarrowSpec`] kernel, split into at most
+/// `tasks` ranges of [`MIN_NARROW_TASK`] elements or more; `None` for any
+/// other node.
+///
+/// [`NarrowSpec`]: crate::microkernel::narrow::NarrowSpec
+pub(crate) fn narrow_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
+    let (x, ty) = *cx.inputs.first()?;
+    if cx.node.op != (kiln_ir::Op::Cast { to: DType::U8 }) || ty.dtype != DType::F32 {
+        return None;
+    }
+    let len = ty.num_elements();
+    if len == 0 {
+        return None;
+    }
+    let spec = crate::microkernel::narrow::NarrowSpec { len, x, y: cx.out };
+    let tasks = tasks.min(len / MIN_NARROW_TASK).max(1);
+    spec.split(tasks)
+        .iter()
+        .map(|s| s.assemble().ok())
+        .collect()
+}
+
+/// The fewest elements worth a task of their own in [`narrow_avx512`]
+/// (a few microseconds of streaming).
+const MIN_NARROW_TASK: usize = 64 << 10;

@@ -357,6 +357,8 @@ pub(crate) fn lower_job(
             return Ok(Lowered::Machine(code));
         } else if let Some(code) = reduce::lower_avx512(&cx) {
             return Ok(Lowered::Machine(vec![code]));
+        } else if let Some(code) = elementwise::narrow_avx512(&cx, target.tasks) {
+            return Ok(Lowered::Machine(code));
         } else if let Some(code) = match cx.node.op {
             Op::Attention { scale } => {
                 attention::lower_avx512(&cx, scale, &mut plan.scratch, target.tasks)

@@ -18,6 +18,8 @@
 //! - [`softmax`]: softmax over contiguous rows with an inline `exp`.
 //! - [`reduce`]: the max or min of a whole tensor (dynamic int8's range
 //!   observers).
+//! - [`narrow`]: the f32 → u8 cast that ends every int8 activation
+//!   quantization.
 //! - [`elementwise`]: fused elementwise chains without a dense head, the
 //!   GEMM store loop's epilogue program run over whole tensors.
 //! - [`attention`]: the two GEMMs and the softmax of scaled dot-product
@@ -33,6 +35,7 @@ pub(crate) mod depthwise;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
+pub(crate) mod narrow;
 pub mod peak;
 pub(crate) mod reduce;
 pub(crate) mod softmax;

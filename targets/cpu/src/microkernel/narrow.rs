@@ -1,0 +1,113 @@
+//! AVX-512 cast of f32 to u8, as the reference evaluator defines it
+//! (truncation toward zero, saturating, NaN to 0): clamped to `[0, 255]` in
+//! f32 first (`vmaxps` returns its second operand, 0, for a NaN), then
+//! truncated (`vcvttps2dq`) and narrowed (`vpmovusdb`). The last step of
+//! every int8 activation quantization, so it runs once per int8 layer over
+//! the whole activation.
+
+use iced_x86::code_asm::*;
+
+use super::{load_address, MicrokernelError};
+use crate::plan::Loc;
+
+/// One contiguous f32 → u8 cast.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NarrowSpec {
+    /// Elements.
+    pub len: usize,
+    /// The f32 input.
+    pub x: Loc,
+    /// The u8 output.
+    pub y: Loc,
+}
+
+/// Elements per unrolled loop iteration.
+const BLOCK: usize = 64;
+
+const X: AsmRegister64 = r8;
+const Y: AsmRegister64 = r9;
+const COUNT: AsmRegister64 = rcx;
+const ZERO: AsmRegisterZmm = zmm30;
+const MAX: AsmRegisterZmm = zmm31;
+
+impl NarrowSpec {
+    /// The cast split into at most `tasks` ranges of whole blocks.
+    pub(crate) fn split(self, tasks: usize) -> Vec<NarrowSpec> {
+        let blocks = self.len.div_ceil(BLOCK);
+        let tasks = tasks.clamp(1, blocks.max(1));
+        (0..tasks)
+            .map(|t| {
+                let start = (blocks * t / tasks * BLOCK).min(self.len);
+                let end = (blocks * (t + 1) / tasks * BLOCK).min(self.len);
+                NarrowSpec {
+                    len: end - start,
+                    x: moved(self.x, 4 * start),
+                    y: moved(self.y, start),
+                }
+            })
+            .filter(|s| s.len > 0)
+            .collect()
+    }
+
+    /// 16 elements at `X + 4 * at` to `Y + at` (the first `lanes` only,
+    /// under k1, when fewer than 16).
+    fn vector(&self, a: &mut CodeAssembler, at: i32, lanes: usize) -> Result<(), MicrokernelError> {
+        let v = zmm0;
+        if lanes < 16 {
+            a.vmovups(v.k1().z(), zmmword_ptr(X + 4 * at))?;
+        } else {
+            a.vmovups(v, zmmword_ptr(X + 4 * at))?;
+        }
+        a.vmaxps(v, v, ZERO)?;
+        a.vminps(v, v, MAX)?;
+        a.vcvttps2dq(v, v)?;
+        if lanes < 16 {
+            a.vpmovusdb(xmmword_ptr(Y + at).k1(), v)?;
+        } else {
+            a.vpmovusdb(xmmword_ptr(Y + at), v)?;
+        }
+        Ok(())
+    }
+
+    /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let mut a = CodeAssembler::new(64)?;
+        a.vpxord(ZERO, ZERO, ZERO)?;
+        a.mov(eax, 255f32.to_bits())?;
+        a.vpbroadcastd(MAX, eax)?;
+        load_address(&mut a, X, self.x)?;
+        load_address(&mut a, Y, self.y)?;
+        let (blocks, rest) = (self.len / BLOCK, self.len % BLOCK);
+        if blocks > 0 {
+            let mut top = a.create_label();
+            a.mov(COUNT, blocks as u64)?;
+            a.set_label(&mut top)?;
+            for v in 0..BLOCK / 16 {
+                self.vector(&mut a, 16 * v as i32, 16)?;
+            }
+            a.add(X, (4 * BLOCK) as i32)?;
+            a.add(Y, BLOCK as i32)?;
+            a.dec(COUNT)?;
+            a.jnz(top)?;
+        }
+        for v in 0..rest.div_ceil(16) {
+            let lanes = (rest - 16 * v).min(16);
+            if lanes < 16 {
+                a.mov(eax, (1u32 << lanes) - 1)?;
+                a.kmovw(k1, eax)?;
+            }
+            self.vector(&mut a, 16 * v as i32, lanes)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        Ok(a.assemble(0)?)
+    }
+}
+
+fn moved(loc: Loc, bytes: usize) -> Loc {
+    Loc {
+        base: loc.base,
+        offset: loc.offset + bytes as u64,
+    }
+}
