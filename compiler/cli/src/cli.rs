@@ -105,8 +105,9 @@ struct ModelArgs {
     /// (docs/precision.md).
     #[arg(long, default_value = "fp32", value_name = "PRECISION")]
     precision: String,
-    /// int8 MatMul/Gemm (i8 weights per output column, u8 activations per
-    /// tensor, VNNI kernels): `dynamic` computes activation ranges at run
+    /// int8 MatMul/Gemm/ungrouped Conv (i8 weights per output column or
+    /// channel, u8 activations per tensor, VNNI kernels that rescale in
+    /// their store loop): `dynamic` computes activation ranges at run
     /// time; `static` observes them (min/max) on the calibration samples
     /// (--calibrate DIR; --calibrate-random only for tests).
     #[arg(long, value_name = "static|dynamic")]
