@@ -472,36 +472,53 @@ fn erf_gelu_runs_in_the_store_loop() {
 }
 
 #[test]
-fn programs_the_store_loop_cannot_hold_keep_a_tail() {
-    // A per-column operand, and a sigmoid: both stay a Cranelift tail.
-    for (extra, body) in [
-        (
-            vec![Arg::Const(vec![50])],
-            vec![
-                Instr::Binary(BinaryOp::Mul, r(0), r(1)),
-                Instr::Unary(UnaryOp::Relu, r(2)),
-            ],
-        ),
-        (
-            vec![],
-            vec![
-                Instr::Unary(UnaryOp::Relu, r(0)),
-                Instr::Unary(UnaryOp::Sigmoid, r(1)),
-            ],
-        ),
+fn per_column_operands_run_in_the_store_loop() {
+    // A scale along the last axis (an int8 rescale's shape) then a bias
+    // and Relu: every column tile, the masked last vector (50 and 300
+    // columns), a batched product and one split by columns over threads
+    // (4 rows) read their columns of the operands.
+    for (a, n) in [
+        (vec![37, 24], 50),
+        (vec![3, 20, 24], 300),
+        (vec![200, 24], 300),
+        (vec![4, 512], 2050),
     ] {
+        let k = *a.last().unwrap();
         let g = fused_graph(
             Some((
                 DenseOp::MatMul,
-                vec![Arg::Input(vec![37, 24]), Arg::Const(vec![24, 50])],
+                vec![Arg::Input(a.clone()), Arg::Const(vec![k, n])],
             )),
-            extra,
-            body,
+            vec![Arg::Const(vec![n]), Arg::Const(vec![1, n])],
+            vec![
+                Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+                Instr::Binary(BinaryOp::Sub, r(3), r(2)),
+                Instr::Unary(UnaryOp::Relu, r(4)),
+            ],
             31,
         );
         check(&g, 31);
-        assert!(has_program_tail(&g));
+        assert!(!has_program_tail(&g), "{a:?} x {n}");
     }
+}
+
+#[test]
+fn programs_the_store_loop_cannot_hold_keep_a_tail() {
+    // A sigmoid has no step form: it stays a Cranelift tail.
+    let g = fused_graph(
+        Some((
+            DenseOp::MatMul,
+            vec![Arg::Input(vec![37, 24]), Arg::Const(vec![24, 50])],
+        )),
+        vec![],
+        vec![
+            Instr::Unary(UnaryOp::Relu, r(0)),
+            Instr::Unary(UnaryOp::Sigmoid, r(1)),
+        ],
+        31,
+    );
+    check(&g, 31);
+    assert!(has_program_tail(&g));
 }
 
 /// Headless chains whose operands are full-size, one value per channel

@@ -304,8 +304,9 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
 
 /// `program` (register 0: the GEMM's output element after C and the
 /// activation; registers `1..`: the fused kernel's extra inputs) as
-/// epilogue steps, when every extra input is one f32 or one per output
-/// row (per channel of a convolution), and every instruction is `+ - × ÷`
+/// epilogue steps, when every extra input is one f32, one per output
+/// row (per channel of a convolution) or one per output column of a
+/// product (a bias or an int8 rescale along the last axis), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
 /// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, Erf (the rational
 /// approximation of `math::erf`) and erf-form Gelu, and Round (ties to
@@ -343,6 +344,13 @@ fn epilogue_steps(
             .all(|(d, &e)| e == 0 || (d == row_dim && e == 1))
         {
             Some(Operand::PerRow(loc))
+        } else if low == 1
+            && es
+                .iter()
+                .enumerate()
+                .all(|(d, &e)| e == 0 || (d == shape.len() - 1 && e == 1))
+        {
+            Some(Operand::PerColumn(loc))
         } else {
             None
         });

@@ -148,6 +148,13 @@ fn split_columns(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
                     }
                 }
             }
+            for step in &mut part.epilogue {
+                for o in [&mut step.a, &mut step.b] {
+                    if let Operand::PerColumn(loc) = o {
+                        *loc = shifted(*loc, start as i64 * 4);
+                    }
+                }
+            }
             part
         })
         .collect()

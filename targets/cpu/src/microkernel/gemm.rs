@@ -418,9 +418,9 @@ pub(crate) enum Operand {
     /// (`microkernel::elementwise`; a GEMM or depthwise store loop has no
     /// element offset to read one with).
     Full(Loc),
-    /// One f32 per column of an elementwise kernel's rows, at `loc` plus
-    /// the element's byte offset within its row (a bias along the last
-    /// axis).
+    /// One f32 per column of an elementwise kernel's rows or of a GEMM's
+    /// output, at `loc` plus the element's byte offset within its row (a
+    /// bias or an int8 rescale along the last axis).
     PerColumn(Loc),
 }
 
@@ -828,7 +828,13 @@ impl GemmSpec {
             a.mov(J_COUNT, full_j as u64)?;
             a.set_label(&mut top)?;
             self.pack_panel(a, g, self.blocking.nv, false)?;
-            self.row_sweep(a, g, self.blocking.nv, None)?;
+            self.row_sweep(
+                a,
+                g,
+                self.blocking.nv,
+                None,
+                TileStart::Counted { full: full_j },
+            )?;
             a.add(B_TILE, imm32(g.b_tile, "B tile stride")?)?;
             a.add(OUT_COL, imm32(F * nr as i64, "output tile stride")?)?;
             if c_col_step != 0 {
@@ -847,7 +853,8 @@ impl GemmSpec {
             a.mov(CONST, mask)?;
             a.kmovw(k1, CONST)?;
             self.pack_panel(a, g, rem_j.div_ceil(16), lanes != 0)?;
-            self.row_sweep(a, g, rem_j.div_ceil(16), Some(lanes != 0))?;
+            let first_col = TileStart::Fixed(full_j * nr);
+            self.row_sweep(a, g, rem_j.div_ceil(16), Some(lanes != 0), first_col)?;
         }
         Ok(())
     }
@@ -897,6 +904,7 @@ impl GemmSpec {
         g: &Geometry,
         nv: usize,
         masked: Option<bool>,
+        first_col: TileStart,
     ) -> Result<(), MicrokernelError> {
         let mr = self.blocking.mr;
         let (full_i, rem_i) = (self.m / mr, self.m % mr);
@@ -910,7 +918,8 @@ impl GemmSpec {
             let mut top = a.create_label();
             a.mov(I_COUNT, full_i as u64)?;
             a.set_label(&mut top)?;
-            self.tile(a, g, mr, nv, partial, RowStart::Counted { full: full_i })?;
+            let first_row = TileStart::Counted { full: full_i };
+            self.tile(a, g, (mr, nv), partial, (first_row, first_col))?;
             a.add(A_TILE, imm32(g.a_tile, "A tile stride")?)?;
             a.add(
                 OUT_TILE,
@@ -925,7 +934,8 @@ impl GemmSpec {
             a.jnz(top)?;
         }
         if rem_i > 0 {
-            self.tile(a, g, rem_i, nv, partial, RowStart::Fixed(full_i * mr))?;
+            let first_row = TileStart::Fixed(full_i * mr);
+            self.tile(a, g, (rem_i, nv), partial, (first_row, first_col))?;
         }
         Ok(())
     }
@@ -935,10 +945,9 @@ impl GemmSpec {
         &self,
         a: &mut CodeAssembler,
         g: &Geometry,
-        rows: usize,
-        nv: usize,
+        (rows, nv): (usize, usize),
         partial: bool,
-        first_row: RowStart,
+        (first_row, first_col): (TileStart, TileStart),
     ) -> Result<(), MicrokernelError> {
         let acc = |r: usize, v: usize| ZMM[r * nv + v];
         let breg = |v: usize| ZMM[rows * nv + v];
@@ -1085,7 +1094,7 @@ impl GemmSpec {
                 return Ok(());
             }
         }
-        self.epilogue(a, rows, nv, partial, first_row, &acc)
+        self.epilogue(a, (rows, nv), partial, (first_row, first_col), &acc)
     }
 
     /// The zero-point correction of the int8 kernels, in i32: `acc -
@@ -1098,7 +1107,7 @@ impl GemmSpec {
         rows: usize,
         nv: usize,
         partial: bool,
-        first_row: RowStart,
+        first_row: TileStart,
         acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
     ) -> Result<(), MicrokernelError> {
         // The B registers are free here: one correction vector per column
@@ -1163,10 +1172,9 @@ impl GemmSpec {
     fn epilogue(
         &self,
         a: &mut CodeAssembler,
-        rows: usize,
-        nv: usize,
+        (rows, nv): (usize, usize),
         partial: bool,
-        first_row: RowStart,
+        (first_row, first_col): (TileStart, TileStart),
         acc: &dyn Fn(usize, usize) -> AsmRegisterZmm,
     ) -> Result<(), MicrokernelError> {
         // Free in the epilogue: the B registers and the broadcast register.
@@ -1184,6 +1192,34 @@ impl GemmSpec {
         if program.iter().any(|st| per_row(st.a) || per_row(st.b)) {
             row_offset(a, first_row, self.blocking.mr)?;
         }
+        let per_column = |o: Operand| matches!(o, Operand::PerColumn(_));
+        let columns = program
+            .iter()
+            .any(|st| per_column(st.a) || per_column(st.b));
+        if columns {
+            let nr = self.blocking.nr();
+            tile_offset(a, (COL_BYTES, J_COUNT), first_col, nr)?;
+        }
+        // Per output vector `v`: the program with its per-column operands
+        // moved to the vector's columns.
+        let programs: Vec<Vec<EpilogueStep>> = (0..nv)
+            .map(|v| {
+                let at = |o: Operand| match o {
+                    Operand::PerColumn(loc) => Operand::PerColumn(Loc {
+                        base: loc.base,
+                        offset: loc.offset + 64 * v as u64,
+                    }),
+                    o => o,
+                };
+                (program.iter())
+                    .map(|st| EpilogueStep {
+                        op: st.op,
+                        a: at(st.a),
+                        b: at(st.b),
+                    })
+                    .collect()
+            })
+            .collect();
         let splat = |a: &mut CodeAssembler, reg: AsmRegisterZmm, v: f32| {
             a.mov(CONST, v.to_bits())?;
             a.vpbroadcastd(reg, CONST)
@@ -1237,7 +1273,12 @@ impl GemmSpec {
                     let regs: Vec<AsmRegisterZmm> = std::iter::once(x)
                         .chain(ZMM[rows * nv..].iter().copied())
                         .collect();
-                    run_epilogue(a, program, &home, &regs, (ROW_BYTES, r), None)?
+                    let full = columns.then_some(FullAccess {
+                        offset: COL_BYTES,
+                        column: COL_BYTES,
+                        masked: last,
+                    });
+                    run_epilogue(a, &programs[v], &home, &regs, (ROW_BYTES, r), full)?
                 };
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
@@ -1254,10 +1295,12 @@ impl GemmSpec {
     }
 }
 
-/// The first row of a register tile, for per-row epilogue operands.
+/// The first row (column) of a register tile, for per-row (per-column)
+/// epilogue operands.
 #[derive(Clone, Copy)]
-enum RowStart {
-    /// A full tile of the row loop: `(full - I_COUNT) * mr`.
+enum TileStart {
+    /// A full tile of the row (column) loop: `(full - I_COUNT) * mr`
+    /// (`(full - J_COUNT) * nr`).
     Counted { full: usize },
     /// The partial last tile.
     Fixed(usize),
@@ -1267,19 +1310,34 @@ enum RowStart {
 /// cursor, free in the store loop).
 const ROW_BYTES: AsmRegister64 = A_K;
 
+/// The byte offset of the tile's first column into per-column operands
+/// (the B cursor, free in the store loop).
+const COL_BYTES: AsmRegister64 = B_K;
+
 /// ROW_BYTES = the tile's first row times 4 (tiles of `mr` rows).
 fn row_offset(
     a: &mut CodeAssembler,
-    first_row: RowStart,
+    first_row: TileStart,
     mr: usize,
 ) -> Result<(), MicrokernelError> {
-    match first_row {
-        RowStart::Counted { full } => {
-            a.mov(ROW_BYTES, full as u64)?;
-            a.sub(ROW_BYTES, I_COUNT)?;
-            a.imul_3(ROW_BYTES, ROW_BYTES, (mr * 4) as i32)?;
+    tile_offset(a, (ROW_BYTES, I_COUNT), first_row, mr)
+}
+
+/// `reg` = the tile's first row or column (`counter` counting the tiles of
+/// `size` down) times 4.
+fn tile_offset(
+    a: &mut CodeAssembler,
+    (reg, counter): (AsmRegister64, AsmRegister64),
+    start: TileStart,
+    size: usize,
+) -> Result<(), MicrokernelError> {
+    match start {
+        TileStart::Counted { full } => {
+            a.mov(reg, full as u64)?;
+            a.sub(reg, counter)?;
+            a.imul_3(reg, reg, (size * 4) as i32)?;
         }
-        RowStart::Fixed(row) => a.mov(ROW_BYTES, (row * 4) as u64)?,
+        TileStart::Fixed(first) => a.mov(reg, (first * 4) as u64)?,
     }
     Ok(())
 }
