@@ -175,12 +175,9 @@ pub fn compile(
         features |= kiln_runtime::format::CpuFeatures::AVX512BF16;
     }
     if target.vnni
-        && graph.node_ids().any(|id| {
-            matches!(
-                graph.node(id).op,
-                kiln_ir::Op::MatMulInteger | kiln_ir::Op::ConvInteger(_)
-            )
-        })
+        && graph
+            .node_ids()
+            .any(|id| graph.node(id).op.is_integer_product())
     {
         features |= kiln_runtime::format::CpuFeatures::AVX512VNNI
             | kiln_runtime::format::CpuFeatures::AVX512BW;

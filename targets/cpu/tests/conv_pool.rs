@@ -693,41 +693,88 @@ fn conv_integer_on_the_vnni_kernel() {
             kiln_ir::Data::from_i64s(c.w, [w_zero].into_iter()),
         )
         .unwrap();
-        let mut g = Graph::new();
-        let xi = g.add_input("x", ValueType::new(DType::U8, c.x));
         let mut inputs = vec![x];
-        let xz = match c.x_zero {
-            Some(z) => g.add_const(
-                "x_zero",
-                kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![z])).unwrap(),
-            ),
-            None => {
-                inputs
-                    .push(kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![141])).unwrap());
-                g.add_input("x_zero", ValueType::new(DType::U8, [0usize; 0]))
-            }
+        if c.x_zero.is_none() {
+            inputs.push(kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![141])).unwrap());
+        }
+        let (scale, bias) = (
+            f32_tensor(&mut rng, &[c.oc, 1, 1]),
+            f32_tensor(&mut rng, &[c.oc, 1, 1]),
+        );
+        // The product alone (i32 out), or as the head of a fused int8
+        // layer: `relu(f32(conv) * scale + bias)` per channel, on the VNNI
+        // kernel's store loop and on the Cranelift path.
+        let graph = |fused: bool| {
+            let mut g = Graph::new();
+            let xi = g.add_input("x", ValueType::new(DType::U8, c.x));
+            let xz = match c.x_zero {
+                Some(z) => g.add_const(
+                    "x_zero",
+                    kiln_ir::Tensor::new([0usize; 0], kiln_ir::Data::U8(vec![z])).unwrap(),
+                ),
+                None => g.add_input("x_zero", ValueType::new(DType::U8, [0usize; 0])),
+            };
+            let wi = g.add_const("w", w.clone());
+            let wz = g.add_const("w_zero", w_zero.clone());
+            let conv = Conv2d {
+                strides: c.strides,
+                pads: c.pads,
+                dilations: c.dilations,
+                group: 1,
+            };
+            let mut ins = vec![xi, wi, xz, wz];
+            let y = if fused {
+                ins.push(g.add_const("scale", scale.clone()));
+                ins.push(g.add_const("bias", bias.clone()));
+                let r = kiln_ir::Reg;
+                let program = kiln_ir::ElementwiseProgram::new(
+                    3,
+                    vec![
+                        kiln_ir::Instr::Binary(kiln_ir::BinaryOp::Mul, r(0), r(1)),
+                        kiln_ir::Instr::Binary(kiln_ir::BinaryOp::Add, r(3), r(2)),
+                        kiln_ir::Instr::Unary(kiln_ir::UnaryOp::Relu, r(4)),
+                    ],
+                )
+                .unwrap();
+                let head = kiln_ir::DenseHead {
+                    op: kiln_ir::DenseOp::ConvInteger(conv),
+                    inputs: 4,
+                };
+                let kernel = kiln_ir::FusedKernel::new(Some(head), program).unwrap();
+                g.add_node(Op::Fused(Box::new(kernel)), &ins, "int8_layer")
+                    .unwrap()
+            } else {
+                g.add_node(Op::ConvInteger(conv), &ins, "conv").unwrap()
+            };
+            g.add_output("y", y);
+            g
         };
-        let wi = g.add_const("w", w);
-        let wz = g.add_const("w_zero", w_zero);
-        let op = Op::ConvInteger(Conv2d {
-            strides: c.strides,
-            pads: c.pads,
-            dilations: c.dilations,
-            group: 1,
-        });
-        let y = g.add_node(op, &[xi, wi, xz, wz], "conv").unwrap();
-        g.add_output("y", y);
-        common::check(&g, &inputs);
         let opts = kiln_target_cpu::CpuOptions {
             target: kiln_target_cpu::CpuTarget::Native,
             opt_level: 2,
             threads: 1,
         };
-        let native = kiln_target_cpu::compile(&g, &opts, Default::default()).unwrap();
-        assert_eq!(
-            common::has_zmm_code(&native),
-            vnni,
-            "case {ci}: the VNNI kernel"
-        );
+        let vnni_bw = kiln_runtime::format::CpuFeatures::AVX512VNNI
+            | kiln_runtime::format::CpuFeatures::AVX512BW;
+        for fused in [false, true] {
+            let g = graph(fused);
+            for target in [
+                kiln_target_cpu::CpuTarget::Native,
+                kiln_target_cpu::CpuTarget::X86_64V3,
+            ] {
+                common::check_for(&g, &inputs, 1e-6, target);
+            }
+            let native = kiln_target_cpu::compile(&g, &opts, Default::default()).unwrap();
+            assert_eq!(
+                common::has_zmm_code(&native),
+                vnni,
+                "case {ci}: the VNNI kernel"
+            );
+            assert_eq!(
+                native.features.contains(vnni_bw),
+                vnni,
+                "case {ci} (fused: {fused}): the artifact requires VNNI"
+            );
+        }
     }
 }
