@@ -143,7 +143,7 @@ pub const REAL_MODELS: [&str; 4] = [
 
 /// Real models quantized by onnxruntime (`fixtures/make_real.py`),
 /// compared with their own int8 tolerance rather than the fp32 one.
-pub const QUANTIZED_REAL_MODELS: [&str; 2] = ["minilm_l3_int8", "minilm_l3_qdq"];
+pub const QUANTIZED_REAL_MODELS: [&str; 3] = ["minilm_l3_int8", "minilm_l3_qdq", "ppocrv4_rec_qdq"];
 
 /// Where the real models live (`KILN_REAL_MODELS`, else
 /// `target/real-models`), or `None` when they were not fetched. Missing

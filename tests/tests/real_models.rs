@@ -9,7 +9,9 @@
 //! MatMulInteger, float rescaling) and `quantize_static` in the QDQ format
 //! (QuantizeLinear/DequantizeLinear around every MatMul). Kiln imports both
 //! onto `matmul_integer` (the VNNI kernel) and matches onnxruntime on the
-//! quantized model within the int8 tolerance.
+//! quantized model within the int8 tolerance. `ppocrv4_rec_qdq` is PP-OCRv4
+//! rec after `quantize_static` around every Conv and MatMul: its QDQ
+//! convolutions import onto `conv_integer`.
 //!
 //! Without the fetched models the test says so and passes, unless
 //! `KILN_REQUIRE_REAL_MODELS=1` (set by `scripts/test.sh`) demands them.
@@ -29,6 +31,14 @@ const FP32_TOLERANCE: f64 = 1e-4;
 /// (QDQ) of their scale, its sentence embedding 5.4e-7 and 1.1e-7.
 const INT8_TOLERANCE: f64 = 3e-2;
 
+/// The bar for PP-OCRv4 rec in QDQ form, whose 33 int8 layers run in
+/// sequence: one-step differences at rounding midpoints compound through
+/// them (Kiln's `-O0` and `-O2` artifacts agree bit for bit, so the gap is
+/// the requantization order, not a kernel): measured 0.169 of the scale on
+/// its per-step character probabilities, with the most probable character
+/// of every step equal to onnxruntime's (checked as well).
+const QDQ_CNN_TOLERANCE: f64 = 0.25;
+
 #[test]
 fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
     let Some(root) = real_models_root() else {
@@ -39,22 +49,40 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
         let fixture = Fixture::load_dir(&root.join(name));
         let compiled = kiln::driver::compile(&fixture.model_path(), &fixture.compile_options())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        // Every weight MatMul (3 layers × 6) is an integer product.
+        // MiniLM: every weight MatMul (3 layers × 6) is an integer
+        // product; PP-OCRv4 rec: its 24 ungrouped convolutions and 9
+        // weight MatMuls (the grouped convolutions and the products of two
+        // activations run their float definition).
         let integer = (compiled.graph.node_ids())
             .filter(|&id| compiled.graph.node(id).op.is_integer_product())
             .count();
-        assert_eq!(integer, 18, "{name}: integer products");
+        let expected = if name.starts_with("minilm") { 18 } else { 33 };
+        println!("{name}: {integer} integer products");
+        assert_eq!(integer, expected, "{name}: integer products");
         let outputs = run_artifact(&compiled.bytes, &fixture.inputs()).unwrap();
         let references = fixture.reference_outputs();
         assert_eq!(outputs.len(), references.len());
+        let tolerance = if name.starts_with("minilm") {
+            INT8_TOLERANCE
+        } else {
+            QDQ_CNN_TOLERANCE
+        };
         for (o, r) in outputs.iter().zip(&references) {
             let c = kiln::compare::compare(o, r);
             println!(
                 "{name} {:<22} max abs err {:.3e}, rel err {:.3e}",
                 c.name, c.max_abs_error, c.rel_error
             );
-            if !c.passes(INT8_TOLERANCE) {
+            if !c.passes(tolerance) {
                 failures.push(format!("{name}: output '{}': {c:?}", c.name));
+            }
+            if !name.starts_with("minilm")
+                && kiln_tests::argmax_rows(o) != kiln_tests::argmax_rows(r)
+            {
+                failures.push(format!(
+                    "{name}: output '{}': a step's argmax differs",
+                    c.name
+                ));
             }
         }
     }

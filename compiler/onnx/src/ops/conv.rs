@@ -184,6 +184,9 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let w = ctx.input(node, 1)?;
     let b = ctx.opt_input(node, 2);
+    if let Some(y) = super::quant::qdq_conv(ctx, node, x, w, b)? {
+        return one(y);
+    }
     let nsp = spatial_rank(ctx, x, "convolutions")?;
     let xs = ctx.ty(x).shape.clone();
     let ws = ctx.ty(w).shape.clone();

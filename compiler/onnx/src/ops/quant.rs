@@ -614,9 +614,11 @@ fn int_conv(
             xs.as_slice()
         )));
     }
-    if taps > EXACT_K {
-        // No channel chunking keeps such a window exact in f32: the IR's
-        // integer convolution (exact i32) takes it.
+    let vnni_form = g == 1 && ctx.ty(x4).dtype == DType::U8 && ctx.ty(w4).dtype == DType::I8;
+    if taps > EXACT_K || vnni_form {
+        // The IR's integer convolution (exact i32): for a window no
+        // channel chunking keeps exact in f32, and for the u8 × i8
+        // ungrouped form, which runs on the int8 (VNNI) kernel.
         let xz = match xzp {
             Some(z) => conv_param(ctx, z, None, 0, "x_zero_point")?,
             None => scalar(ctx, ctx.ty(x4).dtype, 0.0, "x_zero_point"),
@@ -699,6 +701,59 @@ fn unlift(ctx: &mut ImportCtx, y: Val, nsp: usize) -> Result<Val, OnnxError> {
     }
     let ys = ctx.ty(y).shape.clone();
     reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], Some("conv1d"))
+}
+
+/// A QDQ Conv: `Conv(DequantizeLinear(x), DequantizeLinear(w), b)` with X
+/// per tensor and W per tensor or per output channel (axis 0), imported as
+/// the integer convolution of the quantized inputs ([`int_conv`]) rescaled
+/// by `x_scale · w_scale` per channel, plus the float bias: the same value
+/// up to f32 rounding, on the int8 kernel. `None` when the operands are not
+/// of that form.
+pub fn qdq_conv(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    w: Val,
+    b: Option<Val>,
+) -> Result<Option<Val>, OnnxError> {
+    let (Some(dx), Some(dw)) = (ctx.dequantized(x), ctx.dequantized(w)) else {
+        return Ok(None);
+    };
+    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
+    let (tx, tw) = (ctx.ty(dx.q).clone(), ctx.ty(dw.q).clone());
+    if !eight_bit(tx.dtype) || !eight_bit(tw.dtype) || !matches!(tw.shape.len(), 3 | 4) {
+        return Ok(None);
+    }
+    let m = tw.shape[0];
+    let scalar =
+        |ctx: &ImportCtx, v: Val| ctx.ty(v).num_elements() == 1 && ctx.ty(v).shape.len() <= 1;
+    let per_channel = |ctx: &ImportCtx, v: Val| ctx.ty(v).shape.as_slice() == [m] && dw.axis == 0;
+    let x_fits = scalar(ctx, dx.scale) && dx.zero.is_none_or(|z| scalar(ctx, z));
+    let w_fits = (scalar(ctx, dw.scale) || per_channel(ctx, dw.scale))
+        && dw
+            .zero
+            .is_none_or(|z| scalar(ctx, z) || per_channel(ctx, z));
+    let b_fits =
+        b.is_none_or(|b| ctx.ty(b).dtype == DType::F32 && ctx.ty(b).shape.as_slice() == [m]);
+    if !x_fits || !w_fits || !b_fits {
+        return Ok(None);
+    }
+    let acc = int_conv(ctx, node, dx.q, dx.zero, dw.q, dw.zero)?;
+    let view = ctx.ty(acc).shape.len() - 1;
+    let y = ctx.op(Op::Cast { to: DType::F32 }, &[acc], Some("qdq_conv_float"))?;
+    let sx = cast_to(ctx, dx.scale, DType::F32, "qdq_x_scale")?;
+    let sx = conv_param(ctx, sx, None, view, "qdq_x_scale")?;
+    let sw = cast_to(ctx, dw.scale, DType::F32, "qdq_w_scale")?;
+    let sw = conv_param(ctx, sw, Some(m), view, "qdq_w_scale")?;
+    let s = ctx.op(Op::Binary(BinaryOp::Mul), &[sx, sw], Some("qdq_scale"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[y, s], Some("qdq_dequantized"))?;
+    Ok(Some(match b {
+        Some(b) => {
+            let b = conv_param(ctx, b, Some(m), view, "bias")?;
+            ctx.op(Op::Binary(BinaryOp::Add), &[y, b], None)?
+        }
+        None => y,
+    }))
 }
 
 /// `ConvInteger`: the exact i32 convolution of u8/i8 X and W less their
