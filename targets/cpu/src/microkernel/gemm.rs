@@ -1225,7 +1225,7 @@ impl GemmSpec {
             a.vpbroadcastd(reg, CONST)
         };
         for r in 0..rows {
-            for v in 0..nv {
+            for (v, steps) in programs.iter().enumerate() {
                 let x = acc(r, v);
                 let last = partial && v == nv - 1;
                 if self.alpha != 1.0 {
@@ -1278,7 +1278,7 @@ impl GemmSpec {
                         column: COL_BYTES,
                         masked: last,
                     });
-                    run_epilogue(a, &programs[v], &home, &regs, (ROW_BYTES, r), full)?
+                    run_epilogue(a, steps, &home, &regs, (ROW_BYTES, r), full)?
                 };
                 let disp = imm32(
                     self.out_row * r as i64 + 64 * v as i64,
