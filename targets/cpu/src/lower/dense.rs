@@ -1096,20 +1096,7 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     }
     let elem = conv_elem(xty.dtype, wty.dtype)?;
     let wv = float_constant(cx.graph, cx.input_ids[1])?;
-    let full = Im2col {
-        cin,
-        h,
-        w,
-        kh,
-        kw,
-        row0: 0,
-        rows: oh,
-        ow,
-        strides: c.strides,
-        pad_tl: [c.pads[0], c.pads[1]],
-        dilations: c.dilations,
-        quads: None,
-    };
+    let full = whole_image_im2col(cx, c, None);
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
     if first.col_bytes() > MAX_SCRATCH / 2 {
@@ -1211,20 +1198,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         .constant(cx.input_ids[2])
         .is_some_and(|t| t.to_i64_vec() == [0]);
     let zero = cx.inputs[2].0;
-    let full = Im2col {
-        cin,
-        h,
-        w,
-        kh,
-        kw,
-        row0: 0,
-        rows: oh,
-        ow,
-        strides: c.strides,
-        pad_tl: [c.pads[0], c.pads[1]],
-        dilations: c.dilations,
-        quads: Some(zero),
-    };
+    let full = whole_image_im2col(cx, c, Some(zero));
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
     if first.col_bytes() > MAX_SCRATCH / 2 {
@@ -1274,6 +1248,30 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         row_sums,
         ..conv_gemm(oc, p, k, Elem::I8U8Dot, blocking, false)
     })
+}
+
+/// The im2col of one whole image of convolution `cx` (f32, or quads
+/// padded with the zero point at `quads`).
+fn whole_image_im2col(cx: &NodeCx, c: &Conv2d, quads: Option<Loc>) -> Im2col {
+    let (x, w, y) = (
+        &cx.inputs[0].1.shape,
+        &cx.inputs[1].1.shape,
+        &cx.node.ty.shape,
+    );
+    Im2col {
+        cin: x[1],
+        h: x[2],
+        w: x[3],
+        kh: w[2],
+        kw: w[3],
+        row0: 0,
+        rows: y[2],
+        ow: y[3],
+        strides: c.strides,
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: c.dilations,
+        quads,
+    }
 }
 
 /// The GEMM of a convolution with packed weights as A (`m` output

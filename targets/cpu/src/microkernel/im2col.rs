@@ -155,48 +155,17 @@ impl Im2col {
         if let Some(zero) = self.quads {
             return self.emit_quads(a, zero);
         }
-        let p = self.rows * self.ow;
-        let row_bytes = (p * 4) as i64;
-        let [sh, sw] = self.strides;
-        let [pt, pl] = self.pad_tl;
-        let [dil_h, dil_w] = self.dilations;
+        let row_bytes = self.row_bytes() as i64;
+        let sw = self.strides[1];
         a.vpxord(zmm0, zmm0, zmm0)?;
         a.mov(X_CH, r8)?;
         a.mov(COL_CH, r9)?;
         a.mov(CH, self.cin as u64)?;
         let mut top = a.create_label();
         a.set_label(&mut top)?;
-        for th in 0..self.kh {
-            let (oh_lo, oh_hi) = self.band_rows(th);
-            for tw in 0..self.kw {
-                let (ow_lo, ow_hi) = valid_range(self.ow, self.w, sw, tw, dil_w, pl);
-                let t = (th * self.kw + tw) as i64;
-                a.lea(DST, qword_ptr(COL_CH + imm32(t * row_bytes, "col row")?))?;
-                if oh_lo >= oh_hi || ow_lo >= ow_hi {
-                    self.zeros(a, 0, p)?;
-                    continue;
-                }
-                self.zeros(a, 0, oh_lo * self.ow)?;
-                a.add(DST, imm32((oh_lo * self.ow * 4) as i64, "col offset")?)?;
-                let ih0 = ((self.row0 + oh_lo) * sh + th * dil_h) as i64 - pt as i64;
-                let iw0 = (ow_lo * sw + tw * dil_w) as i64 - pl as i64;
-                a.lea(
-                    SRC,
-                    qword_ptr(X_CH + imm32((ih0 * self.w as i64 + iw0) * 4, "input offset")?),
-                )?;
-                let mut rows = a.create_label();
-                a.mov(ROWS, (oh_hi - oh_lo) as u64)?;
-                a.set_label(&mut rows)?;
-                self.zeros(a, 0, ow_lo)?;
-                self.copy(a, ow_lo, ow_hi - ow_lo, sw)?;
-                self.zeros(a, ow_hi, self.ow - ow_hi)?;
-                a.add(SRC, imm32((sh * self.w * 4) as i64, "input row stride")?)?;
-                a.add(DST, imm32((self.ow * 4) as i64, "col row stride")?)?;
-                a.dec(ROWS)?;
-                a.jnz(rows)?;
-                self.zeros(a, 0, (self.rows - oh_hi) * self.ow)?;
-            }
-        }
+        self.taps(a, row_bytes, 4, &mut |a, at, len, _| {
+            self.copy(a, at, len, sw)
+        })?;
         a.add(X_CH, imm32((self.h * self.w * 4) as i64, "channel stride")?)?;
         a.add(
             COL_CH,
@@ -241,9 +210,26 @@ impl Im2col {
     /// Every tap's row of the quad of `channels` channels at X_CH, into the
     /// rows at COL_CH (tap `t` at row `t * quads`).
     fn quad_taps(&self, a: &mut CodeAssembler, channels: usize) -> Result<(), MicrokernelError> {
+        let tap_rows = (self.cin.div_ceil(4) * self.row_bytes()) as i64;
+        self.taps(a, tap_rows, 1, &mut |a, at, len, iw0| {
+            self.compose(a, at, len, iw0, channels)
+        })
+    }
+
+    /// The band's rows of every tap of one channel (or quad) at X_CH, tap
+    /// `t` at COL_CH + `t * tap_bytes`: per output row the fill left of the
+    /// pixels inside the image, `copy(at, len, iw0)` of those (input
+    /// column `iw0` first, SRC at it), the fill right of them; rows whose
+    /// input row is in the padding are filled whole. `elem` is the bytes
+    /// of one input element.
+    fn taps(
+        &self,
+        a: &mut CodeAssembler,
+        tap_bytes: i64,
+        elem: i64,
+        copy: &mut dyn FnMut(&mut CodeAssembler, usize, usize, i64) -> Result<(), MicrokernelError>,
+    ) -> Result<(), MicrokernelError> {
         let p = self.rows * self.ow;
-        let row_bytes = self.row_bytes() as i64;
-        let quads = self.cin.div_ceil(4) as i64;
         let [sh, sw] = self.strides;
         let [pt, pl] = self.pad_tl;
         let [dil_h, dil_w] = self.dilations;
@@ -252,10 +238,7 @@ impl Im2col {
             for tw in 0..self.kw {
                 let (ow_lo, ow_hi) = valid_range(self.ow, self.w, sw, tw, dil_w, pl);
                 let t = (th * self.kw + tw) as i64;
-                a.lea(
-                    DST,
-                    qword_ptr(COL_CH + imm32(t * quads * row_bytes, "col row")?),
-                )?;
+                a.lea(DST, qword_ptr(COL_CH + imm32(t * tap_bytes, "col row")?))?;
                 if oh_lo >= oh_hi || ow_lo >= ow_hi {
                     self.zeros(a, 0, p)?;
                     continue;
@@ -264,17 +247,18 @@ impl Im2col {
                 a.add(DST, imm32((oh_lo * self.ow * 4) as i64, "col offset")?)?;
                 let ih0 = ((self.row0 + oh_lo) * sh + th * dil_h) as i64 - pt as i64;
                 let iw0 = (ow_lo * sw + tw * dil_w) as i64 - pl as i64;
-                a.lea(
-                    SRC,
-                    qword_ptr(X_CH + imm32(ih0 * self.w as i64 + iw0, "input offset")?),
-                )?;
+                let src = (ih0 * self.w as i64 + iw0) * elem;
+                a.lea(SRC, qword_ptr(X_CH + imm32(src, "input offset")?))?;
                 let mut rows = a.create_label();
                 a.mov(ROWS, (oh_hi - oh_lo) as u64)?;
                 a.set_label(&mut rows)?;
                 self.zeros(a, 0, ow_lo)?;
-                self.compose(a, ow_lo, ow_hi - ow_lo, iw0, channels)?;
+                copy(a, ow_lo, ow_hi - ow_lo, iw0)?;
                 self.zeros(a, ow_hi, self.ow - ow_hi)?;
-                a.add(SRC, imm32((sh * self.w) as i64, "input row stride")?)?;
+                a.add(
+                    SRC,
+                    imm32(sh as i64 * self.w as i64 * elem, "input row stride")?,
+                )?;
                 a.add(DST, imm32((self.ow * 4) as i64, "col row stride")?)?;
                 a.dec(ROWS)?;
                 a.jnz(rows)?;
