@@ -668,6 +668,18 @@ fn conv_integer_on_the_vnni_kernel() {
             DType::I8,
             Some(255),
         ),
+        // One band, one call, enough work for four tasks: split by output
+        // channels, each task building its own quad im2col.
+        case(
+            [1, 64, 20, 20],
+            64,
+            [3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            DType::I8,
+            None,
+        ),
         // Col matrix above the band size: converted in bands of rows.
         case(
             [1, 32, 64, 72],
@@ -775,6 +787,12 @@ fn conv_integer_on_the_vnni_kernel() {
                 vnni,
                 "case {ci} (fused: {fused}): the artifact requires VNNI"
             );
+            if ci == 6 && vnni {
+                let four = kiln_target_cpu::CpuOptions { threads: 4, ..opts };
+                let split = kiln_target_cpu::compile(&g, &four, Default::default()).unwrap();
+                let tasks = split.schedule.iter().map(|s| s.tasks).max().unwrap();
+                assert_eq!(tasks, 4, "one band split by output channels");
+            }
         }
     }
 }

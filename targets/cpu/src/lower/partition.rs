@@ -21,13 +21,15 @@
 //!
 //! A kernel that builds its B with im2col is split by calls only (every
 //! row task would rebuild the same B), at calls that build their B (the
-//! output rows of an implicit-GEMM band share the band's copy). Each task
+//! output rows of an implicit-GEMM band share the band's copy); an int8
+//! convolution with fewer calls than tasks is split by rows, each task
+//! rebuilding B. Each task
 //! gets scratch of its own (the caller reserves it per task), so
 //! concurrent tasks never share a scratch panel. Kernels smaller than
 //! [`MIN_TASK_FLOPS`] per task stay whole: below that the hand-off to the
 //! workers costs more than it saves.
 
-use crate::microkernel::gemm::{ALayout, GemmSpec, Operand};
+use crate::microkernel::gemm::{ALayout, Elem, GemmSpec, Operand};
 use crate::plan::Loc;
 
 /// The least work (floating-point operations) worth a task of its own:
@@ -76,16 +78,21 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
             })
             .collect();
     }
-    if !spec.im2col.is_empty() {
-        return vec![spec];
-    }
     let mr = spec.blocking.mr;
     let row_tiles = spec.m.div_ceil(mr);
+    // An int8 convolution's product is cheap beside its quad im2col no
+    // more than an f32 one's is, but short of calls it would run on one
+    // thread: its row tasks each build the whole B (in scratch of their
+    // own) and multiply their output channels.
+    let rebuild_b = spec.elem == Elem::I8U8Dot && row_tiles >= tasks;
+    if !spec.im2col.is_empty() && !rebuild_b {
+        return vec![spec];
+    }
     // Each task reads all of the operand it does not split: split the
     // larger one (B is usually the weights), unless it has too few tiles.
     let col_tiles = spec.n.div_ceil(spec.blocking.nr());
     let b_larger = spec.n * spec.elem.b_size() as usize > spec.m * spec.elem.a_size() as usize;
-    if row_tiles < tasks || (b_larger && col_tiles >= tasks) {
+    if spec.im2col.is_empty() && (row_tiles < tasks || (b_larger && col_tiles >= tasks)) {
         return split_columns(spec, tasks);
     }
     let (a_row_bytes, a_panel_bytes) = match spec.a {
@@ -117,6 +124,7 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
                     }
                 }
             }
+            part.row_sums = spec.row_sums.map(|loc| shifted(loc, start as i64 * 4));
             part
         })
         .collect()
