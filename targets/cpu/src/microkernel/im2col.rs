@@ -33,6 +33,11 @@ use iced_x86::code_asm::*;
 use super::{imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
 
+/// Emits the copy of `len` pixels of one `col` row at element `at`, the
+/// first from input column `iw0` (SRC points at it).
+type CopyPixels<'a> =
+    dyn FnMut(&mut CodeAssembler, usize, usize, i64) -> Result<(), MicrokernelError> + 'a;
+
 /// Geometry of one convolution's im2col.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Im2col {
@@ -227,7 +232,7 @@ impl Im2col {
         a: &mut CodeAssembler,
         tap_bytes: i64,
         elem: i64,
-        copy: &mut dyn FnMut(&mut CodeAssembler, usize, usize, i64) -> Result<(), MicrokernelError>,
+        copy: &mut CopyPixels,
     ) -> Result<(), MicrokernelError> {
         let p = self.rows * self.ow;
         let [sh, sw] = self.strides;
