@@ -1086,9 +1086,9 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
 /// `Y[oc, p] = bias[oc] + W[oc, :] @ col[:, p]` (OIHW weights are already
 /// `[OC, Cin*kh*kw]` in the row order of `col`).
 fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
-    let (xloc, xty) = cx.inputs[0];
+    let (_, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (batch, cin) = (xty.shape[0], xty.shape[1]);
     let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
     if c.group != 1 || batch > MAX_CALLS || cin * kh * kw == 0 {
@@ -1107,33 +1107,8 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
     let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
     let a_base = weights_loc(weights, &packed);
     // `lower` points B at the im2col matrix once scratch is reserved.
-    let col = Loc {
-        base: Base::Arena,
-        offset: 0,
-    };
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
-    // One routine per distinct band geometry; a band reuses one with the
-    // image moved down by the rows between them.
-    let mut routines: Vec<Im2col> = Vec::new();
-    let mut calls = Vec::new();
-    for img in 0..batch as i64 {
-        for row0 in (0..oh).step_by(band) {
-            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
-            calls.push(Call {
-                a: a_base,
-                b: col,
-                out: offset(
-                    cx.out,
-                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
-                ),
-                c: bias,
-                src: Some((
-                    offset(xloc, img * (cin * h * w * 4) as i64 + shift),
-                    routine,
-                )),
-            });
-        }
-    }
+    let (routines, calls) = banded_calls(cx, first, a_base, bias);
     if calls.len() > MAX_CALLS {
         return None;
     }
@@ -1157,9 +1132,9 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
 /// output channel's weight sum. Other operand types keep the Cranelift
 /// kernel.
 fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
-    let (xloc, xty) = cx.inputs[0];
+    let (_, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (batch, cin) = (xty.shape[0], xty.shape[1]);
     let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
     if xty.dtype != DType::U8 || c.group != 1 || batch > MAX_CALLS {
@@ -1213,27 +1188,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
         (Some(weights_loc(weights, &bytes)), Some(zero))
     };
-    let col = Loc {
-        base: Base::Arena,
-        offset: 0,
-    };
-    let mut routines: Vec<Im2col> = Vec::new();
-    let mut calls = Vec::new();
-    for img in 0..batch as i64 {
-        for row0 in (0..oh).step_by(band) {
-            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
-            calls.push(Call {
-                a: a_base,
-                b: col,
-                out: offset(
-                    cx.out,
-                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
-                ),
-                c: None,
-                src: Some((offset(xloc, img * (cin * h * w) as i64 + shift), routine)),
-            });
-        }
-    }
+    let (routines, calls) = banded_calls(cx, first, a_base, None);
     if calls.len() > MAX_CALLS {
         return None;
     }
@@ -1248,6 +1203,44 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         row_sums,
         ..conv_gemm(oc, p, k, Elem::I8U8Dot, blocking, false)
     })
+}
+
+/// The GEMM calls of an im2col convolution `cx` converted in bands of
+/// `first.rows` output rows: per image and band, B built by the band's
+/// routine into scratch (offset 0 here; `lower` places it), A at `a`, C
+/// at `c`. One routine per distinct band geometry; a band reuses one with
+/// the image moved down by the rows between them.
+fn banded_calls(cx: &NodeCx, first: Im2col, a: Loc, c: Option<Loc>) -> (Vec<Im2col>, Vec<Call>) {
+    let (xloc, xty) = cx.inputs[0];
+    let (oc, oh, ow) = (
+        cx.node.ty.shape[1],
+        cx.node.ty.shape[2],
+        cx.node.ty.shape[3],
+    );
+    let elem = if first.quads.is_some() { 1 } else { 4 };
+    let image = (xty.shape[1] * xty.shape[2] * xty.shape[3] * elem) as i64;
+    let col = Loc {
+        base: Base::Arena,
+        offset: 0,
+    };
+    let mut routines: Vec<Im2col> = Vec::new();
+    let mut calls = Vec::new();
+    for img in 0..xty.shape[0] as i64 {
+        for row0 in (0..oh).step_by(first.rows) {
+            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
+            calls.push(Call {
+                a,
+                b: col,
+                out: offset(
+                    cx.out,
+                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
+                ),
+                c,
+                src: Some((offset(xloc, img * image + shift), routine)),
+            });
+        }
+    }
+    (routines, calls)
 }
 
 /// The im2col of one whole image of convolution `cx` (f32, or quads
