@@ -278,6 +278,12 @@ pub struct AssignPrecision {
     pub policy: Policy,
 }
 
+/// Whether `assign-precision` decides the precision of `op`: the dense ops
+/// (MatMul, Gemm, Conv), whatever their operands.
+pub fn is_precision_layer(op: &Op) -> bool {
+    matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_))
+}
+
 /// Which operand of a dense op is the constant weight, and which the
 /// activation that is cast to bf16 (none for Conv and a transposed A,
 /// whose kernels read f32 activations).
@@ -317,12 +323,7 @@ impl AssignPrecision {
             .topo_order()
             .map_err(failed)?
             .into_iter()
-            .filter(|&id| {
-                matches!(
-                    graph.node(id).op,
-                    Op::MatMul | Op::Gemm { .. } | Op::Conv(_)
-                )
-            })
+            .filter(|&id| is_precision_layer(&graph.node(id).op))
             .collect();
         let eligible: Vec<NodeId> = dense
             .iter()

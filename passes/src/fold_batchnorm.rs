@@ -106,7 +106,7 @@ fn collect_chain(graph: &Graph, head: NodeId, kind: Head, axis: usize) -> Option
     loop {
         let cur = chain.last;
         let users = graph.users_of(cur);
-        if users.len() != 1 || graph.outputs().iter().any(|(_, o)| *o == cur) {
+        if users.len() != 1 || graph.is_output(cur) {
             break;
         }
         let (user, slot) = users[0];

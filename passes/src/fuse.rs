@@ -146,13 +146,12 @@ const MAX_MEMBERS: usize = 64;
 /// does not stop it, and no value escapes the kernel but its result.
 fn grow(graph: &Graph, root: NodeId, taken: &HashSet<NodeId>) -> Vec<NodeId> {
     let shape = &graph.node(root).ty.shape;
-    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     let mut members = vec![root];
     let mut inside: HashSet<NodeId> = HashSet::from([root]);
     let mut best = 1;
     // Everything that depends on the root, computed when first needed.
     let mut downstream: Option<HashSet<NodeId>> = None;
-    while members.len() < MAX_MEMBERS && !is_output(*members.last().expect("a root")) {
+    while members.len() < MAX_MEMBERS && !graph.is_output(*members.last().expect("a root")) {
         let mut next = None;
         'search: for &m in &members {
             for (user, _) in graph.users_of(m) {
@@ -179,9 +178,9 @@ fn grow(graph: &Graph, root: NodeId, taken: &HashSet<NodeId>) -> Vec<NodeId> {
         };
         members.push(user);
         inside.insert(user);
-        let closed = members[..members.len() - 1]
-            .iter()
-            .all(|&m| !is_output(m) && graph.users_of(m).iter().all(|(u, _)| inside.contains(u)));
+        let closed = members[..members.len() - 1].iter().all(|&m| {
+            !graph.is_output(m) && graph.users_of(m).iter().all(|(u, _)| inside.contains(u))
+        });
         if closed {
             best = members.len();
         }
@@ -207,10 +206,9 @@ fn descendants(graph: &Graph, root: NodeId) -> HashSet<NodeId> {
 /// The cast to f32 that is the only user of integer product `root` (not a
 /// graph output), if there is one.
 fn integer_head_cast(graph: &Graph, root: NodeId) -> Option<NodeId> {
-    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     match graph.users_of(root).as_slice() {
         [(cast, _)]
-            if !is_output(root) && graph.node(*cast).op == (Op::Cast { to: DType::F32 }) =>
+            if !graph.is_output(root) && graph.node(*cast).op == (Op::Cast { to: DType::F32 }) =>
         {
             Some(*cast)
         }

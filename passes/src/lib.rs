@@ -28,7 +28,8 @@ mod recognize;
 mod simplify;
 
 pub use assign_precision::{
-    AssignPrecision, Decision, Mode, Pattern, Policy, PolicyError, Precision, Reason,
+    is_precision_layer, AssignPrecision, Decision, Mode, Pattern, Policy, PolicyError, Precision,
+    Reason,
 };
 pub use dce::DeadCodeElimination;
 pub use fold_batchnorm::FoldBatchNorm;

@@ -10,9 +10,9 @@
 //!
 //! The format is in `docs/precision.md`.
 
-use crate::assign_precision::{Decision, Precision};
+use crate::assign_precision::{is_precision_layer, Decision, Precision};
 use crate::precision_report::AccuracyReport;
-use kiln_ir::{Graph, NodeId, Op};
+use kiln_ir::{Graph, NodeId};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
@@ -99,12 +99,7 @@ pub(crate) fn dense_nodes(graph: &Graph) -> Result<BTreeMap<String, NodeId>, kil
     Ok(graph
         .topo_order()?
         .into_iter()
-        .filter(|&id| {
-            matches!(
-                graph.node(id).op,
-                Op::MatMul | Op::Gemm { .. } | Op::Conv(_)
-            )
-        })
+        .filter(|&id| is_precision_layer(&graph.node(id).op))
         .map(|id| (graph.node(id).name.clone(), id))
         .collect())
 }

@@ -5,7 +5,7 @@
 //! and every dense node and graph output is compared by node name.
 
 use crate::{Decision, Precision};
-use kiln_ir::{DType, Graph, IrError, NodeId, Op, Tensor};
+use kiln_ir::{DType, Graph, IrError, NodeId, Tensor};
 use std::collections::{BTreeMap, HashMap};
 
 /// Errors of one node (or graph output) over all samples.
@@ -90,7 +90,7 @@ fn dense_by_name(g: &Graph) -> BTreeMap<String, NodeId> {
     g.node_ids()
         .filter(|&id| {
             let n = g.node(id);
-            matches!(n.op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) && n.ty.dtype == DType::F32
+            crate::is_precision_layer(&n.op) && n.ty.dtype == DType::F32
         })
         .map(|id| (g.node(id).name.clone(), id))
         .collect()
@@ -182,7 +182,7 @@ pub fn compare(
 mod tests {
     use super::*;
     use crate::{AssignPrecision, Mode, Policy};
-    use kiln_ir::{Data, UnaryOp, ValueType};
+    use kiln_ir::{Data, Op, UnaryOp, ValueType};
 
     #[test]
     fn report_ranks_layers_and_measures_outputs() {

@@ -263,6 +263,32 @@ impl Builder<'_> {
     fn unary(&mut self, op: UnaryOp, a: NodeId, what: &str) -> Result<NodeId, IrError> {
         self.node(Op::Unary(op), &[a], what)
     }
+
+    /// The end of an int8 layer: the i32 product `acc` (its cast named
+    /// `float`) times `scale · w_scales`, plus `addend` (a bias, `beta ·
+    /// C`), named as the layer (the prefix); node `id` replaced by it.
+    /// Returns the number of nodes added.
+    fn dequantize_into(
+        mut self,
+        id: NodeId,
+        (acc, float): (NodeId, &str),
+        (scale, w_scales): (NodeId, NodeId),
+        addend: Option<NodeId>,
+    ) -> Result<usize, IrError> {
+        let acc = self.node(Op::Cast { to: DType::F32 }, &[acc], float)?;
+        let rescale = self.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
+        let name = self.prefix.clone();
+        let y = match addend {
+            None => (self.g).add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?,
+            Some(c) => {
+                let y = self.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
+                (self.g).add_node(Op::Binary(BinaryOp::Add), &[y, c], name)?
+            }
+        };
+        self.g.replace_all_uses(id, y)?;
+        self.g.remove_unused(id);
+        Ok(self.added + 1)
+    }
 }
 
 /// The activation `x` quantized to u8 per tensor: `(q, scale, zero point
@@ -342,23 +368,9 @@ pub(crate) fn quantize_dense(
     let wq = b.constant(&[k, n], Data::I8(wq), "w_quantized");
     let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
     let acc = b.node(Op::MatMulInteger, &[q, wq, zero_u8, w_zero], "int8_matmul")?;
-    let acc = b.node(Op::Cast { to: DType::F32 }, &[acc], "int8_matmul_float")?;
     let w_scales: Vec<f32> = w_scales.iter().map(|s| s * alpha).collect();
     let w_scales = b.constant(&[n], Data::F32(w_scales), "w_scale");
-    let rescale = b.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
-    let y = match c {
-        None => {
-            b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?
-        }
-        Some(c) => {
-            let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
-            b.g.add_node(Op::Binary(BinaryOp::Add), &[y, c], name)?
-        }
-    };
-    let added = b.added + 1;
-    g.replace_all_uses(id, y)?;
-    g.remove_unused(id);
-    Ok(added)
+    b.dequantize_into(id, (acc, "int8_matmul_float"), (scale, w_scales), c)
 }
 
 /// An ungrouped convolution for int8: its attributes, weights `[OC, C,
@@ -403,23 +415,10 @@ pub(crate) fn quantize_conv(
         &[q, wq, zero_u8, w_zero],
         "int8_conv",
     )?;
-    let acc = b.node(Op::Cast { to: DType::F32 }, &[acc], "int8_conv_float")?;
     let w_scales = b.constant(&[oc, 1, 1], Data::F32(w_scales), "w_scale");
-    let rescale = b.binary(BinaryOp::Mul, scale, w_scales, "rescale")?;
-    let y = match &form.bias {
-        None => {
-            b.g.add_node(Op::Binary(BinaryOp::Mul), &[acc, rescale], name)?
-        }
-        Some(bias) => {
-            let y = b.binary(BinaryOp::Mul, acc, rescale, "dequantized")?;
-            let bias = b.constant(&[oc, 1, 1], Data::F32(bias.clone()), "bias");
-            b.g.add_node(Op::Binary(BinaryOp::Add), &[y, bias], name)?
-        }
-    };
-    let added = b.added + 1;
-    g.replace_all_uses(id, y)?;
-    g.remove_unused(id);
-    Ok(added)
+    let bias =
+        (form.bias.as_ref()).map(|bias| b.constant(&[oc, 1, 1], Data::F32(bias.clone()), "bias"));
+    b.dequantize_into(id, (acc, "int8_conv_float"), (scale, w_scales), bias)
 }
 
 #[cfg(test)]

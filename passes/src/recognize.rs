@@ -73,7 +73,7 @@ fn close(v: Option<f64>, want: f64) -> bool {
 
 /// The users of `id` when it is not a graph output.
 fn users(graph: &Graph, id: NodeId) -> Option<Vec<NodeId>> {
-    if graph.outputs().iter().any(|(_, o)| *o == id) {
+    if graph.is_output(id) {
         return None;
     }
     let mut u: Vec<NodeId> = graph.users_of(id).into_iter().map(|(u, _)| u).collect();

@@ -505,12 +505,7 @@ fn assign_with_fallback(
 /// (errors accumulate along the network, so the layer nearest the output
 /// would otherwise always look worst).
 fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r LayerError, f64)> {
-    let dense = |id: kiln_ir::NodeId| {
-        matches!(
-            graph.node(id).op,
-            kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. } | kiln_ir::Op::Conv(_)
-        )
-    };
+    let dense = |id: kiln_ir::NodeId| kiln_passes::is_precision_layer(&graph.node(id).op);
     let by_name: std::collections::HashMap<&str, kiln_ir::NodeId> = graph
         .node_ids()
         .filter(|&id| dense(id))
@@ -561,10 +556,7 @@ pub fn activation_ranges(
     let mut readers: HashMap<NodeId, Vec<String>> = HashMap::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if matches!(
-            node.op,
-            kiln_ir::Op::MatMul | kiln_ir::Op::Gemm { .. } | kiln_ir::Op::Conv(_)
-        ) {
+        if kiln_passes::is_precision_layer(&node.op) {
             let x = graph.inputs_of(id)[0];
             readers.entry(x).or_default().push(node.name.clone());
         }

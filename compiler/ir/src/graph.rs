@@ -170,6 +170,11 @@ impl Graph {
         &self.outputs
     }
 
+    /// Whether `id` is a graph output (under any name).
+    pub fn is_output(&self, id: NodeId) -> bool {
+        self.outputs.iter().any(|(_, o)| *o == id)
+    }
+
     /// Number of live nodes.
     pub fn node_count(&self) -> usize {
         self.g.node_count()

@@ -50,6 +50,16 @@ pub(crate) struct Loc {
     pub offset: u64,
 }
 
+impl Loc {
+    /// The place `bytes` further on (back, when negative).
+    pub(crate) fn moved(self, bytes: i64) -> Loc {
+        Loc {
+            base: self.base,
+            offset: (self.offset as i64 + bytes) as u64,
+        }
+    }
+}
+
 /// One kernel to generate.
 #[derive(Clone, Debug)]
 pub(crate) enum Job {
@@ -372,7 +382,6 @@ fn too_large(graph: &Graph, id: NodeId) -> CpuError {
 
 /// Plans memory for `graph`, whose nodes are given in topological `order`.
 pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
-    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     let mut weights = Weights::default();
     let mut locs: HashMap<NodeId, Loc> = HashMap::new();
     // Arena values; `val_of` maps every arena-resident node (aliases
@@ -408,7 +417,9 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
                 };
                 locs.insert(id, loc);
             }
-            Op::Reshape { .. } if !is_output(id) && !is_output(graph.inputs_of(id)[0]) => {
+            Op::Reshape { .. }
+                if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>
+            {
                 let input = graph.inputs_of(id)[0];
                 match val_of.get(&input) {
                     Some(&v) => {

@@ -91,7 +91,6 @@ impl Plan {
 
 /// The unary chains to fuse: producer → chain. See the module docs.
 fn epilogue_chains(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeId>> {
-    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     let f32_unary = |id: NodeId| {
         matches!(graph.node(id).op, Op::Unary(_)) && graph.node(id).ty.dtype == kiln_ir::DType::F32
     };
@@ -113,7 +112,7 @@ fn epilogue_chains(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeI
         loop {
             let users = graph.users_of(cur);
             match users.as_slice() {
-                [(u, _)] if !is_output(cur) && f32_unary(*u) => {
+                [(u, _)] if !graph.is_output(cur) && f32_unary(*u) => {
                     chain.push(*u);
                     absorbed.insert(*u);
                     cur = *u;
@@ -136,7 +135,6 @@ struct Val {
 
 /// Plans memory for `graph` given its topological `order`.
 pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CudaError> {
-    let is_output = |id: NodeId| graph.outputs().iter().any(|(_, o)| *o == id);
     let epilogues = epilogue_chains(graph, order);
     let fused_into: HashMap<NodeId, NodeId> = epilogues
         .iter()
@@ -183,7 +181,9 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CudaError> {
                     },
                 );
             }
-            Op::Reshape { .. } if !is_output(id) && !is_output(graph.inputs_of(id)[0]) => {
+            Op::Reshape { .. }
+                if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>
+            {
                 let input = graph.inputs_of(id)[0];
                 match val_of.get(&input) {
                     Some(&v) => {

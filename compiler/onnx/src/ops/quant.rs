@@ -372,17 +372,15 @@ fn integer_product(
     b: Val,
     bzp: Option<Val>,
 ) -> Result<Val, OnnxError> {
-    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
     let (ta, tb) = (ctx.ty(a).clone(), ctx.ty(b).clone());
     if !eight_bit(ta.dtype) || !eight_bit(tb.dtype) || ta.shape.len() < 2 || tb.shape.len() < 2 {
         return int_matmul(ctx, a, azp, b, bzp);
     }
     let n = tb.shape[tb.shape.len() - 1];
-    let scalar_like = |t: &kiln_ir::ValueType| t.num_elements() == 1 && t.shape.len() <= 1;
-    let fits_a = azp.is_none_or(|z| scalar_like(ctx.ty(z)));
+    let fits_a = azp.is_none_or(|z| one_value(ctx.ty(z)));
     let fits_b = bzp.is_none_or(|z| {
         let t = ctx.ty(z);
-        scalar_like(t) || (t.shape.len() == 1 && t.shape[0] == n)
+        one_value(t) || (t.shape.len() == 1 && t.shape[0] == n)
     });
     if !fits_a || !fits_b {
         return int_matmul(ctx, a, azp, b, bzp);
@@ -401,6 +399,30 @@ fn integer_product(
     ctx.op(Op::MatMulInteger, &[a, b, azp, bzp], Some("product"))
 }
 
+/// u8 or i8.
+fn eight_bit(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::I8)
+}
+
+/// One value: a scalar or a one-element vector (a quantization parameter
+/// per tensor).
+fn one_value(t: &kiln_ir::ValueType) -> bool {
+    t.num_elements() == 1 && t.shape.len() <= 1
+}
+
+/// Whether the scale and zero point of dequantized value `d` are one value
+/// each, or (with `per_axis = Some((len, axes))`) `len` values along an
+/// axis written as one of `axes`: the layouts the integer products take.
+fn parameters_fit(ctx: &ImportCtx, d: &Dequantized, per_axis: Option<(usize, &[i64])>) -> bool {
+    let fits = |v: Val| {
+        let t = ctx.ty(v);
+        one_value(t)
+            || per_axis
+                .is_some_and(|(len, axes)| t.shape.as_slice() == [len] && axes.contains(&d.axis))
+    };
+    fits(d.scale) && d.zero.is_none_or(fits)
+}
+
 /// A QDQ MatMul: `DequantizeLinear(a) @ DequantizeLinear(b)` with A per
 /// tensor and B (a matrix) per tensor or per column, imported as the
 /// integer product of the quantized inputs rescaled by `a_scale · b_scale`
@@ -410,20 +432,12 @@ pub fn qdq_matmul(ctx: &mut ImportCtx, a: Val, b: Val) -> Result<Option<Val>, On
     let (Some(da), Some(db)) = (ctx.dequantized(a), ctx.dequantized(b)) else {
         return Ok(None);
     };
-    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
     let (ta, tb) = (ctx.ty(da.q).clone(), ctx.ty(db.q).clone());
     if !eight_bit(ta.dtype) || !eight_bit(tb.dtype) || ta.shape.len() < 2 || tb.shape.len() != 2 {
         return Ok(None);
     }
     let n = tb.shape[1];
-    let scalar =
-        |ctx: &ImportCtx, v: Val| ctx.ty(v).num_elements() == 1 && ctx.ty(v).shape.len() <= 1;
-    let per_column =
-        |ctx: &ImportCtx, v: Val| ctx.ty(v).shape.as_slice() == [n] && matches!(db.axis, 1 | -1);
-    let a_fits = scalar(ctx, da.scale) && da.zero.is_none_or(|z| scalar(ctx, z));
-    let b_fits = (scalar(ctx, db.scale) || per_column(ctx, db.scale))
-        && db.zero.is_none_or(|z| scalar(ctx, z) || per_column(ctx, z));
-    if !a_fits || !b_fits {
+    if !parameters_fit(ctx, &da, None) || !parameters_fit(ctx, &db, Some((n, &[1, -1]))) {
         return Ok(None);
     }
     let p = integer_product(ctx, da.q, da.zero, db.q, db.zero)?;
@@ -548,7 +562,7 @@ fn conv_param(
     tag: &str,
 ) -> Result<Val, OnnxError> {
     let t = ctx.ty(p).clone();
-    if t.num_elements() == 1 && t.shape.len() <= 1 {
+    if one_value(&t) {
         return reshape_to(ctx, p, &[], Some(&format!("{tag}_scalar")));
     }
     match per_channel {
@@ -719,23 +733,14 @@ pub fn qdq_conv(
     let (Some(dx), Some(dw)) = (ctx.dequantized(x), ctx.dequantized(w)) else {
         return Ok(None);
     };
-    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
     let (tx, tw) = (ctx.ty(dx.q).clone(), ctx.ty(dw.q).clone());
     if !eight_bit(tx.dtype) || !eight_bit(tw.dtype) || !matches!(tw.shape.len(), 3 | 4) {
         return Ok(None);
     }
     let m = tw.shape[0];
-    let scalar =
-        |ctx: &ImportCtx, v: Val| ctx.ty(v).num_elements() == 1 && ctx.ty(v).shape.len() <= 1;
-    let per_channel = |ctx: &ImportCtx, v: Val| ctx.ty(v).shape.as_slice() == [m] && dw.axis == 0;
-    let x_fits = scalar(ctx, dx.scale) && dx.zero.is_none_or(|z| scalar(ctx, z));
-    let w_fits = (scalar(ctx, dw.scale) || per_channel(ctx, dw.scale))
-        && dw
-            .zero
-            .is_none_or(|z| scalar(ctx, z) || per_channel(ctx, z));
     let b_fits =
         b.is_none_or(|b| ctx.ty(b).dtype == DType::F32 && ctx.ty(b).shape.as_slice() == [m]);
-    if !x_fits || !w_fits || !b_fits {
+    if !parameters_fit(ctx, &dx, None) || !parameters_fit(ctx, &dw, Some((m, &[0]))) || !b_fits {
         return Ok(None);
     }
     let acc = int_conv(ctx, node, dx.q, dx.zero, dw.q, dw.zero)?;

@@ -111,17 +111,7 @@ fn transform(
             &xt.shape[..rank - 1],
             Some(&format!("part{p}_flat")),
         )?;
-        let s = if perm.iter().copied().eq(0..rank - 1) {
-            s
-        } else {
-            ctx.op(
-                Op::Transpose {
-                    perm: perm.iter().copied().collect(),
-                },
-                &[s],
-                Some(&format!("part{p}_axis_last")),
-            )?
-        };
+        let s = permuted(ctx, s, &perm, &format!("part{p}_axis_last"))?;
         let fit = rows as i64 - len as i64;
         let s = if fit == 0 {
             s
@@ -178,18 +168,23 @@ fn transform(
             t => t - 1,
         })
         .collect();
-    let y = if back.iter().copied().eq(0..rank) {
-        y
-    } else {
-        ctx.op(
-            Op::Transpose {
-                perm: back.into_iter().collect(),
-            },
-            &[y],
-            Some("axis_back"),
-        )?
-    };
+    let y = permuted(ctx, y, &back, "axis_back")?;
     cast_to(ctx, y, io, "narrow")
+}
+
+/// `v` transposed by `perm` (named `tag`), or `v` itself when `perm` is
+/// the identity.
+fn permuted(ctx: &mut ImportCtx, v: Val, perm: &[usize], tag: &str) -> Result<Val, OnnxError> {
+    if perm.iter().copied().eq(0..perm.len()) {
+        return Ok(v);
+    }
+    ctx.op(
+        Op::Transpose {
+            perm: perm.iter().copied().collect(),
+        },
+        &[v],
+        Some(tag),
+    )
 }
 
 /// A positive scalar constant input (`what` names it in errors).

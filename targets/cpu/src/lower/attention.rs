@@ -20,7 +20,7 @@ use crate::microkernel::gemm::{
     ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem, GemmSpec, MAX_MR,
 };
 use crate::microkernel::softmax::SoftmaxSpec;
-use crate::plan::{Loc, Scratch};
+use crate::plan::Scratch;
 use crate::CpuError;
 
 /// The sizes of one attention node: `batch` heads of `Q[M, K] @ Kt[K, N]`
@@ -172,18 +172,14 @@ pub(crate) fn lower_avx512(
     let context = gemm(m, d, n, n, d, d);
     // Element offsets of head h (row-major over the batch dims).
     let head_strides = super::strides(&sh.batch);
-    let offset = |h: usize, strides: &[i64]| -> u64 {
+    let offset = |h: usize, strides: &[i64]| -> i64 {
         let mut rest = h;
         let mut off = 0i64;
         for (i, &dim) in sh.batch.iter().enumerate().rev() {
             off += (rest % dim) as i64 * strides[i];
             rest /= dim;
         }
-        off as u64 * 4
-    };
-    let at = |loc: Loc, bytes: u64| Loc {
-        offset: loc.offset + bytes,
-        ..loc
+        off * 4
     };
     let unit = |by: usize| -> Vec<i64> { head_strides.iter().map(|s| s * by as i64).collect() };
     let (q_st, kt_st, v_st, out_st) = (unit(m * k), unit(k * n), unit(n * d), unit(m * d));
@@ -194,18 +190,18 @@ pub(crate) fn lower_avx512(
             let calls = (heads * t / tasks..heads * (t + 1) / tasks)
                 .map(|h| {
                     let mask = (sh.mask.as_ref().zip(cx.inputs.get(3)))
-                        .map(|((st, _, _), (loc, _))| at(*loc, offset(h, st)));
+                        .map(|((st, _, _), (loc, _))| loc.moved(offset(h, st)));
                     let score = Call {
-                        a: at(q, offset(h, &q_st)),
-                        b: at(kt, offset(h, &kt_st)),
+                        a: q.moved(offset(h, &q_st)),
+                        b: kt.moved(offset(h, &kt_st)),
                         out: s,
                         c: mask,
                         src: None,
                     };
                     let ctx = Call {
                         a: s,
-                        b: at(v, offset(h, &v_st)),
-                        out: at(cx.out, offset(h, &out_st)),
+                        b: v.moved(offset(h, &v_st)),
+                        out: cx.out.moved(offset(h, &out_st)),
                         c: None,
                         src: None,
                     };

@@ -182,7 +182,7 @@ fn assemble_parts(spec: GemmSpec, scratch: &mut Scratch, tasks: usize) -> Option
         if sizes[2 * t] > 0 {
             // B was addressed relative to the start of the scratch.
             for call in &mut part.calls {
-                call.b = offset(locs[2 * t], call.b.offset as i64);
+                call.b = locs[2 * t].moved(call.b.offset as i64);
             }
         }
         if sizes[2 * t + 1] > 0 {
@@ -269,7 +269,7 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
                     beta: 1.0,
                 });
                 for (call, base) in spec.calls.iter_mut().zip(bases) {
-                    call.c = Some(offset(loc, base * 4));
+                    call.c = Some(loc.moved(base * 4));
                 }
                 used = 1;
                 cur = Reg(p.inputs() as u32);
@@ -712,13 +712,6 @@ fn pack_w_for(elem: Elem, w: &[f32], oc: usize, k: usize, mr: usize) -> Vec<u8> 
     }
 }
 
-fn offset(loc: Loc, bytes: i64) -> Loc {
-    Loc {
-        base: loc.base,
-        offset: (loc.offset as i64 + bytes) as u64,
-    }
-}
-
 fn weights_loc(weights: &mut Weights, bytes: &[u8]) -> Loc {
     Loc {
         base: Base::Weights,
@@ -822,9 +815,9 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
     let calls = indices(batch)
         .iter()
         .map(|idx| Call {
-            a: offset(a_base, dot(idx, &a_st)),
-            b: offset(b_base, dot(idx, &b_st)),
-            out: offset(cx.out, dot(idx, &out_st)),
+            a: a_base.moved(dot(idx, &a_st)),
+            b: b_base.moved(dot(idx, &b_st)),
+            out: cx.out.moved(dot(idx, &out_st)),
             c: None,
             src: None,
         })
@@ -868,26 +861,13 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
     if k == 0 || m == 0 || n == 0 {
         return None;
     }
-    let b = cx.graph.constant(cx.input_ids[1])?.to_i64_vec();
-    let b_zero = cx.graph.constant(cx.input_ids[3])?.to_i64_vec();
-    let shift = match bty.dtype {
-        DType::I8 => 0,
-        _ => 128,
-    };
-    if b_zero.iter().any(|&z| z != shift) {
-        return None;
-    }
-    let b: Vec<i8> = b.iter().map(|&v| (v - shift) as i8).collect();
+    let b = signed_constant(cx, 1, 3)?;
     let blocking = Blocking::choose(m, n, MAX_MR);
     let nr = blocking.nr();
     let packed = pack_b_quads(&b, k, n, n, 1, nr);
     let b_loc = weights_loc(weights, &packed);
     // A's zero point: skipped when it is the constant 0.
-    let zero_is_0 = cx
-        .graph
-        .constant(cx.input_ids[2])
-        .is_some_and(|t| t.to_i64_vec() == [0]);
-    let (c, c_loc, u8_zero) = if zero_is_0 {
+    let (c, c_loc, u8_zero) = if zero_point_is_0(cx, 2) {
         (None, None, None)
     } else {
         let mut sums = vec![0i32; n.div_ceil(nr) * nr];
@@ -1065,8 +1045,8 @@ fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<Gemm
     let calls = (0..batch as i64)
         .map(|img| Call {
             a: a_base,
-            b: offset(xloc, img * (cin * p * 4) as i64),
-            out: offset(cx.out, img * (oc * p * 4) as i64),
+            b: xloc.moved(img * (cin * p * 4) as i64),
+            out: cx.out.moved(img * (oc * p * 4) as i64),
             c: bias,
             src: None,
         })
@@ -1144,15 +1124,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         return None;
     }
     super::conv::check_conv_window(cx, c).ok()?;
-    let wv = cx.graph.constant(cx.input_ids[1])?.to_i64_vec();
-    let shift = match wty.dtype {
-        DType::I8 => 0,
-        _ => 128,
-    };
-    let w_zero = cx.graph.constant(cx.input_ids[3])?.to_i64_vec();
-    if w_zero.iter().any(|&z| z != shift) {
-        return None;
-    }
+    let wv = signed_constant(cx, 1, 3)?;
     // Weights as `[oc, (th, tw, channel)]` with the channels padded to
     // quads, and each output channel's sum for the zero-point correction.
     let cin4 = cin.div_ceil(4) * 4;
@@ -1162,16 +1134,12 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
     for o in 0..oc {
         for ic in 0..cin {
             for t in 0..kh * kw {
-                let v = (wv[(o * cin + ic) * kh * kw + t] - shift) as i8;
+                let v = wv[(o * cin + ic) * kh * kw + t];
                 wq[o * k + t * cin4 + ic] = v;
                 sums[o] += i32::from(v);
             }
         }
     }
-    let x_zero_is_0 = cx
-        .graph
-        .constant(cx.input_ids[2])
-        .is_some_and(|t| t.to_i64_vec() == [0]);
     let zero = cx.inputs[2].0;
     let full = whole_image_im2col(cx, c, Some(zero));
     let band = im2col_band(&full);
@@ -1182,7 +1150,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
     let p = band * ow;
     let blocking = Blocking::choose(oc, p, packed_a_rows(k));
     let a_base = weights_loc(weights, &pack_a_quads(&wq, oc, k, blocking.mr));
-    let (row_sums, u8_zero) = if x_zero_is_0 {
+    let (row_sums, u8_zero) = if zero_point_is_0(cx, 2) {
         (None, None)
     } else {
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -1205,6 +1173,32 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
     })
 }
 
+/// The constant 8-bit operand at kernel input `slot` as i8 values, when
+/// it is signed once its zero point (kernel input `zero_slot`, constant)
+/// is taken out: i8 with zero point 0, or u8 with zero point 128 (stored
+/// as `v - 128`). `None` for other types and zero points.
+fn signed_constant(cx: &NodeCx, slot: usize, zero_slot: usize) -> Option<Vec<i8>> {
+    let shift = match cx.inputs[slot].1.dtype {
+        DType::I8 => 0,
+        DType::U8 => 128,
+        _ => return None,
+    };
+    let zero = cx.graph.constant(cx.input_ids[zero_slot])?.to_i64_vec();
+    if zero.iter().any(|&z| z != shift) {
+        return None;
+    }
+    let v = cx.graph.constant(cx.input_ids[slot])?.to_i64_vec();
+    Some(v.iter().map(|&x| (x - shift) as i8).collect())
+}
+
+/// Whether the zero point at kernel input `slot` is the constant 0 (its
+/// correction can be left out).
+fn zero_point_is_0(cx: &NodeCx, slot: usize) -> bool {
+    cx.graph
+        .constant(cx.input_ids[slot])
+        .is_some_and(|t| t.to_i64_vec() == [0])
+}
+
 /// The GEMM calls of an im2col convolution `cx` converted in bands of
 /// `first.rows` output rows: per image and band, B built by the band's
 /// routine into scratch (offset 0 here; `lower` places it), A at `a`, C
@@ -1217,8 +1211,7 @@ fn banded_calls(cx: &NodeCx, first: Im2col, a: Loc, c: Option<Loc>) -> (Vec<Im2c
         cx.node.ty.shape[2],
         cx.node.ty.shape[3],
     );
-    let elem = if first.quads.is_some() { 1 } else { 4 };
-    let image = (xty.shape[1] * xty.shape[2] * xty.shape[3] * elem) as i64;
+    let image = (xty.shape[1] * xty.shape[2] * xty.shape[3] * first.elem_bytes()) as i64;
     let col = Loc {
         base: Base::Arena,
         offset: 0,
@@ -1231,12 +1224,11 @@ fn banded_calls(cx: &NodeCx, first: Im2col, a: Loc, c: Option<Loc>) -> (Vec<Im2c
             calls.push(Call {
                 a,
                 b: col,
-                out: offset(
-                    cx.out,
-                    img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64,
-                ),
+                out: cx
+                    .out
+                    .moved(img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64),
                 c,
-                src: Some((offset(xloc, img * image + shift), routine)),
+                src: Some((xloc.moved(img * image + shift), routine)),
             });
         }
     }
@@ -1309,8 +1301,7 @@ fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
             routines.len() - 1
         }
     };
-    let elem_bytes = if geo.quads.is_some() { 1 } else { 4 };
-    let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * elem_bytes;
+    let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * geo.elem_bytes();
     (i, shift as i64)
 }
 
@@ -1383,7 +1374,7 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
     let mut routines: Vec<Im2col> = Vec::new();
     let mut calls = Vec::new();
     for img in 0..batch as i64 {
-        let image = offset(xloc, img * (cin * h * w * 4) as i64);
+        let image = xloc.moved(img * (cin * h * w * 4) as i64);
         for row0 in (0..oh).step_by(band) {
             let (routine, shift) = band_routine(&mut routines, copy(row0));
             for r in 0..band {
@@ -1394,12 +1385,11 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
                         base: Base::Arena,
                         offset: (r * sh * wp * 4) as u64,
                     },
-                    out: offset(
-                        cx.out,
-                        img * (oc * oh * ow * 4) as i64 + ((row0 + r) * ow * 4) as i64,
-                    ),
+                    out: cx
+                        .out
+                        .moved(img * (oc * oh * ow * 4) as i64 + ((row0 + r) * ow * 4) as i64),
                     c: bias,
-                    src: (r == 0).then_some((offset(image, shift), routine)),
+                    src: (r == 0).then_some((image.moved(shift), routine)),
                 });
             }
         }
@@ -1478,8 +1468,8 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
     let images = (0..batch as i64)
         .map(|img| {
             (
-                offset(xloc, img * (cin * h * w * 4) as i64),
-                offset(cx.out, img * (oc * oh * ow * 4) as i64),
+                xloc.moved(img * (cin * h * w * 4) as i64),
+                cx.out.moved(img * (oc * oh * ow * 4) as i64),
             )
         })
         .collect();

@@ -30,7 +30,6 @@
 //! workers costs more than it saves.
 
 use crate::microkernel::gemm::{ALayout, Elem, GemmSpec, Operand};
-use crate::plan::Loc;
 
 /// The least work (floating-point operations) worth a task of its own:
 /// about 40 µs at this machine's single-core GEMM speed, well above the
@@ -38,14 +37,6 @@ use crate::plan::Loc;
 /// attention products of MiniLM-L3 and PP-OCRv4 rec's smaller
 /// convolutions gain from splitting at 4 M, not at 8 M).
 pub(crate) const MIN_TASK_FLOPS: usize = 4 << 20;
-
-/// `loc` moved by `bytes`.
-fn shifted(loc: Loc, bytes: i64) -> Loc {
-    Loc {
-        base: loc.base,
-        offset: (loc.offset as i64 + bytes) as u64,
-    }
-}
 
 /// `spec` as at most `tasks` independent kernels (see the module docs);
 /// one when splitting does not pay or does not apply.
@@ -109,22 +100,22 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
             part.m = rows;
             for call in &mut part.calls {
                 call.a = match spec.a {
-                    ALayout::Strided { .. } => shifted(call.a, start as i64 * a_row_bytes),
-                    ALayout::Packed => shifted(call.a, first_tile as i64 * a_panel_bytes),
+                    ALayout::Strided { .. } => call.a.moved(start as i64 * a_row_bytes),
+                    ALayout::Packed => call.a.moved(first_tile as i64 * a_panel_bytes),
                 };
-                call.out = shifted(call.out, start as i64 * spec.out_row);
+                call.out = call.out.moved(start as i64 * spec.out_row);
                 if let (Some(c), Some(layout)) = (call.c, spec.c) {
-                    call.c = Some(shifted(c, start as i64 * layout.row));
+                    call.c = Some(c.moved(start as i64 * layout.row));
                 }
             }
             for step in &mut part.epilogue {
                 for o in [&mut step.a, &mut step.b] {
                     if let Operand::PerRow(loc) = o {
-                        *loc = shifted(*loc, start as i64 * 4);
+                        *loc = loc.moved(start as i64 * 4);
                     }
                 }
             }
-            part.row_sums = spec.row_sums.map(|loc| shifted(loc, start as i64 * 4));
+            part.row_sums = spec.row_sums.map(|loc| loc.moved(start as i64 * 4));
             part
         })
         .collect()
@@ -148,18 +139,18 @@ fn split_columns(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
             let mut part = spec.clone();
             part.n = (end_tile * nr).min(spec.n) - start;
             for call in &mut part.calls {
-                call.b = shifted(call.b, first_tile as i64 * b_tile);
-                call.out = shifted(call.out, start as i64 * 4);
+                call.b = call.b.moved(first_tile as i64 * b_tile);
+                call.out = call.out.moved(start as i64 * 4);
                 if let (Some(c), Some(layout)) = (call.c, spec.c) {
                     if layout.per_column {
-                        call.c = Some(shifted(c, start as i64 * 4));
+                        call.c = Some(c.moved(start as i64 * 4));
                     }
                 }
             }
             for step in &mut part.epilogue {
                 for o in [&mut step.a, &mut step.b] {
                     if let Operand::PerColumn(loc) = o {
-                        *loc = shifted(*loc, start as i64 * 4);
+                        *loc = loc.moved(start as i64 * 4);
                     }
                 }
             }

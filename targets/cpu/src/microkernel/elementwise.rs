@@ -13,7 +13,7 @@
 use iced_x86::code_asm::*;
 
 use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
-use super::{imm32, MicrokernelError};
+use super::{base_register, imm32, MicrokernelError};
 use crate::plan::Loc;
 
 /// One elementwise kernel.
@@ -45,14 +45,6 @@ const REGS: [AsmRegisterZmm; 30] = [
     zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
     zmm28, zmm29,
 ];
-
-/// `loc` moved `bytes` on.
-fn moved(loc: Loc, bytes: usize) -> Loc {
-    Loc {
-        offset: loc.offset + bytes as u64,
-        ..loc
-    }
-}
 
 impl ElementwiseSpec {
     /// Whether the program's live values fit the registers.
@@ -103,15 +95,15 @@ impl ElementwiseSpec {
             0
         };
         let shift = |o: Operand| match o {
-            Operand::Full(loc) => Operand::Full(moved(loc, elem_bytes)),
-            Operand::PerColumn(loc) => Operand::PerColumn(moved(loc, col_bytes)),
-            Operand::PerRow(loc) => Operand::PerRow(moved(loc, row_bytes)),
+            Operand::Full(loc) => Operand::Full(loc.moved(elem_bytes as i64)),
+            Operand::PerColumn(loc) => Operand::PerColumn(loc.moved(col_bytes as i64)),
+            Operand::PerRow(loc) => Operand::PerRow(loc.moved(row_bytes as i64)),
             o => o,
         };
         ElementwiseSpec {
             rows,
             cols,
-            input: moved(self.input, elem_bytes),
+            input: self.input.moved(elem_bytes as i64),
             steps: (self.steps.iter())
                 .map(|st| EpilogueStep {
                     op: st.op,
@@ -119,7 +111,7 @@ impl ElementwiseSpec {
                     b: shift(st.b),
                 })
                 .collect(),
-            out: moved(self.out, elem_bytes),
+            out: self.out.moved(elem_bytes as i64),
         }
     }
 
@@ -171,12 +163,9 @@ impl ElementwiseSpec {
         home: &[usize],
         masked: bool,
     ) -> Result<(), MicrokernelError> {
-        let base = |loc: Loc| match loc.base {
-            crate::plan::Base::Arena => rdi,
-            crate::plan::Base::Weights => rsi,
-        };
-        let input =
-            zmmword_ptr(base(self.input) + ELEM + imm32(self.input.offset as i64, "input")?);
+        let input = zmmword_ptr(
+            base_register(self.input) + ELEM + imm32(self.input.offset as i64, "input")?,
+        );
         let slot0 = REGS[home[0]];
         if masked {
             a.vmovups(slot0.k1().z(), input)?;
@@ -189,7 +178,8 @@ impl ElementwiseSpec {
             masked,
         };
         let result = run_epilogue(a, &self.steps, home, &REGS, (ROW, 0), Some(full))?;
-        let out = zmmword_ptr(base(self.out) + ELEM + imm32(self.out.offset as i64, "output")?);
+        let out =
+            zmmword_ptr(base_register(self.out) + ELEM + imm32(self.out.offset as i64, "output")?);
         if masked {
             a.vmovups(out.k1(), result)?;
         } else {

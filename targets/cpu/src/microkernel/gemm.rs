@@ -29,7 +29,7 @@
 use iced_x86::code_asm::*;
 
 use super::im2col::Im2col;
-use super::{imm32, load_address, MicrokernelError};
+use super::{base_register, imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
 
 /// K steps per unrolled loop iteration.
@@ -1113,13 +1113,9 @@ impl GemmSpec {
         // The B registers are free here: one correction vector per column
         // vector (per tile) or per row.
         let corr = |v: usize| ZMM[rows * nv + v];
-        let base_of = |loc: Loc| match loc.base {
-            crate::plan::Base::Arena => rdi,
-            crate::plan::Base::Weights => rsi,
-        };
         if let Some(zero) = self.u8_zero {
             let disp = imm32(zero.offset as i64, "zero point offset")?;
-            a.movzx(CONST, byte_ptr(base_of(zero) + disp))?;
+            a.movzx(CONST, byte_ptr(base_register(zero) + disp))?;
             a.vpbroadcastd(ZMM[31], CONST)?;
             if self.elem == Elem::U8I8Dot {
                 for v in 0..nv {
@@ -1130,7 +1126,7 @@ impl GemmSpec {
         }
         if let Some(sums) = self.row_sums {
             row_offset(a, first_row, self.blocking.mr)?;
-            a.add(ROW_BYTES, base_of(sums))?;
+            a.add(ROW_BYTES, base_register(sums))?;
             for r in 0..rows {
                 let disp = imm32(sums.offset as i64 + 4 * r as i64, "row sum offset")?;
                 a.vpmulld(corr(0), ZMM[31], dword_bcst(ROW_BYTES + disp))?;
@@ -1205,10 +1201,7 @@ impl GemmSpec {
         let programs: Vec<Vec<EpilogueStep>> = (0..nv)
             .map(|v| {
                 let at = |o: Operand| match o {
-                    Operand::PerColumn(loc) => Operand::PerColumn(Loc {
-                        base: loc.base,
-                        offset: loc.offset + 64 * v as u64,
-                    }),
+                    Operand::PerColumn(loc) => Operand::PerColumn(loc.moved(64 * v as i64)),
                     o => o,
                 };
                 (program.iter())
@@ -1386,10 +1379,7 @@ pub(crate) fn run_epilogue(
                 }
             },
         };
-        let base = match loc.base {
-            crate::plan::Base::Arena => rdi,
-            crate::plan::Base::Weights => rsi,
-        };
+        let base = base_register(loc);
         let row_off = if matches!(o, Operand::PerRow(_)) {
             4 * row as i64
         } else {

@@ -111,6 +111,14 @@ impl Im2col {
         (self.col_rows() * self.row_bytes()) as u64
     }
 
+    /// Bytes of one image element: f32, or u8 for quads.
+    pub(crate) fn elem_bytes(&self) -> usize {
+        match self.quads {
+            None => 4,
+            Some(_) => 1,
+        }
+    }
+
     /// Rows of `col`: one per `(channel, th, tw)` in f32, one per `(th, tw,
     /// quad of channels)` for quads.
     pub(crate) fn col_rows(&self) -> usize {
@@ -168,9 +176,7 @@ impl Im2col {
         a.mov(CH, self.cin as u64)?;
         let mut top = a.create_label();
         a.set_label(&mut top)?;
-        self.taps(a, row_bytes, 4, &mut |a, at, len, _| {
-            self.copy(a, at, len, sw)
-        })?;
+        self.taps(a, row_bytes, &mut |a, at, len, _| self.copy(a, at, len, sw))?;
         a.add(X_CH, imm32((self.h * self.w * 4) as i64, "channel stride")?)?;
         a.add(
             COL_CH,
@@ -216,7 +222,7 @@ impl Im2col {
     /// rows at COL_CH (tap `t` at row `t * quads`).
     fn quad_taps(&self, a: &mut CodeAssembler, channels: usize) -> Result<(), MicrokernelError> {
         let tap_rows = (self.cin.div_ceil(4) * self.row_bytes()) as i64;
-        self.taps(a, tap_rows, 1, &mut |a, at, len, iw0| {
+        self.taps(a, tap_rows, &mut |a, at, len, iw0| {
             self.compose(a, at, len, iw0, channels)
         })
     }
@@ -225,15 +231,14 @@ impl Im2col {
     /// `t` at COL_CH + `t * tap_bytes`: per output row the fill left of the
     /// pixels inside the image, `copy(at, len, iw0)` of those (input
     /// column `iw0` first, SRC at it), the fill right of them; rows whose
-    /// input row is in the padding are filled whole. `elem` is the bytes
-    /// of one input element.
+    /// input row is in the padding are filled whole.
     fn taps(
         &self,
         a: &mut CodeAssembler,
         tap_bytes: i64,
-        elem: i64,
         copy: &mut CopyPixels,
     ) -> Result<(), MicrokernelError> {
+        let elem = self.elem_bytes() as i64;
         let p = self.rows * self.ow;
         let [sh, sw] = self.strides;
         let [pt, pl] = self.pad_tl;

@@ -67,18 +67,24 @@ pub(crate) fn imm32(v: i64, what: &'static str) -> Result<i32, MicrokernelError>
     i32::try_from(v).map_err(|_| MicrokernelError::Displacement(what))
 }
 
-/// `reg` = the address of `loc`: the kernel ABI passes the arena base in
-/// rdi and the weights base in rsi.
+/// The register holding the base of `loc`: the kernel ABI passes the
+/// arena base in rdi and the weights base in rsi.
+pub(crate) fn base_register(loc: crate::plan::Loc) -> iced_x86::code_asm::AsmRegister64 {
+    use iced_x86::code_asm::{rdi, rsi};
+    match loc.base {
+        crate::plan::Base::Arena => rdi,
+        crate::plan::Base::Weights => rsi,
+    }
+}
+
+/// `reg` = the address of `loc` (see [`base_register`]).
 pub(crate) fn load_address(
     a: &mut iced_x86::code_asm::CodeAssembler,
     reg: iced_x86::code_asm::AsmRegister64,
     loc: crate::plan::Loc,
 ) -> Result<(), MicrokernelError> {
-    use iced_x86::code_asm::{qword_ptr, rdi, rsi};
-    let base = match loc.base {
-        crate::plan::Base::Arena => rdi,
-        crate::plan::Base::Weights => rsi,
-    };
+    use iced_x86::code_asm::qword_ptr;
+    let base = base_register(loc);
     match i32::try_from(loc.offset) {
         Ok(off) => a.lea(reg, qword_ptr(base + off))?,
         Err(_) => {

@@ -41,8 +41,8 @@ impl NarrowSpec {
                 let end = (blocks * (t + 1) / tasks * BLOCK).min(self.len);
                 NarrowSpec {
                     len: end - start,
-                    x: moved(self.x, 4 * start),
-                    y: moved(self.y, start),
+                    x: self.x.moved((4 * start) as i64),
+                    y: self.y.moved(start as i64),
                 }
             })
             .filter(|s| s.len > 0)
@@ -102,12 +102,5 @@ impl NarrowSpec {
         a.xor(eax, eax)?;
         a.ret()?;
         Ok(a.assemble(0)?)
-    }
-}
-
-fn moved(loc: Loc, bytes: usize) -> Loc {
-    Loc {
-        base: loc.base,
-        offset: loc.offset + bytes as u64,
     }
 }
