@@ -248,8 +248,10 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
             kb.fmadd(neg, a, pos)
         }
         UnaryOp::Sigmoid => {
+            // 1 + e^-x is 1 where e^-x is subnormal, so the flush changes
+            // no result and saves the assist.
             let n = kb.b.ins().fneg(x);
-            let e = math::exp(kb, n);
+            let e = math::exp_or_zero(kb, n);
             let one = kb.fconst(ty, 1.0);
             let d = kb.b.ins().fadd(one, e);
             kb.b.ins().fdiv(one, d)

@@ -86,6 +86,23 @@ pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
     out
 }
 
+/// Below this `e^x` leaves the normal f32 range (`e^-87` ≈ 1.6·10⁻³⁸ is
+/// still normal).
+pub(crate) const EXP_NORMAL_LOWEST: f32 = -87.0;
+
+/// `e^x` on f32 lanes, 0 where that is below the normal range: softmax's
+/// `exp(x - max)`, where a subnormal changes no probability that matters
+/// but producing one costs a microcode assist of about a hundred cycles,
+/// and the masked positions of an attention row are most of the row.
+pub(crate) fn exp_or_zero(kb: &mut Kb, x: Value) -> Value {
+    let ty = kb.b.func.dfg.value_type(x);
+    let lowest = kb.fconst(ty, EXP_NORMAL_LOWEST as f64);
+    let clamped = kb.b.ins().fmax(x, lowest);
+    let e = exp(kb, clamped);
+    let zero = kb.fconst(ty, 0.0);
+    select_cmp(kb, FloatCC::GreaterThanOrEqual, x, lowest, e, zero)
+}
+
 /// `tanh(x)`. On f32 (scalar or vector) inline: for |x| < 0.3 the odd
 /// Taylor series up to x¹³ (truncation < 1e-10 relative), otherwise
 /// `1 - 2 / (e^{2|x|} + 1)` with the inline `exp` (a few ulp); the sign is

@@ -102,7 +102,7 @@ pub(crate) fn row(kb: &mut Kb, px: Value, py: Value, len: usize) {
     for t in nv * 4..len {
         let v = kb.load(F32, px, (t * 4) as i64);
         let d = kb.b.ins().fsub(v, m);
-        let e = math::exp(kb, d);
+        let e = math::exp_or_zero(kb, d);
         kb.store(e, py, (t * 4) as i64);
         sum = kb.b.ins().fadd(sum, e);
     }
@@ -160,7 +160,7 @@ fn exp_shifted_sum(
         let a = kb.b.ins().iadd(px, off);
         let v = kb.load(ty, a, 0);
         let d = kb.b.ins().fsub(v, shift);
-        let e = math::exp(kb, d);
+        let e = math::exp_or_zero(kb, d);
         let b = kb.b.ins().iadd(py, off);
         kb.store(e, b, 0);
         vec![kb.b.ins().fadd(c[0], e)]
