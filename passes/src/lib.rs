@@ -17,6 +17,7 @@
 
 mod assign_precision;
 mod dce;
+mod flush_subnormals;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse;
@@ -32,6 +33,7 @@ pub use assign_precision::{
     Reason,
 };
 pub use dce::DeadCodeElimination;
+pub use flush_subnormals::FlushSubnormals;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use fuse::Fuse;

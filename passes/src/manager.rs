@@ -1,6 +1,8 @@
 //! The pass manager: pipelines, verification between passes, statistics.
 
-use crate::{DeadCodeElimination, FoldBatchNorm, FoldConstants, Fuse, Recognize, Simplify};
+use crate::{
+    DeadCodeElimination, FlushSubnormals, FoldBatchNorm, FoldConstants, Fuse, Recognize, Simplify,
+};
 use kiln_ir::{Graph, IrError};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -124,6 +126,7 @@ fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(Simplify::default()),
         Box::new(Recognize::default()),
         Box::new(FoldBatchNorm),
+        Box::new(FlushSubnormals),
         Box::new(Fuse::default()),
         Box::new(DeadCodeElimination),
     ]
@@ -133,8 +136,9 @@ impl PassManager {
     /// The pipeline of an optimization level: `0` imports as is, `1` folds
     /// constants and removes dead code, `2` also simplifies, recognizes
     /// decomposed LayerNorm, GELU, softmax and attention, folds per-channel
-    /// scale/shift (BatchNormalization) into Conv/Gemm/MatMul and fuses
-    /// producer–consumer chains into single kernels. `3` is the `2`
+    /// scale/shift (BatchNormalization) into Conv/Gemm/MatMul, flushes
+    /// subnormal weights to zero and fuses producer–consumer chains into
+    /// single kernels. `3` is the `2`
     /// pipeline: every rewrite Kiln has is exact (or reassociates f32 sums
     /// like any kernel) and paid off when measured, so it is in `2`; what
     /// was tried for `3` and measured no faster is in `docs/passes.md`.
@@ -147,6 +151,7 @@ impl PassManager {
                 "simplify",
                 "recognize",
                 "fold-batchnorm",
+                "flush-subnormals",
                 "fuse",
                 "dce",
             ]),
