@@ -26,36 +26,10 @@ impl Comparison {
 }
 
 fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
-    use kiln_runtime::DType::*;
-    Some(match t.dtype {
-        F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
-        F64 => t.to_vec::<f64>()?,
-        I8 => t.to_vec::<i8>()?.into_iter().map(f64::from).collect(),
-        U8 => t.to_vec::<u8>()?.into_iter().map(f64::from).collect(),
-        I16 => t.to_vec::<i16>()?.into_iter().map(f64::from).collect(),
-        I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
-        I64 => t.to_vec::<i64>()?.into_iter().map(|x| x as f64).collect(),
-        U16 => t.to_vec::<u16>()?.into_iter().map(f64::from).collect(),
-        U32 => t.to_vec::<u32>()?.into_iter().map(f64::from).collect(),
-        U64 => t.to_vec::<u64>()?.into_iter().map(|x| x as f64).collect(),
-        F16 | BF16 => t
-            .data
-            .chunks_exact(2)
-            .map(|c| {
-                let bits = u16::from_le_bytes([c[0], c[1]]);
-                if t.dtype == F16 {
-                    half::f16::from_bits(bits).to_f64()
-                } else {
-                    half::bf16::from_bits(bits).to_f64()
-                }
-            })
-            .collect(),
-        Bool => t
-            .to_vec::<bool>()?
-            .into_iter()
-            .map(|b| b as u8 as f64)
-            .collect(),
-    })
+    // The IR's element decoding (the two type enums share their names).
+    let dtype = kiln_ir::DType::from_name(t.dtype.name())?;
+    let data = kiln_ir::Data::from_le_bytes(dtype, &t.data)?;
+    Some((0..data.len()).map(|i| data.get_f64(i)).collect())
 }
 
 /// Compares `actual` with `reference` elementwise.

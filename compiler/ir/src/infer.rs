@@ -77,6 +77,29 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             format!("takes {lo}..={hi} inputs, got {}", inputs.len()),
         ));
     }
+    let moves_data = matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Concat { .. }
+            | Op::Gather { .. }
+            | Op::Slice { .. }
+            | Op::Expand { .. }
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Bitcast { .. }
+    );
+    if let Some(t) = inputs.iter().find(|t| t.dtype.is_narrow()) {
+        if !moves_data {
+            return Err(IrError::ty(
+                name,
+                format!(
+                    "{} is a storage type: only casts and data movement take it (cast it to f32 first)",
+                    t.dtype
+                ),
+            ));
+        }
+    }
     match op {
         Op::Input { .. } | Op::Constant(_) => Err(IrError::ty(
             name,

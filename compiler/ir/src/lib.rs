@@ -28,6 +28,7 @@ pub mod eval;
 pub mod fused;
 mod graph;
 pub mod infer;
+pub mod narrow;
 mod op;
 mod tensor;
 pub mod text;

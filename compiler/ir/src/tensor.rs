@@ -25,6 +25,9 @@ pub enum Data {
     U16(Vec<u16>),
     U32(Vec<u32>),
     U64(Vec<u64>),
+    /// A narrow type's codes, one per byte ([`crate::narrow`]); the type
+    /// is one for which [`DType::is_narrow`] holds.
+    Narrow(DType, Vec<u8>),
 }
 
 /// Applies `$body` to the vector inside a [`Data`], whatever its type.
@@ -45,6 +48,7 @@ macro_rules! with_data {
             $crate::Data::U16($v) => $body,
             $crate::Data::U32($v) => $body,
             $crate::Data::U64($v) => $body,
+            $crate::Data::Narrow(_, $v) => $body,
         }
     };
 }
@@ -66,6 +70,7 @@ impl Data {
             Data::U16(_) => DType::U16,
             Data::U32(_) => DType::U32,
             Data::U64(_) => DType::U64,
+            Data::Narrow(d, _) => *d,
         }
     }
 
@@ -95,6 +100,7 @@ impl Data {
             DType::U16 => Data::U16(vec![0; len]),
             DType::U32 => Data::U32(vec![0; len]),
             DType::U64 => Data::U64(vec![0; len]),
+            d => Data::Narrow(d, vec![0; len]),
         }
     }
 
@@ -114,6 +120,7 @@ impl Data {
             Data::U16(v) => v[i] as f64,
             Data::U32(v) => v[i] as f64,
             Data::U64(v) => v[i] as f64,
+            Data::Narrow(d, v) => crate::narrow::decode(*d, v[i]) as f64,
         }
     }
 
@@ -131,6 +138,7 @@ impl Data {
             Data::U16(v) => v[i] as i64,
             Data::U32(v) => v[i] as i64,
             Data::U64(v) => v[i] as i64,
+            Data::Narrow(d, v) => crate::narrow::decode_int(*d, v[i]),
             _ => self.get_f64(i) as i64,
         }
     }
@@ -163,6 +171,10 @@ impl Data {
             DType::U16 => Data::U16(values.map(|x| x as u16).collect()),
             DType::U32 => Data::U32(values.map(|x| x as u32).collect()),
             DType::U64 => Data::U64(values.map(|x| x as u64).collect()),
+            d => Data::Narrow(
+                d,
+                values.map(|x| crate::narrow::encode(d, x as f32)).collect(),
+            ),
         }
     }
 
@@ -179,6 +191,9 @@ impl Data {
             DType::U16 => Data::U16(values.map(|x| x as u16).collect()),
             DType::U32 => Data::U32(values.map(|x| x as u32).collect()),
             DType::U64 => Data::U64(values.map(|x| x as u64).collect()),
+            d if d.is_narrow() => {
+                Data::Narrow(d, values.map(|x| crate::narrow::encode_int(d, x)).collect())
+            }
             _ => Data::from_f64s(dtype, values.map(|x| x as f64)),
         }
     }
@@ -198,8 +213,11 @@ impl Data {
             return Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect());
         }
         // Integer to float goes through f64 too, so that a u64 above
-        // i64::MAX converts by value, not by its bits.
-        if self.dtype().is_float() || to.is_float() {
+        // i64::MAX converts by value, not by its bits. A narrow type
+        // converts through its value (f32-exact) unless both sides are
+        // integers.
+        let float = |d: DType| d.is_float() || (d.is_narrow() && !crate::narrow::is_narrow_int(d));
+        if float(self.dtype()) || float(to) {
             Data::from_f64s(to, (0..self.len()).map(|i| self.get_f64(i)))
         } else {
             Data::from_i64s(to, (0..self.len()).map(|i| self.get_i64(i)))
@@ -222,11 +240,12 @@ impl Data {
             Data::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Narrow(_, v) => v.clone(),
         }
     }
 
     /// Decodes little-endian bytes; `None` when the length is not a multiple
-    /// of the element size.
+    /// of the element size, or a narrow type's byte is not one of its codes.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<Data> {
         if !bytes.len().is_multiple_of(dtype.size_bytes()) {
             return None;
@@ -253,6 +272,13 @@ impl Data {
             DType::U16 => Data::U16(decode!(u16, 2)),
             DType::U32 => Data::U32(decode!(u32, 4)),
             DType::U64 => Data::U64(decode!(u64, 8)),
+            d => {
+                let bits = crate::narrow::code_bits(d)?;
+                if bytes.iter().any(|&b| (b as u32) >> bits != 0) {
+                    return None;
+                }
+                Data::Narrow(d, bytes.to_vec())
+            }
         })
     }
 }

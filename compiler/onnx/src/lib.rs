@@ -55,7 +55,7 @@ pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 pub use error::{OnnxError, UnsupportedOp};
 pub use import::Preflight;
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
-pub use tensor::{dtype_from_onnx, tensor_from_proto};
+pub use tensor::{dtype_from_onnx, onnx_dtype_name, tensor_from_proto};
 pub use tract_onnx::pb;
 pub use tract_onnx::pb::ModelProto;
 

@@ -10,14 +10,66 @@ use tract_onnx::pb::{tensor_proto::DataType, TensorProto};
 
 /// The ONNX name of an element type code (`FLOAT`, `STRING`...).
 pub fn onnx_dtype_name(code: i32) -> String {
-    match DataType::try_from(code) {
-        Ok(t) => t.as_str_name().to_string(),
-        Err(_) => format!("type code {code}"),
+    match (code, DataType::try_from(code)) {
+        (24, _) => "FLOAT8E8M0".into(),
+        (25, _) => "UINT2".into(),
+        (26, _) => "INT2".into(),
+        (27, _) => "FLOAT6E2M3".into(),
+        (28, _) => "FLOAT6E3M2".into(),
+        (_, Ok(t)) => t.as_str_name().to_string(),
+        (_, Err(_)) => format!("type code {code}"),
     }
+}
+
+/// Elements per byte in ONNX's serialized form: 2 for the 4-bit types,
+/// 4 for the 2-bit ones (packed from the low bits up), 1 otherwise. Kiln
+/// holds one element per byte.
+fn packing(dtype: DType) -> u64 {
+    match kiln_ir::narrow::code_bits(dtype) {
+        Some(4) => 2,
+        Some(2) => 4,
+        _ => 1,
+    }
+}
+
+/// Bytes that `count` elements of `dtype` take serialized.
+fn serialized_bytes(dtype: DType, count: u64) -> Option<u64> {
+    let per = packing(dtype);
+    if per > 1 {
+        return Some(count.div_ceil(per));
+    }
+    count.checked_mul(dtype.size_bytes() as u64)
+}
+
+/// Kiln's data from serialized bytes: packed elements spread one per byte.
+fn data_from_serialized(dtype: DType, bytes: &[u8], count: usize) -> Option<Data> {
+    let per = packing(dtype) as usize;
+    if per == 1 {
+        return Data::from_le_bytes(dtype, bytes);
+    }
+    let bits = 8 / per;
+    let mask = (1u8 << bits) - 1;
+    let codes = (0..count)
+        .map(|i| (bytes[i / per] >> (bits * (i % per))) & mask)
+        .collect::<Vec<u8>>();
+    Data::from_le_bytes(dtype, &codes)
 }
 
 /// Maps an ONNX `TensorProto.DataType` code to a Kiln element type.
 pub fn dtype_from_onnx(code: i32) -> Option<DType> {
+    // Codes newer than the protobuf definitions tract ships.
+    match code {
+        17 => return Some(DType::F8E4M3FN),
+        18 => return Some(DType::F8E4M3FNUZ),
+        19 => return Some(DType::F8E5M2),
+        20 => return Some(DType::F8E5M2FNUZ),
+        21 => return Some(DType::U4),
+        22 => return Some(DType::I4),
+        23 => return Some(DType::F4E2M1),
+        25 => return Some(DType::U2),
+        26 => return Some(DType::I2),
+        _ => {}
+    }
     Some(match DataType::try_from(code).ok()? {
         DataType::Float => DType::F32,
         DataType::Uint8 => DType::U8,
@@ -48,7 +100,7 @@ pub fn dtype_or_err(code: i32, value: &str) -> Result<DType, OnnxError> {
 /// Parses an ONNX type name as written in opset 1-5 `Cast.to` (`FLOAT`).
 pub fn dtype_from_onnx_name(name: &str) -> Option<DType> {
     let upper = name.to_ascii_uppercase();
-    (0..=23)
+    (0..=28)
         .find(|&c| onnx_dtype_name(c) == upper)
         .and_then(dtype_from_onnx)
 }
@@ -66,7 +118,7 @@ pub fn declared_bytes(t: &TensorProto) -> Option<u64> {
     let dtype = dtype_from_onnx(t.data_type)?;
     Some(
         element_count(&t.dims)
-            .and_then(|n| n.checked_mul(dtype.size_bytes() as u64))
+            .and_then(|n| serialized_bytes(dtype, n))
             .unwrap_or(u64::MAX),
     )
 }
@@ -96,7 +148,7 @@ pub fn tensor_from_proto(
         reason,
     };
     let count = element_count(&t.dims);
-    let bytes = count.and_then(|n| n.checked_mul(dtype.size_bytes() as u64));
+    let bytes = count.and_then(|n| serialized_bytes(dtype, n));
     let (count, bytes) = match (count, bytes) {
         (Some(c), Some(b)) if b <= max_bytes => (c, b),
         (_, b) => {
@@ -116,7 +168,8 @@ pub fn tensor_from_proto(
     let external = t.data_location == Some(1);
     let data = if external {
         let raw = read_external(t, name, model_dir, bytes)?;
-        Data::from_le_bytes(dtype, &raw).ok_or_else(|| invalid("external data length".into()))?
+        data_from_serialized(dtype, &raw, count)
+            .ok_or_else(|| invalid("external data length".into()))?
     } else if !t.raw_data.is_empty() || count == 0 {
         let present = t.raw_data.len() as u64;
         if present < bytes {
@@ -131,7 +184,8 @@ pub fn tensor_from_proto(
                 t.dims, dtype
             )));
         }
-        Data::from_le_bytes(dtype, &t.raw_data).ok_or_else(|| invalid("raw data length".into()))?
+        data_from_serialized(dtype, &t.raw_data, count)
+            .ok_or_else(|| invalid("raw data length".into()))?
     } else {
         typed_data(t, dtype, count, name)?
     };
@@ -146,6 +200,20 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
         DType::I64 => t.int64_data.len(),
         // ONNX keeps uint32 and uint64 in `uint64_data`, uint16 in `int32_data`.
         DType::U32 | DType::U64 => t.uint64_data.len(),
+        // The 4- and 2-bit types: one packed byte per `int32_data` entry.
+        d if packing(d) > 1 => {
+            let packed = serialized_bytes(d, count as u64).unwrap_or(u64::MAX);
+            if t.int32_data.len() as u64 == packed {
+                let bytes: Vec<u8> = t.int32_data.iter().map(|&x| x as u8).collect();
+                return data_from_serialized(d, &bytes, count).ok_or_else(|| {
+                    OnnxError::InvalidTensor {
+                        tensor: name.to_string(),
+                        message: "int32_data holds values that are not codes of its type".into(),
+                    }
+                });
+            }
+            t.int32_data.len()
+        }
         _ => t.int32_data.len(),
     };
     if present != count {
@@ -180,6 +248,13 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
         DType::Bool => Data::Bool(i32s.iter().map(|&x| x != 0).collect()),
         DType::F16 => Data::F16(i32s.iter().map(|&x| f16::from_bits(x as u16)).collect()),
         DType::BF16 => Data::BF16(i32s.iter().map(|&x| bf16::from_bits(x as u16)).collect()),
+        d => {
+            let codes: Vec<u8> = i32s.iter().map(|&x| x as u8).collect();
+            Data::from_le_bytes(d, &codes).ok_or_else(|| OnnxError::InvalidTensor {
+                tensor: name.to_string(),
+                message: format!("int32_data holds values that are not {d} codes"),
+            })?
+        }
     })
 }
 

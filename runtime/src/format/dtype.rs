@@ -32,11 +32,32 @@ pub enum DType {
     U32 = 12,
     /// Unsigned 64-bit integer.
     U64 = 13,
+    /// 8-bit float e4m3 without infinity (ONNX `FLOAT8E4M3FN`). This and
+    /// the types below hold one element per byte, its code in the low bits
+    /// (ONNX packs the 4- and 2-bit types two and four to a byte; Kiln's
+    /// tensors do not); a kernel reads only those bits.
+    F8E4M3FN = 14,
+    /// 8-bit float e4m3, bias 8, no `-0` (`FLOAT8E4M3FNUZ`).
+    F8E4M3FNUZ = 15,
+    /// 8-bit float e5m2 (`FLOAT8E5M2`).
+    F8E5M2 = 16,
+    /// 8-bit float e5m2, bias 16, no `-0` (`FLOAT8E5M2FNUZ`).
+    F8E5M2FNUZ = 17,
+    /// 4-bit float e2m1 (`FLOAT4E2M1`).
+    F4E2M1 = 18,
+    /// Signed 4-bit integer.
+    I4 = 19,
+    /// Unsigned 4-bit integer.
+    U4 = 20,
+    /// Signed 2-bit integer.
+    I2 = 21,
+    /// Unsigned 2-bit integer.
+    U2 = 22,
 }
 
 impl DType {
     /// Every dtype, in code order.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 22] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -50,12 +71,30 @@ impl DType {
         DType::U16,
         DType::U32,
         DType::U64,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F4E2M1,
+        DType::I4,
+        DType::U4,
+        DType::I2,
+        DType::U2,
     ];
 
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F4E2M1
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2 => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -78,6 +117,15 @@ impl DType {
             DType::U16 => "u16",
             DType::U32 => "u32",
             DType::U64 => "u64",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 
@@ -110,10 +158,11 @@ mod tests {
             assert_eq!(d.to_string(), d.name());
         }
         assert_eq!(DType::from_u8(0), None);
-        assert_eq!(DType::from_u8(14), None);
+        assert_eq!(DType::from_u8(23), None);
         // Codes are on-disk: never renumbered.
         assert_eq!(DType::U8 as u8, 6);
         assert_eq!(DType::Bool as u8, 10);
         assert_eq!(DType::U64 as u8, 13);
+        assert_eq!(DType::U2 as u8, 22);
     }
 }

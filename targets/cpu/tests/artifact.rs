@@ -206,3 +206,14 @@ fn every_x86_level_runs_the_same_on_this_host() {
         }
     }
 }
+
+#[test]
+fn every_ir_dtype_has_an_artifact_dtype() {
+    // The targets map IR element types to artifact codes by name.
+    use kiln_runtime::format::DType as FDType;
+    for d in DType::ALL {
+        let f = FDType::from_name(d.name()).unwrap_or_else(|| panic!("no artifact dtype {d}"));
+        assert_eq!(f.size_bytes(), d.size_bytes(), "{d}");
+    }
+    assert_eq!(FDType::ALL.len(), DType::ALL.len());
+}

@@ -685,3 +685,119 @@ fn f32_to_u8_on_the_narrowing_kernel() {
         }
     }
 }
+
+/// The narrow storage types (`kiln_ir::narrow`).
+const NARROW: [DType; 9] = [
+    DType::F8E4M3FN,
+    DType::F8E4M3FNUZ,
+    DType::F8E5M2,
+    DType::F8E5M2FNUZ,
+    DType::F4E2M1,
+    DType::I4,
+    DType::U4,
+    DType::I2,
+    DType::U2,
+];
+
+fn cast_graph(from: DType, to: DType, len: usize) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(from, [len]));
+    let y = g.add_node(Op::Cast { to }, &[x], "cast").unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn narrow_type_casts_match_the_evaluator() {
+    // To each narrow type from f32 (codes compared exactly): zeros of both
+    // signs, NaN, infinities, ties of every format, values around the
+    // subnormal and saturation limits, and a random sweep.
+    let mut rng = Rng::new(808);
+    let mut values: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE,
+        1e-7,
+        -1e-7,
+        0.25,
+        0.75,
+        1.0625,
+        1.1875,
+        -3.5,
+        2.5,
+        7.0,
+        7.9,
+        8.0,
+        -8.0,
+        -9.0,
+        15.0,
+        16.0,
+        240.0,
+        447.9,
+        448.0,
+        464.0,
+        465.0,
+        57344.0,
+        61440.0,
+        1e6,
+        -1e6,
+        2f32.powi(-9),
+        2f32.powi(-10),
+        3.0 * 2f32.powi(-11),
+        2f32.powi(-16),
+        2f32.powi(-17),
+        1.5 * 2f32.powi(-17),
+    ];
+    for _ in 0..400 {
+        let exp = rng.int(-20, 18) as i32;
+        values.push(rng.f64(-2.0, 2.0) as f32 * 2f32.powi(exp));
+    }
+    for _ in 0..100 {
+        values.push(rng.int(-20, 20) as f32);
+    }
+    let n = values.len();
+    let x = Tensor::new([n], Data::F32(values.clone())).unwrap();
+    let xf64 = Tensor::new([n], Data::F64(values.iter().map(|&v| v as f64).collect())).unwrap();
+    let ints = Tensor::new(
+        [n],
+        Data::I32((0..n as i32).map(|i| i * 37 - 500).collect()),
+    )
+    .unwrap();
+    for to in NARROW {
+        check(&cast_graph(DType::F32, to, n), std::slice::from_ref(&x));
+        check(&cast_graph(DType::F64, to, n), std::slice::from_ref(&xf64));
+        check(&cast_graph(DType::I32, to, n), std::slice::from_ref(&ints));
+        // From every code of the type: to f32 (NaNs compared as NaN),
+        // f16, i32, u8, every other narrow type and itself through f32.
+        let bits = kiln_ir::narrow::code_bits(to).unwrap();
+        let codes: Vec<u8> = (0..1u32 << bits).map(|c| c as u8).collect();
+        let all = Tensor::new([codes.len()], Data::Narrow(to, codes.clone())).unwrap();
+        for target in [DType::F32, DType::F16, DType::I32, DType::U8, DType::F64]
+            .into_iter()
+            .chain(NARROW)
+        {
+            check(
+                &cast_graph(to, target, codes.len()),
+                std::slice::from_ref(&all),
+            );
+        }
+    }
+}
+
+#[test]
+fn arithmetic_on_narrow_types_is_refused() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F8E4M3FN, [4]));
+    let err = g
+        .add_node(Op::Binary(BinaryOp::Add), &[x, x], "add")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("f8e4m3fn is a storage type"),
+        "unexpected error: {err}"
+    );
+}

@@ -137,6 +137,10 @@ pub(super) fn where_(
         Data::U16(v) => super::gather_elems(&v, &idx),
         Data::U32(v) => super::gather_elems(&v, &idx),
         Data::U64(v) => super::gather_elems(&v, &idx),
+        Data::Narrow(d, v) => match super::gather_elems(&v, &idx) {
+            Data::U8(codes) => Data::Narrow(d, codes),
+            other => other,
+        },
     })
 }
 

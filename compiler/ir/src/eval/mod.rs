@@ -166,6 +166,12 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Col2Im(c) => resize::col2im(c, inputs[0])?,
         Op::Fused(k) => return fused::fused(k, inputs),
     };
+    // Data movement treats a narrow type's codes as bytes (`Data::U8`);
+    // the inferred type says what they are.
+    let data = match data {
+        Data::U8(codes) if out.dtype.is_narrow() => Data::Narrow(out.dtype, codes),
+        data => data,
+    };
     if data.dtype() != out.dtype {
         return Err(eval_err(
             name,

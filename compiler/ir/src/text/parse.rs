@@ -585,6 +585,17 @@ fn parse_elements(dtype: DType, elements: &[(String, usize)]) -> Result<Data, Ir
             "false" | "0" => Some(false),
             _ => None,
         })?),
+        // Narrow types print their codes in hex (`0x3c`).
+        d => {
+            let bits = crate::narrow::code_bits(d).unwrap_or(8);
+            Data::Narrow(
+                d,
+                each(elements, dtype, |s| {
+                    let code = u8::from_str_radix(s.strip_prefix("0x")?, 16).ok()?;
+                    ((code as u32) >> bits == 0).then_some(code)
+                })?,
+            )
+        }
     })
 }
 

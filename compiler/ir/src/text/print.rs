@@ -255,6 +255,8 @@ fn print_const(out: &mut String, t: &Tensor, opts: &PrintOptions) {
             Data::U16(v) => v.iter().map(|x| x.to_string()).collect(),
             Data::U32(v) => v.iter().map(|x| x.to_string()).collect(),
             Data::U64(v) => v.iter().map(|x| x.to_string()).collect(),
+            // A narrow type's codes (`crate::narrow`), which parse back.
+            Data::Narrow(_, v) => v.iter().map(|x| format!("{x:#04x}")).collect(),
         };
         out.push_str(&elements.join(", "));
         out.push_str("]>");
@@ -292,6 +294,7 @@ pub(super) fn fnv1a(data: &Data) -> u64 {
         Data::U16(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
         Data::U32(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
         Data::U64(v) => v.iter().for_each(|x| eat(&x.to_le_bytes())),
+        Data::Narrow(_, v) => eat(v),
     }
     h
 }

@@ -327,7 +327,21 @@ pub fn unsqueeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let to = cast_target(ctx, node)?;
+    saturating_only(ctx, node, to)?;
     one(ctx.op(Op::Cast { to }, &[x], None)?)
+}
+
+/// Kiln's casts to the 8- and 4-bit floats saturate (the default); the
+/// non-saturating form (`saturate=0`: NaN or infinity out of range) is
+/// refused.
+fn saturating_only(ctx: &ImportCtx, node: &NodeProto, to: DType) -> Result<(), OnnxError> {
+    let narrow_float = to.is_narrow() && !kiln_ir::narrow::is_narrow_int(to);
+    if narrow_float && ctx.attr_i_or(node, "saturate", 1)? == 0 {
+        return Err(ctx.unsupported(format!(
+            "casting to {to} with saturate=0 is not supported (only the saturating default)"
+        )));
+    }
+    Ok(())
 }
 
 /// `BitCast`: the same bytes as another type of the same size.
@@ -365,6 +379,7 @@ pub fn cast_like(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let like = ctx.input(node, 1)?;
     let to = ctx.ty(like).dtype;
+    saturating_only(ctx, node, to)?;
     one(ctx.op(Op::Cast { to }, &[x], None)?)
 }
 

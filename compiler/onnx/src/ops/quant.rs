@@ -101,7 +101,7 @@ pub fn dequantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let scale = ctx.input(node, 1)?;
     let zp = ctx.opt_input(node, 2);
     let xt = ctx.ty(x).clone();
-    if !xt.dtype.is_int() {
+    if !xt.dtype.is_int() && !xt.dtype.is_narrow() {
         return Err(ctx.unsupported(format!("DequantizeLinear of {} input", xt.dtype)));
     }
     let (axis, block) = axis_and_block(ctx, node)?;
@@ -163,27 +163,40 @@ pub fn quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         (Some(z), None) => ctx.ty(z).dtype,
         (None, None) => DType::U8,
     };
-    let (lo, hi) = match out {
-        DType::U8 => (0.0, 255.0),
-        DType::I8 => (-128.0, 127.0),
-        DType::I16 => (-32768.0, 32767.0),
-        DType::U16 => (0.0, 65535.0),
-        DType::I32 => (i32::MIN as f32, i32::MAX as f32),
+    // Integer outputs round, shift and clip to their range; the 8- and
+    // 4-bit floats take `x / scale + zero_point` and round (to nearest
+    // even) and saturate in the cast.
+    let range = match out {
+        DType::U8 => Some((0.0, 255.0)),
+        DType::I8 => Some((-128.0, 127.0)),
+        DType::I16 => Some((-32768.0, 32767.0)),
+        DType::U16 => Some((0.0, 65535.0)),
+        DType::I32 => Some((i32::MIN as f32, i32::MAX as f32)),
+        DType::I4 => Some((-8.0, 7.0)),
+        DType::U4 => Some((0.0, 15.0)),
+        DType::I2 => Some((-2.0, 1.0)),
+        DType::U2 => Some((0.0, 3.0)),
+        d if d.is_narrow() => None,
         d => return Err(ctx.unsupported(format!("QuantizeLinear to {d}"))),
     };
-    if ctx.attr_i_or(node, "saturate", 1)? == 0 && !out.is_int() {
+    if ctx.attr_i_or(node, "saturate", 1)? == 0 && range.is_none() {
         return Err(ctx.unsupported("QuantizeLinear with saturate=0"));
     }
     let xf = cast_to(ctx, x, DType::F32, "x_float")?;
     let s = cast_to(ctx, scale, DType::F32, "scale_float")?;
     let s = spread(ctx, s, &xt.shape, axis, block, "scale")?;
-    let q = ctx.op(Op::Binary(BinaryOp::Div), &[xf, s], Some("scaled"))?;
-    let mut q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some("rounded"))?;
+    let mut q = ctx.op(Op::Binary(BinaryOp::Div), &[xf, s], Some("scaled"))?;
+    if range.is_some() {
+        q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some("rounded"))?;
+    }
     if let Some(z) = zp {
         let z = cast_to(ctx, z, DType::F32, "zero_point_float")?;
         let z = spread(ctx, z, &xt.shape, axis, block, "zero_point")?;
         q = ctx.op(Op::Binary(BinaryOp::Add), &[q, z], Some("shifted"))?;
     }
+    let Some((lo, hi)) = range else {
+        return one(ctx.op(Op::Cast { to: out }, &[q], None)?);
+    };
     let q = ctx.op(
         Op::Unary(UnaryOp::Clip { min: lo, max: hi }),
         &[q],

@@ -966,6 +966,26 @@ fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
     if from == to {
         return x;
     }
+    // The narrow types convert through their value: f32 for the floats,
+    // i64 for the integers.
+    if from.is_narrow() {
+        let v = super::narrow::decode(kb, x, from);
+        let wide = if kiln_ir::narrow::is_narrow_int(from) {
+            DType::I64
+        } else {
+            DType::F32
+        };
+        return cast_value(kb, v, wide, to);
+    }
+    if to.is_narrow() {
+        let int_source = !from.is_float();
+        let v = match from {
+            DType::F64 => kb.b.ins().fdemote(F32, x),
+            DType::F32 => x,
+            _ => widen(kb, x, from),
+        };
+        return super::narrow::encode(kb, v, to, int_source);
+    }
     let to_ty = scalar_type(to).expect("checked");
     if from.is_float() {
         let from_ty = scalar_type(from).expect("checked");

@@ -15,6 +15,7 @@ mod linalg;
 mod logic;
 pub(crate) mod loops;
 pub(crate) mod math;
+mod narrow;
 mod norm;
 mod partition;
 mod pool;
@@ -213,10 +214,13 @@ pub(crate) fn scalar_type(d: DType) -> Option<Type> {
         DType::F32 => F32,
         DType::F64 => F64,
         DType::I8 | DType::U8 | DType::Bool => I8,
+        // A narrow type's code (`narrow.rs` converts it).
+        d if d.is_narrow() => I8,
         DType::I16 | DType::U16 => I16,
         DType::I32 | DType::U32 => I32,
         DType::I64 | DType::U64 => I64,
         DType::F16 | DType::BF16 => return None,
+        _ => return None,
     })
 }
 

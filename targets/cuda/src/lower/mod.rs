@@ -144,7 +144,7 @@ pub(crate) fn cty(d: DType) -> Option<Ty> {
         | DType::U32
         | DType::I64
         | DType::Bool => Ty::S64,
-        DType::U64 | DType::F16 | DType::BF16 => return None,
+        _ => return None,
     })
 }
 
@@ -162,6 +162,8 @@ pub(crate) fn mem(d: DType) -> MemTy {
         DType::I64 => "s64",
         DType::U64 => "u64",
         DType::F16 | DType::BF16 => "b16",
+        // A narrow type's code (no kernel computes on one: `cty` refuses).
+        _ => "u8",
     })
 }
 
