@@ -247,16 +247,35 @@ pub fn shrink(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     unary(ctx, node, UnaryOp::Shrink { bias, lambd })
 }
 
-/// `Mod`: `fmod=1` is C's fmod (the dividend's sign), `fmod=0` (integers
-/// only) takes the divisor's sign, like Python.
+/// `Mod`: `fmod=1` is C's fmod (the dividend's sign), `fmod=0` takes the
+/// divisor's sign, like Python and numpy (on floats: C's fmod, plus the
+/// divisor where a nonzero remainder's sign differs from it).
 pub fn modulo(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let fmod = ctx.attr_i_or(node, "fmod", 0)? == 1;
     let (a, b) = binary_operands(ctx, node)?;
-    if !fmod && ctx.ty(a).dtype.is_float() {
-        return Err(ctx.bad_attr("fmod", "must be 1 for floating-point inputs"));
+    let dtype = ctx.ty(a).dtype;
+    if fmod || !dtype.is_float() {
+        let op = if fmod { BinaryOp::Fmod } else { BinaryOp::Mod };
+        return one(ctx.op(Op::Binary(op), &[a, b], None)?);
     }
-    let op = if fmod { BinaryOp::Fmod } else { BinaryOp::Mod };
-    one(ctx.op(Op::Binary(op), &[a, b], None)?)
+    let r = ctx.op(Op::Binary(BinaryOp::Fmod), &[a, b], Some("fmod"))?;
+    let zero = scalar(ctx, dtype, 0.0, "zero");
+    let r_negative = ctx.op(Op::Compare(CompareOp::Less), &[r, zero], Some("r_negative"))?;
+    let b_negative = ctx.op(Op::Compare(CompareOp::Less), &[b, zero], Some("b_negative"))?;
+    let signs_differ = ctx.op(
+        Op::Logical(LogicalOp::Xor),
+        &[r_negative, b_negative],
+        Some("signs_differ"),
+    )?;
+    let r_zero = ctx.op(Op::Compare(CompareOp::Equal), &[r, zero], Some("r_zero"))?;
+    let r_nonzero = ctx.op(Op::Not, &[r_zero], Some("r_nonzero"))?;
+    let shift = ctx.op(
+        Op::Logical(LogicalOp::And),
+        &[signs_differ, r_nonzero],
+        Some("shift"),
+    )?;
+    let shifted = ctx.op(Op::Binary(BinaryOp::Add), &[r, b], Some("shifted"))?;
+    one(ctx.op(Op::Where, &[shift, shifted, r], None)?)
 }
 
 /// `PRelu`: the slope broadcasts to X (unidirectionally; before opset 7 a

@@ -1,12 +1,13 @@
 //! Data movement: `Flatten`, `Reshape`, `Transpose`, `Concat`, `Identity`,
 //! `Dropout`, `Gather`, `Slice`, `Squeeze`, `Unsqueeze`, `Cast`, `Expand`.
 
-use super::elementwise::reshape_to;
+use super::elementwise::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
 use crate::OnnxError;
-use kiln_ir::{infer::broadcast_shapes, DType, Data, Op, SliceAxis};
+use kiln_ir::narrow::{FloatFormat, Specials};
+use kiln_ir::{infer::broadcast_shapes, CompareOp, DType, Data, Op, SliceAxis, Tensor, UnaryOp};
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::NodeProto;
 
@@ -327,21 +328,64 @@ pub fn unsqueeze(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn cast(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let to = cast_target(ctx, node)?;
-    saturating_only(ctx, node, to)?;
-    one(ctx.op(Op::Cast { to }, &[x], None)?)
+    one(narrowing_cast(ctx, node, x, to)?)
 }
 
-/// Kiln's casts to the 8- and 4-bit floats saturate (the default); the
-/// non-saturating form (`saturate=0`: NaN or infinity out of range) is
-/// refused.
-fn saturating_only(ctx: &ImportCtx, node: &NodeProto, to: DType) -> Result<(), OnnxError> {
-    let narrow_float = to.is_narrow() && !kiln_ir::narrow::is_narrow_int(to);
-    if narrow_float && ctx.attr_i_or(node, "saturate", 1)? == 0 {
+/// `Cast` of `x` to `to` with the node's `saturate` attribute. The IR's
+/// casts to the 8- and 4-bit floats saturate (ONNX's default); with
+/// `saturate=0` a value whose rounding leaves the finite range becomes NaN
+/// (or ±infinity for `f8e5m2`) instead: the saturating cast, then a `where`
+/// on `|x|` against the rounding threshold.
+fn narrowing_cast(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    to: DType,
+) -> Result<Val, OnnxError> {
+    // `saturate` applies to the 8-bit floats only.
+    let format = FloatFormat::of(to).filter(|f| f.specials != Specials::Finite);
+    let from = ctx.ty(x).dtype;
+    let (Some(f), false) = (format, ctx.attr_i_or(node, "saturate", 1)? != 0) else {
+        return ctx.op(Op::Cast { to }, &[x], None);
+    };
+    if !from.is_float() {
         return Err(ctx.unsupported(format!(
-            "casting to {to} with saturate=0 is not supported (only the saturating default)"
+            "casting {from} to {to} with saturate=0 (only from floating-point types)"
         )));
     }
-    Ok(())
+    let saturated = ctx.op(Op::Cast { to }, &[x], Some("saturated"))?;
+    // The smallest |x| that rounds (to nearest even) past the largest
+    // finite value: the midpoint to the next step, itself included when
+    // the largest value's last mantissa bit is odd.
+    let max = kiln_ir::narrow::decode(to, f.max as u8) as f64;
+    let step = 2f64.powi((f.max >> f.man_bits) as i32 - f.bias - f.man_bits as i32);
+    let threshold = max + step / 2.0;
+    let tie_overflows = f.max & 1 == 1;
+    let xf = cast_to(ctx, x, DType::F32, "x_float")?;
+    let magnitude = ctx.op(Op::Unary(UnaryOp::Abs), &[xf], Some("magnitude"))?;
+    let limit = scalar(ctx, DType::F32, threshold, "threshold");
+    let cmp = if tie_overflows {
+        CompareOp::GreaterOrEqual
+    } else {
+        CompareOp::Greater
+    };
+    let overflows = ctx.op(Op::Compare(cmp), &[magnitude, limit], Some("overflows"))?;
+    let code = |ctx: &mut ImportCtx, code: u32, name: &str| {
+        let t = Tensor::new([], Data::Narrow(to, vec![code as u8])).expect("scalar");
+        let name = format!("{}/{name}", ctx.node_name());
+        ctx.constant(t, name)
+    };
+    let special = if f.specials == Specials::Ieee {
+        let inf = f.max + 1;
+        let positive = code(ctx, inf, "infinity");
+        let negative = code(ctx, f.sign_bit() | inf, "negative_infinity");
+        let zero = scalar(ctx, DType::F32, 0.0, "zero");
+        let below = ctx.op(Op::Compare(CompareOp::Less), &[xf, zero], Some("negative"))?;
+        ctx.op(Op::Where, &[below, negative, positive], Some("infinities"))?
+    } else {
+        code(ctx, f.nan_code(0), "nan")
+    };
+    ctx.op(Op::Where, &[overflows, special, saturated], None)
 }
 
 /// `BitCast`: the same bytes as another type of the same size.
@@ -379,8 +423,7 @@ pub fn cast_like(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let like = ctx.input(node, 1)?;
     let to = ctx.ty(like).dtype;
-    saturating_only(ctx, node, to)?;
-    one(ctx.op(Op::Cast { to }, &[x], None)?)
+    one(narrowing_cast(ctx, node, x, to)?)
 }
 
 /// `Expand`: the IR has no broadcast op, so Expand folds when both inputs

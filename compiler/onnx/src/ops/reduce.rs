@@ -4,7 +4,7 @@
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{Ints, Op, ReduceOp};
+use kiln_ir::{DType, Ints, Op, ReduceOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -29,7 +29,9 @@ fn reduce(ctx: &mut ImportCtx, node: &NodeProto, op: ReduceOp) -> R {
     } else {
         (ctx.attr_ints(node, "axes")?.unwrap_or_default(), false)
     };
-    if !(xt.dtype.is_float() || op.accepts_int() && xt.dtype.is_int()) {
+    // Max and Min of bools (opset 20+) are any and all: computed on u8.
+    let bool_extreme = xt.dtype == DType::Bool && matches!(op, ReduceOp::Max | ReduceOp::Min);
+    if !(xt.dtype.is_float() || op.accepts_int() && xt.dtype.is_int() || bool_extreme) {
         return Err(ctx.unsupported(format!("{} on {} is not supported", node.op_type, xt.dtype)));
     }
     let mut axes: Ints = if axes.is_empty() {
@@ -44,15 +46,17 @@ fn reduce(ctx: &mut ImportCtx, node: &NodeProto, op: ReduceOp) -> R {
     };
     axes.sort_unstable();
     axes.dedup();
-    one(ctx.op(
-        Op::Reduce {
-            op,
-            axes,
-            keep_dims,
-        },
-        &[x],
-        None,
-    )?)
+    let reduce = Op::Reduce {
+        op,
+        axes,
+        keep_dims,
+    };
+    if bool_extreme {
+        let bytes = ctx.op(Op::Cast { to: DType::U8 }, &[x], Some("u8"))?;
+        let r = ctx.op(reduce, &[bytes], Some("reduced"))?;
+        return one(ctx.op(Op::Cast { to: DType::Bool }, &[r], None)?);
+    }
+    one(ctx.op(reduce, &[x], None)?)
 }
 
 macro_rules! reductions {
