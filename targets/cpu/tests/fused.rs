@@ -308,15 +308,16 @@ fn elementwise_programs_vector_and_scalar() {
 
 #[test]
 fn avx512_head_and_program_tail_are_one_chained_kernel() {
-    // conv + sigmoid on AVX-512: the microkernel, then the Cranelift tail,
-    // entered through the trampoline (push rdi; push rsi; sub rsp, 8; call).
+    // conv + tanh (no step form) on AVX-512: the microkernel, then the
+    // Cranelift tail, entered through the trampoline (push rdi; push rsi;
+    // sub rsp, 8; call).
     let g = fused_graph(
         Some((
             conv(1, 1),
             vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
         )),
         vec![],
-        vec![Instr::Unary(UnaryOp::Sigmoid, r(0))],
+        vec![Instr::Unary(UnaryOp::Tanh, r(0))],
         10,
     );
     let opts = CpuOptions {
@@ -504,7 +505,7 @@ fn per_column_operands_run_in_the_store_loop() {
 
 #[test]
 fn programs_the_store_loop_cannot_hold_keep_a_tail() {
-    // A sigmoid has no step form: it stays a Cranelift tail.
+    // A tanh has no step form: it stays a Cranelift tail.
     let g = fused_graph(
         Some((
             DenseOp::MatMul,
@@ -513,7 +514,7 @@ fn programs_the_store_loop_cannot_hold_keep_a_tail() {
         vec![],
         vec![
             Instr::Unary(UnaryOp::Relu, r(0)),
-            Instr::Unary(UnaryOp::Sigmoid, r(1)),
+            Instr::Unary(UnaryOp::Tanh, r(1)),
         ],
         31,
     );
@@ -623,17 +624,74 @@ fn headless_chains_run_as_avx512_elementwise_kernels() {
     check(&g, 52);
     let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
     assert_eq!(has_zmm_code(&native), avx512, "round has a step form");
-    // exp has no step form.
+    // tanh has no step form.
     let g = fused_graph(
         None,
         vec![Arg::Input(vec![4, 33]), Arg::Const(vec![1])],
         vec![
             Instr::Binary(BinaryOp::Mul, r(0), r(1)),
-            Instr::Unary(UnaryOp::Exp, r(2)),
+            Instr::Unary(UnaryOp::Tanh, r(2)),
         ],
         51,
     );
     check(&g, 51);
     let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
-    assert!(!has_zmm_code(&native), "exp keeps the Cranelift kernel");
+    assert!(!has_zmm_code(&native), "tanh keeps the Cranelift kernel");
+}
+
+#[test]
+fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
+    // Headless exp and sigmoid (det's output map) on inputs from -120 to
+    // 120 (both clamps of exp), zeros, infinities and NaN, against the
+    // reference, on the AVX-512 kernel and the Cranelift one.
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let mut values: Vec<f32> = (0..4 * 61).map(|i| i as f32 - 122.0).collect();
+    values.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        88.7,
+        88.9,
+        -87.1,
+    ]);
+    values.extend((0..30).map(|i| (i as f32 - 15.0) * 0.137));
+    let n = values.len();
+    let x = Tensor::new([n], kiln_ir::Data::F32(values)).unwrap();
+    for (i, op) in [UnaryOp::Exp, UnaryOp::Sigmoid].into_iter().enumerate() {
+        let g = fused_graph(
+            None,
+            vec![Arg::Input(vec![n]), Arg::Const(vec![1])],
+            vec![
+                Instr::Unary(op, r(0)),
+                Instr::Binary(BinaryOp::Add, r(2), r(1)),
+            ],
+            53 + i as u64,
+        );
+        for target in [CpuTarget::Native, CpuTarget::X86_64V3] {
+            check_for(&g, std::slice::from_ref(&x), 1e-6, target);
+        }
+        let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+        assert_eq!(has_zmm_code(&native), avx512, "{op:?} has a step form");
+    }
+    // SiLU after a conv (PP-OCRv4 rec's `x · sigmoid(x)`) in the store loop.
+    let g = fused_graph(
+        Some((
+            conv(1, 1),
+            vec![
+                Arg::Input(vec![1, 16, 5, 40]),
+                Arg::Const(vec![24, 16, 3, 3]),
+                Arg::Const(vec![24]),
+            ],
+        )),
+        vec![],
+        vec![
+            Instr::Unary(UnaryOp::Sigmoid, r(0)),
+            Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+        ],
+        55,
+    );
+    check(&g, 55);
+    assert!(!has_program_tail(&g));
 }

@@ -309,7 +309,8 @@ fn absorb_prefix(cx: &NodeCx, k: &FusedKernel, spec: &mut GemmSpec) -> Option<El
 /// product (a bias or an int8 rescale along the last axis), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
 /// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, Erf (the rational
-/// approximation of `math::erf`) and erf-form Gelu, and Round (ties to
+/// approximation of `math::erf`) and erf-form Gelu, Exp and Sigmoid (the
+/// polynomial of `math::exp`, `2^n` by `vscalefps`), and Round (ties to
 /// even, one instruction). Constants go to the weights section. `None`
 /// otherwise.
 fn epilogue_steps(
@@ -412,6 +413,20 @@ pub(crate) fn program_steps(
                         b.emit(Mul, x, t)
                     }
                     UnaryOp::Erf => b.erf(x),
+                    // Below e^-87 the Exp kernels' value would be
+                    // subnormal; the steps give e^-87 ≈ 1.6e-38 there
+                    // (within 2e-38 of the reference) and never produce
+                    // a subnormal (`docs/targets-cpu.md`).
+                    UnaryOp::Exp => b.exp(x),
+                    UnaryOp::Sigmoid => {
+                        // 1 / (1 + e^-x): 1 + e^-x is 1 wherever e^-x is
+                        // below e^-87, so the floor changes no result.
+                        let t = b.emit_const(Mul, x, -1.0);
+                        let e = b.exp(t);
+                        let d = b.emit_const(Add, e, 1.0);
+                        let one = b.konst(1.0);
+                        b.emit(Div, one, d)
+                    }
                     UnaryOp::Gelu { tanh: false } => {
                         // x · (1 + erf(x / √2)) / 2
                         let t = b.emit_const(Mul, x, std::f32::consts::FRAC_1_SQRT_2);
@@ -568,6 +583,36 @@ impl Steps<'_> {
         let d = horner(&ERF_DENOMINATOR);
         let n = self.emit(Mul, x, n);
         self.emit(Div, n, d)
+    }
+
+    /// `e^x` as the Cranelift `math::exp` computes it: `n = round(t·log₂e)`,
+    /// `r = t − n·ln 2` in two parts, `1 + r + r²·P(r)`, times `2^n`
+    /// (`vscalefps`), with `t = clamp(x, −87, 88.8)`: no step produces a
+    /// subnormal, and above 88.8 the result is +inf as it should be; the
+    /// clamps take x second, so a NaN stays NaN.
+    fn exp(&mut self, x: Operand) -> Operand {
+        use super::math::{EXP_HIGHEST, EXP_NORMAL_LOWEST, EXP_POLY, LN2_HI, LN2_LO};
+        use EpilogueOp::{Add, Max, Min, Mul, RoundEven, Scale, Sub};
+        let highest = self.konst(EXP_HIGHEST);
+        let t = self.emit(Min, highest, x);
+        let lowest = self.konst(EXP_NORMAL_LOWEST);
+        let t = self.emit(Max, lowest, t);
+        let n = self.emit_const(Mul, t, std::f32::consts::LOG2_E);
+        let n = self.emit(RoundEven, n, n);
+        let hi = self.emit_const(Mul, n, LN2_HI as f32);
+        let r = self.emit(Sub, t, hi);
+        let lo = self.emit_const(Mul, n, LN2_LO as f32);
+        let r = self.emit(Sub, r, lo);
+        let mut p = self.konst(EXP_POLY[0] as f32);
+        for &c in &EXP_POLY[1..] {
+            let t = self.emit(Mul, p, r);
+            p = self.emit_const(Add, t, c as f32);
+        }
+        let r2 = self.emit(Mul, r, r);
+        let p = self.emit(Mul, p, r2);
+        let r1 = self.emit_const(Add, r, 1.0);
+        let e = self.emit(Add, p, r1);
+        self.emit(Scale, e, n)
     }
 }
 

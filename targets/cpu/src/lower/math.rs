@@ -41,7 +41,7 @@ pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
         return kb.call_host_lanes(HostFn::Exp, &[x]);
     }
     let ity = if ty.is_vector() { I32X4 } else { I32 };
-    let hi = kb.fconst(ty, 88.8);
+    let hi = kb.fconst(ty, EXP_HIGHEST as f64);
     let lo = kb.fconst(ty, -104.0);
     let x = kb.b.ins().fmin(x, hi);
     let x = kb.b.ins().fmax(x, lo);
@@ -86,6 +86,10 @@ pub(crate) fn exp(kb: &mut Kb, x: Value) -> Value {
     out
 }
 
+/// Above this `e^x` is +inf in f32 (`e^88.8` > `f32::MAX`): the inputs of
+/// the `exp` kernels are clamped to it.
+pub(crate) const EXP_HIGHEST: f32 = 88.8;
+
 /// Below this `e^x` leaves the normal f32 range (`e^-87` ≈ 1.6·10⁻³⁸ is
 /// still normal).
 pub(crate) const EXP_NORMAL_LOWEST: f32 = -87.0;
@@ -100,7 +104,8 @@ pub(crate) fn exp_or_zero(kb: &mut Kb, x: Value) -> Value {
     let clamped = kb.b.ins().fmax(x, lowest);
     let e = exp(kb, clamped);
     let zero = kb.fconst(ty, 0.0);
-    select_cmp(kb, FloatCC::GreaterThanOrEqual, x, lowest, e, zero)
+    // `x < lowest` is false for NaN, which stays NaN.
+    select_cmp(kb, FloatCC::LessThan, x, lowest, zero, e)
 }
 
 /// `tanh(x)`. On f32 (scalar or vector) inline: for |x| < 0.3 the odd

@@ -440,6 +440,9 @@ pub(crate) enum EpilogueOp {
     /// `a` rounded to the nearest integer, ties to even (`vrndscaleps`
     /// with immediate 0: ONNX Round); `b` is `a` and unused.
     RoundEven,
+    /// `a · 2^floor(b)` (`vscalefps`): the `2^n` factor of `exp`, with
+    /// `b` an integer already.
+    Scale,
 }
 
 /// One instruction of an epilogue program: `slot[dst] = op(a, b)`, on
@@ -1422,6 +1425,7 @@ pub(crate) fn run_epilogue(
                     EpilogueOp::Div => a.vdivps(out, first, second)?,
                     EpilogueOp::Max => a.vmaxps(out, first, second)?,
                     EpilogueOp::Min => a.vminps(out, first, second)?,
+                    EpilogueOp::Scale => a.vscalefps(out, first, second)?,
                     EpilogueOp::RoundEven => unreachable!("handled above"),
                 }
                 continue;
@@ -1440,6 +1444,7 @@ pub(crate) fn run_epilogue(
             EpilogueOp::Div => a.vdivps(out, first, m)?,
             EpilogueOp::Max => a.vmaxps(out, first, m)?,
             EpilogueOp::Min => a.vminps(out, first, m)?,
+            EpilogueOp::Scale => a.vscalefps(out, first, m)?,
             EpilogueOp::RoundEven => unreachable!("handled above"),
         }
     }
