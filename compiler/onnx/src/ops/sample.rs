@@ -399,3 +399,81 @@ pub fn grid_sample(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         None,
     )?)
 }
+
+/// `AffineGrid` (opset 20): GridSample's grid for the affine transforms
+/// θ (`[N, 2, 3]` or `[N, 3, 4]`) and the constant output `size`
+/// (`[N, C, H, W]` or `[N, C, D, H, W]`): every output pixel's normalized
+/// coordinates `(x, y[, z], 1)` (pixel centres, or the corners with
+/// `align_corners`) times θᵀ, as one constant base grid and a batched
+/// MatMul, like the ONNX reference.
+pub fn affine_grid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let theta = ctx.input(node, 0)?;
+    let size = ctx.const_input(node, 1)?.to_i64_vec();
+    let align_corners = ctx.attr_i_or(node, "align_corners", 0)? != 0;
+    let tt = ctx.ty(theta).clone();
+    let spatial = match size.len() {
+        4 => 2,
+        5 => 3,
+        n => {
+            return Err(ctx.invalid(format!(
+                "size has {n} values; it must be [N, C, H, W] or [N, C, D, H, W]"
+            )))
+        }
+    };
+    let dims = size[2..]
+        .iter()
+        .map(|&d| usize::try_from(d).ok().filter(|&d| d > 0))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| ctx.invalid(format!("size {size:?} has a dimension below 1")))?;
+    let batch = size[0];
+    if !tt.dtype.is_float() || tt.shape.as_slice() != [batch as usize, spatial, spatial + 1] {
+        return Err(ctx.invalid(format!(
+            "theta is {tt}; size {size:?} needs a float [{batch}, {spatial}, {}]",
+            spatial + 1
+        )));
+    }
+    // Normalized coordinates along an axis of n pixels.
+    let coords = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| match (align_corners, n) {
+                (true, 1) => -1.0,
+                (true, _) => -1.0 + 2.0 * i as f64 / (n - 1) as f64,
+                (false, _) => -1.0 + (2 * i + 1) as f64 / n as f64,
+            })
+            .collect()
+    };
+    let axes: Vec<Vec<f64>> = dims.iter().map(|&n| coords(n)).collect();
+    // One row per output pixel (row-major over D, H, W): x (along W)
+    // first, then y, then z, then 1.
+    let pixels: usize = dims.iter().product();
+    let mut base = Vec::with_capacity(pixels * (spatial + 1));
+    for p in 0..pixels {
+        let mut rest = p;
+        let mut index = vec![0; spatial];
+        for d in (0..spatial).rev() {
+            index[d] = rest % dims[d];
+            rest /= dims[d];
+        }
+        base.extend((0..spatial).rev().map(|d| axes[d][index[d]]));
+        base.push(1.0);
+    }
+    let base = kiln_ir::Tensor::new(
+        [pixels, spatial + 1],
+        kiln_ir::Data::from_f64s(tt.dtype, base.into_iter()),
+    )
+    .expect("pixels × (spatial + 1) values");
+    let name = format!("{}/base_grid", ctx.node_name());
+    let base = ctx.constant(base, name);
+    let theta_t = ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1].into_iter().collect(),
+        },
+        &[theta],
+        Some("theta_t"),
+    )?;
+    let grid = ctx.op(Op::MatMul, &[base, theta_t], Some("grid"))?;
+    let mut shape = vec![batch as usize];
+    shape.extend(&dims);
+    shape.push(spatial);
+    one(reshape_to(ctx, grid, &shape, None)?)
+}
