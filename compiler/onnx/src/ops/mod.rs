@@ -110,6 +110,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "MatMul" => linalg::matmul,
         "Conv" => conv::conv,
         "MaxPool" => pool::max_pool,
+        "MaxUnpool" => pool::max_unpool,
         "AveragePool" => pool::average_pool,
         "GlobalAveragePool" => pool::global_average_pool,
         "GlobalMaxPool" => pool::global_max_pool,

@@ -270,3 +270,67 @@ pub fn lp_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     one(y)
 }
+
+/// `MaxUnpool`: zeros with every value of X written at its index from I
+/// (MaxPool's `Indices`: flat over the whole tensor of the inferred shape
+/// `(in − 1)·stride − pads + kernel` per spatial axis), as a scatter of
+/// one-element rows (`scatter::scatter_rows`; an index outside writes
+/// nothing). With the constant `output_shape` input, that result is
+/// padded with zeros after each spatial axis to it, as the ONNX reference
+/// does.
+pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let indices = ctx.input(node, 1)?;
+    let xt = ctx.ty(x).clone();
+    let it = ctx.ty(indices).clone();
+    if it.shape != xt.shape || !it.dtype.is_int() {
+        return Err(ctx.invalid(format!("I is {it}; it must be integers of X's shape {xt}")));
+    }
+    let nsp = spatial_rank(ctx, x, "MaxUnpool")?;
+    let kernel = kernel_shape(ctx, node, nsp)?;
+    let list = |name: &str, len: usize, default: i64| -> Result<Vec<i64>, OnnxError> {
+        match ctx.attr_ints(node, name)? {
+            None => Ok(vec![default; len]),
+            Some(v) if v.len() == len && v.iter().all(|&s| s >= 0) => Ok(v),
+            Some(v) => Err(ctx.bad_attr(name, format!("expected {len} values ≥ 0, got {v:?}"))),
+        }
+    };
+    let strides = list("strides", nsp, 1)?;
+    let pads = list("pads", 2 * nsp, 0)?;
+    let mut inferred = xt.shape[..2].to_vec();
+    for d in 0..nsp {
+        let size =
+            (xt.shape[2 + d] as i64 - 1) * strides[d] - pads[d] - pads[nsp + d] + kernel[d] as i64;
+        let size = usize::try_from(size)
+            .map_err(|_| ctx.invalid(format!("spatial axis {d} would have size {size}")))?;
+        inferred.push(size);
+    }
+    let total: usize = inferred.iter().product();
+    let n = xt.num_elements();
+    let zeros = kiln_ir::Tensor::new([total, 1], kiln_ir::Data::zeros(xt.dtype, total))
+        .expect("total zeros");
+    let name = format!("{}/zeros", ctx.node_name());
+    let zeros = ctx.constant(zeros, name);
+    let updates = reshape_to(ctx, x, &[n, 1], Some("updates"))?;
+    let positions = super::elementwise::cast_to(ctx, indices, DType::I64, "positions")?;
+    let positions = reshape_to(ctx, positions, &[n], Some("flat_positions"))?;
+    let mut y = super::scatter::scatter_rows(ctx, zeros, positions, updates, "none", &inferred)?;
+    if ctx.opt_input(node, 2).is_some() {
+        let shape = ctx.const_input(node, 2)?.to_i64_vec();
+        if shape.len() != inferred.len() || shape[..2] != [inferred[0] as i64, inferred[1] as i64] {
+            return Err(ctx.invalid(format!(
+                "output_shape {shape:?} must keep N and C of {inferred:?}"
+            )));
+        }
+        let rank = inferred.len();
+        let zero = kiln_ir::Tensor::new(vec![1; rank], kiln_ir::Data::zeros(xt.dtype, 1))
+            .expect("one zero");
+        let name = format!("{}/zero", ctx.node_name());
+        let zero = ctx.constant(zero, name);
+        for axis in 2..rank {
+            let extra = shape[axis] - inferred[axis] as i64;
+            y = super::movement::pad_axis(ctx, y, axis, (0, extra), "constant", zero)?;
+        }
+    }
+    one(y)
+}

@@ -27,7 +27,7 @@ const MASKED_LIMIT: u64 = 1 << 24;
 
 /// Writes `updates` `[U, R]` into rows `pos` `[U]` (i64, in range) of `data`
 /// `[M, R]` with `reduction`; the result has shape `out_shape`.
-fn scatter_rows(
+pub(crate) fn scatter_rows(
     ctx: &mut ImportCtx,
     data: Val,
     pos: Val,
