@@ -205,6 +205,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "LRN" => norm::lrn,
         "MeanVarianceNormalization" => norm::mean_variance_norm,
         "ScatterND" => scatter::scatter_nd,
+        "TensorScatter" => scatter::tensor_scatter,
         "ScatterElements" => scatter::scatter_elements,
         "Scatter" => scatter::scatter_elements,
         _ => return None,

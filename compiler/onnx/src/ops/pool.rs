@@ -307,10 +307,9 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let total: usize = inferred.iter().product();
     let n = xt.num_elements();
-    let zeros = kiln_ir::Tensor::new([total, 1], kiln_ir::Data::zeros(xt.dtype, total))
-        .expect("total zeros");
-    let name = format!("{}/zeros", ctx.node_name());
-    let zeros = ctx.constant(zeros, name);
+    let zeros = super::index::build_const(ctx, &[total, 1], xt.dtype, "zeros", |n| {
+        kiln_ir::Data::zeros(xt.dtype, n)
+    })?;
     let updates = reshape_to(ctx, x, &[n, 1], Some("updates"))?;
     let positions = super::elementwise::cast_to(ctx, indices, DType::I64, "positions")?;
     let positions = reshape_to(ctx, positions, &[n], Some("flat_positions"))?;
@@ -325,8 +324,7 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let rank = inferred.len();
         let zero = kiln_ir::Tensor::new(vec![1; rank], kiln_ir::Data::zeros(xt.dtype, 1))
             .expect("one zero");
-        let name = format!("{}/zero", ctx.node_name());
-        let zero = ctx.constant(zero, name);
+        let zero = super::index::gen_const(ctx, zero, "zero")?;
         for axis in 2..rank {
             let extra = shape[axis] - inferred[axis] as i64;
             y = super::movement::pad_axis(ctx, y, axis, (0, extra), "constant", zero)?;

@@ -7,7 +7,7 @@
 //! reflected pixel otherwise.
 
 use super::elementwise::{cast_to, reshape_to, scalar};
-use super::index::gather_along;
+use super::index::{build_const, gather_along};
 use super::movement::slice_along;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
@@ -444,26 +444,27 @@ pub fn affine_grid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let axes: Vec<Vec<f64>> = dims.iter().map(|&n| coords(n)).collect();
     // One row per output pixel (row-major over D, H, W): x (along W)
-    // first, then y, then z, then 1.
-    let pixels: usize = dims.iter().product();
-    let mut base = Vec::with_capacity(pixels * (spatial + 1));
-    for p in 0..pixels {
-        let mut rest = p;
-        let mut index = vec![0; spatial];
-        for d in (0..spatial).rev() {
-            index[d] = rest % dims[d];
-            rest /= dims[d];
+    // first, then y, then z, then 1. Its size comes from the model, so it
+    // is built within the generated-constant budget.
+    let pixels = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| ctx.invalid(format!("size {size:?} overflows")))?;
+    let dtype = tt.dtype;
+    let base = build_const(ctx, &[pixels, spatial + 1], dtype, "base_grid", |_| {
+        let mut base = Vec::with_capacity(pixels * (spatial + 1));
+        for p in 0..pixels {
+            let mut rest = p;
+            let mut index = vec![0; spatial];
+            for d in (0..spatial).rev() {
+                index[d] = rest % dims[d];
+                rest /= dims[d];
+            }
+            base.extend((0..spatial).rev().map(|d| axes[d][index[d]]));
+            base.push(1.0);
         }
-        base.extend((0..spatial).rev().map(|d| axes[d][index[d]]));
-        base.push(1.0);
-    }
-    let base = kiln_ir::Tensor::new(
-        [pixels, spatial + 1],
-        kiln_ir::Data::from_f64s(tt.dtype, base.into_iter()),
-    )
-    .expect("pixels × (spatial + 1) values");
-    let name = format!("{}/base_grid", ctx.node_name());
-    let base = ctx.constant(base, name);
+        kiln_ir::Data::from_f64s(dtype, base.into_iter())
+    })?;
     let theta_t = ctx.op(
         Op::Transpose {
             perm: [0, 2, 1].into_iter().collect(),

@@ -13,7 +13,9 @@
 //! refused as unsupported.
 
 use super::elementwise::{cast_to, reshape_to};
-use super::index::{elements_flat_index, gen_const, int_scalar, ramp, strides, wrap_negative};
+use super::index::{
+    build_const, elements_flat_index, gen_const, int_scalar, ramp, strides, wrap_negative,
+};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -210,4 +212,94 @@ pub fn scatter_elements(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let flat = reshape_to(ctx, data, &[dt.num_elements(), 1], Some("data_rows"))?;
     let upd = reshape_to(ctx, updates, &[count, 1], Some("update_rows"))?;
     one(scatter_rows(ctx, flat, pos, upd, &red, &dt.shape)?)
+}
+
+/// `TensorScatter` (opset 24, a KV-cache update): `update` written into
+/// `past_cache` along `axis` from position `write_indices[b]` of each
+/// batch entry (0 without the input), wrapping around in `circular` mode;
+/// in `linear` mode a position past the end writes nothing. The cache is
+/// viewed as rows `[prefix · max_seq, rest]` and each update row's target
+/// is computed, then [`scatter_rows`] writes them.
+pub fn tensor_scatter(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let cache = ctx.input(node, 0)?;
+    let update = ctx.input(node, 1)?;
+    let write = ctx.opt_input(node, 2);
+    let ct = ctx.ty(cache).clone();
+    let ut = ctx.ty(update).clone();
+    let rank = ct.shape.len();
+    let axis = ctx.axis("axis", ctx.attr_i_or(node, "axis", -2)?, rank)?;
+    let circular = match ctx.attr_s(node, "mode")?.as_deref() {
+        None | Some("linear") => false,
+        Some("circular") => true,
+        Some(m) => return Err(ctx.bad_attr("mode", format!("'{m}' is not linear or circular"))),
+    };
+    let fits = ut.dtype == ct.dtype
+        && ut.shape.len() == rank
+        && axis > 0
+        && (0..rank).all(|d| {
+            if d == axis {
+                ut.shape[d] <= ct.shape[d]
+            } else {
+                ut.shape[d] == ct.shape[d]
+            }
+        });
+    if !fits {
+        return Err(ctx.invalid(format!(
+            "update {ut} does not fit past_cache {ct} along axis {axis} (batch first)"
+        )));
+    }
+    let prefix: usize = ct.shape[..axis].iter().product();
+    let rest: usize = ct.shape[axis + 1..].iter().product();
+    let (max_seq, seq) = (ct.shape[axis], ut.shape[axis]);
+    let batch = ct.shape[0];
+    // Each prefix row's batch entry, then its write position.
+    let per_batch = prefix / batch.max(1);
+    let batch_of = build_const(ctx, &[prefix, 1], DType::I64, "batch_of_row", |n| {
+        Data::I64((0..n).map(|p| (p / per_batch.max(1)) as i64).collect())
+    })?;
+    let start = match write {
+        Some(w) => {
+            let w = cast_to(ctx, w, DType::I64, "write_indices_i64")?;
+            let w = reshape_to(ctx, w, &[batch], Some("write_indices_flat"))?;
+            ctx.op(Op::Gather { axis: 0 }, &[w, batch_of], Some("row_start"))?
+        }
+        None => int_scalar(ctx, 0, "row_start")?,
+    };
+    let steps = ramp(ctx, seq, 1, 2, DType::I64, "steps")?;
+    let mut pos = ctx.op(
+        Op::Binary(BinaryOp::Add),
+        &[start, steps],
+        Some("positions"),
+    )?;
+    let len = int_scalar(ctx, max_seq as i64, "max_sequence_length")?;
+    let zero = int_scalar(ctx, 0, "zero")?;
+    if circular {
+        pos = ctx.op(Op::Binary(BinaryOp::Mod), &[pos, len], Some("wrapped"))?;
+    }
+    let inside = {
+        let low = ctx.op(
+            Op::Compare(CompareOp::GreaterOrEqual),
+            &[pos, zero],
+            Some("from_start"),
+        )?;
+        let high = ctx.op(
+            Op::Compare(CompareOp::Less),
+            &[pos, len],
+            Some("before_end"),
+        )?;
+        ctx.op(
+            Op::Logical(kiln_ir::LogicalOp::And),
+            &[low, high],
+            Some("inside"),
+        )?
+    };
+    let rows = ramp(ctx, prefix, 0, 2, DType::I64, "prefix_rows")?;
+    let base = ctx.op(Op::Binary(BinaryOp::Mul), &[rows, len], Some("row_base"))?;
+    let flat = ctx.op(Op::Binary(BinaryOp::Add), &[base, pos], Some("flat_rows"))?;
+    let nowhere = int_scalar(ctx, -1, "nowhere")?;
+    let flat = ctx.op(Op::Where, &[inside, flat, nowhere], Some("targets"))?;
+    let flat = reshape_to(ctx, flat, &[prefix * seq], Some("targets_flat"))?;
+    let data = reshape_to(ctx, cache, &[prefix * max_seq, rest], Some("cache_rows"))?;
+    let updates = reshape_to(ctx, update, &[prefix * seq, rest], Some("update_rows"))?;
+    one(scatter_rows(ctx, data, flat, updates, "none", &ct.shape)?)
 }
