@@ -687,17 +687,9 @@ fn f32_to_u8_on_the_narrowing_kernel() {
 }
 
 /// The narrow storage types (`kiln_ir::narrow`).
-const NARROW: [DType; 9] = [
-    DType::F8E4M3FN,
-    DType::F8E4M3FNUZ,
-    DType::F8E5M2,
-    DType::F8E5M2FNUZ,
-    DType::F4E2M1,
-    DType::I4,
-    DType::U4,
-    DType::I2,
-    DType::U2,
-];
+fn narrow_types() -> impl Iterator<Item = DType> + Clone {
+    DType::ALL.into_iter().filter(|d| d.is_narrow())
+}
 
 fn cast_graph(from: DType, to: DType, len: usize) -> Graph {
     let mut g = Graph::new();
@@ -767,7 +759,8 @@ fn narrow_type_casts_match_the_evaluator() {
         Data::I32((0..n as i32).map(|i| i * 37 - 500).collect()),
     )
     .unwrap();
-    for to in NARROW {
+    assert_eq!(narrow_types().count(), 9);
+    for to in narrow_types() {
         check(&cast_graph(DType::F32, to, n), std::slice::from_ref(&x));
         check(&cast_graph(DType::F64, to, n), std::slice::from_ref(&xf64));
         check(&cast_graph(DType::I32, to, n), std::slice::from_ref(&ints));
@@ -778,7 +771,7 @@ fn narrow_type_casts_match_the_evaluator() {
         let all = Tensor::new([codes.len()], Data::Narrow(to, codes.clone())).unwrap();
         for target in [DType::F32, DType::F16, DType::I32, DType::U8, DType::F64]
             .into_iter()
-            .chain(NARROW)
+            .chain(narrow_types())
         {
             check(
                 &cast_graph(to, target, codes.len()),
