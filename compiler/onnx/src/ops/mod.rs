@@ -226,9 +226,6 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
     let attr_i = |name: &str| node.attribute.iter().find(|a| a.name == name).map(|a| a.i);
     let has_attr = |name: &str| node.attribute.iter().any(|a| a.name == name);
     match node.op_type.as_str() {
-        "MaxPool" if used_output(1) => {
-            Some("the 'Indices' output of MaxPool is not supported".into())
-        }
         "Dropout" if used_output(1) && opset < 10 => {
             Some("the 'mask' output of Dropout is not supported (inference only)".into())
         }

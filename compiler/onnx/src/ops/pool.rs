@@ -6,7 +6,7 @@ use super::elementwise::{reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, DType, Op, Pool2d, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Data, Op, Pool2d, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -190,6 +190,9 @@ fn pool_3d(
 pub fn max_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let dt = ctx.ty(x).dtype;
+    if node.output.get(1).is_some_and(|o| !o.is_empty()) {
+        return max_pool_with_indices(ctx, node, x);
+    }
     if !matches!(dt, DType::U8 | DType::I8 | DType::U16 | DType::I16) {
         return pool(ctx, node, Op::MaxPool);
     }
@@ -331,4 +334,151 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     }
     one(y)
+}
+
+/// MaxPool with its `Indices` output (2-D, float): the window unrolled
+/// into one strided slice of the input padded with −∞ per kernel tap, a
+/// running maximum over the taps (strictly greater replaces, so the first
+/// maximum in row-major tap order wins, as in onnxruntime) and the flat
+/// index of each tap's pixel in the unpadded input, `((n·C + c)·H + h)·W
+/// + w` (or `…·H + h` after `w` with `storage_order=1`), picked alongside.
+fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
+    let xt = ctx.ty(x).clone();
+    if xt.shape.len() != 4 || !xt.dtype.is_float() {
+        return Err(ctx.unsupported(format!(
+            "the 'Indices' output of MaxPool on {xt} (only 2-D float pools)"
+        )));
+    }
+    let (n, c, h, w) = (xt.shape[0], xt.shape[1], xt.shape[2], xt.shape[3]);
+    let kernel = kernel_shape(ctx, node, 2)?;
+    let win = window(ctx, node, &xt.shape[2..], &kernel)?;
+    let ceil_mode = ctx.attr_i_or(node, "ceil_mode", 0)? != 0;
+    let column_major = ctx.attr_i_or(node, "storage_order", 0)? == 1;
+    let out = |d: usize| {
+        kiln_ir::infer::window_output_len(
+            xt.shape[2 + d],
+            kernel[d],
+            win.strides[d],
+            win.pads_begin[d],
+            win.pads_end[d],
+            win.dilations[d],
+            ceil_mode,
+        )
+    };
+    let (Some(oh), Some(ow)) = (out(0), out(1)) else {
+        return Err(ctx.invalid(format!("the window does not fit the input {xt}")));
+    };
+    let taps = kernel[0] * kernel[1];
+    if taps.saturating_mul(n * c * oh * ow) > 1 << 26 {
+        return Err(ctx.unsupported(format!(
+            "MaxPool indices over {taps} taps of a {n}x{c}x{oh}x{ow} output (too large to unroll)"
+        )));
+    }
+    // Padded so that every tap of every window (ceil_mode included) is
+    // inside; the padding is −∞, never a maximum.
+    let lowest = kiln_ir::Tensor::new(
+        [1, 1, 1, 1],
+        Data::from_f64s(xt.dtype, [f64::NEG_INFINITY].into_iter()),
+    )
+    .expect("one value");
+    let lowest = super::index::gen_const(ctx, lowest, "lowest")?;
+    let mut padded = x;
+    for d in 0..2 {
+        let reach = (if d == 0 { oh } else { ow } - 1) * win.strides[d]
+            + (kernel[d] - 1) * win.dilations[d]
+            + 1;
+        let size = xt.shape[2 + d] + win.pads_begin[d];
+        let after = reach.saturating_sub(size);
+        padded = super::movement::pad_axis(
+            ctx,
+            padded,
+            2 + d,
+            (win.pads_begin[d] as i64, after as i64),
+            "constant",
+            lowest,
+        )?;
+    }
+    // The flat index of output (n, c, i, j)'s tap (ki, kj): the plane's
+    // base plus the row and column parts, each a small constant.
+    let (row_scale, col_scale) = if column_major {
+        (1, h as i64)
+    } else {
+        (w as i64, 1)
+    };
+    let plane = super::index::build_const(ctx, &[n, c, 1, 1], DType::I64, "plane_base", |len| {
+        Data::I64((0..len as i64).map(|p| p * (h * w) as i64).collect())
+    })?;
+    let mut best: Option<(Val, Val)> = None;
+    for ki in 0..kernel[0] {
+        for kj in 0..kernel[1] {
+            let tag = format!("tap{ki}_{kj}");
+            let rows = super::movement::slice_along(
+                ctx,
+                padded,
+                2,
+                ki * win.dilations[0],
+                win.strides[0] as i64,
+                oh,
+                &format!("{tag}_rows"),
+            )?;
+            let value = super::movement::slice_along(
+                ctx,
+                rows,
+                3,
+                kj * win.dilations[1],
+                win.strides[1] as i64,
+                ow,
+                &format!("{tag}_value"),
+            )?;
+            let row = |i: usize| {
+                (i * win.strides[0] + ki * win.dilations[0]) as i64 - win.pads_begin[0] as i64
+            };
+            let col = |j: usize| {
+                (j * win.strides[1] + kj * win.dilations[1]) as i64 - win.pads_begin[1] as i64
+            };
+            let rows_part = super::index::build_const(
+                ctx,
+                &[1, 1, oh, 1],
+                DType::I64,
+                &format!("{tag}_row_index"),
+                |_| Data::I64((0..oh).map(|i| row(i) * row_scale).collect()),
+            )?;
+            let cols_part = super::index::build_const(
+                ctx,
+                &[1, 1, 1, ow],
+                DType::I64,
+                &format!("{tag}_col_index"),
+                |_| Data::I64((0..ow).map(|j| col(j) * col_scale).collect()),
+            )?;
+            let index = ctx.op(
+                Op::Binary(BinaryOp::Add),
+                &[rows_part, cols_part],
+                Some(&format!("{tag}_pixel")),
+            )?;
+            let index = ctx.op(
+                Op::Binary(BinaryOp::Add),
+                &[plane, index],
+                Some(&format!("{tag}_index")),
+            )?;
+            best = Some(match best {
+                None => (value, index),
+                Some((b, bi)) => {
+                    let better = ctx.op(
+                        Op::Compare(kiln_ir::CompareOp::Greater),
+                        &[value, b],
+                        Some(&format!("{tag}_better")),
+                    )?;
+                    let b = ctx.op(Op::Where, &[better, value, b], Some(&format!("{tag}_max")))?;
+                    let bi = ctx.op(
+                        Op::Where,
+                        &[better, index, bi],
+                        Some(&format!("{tag}_argmax")),
+                    )?;
+                    (b, bi)
+                }
+            });
+        }
+    }
+    let (y, indices) = best.expect("a kernel has a tap");
+    Ok(vec![y, indices])
 }
