@@ -383,10 +383,8 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
     .expect("one value");
     let lowest = super::index::gen_const(ctx, lowest, "lowest")?;
     let mut padded = x;
-    for d in 0..2 {
-        let reach = (if d == 0 { oh } else { ow } - 1) * win.strides[d]
-            + (kernel[d] - 1) * win.dilations[d]
-            + 1;
+    for (d, (&k, outputs)) in kernel.iter().zip([oh, ow]).enumerate() {
+        let reach = (outputs - 1) * win.strides[d] + (k - 1) * win.dilations[d] + 1;
         let size = xt.shape[2 + d] + win.pads_begin[d];
         let after = reach.saturating_sub(size);
         padded = super::movement::pad_axis(
