@@ -191,6 +191,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Loop" => control::loop_,
         "Scan" => control::scan,
         "GridSample" => sample::grid_sample,
+        "RoiAlign" => sample::roi_align,
         "AffineGrid" => sample::affine_grid,
         "RNN" => recurrent::rnn,
         "GRU" => recurrent::gru,

@@ -478,3 +478,231 @@ pub fn affine_grid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     shape.push(spatial);
     one(reshape_to(ctx, grid, &shape, None)?)
 }
+
+/// One axis of RoiAlign's sampling: per ROI and sample (`[R, S]`), the two
+/// bilinear taps as one-hot rows over the axis's `size` pixels, weighted
+/// (`[R, S, size]`, low tap then high tap); a sample outside `[-1, size]`
+/// has weight 0, as in the reference.
+struct RoiAxis {
+    low: Val,
+    high: Val,
+}
+
+/// The taps of the samples `coord` (`[R, S]`, f32) along an axis of `size`
+/// pixels, with the reference's clamping (below 0 to 0, at or past the
+/// last pixel to it).
+fn roi_axis(
+    ctx: &mut ImportCtx,
+    o: &mut Ops,
+    coord: Val,
+    size: usize,
+) -> Result<RoiAxis, OnnxError> {
+    use BinaryOp::{Add, Mul, Sub};
+    let (lo, hi) = (k(ctx, o, -1.0), k(ctx, o, size as f64));
+    let above = cmp(ctx, o, CompareOp::GreaterOrEqual, coord, lo)?;
+    let below = cmp(ctx, o, CompareOp::LessOrEqual, coord, hi)?;
+    let name = o.name("valid");
+    let valid = ctx.op(Op::Logical(LogicalOp::And), &[above, below], Some(&name))?;
+    let zero = k(ctx, o, 0.0);
+    let x = bin(ctx, o, BinaryOp::Max, coord, zero)?;
+    let floor = un(ctx, o, UnaryOp::Floor, x)?;
+    let last = k(ctx, o, (size - 1) as f64);
+    let edge = cmp(ctx, o, CompareOp::GreaterOrEqual, floor, last)?;
+    let low = sel(ctx, o, edge, last, floor)?;
+    let x = sel(ctx, o, edge, low, x)?;
+    let one = k(ctx, o, 1.0);
+    let next = bin(ctx, o, Add, low, one)?;
+    let high = sel(ctx, o, edge, last, next)?;
+    let l = bin(ctx, o, Sub, x, low)?;
+    let h = bin(ctx, o, Sub, one, l)?;
+    let l = sel(ctx, o, valid, l, zero)?;
+    let h = sel(ctx, o, valid, h, zero)?;
+    // One-hot rows: [R, S, 1] against the pixel ramp [1, 1, size].
+    let shape = ctx.ty(coord).shape.clone();
+    let pixels = super::index::ramp(ctx, size, 2, 3, DType::F32, &o.name("pixels"))?;
+    let mut row = |ctx: &mut ImportCtx, tap: Val, weight: Val| -> Result<Val, OnnxError> {
+        let tap = reshape_to(ctx, tap, &[shape[0], shape[1], 1], Some(&o.name("tap")))?;
+        let weight = reshape_to(
+            ctx,
+            weight,
+            &[shape[0], shape[1], 1],
+            Some(&o.name("weight")),
+        )?;
+        let hit = cmp(ctx, o, CompareOp::Equal, tap, pixels)?;
+        let hit = cast_to(ctx, hit, DType::F32, &o.name("hit"))?;
+        bin(ctx, o, Mul, hit, weight)
+    };
+    Ok(RoiAxis {
+        low: row(ctx, low, h)?,
+        high: row(ctx, high, l)?,
+    })
+}
+
+/// `RoiAlign` (opsets 10 and 16; `sampling_ratio` > 0): per ROI, its box
+/// (scaled, shifted by half a pixel in `half_pixel` mode, at least 1×1
+/// otherwise) split into `output_height × output_width` bins of
+/// `sampling_ratio²` bilinear samples. The sampling is separable: along
+/// each axis the samples' two taps are weighted one-hot rows `A`
+/// (`roi_axis`), so the samples of image `batch_indices[r]` are
+/// `A_y · X · A_xᵀ` (two batched MatMuls); `avg` takes their mean per bin,
+/// `max` (as the reference) the largest of the four weighted corners of
+/// each sample, then the largest sample per bin.
+pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    use BinaryOp::{Add, Div, Mul, Sub};
+    let x = ctx.input(node, 0)?;
+    let rois = ctx.input(node, 1)?;
+    let batch_indices = ctx.input(node, 2)?;
+    let xt = ctx.ty(x).clone();
+    let rt = ctx.ty(rois).clone();
+    if xt.shape.len() != 4 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!("X is {xt}; it must be a float [N, C, H, W]")));
+    }
+    if rt.shape.len() != 2 || rt.shape[1] != 4 || !rt.dtype.is_float() {
+        return Err(ctx.invalid(format!("rois is {rt}; it must be a float [num_rois, 4]")));
+    }
+    let rois_n = rt.shape[0];
+    if ctx.ty(batch_indices).shape.as_slice() != [rois_n] {
+        return Err(ctx.invalid(format!("batch_indices must be [{rois_n}]")));
+    }
+    let (c, h, w) = (xt.shape[1], xt.shape[2], xt.shape[3]);
+    let positive = |ctx: &ImportCtx, name: &str| -> Result<usize, OnnxError> {
+        let v = ctx.attr_i_or(node, name, 1)?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| ctx.bad_attr(name, format!("must be positive, got {v}")))
+    };
+    let (oh, ow) = (
+        positive(ctx, "output_height")?,
+        positive(ctx, "output_width")?,
+    );
+    let sr = ctx.attr_i_or(node, "sampling_ratio", 0)?;
+    let sr = match usize::try_from(sr) {
+        Ok(0) => {
+            return Err(ctx.unsupported(
+                "RoiAlign with sampling_ratio=0 (its sample count depends on the ROI sizes at run time); set sampling_ratio",
+            ))
+        }
+        Ok(v) => v,
+        Err(_) => return Err(ctx.bad_attr("sampling_ratio", "must be ≥ 0")),
+    };
+    let scale = ctx.attr_f_or(node, "spatial_scale", 1.0)? as f64;
+    // Opset 16 added the mode, defaulting to half_pixel; opset 10 behaves
+    // like output_half_pixel.
+    let default_mode = if ctx.opset >= 16 {
+        "half_pixel"
+    } else {
+        "output_half_pixel"
+    };
+    let half_pixel = match ctx
+        .attr_s(node, "coordinate_transformation_mode")?
+        .as_deref()
+        .unwrap_or(default_mode)
+    {
+        "half_pixel" => true,
+        "output_half_pixel" => false,
+        m => {
+            return Err(ctx.bad_attr(
+                "coordinate_transformation_mode",
+                format!("unknown mode '{m}'"),
+            ))
+        }
+    };
+    let max_mode = match ctx.attr_s(node, "mode")?.as_deref().unwrap_or("avg") {
+        "avg" => false,
+        "max" => true,
+        m => return Err(ctx.bad_attr("mode", format!("unknown mode '{m}'"))),
+    };
+    let o = &mut Ops { tag: "roi", n: 0 };
+    let rois = cast_to(ctx, rois, DType::F32, "rois_f32")?;
+    let column = |ctx: &mut ImportCtx, o: &mut Ops, i: usize| -> Result<Val, OnnxError> {
+        let v = slice_along(ctx, rois, 1, i, 1, 1, &o.name("column"))?;
+        let s = k(ctx, o, scale);
+        let v = bin(ctx, o, Mul, v, s)?;
+        let shift = k(ctx, o, if half_pixel { 0.5 } else { 0.0 });
+        bin(ctx, o, Sub, v, shift)
+    };
+    let (x1, y1, x2, y2) = (
+        column(ctx, o, 0)?,
+        column(ctx, o, 1)?,
+        column(ctx, o, 2)?,
+        column(ctx, o, 3)?,
+    );
+    // Sample coordinates `start + bin · (p + (i + 0.5) / sr)`, `[R, bins·sr]`.
+    let samples = |ctx: &mut ImportCtx,
+                   o: &mut Ops,
+                   start: Val,
+                   end: Val,
+                   bins: usize|
+     -> Result<Val, OnnxError> {
+        let mut extent = bin(ctx, o, Sub, end, start)?;
+        if !half_pixel {
+            let one = k(ctx, o, 1.0);
+            extent = bin(ctx, o, BinaryOp::Max, extent, one)?;
+        }
+        let count = k(ctx, o, bins as f64);
+        let step = bin(ctx, o, Div, extent, count)?;
+        let offsets = build_const(ctx, &[1, bins * sr], DType::F32, &o.name("offsets"), |_| {
+            kiln_ir::Data::F32(
+                (0..bins * sr)
+                    .map(|s| ((s / sr) as f64 + ((s % sr) as f64 + 0.5) / sr as f64) as f32)
+                    .collect(),
+            )
+        })?;
+        let along = bin(ctx, o, Mul, step, offsets)?;
+        bin(ctx, o, Add, start, along)
+    };
+    let ys = samples(ctx, o, y1, y2, oh)?;
+    let xs = samples(ctx, o, x1, x2, ow)?;
+    let ay = roi_axis(ctx, o, ys, h)?;
+    let ax = roi_axis(ctx, o, xs, w)?;
+    // Each ROI's image, in f32.
+    let xf = cast_to(ctx, x, DType::F32, "x_f32")?;
+    let idx = cast_to(ctx, batch_indices, DType::I64, "batch_indices_i64")?;
+    let images = ctx.op(Op::Gather { axis: 0 }, &[xf, idx], Some("roi_images"))?;
+    let (sh, sw) = (oh * sr, ow * sr);
+    let product =
+        |ctx: &mut ImportCtx, o: &mut Ops, a_y: Val, a_x: Val| -> Result<Val, OnnxError> {
+            let a_y = reshape_to(ctx, a_y, &[rois_n, 1, sh, h], Some(&o.name("rows")))?;
+            let a_x = ctx.op(
+                Op::Transpose {
+                    perm: [0, 2, 1].into_iter().collect(),
+                },
+                &[a_x],
+                Some(&o.name("columns_t")),
+            )?;
+            let a_x = reshape_to(ctx, a_x, &[rois_n, 1, w, sw], Some(&o.name("columns")))?;
+            let name = o.name("sampled_rows");
+            let t = ctx.op(Op::MatMul, &[a_y, images], Some(&name))?;
+            let name = o.name("samples");
+            ctx.op(Op::MatMul, &[t, a_x], Some(&name))
+        };
+    let (reduce, values) = if max_mode {
+        let mut best: Option<Val> = None;
+        for a_y in [ay.low, ay.high] {
+            for a_x in [ax.low, ax.high] {
+                let corner = product(ctx, o, a_y, a_x)?;
+                best = Some(match best {
+                    None => corner,
+                    Some(b) => bin(ctx, o, BinaryOp::Max, b, corner)?,
+                });
+            }
+        }
+        (kiln_ir::ReduceOp::Max, best.expect("four corners"))
+    } else {
+        let a_y = bin(ctx, o, Add, ay.low, ay.high)?;
+        let a_x = bin(ctx, o, Add, ax.low, ax.high)?;
+        (kiln_ir::ReduceOp::Mean, product(ctx, o, a_y, a_x)?)
+    };
+    let values = reshape_to(ctx, values, &[rois_n, c, oh, sr, ow, sr], Some("bins"))?;
+    let pooled = ctx.op(
+        Op::Reduce {
+            op: reduce,
+            axes: [3, 5].into_iter().collect(),
+            keep_dims: false,
+        },
+        &[values],
+        Some("pooled"),
+    )?;
+    one(cast_to(ctx, pooled, xt.dtype, "y")?)
+}
