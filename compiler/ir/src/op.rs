@@ -764,6 +764,10 @@ pub struct Resize {
     pub mode: ResizeMode,
     /// Coordinate transform.
     pub coord: CoordinateTransform,
+    /// When downsampling with Linear or Cubic, widen the filter by the
+    /// inverse scale (ONNX `antialias=1`): every input sample under the
+    /// stretched kernel contributes, weights normalized to sum 1.
+    pub antialias: bool,
 }
 
 /// Attributes of [`Op::Col2Im`]: input `[N, C·kh·kw, gh·gw]` holds, for
@@ -833,7 +837,11 @@ impl Resize {
                 let base = f as i64;
                 let frac = x - f;
                 let mut taps = ResizeTaps::new();
+                let widened = self.antialias && scale < 1.0;
                 match self.mode {
+                    ResizeMode::Linear | ResizeMode::Cubic { .. } if widened => {
+                        self.antialias_taps(x, in_len, scale, &mut taps);
+                    }
                     ResizeMode::Nearest(rounding) => {
                         let up = frac != 0.0
                             && match rounding {
@@ -876,6 +884,58 @@ impl Resize {
                 taps
             })
             .collect()
+    }
+
+    /// The taps of source coordinate `x` for an antialiased downsample by
+    /// `scale` < 1, as the ONNX reference computes them: the kernel (the
+    /// triangle, or the cubic with coefficient `a`) evaluated at
+    /// `scale · (i − x)` for the input indices `i` within its stretched
+    /// support (`2 / scale` or `4 / scale` of them, `x`'s integer part
+    /// counted below it when `x` is whole), normalized to sum 1; indices
+    /// past the edge read the edge (or are dropped with `exclude_outside`,
+    /// the rest renormalized).
+    fn antialias_taps(&self, x: f64, in_len: usize, scale: f64, taps: &mut ResizeTaps) {
+        let (reach, kernel): (f64, Box<dyn Fn(f64) -> f64>) = match self.mode {
+            ResizeMode::Cubic { a, .. } => {
+                let a = a as f64;
+                (
+                    2.0,
+                    Box::new(move |d: f64| {
+                        let d = d.abs();
+                        if d <= 1.0 {
+                            ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+                        } else if d < 2.0 {
+                            ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+                        } else {
+                            0.0
+                        }
+                    }),
+                )
+            }
+            _ => (1.0, Box::new(|d: f64| (1.0 - d.abs()).clamp(0.0, 1.0))),
+        };
+        let exclude_outside = matches!(
+            self.mode,
+            ResizeMode::Cubic {
+                exclude_outside: true,
+                ..
+            }
+        );
+        // The reference's ratio is in (0, 1]: a whole x counts as the
+        // index below plus 1.
+        let below = if x.fract() == 0.0 { x - 1.0 } else { x.floor() };
+        let ratio = x - below;
+        let start = (-reach / scale).floor() as i64 + 1;
+        let end = 2 - start;
+        let inside = |i: i64| (0..in_len as i64).contains(&i);
+        let weights: Vec<(i64, f64)> = (start..end)
+            .map(|k| (below as i64 + k, kernel(scale * (k as f64 - ratio))))
+            .filter(|&(i, _)| !exclude_outside || inside(i))
+            .collect();
+        let total: f64 = weights.iter().map(|&(_, w)| w).sum();
+        for (i, w) in weights {
+            taps.push((i.clamp(0, in_len as i64 - 1) as usize, (w / total) as f32));
+        }
     }
 
     fn source_coordinate(&self, o: usize, in_len: usize, out_len: usize, scale: f64) -> f64 {

@@ -827,3 +827,42 @@ fn conv_integer_on_the_vnni_kernel() {
         }
     }
 }
+
+#[test]
+fn antialiased_resize_reads_the_wide_tap_tables() {
+    // Downsampling by 0.3 and 0.5 with the filter widened (linear: 6 and 4
+    // taps, cubic: 13 and 8), mixed with an upsampled axis where antialias
+    // changes nothing.
+    use kiln_ir::{CoordinateTransform, Resize, ResizeMode};
+    let mut seed = 500;
+    for mode in [
+        ResizeMode::Linear,
+        ResizeMode::Cubic {
+            a: -0.75,
+            exclude_outside: false,
+        },
+        ResizeMode::Cubic {
+            a: -0.5,
+            exclude_outside: true,
+        },
+    ] {
+        for (scales, shape) in [
+            ([1.0, 1.0, 0.3, 0.5], [1, 2, 5, 11]),
+            ([1.0, 1.0, 1.5, 0.3], [1, 2, 25, 6]),
+        ] {
+            let mut g = Graph::new();
+            let x = g.add_input("x", ValueType::new(DType::F32, [1, 2, 17, 23]));
+            let op = Op::Resize(Resize {
+                shape: shape.into_iter().collect(),
+                scales: scales.into_iter().collect(),
+                mode,
+                coord: CoordinateTransform::HalfPixel,
+                antialias: true,
+            });
+            let y = g.add_node(op, &[x], "resize").unwrap();
+            g.add_output("y", y);
+            seed += 1;
+            check_rand(&g, seed, 1e-6);
+        }
+    }
+}

@@ -328,6 +328,7 @@ fn resize_split_by_channels_and_concat_by_inputs() {
             scales: [1.0, 1.0, 2.0, 2.0].into_iter().collect(),
             mode,
             coord: CoordinateTransform::Asymmetric,
+            antialias: false,
         })
     };
     let a = g

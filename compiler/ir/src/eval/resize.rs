@@ -125,6 +125,7 @@ mod tests {
             scales: smallvec![1.0, scale],
             mode,
             coord,
+            antialias: false,
         })
     }
 

@@ -834,11 +834,13 @@ impl Attrs {
                 ))
             }
         };
+        let antialias = self.optional("antialias", false, Self::bool)?;
         Ok(Resize {
             shape,
             scales,
             mode,
             coord,
+            antialias,
         })
     }
 

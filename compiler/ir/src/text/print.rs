@@ -187,6 +187,9 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
                 format!("scales=[{}]", scales.join(",")),
                 format!("coord={}", r.coord.name()),
             ];
+            if r.antialias {
+                attrs.push("antialias=true".into());
+            }
             match r.mode {
                 ResizeMode::Nearest(n) => {
                     attrs.push("mode=nearest".into());

@@ -502,7 +502,8 @@ pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 }
 
 /// `Resize` (opsets 10–19). Scales or sizes must be known at compile time;
-/// `tf_crop_and_resize` and antialiasing are not supported.
+/// `tf_crop_and_resize` is not supported. Antialiasing (opset 18) widens
+/// the Linear and Cubic filters when downsampling (`Resize::taps`).
 pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let in_shape = ctx.ty(x).shape.clone();
@@ -558,6 +559,10 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         },
         other => return Err(ctx.bad_attr("mode", format!("unknown value '{other}'"))),
     };
+    let antialias = ctx.attr_i_or(node, "antialias", 0)? != 0;
+    if antialias && matches!(mode, ResizeMode::Nearest(_)) {
+        return Err(ctx.bad_attr("antialias", "applies to the linear and cubic modes only"));
+    }
     // The axes the scales/sizes address (opset 18), all by default.
     let axes: Vec<usize> = match ctx.attr_ints(node, "axes")? {
         None => (0..rank).collect(),
@@ -646,6 +651,7 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             scales: scales.into_iter().map(|s| s as f32).collect(),
             mode,
             coord,
+            antialias,
         }),
         &[x],
         None,
@@ -710,6 +716,7 @@ fn resample_legacy(ctx: &mut ImportCtx, x: Val, scales: &[f64], mode: &str) -> R
             scales: scales.into_iter().collect(),
             mode,
             coord: CoordinateTransform::Asymmetric,
+            antialias: false,
         }),
         &[x],
         None,

@@ -239,9 +239,6 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
                 None
             }
         }
-        "Resize" if attr_i("antialias") == Some(1) => {
-            Some("antialiased Resize is not supported".into())
-        }
         "Constant" if has_attr("sparse_value") => {
             Some("sparse Constant values are not supported".into())
         }
