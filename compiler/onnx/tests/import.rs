@@ -343,24 +343,43 @@ fn all_unsupported_ops_are_reported_together() {
 }
 
 #[test]
-fn used_maxpool_indices_are_unsupported() {
-    let mut n = node("MaxPool", "mp", &["x"], &["y", "idx"]);
-    n.attribute.push(AttributeProto {
-        name: "kernel_shape".into(),
-        r#type: AttributeType::Ints as i32,
-        ints: vec![2, 2],
-        ..Default::default()
-    });
+fn maxpool_indices_import_in_2d_and_are_refused_elsewhere() {
+    let pool = |k: Vec<i64>| {
+        let mut n = node("MaxPool", "mp", &["x"], &["y", "idx"]);
+        n.attribute.push(AttributeProto {
+            name: "kernel_shape".into(),
+            r#type: AttributeType::Ints as i32,
+            ints: k,
+            ..Default::default()
+        });
+        n
+    };
     let m = model(
-        vec![n.clone()],
+        vec![pool(vec![2, 2])],
         vec![f32_input("x", &[1, 1, 4, 4])],
+        &["y", "idx"],
+        vec![],
+    );
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let idx = g.node(g.outputs()[1].1);
+    assert_eq!(idx.ty.dtype, kiln_ir::DType::I64);
+    assert_eq!(idx.ty.shape.as_slice(), &[1, 1, 3, 3]);
+    // A 1-D pool's indices are refused with the reason.
+    let m = model(
+        vec![pool(vec![2])],
+        vec![f32_input("x", &[1, 1, 4])],
         &["y", "idx"],
         vec![],
     );
     let e = err(&m);
     assert!(e.to_string().contains("'Indices'"), "{e}");
-    // Unused Indices are fine.
-    let m = model(vec![n], vec![f32_input("x", &[1, 1, 4, 4])], &["y"], vec![]);
+    // Unused Indices leave a plain pool.
+    let m = model(
+        vec![pool(vec![2, 2])],
+        vec![f32_input("x", &[1, 1, 4, 4])],
+        &["y"],
+        vec![],
+    );
     let g = import_model(&m, None, &ImportOptions::default()).unwrap();
     assert_eq!(g.node(g.outputs()[0].1).ty.shape.as_slice(), &[1, 1, 3, 3]);
 }

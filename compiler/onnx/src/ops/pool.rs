@@ -336,9 +336,9 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(y)
 }
 
-/// MaxPool with its `Indices` output (2-D, float): the window unrolled
-/// into one strided slice of the input padded with −∞ per kernel tap, a
-/// running maximum over the taps (strictly greater replaces, so the first
+/// MaxPool with its `Indices` output (2-D, float): Y as without it; the
+/// indices from the window unrolled into one strided slice of the input
+/// padded with −∞ per kernel tap, a running maximum over the taps (strictly greater replaces, so the first
 /// maximum in row-major tap order wins, as in onnxruntime) and the flat
 /// index of each tap's pixel in the unpadded input, `((n·C + c)·H + h)·W
 /// + w` (or `…·H + h` after `w` with `storage_order=1`), picked alongside.
@@ -477,6 +477,9 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
             });
         }
     }
-    let (y, indices) = best.expect("a kernel has a tap");
+    // Y from the pooling kernel (the same maxima): when Indices goes
+    // unused, dead code removal drops the unrolled taps.
+    let (_, indices) = best.expect("a kernel has a tap");
+    let y = pool(ctx, node, Op::MaxPool)?[0];
     Ok(vec![y, indices])
 }
