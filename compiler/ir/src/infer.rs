@@ -467,6 +467,17 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                     ),
                 ));
             }
+            let crop = r.coord == crate::CoordinateTransform::TfCropAndResize;
+            if r.roi.len() != if crop { rank } else { 0 } {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "{} roi axes with coord={} for {x}",
+                        r.roi.len(),
+                        r.coord.name()
+                    ),
+                ));
+            }
             for (axis, (&n, &s)) in r.shape.iter().zip(&r.scales).enumerate() {
                 if n == 0 || x.shape[axis] == 0 || !(s.is_finite() && s > 0.0) {
                     return Err(IrError::ty(

@@ -728,16 +728,22 @@ pub enum CoordinateTransform {
     PytorchHalfPixel,
     AlignCorners,
     Asymmetric,
+    /// TensorFlow's crop-and-resize: the output spans the region of
+    /// interest [`Resize::roi`] of each axis, corners aligned; outputs
+    /// whose source lies outside the input read the edge here (the ONNX
+    /// frontend replaces them by the extrapolation value).
+    TfCropAndResize,
 }
 
 impl CoordinateTransform {
     /// Every transform.
-    pub const ALL: [CoordinateTransform; 5] = [
+    pub const ALL: [CoordinateTransform; 6] = [
         CoordinateTransform::HalfPixel,
         CoordinateTransform::HalfPixelSymmetric,
         CoordinateTransform::PytorchHalfPixel,
         CoordinateTransform::AlignCorners,
         CoordinateTransform::Asymmetric,
+        CoordinateTransform::TfCropAndResize,
     ];
 
     /// The ONNX (and text-format) name.
@@ -748,6 +754,7 @@ impl CoordinateTransform {
             CoordinateTransform::PytorchHalfPixel => "pytorch_half_pixel",
             CoordinateTransform::AlignCorners => "align_corners",
             CoordinateTransform::Asymmetric => "asymmetric",
+            CoordinateTransform::TfCropAndResize => "tf_crop_and_resize",
         }
     }
 }
@@ -768,6 +775,10 @@ pub struct Resize {
     /// inverse scale (ONNX `antialias=1`): every input sample under the
     /// stretched kernel contributes, weights normalized to sum 1.
     pub antialias: bool,
+    /// Per axis, the region of interest `[start, end]` (fractions of the
+    /// input) of [`CoordinateTransform::TfCropAndResize`]; empty for the
+    /// other transforms (type inference checks both).
+    pub roi: SmallVec<[[f32; 2]; 4]>,
 }
 
 /// Attributes of [`Op::Col2Im`]: input `[N, C·kh·kw, gh·gw]` holds, for
@@ -821,6 +832,22 @@ impl Resize {
         (!identity).then_some(taps)
     }
 
+    /// For `tf_crop_and_resize`, per output index along `axis`, whether its
+    /// source lies outside the input (the extrapolated outputs); all false
+    /// for the other transforms.
+    pub fn outside_roi(&self, axis: usize, in_len: usize) -> Vec<bool> {
+        let out_len = self.shape[axis];
+        let scale = self.scales[axis] as f64;
+        (0..out_len)
+            .map(|o| {
+                self.coord == CoordinateTransform::TfCropAndResize && {
+                    let x = self.source_coordinate(axis, o, in_len, out_len, scale);
+                    x < 0.0 || x > in_len as f64 - 1.0
+                }
+            })
+            .collect()
+    }
+
     /// For each output index along `axis` (input length `in_len`), the input
     /// indices and weights that make it. Out-of-range taps are clamped to the
     /// edge (or dropped with `exclude_outside`), as in the ONNX reference.
@@ -832,7 +859,7 @@ impl Resize {
         let clamp = |i: i64| i.clamp(0, in_len as i64 - 1) as usize;
         (0..out_len)
             .map(|o| {
-                let x = self.source_coordinate(o, in_len, out_len, scale);
+                let x = self.source_coordinate(axis, o, in_len, out_len, scale);
                 let f = x.floor();
                 let base = f as i64;
                 let frac = x - f;
@@ -938,9 +965,32 @@ impl Resize {
         }
     }
 
-    fn source_coordinate(&self, o: usize, in_len: usize, out_len: usize, scale: f64) -> f64 {
+    /// The source coordinate of output index `o` along `axis`; for
+    /// `tf_crop_and_resize` it may lie outside `[0, in_len − 1]` (see
+    /// [`Resize::outside_roi`]).
+    pub fn source_coordinate(
+        &self,
+        axis: usize,
+        o: usize,
+        in_len: usize,
+        out_len: usize,
+        scale: f64,
+    ) -> f64 {
         let o = o as f64;
         match self.coord {
+            // As the ONNX reference: over the unrounded resized length.
+            CoordinateTransform::TfCropAndResize => {
+                let [start, end] = self.roi.get(axis).copied().unwrap_or([0.0, 1.0]);
+                let (start, end) = (start as f64, end as f64);
+                let last = in_len as f64 - 1.0;
+                let resized = scale * in_len as f64;
+                let span = if resized == 1.0 {
+                    (end - start) * last / 2.0
+                } else {
+                    o * (end - start) * last / (resized - 1.0)
+                };
+                span + start * last
+            }
             CoordinateTransform::HalfPixel => (o + 0.5) / scale - 0.5,
             CoordinateTransform::HalfPixelSymmetric => {
                 let adjustment = out_len as f64 / (scale * in_len as f64);

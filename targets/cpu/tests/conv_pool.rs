@@ -858,6 +858,7 @@ fn antialiased_resize_reads_the_wide_tap_tables() {
                 mode,
                 coord: CoordinateTransform::HalfPixel,
                 antialias: true,
+                roi: Default::default(),
             });
             let y = g.add_node(op, &[x], "resize").unwrap();
             g.add_output("y", y);

@@ -329,6 +329,7 @@ fn resize_split_by_channels_and_concat_by_inputs() {
             mode,
             coord: CoordinateTransform::Asymmetric,
             antialias: false,
+            roi: Default::default(),
         })
     };
     let a = g

@@ -126,6 +126,7 @@ mod tests {
             mode,
             coord,
             antialias: false,
+            roi: Default::default(),
         })
     }
 

@@ -835,12 +835,19 @@ impl Attrs {
             }
         };
         let antialias = self.optional("antialias", false, Self::bool)?;
+        // `roi=[start0,end0,start1,end1,...]`, one pair per axis.
+        let flat = self.optional("roi", SmallVec::new(), Self::f32s)?;
+        if flat.len() % 2 != 0 {
+            return Err(err(line, "roi needs a start and an end per axis"));
+        }
+        let roi = flat.chunks(2).map(|p| [p[0], p[1]]).collect();
         Ok(Resize {
             shape,
             scales,
             mode,
             coord,
             antialias,
+            roi,
         })
     }
 

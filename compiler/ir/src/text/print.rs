@@ -190,6 +190,10 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             if r.antialias {
                 attrs.push("antialias=true".into());
             }
+            if !r.roi.is_empty() {
+                let roi: Vec<String> = r.roi.iter().flatten().map(|&v| fmt_f32(v)).collect();
+                attrs.push(format!("roi=[{}]", roi.join(",")));
+            }
             match r.mode {
                 ResizeMode::Nearest(n) => {
                     attrs.push("mode=nearest".into());

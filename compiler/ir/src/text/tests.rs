@@ -930,3 +930,33 @@ fn fused_parse_errors() {
         assert_eq!(l, 2, "{text}\n-> line {l}: {message}");
     }
 }
+
+#[test]
+fn round_trip_resize_with_antialias_and_roi() {
+    use crate::{CoordinateTransform, Resize, ResizeMode};
+    let mut g = Graph::new();
+    let x = g.add_input("x", vt(DType::F32, &[1, 2, 8, 8]));
+    let small = Op::Resize(Resize {
+        shape: smallvec![1, 2, 3, 5],
+        scales: smallvec![1.0, 1.0, 0.375, 0.625],
+        mode: ResizeMode::Linear,
+        coord: CoordinateTransform::HalfPixel,
+        antialias: true,
+        roi: smallvec![],
+    });
+    let crop = Op::Resize(Resize {
+        shape: smallvec![1, 2, 3, 3],
+        scales: smallvec![1.0, 1.0, 0.375, 0.375],
+        mode: ResizeMode::Linear,
+        coord: CoordinateTransform::TfCropAndResize,
+        antialias: false,
+        roi: smallvec![[0.0, 1.0], [0.0, 1.0], [0.4, 0.6], [0.25, 1.5]],
+    });
+    let a = g.add_node(small, &[x], "small").unwrap();
+    let b = g.add_node(crop, &[x], "crop").unwrap();
+    g.add_output("a", a);
+    g.add_output("b", b);
+    let text = round_trip(&g);
+    assert!(text.contains("antialias=true"), "{text}");
+    assert!(text.contains("roi=[0.0,1.0,0.0,1.0,0.4,0.6,0.25,1.5]"), "{text}");
+}

@@ -501,8 +501,8 @@ pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     )?)
 }
 
-/// `Resize` (opsets 10–19). Scales or sizes must be known at compile time;
-/// `tf_crop_and_resize` is not supported. Antialiasing (opset 18) widens
+/// `Resize` (opsets 10–19). Scales or sizes must be known at compile time
+/// (and the roi of `tf_crop_and_resize`). Antialiasing (opset 18) widens
 /// the Linear and Cubic filters when downsampling (`Resize::taps`).
 pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
@@ -515,27 +515,24 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             .unwrap_or_else(|| "nearest".into());
         return resample_legacy(ctx, x, &scales, &mode);
     }
-    let coord =
-        match ctx
-            .attr_s(node, "coordinate_transformation_mode")?
-            .as_deref()
-            .unwrap_or("half_pixel")
-        {
-            "half_pixel" => CoordinateTransform::HalfPixel,
-            "half_pixel_symmetric" => CoordinateTransform::HalfPixelSymmetric,
-            "pytorch_half_pixel" => CoordinateTransform::PytorchHalfPixel,
-            "align_corners" => CoordinateTransform::AlignCorners,
-            "asymmetric" => CoordinateTransform::Asymmetric,
-            "tf_crop_and_resize" => return Err(ctx.unsupported(
-                "Resize with coordinate_transformation_mode=tf_crop_and_resize is not supported",
-            )),
-            other => {
-                return Err(ctx.bad_attr(
-                    "coordinate_transformation_mode",
-                    format!("unknown value '{other}'"),
-                ))
-            }
-        };
+    let coord = match ctx
+        .attr_s(node, "coordinate_transformation_mode")?
+        .as_deref()
+        .unwrap_or("half_pixel")
+    {
+        "half_pixel" => CoordinateTransform::HalfPixel,
+        "half_pixel_symmetric" => CoordinateTransform::HalfPixelSymmetric,
+        "pytorch_half_pixel" => CoordinateTransform::PytorchHalfPixel,
+        "align_corners" => CoordinateTransform::AlignCorners,
+        "asymmetric" => CoordinateTransform::Asymmetric,
+        "tf_crop_and_resize" => CoordinateTransform::TfCropAndResize,
+        other => {
+            return Err(ctx.bad_attr(
+                "coordinate_transformation_mode",
+                format!("unknown value '{other}'"),
+            ))
+        }
+    };
     let mode = match ctx.attr_s(node, "mode")?.as_deref().unwrap_or("nearest") {
         "nearest" => ResizeMode::Nearest(
             match ctx
@@ -645,15 +642,67 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if shape.contains(&0) {
         return Err(ctx.invalid(format!("the output shape {shape:?} has an empty axis")));
     }
+    // tf_crop_and_resize: the region of interest, `[starts.., ends..]` over
+    // the addressed axes (others keep [0, 1]).
+    let mut roi: Vec<[f32; 2]> = Vec::new();
+    if coord == CoordinateTransform::TfCropAndResize {
+        let given = ctx
+            .opt_const_input(node, 1)?
+            .map(|t| t.to_f64_vec())
+            .unwrap_or_default();
+        if given.len() != 2 * axes.len() {
+            return Err(ctx.invalid(format!(
+                "tf_crop_and_resize needs a constant roi of {} values, got {}",
+                2 * axes.len(),
+                given.len()
+            )));
+        }
+        roi = (0..rank).map(|_| [0.0, 1.0]).collect();
+        for (i, &a) in axes.iter().enumerate() {
+            roi[a] = [given[i] as f32, given[axes.len() + i] as f32];
+        }
+    }
+    let resize = Resize {
+        shape: shape.iter().copied().collect(),
+        scales: scales.into_iter().map(|s| s as f32).collect(),
+        mode,
+        coord,
+        antialias,
+        roi: roi.into_iter().collect(),
+    };
+    // Outputs whose source is outside the input take extrapolation_value:
+    // a constant mask per axis, or'ed, and a where.
+    let outside: Vec<Vec<bool>> = (0..rank)
+        .map(|a| resize.outside_roi(a, in_shape[a]))
+        .collect();
+    if outside.iter().all(|o| o.iter().all(|&b| !b)) {
+        return one(ctx.op(Op::Resize(resize), &[x], None)?);
+    }
+    let y = ctx.op(Op::Resize(resize), &[x], Some("cropped"))?;
+    let mut mask: Option<Val> = None;
+    for (a, flags) in outside.iter().enumerate() {
+        if flags.iter().all(|&b| !b) {
+            continue;
+        }
+        let mut dims = vec![1; rank];
+        dims[a] = flags.len();
+        let t = kiln_ir::Tensor::new(dims, kiln_ir::Data::Bool(flags.clone())).expect("flags");
+        let m = super::index::gen_const(ctx, t, &format!("outside{a}"))?;
+        mask = Some(match mask {
+            None => m,
+            Some(prev) => ctx.op(
+                Op::Logical(kiln_ir::LogicalOp::Or),
+                &[prev, m],
+                Some(&format!("outside_to{a}")),
+            )?,
+        });
+    }
+    let dtype = ctx.ty(y).dtype;
+    let value = ctx.attr_f_or(node, "extrapolation_value", 0.0)? as f64;
+    let value = super::elementwise::scalar(ctx, dtype, value, "extrapolation_value");
     one(ctx.op(
-        Op::Resize(Resize {
-            shape: shape.into_iter().collect(),
-            scales: scales.into_iter().map(|s| s as f32).collect(),
-            mode,
-            coord,
-            antialias,
-        }),
-        &[x],
+        Op::Where,
+        &[mask.expect("an axis is outside"), value, y],
         None,
     )?)
 }
@@ -717,6 +766,7 @@ fn resample_legacy(ctx: &mut ImportCtx, x: Val, scales: &[f64], mode: &str) -> R
             mode,
             coord: CoordinateTransform::Asymmetric,
             antialias: false,
+            roi: Default::default(),
         }),
         &[x],
         None,
