@@ -213,7 +213,7 @@ fn compare(
     }
     let (a, r) = (actual.data(), reference.data());
     let dtype = actual.dtype();
-    let float = dtype.is_float() || (dtype.is_narrow() && !kiln_ir::narrow::is_narrow_int(dtype));
+    let float = dtype.is_float() || kiln_ir::narrow::is_narrow_float(dtype);
     // The ONNX runner's rule for bf16 outputs: two bf16 units in the last
     // place (`onnx/backend/test/runner/__init__.py`).
     let rtol = if actual.dtype() == kiln_ir::DType::BF16 {

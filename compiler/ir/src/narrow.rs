@@ -173,6 +173,22 @@ pub fn is_narrow_int(dtype: DType) -> bool {
     int_format(dtype).is_some()
 }
 
+/// Whether `dtype` is one of the small float types (the 8- and 4-bit
+/// floats).
+pub fn is_narrow_float(dtype: DType) -> bool {
+    FloatFormat::of(dtype).is_some()
+}
+
+/// The smallest and largest value of a narrow integer type.
+pub fn int_range(dtype: DType) -> Option<(i64, i64)> {
+    let (bits, signed) = int_format(dtype)?;
+    Some(if signed {
+        (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1)
+    } else {
+        (0, (1i64 << bits) - 1)
+    })
+}
+
 /// The code's bits: every code of `dtype` is below `1 << code_bits`.
 pub fn code_bits(dtype: DType) -> Option<u32> {
     match (FloatFormat::of(dtype), int_format(dtype)) {
@@ -213,13 +229,8 @@ pub fn encode(dtype: DType, x: f32) -> u8 {
     if let Some(f) = FloatFormat::of(dtype) {
         return f.encode(x);
     }
-    let Some((bits, signed)) = int_format(dtype) else {
+    let Some((lo, hi)) = int_range(dtype) else {
         return 0;
-    };
-    let (lo, hi) = if signed {
-        (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1)
-    } else {
-        (0, (1i64 << bits) - 1)
     };
     let t = x.trunc();
     if t.is_nan() || t < lo as f32 || t > hi as f32 {

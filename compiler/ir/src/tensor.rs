@@ -216,7 +216,7 @@ impl Data {
         // i64::MAX converts by value, not by its bits. A narrow type
         // converts through its value (f32-exact) unless both sides are
         // integers.
-        let float = |d: DType| d.is_float() || (d.is_narrow() && !crate::narrow::is_narrow_int(d));
+        let float = |d: DType| d.is_float() || crate::narrow::is_narrow_float(d);
         if float(self.dtype()) || float(to) {
             Data::from_f64s(to, (0..self.len()).map(|i| self.get_f64(i)))
         } else {

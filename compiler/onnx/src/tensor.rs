@@ -47,6 +47,9 @@ fn data_from_serialized(dtype: DType, bytes: &[u8], count: usize) -> Option<Data
     if per == 1 {
         return Data::from_le_bytes(dtype, bytes);
     }
+    if bytes.len() < count.div_ceil(per) {
+        return None;
+    }
     let bits = 8 / per;
     let mask = (1u8 << bits) - 1;
     let codes = (0..count)

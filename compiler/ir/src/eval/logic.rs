@@ -137,10 +137,8 @@ pub(super) fn where_(
         Data::U16(v) => super::gather_elems(&v, &idx),
         Data::U32(v) => super::gather_elems(&v, &idx),
         Data::U64(v) => super::gather_elems(&v, &idx),
-        Data::Narrow(d, v) => match super::gather_elems(&v, &idx) {
-            Data::U8(codes) => Data::Narrow(d, codes),
-            other => other,
-        },
+        // Codes as bytes; `eval` gives them their type back.
+        Data::Narrow(_, v) => super::gather_elems(&v, &idx),
     })
 }
 

@@ -958,5 +958,8 @@ fn round_trip_resize_with_antialias_and_roi() {
     g.add_output("b", b);
     let text = round_trip(&g);
     assert!(text.contains("antialias=true"), "{text}");
-    assert!(text.contains("roi=[0.0,1.0,0.0,1.0,0.4,0.6,0.25,1.5]"), "{text}");
+    assert!(
+        text.contains("roi=[0.0,1.0,0.0,1.0,0.4,0.6,0.25,1.5]"),
+        "{text}"
+    );
 }

@@ -291,19 +291,12 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let nsp = spatial_rank(ctx, x, "MaxUnpool")?;
     let kernel = kernel_shape(ctx, node, nsp)?;
-    let list = |name: &str, len: usize, default: i64| -> Result<Vec<i64>, OnnxError> {
-        match ctx.attr_ints(node, name)? {
-            None => Ok(vec![default; len]),
-            Some(v) if v.len() == len && v.iter().all(|&s| s >= 0) => Ok(v),
-            Some(v) => Err(ctx.bad_attr(name, format!("expected {len} values ≥ 0, got {v:?}"))),
-        }
-    };
-    let strides = list("strides", nsp, 1)?;
-    let pads = list("pads", 2 * nsp, 0)?;
+    let win = window(ctx, node, &xt.shape[2..], &kernel)?;
     let mut inferred = xt.shape[..2].to_vec();
-    for d in 0..nsp {
-        let size =
-            (xt.shape[2 + d] as i64 - 1) * strides[d] - pads[d] - pads[nsp + d] + kernel[d] as i64;
+    for (d, &k) in kernel.iter().enumerate() {
+        let size = (xt.shape[2 + d] as i64 - 1) * win.strides[d] as i64
+            - (win.pads_begin[d] + win.pads_end[d]) as i64
+            + k as i64;
         let size = usize::try_from(size)
             .map_err(|_| ctx.invalid(format!("spatial axis {d} would have size {size}")))?;
         inferred.push(size);
@@ -382,9 +375,10 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
     )
     .expect("one value");
     let lowest = super::index::gen_const(ctx, lowest, "lowest")?;
+    let outputs = [oh, ow];
     let mut padded = x;
-    for (d, (&k, outputs)) in kernel.iter().zip([oh, ow]).enumerate() {
-        let reach = (outputs - 1) * win.strides[d] + (k - 1) * win.dilations[d] + 1;
+    for (d, &k) in kernel.iter().enumerate() {
+        let reach = (outputs[d] - 1) * win.strides[d] + (k - 1) * win.dilations[d] + 1;
         let size = xt.shape[2 + d] + win.pads_begin[d];
         let after = reach.saturating_sub(size);
         padded = super::movement::pad_axis(
@@ -406,51 +400,48 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
     let plane = super::index::build_const(ctx, &[n, c, 1, 1], DType::I64, "plane_base", |len| {
         Data::I64((0..len as i64).map(|p| p * (h * w) as i64).collect())
     })?;
+    // Per axis `d` and kernel tap `k`: the tap's value at every output
+    // position along the axis (a strided slice of `v`), and its pixel's
+    // part of the flat index (a constant broadcast along that axis).
+    let scales = [row_scale, col_scale];
+    let along = |ctx: &mut ImportCtx, v: Val, d: usize, k: usize, tag: &str| {
+        let start = k * win.dilations[d];
+        let step = win.strides[d];
+        let value = super::movement::slice_along(
+            ctx,
+            v,
+            2 + d,
+            start,
+            step as i64,
+            outputs[d],
+            &format!("{tag}_axis{d}"),
+        )?;
+        let mut shape = [1, 1, 1, 1];
+        shape[2 + d] = outputs[d];
+        let index = super::index::build_const(
+            ctx,
+            &shape,
+            DType::I64,
+            &format!("{tag}_index{d}"),
+            |len| {
+                Data::I64(
+                    (0..len)
+                        .map(|i| ((i * step + start) as i64 - win.pads_begin[d] as i64) * scales[d])
+                        .collect(),
+                )
+            },
+        )?;
+        Ok::<_, OnnxError>((value, index))
+    };
     let mut best: Option<(Val, Val)> = None;
     for ki in 0..kernel[0] {
+        let (rows, row_index) = along(ctx, padded, 0, ki, &format!("tap{ki}"))?;
         for kj in 0..kernel[1] {
             let tag = format!("tap{ki}_{kj}");
-            let rows = super::movement::slice_along(
-                ctx,
-                padded,
-                2,
-                ki * win.dilations[0],
-                win.strides[0] as i64,
-                oh,
-                &format!("{tag}_rows"),
-            )?;
-            let value = super::movement::slice_along(
-                ctx,
-                rows,
-                3,
-                kj * win.dilations[1],
-                win.strides[1] as i64,
-                ow,
-                &format!("{tag}_value"),
-            )?;
-            let row = |i: usize| {
-                (i * win.strides[0] + ki * win.dilations[0]) as i64 - win.pads_begin[0] as i64
-            };
-            let col = |j: usize| {
-                (j * win.strides[1] + kj * win.dilations[1]) as i64 - win.pads_begin[1] as i64
-            };
-            let rows_part = super::index::build_const(
-                ctx,
-                &[1, 1, oh, 1],
-                DType::I64,
-                &format!("{tag}_row_index"),
-                |_| Data::I64((0..oh).map(|i| row(i) * row_scale).collect()),
-            )?;
-            let cols_part = super::index::build_const(
-                ctx,
-                &[1, 1, 1, ow],
-                DType::I64,
-                &format!("{tag}_col_index"),
-                |_| Data::I64((0..ow).map(|j| col(j) * col_scale).collect()),
-            )?;
+            let (value, col_index) = along(ctx, rows, 1, kj, &tag)?;
             let index = ctx.op(
                 Op::Binary(BinaryOp::Add),
-                &[rows_part, cols_part],
+                &[row_index, col_index],
                 Some(&format!("{tag}_pixel")),
             )?;
             let index = ctx.op(

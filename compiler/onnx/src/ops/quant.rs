@@ -172,11 +172,7 @@ pub fn quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         DType::I16 => Some((-32768.0, 32767.0)),
         DType::U16 => Some((0.0, 65535.0)),
         DType::I32 => Some((i32::MIN as f32, i32::MAX as f32)),
-        DType::I4 => Some((-8.0, 7.0)),
-        DType::U4 => Some((0.0, 15.0)),
-        DType::I2 => Some((-2.0, 1.0)),
-        DType::U2 => Some((0.0, 3.0)),
-        d if d.is_narrow() => None,
+        d if d.is_narrow() => kiln_ir::narrow::int_range(d).map(|(lo, hi)| (lo as f32, hi as f32)),
         d => return Err(ctx.unsupported(format!("QuantizeLinear to {d}"))),
     };
     if ctx.attr_i_or(node, "saturate", 1)? == 0 && range.is_none() {

@@ -10,7 +10,7 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, I32, I64, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
-use kiln_ir::narrow::{int_format, FloatFormat, Specials};
+use kiln_ir::narrow::{int_format, int_range, FloatFormat, Specials};
 use kiln_ir::DType;
 
 use super::Kb;
@@ -93,18 +93,13 @@ pub(crate) fn decode(kb: &mut Kb, x: Value, d: DType) -> Value {
 /// The code (an `I8`) of f32 `x` in narrow float type `d`, or of an f32 or
 /// i64 value in a narrow integer type (`is_int`: `x` is an i64).
 pub(crate) fn encode(kb: &mut Kb, x: Value, d: DType, is_int: bool) -> Value {
-    if let Some((bits, signed)) = int_format(d) {
+    if let (Some((bits, _)), Some((lo, hi))) = (int_format(d), int_range(d)) {
         let v = if is_int {
             x
         } else {
             // Truncation, then 0 for NaN (the saturating conversion's 0)
             // and for values outside the type's range.
             let t = kb.b.ins().fcvt_to_sint_sat(I64, x);
-            let (lo, hi) = if signed {
-                (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1)
-            } else {
-                (0, (1i64 << bits) - 1)
-            };
             let below = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, t, lo);
             let above = kb.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, t, hi);
             let out = kb.b.ins().bor(below, above);
