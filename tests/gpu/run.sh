@@ -7,11 +7,12 @@
 # target/real-models or KILN_REAL_MODELS when fetched), printing the max error per output,
 # the p50 latency per model, and a summary. Exit status 1 on any failure.
 #
-#   tests/gpu/run.sh                 every fixture
-#   tests/gpu/run.sh digits_cnn ...  only these fixtures
+#   tests/gpu/run.sh                 every fixture, in fp32 then in bf16
+#   tests/gpu/run.sh digits_cnn ...  only these fixtures (fp32)
 #
 # Options go to gpu_check: --sm 80 (force a target), --runs N (default 20),
-# --tolerance T (default 1e-4, relative to the output's scale).
+# --precision bf16|fp16|mixed, --tolerance T (default 1e-4 relative to the
+# output's scale in fp32, 5e-2 in bf16).
 #
 # ptxas is optional: with KILN_PTXAS set, or scripts/ptxas.sh able to
 # install it (needs PyPI), artifacts carry a cubin; otherwise the driver
@@ -46,4 +47,11 @@ if [ -z "$BIN" ]; then
         fi
     fi
 fi
-exec "$BIN" "$@"
+if [ $# -gt 0 ]; then
+    exec "$BIN" "$@"
+fi
+# Everything in fp32, then in bf16 (tensor-core GEMMs from sm_80).
+status=0
+"$BIN" || status=1
+"$BIN" --precision bf16 || status=1
+exit $status

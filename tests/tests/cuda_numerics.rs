@@ -69,6 +69,66 @@ fn fixture_models_match_the_reference_evaluator() {
     }
 }
 
+/// The fixtures with dense ops (the models and the single-op MatMul, Gemm
+/// and Conv fixtures) built with `--precision bf16` and `--precision fp16`
+/// for CUDA: the optimized graph (16-bit weights, bf16 activations into
+/// MatMul/Gemm) compiled for sm_80, where bf16 x bf16 products run on
+/// `mma.sync` and the rest on the SIMT kernels, and interpreted against the
+/// reference evaluator of that same graph.
+#[test]
+fn reduced_precision_fixtures_match_the_reference_evaluator() {
+    use kiln_passes::{Mode, Policy};
+    let (mut mma_kernels, mut checked) = (0, 0);
+    for name in kiln_tests::Fixture::all_names() {
+        let dense = name.starts_with("digits_")
+            || ["op_gemm", "op_matmul", "op_conv"]
+                .iter()
+                .any(|p| name.starts_with(p));
+        if !dense {
+            continue;
+        }
+        let fixture = kiln_tests::Fixture::load(&name);
+        let dir = kiln_tests::repo_root().join("fixtures/models").join(&name);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+        let inputs: Vec<Tensor> = meta["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|io| fixture_input(&dir, io))
+            .collect();
+        for mode in [Mode::Bf16, Mode::Fp16] {
+            let mut opts = fixture.compile_options();
+            opts.cuda = Some(kiln_target_cuda::SmArch::parse("sm80").unwrap());
+            opts.precision = Policy {
+                mode,
+                ..Policy::default()
+            };
+            opts.calibrate_random = 0;
+            let g = kiln::driver::optimize(&fixture.model_path(), &opts)
+                .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
+                .graph;
+            let half = g
+                .node_ids()
+                .any(|id| kiln_ir::infer::is_half(g.node(id).ty.dtype));
+            if !half {
+                // Not eligible (e.g. depthwise convolutions stay f32).
+                continue;
+            }
+            checked += 1;
+            let program = kiln_target_cuda::compile(&g, opts.cuda.unwrap()).expect("compile");
+            mma_kernels += program
+                .ptx
+                .split(".entry")
+                .filter(|k| k.contains("mma.sync"))
+                .count();
+            interp::check_against_reference(&g, &inputs);
+        }
+    }
+    assert!(checked > 30, "only {checked} reduced-precision builds checked");
+    assert!(mma_kernels > 0, "no kernel ran on mma.sync");
+}
+
 /// Deterministic bytes covering the whole u8/i8 range (sign extension of
 /// both operands and zero points matters).
 fn bytes_tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {

@@ -88,6 +88,48 @@ fn every_fixture_kernel_assembles_for_every_sm() {
     );
 }
 
+/// The dense fixtures built with `--precision bf16` and `--precision fp16`
+/// assemble for every SM: 16-bit loads and stores everywhere, `mma.sync`
+/// (bf16 x bf16) from sm_80.
+#[test]
+fn reduced_precision_kernels_assemble_for_every_sm() {
+    use kiln_passes::{Mode, Policy};
+    let ptxas = ptxas();
+    let mut failures = Vec::new();
+    let mut mma = 0;
+    for name in [
+        "digits_mlp",
+        "digits_cnn",
+        "ppocr_cls",
+        "op_gemm_trans_alpha_beta",
+        "op_matmul_bcast_batch",
+    ] {
+        let fixture = Fixture::load(name);
+        for mode in [Mode::Bf16, Mode::Fp16] {
+            let mut opts = fixture.compile_options();
+            opts.cuda = Some(SUPPORTED_SMS[0]);
+            opts.precision = Policy {
+                mode,
+                ..Policy::default()
+            };
+            opts.calibrate_random = 0;
+            let graph = kiln::driver::optimize(&fixture.model_path(), &opts)
+                .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
+                .graph;
+            for sm in SUPPORTED_SMS {
+                let program = kiln_target_cuda::compile(&graph, sm)
+                    .unwrap_or_else(|e| panic!("{name} {mode:?} sm_{}: {e}", sm.sm));
+                mma += program.ptx.matches("mma.sync").count();
+                if let Err(e) = assemble(&ptxas, &program) {
+                    failures.push(format!("{name} {mode:?} sm_{}: {e}", sm.sm));
+                }
+            }
+        }
+    }
+    assert!(mma > 0, "no mma.sync emitted");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The real models (PP-OCRv4 det/rec, MiniLM) compile for the oldest and
 /// the newest supported SM and every kernel assembles; no GPU is needed.
 #[test]

@@ -253,7 +253,7 @@ pub fn compile(graph: &Graph, sm: SmArch) -> Result<CudaProgram, CudaError> {
     let mut texts = Vec::new();
     let mut uses_smem = false;
     for (k, job) in plan.jobs.iter().enumerate() {
-        let Some(kernel) = lower::lower_job(graph, &plan, &tables, job, k)? else {
+        let Some(kernel) = lower::lower_job(graph, &plan, &tables, job, k, sm.sm)? else {
             continue;
         };
         uses_smem |= kernel.uses_smem;

@@ -25,6 +25,8 @@ pub enum Ty {
     F32,
     /// binary64.
     F64,
+    /// A 16-bit value (an f16 for `cvt`, or raw bits for loads and stores).
+    B16,
 }
 
 impl Ty {
@@ -38,6 +40,7 @@ impl Ty {
             Ty::S64 => "s64",
             Ty::F32 => "f32",
             Ty::F64 => "f64",
+            Ty::B16 => "b16",
         }
     }
 
@@ -50,6 +53,7 @@ impl Ty {
     pub fn bytes(self) -> u32 {
         match self {
             Ty::Pred => 0,
+            Ty::B16 => 2,
             Ty::U32 | Ty::S32 | Ty::F32 => 4,
             Ty::U64 | Ty::S64 | Ty::F64 => 8,
         }
@@ -57,10 +61,10 @@ impl Ty {
 
     /// The bit-size type of the same width (`b32`, `b64`).
     fn bits(self) -> &'static str {
-        if self.bytes() == 8 {
-            "b64"
-        } else {
-            "b32"
+        match self.bytes() {
+            8 => "b64",
+            2 => "b16",
+            _ => "b32",
         }
     }
 
@@ -71,17 +75,19 @@ impl Ty {
             Ty::U64 | Ty::S64 => 2,
             Ty::F32 => 3,
             Ty::F64 => 4,
+            Ty::B16 => 5,
         }
     }
 }
 
 /// Register name prefixes and declared types per register class.
-const CLASSES: [(&str, &str); 5] = [
+const CLASSES: [(&str, &str); 6] = [
     ("%p", ".pred"),
     ("%r", ".b32"),
     ("%rd", ".b64"),
     ("%f", ".f32"),
     ("%fd", ".f64"),
+    ("%h", ".b16"),
 ];
 
 /// A virtual register.
@@ -259,7 +265,7 @@ pub const SMEM: &str = "kiln_smem";
 pub struct KernelBuilder {
     name: String,
     body: String,
-    counts: [u32; 5],
+    counts: [u32; 6],
     labels: u32,
     uses_smem: bool,
     max_threads: [u32; 3],
@@ -275,7 +281,7 @@ impl KernelBuilder {
         KernelBuilder {
             name: name.to_owned(),
             body: String::new(),
-            counts: [0; 5],
+            counts: [0; 6],
             labels: 0,
             uses_smem: false,
             max_threads,
@@ -457,6 +463,48 @@ impl KernelBuilder {
         let d = self.reg(Ty::U64);
         self.inst("mul.wide.u32", &[d.into(), a.into(), b.into()]);
         d
+    }
+
+    /// The bits of `a` as a register of type `to` (same width).
+    pub fn bitcast(&mut self, to: Ty, a: Reg) -> Reg {
+        assert_eq!(to.bytes(), a.ty.bytes(), "bitcast across widths");
+        let d = self.reg(to);
+        self.inst(&format!("mov.{}", to.bits()), &[d.into(), a.into()]);
+        d
+    }
+
+    /// An f16 (in a `B16` register) widened exactly to f32.
+    pub fn f16_to_f32(&mut self, h: Reg) -> Reg {
+        assert_eq!(h.ty, Ty::B16);
+        let d = self.reg(Ty::F32);
+        self.inst("cvt.f32.f16", &[d.into(), h.into()]);
+        d
+    }
+
+    /// An f32 rounded to the nearest f16 (ties to even; overflow gives
+    /// infinity, NaN stays NaN), in a `B16` register.
+    pub fn f32_to_f16(&mut self, f: Reg) -> Reg {
+        assert_eq!(f.ty, Ty::F32);
+        let d = self.reg(Ty::B16);
+        self.inst("cvt.rn.f16.f32", &[d.into(), f.into()]);
+        d
+    }
+
+    /// A warp-wide tensor-core product `acc += A · B` of one 16×16 tile of
+    /// A (row-major fragments: four registers of two `kind` values each)
+    /// and one 16×8 tile of B (column-major fragments: two registers), f32
+    /// accumulators (four per thread). `kind` is `bf16` or `f16`; sm_80+.
+    pub fn mma_m16n8k16(&mut self, kind: &str, acc: [Reg; 4], a: [Reg; 4], b: [Reg; 2]) {
+        let list = |rs: &[Reg]| {
+            rs.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (acc, a, b) = (list(&acc), list(&a), list(&b));
+        self.raw(format_args!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{{acc}}}, {{{a}}}, {{{b}}}, {{{acc}}};"
+        ));
     }
 
     /// `base + idx * scale` as a 64-bit address (`idx` a `u32`).

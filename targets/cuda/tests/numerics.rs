@@ -31,7 +31,7 @@ fn tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {
     let v = values(n, seed);
     let data = match d {
         DType::F32 => Data::F32(v),
-        DType::F64 => Data::F64(v.iter().map(|&x| x as f64).collect()),
+        DType::F64 | DType::F16 | DType::BF16 => Data::from_f64s(d, v.iter().map(|&x| x as f64)),
         DType::Bool => Data::Bool(v.iter().map(|&x| x > 0.0).collect()),
         DType::I64 => Data::I64(v.iter().map(|&x| (x * 5.0) as i64).collect()),
         DType::I32 => Data::I32(v.iter().map(|&x| (x * 5.0) as i32).collect()),
@@ -350,6 +350,126 @@ fn matmul_and_gemm() {
                 tensor(DType::F32, &a_shape, 7),
                 tensor(DType::F32, &b_shape, 8),
                 tensor(DType::F32, &[70], 9),
+            ],
+        );
+    }
+}
+
+/// The PTX interpreter's output for `g` compiled for `sm` (`sm80` unless
+/// said), compared with the reference evaluator as [`check`] does.
+fn check_on(sm: &str, g: &Graph, inputs: &[Tensor]) {
+    interp::check_against_reference_on(SmArch::parse(sm).unwrap(), g, inputs);
+}
+
+#[test]
+fn half_precision_matmul_and_gemm_on_tensor_cores_and_simt() {
+    // bf16 x bf16 and f16 x f16 run on `mma.sync` from sm_80, on the SIMT
+    // kernel before; mixed operands (f16 weights, f32 activations: the
+    // fp16 precision mode) on the SIMT kernel everywhere. Shapes leave
+    // partial tiles in M, N and K, with batch broadcast.
+    for (da, db) in [
+        (DType::BF16, DType::BF16),
+        (DType::F16, DType::F16),
+        (DType::F32, DType::F16),
+        (DType::BF16, DType::F32),
+    ] {
+        let (g, i) = graph2(da, &[2, 1, 70, 45], db, &[3, 45, 72], Op::MatMul);
+        let text = compile(&g, SmArch::parse("sm80").unwrap()).unwrap().ptx;
+        assert_eq!(text.contains("mma.sync"), da == db, "{da} x {db}");
+        for sm in ["sm70", "sm80"] {
+            check_on(sm, &g, &i);
+        }
+    }
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut g = Graph::new();
+        let a_shape = if ta { [33, 66] } else { [66, 33] };
+        let b_shape = if tb { [70, 33] } else { [33, 70] };
+        let a = g.add_input("a", ValueType::new(DType::BF16, a_shape));
+        let b = g.add_input("b", ValueType::new(DType::BF16, b_shape));
+        let c = g.add_input("c", ValueType::new(DType::F32, [70]));
+        let y = g
+            .add_node(
+                Op::Gemm {
+                    alpha: 0.5,
+                    beta: -1.5,
+                    trans_a: ta,
+                    trans_b: tb,
+                },
+                &[a, b, c],
+                "gemm",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        check_on(
+            "sm90",
+            &g,
+            &[
+                tensor(DType::BF16, &a_shape, 7),
+                tensor(DType::BF16, &b_shape, 8),
+                tensor(DType::F32, &[70], 9),
+            ],
+        );
+    }
+}
+
+#[test]
+fn half_precision_storage_casts_and_convolution() {
+    // Casts round to nearest even (ties, overflow to infinity, NaN kept),
+    // and widen exactly; elementwise ops on f16 compute in f32 and round.
+    let mut v = values(280, 4);
+    v[..8].copy_from_slice(&[
+        f32::NAN,
+        -f32::INFINITY,
+        1.0e6,
+        -7.0e4,
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        6.0e-8,
+        -0.0,
+    ]);
+    let x = Tensor::new([4, 70], Data::F32(v)).unwrap();
+    for to in [DType::F16, DType::BF16] {
+        let mut g = Graph::new();
+        let i = g.add_input("x", ValueType::new(DType::F32, [4, 70]));
+        let h = g.add_node(Op::Cast { to }, &[i], "to_half").unwrap();
+        let s = g
+            .add_node(Op::Unary(UnaryOp::Sigmoid), &[h], "sigmoid")
+            .unwrap();
+        let back = g
+            .add_node(Op::Cast { to: DType::F32 }, &[h], "to_f32")
+            .unwrap();
+        g.add_output("half", h);
+        g.add_output("sigmoid", s);
+        g.add_output("back", back);
+        for sm in ["sm75", "sm80"] {
+            check_on(sm, &g, std::slice::from_ref(&x));
+        }
+    }
+    // The fp16/bf16 precision modes' convolutions: 16-bit weights, f32
+    // activations (SIMT, implicit GEMM and direct), and all-f16 (mma).
+    let c = Conv2d {
+        strides: [2, 1],
+        pads: [0, 2, 1, 0],
+        dilations: [1, 2],
+        group: 2,
+    };
+    for (dx, dw, cout) in [
+        (DType::F32, DType::F16, 36),
+        (DType::F32, DType::BF16, 4),
+        (DType::F16, DType::F16, 36),
+    ] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(dx, [2, 6, 9, 10]));
+        let w = g.add_input("w", ValueType::new(dw, [cout, 3, 3, 3]));
+        let b = g.add_input("b", ValueType::new(DType::F32, [cout]));
+        let y = g.add_node(Op::Conv(c.clone()), &[x, w, b], "conv").unwrap();
+        g.add_output("y", y);
+        check(
+            &g,
+            &[
+                tensor(dx, &[2, 6, 9, 10], 10),
+                tensor(dw, &[cout, 3, 3, 3], 11),
+                tensor(DType::F32, &[cout], 12),
             ],
         );
     }

@@ -3,8 +3,13 @@
 //! the committed onnxruntime references. Driven by `tests/gpu/run.sh`.
 //!
 //! ```text
-//! gpu_check [--sm 90] [--runs 20] [--tolerance 1e-4] [FIXTURE...]
+//! gpu_check [--sm 90] [--runs 20] [--precision bf16] [--tolerance 1e-4] [FIXTURE...]
 //! ```
+//!
+//! `--precision bf16|fp16|mixed` builds every model in that precision
+//! (`docs/precision.md`; bf16 MatMul/Gemm run on `mma.sync` from sm_80)
+//! and compares with the same fp32 references at a looser default
+//! tolerance: 5e-2 for bf16 and mixed, 1e-2 for fp16 (1e-4 for fp32).
 //!
 //! The target SM defaults to the newest one Kiln supports that GPU 0 can
 //! run. Prints one line per model output (max abs error, error relative to
@@ -24,6 +29,7 @@ use kiln_tests::Fixture;
 struct Args {
     sm: Option<u32>,
     runs: usize,
+    precision: kiln_passes::Mode,
     tolerance: f64,
     names: Vec<String>,
 }
@@ -32,7 +38,8 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         sm: None,
         runs: 20,
-        tolerance: 1e-4,
+        precision: kiln_passes::Mode::Fp32,
+        tolerance: f64::NAN,
         names: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -48,6 +55,11 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| "--runs expects a number")?
             }
+            "--precision" => {
+                args.precision = value("--precision")?
+                    .parse()
+                    .map_err(|e: kiln_passes::PolicyError| e.to_string())?
+            }
             "--tolerance" => {
                 args.tolerance = value("--tolerance")?
                     .parse()
@@ -58,6 +70,13 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     args.runs = args.runs.max(1);
+    if args.tolerance.is_nan() {
+        args.tolerance = match args.precision {
+            kiln_passes::Mode::Fp32 => 1e-4,
+            kiln_passes::Mode::Fp16 => 1e-2,
+            _ => 5e-2,
+        };
+    }
     Ok(args)
 }
 
@@ -84,6 +103,11 @@ fn p50(model: &mut CudaModel, views: &[TensorRef<'_>], runs: usize) -> Result<f6
 fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> {
     let mut opts = fixture.compile_options();
     opts.cuda = Some(sm);
+    opts.precision = kiln_passes::Policy {
+        mode: args.precision,
+        ..kiln_passes::Policy::default()
+    };
+    opts.calibrate_random = 0;
     let bytes = fixture.compile_with(&opts)?;
     let mut model = CudaModel::from_bytes(&bytes).map_err(|e| format!("load: {e}"))?;
     let inputs = fixture.inputs();
@@ -146,8 +170,9 @@ fn main() {
     });
     let sm = SmArch::parse(&target.to_string()).expect("a supported SM");
     println!(
-        "GPU 0: {device_name} (sm_{device_sm}); compiling for sm_{}; ptxas: {}",
+        "GPU 0: {device_name} (sm_{device_sm}); compiling for sm_{} in {}; ptxas: {}",
         sm.sm,
+        args.precision.name(),
         kiln_target_cuda::ptxas::find_ptxas()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none (the driver JIT-compiles the PTX)".into())

@@ -100,11 +100,7 @@ fn out_coords(kb: &mut KernelBuilder, i: Reg, shape: &[usize]) -> [Reg; 4] {
 const GEMM_MIN_CHANNELS: usize = 16;
 
 pub(crate) fn conv(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
-    for &(_, ty) in &cx.inputs {
-        if ty.dtype != DType::F32 {
-            return Err(cx.dtype_err(ty.dtype));
-        }
-    }
+    super::linalg::check_dense(cx)?;
     let xs = &cx.inputs[0].1.shape;
     let ws = &cx.inputs[1].1.shape;
     if xs.len() != 4 {
@@ -169,6 +165,7 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         out_ty: cx.out_ty,
         epilogue: cx.epilogue.clone(),
         tables: cx.tables,
+        sm: cx.sm,
     };
     gemm_kernel(&gemm_cx, &g)
 }
@@ -184,19 +181,19 @@ fn direct(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     let acc = match cx.inputs.get(2) {
         Some(&(loc, _)) => {
             let b = ptr(&mut kb, loc);
-            let v = load(&mut kb, b, o[1], DType::F32);
+            let v = load(&mut kb, b, o[1], cx.inputs[2].1.dtype);
             kb.mov(Ty::F32, v)
         }
         None => kb.mov(Ty::F32, fimm(Ty::F32, 0.0)),
     };
     direct_taps(&mut kb, cx, c, o, &|kb, xi, wi| {
-        let xv = load(kb, x_ptr, xi, DType::F32);
-        let wv = load(kb, w_ptr, wi, DType::F32);
+        let xv = load(kb, x_ptr, xi, cx.inputs[0].1.dtype);
+        let wv = load(kb, w_ptr, wi, cx.inputs[1].1.dtype);
         kb.mad_into(acc, xv, wv, acc);
     });
     let out = ptr(&mut kb, cx.out);
     let acc = cx.epilogue(&mut kb, acc);
-    store(&mut kb, out, i, DType::F32, acc);
+    store(&mut kb, out, i, cx.out_ty.dtype, acc);
     Ok(cx.finish(kb, linear_launch(n)))
 }
 

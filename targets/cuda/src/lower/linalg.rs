@@ -20,7 +20,8 @@
 //! with `mad.lo.s32`; batch offsets use the same broadcasting strides.
 
 use super::{
-    broadcast_strides, coords, global_index, linear_launch, mem, offset, ptr, store, Cx, Kernel,
+    broadcast_strides, coords, global_index, linear_launch, load, mem, offset, ptr, store, Cx,
+    Kernel,
 };
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
 use crate::{CudaError, Launch};
@@ -84,9 +85,12 @@ pub(crate) struct Gemm {
     pub beta: f32,
 }
 
-fn check_f32(cx: &Cx) -> Result<(), CudaError> {
+/// Dense operands are f32, f16 or bf16, each independently
+/// (`kiln_ir::infer::dense_result`): 16-bit ones are widened exactly and
+/// every product accumulates in f32.
+pub(crate) fn check_dense(cx: &Cx) -> Result<(), CudaError> {
     for &(_, ty) in &cx.inputs {
-        if ty.dtype != DType::F32 {
+        if !matches!(ty.dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(cx.dtype_err(ty.dtype));
         }
     }
@@ -135,7 +139,7 @@ impl Batched {
 }
 
 pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
-    check_f32(cx)?;
+    check_dense(cx)?;
     let Batched {
         m,
         k,
@@ -233,7 +237,7 @@ pub(crate) fn gemm(
     trans_a: bool,
     trans_b: bool,
 ) -> Result<Kernel, CudaError> {
-    check_f32(cx)?;
+    check_dense(cx)?;
     let (m, n) = (cx.out_ty.shape[0], cx.out_ty.shape[1]);
     let a = &cx.inputs[0].1.shape;
     let k = if trans_a { a[0] } else { a[1] };
@@ -262,13 +266,39 @@ pub(crate) fn gemm(
     gemm_kernel(cx, &g)
 }
 
-fn f32_addr(kb: &mut KernelBuilder, base: Reg, idx: Reg) -> Reg {
-    kb.addr(base, idx, 4)
+/// How the GEMM tile loaders read an operand's elements.
+#[derive(Clone, Copy)]
+enum Staged {
+    /// Widened to f32 (the SIMT kernel).
+    Wide(DType),
+    /// The raw 16 bits of an f16/bf16, in a `u32` (the tensor-core kernel).
+    Raw16,
+}
+
+impl Staged {
+    fn zero(self, kb: &mut KernelBuilder) -> Reg {
+        match self {
+            Staged::Wide(_) => kb.mov(Ty::F32, fimm(Ty::F32, 0.0)),
+            Staged::Raw16 => kb.mov(Ty::U32, 0u32),
+        }
+    }
+
+    fn load(self, kb: &mut KernelBuilder, base: Reg, idx: Reg) -> Reg {
+        match self {
+            Staged::Wide(d) => load(kb, base, idx, d),
+            Staged::Raw16 => {
+                let a = kb.addr(base, idx, 2);
+                kb.ld(Space::Global, MemTy("u16"), Ty::U32, a, 0)
+            }
+        }
+    }
 }
 
 /// The tiled GEMM kernel for `g`: inputs 0 and 1 of `cx` are A and B,
-/// input 2 (if `g.c`) is C.
+/// input 2 (if `g.c`) is C. On sm_80+, when A and B are both bf16 or both
+/// f16, the tensor-core kernel ([`mma_kernel`]); otherwise the SIMT one.
 pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
+    let (da, db) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
     let batches: usize = g.batch.iter().product();
     let grid = [
         (g.n as u64).div_ceil(TILE as u64),
@@ -281,22 +311,80 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
             message: format!("GEMM grid {grid:?} exceeds the 65535 limit of grid y/z"),
         });
     }
-    let f32m = MemTy("f32");
-    let mut kb = cx.builder([SIDE, SIDE, 1]);
-    let tx = kb.special(Special::TidX);
-    let ty = kb.special(Special::TidY);
+    let grid = [grid[0] as u32, grid[1] as u32, grid[2] as u32];
+    match (da, db) {
+        (DType::BF16, DType::BF16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, "bf16", grid)),
+        (DType::F16, DType::F16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, "f16", grid)),
+        _ => Ok(simt_kernel(cx, g, grid)),
+    }
+}
+
+/// The block's batch coordinates, A and B base pointers with their batch
+/// offsets, and the tile origin `(m0, n0)`.
+struct TileOrigin {
+    batch: Vec<Option<Reg>>,
+    bz: Reg,
+    a_ptr: Reg,
+    a_off: Reg,
+    b_ptr: Reg,
+    b_off: Reg,
+    m0: Reg,
+    n0: Reg,
+}
+
+fn tile_origin(kb: &mut KernelBuilder, cx: &Cx, g: &Gemm) -> TileOrigin {
     let bx = kb.special(Special::CtaidX);
     let by = kb.special(Special::CtaidY);
     let bz = kb.special(Special::CtaidZ);
     let m0 = kb.bin(Bin::Mul, by, TILE);
     let n0 = kb.bin(Bin::Mul, bx, TILE);
+    let batch = coords(kb, bz, &g.batch);
+    let a_off = offset(kb, &batch, &g.a_batch, 0);
+    let b_off = offset(kb, &batch, &g.b_batch, 0);
+    let a_ptr = ptr(kb, cx.inputs[0].0);
+    let b_ptr = ptr(kb, cx.inputs[1].0);
+    TileOrigin {
+        batch,
+        bz,
+        a_ptr,
+        a_off,
+        b_ptr,
+        b_off,
+        m0,
+        n0,
+    }
+}
+
+/// Element `(k0 + r, n0 + c)` of B as `staged` (0 outside B).
+fn load_b(
+    kb: &mut KernelBuilder,
+    g: &Gemm,
+    o: &TileOrigin,
+    (k0, r): (Reg, Reg),
+    c: Reg,
+    staged: Staged,
+) -> Reg {
+    let row = kb.bin(Bin::Add, k0, r);
+    let col = kb.bin(Bin::Add, o.n0, c);
+    match g.b {
+        BSource::Strided { ks, cs } => {
+            load_or_zero(kb, o.b_ptr, o.b_off, (row, g.k, ks), (col, g.n, cs), staged)
+        }
+        BSource::Im2col(geo) => {
+            load_im2col(kb, o.b_ptr, o.b_off, (row, g.k), (col, g.n), &geo, staged)
+        }
+    }
+}
+
+/// The SIMT kernel: 16×16 threads, a 4×4 f32 micro-tile each.
+fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
+    let (da, db) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
+    let f32m = MemTy("f32");
+    let mut kb = cx.builder([SIDE, SIDE, 1]);
+    let tx = kb.special(Special::TidX);
+    let ty = kb.special(Special::TidY);
     let tid = kb.mad(ty, SIDE, tx);
-    // Batch offsets.
-    let bc = coords(&mut kb, bz, &g.batch);
-    let a_off = offset(&mut kb, &bc, &g.a_batch, 0);
-    let b_off = offset(&mut kb, &bc, &g.b_batch, 0);
-    let a_ptr = ptr(&mut kb, cx.inputs[0].0);
-    let b_ptr = ptr(&mut kb, cx.inputs[1].0);
+    let o = tile_origin(&mut kb, cx, g);
     let smem = kb.smem_base();
     // As: KS x TILE floats (k-major), then Bs: KS x TILE floats.
     let b_smem = (KS * TILE * 4) as i64;
@@ -310,30 +398,30 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
             // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
             let c = kb.bin(Bin::Rem, e, KS);
             let r = kb.bin(Bin::Div, e, KS);
-            let row = kb.bin(Bin::Add, m0, r);
+            let row = kb.bin(Bin::Add, o.m0, r);
             let col = kb.bin(Bin::Add, k0, c);
-            let v = load_or_zero(kb, a_ptr, a_off, (row, g.m, g.a_rs), (col, g.k, g.a_ks));
+            let v = load_or_zero(
+                kb,
+                o.a_ptr,
+                o.a_off,
+                (row, g.m, g.a_rs),
+                (col, g.k, g.a_ks),
+                Staged::Wide(da),
+            );
             let s_idx = kb.mad(c, TILE, r);
-            let sa = f32_addr(kb, smem, s_idx);
+            let sa = kb.addr(smem, s_idx, 4);
             kb.st(Space::Shared, f32m, sa, 0, v);
             // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest.
             let c = kb.bin(Bin::Rem, e, TILE);
             let r = kb.bin(Bin::Div, e, TILE);
-            let row = kb.bin(Bin::Add, k0, r);
-            let col = kb.bin(Bin::Add, n0, c);
-            let v = match g.b {
-                BSource::Strided { ks, cs } => {
-                    load_or_zero(kb, b_ptr, b_off, (row, g.k, ks), (col, g.n, cs))
-                }
-                BSource::Im2col(geo) => load_im2col(kb, b_ptr, b_off, (row, g.k), (col, g.n), &geo),
-            };
+            let v = load_b(kb, g, &o, (k0, r), c, Staged::Wide(db));
             let s_idx = kb.mad(r, TILE, c);
-            let sb = f32_addr(kb, smem, s_idx);
+            let sb = kb.addr(smem, s_idx, 4);
             kb.st(Space::Shared, f32m, sb, b_smem, v);
         }
         kb.barrier();
-        let a_row = f32_addr(kb, smem, ty);
-        let b_col = f32_addr(kb, smem, tx);
+        let a_row = kb.addr(smem, ty, 4);
+        let b_col = kb.addr(smem, tx, 4);
         for kk in 0..KS {
             let a: Vec<Reg> = (0..MICRO)
                 .map(|i| {
@@ -356,52 +444,203 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
         }
         kb.barrier();
     });
-    // Epilogue.
-    let out = ptr(&mut kb, cx.out);
-    let c_ptr = match (g.c, cx.inputs.get(2)) {
-        (Some(_), Some(&(loc, _))) => Some(ptr(&mut kb, loc)),
-        _ => None,
-    };
-    let out_batch = kb.bin(Bin::Mul, bz, (g.m * g.n) as u32);
-    let c_off = offset(&mut kb, &bc, &g.c_batch, 0);
+    let mut out = Epilogue::new(&mut kb, cx, g, &o);
     for i in 0..MICRO {
-        let row = kb.bin(Bin::Add, m0, ty);
+        let row = kb.bin(Bin::Add, o.m0, ty);
         let row = kb.bin(Bin::Add, row, i * SIDE);
-        let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
         for j in 0..MICRO {
-            let col = kb.bin(Bin::Add, n0, tx);
+            let col = kb.bin(Bin::Add, o.n0, tx);
             let col = kb.bin(Bin::Add, col, j * SIDE);
-            let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
-            let ok = kb.pred_op("and", row_ok, col_ok);
-            let r = acc[(i * MICRO + j) as usize];
-            kb.when(ok, |kb| {
-                let mut y = r;
-                if g.alpha != 1.0 {
-                    y = kb.bin(Bin::Mul, y, Opnd::F32(g.alpha));
-                }
-                if let (Some((c_rs, c_cs)), Some(c_ptr)) = (g.c, c_ptr) {
-                    let ci = kb.mad(row, Opnd::I(c_rs), c_off);
-                    let ci = kb.mad(col, Opnd::I(c_cs), ci);
-                    let ca = f32_addr(kb, c_ptr, ci);
-                    let cv = kb.ld(Space::Global, f32m, Ty::F32, ca, 0);
-                    y = kb.mad(cv, Opnd::F32(g.beta), y);
-                }
-                let oi = kb.mad(row, g.n as u32, out_batch);
-                let oi = kb.bin(Bin::Add, oi, col);
-                let y = cx.epilogue(kb, y);
-                let oa = f32_addr(kb, out, oi);
-                kb.st(Space::Global, f32m, oa, 0, y);
-            });
+            out.store(&mut kb, row, col, acc[(i * MICRO + j) as usize]);
         }
     }
-    Ok(cx.finish(
+    cx.finish(
         kb,
         Launch {
-            grid: [grid[0] as u32, grid[1] as u32, grid[2] as u32],
+            grid,
             block: [SIDE, SIDE, 1],
             shared_bytes: 2 * KS * TILE * 4,
         },
-    ))
+    )
+}
+
+/// K per shared-memory stage of the tensor-core kernel (two `k16` steps).
+const MMA_KS: u32 = 32;
+/// Halves per shared-memory row of a staged tile: `MMA_KS` plus 8 of
+/// padding, so the eight rows a fragment load touches start in different
+/// banks (a row is 20 words: rows `g` land on banks `20 g mod 32`, four
+/// apart or more, and the four lanes of a row read four consecutive ones).
+const MMA_ROW: u32 = MMA_KS + 8;
+/// Bytes of one staged 64-row tile.
+const MMA_TILE_BYTES: u32 = TILE * MMA_ROW * 2;
+/// Threads of the tensor-core kernel: eight warps, as a 4 × 2 grid of
+/// 16 × 32 output tiles.
+const MMA_THREADS: u32 = 256;
+
+/// The tensor-core GEMM: a 64×64 output tile per block of eight warps; warp
+/// `w` owns rows `16 (w / 2)` and columns `32 (w % 2)` of the tile, as four
+/// `m16n8k16` accumulators (16 f32 registers per thread). K advances in
+/// stages of 32: the block copies A's 64×32 slice row-major and B's 32×64
+/// slice transposed (n-major) into shared memory as raw 16-bit values (0
+/// outside the matrices), so every fragment register is one aligned 32-bit
+/// shared load of two consecutive k (the `.row.col` operand layouts:
+/// thread `lane` holds rows `lane / 4` and `lane / 4 + 8`, k pairs
+/// `2 (lane % 4)` and `2 (lane % 4) + 8`). No thread leaves before the
+/// last `mma.sync`, which needs the whole warp; out-of-range rows and
+/// columns compute on zeros and are not stored.
+fn mma_kernel(cx: &Cx, g: &Gemm, kind: &str, grid: [u32; 3]) -> Kernel {
+    let u16m = MemTy("u16");
+    let b32m = MemTy("b32");
+    let mut kb = cx.builder([MMA_THREADS, 1, 1]);
+    let tid = kb.special(Special::TidX);
+    let warp = kb.bin(Bin::Shr, tid, 5u32);
+    let lane = kb.bin(Bin::And, tid, 31u32);
+    let group = kb.bin(Bin::Shr, lane, 2u32);
+    let pair = kb.bin(Bin::And, lane, 3u32);
+    let warp_m = kb.bin(Bin::Shr, warp, 1u32);
+    let warp_n = kb.bin(Bin::And, warp, 1u32);
+    let o = tile_origin(&mut kb, cx, g);
+    let smem = kb.smem_base();
+    let b_smem = MMA_TILE_BYTES as i64;
+    let acc: Vec<[Reg; 4]> = (0..4)
+        .map(|_| std::array::from_fn(|_| kb.mov(Ty::F32, fimm(Ty::F32, 0.0))))
+        .collect();
+    // Fragment addresses for k step 0: A at (16 warp_m + group, 2 pair),
+    // B at (32 warp_n + group, 2 pair) of their staged tiles.
+    let a_row = kb.mad(warp_m, 16u32, group);
+    let a_idx = kb.mul_wide(a_row, MMA_ROW * 2);
+    let a_frag = kb.bin(Bin::Add, a_idx, smem);
+    let pair_bytes = kb.mul_wide(pair, 4u32);
+    let a_frag = kb.bin(Bin::Add, a_frag, pair_bytes);
+    let b_row = kb.mad(warp_n, 32u32, group);
+    let b_idx = kb.mul_wide(b_row, MMA_ROW * 2);
+    let b_frag = kb.bin(Bin::Add, b_idx, smem);
+    let b_frag = kb.bin(Bin::Add, b_frag, pair_bytes);
+    let per_thread = TILE * MMA_KS / MMA_THREADS;
+    let row_bytes = (MMA_ROW * 2) as i64;
+    kb.for_range(0u32, g.k as u32, MMA_KS, |kb, k0| {
+        for l in 0..per_thread {
+            let e = kb.bin(Bin::Add, tid, l * MMA_THREADS);
+            // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
+            let c = kb.bin(Bin::Rem, e, MMA_KS);
+            let r = kb.bin(Bin::Div, e, MMA_KS);
+            let row = kb.bin(Bin::Add, o.m0, r);
+            let col = kb.bin(Bin::Add, k0, c);
+            let v = load_or_zero(
+                kb,
+                o.a_ptr,
+                o.a_off,
+                (row, g.m, g.a_rs),
+                (col, g.k, g.a_ks),
+                Staged::Raw16,
+            );
+            let s_idx = kb.mad(r, MMA_ROW, c);
+            let sa = kb.addr(smem, s_idx, 2);
+            kb.st(Space::Shared, u16m, sa, 0, v);
+            // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest,
+            // stored at (c, r).
+            let c = kb.bin(Bin::Rem, e, TILE);
+            let r = kb.bin(Bin::Div, e, TILE);
+            let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw16);
+            let s_idx = kb.mad(c, MMA_ROW, r);
+            let sb = kb.addr(smem, s_idx, 2);
+            kb.st(Space::Shared, u16m, sb, b_smem, v);
+        }
+        kb.barrier();
+        for kk in (0..MMA_KS).step_by(16) {
+            let k_bytes = (kk * 2) as i64;
+            let a: [Reg; 4] = std::array::from_fn(|r| {
+                // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8).
+                let off = k_bytes + (r as i64 & 1) * 8 * row_bytes + (r as i64 >> 1) * 16;
+                kb.ld(Space::Shared, b32m, Ty::U32, a_frag, off)
+            });
+            for (j, acc) in acc.iter().enumerate() {
+                let tile = b_smem + (j as i64) * 8 * row_bytes + k_bytes;
+                let b: [Reg; 2] = std::array::from_fn(|r| {
+                    kb.ld(Space::Shared, b32m, Ty::U32, b_frag, tile + r as i64 * 16)
+                });
+                kb.mma_m16n8k16(kind, *acc, a, b);
+            }
+        }
+        kb.barrier();
+    });
+    let mut out = Epilogue::new(&mut kb, cx, g, &o);
+    // Accumulator i of tile j: row g + 8 (i / 2), column 8 j + 2 pair + i % 2.
+    let row0 = kb.bin(Bin::Add, o.m0, a_row);
+    let col0 = kb.mad(warp_n, 32u32, o.n0);
+    let col0 = kb.mad(pair, 2u32, col0);
+    for (j, acc) in acc.iter().enumerate() {
+        for (i, &v) in acc.iter().enumerate() {
+            let row = kb.bin(Bin::Add, row0, 8 * (i as u32 / 2));
+            let col = kb.bin(Bin::Add, col0, 8 * j as u32 + i as u32 % 2);
+            out.store(&mut kb, row, col, v);
+        }
+    }
+    cx.finish(
+        kb,
+        Launch {
+            grid,
+            block: [MMA_THREADS, 1, 1],
+            shared_bytes: 2 * MMA_TILE_BYTES,
+        },
+    )
+}
+
+/// The GEMM store: `alpha · acc (+ beta · C)`, the fused unary epilogue,
+/// the output's element type; rows and columns outside the output are
+/// skipped.
+struct Epilogue<'a, 'g> {
+    cx: &'a Cx<'g>,
+    g: &'a Gemm,
+    out: Reg,
+    out_batch: Reg,
+    /// C's pointer, batch offset and element type.
+    c: Option<(Reg, Reg, DType)>,
+}
+
+impl<'a, 'g> Epilogue<'a, 'g> {
+    fn new(kb: &mut KernelBuilder, cx: &'a Cx<'g>, g: &'a Gemm, o: &TileOrigin) -> Self {
+        let out = ptr(kb, cx.out);
+        let out_batch = kb.bin(Bin::Mul, o.bz, (g.m * g.n) as u32);
+        let c = match (g.c, cx.inputs.get(2)) {
+            (Some(_), Some(&(loc, ty))) => {
+                let c_ptr = ptr(kb, loc);
+                let c_off = offset(kb, &o.batch, &g.c_batch, 0);
+                Some((c_ptr, c_off, ty.dtype))
+            }
+            _ => None,
+        };
+        Epilogue {
+            cx,
+            g,
+            out,
+            out_batch,
+            c,
+        }
+    }
+
+    fn store(&mut self, kb: &mut KernelBuilder, row: Reg, col: Reg, acc: Reg) {
+        let g = self.g;
+        let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
+        let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
+        let ok = kb.pred_op("and", row_ok, col_ok);
+        kb.when(ok, |kb| {
+            let mut y = acc;
+            if g.alpha != 1.0 {
+                y = kb.bin(Bin::Mul, y, Opnd::F32(g.alpha));
+            }
+            if let (Some((c_ptr, c_off, cd)), Some((c_rs, c_cs))) = (self.c, g.c) {
+                let ci = kb.mad(row, Opnd::I(c_rs), c_off);
+                let ci = kb.mad(col, Opnd::I(c_cs), ci);
+                let cv = load(kb, c_ptr, ci, cd);
+                y = kb.mad(cv, Opnd::F32(g.beta), y);
+            }
+            let oi = kb.mad(row, g.n as u32, self.out_batch);
+            let oi = kb.bin(Bin::Add, oi, col);
+            let y = self.cx.epilogue(kb, y);
+            store(kb, self.out, oi, self.cx.out_ty.dtype, y);
+        });
+    }
 }
 
 /// `base[batch + row * row_stride + col * col_stride]` when `row < rows`
@@ -412,16 +651,16 @@ fn load_or_zero(
     batch: Reg,
     (row, rows, row_stride): (Reg, usize, i64),
     (col, cols, col_stride): (Reg, usize, i64),
+    staged: Staged,
 ) -> Reg {
-    let v = kb.mov(Ty::F32, fimm(Ty::F32, 0.0));
+    let v = staged.zero(kb);
     let r_ok = kb.setp(Cmp::Lt, row, rows as u32);
     let c_ok = kb.setp(Cmp::Lt, col, cols as u32);
     let ok = kb.pred_op("and", r_ok, c_ok);
     kb.when(ok, |kb| {
         let i = kb.mad(row, Opnd::I(row_stride), batch);
         let i = kb.mad(col, Opnd::I(col_stride), i);
-        let a = f32_addr(kb, base, i);
-        let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
+        let x = staged.load(kb, base, i);
         kb.assign(v, x);
     });
     v
@@ -438,8 +677,9 @@ fn load_im2col(
     (k, rows): (Reg, usize),
     (j, cols): (Reg, usize),
     geo: &Im2col,
+    staged: Staged,
 ) -> Reg {
-    let v = kb.mov(Ty::F32, fimm(Ty::F32, 0.0));
+    let v = staged.zero(kb);
     let r_ok = kb.setp(Cmp::Lt, k, rows as u32);
     let c_ok = kb.setp(Cmp::Lt, j, cols as u32);
     let ok = kb.pred_op("and", r_ok, c_ok);
@@ -465,8 +705,7 @@ fn load_im2col(
             let plane = kb.mad(c, (geo.h * geo.w) as u32, batch);
             let row = kb.mad(iy, geo.w as u32, plane);
             let i = kb.bin(Bin::Add, row, ix);
-            let a = f32_addr(kb, base, i);
-            let x = kb.ld(Space::Global, MemTy("f32"), Ty::F32, a, 0);
+            let x = staged.load(kb, base, i);
             kb.assign(v, x);
         });
     });

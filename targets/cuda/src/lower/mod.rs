@@ -55,6 +55,8 @@ pub(crate) struct Cx<'g> {
     pub epilogue: Vec<UnaryOp>,
     /// The weights blob, to which lowerings append compile-time tables.
     pub tables: &'g RefCell<Vec<u8>>,
+    /// The SM compiled for (compute capability times ten).
+    pub sm: u32,
 }
 
 impl Cx<'_> {
@@ -126,15 +128,17 @@ impl Cx<'_> {
 }
 
 /// The register type an element of `d` is computed in: f32 and f64 as
-/// themselves, every integer type and bool widened to s64 (wrapping
+/// themselves, f16 and bf16 as f32 (widened exactly on load, rounded to
+/// nearest even on store, like the reference evaluator's per-op rounding),
+/// every integer type and bool widened to s64 (wrapping
 /// arithmetic then matches the reference evaluator's i64 semantics, and
 /// stores truncate back; u8, u16 and u32 load zero-extended, so signed
 /// s64 comparisons and divisions are exact for them). u64 has no lowering
-/// (it would need unsigned comparisons, divisions and conversions), nor do
-/// f16/bf16 yet: nodes with those types are refused.
+/// (it would need unsigned comparisons, divisions and conversions): nodes
+/// with it are refused, as are the narrow storage types.
 pub(crate) fn cty(d: DType) -> Option<Ty> {
     Some(match d {
-        DType::F32 => Ty::F32,
+        DType::F32 | DType::F16 | DType::BF16 => Ty::F32,
         DType::F64 => Ty::F64,
         DType::I8
         | DType::U8
@@ -180,14 +184,58 @@ pub(crate) fn ptr(kb: &mut KernelBuilder, loc: Loc) -> Reg {
 /// type.
 pub(crate) fn load(kb: &mut KernelBuilder, base: Reg, idx: Reg, d: DType) -> Reg {
     let a = kb.addr(base, idx, d.size_bytes() as u32);
-    kb.ld(Space::Global, mem(d), cty(d).expect("checked dtype"), a, 0)
+    match d {
+        DType::F16 => {
+            let h = kb.ld(Space::Global, MemTy("b16"), Ty::B16, a, 0);
+            kb.f16_to_f32(h)
+        }
+        DType::BF16 => {
+            let raw = kb.ld(Space::Global, MemTy("u16"), Ty::U32, a, 0);
+            bf16_bits_to_f32(kb, raw)
+        }
+        _ => kb.ld(Space::Global, mem(d), cty(d).expect("checked dtype"), a, 0),
+    }
 }
 
 /// Stores `v` (in `d`'s compute type) as element `idx` of the tensor at
 /// `base`.
 pub(crate) fn store(kb: &mut KernelBuilder, base: Reg, idx: Reg, d: DType, v: Reg) {
     let a = kb.addr(base, idx, d.size_bytes() as u32);
-    kb.st(Space::Global, mem(d), a, 0, v);
+    match d {
+        DType::F16 => {
+            let h = kb.f32_to_f16(v);
+            kb.st(Space::Global, MemTy("b16"), a, 0, h);
+        }
+        DType::BF16 => {
+            let bits = f32_to_bf16_bits(kb, v);
+            kb.st(Space::Global, MemTy("u16"), a, 0, bits);
+        }
+        _ => kb.st(Space::Global, mem(d), a, 0, v),
+    }
+}
+
+/// A bf16's bits (the low 16 bits of `raw`, a `u32`) as the f32 they
+/// denote exactly: the high half of an f32's bits. Integer operations, so
+/// every SM has them (`cvt.f32.bf16` needs sm_90).
+pub(crate) fn bf16_bits_to_f32(kb: &mut KernelBuilder, raw: Reg) -> Reg {
+    let hi = kb.bin(Bin::Shl, raw, 16u32);
+    kb.bitcast(Ty::F32, hi)
+}
+
+/// The bf16 nearest `v` (ties to even; overflow gives infinity) as the low
+/// 16 bits of a `u32`; a NaN keeps its sign and high payload and is made
+/// quiet, as `half::bf16::from_f32` (the reference) does. Integer
+/// operations, so sm_70/75 (no `cvt.rn.bf16.f32`) get the same bits.
+pub(crate) fn f32_to_bf16_bits(kb: &mut KernelBuilder, v: Reg) -> Reg {
+    let bits = kb.bitcast(Ty::U32, v);
+    let high = kb.bin(Bin::Shr, bits, 16u32);
+    let lsb = kb.bin(Bin::And, high, 1u32);
+    let bias = kb.bin(Bin::Add, lsb, 0x7fffu32);
+    let rounded = kb.bin(Bin::Add, bits, bias);
+    let rounded = kb.bin(Bin::Shr, rounded, 16u32);
+    let quiet = kb.bin(Bin::Or, high, 0x40u32);
+    let nan = kb.is_nan(v, v);
+    kb.selp(Ty::U32, nan, quiet, rounded)
 }
 
 /// A 1-D launch of `n` threads in blocks of [`BLOCK`].
@@ -297,6 +345,7 @@ pub(crate) fn lower_job<'g>(
     tables: &'g RefCell<Vec<u8>>,
     job: &Job,
     k: usize,
+    sm: u32,
 ) -> Result<Option<Kernel>, CudaError> {
     let (cx, node): (Cx, Option<&Node>) = match job {
         Job::Node(id) => {
@@ -317,6 +366,7 @@ pub(crate) fn lower_job<'g>(
                     out_ty: &node.ty,
                     epilogue: plan.epilogue_ops(graph, *id),
                     tables,
+                    sm,
                 },
                 Some(node),
             )
@@ -334,6 +384,7 @@ pub(crate) fn lower_job<'g>(
                     out_ty: ty,
                     epilogue: Vec::new(),
                     tables,
+                    sm,
                 },
                 None,
             )

@@ -5,7 +5,11 @@
 //! Threads of a block run one at a time until they reach `bar.sync` or a
 //! warp shuffle (or finish); when every live thread waits, the shuffles of
 //! each warp whose 32 threads all wait at one are resolved, else the
-//! barrier is released. Registers hold raw bits in a `u64`. `ex2.approx` and
+//! barrier is released. `mma.sync` is resolved like a shuffle, from the
+//! PTX ISA's fragment layouts of `m16n8k16` (`.row.col`, f32 accumulators),
+//! with f64 sums of the exact products rounded once to f32 (the hardware
+//! adds in another order; the comparisons allow for it). Registers hold
+//! raw bits in a `u64`. `ex2.approx` and
 //! `lg2.approx` are computed exactly (`exp2`, `log2`): the interpreter
 //! checks the kernels' logic, ptxas checks their syntax, and the GPU script
 //! their hardware numbers. Anything outside the subset panics with the
@@ -22,8 +26,8 @@ const WEIGHTS_BASE: u64 = 0x8000_0000;
 enum Arg {
     Reg(usize),
     Imm(u64),
-    /// `{%r1, %r2}`.
-    Pair(usize, usize),
+    /// `{%r1, %r2, ...}`.
+    List(Vec<usize>),
     /// `[%rd + off]` or `[name]`.
     Mem(Option<usize>, i64, Option<String>),
     Label(usize),
@@ -152,8 +156,12 @@ fn parse_arg(a: &str, regs: &mut HashMap<String, usize>, labels: &HashMap<String
     }
     if let Some(inner) = a.strip_prefix('{') {
         let inner = inner.trim_end_matches('}');
-        let (x, y) = inner.split_once(',').unwrap();
-        return Arg::Pair(reg_index(regs, x.trim()), reg_index(regs, y.trim()));
+        return Arg::List(
+            inner
+                .split(',')
+                .map(|r| reg_index(regs, r.trim()))
+                .collect(),
+        );
     }
     if let Some(inner) = a.strip_prefix('[') {
         let inner = inner.trim_end_matches(']');
@@ -188,7 +196,8 @@ fn parse_arg(a: &str, regs: &mut HashMap<String, usize>, labels: &HashMap<String
 enum State {
     Run,
     Barrier,
-    Shfl,
+    /// At a warp-collective instruction (`shfl.sync`, `mma.sync`).
+    Warp,
     Done,
 }
 
@@ -237,7 +246,7 @@ fn ty_info(t: &str) -> (usize, bool) {
     match t {
         "u8" | "b8" => (1, false),
         "s8" => (1, true),
-        "u16" | "b16" => (2, false),
+        "u16" | "b16" | "f16" => (2, false),
         "s16" => (2, true),
         "u32" | "b32" => (4, false),
         "s32" => (4, true),
@@ -300,13 +309,21 @@ fn run_block(k: &Kernel, ctaid: [u32; 3], block: [u32; 3], shared: u32, mem: &mu
             let live: Vec<usize> = (0..warp.len())
                 .filter(|&i| warp[i].state != State::Done)
                 .collect();
-            if live.is_empty() || !live.iter().all(|&i| warp[i].state == State::Shfl) {
+            if live.is_empty() || !live.iter().all(|&i| warp[i].state == State::Warp) {
                 continue;
             }
             let pc = warp[live[0]].pc;
-            assert!(live.iter().all(|&i| warp[i].pc == pc), "divergent shuffle");
-            assert_eq!(live.len(), warp.len(), "shuffle in a partial warp");
-            shuffle(&k.insts[pc], warp);
+            let inst = &k.insts[pc];
+            assert!(
+                live.iter().all(|&i| warp[i].pc == pc),
+                "divergent {}",
+                inst.text
+            );
+            assert_eq!(live.len(), 32, "{} in a partial warp", inst.text);
+            match inst.op[0].as_str() {
+                "shfl" => shuffle(inst, warp),
+                _ => mma(inst, warp),
+            }
             progressed = true;
         }
         if progressed {
@@ -339,6 +356,63 @@ fn shuffle(inst: &Inst, warp: &mut [Thread]) {
             m => panic!("shuffle mode {m}"),
         };
         t.regs[*d] = vals[src];
+        t.state = State::Run;
+        t.pc += 1;
+    }
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.<t>.<t>.f32 {d}, {a}, {b}, {c}`
+/// over the 32 threads of `warp`. Lane `l` (group `g = l / 4`, pair
+/// `p = l % 4`) holds A's elements (row `g + 8 (r % 2)`, k `2p + 8 (r / 2)`
+/// and the next k) in register `r` of `{a}`, B's (k `2p + 8 r` and the
+/// next, column `g`) in register `r` of `{b}`, and accumulator `i` at row
+/// `g + 8 (i / 2)`, column `2p + i % 2`; the lower 16 bits of a register
+/// hold the lower k.
+fn mma(inst: &Inst, warp: &mut [Thread]) {
+    let shape = inst.op.iter().map(String::as_str).collect::<Vec<_>>();
+    assert_eq!(
+        &shape[..6],
+        ["mma", "sync", "aligned", "m16n8k16", "row", "col"],
+        "{}",
+        inst.text
+    );
+    assert_eq!((shape[6], shape[9]), ("f32", "f32"), "{}", inst.text);
+    assert_eq!(shape[7], shape[8], "{}", inst.text);
+    let widen = |bits: u64| -> f64 {
+        let h = bits as u16;
+        match shape[7] {
+            "bf16" => half::bf16::from_bits(h).to_f64(),
+            "f16" => half::f16::from_bits(h).to_f64(),
+            other => panic!("mma element type {other}"),
+        }
+    };
+    let [Arg::List(d), Arg::List(a), Arg::List(b), Arg::List(c)] = &inst.args[..] else {
+        panic!("mma operands: {}", inst.text)
+    };
+    let (mut am, mut bm, mut cm) = ([[0f64; 16]; 16], [[0f64; 8]; 16], [[0f64; 8]; 16]);
+    for (lane, t) in warp.iter().enumerate() {
+        let (g, p) = (lane / 4, lane % 4);
+        for (r, &reg) in a.iter().enumerate() {
+            let (row, k) = (g + 8 * (r % 2), 2 * p + 8 * (r / 2));
+            am[row][k] = widen(t.regs[reg]);
+            am[row][k + 1] = widen(t.regs[reg] >> 16);
+        }
+        for (r, &reg) in b.iter().enumerate() {
+            let k = 2 * p + 8 * r;
+            bm[k][g] = widen(t.regs[reg]);
+            bm[k + 1][g] = widen(t.regs[reg] >> 16);
+        }
+        for (i, &reg) in c.iter().enumerate() {
+            cm[g + 8 * (i / 2)][2 * p + i % 2] = f32v(t.regs[reg]) as f64;
+        }
+    }
+    for (lane, t) in warp.iter_mut().enumerate() {
+        let (g, p) = (lane / 4, lane % 4);
+        for (i, &reg) in d.iter().enumerate() {
+            let (row, col) = (g + 8 * (i / 2), 2 * p + i % 2);
+            let sum: f64 = (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f64>() + cm[row][col];
+            t.regs[reg] = from_f32(sum as f32);
+        }
         t.state = State::Run;
         t.pc += 1;
     }
@@ -400,8 +474,8 @@ fn step(
             t.state = State::Barrier;
             return;
         }
-        "shfl" => {
-            t.state = State::Shfl;
+        "shfl" | "mma" => {
+            t.state = State::Warp;
             return;
         }
         "ld" if op[1] == "param" => {
@@ -442,13 +516,15 @@ fn step(
             None
         }
         "mov" => match (&args[0], &args[1]) {
-            (Arg::Pair(lo, hi), src) => {
+            (Arg::List(halves), src) => {
                 let v = val(t, src);
-                t.regs[*lo] = v & 0xffff_ffff;
-                t.regs[*hi] = v >> 32;
+                t.regs[halves[0]] = v & 0xffff_ffff;
+                t.regs[halves[1]] = v >> 32;
                 None
             }
-            (_, Arg::Pair(lo, hi)) => Some((t.regs[*lo] & 0xffff_ffff) | (t.regs[*hi] << 32)),
+            (_, Arg::List(halves)) => {
+                Some((t.regs[halves[0]] & 0xffff_ffff) | (t.regs[halves[1]] << 32))
+            }
             (_, src) => Some(val(t, src)),
         },
         "setp" => {
@@ -517,6 +593,7 @@ fn step(
             let mode = if op.len() == 4 { op[1] } else { "" };
             let x = val(t, &args[1]);
             let fx = match from {
+                "f16" => Some(half::f16::from_bits(x as u16).to_f64()),
                 "f32" => Some(f32v(x) as f64),
                 "f64" => Some(f64v(x)),
                 _ => None,
@@ -530,6 +607,8 @@ fn step(
                 _ => v,
             };
             Some(match (to, fx) {
+                // Only from f32 (exact in f64), so one rounding.
+                ("f16", Some(v)) => half::f16::from_f64(v).to_bits() as u64,
                 ("f32", Some(v)) => from_f32(round(v) as f32),
                 ("f64", Some(v)) => round(v).to_bits(),
                 ("s64", Some(v)) => round(v) as i64 as u64,
@@ -551,6 +630,7 @@ fn step(
         // A conversion's destination type is its first type suffix.
         let dst_ty = if op[0] == "cvt" { op[op.len() - 2] } else { ty };
         let masked = match dst_ty {
+            "u16" | "b16" | "f16" => v & 0xffff,
             "u32" | "s32" | "b32" | "f32" => v & 0xffff_ffff,
             _ => v,
         };
@@ -694,9 +774,17 @@ pub fn run_program(
 /// compares every output with the reference evaluator: floats within
 /// 1e-4 relative to the output's scale (plus NaN where NaN), others exact.
 pub fn check_against_reference(g: &kiln_ir::Graph, inputs: &[kiln_ir::Tensor]) {
+    check_against_reference_on(kiln_target_cuda::SmArch::parse("sm80").unwrap(), g, inputs)
+}
+
+/// [`check_against_reference`] for the architecture `sm`.
+pub fn check_against_reference_on(
+    sm: kiln_target_cuda::SmArch,
+    g: &kiln_ir::Graph,
+    inputs: &[kiln_ir::Tensor],
+) {
     let expected = kiln_ir::eval::eval_graph(g, inputs).expect("reference");
-    let p = kiln_target_cuda::compile(g, kiln_target_cuda::SmArch::parse("sm80").unwrap())
-        .expect("compile");
+    let p = kiln_target_cuda::compile(g, sm).expect("compile");
     let bytes: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
     let got = run_program(&p, &bytes).expect("run");
     for ((e, g), spec) in expected.iter().zip(&got).zip(&p.outputs) {
@@ -707,9 +795,17 @@ pub fn check_against_reference(g: &kiln_ir::Graph, inputs: &[kiln_ir::Tensor]) {
                 .map(|i| e.data().get_f64(i).abs())
                 .filter(|v| v.is_finite())
                 .fold(1e-6f64, f64::max);
+            // A 16-bit result may round the other way from a value that
+            // differs in f32's last bits: one unit in its last place.
+            let ulp = match e.dtype() {
+                kiln_ir::DType::F16 => 1.0 / 1024.0,
+                kiln_ir::DType::BF16 => 1.0 / 128.0,
+                _ => 0.0,
+            };
             for i in 0..e.len() {
                 let (x, y) = (got.get_f64(i), e.data().get_f64(i));
-                let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 * scale;
+                let tol = (1e-4 * scale).max(ulp * y.abs());
+                let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tol;
                 assert!(ok, "{name}[{i}]: got {x}, expected {y} (scale {scale})");
             }
         } else {
