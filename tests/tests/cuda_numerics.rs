@@ -70,15 +70,16 @@ fn fixture_models_match_the_reference_evaluator() {
 }
 
 /// The fixtures with dense ops (the models and the single-op MatMul, Gemm
-/// and Conv fixtures) built with `--precision bf16` and `--precision fp16`
+/// and Conv fixtures) built with `--precision bf16`, `fp16` and `int8`
 /// for CUDA: the optimized graph (16-bit weights, bf16 activations into
-/// MatMul/Gemm) compiled for sm_80, where bf16 x bf16 products run on
-/// `mma.sync` and the rest on the SIMT kernels, and interpreted against the
-/// reference evaluator of that same graph.
+/// MatMul/Gemm; int8 weights with activations quantized at run time)
+/// compiled for sm_80, where bf16 x bf16 and int8 x constant int8 products
+/// run on `mma.sync` and the rest on the SIMT kernels, and interpreted
+/// against the reference evaluator of that same graph.
 #[test]
 fn reduced_precision_fixtures_match_the_reference_evaluator() {
     use kiln_passes::{Mode, Policy};
-    let (mut mma_kernels, mut checked) = (0, 0);
+    let (mut mma_kernels, mut int8_mma, mut checked) = (0, 0, 0);
     for name in kiln_tests::Fixture::all_names() {
         let dense = name.starts_with("digits_")
             || ["op_gemm", "op_matmul", "op_conv"]
@@ -97,7 +98,7 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
             .iter()
             .map(|io| fixture_input(&dir, io))
             .collect();
-        for mode in [Mode::Bf16, Mode::Fp16] {
+        for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
             let mut opts = fixture.compile_options();
             opts.cuda = Some(kiln_target_cuda::SmArch::parse("sm80").unwrap());
             opts.precision = Policy {
@@ -108,10 +109,11 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
             let g = kiln::driver::optimize(&fixture.model_path(), &opts)
                 .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
                 .graph;
-            let half = g
-                .node_ids()
-                .any(|id| kiln_ir::infer::is_half(g.node(id).ty.dtype));
-            if !half {
+            let reduced = g.node_ids().any(|id| {
+                let d = g.node(id).ty.dtype;
+                kiln_ir::infer::is_half(d) || d == DType::I8
+            });
+            if !reduced {
                 // Not eligible (e.g. depthwise convolutions stay f32).
                 continue;
             }
@@ -122,11 +124,16 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
                 .split(".entry")
                 .filter(|k| k.contains("mma.sync"))
                 .count();
+            int8_mma += program.ptx.matches("m16n8k32").count();
             interp::check_against_reference(&g, &inputs);
         }
     }
-    assert!(checked > 30, "only {checked} reduced-precision builds checked");
+    assert!(
+        checked > 30,
+        "only {checked} reduced-precision builds checked"
+    );
     assert!(mma_kernels > 0, "no kernel ran on mma.sync");
+    assert!(int8_mma > 0, "no int8 kernel ran on mma.sync");
 }
 
 /// Deterministic bytes covering the whole u8/i8 range (sign extension of

@@ -88,9 +88,9 @@ fn every_fixture_kernel_assembles_for_every_sm() {
     );
 }
 
-/// The dense fixtures built with `--precision bf16` and `--precision fp16`
+/// The dense fixtures built with `--precision bf16`, `fp16` and `int8`
 /// assemble for every SM: 16-bit loads and stores everywhere, `mma.sync`
-/// (bf16 x bf16) from sm_80.
+/// (bf16 x bf16, int8 x int8) from sm_80.
 #[test]
 fn reduced_precision_kernels_assemble_for_every_sm() {
     use kiln_passes::{Mode, Policy};
@@ -105,7 +105,7 @@ fn reduced_precision_kernels_assemble_for_every_sm() {
         "op_matmul_bcast_batch",
     ] {
         let fixture = Fixture::load(name);
-        for mode in [Mode::Bf16, Mode::Fp16] {
+        for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
             let mut opts = fixture.compile_options();
             opts.cuda = Some(SUPPORTED_SMS[0]);
             opts.precision = Policy {

@@ -490,11 +490,11 @@ impl KernelBuilder {
         d
     }
 
-    /// A warp-wide tensor-core product `acc += A · B` of one 16×16 tile of
-    /// A (row-major fragments: four registers of two `kind` values each)
-    /// and one 16×8 tile of B (column-major fragments: two registers), f32
-    /// accumulators (four per thread). `kind` is `bf16` or `f16`; sm_80+.
-    pub fn mma_m16n8k16(&mut self, kind: &str, acc: [Reg; 4], a: [Reg; 4], b: [Reg; 2]) {
+    /// A warp-wide tensor-core product `acc += A · B` (`mma.sync.aligned`
+    /// of `shape`, e.g. `m16n8k16.row.col.f32.bf16.bf16.f32`): four
+    /// registers of A's row-major fragment, two of B's column-major one,
+    /// four accumulators per thread, updated in place. sm_80+.
+    pub fn mma_sync(&mut self, shape: &str, acc: [Reg; 4], a: [Reg; 4], b: [Reg; 2]) {
         let list = |rs: &[Reg]| {
             rs.iter()
                 .map(|r| r.to_string())
@@ -503,7 +503,7 @@ impl KernelBuilder {
         };
         let (acc, a, b) = (list(&acc), list(&a), list(&b));
         self.raw(format_args!(
-            "mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{{acc}}}, {{{a}}}, {{{b}}}, {{{acc}}};"
+            "mma.sync.aligned.{shape} {{{acc}}}, {{{a}}}, {{{b}}}, {{{acc}}};"
         ));
     }
 

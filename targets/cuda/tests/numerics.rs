@@ -413,6 +413,45 @@ fn half_precision_matmul_and_gemm_on_tensor_cores_and_simt() {
 }
 
 #[test]
+fn int8_matmul_with_constant_weights_runs_on_tensor_cores() {
+    // Quantized weights (constant B, zero point 0): `mma.sync` m16n8k32
+    // from sm_80 with the A zero point's correction by B's column sums;
+    // u8 and s8 on either side, A batched, M, N and K not multiples of the
+    // tile or the 64-byte K stage. Exact (wrapping i32) against the
+    // reference evaluator; sm_75 runs the direct kernel.
+    for (da, db, a_zero) in [
+        (DType::U8, DType::I8, 131i64),
+        (DType::I8, DType::I8, -5),
+        (DType::U8, DType::U8, 0),
+    ] {
+        let mut g = Graph::new();
+        let a = g.add_input("a", ValueType::new(da, [2, 70, 100]));
+        let b = g.add_const("w", tensor(db, &[100, 72], 5));
+        let za = g.add_const(
+            "a_zero",
+            Tensor::new([], Data::from_i64s(da, [a_zero].into_iter())).unwrap(),
+        );
+        let zb = g.add_const(
+            "w_zero",
+            Tensor::new([72], Data::from_i64s(db, std::iter::repeat_n(0, 72))).unwrap(),
+        );
+        let y = g
+            .add_node(Op::MatMulInteger, &[a, b, za, zb], "mm")
+            .unwrap();
+        g.add_output("y", y);
+        let program = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+        assert!(
+            program.ptx.contains("mma.sync.aligned.m16n8k32"),
+            "{da} x {db}"
+        );
+        let inputs = [tensor(da, &[2, 70, 100], 6)];
+        for sm in ["sm75", "sm80"] {
+            check_on(sm, &g, &inputs);
+        }
+    }
+}
+
+#[test]
 fn half_precision_storage_casts_and_convolution() {
     // Casts round to nearest even (ties, overflow to infinity, NaN kept),
     // and widen exactly; elementwise ops on f16 compute in f32 and round.

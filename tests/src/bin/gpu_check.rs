@@ -6,10 +6,11 @@
 //! gpu_check [--sm 90] [--runs 20] [--precision bf16] [--tolerance 1e-4] [FIXTURE...]
 //! ```
 //!
-//! `--precision bf16|fp16|mixed` builds every model in that precision
-//! (`docs/precision.md`; bf16 MatMul/Gemm run on `mma.sync` from sm_80)
-//! and compares with the same fp32 references at a looser default
-//! tolerance: 5e-2 for bf16 and mixed, 1e-2 for fp16 (1e-4 for fp32).
+//! `--precision bf16|fp16|mixed|int8` builds every model in that
+//! precision (`docs/precision.md`; bf16 MatMul/Gemm and int8 MatMul with
+//! constant weights run on `mma.sync` from sm_80) and compares with the
+//! same fp32 references at a looser default tolerance: 5e-2 for bf16 and
+//! mixed, 1e-2 for fp16, 1.5e-1 for int8 (1e-4 for fp32).
 //!
 //! The target SM defaults to the newest one Kiln supports that GPU 0 can
 //! run. Prints one line per model output (max abs error, error relative to
@@ -74,6 +75,7 @@ fn parse_args() -> Result<Args, String> {
         args.tolerance = match args.precision {
             kiln_passes::Mode::Fp32 => 1e-4,
             kiln_passes::Mode::Fp16 => 1e-2,
+            kiln_passes::Mode::Int8 => 1.5e-1,
             _ => 5e-2,
         };
     }

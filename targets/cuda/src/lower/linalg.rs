@@ -23,6 +23,7 @@ use super::{
     broadcast_strides, coords, global_index, linear_launch, load, mem, offset, ptr, store, Cx,
     Kernel,
 };
+use crate::plan::{Base, Loc};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
 use crate::{CudaError, Launch};
 use kiln_ir::DType;
@@ -178,6 +179,10 @@ pub(crate) fn matmul_integer(cx: &Cx) -> Result<Kernel, CudaError> {
             return Err(cx.dtype_err(ty.dtype));
         }
     }
+    let batched = Batched::new(cx)?;
+    if let Some(kernel) = matmul_integer_mma(cx, &batched)? {
+        return Ok(kernel);
+    }
     let Batched {
         m,
         k,
@@ -185,7 +190,7 @@ pub(crate) fn matmul_integer(cx: &Cx) -> Result<Kernel, CudaError> {
         batch,
         a_batch,
         b_batch,
-    } = Batched::new(cx)?;
+    } = batched;
     // Output coordinates (batch..., i, j), and per-axis element strides of
     // A[.., i, 0] and B[.., 0, j].
     let full: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
@@ -230,6 +235,78 @@ pub(crate) fn matmul_integer(cx: &Cx) -> Result<Kernel, CudaError> {
     Ok(cx.finish(kb, linear_launch(total)))
 }
 
+/// MatMulInteger on int8 tensor cores (sm_80+) when B is a constant
+/// matrix (not batched) with zero point 0, the quantized-weights case
+/// (`--precision int8`, `--quantize dynamic`, QOperator imports):
+/// `(A − a_zero) · B = A · B − a_zero · colsum(B)`, the column sums
+/// computed here and appended to the weights. `None`: the direct kernel.
+fn matmul_integer_mma(cx: &Cx, b: &Batched) -> Result<Option<Kernel>, CudaError> {
+    let (b_loc, b_ty) = cx.inputs[1];
+    let (zb_loc, zb_ty) = cx.inputs[3];
+    if cx.sm < 80
+        || b_loc.base != Base::Weights
+        || zb_loc.base != Base::Weights
+        || b.b_batch.iter().any(|&s| s != 0)
+    {
+        return Ok(None);
+    }
+    let (colsums, zero_points_vanish) = {
+        let w = cx.tables.borrow();
+        let bytes = &w[b_loc.offset as usize..][..b.k * b.n];
+        let zb = &w[zb_loc.offset as usize..][..zb_ty.num_elements()];
+        let value = |byte: u8| match b_ty.dtype {
+            DType::I8 => byte as i8 as i32,
+            _ => byte as i32,
+        };
+        let sums: Vec<u8> = (0..b.n)
+            .flat_map(|j| {
+                (0..b.k)
+                    .map(|k| value(bytes[k * b.n + j]))
+                    .fold(0i32, i32::wrapping_add)
+                    .to_le_bytes()
+            })
+            .collect();
+        (sums, zb.iter().all(|&z| z == 0))
+    };
+    if !zero_points_vanish {
+        return Ok(None);
+    }
+    let g = Gemm {
+        m: b.m,
+        n: b.n,
+        k: b.k,
+        a_rs: b.k as i64,
+        a_ks: 1,
+        b: BSource::Strided {
+            ks: b.n as i64,
+            cs: 1,
+        },
+        batch: b.batch.clone(),
+        a_batch: b.a_batch.clone(),
+        b_batch: b.b_batch.clone(),
+        c: None,
+        c_batch: Vec::new(),
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    let batches: usize = g.batch.iter().product();
+    let grid = [
+        (g.n as u64).div_ceil(TILE as u64),
+        (g.m as u64).div_ceil(TILE as u64),
+        batches as u64,
+    ];
+    if grid[1] > 65535 || grid[2] > 65535 {
+        return Ok(None);
+    }
+    let kind = MmaKind::Int8 {
+        a: cx.inputs[0].1.dtype,
+        b: b_ty.dtype,
+        colsums: cx.table(&colsums),
+    };
+    let grid = [grid[0] as u32, grid[1] as u32, grid[2] as u32];
+    Ok(Some(mma_kernel(cx, &g, kind, grid)))
+}
+
 pub(crate) fn gemm(
     cx: &Cx,
     alpha: f32,
@@ -271,24 +348,25 @@ pub(crate) fn gemm(
 enum Staged {
     /// Widened to f32 (the SIMT kernel).
     Wide(DType),
-    /// The raw 16 bits of an f16/bf16, in a `u32` (the tensor-core kernel).
-    Raw16,
+    /// The raw bits of an element of this many bytes (1 or 2), in a `u32`
+    /// (the tensor-core kernel).
+    Raw(u32),
 }
 
 impl Staged {
     fn zero(self, kb: &mut KernelBuilder) -> Reg {
         match self {
             Staged::Wide(_) => kb.mov(Ty::F32, fimm(Ty::F32, 0.0)),
-            Staged::Raw16 => kb.mov(Ty::U32, 0u32),
+            Staged::Raw(_) => kb.mov(Ty::U32, 0u32),
         }
     }
 
     fn load(self, kb: &mut KernelBuilder, base: Reg, idx: Reg) -> Reg {
         match self {
             Staged::Wide(d) => load(kb, base, idx, d),
-            Staged::Raw16 => {
-                let a = kb.addr(base, idx, 2);
-                kb.ld(Space::Global, MemTy("u16"), Ty::U32, a, 0)
+            Staged::Raw(bytes) => {
+                let a = kb.addr(base, idx, bytes);
+                kb.ld(Space::Global, raw_mem(bytes), Ty::U32, a, 0)
             }
         }
     }
@@ -313,8 +391,8 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
     }
     let grid = [grid[0] as u32, grid[1] as u32, grid[2] as u32];
     match (da, db) {
-        (DType::BF16, DType::BF16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, "bf16", grid)),
-        (DType::F16, DType::F16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, "f16", grid)),
+        (DType::BF16, DType::BF16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, MmaKind::Bf16, grid)),
+        (DType::F16, DType::F16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, MmaKind::F16, grid)),
         _ => Ok(simt_kernel(cx, g, grid)),
     }
 }
@@ -464,32 +542,81 @@ fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
     )
 }
 
-/// K per shared-memory stage of the tensor-core kernel (two `k16` steps).
-const MMA_KS: u32 = 32;
-/// Halves per shared-memory row of a staged tile: `MMA_KS` plus 8 of
+/// The memory type of a raw element of `bytes` bytes.
+fn raw_mem(bytes: u32) -> MemTy {
+    MemTy(if bytes == 1 { "u8" } else { "u16" })
+}
+
+/// What the tensor-core kernel multiplies.
+#[derive(Clone, Copy)]
+enum MmaKind {
+    /// bf16 × bf16, f32 accumulators (`m16n8k16`).
+    Bf16,
+    /// f16 × f16, f32 accumulators (`m16n8k16`).
+    F16,
+    /// u8/s8 × u8/s8, wrapping s32 accumulators (`m16n8k32`); the result
+    /// is `acc − a_zero · colsum(B)[j]` (B constant, its zero point 0),
+    /// with B's column sums precomputed at this place of the weights.
+    Int8 { a: DType, b: DType, colsums: Loc },
+}
+
+impl MmaKind {
+    fn elem_bytes(self) -> u32 {
+        match self {
+            MmaKind::Bf16 | MmaKind::F16 => 2,
+            MmaKind::Int8 { .. } => 1,
+        }
+    }
+
+    /// The `mma.sync.aligned` shape and types.
+    fn shape(self) -> String {
+        let int = |d: DType| if d == DType::I8 { "s8" } else { "u8" };
+        match self {
+            MmaKind::Bf16 => "m16n8k16.row.col.f32.bf16.bf16.f32".into(),
+            MmaKind::F16 => "m16n8k16.row.col.f32.f16.f16.f32".into(),
+            MmaKind::Int8 { a, b, .. } => {
+                format!("m16n8k32.row.col.s32.{}.{}.s32", int(a), int(b))
+            }
+        }
+    }
+
+    fn acc_ty(self) -> Ty {
+        match self {
+            MmaKind::Int8 { .. } => Ty::S32,
+            _ => Ty::F32,
+        }
+    }
+}
+
+/// Bytes of K per shared-memory stage of the tensor-core kernel: two
+/// `mma.sync` k steps of 32 bytes (16 halves or 32 bytes of int8).
+const MMA_STAGE: u32 = 64;
+/// Bytes per shared-memory row of a staged tile: `MMA_STAGE` plus 16 of
 /// padding, so the eight rows a fragment load touches start in different
 /// banks (a row is 20 words: rows `g` land on banks `20 g mod 32`, four
 /// apart or more, and the four lanes of a row read four consecutive ones).
-const MMA_ROW: u32 = MMA_KS + 8;
+const MMA_ROW: u32 = MMA_STAGE + 16;
 /// Bytes of one staged 64-row tile.
-const MMA_TILE_BYTES: u32 = TILE * MMA_ROW * 2;
+const MMA_TILE_BYTES: u32 = TILE * MMA_ROW;
 /// Threads of the tensor-core kernel: eight warps, as a 4 × 2 grid of
 /// 16 × 32 output tiles.
 const MMA_THREADS: u32 = 256;
 
 /// The tensor-core GEMM: a 64×64 output tile per block of eight warps; warp
 /// `w` owns rows `16 (w / 2)` and columns `32 (w % 2)` of the tile, as four
-/// `m16n8k16` accumulators (16 f32 registers per thread). K advances in
-/// stages of 32: the block copies A's 64×32 slice row-major and B's 32×64
-/// slice transposed (n-major) into shared memory as raw 16-bit values (0
-/// outside the matrices), so every fragment register is one aligned 32-bit
-/// shared load of two consecutive k (the `.row.col` operand layouts:
-/// thread `lane` holds rows `lane / 4` and `lane / 4 + 8`, k pairs
-/// `2 (lane % 4)` and `2 (lane % 4) + 8`). No thread leaves before the
-/// last `mma.sync`, which needs the whole warp; out-of-range rows and
-/// columns compute on zeros and are not stored.
-fn mma_kernel(cx: &Cx, g: &Gemm, kind: &str, grid: [u32; 3]) -> Kernel {
-    let u16m = MemTy("u16");
+/// `m16n8kK` accumulators (16 registers per thread). K advances in stages
+/// of 64 bytes: the block copies A's 64-row slice row-major and B's slice
+/// transposed (n-major) into shared memory as raw elements (0 outside the
+/// matrices), so every fragment register is one aligned 32-bit shared load
+/// of consecutive k (the `.row.col` operand layouts, the same in bytes for
+/// 16- and 8-bit elements: thread `lane` holds rows `lane / 4` and
+/// `lane / 4 + 8`, bytes `4 (lane % 4)` and `4 (lane % 4) + 16` of each
+/// 32-byte k step). No thread leaves before the last `mma.sync`, which
+/// needs the whole warp; out-of-range rows and columns compute on zeros
+/// and are not stored.
+fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Kernel {
+    let eb = kind.elem_bytes();
+    let stage_k = MMA_STAGE / eb;
     let b32m = MemTy("b32");
     let mut kb = cx.builder([MMA_THREADS, 1, 1]);
     let tid = kb.special(Special::TidX);
@@ -502,78 +629,115 @@ fn mma_kernel(cx: &Cx, g: &Gemm, kind: &str, grid: [u32; 3]) -> Kernel {
     let o = tile_origin(&mut kb, cx, g);
     let smem = kb.smem_base();
     let b_smem = MMA_TILE_BYTES as i64;
+    let acc_ty = kind.acc_ty();
+    let zero = match acc_ty {
+        Ty::F32 => fimm(Ty::F32, 0.0),
+        _ => Opnd::I(0),
+    };
     let acc: Vec<[Reg; 4]> = (0..4)
-        .map(|_| std::array::from_fn(|_| kb.mov(Ty::F32, fimm(Ty::F32, 0.0))))
+        .map(|_| std::array::from_fn(|_| kb.mov(acc_ty, zero)))
         .collect();
-    // Fragment addresses for k step 0: A at (16 warp_m + group, 2 pair),
-    // B at (32 warp_n + group, 2 pair) of their staged tiles.
+    // Fragment addresses for k step 0: A at (16 warp_m + group, 4 pair
+    // bytes), B at (32 warp_n + group, 4 pair bytes) of their staged tiles.
     let a_row = kb.mad(warp_m, 16u32, group);
-    let a_idx = kb.mul_wide(a_row, MMA_ROW * 2);
+    let a_idx = kb.mul_wide(a_row, MMA_ROW);
     let a_frag = kb.bin(Bin::Add, a_idx, smem);
     let pair_bytes = kb.mul_wide(pair, 4u32);
     let a_frag = kb.bin(Bin::Add, a_frag, pair_bytes);
     let b_row = kb.mad(warp_n, 32u32, group);
-    let b_idx = kb.mul_wide(b_row, MMA_ROW * 2);
+    let b_idx = kb.mul_wide(b_row, MMA_ROW);
     let b_frag = kb.bin(Bin::Add, b_idx, smem);
     let b_frag = kb.bin(Bin::Add, b_frag, pair_bytes);
-    let per_thread = TILE * MMA_KS / MMA_THREADS;
-    let row_bytes = (MMA_ROW * 2) as i64;
-    kb.for_range(0u32, g.k as u32, MMA_KS, |kb, k0| {
+    let per_thread = TILE * stage_k / MMA_THREADS;
+    let row = MMA_ROW as i64;
+    let shape = kind.shape();
+    kb.for_range(0u32, g.k as u32, stage_k, |kb, k0| {
         for l in 0..per_thread {
             let e = kb.bin(Bin::Add, tid, l * MMA_THREADS);
             // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
-            let c = kb.bin(Bin::Rem, e, MMA_KS);
-            let r = kb.bin(Bin::Div, e, MMA_KS);
-            let row = kb.bin(Bin::Add, o.m0, r);
+            let c = kb.bin(Bin::Rem, e, stage_k);
+            let r = kb.bin(Bin::Div, e, stage_k);
+            let a_row = kb.bin(Bin::Add, o.m0, r);
             let col = kb.bin(Bin::Add, k0, c);
             let v = load_or_zero(
                 kb,
                 o.a_ptr,
                 o.a_off,
-                (row, g.m, g.a_rs),
+                (a_row, g.m, g.a_rs),
                 (col, g.k, g.a_ks),
-                Staged::Raw16,
+                Staged::Raw(eb),
             );
-            let s_idx = kb.mad(r, MMA_ROW, c);
-            let sa = kb.addr(smem, s_idx, 2);
-            kb.st(Space::Shared, u16m, sa, 0, v);
+            let s_idx = kb.mad(r, MMA_ROW / eb, c);
+            let sa = kb.addr(smem, s_idx, eb);
+            kb.st(Space::Shared, raw_mem(eb), sa, 0, v);
             // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest,
             // stored at (c, r).
             let c = kb.bin(Bin::Rem, e, TILE);
             let r = kb.bin(Bin::Div, e, TILE);
-            let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw16);
-            let s_idx = kb.mad(c, MMA_ROW, r);
-            let sb = kb.addr(smem, s_idx, 2);
-            kb.st(Space::Shared, u16m, sb, b_smem, v);
+            let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw(eb));
+            let s_idx = kb.mad(c, MMA_ROW / eb, r);
+            let sb = kb.addr(smem, s_idx, eb);
+            kb.st(Space::Shared, raw_mem(eb), sb, b_smem, v);
         }
         kb.barrier();
-        for kk in (0..MMA_KS).step_by(16) {
-            let k_bytes = (kk * 2) as i64;
+        for kk in (0..MMA_STAGE as i64).step_by(32) {
             let a: [Reg; 4] = std::array::from_fn(|r| {
-                // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8).
-                let off = k_bytes + (r as i64 & 1) * 8 * row_bytes + (r as i64 >> 1) * 16;
+                // a0: (g, k), a1: (g + 8, k), a2: (g, k + 16 B), a3: (g + 8, k + 16 B).
+                let off = kk + (r as i64 & 1) * 8 * row + (r as i64 >> 1) * 16;
                 kb.ld(Space::Shared, b32m, Ty::U32, a_frag, off)
             });
             for (j, acc) in acc.iter().enumerate() {
-                let tile = b_smem + (j as i64) * 8 * row_bytes + k_bytes;
+                let tile = b_smem + (j as i64) * 8 * row + kk;
                 let b: [Reg; 2] = std::array::from_fn(|r| {
                     kb.ld(Space::Shared, b32m, Ty::U32, b_frag, tile + r as i64 * 16)
                 });
-                kb.mma_m16n8k16(kind, *acc, a, b);
+                kb.mma_sync(&shape, *acc, a, b);
             }
         }
         kb.barrier();
     });
-    let mut out = Epilogue::new(&mut kb, cx, g, &o);
     // Accumulator i of tile j: row g + 8 (i / 2), column 8 j + 2 pair + i % 2.
     let row0 = kb.bin(Bin::Add, o.m0, a_row);
     let col0 = kb.mad(warp_n, 32u32, o.n0);
     let col0 = kb.mad(pair, 2u32, col0);
-    for (j, acc) in acc.iter().enumerate() {
-        for (i, &v) in acc.iter().enumerate() {
-            let row = kb.bin(Bin::Add, row0, 8 * (i as u32 / 2));
-            let col = kb.bin(Bin::Add, col0, 8 * j as u32 + i as u32 % 2);
-            out.store(&mut kb, row, col, v);
+    let at = |kb: &mut KernelBuilder, i: usize, j: usize| {
+        let row = kb.bin(Bin::Add, row0, 8 * (i as u32 / 2));
+        let col = kb.bin(Bin::Add, col0, 8 * j as u32 + i as u32 % 2);
+        (row, col)
+    };
+    match kind {
+        MmaKind::Int8 { a, colsums, .. } => {
+            let out = ptr(&mut kb, cx.out);
+            let out_batch = kb.bin(Bin::Mul, o.bz, (g.m * g.n) as u32);
+            let a_zero_ptr = ptr(&mut kb, cx.inputs[2].0);
+            let a_zero = kb.ld(Space::Global, mem(a), Ty::S32, a_zero_ptr, 0);
+            let sums = ptr(&mut kb, colsums);
+            for (j, acc) in acc.iter().enumerate() {
+                for (i, &v) in acc.iter().enumerate() {
+                    let (row, col) = at(&mut kb, i, j);
+                    let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
+                    let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
+                    let ok = kb.pred_op("and", row_ok, col_ok);
+                    kb.when(ok, |kb| {
+                        let sa = kb.addr(sums, col, 4);
+                        let sum = kb.ld(Space::Global, MemTy("s32"), Ty::S32, sa, 0);
+                        let shift = kb.bin(Bin::Mul, a_zero, sum);
+                        let y = kb.bin(Bin::Sub, v, shift);
+                        let oi = kb.mad(row, g.n as u32, out_batch);
+                        let oi = kb.bin(Bin::Add, oi, col);
+                        store(kb, out, oi, DType::I32, y);
+                    });
+                }
+            }
+        }
+        _ => {
+            let mut out = Epilogue::new(&mut kb, cx, g, &o);
+            for (j, acc) in acc.iter().enumerate() {
+                for (i, &v) in acc.iter().enumerate() {
+                    let (row, col) = at(&mut kb, i, j);
+                    out.store(&mut kb, row, col, v);
+                }
+            }
         }
     }
     cx.finish(

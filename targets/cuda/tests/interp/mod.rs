@@ -6,9 +6,10 @@
 //! warp shuffle (or finish); when every live thread waits, the shuffles of
 //! each warp whose 32 threads all wait at one are resolved, else the
 //! barrier is released. `mma.sync` is resolved like a shuffle, from the
-//! PTX ISA's fragment layouts of `m16n8k16` (`.row.col`, f32 accumulators),
-//! with f64 sums of the exact products rounded once to f32 (the hardware
-//! adds in another order; the comparisons allow for it). Registers hold
+//! PTX ISA's fragment layouts of `m16n8k16` (f16/bf16, f32 accumulators:
+//! f64 sums of the exact products rounded once to f32; the hardware adds in
+//! another order and the comparisons allow for it) and `m16n8k32` (u8/s8,
+//! wrapping s32 accumulators, exact). Registers hold
 //! raw bits in a `u64`. `ex2.approx` and
 //! `lg2.approx` are computed exactly (`exp2`, `log2`): the interpreter
 //! checks the kernels' logic, ptxas checks their syntax, and the GPU script
@@ -361,57 +362,73 @@ fn shuffle(inst: &Inst, warp: &mut [Thread]) {
     }
 }
 
-/// `mma.sync.aligned.m16n8k16.row.col.f32.<t>.<t>.f32 {d}, {a}, {b}, {c}`
-/// over the 32 threads of `warp`. Lane `l` (group `g = l / 4`, pair
-/// `p = l % 4`) holds A's elements (row `g + 8 (r % 2)`, k `2p + 8 (r / 2)`
-/// and the next k) in register `r` of `{a}`, B's (k `2p + 8 r` and the
-/// next, column `g`) in register `r` of `{b}`, and accumulator `i` at row
-/// `g + 8 (i / 2)`, column `2p + i % 2`; the lower 16 bits of a register
-/// hold the lower k.
+/// `mma.sync.aligned.m16n8kK.row.col.<acc>.<a>.<b>.<acc> {d}, {a}, {b}, {c}`
+/// over the 32 threads of `warp`: `m16n8k16` with f16/bf16 elements and
+/// f32 accumulators, `m16n8k32` with u8/s8 elements and wrapping s32
+/// ones. A register holds `e` elements (`e` = 2 or 4) of consecutive k,
+/// the lowest k in the lowest bits. Lane `l` (group `g = l / 4`, pair
+/// `p = l % 4`) holds, in register `r` of `{a}`, A's row `g + 8 (r % 2)`
+/// from k `e p + (K/2) (r / 2)`; in register `r` of `{b}`, B's column `g`
+/// from k `e p + (K/2) r`; accumulator `i` at row `g + 8 (i / 2)`, column
+/// `2p + i % 2`.
 fn mma(inst: &Inst, warp: &mut [Thread]) {
     let shape = inst.op.iter().map(String::as_str).collect::<Vec<_>>();
     assert_eq!(
-        &shape[..6],
-        ["mma", "sync", "aligned", "m16n8k16", "row", "col"],
+        (&shape[..3], &shape[4..6]),
+        (&["mma", "sync", "aligned"][..], &["row", "col"][..]),
         "{}",
         inst.text
     );
-    assert_eq!((shape[6], shape[9]), ("f32", "f32"), "{}", inst.text);
-    assert_eq!(shape[7], shape[8], "{}", inst.text);
-    let widen = |bits: u64| -> f64 {
-        let h = bits as u16;
-        match shape[7] {
-            "bf16" => half::bf16::from_bits(h).to_f64(),
-            "f16" => half::f16::from_bits(h).to_f64(),
+    let (acc, ta, tb) = (shape[6], shape[7], shape[8]);
+    assert_eq!(acc, shape[9], "{}", inst.text);
+    let (k, per_reg) = match (shape[3], acc) {
+        ("m16n8k16", "f32") => (16, 2),
+        ("m16n8k32", "s32") => (32, 4),
+        other => panic!("mma shape {other:?}: {}", inst.text),
+    };
+    let element = |t: &str, bits: u64| -> f64 {
+        match t {
+            "bf16" => half::bf16::from_bits(bits as u16).to_f64(),
+            "f16" => half::f16::from_bits(bits as u16).to_f64(),
+            "u8" => (bits as u8) as f64,
+            "s8" => (bits as u8 as i8) as f64,
             other => panic!("mma element type {other}"),
         }
     };
+    let width = 32 / per_reg;
     let [Arg::List(d), Arg::List(a), Arg::List(b), Arg::List(c)] = &inst.args[..] else {
         panic!("mma operands: {}", inst.text)
     };
-    let (mut am, mut bm, mut cm) = ([[0f64; 16]; 16], [[0f64; 8]; 16], [[0f64; 8]; 16]);
+    let (mut am, mut bm) = (vec![[0f64; 32]; 16], vec![[0f64; 8]; 32]);
+    let mut cm = [[0u64; 8]; 16];
     for (lane, t) in warp.iter().enumerate() {
         let (g, p) = (lane / 4, lane % 4);
         for (r, &reg) in a.iter().enumerate() {
-            let (row, k) = (g + 8 * (r % 2), 2 * p + 8 * (r / 2));
-            am[row][k] = widen(t.regs[reg]);
-            am[row][k + 1] = widen(t.regs[reg] >> 16);
+            let (row, k0) = (g + 8 * (r % 2), per_reg * p + k / 2 * (r / 2));
+            for e in 0..per_reg {
+                am[row][k0 + e] = element(ta, t.regs[reg] >> (width * e));
+            }
         }
         for (r, &reg) in b.iter().enumerate() {
-            let k = 2 * p + 8 * r;
-            bm[k][g] = widen(t.regs[reg]);
-            bm[k + 1][g] = widen(t.regs[reg] >> 16);
+            let k0 = per_reg * p + k / 2 * r;
+            for e in 0..per_reg {
+                bm[k0 + e][g] = element(tb, t.regs[reg] >> (width * e));
+            }
         }
         for (i, &reg) in c.iter().enumerate() {
-            cm[g + 8 * (i / 2)][2 * p + i % 2] = f32v(t.regs[reg]) as f64;
+            cm[g + 8 * (i / 2)][2 * p + i % 2] = t.regs[reg];
         }
     }
     for (lane, t) in warp.iter_mut().enumerate() {
         let (g, p) = (lane / 4, lane % 4);
         for (i, &reg) in d.iter().enumerate() {
             let (row, col) = (g + 8 * (i / 2), 2 * p + i % 2);
-            let sum: f64 = (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f64>() + cm[row][col];
-            t.regs[reg] = from_f32(sum as f32);
+            let dot: f64 = (0..k).map(|kk| am[row][kk] * bm[kk][col]).sum();
+            t.regs[reg] = match acc {
+                "f32" => from_f32((dot + f32v(cm[row][col]) as f64) as f32),
+                // Exact: |dot| < 2^53; wrapping like the hardware's s32.
+                _ => (cm[row][col] as u32 as i32).wrapping_add(dot as i64 as i32) as u32 as u64,
+            };
         }
         t.state = State::Run;
         t.pc += 1;
