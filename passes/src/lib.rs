@@ -21,6 +21,7 @@ mod flush_subnormals;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse;
+mod layout;
 mod manager;
 mod precision_plan;
 mod precision_report;
@@ -37,6 +38,7 @@ pub use flush_subnormals::FlushSubnormals;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use fuse::Fuse;
+pub use layout::Layout;
 pub use manager::{
     Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
 };

@@ -1,7 +1,8 @@
 //! The pass manager: pipelines, verification between passes, statistics.
 
 use crate::{
-    DeadCodeElimination, FlushSubnormals, FoldBatchNorm, FoldConstants, Fuse, Recognize, Simplify,
+    DeadCodeElimination, FlushSubnormals, FoldBatchNorm, FoldConstants, Fuse, Layout, Recognize,
+    Simplify,
 };
 use kiln_ir::{Graph, IrError};
 use std::time::{Duration, Instant};
@@ -125,6 +126,7 @@ fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(FoldConstants::default()),
         Box::new(Simplify::default()),
         Box::new(Recognize::default()),
+        Box::new(Layout),
         Box::new(FoldBatchNorm),
         Box::new(FlushSubnormals),
         Box::new(Fuse::default()),
@@ -135,7 +137,8 @@ fn registry() -> Vec<Box<dyn Pass>> {
 impl PassManager {
     /// The pipeline of an optimization level: `0` imports as is, `1` folds
     /// constants and removes dead code, `2` also simplifies, recognizes
-    /// decomposed LayerNorm, GELU, softmax and attention, folds per-channel
+    /// decomposed LayerNorm, GELU, softmax and attention, moves Transposes
+    /// out of elementwise chains (`layout`), folds per-channel
     /// scale/shift (BatchNormalization) into Conv/Gemm/MatMul, flushes
     /// subnormal weights to zero and fuses producer–consumer chains into
     /// single kernels. `3` is the `2`
@@ -150,6 +153,7 @@ impl PassManager {
                 "fold-constants",
                 "simplify",
                 "recognize",
+                "layout",
                 "fold-batchnorm",
                 "flush-subnormals",
                 "fuse",

@@ -300,15 +300,25 @@ fn bf16_on_x86_64_v3_widens_to_f32_and_matches_eval() {
 }
 
 #[test]
-fn cuda_refuses_bf16_dense_nodes_by_name() {
+fn cuda_runs_bf16_dense_nodes_on_tensor_cores_from_sm80() {
+    // The artifact's PTX: `mma.sync` bf16 GEMMs for sm_80, the SIMT GEMM
+    // (widening bf16 loads) for sm_75. Their numbers are checked by the
+    // PTX interpreter (`cuda_numerics.rs`).
     let fixture = Fixture::load("digits_mlp");
-    let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
-    opts.cuda = Some(kiln_target_cuda::SmArch::parse("80").unwrap());
-    let err = match compile(&fixture.model_path(), &opts) {
-        Ok(_) => panic!("CUDA compiled a bf16 graph"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("bf16") && err.contains("node '"), "{err}");
+    for (sm, tensor_cores) in [("80", true), ("75", false)] {
+        let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
+        opts.cuda = Some(kiln_target_cuda::SmArch::parse(sm).unwrap());
+        let c = compile(&fixture.model_path(), &opts).unwrap();
+        let view = kiln_runtime::format::ArtifactView::parse(&c.bytes).unwrap();
+        let code = view.cuda_code().expect("a CUDA artifact").unwrap();
+        assert_eq!(
+            code.ptx
+                .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+            tensor_cores,
+            "sm_{sm}"
+        );
+        assert!(code.ptx.contains("ld.global.u16"), "sm_{sm}: bf16 loads");
+    }
 }
 
 fn real_model(name: &str) -> Option<Fixture> {

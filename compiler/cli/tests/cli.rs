@@ -353,13 +353,14 @@ fn dump_ir_writes_numbered_files() {
             "01-fold-constants.kir",
             "02-simplify.kir",
             "03-recognize.kir",
-            "04-fold-batchnorm.kir",
-            "05-flush-subnormals.kir",
-            "06-fuse.kir",
-            "07-dce.kir"
+            "04-layout.kir",
+            "05-fold-batchnorm.kir",
+            "06-flush-subnormals.kir",
+            "07-fuse.kir",
+            "08-dce.kir"
         ]
     );
-    let text = std::fs::read_to_string(dumps.join("07-dce.kir")).unwrap();
+    let text = std::fs::read_to_string(dumps.join("08-dce.kir")).unwrap();
     // A dump without full constants parses back unless it elides weights.
     if let Err(e) = kiln_ir::text::parse(&text) {
         assert!(e.to_string().contains("elided"), "{e}");

@@ -586,6 +586,16 @@ pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         Ok(v) => v,
         Err(_) => return Err(ctx.bad_attr("sampling_ratio", "must be ≥ 0")),
     };
+    // Samples per ROI along each axis.
+    let (sh, sw) = match (oh.checked_mul(sr), ow.checked_mul(sr)) {
+        (Some(sh), Some(sw)) => (sh, sw),
+        _ => {
+            return Err(ctx.bad_attr(
+                "sampling_ratio",
+                format!("{sr} samples per bin over {oh}×{ow} bins overflow"),
+            ))
+        }
+    };
     let scale = ctx.attr_f_or(node, "spatial_scale", 1.0)? as f64;
     // Opset 16 added the mode, defaulting to half_pixel; opset 10 behaves
     // like output_half_pixel.
@@ -633,7 +643,7 @@ pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                    o: &mut Ops,
                    start: Val,
                    end: Val,
-                   bins: usize|
+                   (bins, n): (usize, usize)|
      -> Result<Val, OnnxError> {
         let mut extent = bin(ctx, o, Sub, end, start)?;
         if !half_pixel {
@@ -642,9 +652,9 @@ pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
         let count = k(ctx, o, bins as f64);
         let step = bin(ctx, o, Div, extent, count)?;
-        let offsets = build_const(ctx, &[1, bins * sr], DType::F32, &o.name("offsets"), |_| {
+        let offsets = build_const(ctx, &[1, n], DType::F32, &o.name("offsets"), |_| {
             kiln_ir::Data::F32(
-                (0..bins * sr)
+                (0..n)
                     .map(|s| ((s / sr) as f64 + ((s % sr) as f64 + 0.5) / sr as f64) as f32)
                     .collect(),
             )
@@ -652,15 +662,14 @@ pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let along = bin(ctx, o, Mul, step, offsets)?;
         bin(ctx, o, Add, start, along)
     };
-    let ys = samples(ctx, o, y1, y2, oh)?;
-    let xs = samples(ctx, o, x1, x2, ow)?;
+    let ys = samples(ctx, o, y1, y2, (oh, sh))?;
+    let xs = samples(ctx, o, x1, x2, (ow, sw))?;
     let ay = roi_axis(ctx, o, ys, h)?;
     let ax = roi_axis(ctx, o, xs, w)?;
     // Each ROI's image, in f32.
     let xf = cast_to(ctx, x, DType::F32, "x_f32")?;
     let idx = cast_to(ctx, batch_indices, DType::I64, "batch_indices_i64")?;
     let images = ctx.op(Op::Gather { axis: 0 }, &[xf, idx], Some("roi_images"))?;
-    let (sh, sw) = (oh * sr, ow * sr);
     let product =
         |ctx: &mut ImportCtx, o: &mut Ops, a_y: Val, a_x: Val| -> Result<Val, OnnxError> {
             let a_y = reshape_to(ctx, a_y, &[rois_n, 1, sh, h], Some(&o.name("rows")))?;

@@ -1,0 +1,291 @@
+//! `layout`: one activation layout between the layout-sensitive ops, with
+//! the conversions at the graph's boundaries.
+//!
+//! Kiln's kernels compute convolutions, pools and resizes on NCHW (the
+//! ONNX layout; the CPU target packs the weights into the panels its
+//! microkernels read at lowering, `docs/targets-cpu.md`). Models exported
+//! from NHWC frameworks (TensorFlow through tf2onnx, Keras, channels-last
+//! PyTorch) wrap every such op in a pair of Transposes and run the ops
+//! between them (bias adds, activations, residual adds, scalings) in NHWC:
+//!
+//! ```text
+//! conv → transpose(0,2,3,1) → add(b) → relu → transpose(0,3,1,2) → conv
+//! ```
+//!
+//! Every Transpose is a full copy of its tensor, and one between a conv and
+//! its bias add also keeps `fold-batchnorm` from folding the add into the
+//! conv. This pass moves a Transpose below the elementwise op it feeds when
+//! that op's other operands are constants (permuted at compile time to
+//! match), single-element tensors, or Transposes with the same permutation:
+//! `op(transpose(x, p), c) = transpose(op(x, c'), p)`. Pushed down a chain,
+//! a Transpose meets the inverse one of the next conv and both vanish
+//! (`simplify`, which this pass runs on what it changed); one that meets no
+//! inverse stops at the first op that is not elementwise, or at a graph
+//! output: the boundary.
+//!
+//! A Transpose with several users stays where it is (moving it would copy
+//! it into every branch). Elementwise ops are Unary, Binary, Compare,
+//! Logical, Not, Bitwise, BitwiseNot, Where and Cast.
+
+use crate::simplify::Simplify;
+use crate::{Pass, PassError, PassStats};
+use kiln_ir::{Graph, Ints, IrError, NodeId, Op, Tensor};
+
+/// The pass (see the module documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Layout;
+
+fn fail(source: IrError) -> PassError {
+    PassError::Failed {
+        pass: "layout",
+        source,
+    }
+}
+
+/// Sweeps of push-then-collapse before giving up (each sweep moves every
+/// movable Transpose at least one op down).
+const MAX_SWEEPS: usize = 32;
+
+fn is_elementwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Logical(_)
+            | Op::Not
+            | Op::Bitwise(_)
+            | Op::BitwiseNot
+            | Op::Where
+            | Op::Cast { .. }
+    )
+}
+
+/// Whether Transpose `id` has exactly one use, by one op (a graph output
+/// is a use too).
+fn single_use(graph: &Graph, id: NodeId) -> bool {
+    graph.users_of(id).len() == 1 && graph.outputs().iter().all(|&(_, o)| o != id)
+}
+
+/// The permutation undoing `perm`.
+fn inverse(perm: &[usize]) -> Ints {
+    let mut inv: Ints = perm.iter().map(|_| 0).collect();
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    inv
+}
+
+/// How one operand of an elementwise op is rewritten when the op's
+/// Transposes move below it.
+enum Operand {
+    /// A Transpose with the moving permutation: its input.
+    Untransposed(NodeId),
+    /// A constant: broadcast to the op's rank and permuted by the inverse.
+    Permuted(Tensor),
+    /// A single-element tensor: broadcasts the same way in any layout.
+    AsIs(NodeId),
+}
+
+impl Layout {
+    /// The permutation and rewritten operands when the Transposes feeding
+    /// `id` can move below it.
+    fn plan(graph: &Graph, id: NodeId) -> Option<(Ints, Vec<Operand>)> {
+        let node = graph.node(id);
+        if !is_elementwise(&node.op) {
+            return None;
+        }
+        let rank = node.ty.shape.len();
+        let inputs = graph.inputs_of(id);
+        let perm = inputs.iter().find_map(|&i| match &graph.node(i).op {
+            Op::Transpose { perm } if perm.len() == rank && single_use(graph, i) => {
+                Some(perm.clone())
+            }
+            _ => None,
+        })?;
+        let inv = inverse(&perm);
+        let mut operands = Vec::with_capacity(inputs.len());
+        for &i in &inputs {
+            let input = graph.node(i);
+            let operand = match &input.op {
+                Op::Transpose { perm: p } if *p == perm && single_use(graph, i) => {
+                    Operand::Untransposed(graph.inputs_of(i)[0])
+                }
+                _ if input.ty.num_elements() == 1 => Operand::AsIs(i),
+                Op::Constant(t) if t.shape().len() <= rank => {
+                    let mut full = vec![1; rank - t.shape().len()];
+                    full.extend_from_slice(t.shape());
+                    let t = t.reshaped(&full)?;
+                    let permuted =
+                        kiln_ir::eval::eval(&Op::Transpose { perm: inv.clone() }, &[&t]).ok()?;
+                    Operand::Permuted(permuted)
+                }
+                _ => return None,
+            };
+            operands.push(operand);
+        }
+        Some((perm, operands))
+    }
+
+    /// One sweep in topological order; returns how many ops the Transposes
+    /// moved below.
+    fn sweep(graph: &mut Graph, stats: &mut PassStats) -> Result<usize, PassError> {
+        let mut moved = 0;
+        for id in graph.topo_order().map_err(fail)? {
+            if !graph.contains(id) {
+                continue;
+            }
+            let Some((perm, operands)) = Layout::plan(graph, id) else {
+                continue;
+            };
+            let name = graph.node(id).name.clone();
+            let old_inputs = graph.inputs_of(id);
+            let mut inputs = Vec::with_capacity(operands.len());
+            for (k, operand) in operands.into_iter().enumerate() {
+                inputs.push(match operand {
+                    Operand::Untransposed(x) | Operand::AsIs(x) => x,
+                    Operand::Permuted(t) => {
+                        stats.added += 1;
+                        graph.add_const(format!("{name}/layout_operand{k}"), t)
+                    }
+                });
+            }
+            let op = graph.node(id).op.clone();
+            let inner = graph.add_node(op, &inputs, name.clone()).map_err(fail)?;
+            let outer =
+                (graph.add_node(Op::Transpose { perm }, &[inner], format!("{name}/layout")))
+                    .map_err(fail)?;
+            stats.added += 2;
+            graph.replace_all_uses(id, outer).map_err(fail)?;
+            let mut dead = vec![id];
+            dead.extend(old_inputs);
+            while let Some(d) = dead.pop() {
+                if !graph.contains(d) {
+                    continue;
+                }
+                let feeds = graph.inputs_of(d);
+                if graph.remove_unused(d) {
+                    stats.removed += 1;
+                    dead.extend(feeds);
+                }
+            }
+            stats.rewritten += 1;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+}
+
+impl Pass for Layout {
+    fn name(&self) -> &'static str {
+        "layout"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<PassStats, PassError> {
+        let mut stats = PassStats::default();
+        for _ in 0..MAX_SWEEPS {
+            if Layout::sweep(graph, &mut stats)? == 0 {
+                break;
+            }
+            // Collapse the Transposes that met (inverse pairs vanish).
+            let collapsed = Simplify::default().run(graph)?;
+            stats.removed += collapsed.removed;
+            stats.added += collapsed.added;
+            stats.rewritten += collapsed.rewritten;
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::eval::eval_graph;
+
+    fn transposes(g: &Graph) -> usize {
+        g.node_ids()
+            .filter(|&id| matches!(g.node(id).op, Op::Transpose { .. }))
+            .count()
+    }
+
+    /// Runs the pass and checks the graph computes what it did before on
+    /// `inputs`.
+    fn run_and_compare(text: &str, inputs: &[Tensor]) -> Graph {
+        let before = kiln_ir::text::parse(text).unwrap();
+        let mut after = before.clone();
+        Layout.run(&mut after).unwrap();
+        kiln_ir::verify::verify(&after).unwrap();
+        let (x, y) = (
+            eval_graph(&before, inputs).unwrap(),
+            eval_graph(&after, inputs).unwrap(),
+        );
+        assert_eq!(x, y, "{}", kiln_ir::text::print(&after));
+        after
+    }
+
+    fn ramp(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v = (0..n)
+            .map(|i| ((i * 7919) % 23) as f32 / 4.0 - 2.5)
+            .collect();
+        Tensor::new(shape, kiln_ir::Data::F32(v)).unwrap()
+    }
+
+    #[test]
+    fn an_nhwc_chain_between_convs_loses_its_transposes() {
+        // conv → to NHWC → bias add (per channel, NHWC's last axis) →
+        // relu → to NCHW → conv: the two Transposes cancel.
+        let g = run_and_compare(
+            "graph(%x: f32[1,2,4,5]) {
+              %w: f32[3,2,1,1] = const dense<[1.0, -1.0, 0.5, 2.0, -0.25, 1.5]>
+              %c: f32[1,3,4,5] = conv(%x, %w) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1}
+              %t: f32[1,4,5,3] = transpose(%c) {perm=[0,2,3,1]}
+              %b: f32[3] = const dense<[0.5, -1.0, 2.0]>
+              %a: f32[1,4,5,3] = add(%t, %b)
+              %r: f32[1,4,5,3] = relu(%a)
+              %u: f32[1,3,4,5] = transpose(%r) {perm=[0,3,1,2]}
+              %w2: f32[2,3,1,1] = const dense<[1.0, 2.0, 3.0, -1.0, 0.5, 0.25]>
+              %y: f32[1,2,4,5] = conv(%u, %w2) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1}
+              return %y
+            }",
+            &[ramp(&[1, 2, 4, 5])],
+        );
+        assert_eq!(transposes(&g), 0, "{}", kiln_ir::text::print(&g));
+    }
+
+    #[test]
+    fn a_residual_add_of_two_nhwc_branches_moves_to_the_output() {
+        // Two transposed branches meet in an add; the Transpose ends at the
+        // graph output (the boundary), one instead of two.
+        let g = run_and_compare(
+            "graph(%x: f32[1,3,2,4], %y: f32[1,3,2,4]) {
+              %tx: f32[1,2,4,3] = transpose(%x) {perm=[0,2,3,1]}
+              %ty: f32[1,2,4,3] = transpose(%y) {perm=[0,2,3,1]}
+              %s: f32[1,1,1,1] = const dense<[3.0]>
+              %m: f32[1,2,4,3] = mul(%tx, %s)
+              %a: f32[1,2,4,3] = add(%m, %ty)
+              %z: f32[1,2,4,3] = sigmoid(%a)
+              return %z
+            }",
+            &[ramp(&[1, 3, 2, 4]), ramp(&[1, 3, 2, 4])],
+        );
+        assert_eq!(transposes(&g), 1, "{}", kiln_ir::text::print(&g));
+        let out = g.outputs()[0].1;
+        assert!(matches!(g.node(out).op, Op::Transpose { .. }));
+    }
+
+    #[test]
+    fn a_transpose_with_two_users_and_a_runtime_operand_stay() {
+        let text = "graph(%x: f32[2,3], %v: f32[3,2]) {
+              %t: f32[3,2] = transpose(%x) {perm=[1,0]}
+              %a: f32[3,2] = add(%t, %v)
+              %n: f32[3,2] = neg(%t)
+              return %a, %n
+            }";
+        let g = run_and_compare(text, &[ramp(&[2, 3]), ramp(&[3, 2])]);
+        assert_eq!(
+            kiln_ir::text::print(&g),
+            kiln_ir::text::print(&kiln_ir::text::parse(text).unwrap())
+        );
+    }
+}
