@@ -452,6 +452,47 @@ fn int8_matmul_with_constant_weights_runs_on_tensor_cores() {
 }
 
 #[test]
+fn int8_convolution_with_constant_weights_runs_on_tensor_cores() {
+    // ConvInteger with quantized weights (constant, zero point 0) and 16+
+    // output channels per group: implicit GEMM on `mma.sync` m16n8k32
+    // from sm_80, the padding read as X's zero point and the correction by
+    // the weights' row sums; groups, strides, dilations, asymmetric pads.
+    // Exact against the reference evaluator; sm_75 runs the direct kernel.
+    let c = Conv2d {
+        strides: [2, 1],
+        pads: [1, 2, 0, 1],
+        dilations: [1, 2],
+        group: 2,
+    };
+    for (dx, dw, x_zero) in [(DType::U8, DType::I8, 119i64), (DType::I8, DType::I8, -3)] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(dx, [2, 6, 9, 10]));
+        let w = g.add_const("w", tensor(dw, &[36, 3, 3, 3], 11));
+        let zx = g.add_const(
+            "x_zero",
+            Tensor::new([], Data::from_i64s(dx, [x_zero].into_iter())).unwrap(),
+        );
+        let zw = g.add_const(
+            "w_zero",
+            Tensor::new([], Data::from_i64s(dw, [0].into_iter())).unwrap(),
+        );
+        let y = g
+            .add_node(Op::ConvInteger(c.clone()), &[x, w, zx, zw], "conv")
+            .unwrap();
+        g.add_output("y", y);
+        let program = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+        assert!(
+            program.ptx.contains("mma.sync.aligned.m16n8k32"),
+            "{dx} x {dw}"
+        );
+        let inputs = [tensor(dx, &[2, 6, 9, 10], 10)];
+        for sm in ["sm75", "sm80"] {
+            check_on(sm, &g, &inputs);
+        }
+    }
+}
+
+#[test]
 fn half_precision_storage_casts_and_convolution() {
     // Casts round to nearest even (ties, overflow to infinity, NaN kept),
     // and widen exactly; elementwise ops on f16 compute in f32 and round.

@@ -23,8 +23,9 @@
 
 use kiln_ir::{Conv2d, DType, Pool2d};
 
-use super::linalg::{gemm_kernel, BSource, Gemm, Im2col};
+use super::linalg::{gemm_grid, gemm_kernel, mma_kernel, BSource, Gemm, Im2col, MmaKind};
 use super::{coords, global_index, linear_launch, load, mem, ptr, store, Cx, Kernel};
+use crate::plan::{Base, Loc};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Space, Ty};
 use crate::CudaError;
 
@@ -116,12 +117,10 @@ pub(crate) fn conv(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     direct(cx, c)
 }
 
-/// Convolution as a GEMM per (image, group): `out[g*M + i, oy*OW + ox] =
-/// sum_k W[g*M + i, k] * im2col(x)[k, (oy, ox)] + bias`, with M output
-/// channels per group, K = Cg*KH*KW; the im2col matrix is read on the fly
-/// by the tile loader (`linalg::BSource::Im2col`), so the kernel gets the
-/// GEMM's shared-memory tiling and register blocking.
-fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
+/// The GEMM geometry of a convolution per (image, group):
+/// `out[g*M + i, oy*OW + ox] = sum_k W[g*M + i, k] * im2col(x)[k, (oy, ox)]`
+/// with M output channels per group, K = Cg*KH*KW; C (the bias) per row.
+fn conv_gemm(cx: &Cx, c: &Conv2d, pad: Option<Loc>) -> Gemm {
     let xs = &cx.inputs[0].1.shape;
     let ws = &cx.inputs[1].1.shape;
     let os = &cx.out_ty.shape;
@@ -129,7 +128,7 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
     let (cout, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let m = cout / c.group;
     let k = cg * kh * kw;
-    let g = Gemm {
+    Gemm {
         m,
         n: os[2] * os[3],
         k,
@@ -144,19 +143,24 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
             strides: c.strides,
             dilations: c.dilations,
             pads: [c.pads[0], c.pads[1]],
+            pad,
         }),
         batch: vec![n, c.group],
         a_batch: vec![0, (m * k) as i64],
         b_batch: vec![(cin * h * w) as i64, (cg * h * w) as i64],
-        c: cx.inputs.get(2).map(|_| (1, 0)),
+        c: Some((1, 0)),
         c_batch: vec![0, m as i64],
         alpha: 1.0,
         beta: 1.0,
-    };
-    // The GEMM reads A = weights, B = input, C = bias.
+    }
+}
+
+/// `cx` with the convolution's operands in GEMM order: A = weights,
+/// B = input, then `third` (the bias, or ConvInteger's X zero point).
+fn gemm_cx<'g>(cx: &Cx<'g>, third: Option<(Loc, &'g kiln_ir::ValueType)>) -> Cx<'g> {
     let mut inputs = vec![cx.inputs[1], cx.inputs[0]];
-    inputs.extend(cx.inputs.get(2).copied());
-    let gemm_cx = Cx {
+    inputs.extend(third);
+    Cx {
         kernel: cx.kernel.clone(),
         name: cx.name.clone(),
         op: cx.op,
@@ -166,8 +170,71 @@ fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         epilogue: cx.epilogue.clone(),
         tables: cx.tables,
         sm: cx.sm,
+    }
+}
+
+/// Convolution as an implicit GEMM ([`conv_gemm`]): the im2col matrix is
+/// read on the fly by the tile loader (`linalg::BSource::Im2col`), so the
+/// kernel gets the GEMM's shared-memory tiling and register blocking.
+fn implicit_gemm(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
+    let mut g = conv_gemm(cx, c, None);
+    if cx.inputs.get(2).is_none() {
+        g.c = None;
+    }
+    gemm_kernel(&gemm_cx(cx, cx.inputs.get(2).copied()), &g)
+}
+
+/// ConvInteger on int8 tensor cores (sm_80+): constant weights with zero
+/// point 0 (quantized weights) and at least [`GEMM_MIN_CHANNELS`] output
+/// channels per group. `conv(X − zx, W) = conv(X, W) − zx · rowsum(W)`
+/// when the padding holds zx (the loader reads it there), with the
+/// weights' row sums computed here into the weights. `None`: the direct
+/// kernel.
+fn conv_integer_mma(cx: &Cx, c: &Conv2d) -> Option<Kernel> {
+    let (w_loc, w_ty) = cx.inputs[1];
+    let (zw_loc, zw_ty) = cx.inputs[3];
+    let per_group = w_ty.shape[0] / c.group;
+    if cx.sm < 80
+        || w_loc.base != Base::Weights
+        || zw_loc.base != Base::Weights
+        || per_group < GEMM_MIN_CHANNELS
+    {
+        return None;
+    }
+    let rows = w_ty.shape[0];
+    let k = w_ty.num_elements() / rows.max(1);
+    let rowsums: Vec<u8> = {
+        let w = cx.tables.borrow();
+        if w[zw_loc.offset as usize..][..zw_ty.num_elements()]
+            .iter()
+            .any(|&z| z != 0)
+        {
+            return None;
+        }
+        let bytes = &w[w_loc.offset as usize..][..rows * k];
+        let value = |byte: u8| match w_ty.dtype {
+            DType::I8 => byte as i8 as i32,
+            _ => byte as i32,
+        };
+        bytes
+            .chunks(k.max(1))
+            .flat_map(|row| {
+                row.iter()
+                    .map(|&b| value(b))
+                    .fold(0i32, i32::wrapping_add)
+                    .to_le_bytes()
+            })
+            .collect()
     };
-    gemm_kernel(&gemm_cx, &g)
+    let g = conv_gemm(cx, c, Some(cx.inputs[2].0));
+    let grid = gemm_grid(&g)?;
+    let kind = MmaKind::Int8 {
+        a: w_ty.dtype,
+        b: cx.inputs[0].1.dtype,
+        zero: cx.inputs[2].1.dtype,
+        sums: cx.table(&rowsums),
+    };
+    Some(mma_kernel(&gemm_cx(cx, Some(cx.inputs[2])), &g, kind, grid))
 }
 
 /// Direct convolution: one thread per output element.
@@ -294,6 +361,9 @@ pub(crate) fn conv_integer(cx: &Cx, c: &Conv2d) -> Result<Kernel, CudaError> {
         return Err(cx.unsupported(format!("{}-D input (only 2-D convolution)", xs.len())));
     }
     check_window_range(cx, c)?;
+    if let Some(kernel) = conv_integer_mma(cx, c) {
+        return Ok(kernel);
+    }
     let (dx, dw) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
     let per_channel = cx.inputs[3].1.num_elements() > 1;
     let byte = |kb: &mut KernelBuilder, d: DType, addr: Reg| {

@@ -60,6 +60,9 @@ pub(crate) struct Im2col {
     pub strides: [usize; 2],
     pub dilations: [usize; 2],
     pub pads: [usize; 2],
+    /// What the padding holds (0 when `None`): ConvInteger's padding is
+    /// X's zero point, read raw from here.
+    pub pad: Option<Loc>,
 }
 
 /// A (batched) product `out = alpha * A @ B + beta * C`, strides in
@@ -284,27 +287,34 @@ fn matmul_integer_mma(cx: &Cx, b: &Batched) -> Result<Option<Kernel>, CudaError>
         batch: b.batch.clone(),
         a_batch: b.a_batch.clone(),
         b_batch: b.b_batch.clone(),
-        c: None,
+        // The column sums, one per column (not batched: B is not).
+        c: Some((0, 1)),
         c_batch: Vec::new(),
         alpha: 1.0,
         beta: 0.0,
     };
+    let Some(grid) = gemm_grid(&g) else {
+        return Ok(None);
+    };
+    let kind = MmaKind::Int8 {
+        a: cx.inputs[0].1.dtype,
+        b: b_ty.dtype,
+        zero: cx.inputs[0].1.dtype,
+        sums: cx.table(&colsums),
+    };
+    Ok(Some(mma_kernel(cx, &g, kind, grid)))
+}
+
+/// The launch grid of `g`: `(⌈N/64⌉, ⌈M/64⌉, batch)`, `None` past the
+/// 65535 blocks of grid y and z.
+pub(crate) fn gemm_grid(g: &Gemm) -> Option<[u32; 3]> {
     let batches: usize = g.batch.iter().product();
     let grid = [
         (g.n as u64).div_ceil(TILE as u64),
         (g.m as u64).div_ceil(TILE as u64),
         batches as u64,
     ];
-    if grid[1] > 65535 || grid[2] > 65535 {
-        return Ok(None);
-    }
-    let kind = MmaKind::Int8 {
-        a: cx.inputs[0].1.dtype,
-        b: b_ty.dtype,
-        colsums: cx.table(&colsums),
-    };
-    let grid = [grid[0] as u32, grid[1] as u32, grid[2] as u32];
-    Ok(Some(mma_kernel(cx, &g, kind, grid)))
+    (grid[1] <= 65535 && grid[2] <= 65535).then(|| grid.map(|d| d as u32))
 }
 
 pub(crate) fn gemm(
@@ -377,19 +387,17 @@ impl Staged {
 /// f16, the tensor-core kernel ([`mma_kernel`]); otherwise the SIMT one.
 pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
     let (da, db) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
-    let batches: usize = g.batch.iter().product();
-    let grid = [
-        (g.n as u64).div_ceil(TILE as u64),
-        (g.m as u64).div_ceil(TILE as u64),
-        batches as u64,
-    ];
-    if grid[1] > 65535 || grid[2] > 65535 {
+    let Some(grid) = gemm_grid(g) else {
         return Err(CudaError::TooLarge {
             node: cx.name.clone(),
-            message: format!("GEMM grid {grid:?} exceeds the 65535 limit of grid y/z"),
+            message: format!(
+                "GEMM of {}x{} in {} batches exceeds the 65535 blocks of grid y/z",
+                g.m,
+                g.n,
+                g.batch.iter().product::<usize>()
+            ),
         });
-    }
-    let grid = [grid[0] as u32, grid[1] as u32, grid[2] as u32];
+    };
     match (da, db) {
         (DType::BF16, DType::BF16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, MmaKind::Bf16, grid)),
         (DType::F16, DType::F16) if cx.sm >= 80 => Ok(mma_kernel(cx, g, MmaKind::F16, grid)),
@@ -400,6 +408,8 @@ pub(crate) fn gemm_kernel(cx: &Cx, g: &Gemm) -> Result<Kernel, CudaError> {
 /// The block's batch coordinates, A and B base pointers with their batch
 /// offsets, and the tile origin `(m0, n0)`.
 struct TileOrigin {
+    /// The raw padding value of an im2col B ([`Im2col::pad`]).
+    pad: Option<Reg>,
     batch: Vec<Option<Reg>>,
     bz: Reg,
     a_ptr: Reg,
@@ -421,7 +431,16 @@ fn tile_origin(kb: &mut KernelBuilder, cx: &Cx, g: &Gemm) -> TileOrigin {
     let b_off = offset(kb, &batch, &g.b_batch, 0);
     let a_ptr = ptr(kb, cx.inputs[0].0);
     let b_ptr = ptr(kb, cx.inputs[1].0);
+    let pad = match g.b {
+        BSource::Im2col(Im2col { pad: Some(loc), .. }) => {
+            let p = ptr(kb, loc);
+            let bytes = cx.inputs[1].1.dtype.size_bytes() as u32;
+            Some(kb.ld(Space::Global, raw_mem(bytes), Ty::U32, p, 0))
+        }
+        _ => None,
+    };
     TileOrigin {
+        pad,
         batch,
         bz,
         a_ptr,
@@ -449,7 +468,8 @@ fn load_b(
             load_or_zero(kb, o.b_ptr, o.b_off, (row, g.k, ks), (col, g.n, cs), staged)
         }
         BSource::Im2col(geo) => {
-            load_im2col(kb, o.b_ptr, o.b_off, (row, g.k), (col, g.n), &geo, staged)
+            let at = (o.b_ptr, o.b_off, o.pad);
+            load_im2col(kb, at, (row, g.k), (col, g.n), &geo, staged)
         }
     }
 }
@@ -549,15 +569,24 @@ fn raw_mem(bytes: u32) -> MemTy {
 
 /// What the tensor-core kernel multiplies.
 #[derive(Clone, Copy)]
-enum MmaKind {
+pub(crate) enum MmaKind {
     /// bf16 × bf16, f32 accumulators (`m16n8k16`).
     Bf16,
     /// f16 × f16, f32 accumulators (`m16n8k16`).
     F16,
     /// u8/s8 × u8/s8, wrapping s32 accumulators (`m16n8k32`); the result
-    /// is `acc − a_zero · colsum(B)[j]` (B constant, its zero point 0),
-    /// with B's column sums precomputed at this place of the weights.
-    Int8 { a: DType, b: DType, colsums: Loc },
+    /// is `acc − zero · sums[i, j]`: the constant operand's zero point is
+    /// 0, the other one's (`zero`-typed, input 2) times the constant
+    /// operand's sums along K (B's column sums for MatMulInteger, the
+    /// weights' row sums for ConvInteger), computed at compile time into
+    /// the weights at `sums` and read at the Gemm's C strides (`Gemm::c`,
+    /// `Gemm::c_batch`).
+    Int8 {
+        a: DType,
+        b: DType,
+        zero: DType,
+        sums: Loc,
+    },
 }
 
 impl MmaKind {
@@ -614,7 +643,7 @@ const MMA_THREADS: u32 = 256;
 /// 32-byte k step). No thread leaves before the last `mma.sync`, which
 /// needs the whole warp; out-of-range rows and columns compute on zeros
 /// and are not stored.
-fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Kernel {
+pub(crate) fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Kernel {
     let eb = kind.elem_bytes();
     let stage_k = MMA_STAGE / eb;
     let b32m = MemTy("b32");
@@ -706,12 +735,14 @@ fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Kernel {
         (row, col)
     };
     match kind {
-        MmaKind::Int8 { a, colsums, .. } => {
+        MmaKind::Int8 { zero, sums, .. } => {
             let out = ptr(&mut kb, cx.out);
             let out_batch = kb.bin(Bin::Mul, o.bz, (g.m * g.n) as u32);
-            let a_zero_ptr = ptr(&mut kb, cx.inputs[2].0);
-            let a_zero = kb.ld(Space::Global, mem(a), Ty::S32, a_zero_ptr, 0);
-            let sums = ptr(&mut kb, colsums);
+            let zero_ptr = ptr(&mut kb, cx.inputs[2].0);
+            let zero = kb.ld(Space::Global, mem(zero), Ty::S32, zero_ptr, 0);
+            let sums = ptr(&mut kb, sums);
+            let (s_rs, s_cs) = g.c.expect("the sums' strides");
+            let s_off = offset(&mut kb, &o.batch, &g.c_batch, 0);
             for (j, acc) in acc.iter().enumerate() {
                 for (i, &v) in acc.iter().enumerate() {
                     let (row, col) = at(&mut kb, i, j);
@@ -719,9 +750,11 @@ fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Kernel {
                     let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
                     let ok = kb.pred_op("and", row_ok, col_ok);
                     kb.when(ok, |kb| {
-                        let sa = kb.addr(sums, col, 4);
+                        let si = kb.mad(row, Opnd::I(s_rs), s_off);
+                        let si = kb.mad(col, Opnd::I(s_cs), si);
+                        let sa = kb.addr(sums, si, 4);
                         let sum = kb.ld(Space::Global, MemTy("s32"), Ty::S32, sa, 0);
-                        let shift = kb.bin(Bin::Mul, a_zero, sum);
+                        let shift = kb.bin(Bin::Mul, zero, sum);
                         let y = kb.bin(Bin::Sub, v, shift);
                         let oi = kb.mad(row, g.n as u32, out_batch);
                         let oi = kb.bin(Bin::Add, oi, col);
@@ -831,13 +864,13 @@ fn load_or_zero(
 }
 
 /// Element (k, j) of the im2col matrix of a convolution input (0 outside
-/// the matrix or in the padding). The window position is decomposed from
-/// k and the output position from j with immediates; a padded tap wraps
-/// below 0 and fails the unsigned bound like one past the end.
+/// the matrix; in the padding 0 or `pad`). The window position is
+/// decomposed from k and the output position from j with immediates; a
+/// padded tap wraps below 0 and fails the unsigned bound like one past the
+/// end.
 fn load_im2col(
     kb: &mut KernelBuilder,
-    base: Reg,
-    batch: Reg,
+    (base, batch, pad): (Reg, Reg, Option<Reg>),
     (k, rows): (Reg, usize),
     (j, cols): (Reg, usize),
     geo: &Im2col,
@@ -848,6 +881,9 @@ fn load_im2col(
     let c_ok = kb.setp(Cmp::Lt, j, cols as u32);
     let ok = kb.pred_op("and", r_ok, c_ok);
     kb.when(ok, |kb| {
+        if let Some(p) = pad {
+            kb.assign(v, p);
+        }
         let taps = (geo.kh * geo.kw) as u32;
         let c = kb.bin(Bin::Div, k, taps);
         let t = kb.bin(Bin::Rem, k, taps);
