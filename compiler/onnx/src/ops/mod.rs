@@ -192,6 +192,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Scan" => control::scan,
         "GridSample" => sample::grid_sample,
         "RoiAlign" => sample::roi_align,
+        "DeformConv" => sample::deform_conv,
         "AffineGrid" => sample::affine_grid,
         "RNN" => recurrent::rnn,
         "GRU" => recurrent::gru,

@@ -715,3 +715,186 @@ pub fn roi_align(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     )?;
     one(cast_to(ctx, pooled, xt.dtype, "y")?)
 }
+
+/// `DeformConv` (opset 19, 2-D): a convolution whose every tap samples the
+/// input at its regular position plus a learned offset, bilinearly with
+/// zeros outside the image (the ONNX reference's GridSample with
+/// `align_corners=1` on pixel coordinates), optionally times a mask.
+///
+/// Per offset group `g`, tap `t = (i, j)` and output pixel `p = (y, x)`,
+/// the sample position is `(y·sh − pad_top + i·dh + Δy, x·sw − pad_left +
+/// j·dw + Δx)` (`[N, G, K, P]`). Its four bilinear corners are rows of the
+/// input viewed as `[N·G·H·W, C/G]` (one Gather per corner, indices
+/// `(n·G + g)·H·W + iy·W + ix`, so the channels share each index), weighted
+/// by the corner's weight, validity and the mask and summed into the
+/// sampled columns `[N, C, K, P]`; the convolution is then one batched
+/// MatMul per group of those columns with the weights `[oC/grp, C/grp·K]`,
+/// plus the bias.
+pub fn deform_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    use BinaryOp::{Add, Mul};
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let offset = ctx.input(node, 2)?;
+    let bias = ctx.opt_input(node, 3);
+    let mask = ctx.opt_input(node, 4);
+    let (xt, wt, ot) = (ctx.ty(x).clone(), ctx.ty(w).clone(), ctx.ty(offset).clone());
+    if xt.shape.len() != 4 || wt.shape.len() != 4 || ot.shape.len() != 4 || !xt.dtype.is_float() {
+        return Err(ctx.unsupported(format!(
+            "DeformConv of X {xt}, W {wt}, offset {ot}: only 2-D float convolutions"
+        )));
+    }
+    let c = super::conv::conv_attrs(ctx, node, &xt.shape, &wt.shape)?;
+    let (n, ch, h, wd) = (xt.shape[0], xt.shape[1], xt.shape[2], xt.shape[3]);
+    let (oc, cg, kh, kw) = (wt.shape[0], wt.shape[1], wt.shape[2], wt.shape[3]);
+    let groups = c.group;
+    if ch != cg * groups || oc % groups != 0 {
+        return Err(ctx.invalid(format!(
+            "X {xt} and W {wt} do not form a convolution in {groups} groups"
+        )));
+    }
+    let og = ctx.attr_i_or(node, "offset_group", 1)?;
+    let og = usize::try_from(og)
+        .ok()
+        .filter(|&g| g > 0 && ch % g == 0)
+        .ok_or_else(|| {
+            ctx.bad_attr(
+                "offset_group",
+                format!("must be positive and divide the {ch} channels, got {og}"),
+            )
+        })?;
+    // W's element count fits, so its kernel area does too.
+    let taps = kh * kw;
+    let out_len = |size: usize, k: usize, d: usize, pads: usize, s: usize| {
+        let extent = k.checked_sub(1)?.checked_mul(d)?.checked_add(1)?;
+        size.checked_add(pads)?
+            .checked_sub(extent)
+            .map(|v| v / s + 1)
+    };
+    let (oh, ow) = (ot.shape[2], ot.shape[3]);
+    let expected = (
+        out_len(h, kh, c.dilations[0], c.pads[0] + c.pads[2], c.strides[0]),
+        out_len(wd, kw, c.dilations[1], c.pads[1] + c.pads[3], c.strides[1]),
+    );
+    let offsets = og.checked_mul(2 * taps);
+    if ot.shape[0] != n || offsets != Some(ot.shape[1]) || expected != (Some(oh), Some(ow)) {
+        return Err(ctx.invalid(format!(
+            "offset {ot} must be [{n}, offset_group·2·kH·kW ({offsets:?}), out_h, out_w] with the output size the window gives ({expected:?})"
+        )));
+    }
+    let p = oh * ow;
+    if let Some(m) = mask {
+        let mt = ctx.ty(m).clone();
+        if mt.shape.as_slice() != [n, og * taps, oh, ow] {
+            return Err(ctx.invalid(format!(
+                "mask {mt} must be [{n}, {}, {oh}, {ow}]",
+                og * taps
+            )));
+        }
+    }
+    let o = &mut Ops { tag: "dcn", n: 0 };
+    let xf = cast_to(ctx, x, DType::F32, "x_f32")?;
+    let wf = cast_to(ctx, w, DType::F32, "w_f32")?;
+    let off = cast_to(ctx, offset, DType::F32, "offset_f32")?;
+    let off = reshape_to(ctx, off, &[n, og, taps, 2, p], Some("offset_taps"))?;
+    // Regular sample positions per (tap, pixel) along one axis.
+    let base = |ctx: &mut ImportCtx, o: &mut Ops, axis: usize| -> Result<Val, OnnxError> {
+        let (s, d, pad) = (c.strides[axis], c.dilations[axis], c.pads[axis] as f64);
+        build_const(ctx, &[1, 1, taps, p], DType::F32, &o.name("base"), |len| {
+            kiln_ir::Data::F32(
+                (0..len)
+                    .map(|e| {
+                        let (t, q) = (e / p, e % p);
+                        let (k, out) = if axis == 0 {
+                            (t / kw, q / ow)
+                        } else {
+                            (t % kw, q % ow)
+                        };
+                        ((out * s + k * d) as f64 - pad) as f32
+                    })
+                    .collect(),
+            )
+        })
+    };
+    let mut axis_taps = Vec::with_capacity(2);
+    for (axis, size) in [(0, h), (1, wd)] {
+        let delta = slice_along(ctx, off, 3, axis, 1, 1, &o.name("delta"))?;
+        let delta = reshape_to(ctx, delta, &[n, og, taps, p], Some(&o.name("delta_view")))?;
+        let b = base(ctx, o, axis)?;
+        let pos = bin(ctx, o, Add, delta, b)?;
+        let border = (0.0, size as f64 - 1.0);
+        axis_taps.push(self::taps(ctx, o, pos, size, "linear", Pad::Zeros, border)?);
+    }
+    let mask = match mask {
+        Some(m) => {
+            let m = cast_to(ctx, m, DType::F32, "mask_f32")?;
+            Some(reshape_to(ctx, m, &[n, og, taps, p], Some("mask_view"))?)
+        }
+        None => None,
+    };
+    // The input as rows of one pixel of one offset group: [N·G·H·W, C/G].
+    let cog = ch / og;
+    let rows = reshape_to(ctx, xf, &[n, og, cog, h * wd], Some("x_groups"))?;
+    let rows = ctx.op(
+        Op::Transpose {
+            perm: [0, 1, 3, 2].into_iter().collect(),
+        },
+        &[rows],
+        Some("x_pixels"),
+    )?;
+    let rows = reshape_to(ctx, rows, &[n * og * h * wd, cog], Some("x_rows"))?;
+    let plane = build_const(ctx, &[n, og, 1, 1], DType::I64, &o.name("plane"), |len| {
+        kiln_ir::Data::I64((0..len).map(|e| (e * h * wd) as i64).collect())
+    })?;
+    let width = super::index::int_scalar(ctx, wd as i64, &o.name("width"))?;
+    let mut columns: Option<Val> = None;
+    for ty in &axis_taps[0] {
+        for tx in &axis_taps[1] {
+            let at = bin(ctx, o, Mul, ty.index, width)?;
+            let at = bin(ctx, o, Add, at, tx.index)?;
+            let at = bin(ctx, o, Add, at, plane)?;
+            let name = o.name("corner");
+            // [N, G, K, P, C/G]
+            let v = ctx.op(Op::Gather { axis: 0 }, &[rows, at], Some(&name))?;
+            let weight = match (ty.weight, tx.weight) {
+                (Some(a), Some(b)) => bin(ctx, o, Mul, a, b)?,
+                _ => unreachable!("linear taps have weights"),
+            };
+            let valid = match (ty.valid, tx.valid) {
+                (Some(a), Some(b)) => {
+                    ctx.op(Op::Logical(LogicalOp::And), &[a, b], Some(&o.name("valid")))?
+                }
+                _ => unreachable!("zeros padding gives validity"),
+            };
+            let zero = k(ctx, o, 0.0);
+            let mut weight = sel(ctx, o, valid, weight, zero)?;
+            if let Some(m) = mask {
+                weight = bin(ctx, o, Mul, weight, m)?;
+            }
+            let weight = reshape_to(ctx, weight, &[n, og, taps, p, 1], Some(&o.name("weight")))?;
+            let v = bin(ctx, o, Mul, v, weight)?;
+            columns = Some(match columns {
+                None => v,
+                Some(sum) => bin(ctx, o, Add, sum, v)?,
+            });
+        }
+    }
+    let columns = columns.expect("four corners");
+    // [N, G, K, P, C/G] → [N, C, K, P] → [N, grp, C/grp·K, P].
+    let columns = ctx.op(
+        Op::Transpose {
+            perm: [0, 1, 4, 2, 3].into_iter().collect(),
+        },
+        &[columns],
+        Some("columns_channels"),
+    )?;
+    let columns = reshape_to(ctx, columns, &[n, groups, cg * taps, p], Some("columns"))?;
+    let weights = reshape_to(ctx, wf, &[groups, oc / groups, cg * taps], Some("w_rows"))?;
+    let y = ctx.op(Op::MatMul, &[weights, columns], Some("conv"))?;
+    let mut y = reshape_to(ctx, y, &[n, oc, oh, ow], Some("y_f32"))?;
+    if let Some(b) = bias {
+        let b = cast_to(ctx, b, DType::F32, "bias_f32")?;
+        let b = reshape_to(ctx, b, &[1, oc, 1, 1], Some("bias_view"))?;
+        y = bin(ctx, o, Add, y, b)?;
+    }
+    one(cast_to(ctx, y, xt.dtype, "y")?)
+}
