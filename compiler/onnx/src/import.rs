@@ -176,12 +176,11 @@ fn scan_graph(
             n.domain.clone()
         };
         let opset = opset_of(model, &domain);
-        let hint = if !default_domain {
-            Some(format!("ops of domain '{domain}' are not supported"))
-        } else if ops::builder(&n.op_type).is_none() {
-            Some(ops::missing_op_hint(&n.op_type))
-        } else {
-            ops::precheck(n, default_opset, &is_used)
+        let hint = match ops::builder_in(&n.domain, &n.op_type) {
+            Some(_) if default_domain => ops::precheck(n, default_opset, &is_used),
+            Some(_) => None,
+            None if !default_domain => Some(format!("ops of domain '{domain}' are not supported")),
+            None => Some(ops::missing_op_hint(&n.op_type)),
         };
         if let Some(hint) = hint {
             out.push(UnsupportedOp {
@@ -444,7 +443,7 @@ pub(crate) fn import_model(
     for &i in &order {
         let node = &graph.node[i];
         ctx.set_current(&names[i], &node.op_type);
-        let build = ops::builder(&node.op_type).expect("checked by the scan");
+        let build = ops::builder_in(&node.domain, &node.op_type).expect("checked by the scan");
         let outs = build(&mut ctx, node)?;
         for (k, name) in node.output.iter().enumerate() {
             if name.is_empty() {

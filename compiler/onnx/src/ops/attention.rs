@@ -44,6 +44,34 @@ fn split_heads(ctx: &mut ImportCtx, x: Val, heads: usize, tag: &str) -> Result<V
     )
 }
 
+/// `[B, Hkv, S, D]` with every KV head repeated for its group of `hq /
+/// Hkv` consecutive query heads (`np.repeat` along axis 1): `[B, hq, S,
+/// D]`.
+fn repeat_kv_heads(ctx: &mut ImportCtx, x: Val, hq: usize, tag: &str) -> Result<Val, OnnxError> {
+    let s = ctx.ty(x).shape.clone();
+    let hkv = s[1];
+    if hq == hkv {
+        return Ok(x);
+    }
+    if hkv == 0 || !hq.is_multiple_of(hkv) {
+        return Err(ctx.invalid(format!("{hq} query heads do not group over {hkv} KV heads")));
+    }
+    let view = reshape_to(
+        ctx,
+        x,
+        &[s[0], hkv, 1, s[2], s[3]],
+        Some(&format!("{tag}_group_view")),
+    )?;
+    let e = ctx.op(
+        Op::Expand {
+            shape: [s[0], hkv, hq / hkv, s[2], s[3]].into_iter().collect(),
+        },
+        &[view],
+        Some(&format!("{tag}_group_repeat")),
+    )?;
+    reshape_to(ctx, e, &[s[0], hq, s[2], s[3]], Some(&format!("{tag}_grouped")))
+}
+
 /// Where `cond`, 0, else `-inf`, in `dtype`.
 fn bias_from(ctx: &mut ImportCtx, cond: Val, dtype: DType, tag: &str) -> Result<Val, OnnxError> {
     let zero = scalar(ctx, dtype, 0.0, &format!("{tag}_zero"));
@@ -153,9 +181,7 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
         None => 0,
     };
-    let ks = ctx.ty(present_k).shape.clone();
-    let hkv = ks[1];
-    let kv_len = ks[2];
+    let kv_len = ctx.ty(present_k).shape[2];
 
     // The additive bias, broadcastable to [B, Hq, q, kv].
     let mut bias: Option<Val> = None;
@@ -273,35 +299,8 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
 
     // Grouped KV heads: repeat each head for its group of query heads.
-    let (mut kk, mut vv) = (present_k, present_v);
-    if hq != hkv {
-        if hkv == 0 || !hq.is_multiple_of(hkv) {
-            return Err(ctx.invalid(format!("{hq} query heads do not group over {hkv} KV heads")));
-        }
-        let r = hq / hkv;
-        for (x, tag) in [(&mut kk, "k"), (&mut vv, "v")] {
-            let s = ctx.ty(*x).shape.clone();
-            let view = reshape_to(
-                ctx,
-                *x,
-                &[s[0], s[1], 1, s[2], s[3]],
-                Some(&format!("{tag}_group_view")),
-            )?;
-            let e = ctx.op(
-                Op::Expand {
-                    shape: [s[0], s[1], r, s[2], s[3]].into_iter().collect(),
-                },
-                &[view],
-                Some(&format!("{tag}_group_repeat")),
-            )?;
-            *x = reshape_to(
-                ctx,
-                e,
-                &[s[0], hq, s[2], s[3]],
-                Some(&format!("{tag}_grouped")),
-            )?;
-        }
-    }
+    let kk = repeat_kv_heads(ctx, present_k, hq, "k")?;
+    let vv = repeat_kv_heads(ctx, present_v, hq, "v")?;
 
     let q_scaled = ctx.op(Op::Binary(BinaryOp::Mul), &[q, root], Some("q_scaled"))?;
     let k_scaled = ctx.op(Op::Binary(BinaryOp::Mul), &[kk, root], Some("k_scaled"))?;
@@ -727,4 +726,77 @@ pub fn linear_attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         cast_to(ctx, o, io_dt, "output_narrow")?,
         cast_to(ctx, state, state_dt, "present_state_narrow")?,
     ])
+}
+
+/// `FlexAttention` (domain `ai.onnx.preview`, opset 1), as the ONNX
+/// reference computes it: Q and K each scaled by `sqrt(scale)` (default
+/// `scale` = 1/√head_size) in the input type, KV heads repeated for grouped
+/// query heads, the scores `Q·Kᵀ` rounded to the input type, then in the
+/// softmax precision (`softmax_precision`, else f32 for 16-bit inputs and
+/// the input type otherwise): the `score_mod` subgraph, Softmax over the
+/// keys, the `prob_mod` subgraph, the product with V, and the result in
+/// V's type. The modifier subgraphs are imported inline and may read
+/// outer-scope values.
+pub fn flex_attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let q = ctx.input(node, 0)?;
+    let k = ctx.input(node, 1)?;
+    let v = ctx.input(node, 2)?;
+    let (qt, kt, vt) = (ctx.ty(q).clone(), ctx.ty(k).clone(), ctx.ty(v).clone());
+    let float = |d: DType| matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16);
+    if qt.shape.len() != 4 || kt.shape.len() != 4 || vt.shape.len() != 4 || !float(qt.dtype) {
+        return Err(ctx.invalid(format!(
+            "FlexAttention takes rank-4 float Q, K and V, got {qt}, {kt}, {vt}"
+        )));
+    }
+    let (hq, e) = (qt.shape[1], qt.shape[3]);
+    if kt.shape[0] != qt.shape[0]
+        || vt.shape[0] != qt.shape[0]
+        || kt.shape[3] != e
+        || vt.shape[1] != kt.shape[1]
+        || vt.shape[2] != kt.shape[2]
+        || kt.dtype != qt.dtype
+    {
+        return Err(ctx.invalid(format!(
+            "Q {qt}, K {kt} and V {vt} do not form an attention (batch, KV heads, key length or head size differ)"
+        )));
+    }
+    let scale = match ctx.attr_f(node, "scale")? {
+        Some(s) => s as f64,
+        None => 1.0 / (e as f64).sqrt(),
+    };
+    let compute = match ctx.attr_i(node, "softmax_precision")? {
+        Some(code) => crate::tensor::dtype_from_onnx(code as i32)
+            .filter(|&d| float(d))
+            .ok_or_else(|| {
+                ctx.bad_attr("softmax_precision", format!("{code} is not a float type"))
+            })?,
+        None if matches!(qt.dtype, DType::F16 | DType::BF16) => DType::F32,
+        None => qt.dtype,
+    };
+    let root = scalar(ctx, qt.dtype, (scale as f32).sqrt() as f64, "sqrt_scale");
+    let qs = ctx.op(Op::Binary(BinaryOp::Mul), &[q, root], Some("q_scaled"))?;
+    let k = repeat_kv_heads(ctx, k, hq, "k")?;
+    let v = repeat_kv_heads(ctx, v, hq, "v")?;
+    let ks = ctx.op(Op::Binary(BinaryOp::Mul), &[k, root], Some("k_scaled"))?;
+    let kt_ = ctx.op(
+        Op::Transpose {
+            perm: [0, 1, 3, 2].into_iter().collect(),
+        },
+        &[ks],
+        Some("k_t"),
+    )?;
+    let scores = ctx.op(Op::MatMul, &[qs, kt_], Some("scores"))?;
+    // A 16-bit MatMul returns f32; the reference's scores are in Q's type.
+    let scores = cast_to(ctx, scores, qt.dtype, "scores_rounded")?;
+    let mut scores = cast_to(ctx, scores, compute, "scores_compute")?;
+    if let Some(s) = super::control::inline_modifier(ctx, node, "score_mod", scores)? {
+        scores = cast_to(ctx, s, compute, "score_mod_out")?;
+    }
+    let mut probs = ctx.op(Op::Softmax { axis: 3 }, &[scores], Some("probs"))?;
+    if let Some(p) = super::control::inline_modifier(ctx, node, "prob_mod", probs)? {
+        probs = cast_to(ctx, p, compute, "prob_mod_out")?;
+    }
+    let v = cast_to(ctx, v, compute, "v_compute")?;
+    let y = ctx.op(Op::MatMul, &[probs, v], Some("y_compute"))?;
+    Ok(vec![cast_to(ctx, y, vt.dtype, "y")?])
 }

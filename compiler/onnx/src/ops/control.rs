@@ -341,6 +341,36 @@ fn stack(
     ctx.op(Op::Concat { axis: a }, &lifted, Some(suffix))
 }
 
+/// Imports the one-input, one-output graph attribute `name` of `node`
+/// inline with its input bound to `arg` (FlexAttention's `score_mod` and
+/// `prob_mod`); outer-scope names resolve as in `If` branches. `None`
+/// when the node has no such attribute.
+pub(crate) fn inline_modifier(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    name: &str,
+    arg: Val,
+) -> Result<Option<Val>, OnnxError> {
+    let Some(g) = ctx.raw_attr(node, name).and_then(|a| a.g.as_ref()) else {
+        return Ok(None);
+    };
+    if g.input.len() != 1 || g.output.len() != 1 {
+        return Err(ctx.bad_attr(
+            name,
+            format!(
+                "must take one input and give one output, has {} and {}",
+                g.input.len(),
+                g.output.len()
+            ),
+        ));
+    }
+    let body = prepare(ctx, g)?;
+    reserve(ctx, name, 1, 1, body.first, &body)?;
+    let prefix = format!("{}/{name}", ctx.node_name());
+    let out = run_body(ctx, &body, &[arg], &prefix)?;
+    Ok(Some(out[0]))
+}
+
 // ---- If ----
 
 /// `If`: the taken branch inline when the condition is known at import,

@@ -33,6 +33,19 @@ pub mod signal;
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
 
+/// The builder for `op_type` of `domain` (`""` or `ai.onnx`: the default
+/// domain), if Kiln supports it.
+pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
+    match domain {
+        "" | "ai.onnx" => builder(op_type),
+        "ai.onnx.preview" => match op_type {
+            "FlexAttention" => Some(attention::flex_attention),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The builder for a default-domain op type, if Kiln supports it.
 pub fn builder(op_type: &str) -> Option<Builder> {
     use elementwise as e;
