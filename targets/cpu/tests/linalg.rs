@@ -47,6 +47,34 @@ fn batched_matmul_with_broadcast() {
     }
 }
 
+#[test]
+fn f64_matmul_and_softmax() {
+    // f64 runs on the portable kernels (f64x2 tiles; softmax per column):
+    // tails in M, N and K, batch broadcast, softmax over inner and outer
+    // axes.
+    let cases: [(&[usize], &[usize]); 4] = [
+        (&[3, 5], &[5, 7]),
+        (&[2, 9, 13], &[13, 3]),
+        (&[5], &[5, 2]),
+        (&[2, 1, 4, 6], &[3, 6, 5]),
+    ];
+    for (i, (a, b)) in cases.into_iter().enumerate() {
+        let mut g = Graph::new();
+        let x = g.add_input("a", ValueType::new(DType::F64, a));
+        let y = g.add_input("b", ValueType::new(DType::F64, b));
+        let z = g.add_node(Op::MatMul, &[x, y], "mm").unwrap();
+        let rank = g.node(z).ty.shape.len();
+        let s = g
+            .add_node(Op::Softmax { axis: rank - 1 }, &[z], "sm")
+            .unwrap();
+        let t = g.add_node(Op::Softmax { axis: 0 }, &[z], "sm0").unwrap();
+        g.add_output("z", z);
+        g.add_output("s", s);
+        g.add_output("t", t);
+        check_rand(&g, 300 + i as u64, 1e-12);
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemm_graph(
     m: usize,

@@ -69,7 +69,12 @@ fn repeat_kv_heads(ctx: &mut ImportCtx, x: Val, hq: usize, tag: &str) -> Result<
         &[view],
         Some(&format!("{tag}_group_repeat")),
     )?;
-    reshape_to(ctx, e, &[s[0], hq, s[2], s[3]], Some(&format!("{tag}_grouped")))
+    reshape_to(
+        ctx,
+        e,
+        &[s[0], hq, s[2], s[3]],
+        Some(&format!("{tag}_grouped")),
+    )
 }
 
 /// Where `cond`, 0, else `-inf`, in `dtype`.

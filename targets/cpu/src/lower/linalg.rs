@@ -1,14 +1,15 @@
 //! Matrix products: MatMul (batched, broadcast) and Gemm.
 //!
-//! One register-blocked loop nest: tiles of up to 4 rows × 8 columns (two
-//! `f32x4` accumulators per row) accumulated over K in registers, with row
-//! and column tails handled by smaller tiles (one vector, then scalar
-//! columns). A B operand whose columns are not contiguous (Gemm `trans_b`
+//! One register-blocked loop nest: tiles of up to 4 rows × two 128-bit
+//! vectors of columns (8 f32 or 4 f64 columns: two `f32x4`/`f64x2`
+//! accumulators per row) accumulated over K in registers, with row and
+//! column tails handled by smaller tiles (one vector, then scalar columns).
+//! MatMul runs in f32 or f64, Gemm in f32. A B operand whose columns are not contiguous (Gemm `trans_b`
 //! on a non-constant B) uses scalar 4-column tiles; a constant B with
 //! `trans_b` is transposed at compile time instead.
 
-use cranelift_codegen::ir::types::{F32, F32X4, I32, I8};
-use cranelift_codegen::ir::{InstBuilder, Value};
+use cranelift_codegen::ir::types::{F32, F64, I32, I8};
+use cranelift_codegen::ir::{InstBuilder, Type, Value};
 use kiln_ir::{DType, Data};
 
 use super::elementwise::broadcast_strides;
@@ -39,9 +40,11 @@ pub(crate) struct Gemm {
     pub c: Option<(Value, i64, i64)>,
     pub alpha: f32,
     pub beta: f32,
-    /// out[i, j] at `out + i * out_rs + j * 4`.
+    /// out[i, j] at `out + i * out_rs + j * elem.bytes()`.
     pub out: Value,
     pub out_rs: i64,
+    /// The element type of A, B, C and out: `F32` or `F64`.
+    pub elem: Type,
 }
 
 /// A column group of a tile: a vector of 4 columns or one column, at a
@@ -64,22 +67,52 @@ impl Gemm {
     /// `out = A @ B` with A `[m, k]`, B `[k, n]` and out `[m, n]`
     /// row-major and contiguous.
     pub(crate) fn row_major(m: usize, n: usize, k: usize, a: Value, b: Value, out: Value) -> Gemm {
+        Gemm::row_major_of(F32, m, n, k, a, b, out)
+    }
+
+    /// [`Gemm::row_major`] on `elem` (`F32` or `F64`) elements.
+    pub(crate) fn row_major_of(
+        elem: Type,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Value,
+        b: Value,
+        out: Value,
+    ) -> Gemm {
+        let e = elem.bytes() as usize;
         Gemm {
             m,
             n,
             k,
             a,
-            a_rs: (k * 4) as i64,
-            a_ks: 4,
+            a_rs: (k * e) as i64,
+            a_ks: e as i64,
             b,
-            b_ks: (n * 4) as i64,
-            b_cs: 4,
+            b_ks: (n * e) as i64,
+            b_cs: e as i64,
             c: None,
             alpha: 1.0,
             beta: 1.0,
             out,
-            out_rs: (n * 4) as i64,
+            out_rs: (n * e) as i64,
+            elem,
         }
+    }
+
+    /// Bytes per element.
+    fn bytes(&self) -> i64 {
+        self.elem.bytes() as i64
+    }
+
+    /// Lanes of a 128-bit vector of elements.
+    fn lanes(&self) -> usize {
+        16 / self.elem.bytes() as usize
+    }
+
+    /// The 128-bit vector type of elements.
+    fn vector(&self) -> Type {
+        self.elem.by(self.lanes() as u32).expect("a 128-bit vector")
     }
 }
 
@@ -99,9 +132,10 @@ pub(crate) fn emit(kb: &mut Kb, g: &Gemm) {
 }
 
 fn rows(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value) {
-    let vec_b = g.b_cs == 4;
+    let vec_b = g.b_cs == g.bytes();
+    let lanes = g.lanes();
     let (block, groups): (usize, Vec<Col>) = if vec_b {
-        (8, vec![Col::Vec(0), Col::Vec(4)])
+        (2 * lanes, vec![Col::Vec(0), Col::Vec(lanes)])
     } else {
         (4, (0..4).map(Col::One).collect())
     };
@@ -113,9 +147,9 @@ fn rows(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value) {
     if rem > 0 {
         let mut tail = Vec::new();
         let mut at = 0;
-        if vec_b && rem >= 4 {
+        if vec_b && rem >= lanes {
             tail.push(Col::Vec(0));
-            at = 4;
+            at = lanes;
         }
         tail.extend((at..rem).map(Col::One));
         let j0 = kb.iconst((nb * block) as i64);
@@ -125,11 +159,12 @@ fn rows(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value) {
 
 fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
     let any_vec = cols.iter().any(|c| matches!(c, Col::Vec(_)));
+    let (elem, vector, bytes) = (g.elem, g.vector(), g.bytes());
     let a_row = kb.add_scaled(g.a, i0, g.a_rs);
     let b_col = kb.add_scaled(g.b, j0, g.b_cs);
-    let zero_s = kb.b.ins().f32const(0.0);
+    let zero_s = kb.fconst(elem, 0.0);
     let zero_v = if any_vec {
-        Some(kb.b.ins().splat(F32X4, zero_s))
+        Some(kb.b.ins().splat(vector, zero_s))
     } else {
         None
     };
@@ -148,15 +183,15 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
         let bv: Vec<Value> = cols
             .iter()
             .map(|c| match c {
-                Col::Vec(o) => kb.load(F32X4, b_k, *o as i64 * g.b_cs),
-                Col::One(o) => kb.load(F32, b_k, *o as i64 * g.b_cs),
+                Col::Vec(o) => kb.load(vector, b_k, *o as i64 * g.b_cs),
+                Col::One(o) => kb.load(elem, b_k, *o as i64 * g.b_cs),
             })
             .collect();
         let mut out = Vec::with_capacity(acc.len());
         for r in 0..mr {
-            let a_s = kb.load(F32, a_k, r as i64 * g.a_rs);
+            let a_s = kb.load(elem, a_k, r as i64 * g.a_rs);
             let a_v = if any_vec {
-                Some(kb.b.ins().splat(F32X4, a_s))
+                Some(kb.b.ins().splat(vector, a_s))
             } else {
                 None
             };
@@ -171,7 +206,7 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
         out
     });
     let out_row = kb.add_scaled(g.out, i0, g.out_rs);
-    let out_p = kb.add_scaled(out_row, j0, 4);
+    let out_p = kb.add_scaled(out_row, j0, bytes);
     let c_p = g.c.map(|(c, rs, cs)| {
         let row = kb.add_scaled(c, i0, rs);
         (kb.add_scaled(row, j0, cs), rs, cs)
@@ -179,7 +214,7 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
     for r in 0..mr {
         for (ci, col) in cols.iter().enumerate() {
             let is_vec = matches!(col, Col::Vec(_));
-            let ty = if is_vec { F32X4 } else { F32 };
+            let ty = if is_vec { vector } else { elem };
             let mut v = acc[r * cols.len() + ci];
             if g.alpha != 1.0 {
                 let a = kb.fconst(ty, g.alpha as f64);
@@ -188,13 +223,13 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
             if let Some((c, rs, cs)) = c_p {
                 let at = r as i64 * rs + col.off() as i64 * cs;
                 let cv = if is_vec && cs == 0 {
-                    let s = kb.load(F32, c, at);
-                    kb.b.ins().splat(F32X4, s)
-                } else if is_vec && cs != 4 {
-                    let mut lanes = kb.load(F32, c, at);
-                    lanes = kb.b.ins().splat(F32X4, lanes);
-                    for l in 1..4u8 {
-                        let s = kb.load(F32, c, at + l as i64 * cs);
+                    let s = kb.load(elem, c, at);
+                    kb.b.ins().splat(vector, s)
+                } else if is_vec && cs != bytes {
+                    let mut lanes = kb.load(elem, c, at);
+                    lanes = kb.b.ins().splat(vector, lanes);
+                    for l in 1..g.lanes() as u8 {
+                        let s = kb.load(elem, c, at + l as i64 * cs);
                         lanes = kb.b.ins().insertlane(lanes, s, l);
                     }
                     lanes
@@ -208,7 +243,7 @@ fn tile(kb: &mut Kb, g: &Gemm, mr: usize, i0: Value, j0: Value, cols: &[Col]) {
                     kb.fmadd(cv, beta, v)
                 };
             }
-            kb.store(v, out_p, r as i64 * g.out_rs + col.off() as i64 * 4);
+            kb.store(v, out_p, r as i64 * g.out_rs + col.off() as i64 * bytes);
         }
     }
 }
@@ -304,22 +339,25 @@ impl Batched {
     }
 }
 
-/// numpy-semantics MatMul on f32.
+/// numpy-semantics MatMul on f32 or f64.
 pub(crate) fn matmul(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
-    let d = cx.float_input(0, false)?;
-    debug_assert_eq!(d, DType::F32);
+    let elem = match cx.float_input(0, true)? {
+        DType::F64 => F64,
+        _ => F32,
+    };
+    let e = elem.bytes() as usize;
     let Batched {
         m,
         k,
         n,
         dims,
         strides,
-    } = Batched::new(cx, 4, 4, 4)?;
+    } = Batched::new(cx, e, e, e)?;
     let a = kb.ptr(cx.inputs[0].0);
     let b = kb.ptr(cx.inputs[1].0);
     let out = kb.ptr(cx.out);
     nest(kb, &dims, &[out, a, b], &strides, &mut |kb, p| {
-        emit(kb, &Gemm::row_major(m, n, k, p[1], p[2], p[0]))
+        emit(kb, &Gemm::row_major_of(elem, m, n, k, p[1], p[2], p[0]))
     });
     Ok(())
 }
@@ -461,6 +499,7 @@ pub(crate) fn gemm(
             beta,
             out,
             out_rs: (n * 4) as i64,
+            elem: F32,
         },
     );
     Ok(())

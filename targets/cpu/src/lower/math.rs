@@ -94,13 +94,19 @@ pub(crate) const EXP_HIGHEST: f32 = 88.8;
 /// still normal).
 pub(crate) const EXP_NORMAL_LOWEST: f32 = -87.0;
 
-/// `e^x` on f32 lanes, 0 where that is below the normal range: softmax's
+/// `e^x`, 0 where that is below the normal range: softmax's
 /// `exp(x - max)`, where a subnormal changes no probability that matters
 /// but producing one costs a microcode assist of about a hundred cycles,
 /// and the masked positions of an attention row are most of the row.
 pub(crate) fn exp_or_zero(kb: &mut Kb, x: Value) -> Value {
     let ty = kb.b.func.dfg.value_type(x);
-    let lowest = kb.fconst(ty, EXP_NORMAL_LOWEST as f64);
+    // f64's normal range ends at e^-708.
+    let bound = if ty.lane_type() == F64 {
+        -708.0
+    } else {
+        EXP_NORMAL_LOWEST as f64
+    };
+    let lowest = kb.fconst(ty, bound);
     let clamped = kb.b.ins().fmax(x, lowest);
     let e = exp(kb, clamped);
     let zero = kb.fconst(ty, 0.0);

@@ -6,11 +6,12 @@
 //! kernel below.
 //!
 //! When the axis is innermost each row is contiguous and every pass runs on
-//! `f32x4` with a scalar tail. Otherwise four neighbouring positions of the
-//! inner dims form the vector lanes and the passes walk the axis with the
-//! axis stride (scalar for the last `inner % 4` positions).
+//! `f32x4` with a scalar tail (f64 rows: scalar). Otherwise neighbouring
+//! positions of the inner dims form the vector lanes (four f32 or two f64)
+//! and the passes walk the axis with the axis stride (scalar for the
+//! positions left over).
 
-use cranelift_codegen::ir::types::{F32, F32X4};
+use cranelift_codegen::ir::types::{F32, F32X4, F64};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
 
 use kiln_ir::{DType, Op};
@@ -49,9 +50,15 @@ pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// Softmax on f32.
+/// Softmax on f32 or f64.
 pub(crate) fn softmax(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
-    cx.float_input(0, false)?;
+    let elem = match cx.float_input(0, true)? {
+        DType::F64 => F64,
+        _ => F32,
+    };
+    let e = elem.bytes() as usize;
+    let lanes = 16 / e;
+    let vector = elem.by(lanes as u32).expect("a 128-bit vector");
     let shape = &cx.node.ty.shape;
     let outer: usize = shape[..axis].iter().product();
     let len = shape[axis];
@@ -61,24 +68,24 @@ pub(crate) fn softmax(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuEr
     }
     let x = kb.ptr(cx.inputs[0].0);
     let y = kb.ptr(cx.out);
-    let block = (len * inner * 4) as i64;
+    let block = (len * inner * e) as i64;
     for_range(kb, 0, outer as i64, 1, &mut |kb, o| {
         let xo = kb.add_scaled(x, o, block);
         let yo = kb.add_scaled(y, o, block);
-        if inner == 1 {
+        if inner == 1 && elem == F32 {
             row(kb, xo, yo, len);
         } else {
-            let stride = (inner * 4) as i64;
-            let nv = inner / 4;
+            let stride = (inner * e) as i64;
+            let nv = inner / lanes;
             for_range(kb, 0, (nv * 16) as i64, 16, &mut |kb, off| {
                 let px = kb.b.ins().iadd(xo, off);
                 let py = kb.b.ins().iadd(yo, off);
-                column(kb, px, py, len, stride, F32X4);
+                column(kb, px, py, len, stride, vector);
             });
-            for c in nv * 4..inner {
-                let px = kb.add_off(xo, (c * 4) as i64);
-                let py = kb.add_off(yo, (c * 4) as i64);
-                column(kb, px, py, len, stride, F32);
+            for c in nv * lanes..inner {
+                let px = kb.add_off(xo, (c * e) as i64);
+                let py = kb.add_off(yo, (c * e) as i64);
+                column(kb, px, py, len, stride, elem);
             }
         }
     });
