@@ -128,13 +128,23 @@ pub fn identity(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 }
 
 /// `Dropout` at inference: an alias, with an all-true `mask` (opset 10+;
-/// an older, non-boolean mask is rejected up front); a constant
-/// `training_mode` of true is unsupported.
+/// an older, non-boolean mask is rejected up front). A constant
+/// `training_mode` of true is the same when the ratio is a constant 0;
+/// with another ratio it draws a random mask every run, which Kiln does
+/// not compile.
 pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if ctx.opset >= 12 {
         if let Some(t) = ctx.opt_const_input(node, 2)? {
             if t.to_i64_vec().first().copied().unwrap_or(0) != 0 {
-                return Err(ctx.unsupported("training-mode Dropout is not supported"));
+                let ratio = match ctx.opt_const_input(node, 1)? {
+                    Some(r) => r.to_f64_vec().first().copied().unwrap_or(0.5),
+                    None => 0.5,
+                };
+                if ratio != 0.0 {
+                    return Err(ctx.unsupported(format!(
+                        "training-mode Dropout with ratio {ratio} draws a random mask every run; export the model in inference mode"
+                    )));
+                }
             }
         }
     }

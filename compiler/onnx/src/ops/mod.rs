@@ -246,7 +246,8 @@ pub fn precheck(node: &NodeProto, opset: i64, used: &dyn Fn(&str) -> bool) -> Op
         }
         "BatchNormalization" => {
             if opset >= 14 && attr_i("training_mode") == Some(1) {
-                Some("training-mode BatchNormalization is not supported; export the model in inference mode".into())
+                // Y and the running statistics (batch_norm_training).
+                None
             } else if (1..5).any(used_output) {
                 Some("the running-statistics outputs of BatchNormalization (training mode) are not supported".into())
             } else {

@@ -14,8 +14,12 @@ type R = Result<Vec<Val>, OnnxError>;
 /// `BatchNormalization` (inference). With constant parameters `a` and `b`
 /// are computed here in f64 and the node becomes one `mul` and one `add`
 /// with `[C, 1, 1]`-shaped constants; otherwise they are computed by IR ops.
-/// Training mode and the statistics outputs are rejected up front.
+/// Training mode (opset 14+) is [`batch_norm_training`]; the statistics
+/// outputs of older opsets are rejected up front.
 pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    if ctx.opset >= 14 && ctx.attr_i_or(node, "training_mode", 0)? != 0 {
+        return batch_norm_training(ctx, node);
+    }
     let x = ctx.input(node, 0)?;
     let params: Vec<Val> = (1..5)
         .map(|i| ctx.input(node, i))
@@ -86,6 +90,87 @@ pub fn batch_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let y = ctx.op(Op::Binary(BinaryOp::Mul), &[x, a], Some("mul"))?;
     one(ctx.op(Op::Binary(BinaryOp::Add), &[y, b], None)?)
+}
+
+/// `BatchNormalization` with `training_mode=1` (opset 14+), as the ONNX
+/// reference computes it: the batch's mean and (population) variance over
+/// every axis but the channels normalize X, and the running statistics
+/// outputs are `input · momentum + batch · (1 − momentum)`.
+fn batch_norm_training(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let xt = ctx.ty(x).clone();
+    let rank = xt.shape.len();
+    if rank < 2 || !xt.dtype.is_float() {
+        return Err(ctx.invalid(format!(
+            "X must be a float tensor with a channel axis, got {xt}"
+        )));
+    }
+    let c = xt.shape[1];
+    let eps = ctx.attr_f_or(node, "epsilon", 1e-5)? as f64;
+    let momentum = ctx.attr_f_or(node, "momentum", 0.9)? as f64;
+    let mut per_channel = vec![1usize; rank];
+    per_channel[1] = c;
+    let mut params = Vec::with_capacity(4);
+    for (i, name) in [(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")] {
+        let p = ctx.input(node, i)?;
+        if ctx.ty(p).num_elements() != c {
+            return Err(ctx.invalid(format!("{name} must have {c} elements, one per channel")));
+        }
+        let p = cast_to(ctx, p, xt.dtype, &format!("{name}_cast"))?;
+        params.push(reshape_to(
+            ctx,
+            p,
+            &per_channel,
+            Some(&format!("{name}_view")),
+        )?);
+    }
+    let axes: kiln_ir::Ints = (0..rank).filter(|&a| a != 1).collect();
+    let mean_of = |ctx: &mut ImportCtx, v: Val, name: &str| {
+        ctx.op(
+            Op::Reduce {
+                op: ReduceOp::Mean,
+                axes: axes.clone(),
+                keep_dims: true,
+            },
+            &[v],
+            Some(name),
+        )
+    };
+    let mean = mean_of(ctx, x, "batch_mean")?;
+    let d = ctx.op(Op::Binary(BinaryOp::Sub), &[x, mean], Some("centered"))?;
+    let d2 = ctx.op(Op::Binary(BinaryOp::Mul), &[d, d], Some("squares"))?;
+    let var = mean_of(ctx, d2, "batch_var")?;
+    let e = scalar(ctx, xt.dtype, eps, "epsilon");
+    let ve = ctx.op(Op::Binary(BinaryOp::Add), &[var, e], Some("var_eps"))?;
+    let sd = ctx.op(Op::Unary(UnaryOp::Sqrt), &[ve], Some("std"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Div), &[d, sd], Some("normalized"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[y, params[0]], Some("scaled"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Add), &[y, params[1]], Some("y"))?;
+    let keep = scalar(ctx, xt.dtype, momentum, "momentum");
+    let take = scalar(ctx, xt.dtype, 1.0 - momentum, "one_minus_momentum");
+    let mut outs = vec![y];
+    for (input, batch, name) in [
+        (params[2], mean, "running_mean"),
+        (params[3], var, "running_var"),
+    ] {
+        let old = ctx.op(
+            Op::Binary(BinaryOp::Mul),
+            &[input, keep],
+            Some(&format!("{name}_kept")),
+        )?;
+        let new = ctx.op(
+            Op::Binary(BinaryOp::Mul),
+            &[batch, take],
+            Some(&format!("{name}_taken")),
+        )?;
+        let r = ctx.op(
+            Op::Binary(BinaryOp::Add),
+            &[old, new],
+            Some(&format!("{name}_sum")),
+        )?;
+        outs.push(reshape_to(ctx, r, &[c], Some(name))?);
+    }
+    Ok(outs)
 }
 
 /// `LayerNormalization` (opset 17): statistics over the axes from `axis`
