@@ -180,6 +180,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "DFT" => signal::dft,
         "STFT" => signal::stft,
         "HannWindow" => signal::hann_window,
+        "MelWeightMatrix" => signal::mel_weight_matrix,
         "HammingWindow" => signal::hamming_window,
         "BlackmanWindow" => signal::blackman_window,
         "DepthToSpace" => movement::depth_to_space,

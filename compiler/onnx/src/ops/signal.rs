@@ -339,3 +339,93 @@ pub fn hamming_window(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn blackman_window(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     window(ctx, node, [0.42, 0.5, 0.08])
 }
+
+/// `MelWeightMatrix` (opset 17): the `[dft_length/2 + 1, num_mel_bins]`
+/// triangular filter bank mapping a onesided spectrum to mel bands, with
+/// every input known at import (they fix the output's shape), computed as
+/// the ONNX reference does: `num_mel_bins + 2` points evenly spaced in mel
+/// (`2595·log10(1 + f/700)`) between the edge frequencies, each mapped to
+/// the spectrogram bin `⌊(dft_length + 1)·f / sample_rate⌋`, and one
+/// triangle per band rising from its left point to its centre and falling
+/// to its right one.
+pub fn mel_weight_matrix(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let scalar = |ctx: &mut ImportCtx, i: usize, what: &str| -> Result<f64, OnnxError> {
+        match ctx.const_input(node, i)?.to_f64_vec()[..] {
+            [v] if v.is_finite() => Ok(v),
+            _ => Err(ctx.invalid(format!("{what} must be one finite number"))),
+        }
+    };
+    let mels = scalar(ctx, 0, "num_mel_bins")?;
+    let dft_length = scalar(ctx, 1, "dft_length")?;
+    let sample_rate = scalar(ctx, 2, "sample_rate")?;
+    let (lower, upper) = (
+        scalar(ctx, 3, "lower_edge_hertz")?,
+        scalar(ctx, 4, "upper_edge_hertz")?,
+    );
+    if mels < 1.0 || dft_length < 1.0 || sample_rate <= 0.0 || mels > 1e6 || dft_length > 1e8 {
+        return Err(ctx.invalid(format!(
+            "num_mel_bins {mels}, dft_length {dft_length} and sample_rate {sample_rate} must be positive (and bounded)"
+        )));
+    }
+    let (mels, dft_length) = (mels as usize, dft_length as usize);
+    let bins = dft_length / 2 + 1;
+    let name = ctx.node_name().to_string();
+    let dtype = dtype_or_err(
+        ctx.attr_i_or(node, "output_datatype", 1)? as i32,
+        &format!("{name}.output_datatype"),
+    )?;
+    let to_mel = |f: f64| 2595.0 * (f / 700.0).ln_1p() / std::f64::consts::LN_10;
+    let (low, high) = (to_mel(lower), to_mel(upper));
+    let step = (high - low) / (mels + 2) as f64;
+    let points: Vec<i64> = (0..mels + 2)
+        .map(|i| {
+            let mel = i as f64 * step + low;
+            let f = 700.0 * (mel / 2595.0 * std::f64::consts::LN_10).exp_m1();
+            (((dft_length + 1) as f64 * f) / sample_rate).floor() as i64
+        })
+        .collect();
+    if points.iter().any(|&p| p < 0 || p as usize >= bins + 1) {
+        return Err(ctx.invalid(format!(
+            "the edge frequencies {lower}..{upper} Hz map outside the {bins} spectrogram bins"
+        )));
+    }
+    // Built after build_const charged its size against the import budget.
+    one(build_const(
+        ctx,
+        &[bins, mels],
+        dtype,
+        "mel_weights",
+        |_| {
+            let mut w = vec![0f64; bins * mels];
+            for i in 0..mels {
+                let (left, centre, right) = (points[i], points[i + 1], points[i + 2]);
+                let mut set = |j: i64, v: f64| {
+                    if let Some(cell) = usize::try_from(j)
+                        .ok()
+                        .filter(|&j| j < bins)
+                        .map(|j| &mut w[j * mels + i])
+                    {
+                        *cell = v;
+                    }
+                };
+                if centre == left {
+                    set(centre, 1.0);
+                } else {
+                    for j in left..=centre {
+                        set(j, (j - left) as f64 / (centre - left) as f64);
+                    }
+                }
+                if right > centre {
+                    for j in centre..right {
+                        set(j, (right - j) as f64 / (right - centre) as f64);
+                    }
+                }
+            }
+            if dtype.is_float() {
+                Data::from_f64s(dtype, w.into_iter())
+            } else {
+                Data::from_i64s(dtype, w.into_iter().map(|v| v as i64))
+            }
+        },
+    )?)
+}
