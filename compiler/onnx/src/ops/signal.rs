@@ -384,7 +384,7 @@ pub fn mel_weight_matrix(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             (((dft_length + 1) as f64 * f) / sample_rate).floor() as i64
         })
         .collect();
-    if points.iter().any(|&p| p < 0 || p as usize >= bins + 1) {
+    if points.iter().any(|&p| p < 0 || p as usize > bins) {
         return Err(ctx.invalid(format!(
             "the edge frequencies {lower}..{upper} Hz map outside the {bins} spectrogram bins"
         )));
