@@ -51,6 +51,13 @@ fn op_fixtures_match_onnxruntime() {
     check_all(&names);
 }
 
+/// The tf2onnx-style NHWC convnet, whose Transposes the `layout` pass
+/// moves to the graph's boundaries (`docs/passes.md`).
+#[test]
+fn nhwc_convnet_matches_onnxruntime() {
+    check_all(&["nhwc_convnet".to_string()]);
+}
+
 #[test]
 fn ppocr_cls_matches_onnxruntime() {
     check_all(&["ppocr_cls".to_string()]);

@@ -179,11 +179,15 @@ pub(crate) fn conv_attrs(
     })
 }
 
-/// `Conv` (2-D, or 1-D through a reshape).
+/// `Conv` (2-D; 1-D through a reshape; 3-D as 2-D convolutions per depth
+/// tap, [`conv_3d`]).
 pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let w = ctx.input(node, 1)?;
     let b = ctx.opt_input(node, 2);
+    if ctx.ty(x).shape.len() == 5 {
+        return one(conv_3d(ctx, node, x, w, b)?);
+    }
     if let Some(y) = super::quant::qdq_conv(ctx, node, x, w, b)? {
         return one(y);
     }
@@ -203,6 +207,135 @@ pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let y = ctx.dense_op(op, &inputs, Some("conv2d"))?;
     let ys = ctx.ty(y).shape.clone();
     one(reshape_to(ctx, y, &[ys[0], ys[1], ys[3]], None)?)
+}
+
+/// Most depth taps a 3-D convolution is unrolled into.
+const MAX_DEPTH_TAPS: usize = 64;
+
+/// A 3-D convolution `[N, C, D, H, W]` as one 2-D convolution per depth
+/// tap `kd`: the input, padded along the depth and viewed depth-major
+/// (`[N, D, C, H, W]`), is sliced at depths `kd·dd + od·sd` for every
+/// output depth `od` and folded into the batch (`[N·OD, C, H, W]`), then
+/// convolved over (H, W) with the weights' slice `W[:, :, kd]`; the
+/// products summed over the taps (the bias added once) are the output,
+/// viewed back channel-major. Each tap runs on the 2-D kernels (packed
+/// weights, implicit GEMM) with `N·OD` images.
+fn conv_3d(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+    w: Val,
+    b: Option<Val>,
+) -> Result<Val, OnnxError> {
+    let (xs, ws) = (ctx.ty(x).shape.clone(), ctx.ty(w).shape.clone());
+    if ws.len() != 5 {
+        return Err(ctx.invalid(format!("W has rank {} but X has rank 5", ws.len())));
+    }
+    if let Some(k) = ctx.attr_ints(node, "kernel_shape")? {
+        if k.len() != 3 || k.iter().zip(&ws[2..]).any(|(&a, &b)| a != b as i64) {
+            return Err(ctx.bad_attr("kernel_shape", format!("{k:?} does not match W {ws:?}")));
+        }
+    }
+    let group = ctx.attr_i_or(node, "group", 1)?;
+    let group = usize::try_from(group)
+        .ok()
+        .filter(|&g| g >= 1)
+        .ok_or_else(|| ctx.bad_attr("group", format!("must be positive, got {group}")))?;
+    let win = window(ctx, node, &xs[2..], &ws[2..])?;
+    let (kd, sd, dd) = (ws[2], win.strides[0], win.dilations[0]);
+    let (pd0, pd1) = (win.pads_begin[0], win.pads_end[0]);
+    let padded = xs[2].checked_add(pd0).and_then(|v| v.checked_add(pd1));
+    let span = (kd.max(1) - 1).checked_mul(dd).map(|v| v + 1);
+    let out_depth = match (padded, span) {
+        (Some(p), Some(s)) if p >= s && kd > 0 => (p - s) / sd + 1,
+        _ => {
+            return Err(ctx.invalid(format!(
+                "the depth window of {kd} taps (dilation {dd}) does not fit the input {xs:?} with pads {pd0}/{pd1}"
+            )))
+        }
+    };
+    if kd > MAX_DEPTH_TAPS {
+        return Err(ctx.unsupported(format!(
+            "a 3-D convolution with {kd} depth taps (Kiln unrolls at most {MAX_DEPTH_TAPS})"
+        )));
+    }
+    let attrs = Conv2d {
+        strides: [win.strides[1], win.strides[2]],
+        pads: [
+            win.pads_begin[1],
+            win.pads_begin[2],
+            win.pads_end[1],
+            win.pads_end[2],
+        ],
+        dilations: [win.dilations[1], win.dilations[2]],
+        group,
+    };
+    let (n, c) = (xs[0], xs[1]);
+    let x = if pd0 + pd1 > 0 {
+        let zero = super::elementwise::scalar(ctx, ctx.ty(x).dtype, 0.0, "depth_pad_value");
+        super::movement::pad_axis(ctx, x, 2, (pd0 as i64, pd1 as i64), "constant", zero)?
+    } else {
+        x
+    };
+    let depth_major = ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1, 3, 4].into_iter().collect(),
+        },
+        &[x],
+        Some("depth_major"),
+    )?;
+    let mut sum: Option<Val> = None;
+    for t in 0..kd {
+        let slices = super::movement::slice_along(
+            ctx,
+            depth_major,
+            1,
+            t * dd,
+            sd as i64,
+            out_depth,
+            &format!("depth_tap{t}"),
+        )?;
+        let images = reshape_to(
+            ctx,
+            slices,
+            &[n * out_depth, c, xs[3], xs[4]],
+            Some(&format!("depth_tap{t}_images")),
+        )?;
+        let wt = super::movement::slice_along(ctx, w, 2, t, 1, 1, &format!("w_tap{t}"))?;
+        let wt = reshape_to(
+            ctx,
+            wt,
+            &[ws[0], ws[1], ws[3], ws[4]],
+            Some(&format!("w_tap{t}_2d")),
+        )?;
+        let mut inputs = vec![images, wt];
+        if t == 0 {
+            inputs.extend(b);
+        }
+        let y = ctx.dense_op(
+            Op::Conv(attrs.clone()),
+            &inputs,
+            Some(&format!("conv_tap{t}")),
+        )?;
+        sum = Some(match sum {
+            None => y,
+            Some(s) => ctx.op(
+                Op::Binary(kiln_ir::BinaryOp::Add),
+                &[s, y],
+                Some(&format!("sum_tap{t}")),
+            )?,
+        });
+    }
+    let y = sum.expect("kd ≥ 1");
+    let ys = ctx.ty(y).shape.clone();
+    let y = reshape_to(ctx, y, &[n, out_depth, ys[1], ys[2], ys[3]], Some("depths"))?;
+    ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1, 3, 4].into_iter().collect(),
+        },
+        &[y],
+        None,
+    )
 }
 
 /// `CausalConvWithState`: a depthwise 1-D convolution over the past state
