@@ -415,12 +415,16 @@ pub fn causal_conv_with_state(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// (every input pixel's contribution to every block element) followed by
 /// `Col2Im`, which adds the blocks into the output, plus the bias. This is
 /// the GEMM formulation onnxruntime uses too; the MatMul gets the fast
-/// matrix kernels and Col2Im is a single scatter pass.
+/// matrix kernels and Col2Im is a single scatter pass. 1-D runs as 2-D;
+/// 3-D uses [`col2im_3d`].
 pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let w = ctx.input(node, 1)?;
     let b = ctx.opt_input(node, 2);
-    let nsp = spatial_rank(ctx, x, "transposed convolutions")?;
+    let nsp = match ctx.ty(x).shape.len() {
+        5 => 3,
+        _ => spatial_rank(ctx, x, "transposed convolutions")?,
+    };
     let (x, w) = if nsp == 1 {
         (lift(ctx, x, "x2d")?, lift(ctx, w, "w2d")?)
     } else {
@@ -428,7 +432,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let xs = ctx.ty(x).shape.clone();
     let ws = ctx.ty(w).shape.clone();
-    if ws.len() != 4 {
+    if ws.len() != xs.len() {
         return Err(ctx.invalid(format!(
             "W must have rank {}, got {:?}",
             xs.len(),
@@ -438,15 +442,19 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let group = ctx.attr_i_or(node, "group", 1)?;
     if group < 1 || !xs[1].is_multiple_of(group as usize) || ws[0] != xs[1] {
         return Err(ctx.invalid(format!(
-            "X {:?}, W {:?} and group {group} do not agree (W must be [C_in, C_out/group, kH, kW])",
+            "X {:?}, W {:?} and group {group} do not agree (W must be [C_in, C_out/group, k...])",
             xs.as_slice(),
             ws.as_slice()
         )));
     }
     let group = group as usize;
-    let (n, ci, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
-    let (co_g, kh, kw) = (ws[1], ws[2], ws[3]);
+    let (n, ci) = (xs[0], xs[1]);
+    let co_g = ws[1];
     let co = co_g * group;
+    // The spatial axes as computed (1-D lifted to 2-D).
+    let nd = xs.len() - 2;
+    let input: Vec<usize> = xs[2..].to_vec();
+    let kernel: Vec<usize> = ws[2..].to_vec();
     // Attributes are given for `nsp` axes; lift 1-D ones to 2-D.
     let lifted = |v: Vec<usize>, neutral: usize| -> Vec<usize> {
         if nsp == 1 {
@@ -470,15 +478,13 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     };
     let output_padding = lifted(output_padding, 0);
-    let input = [h, wd];
-    let kernel = [kh, kw];
     let natural = |i: usize| {
         strides[i] * (input[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
     };
     let auto_pad = ctx.attr_s(node, "auto_pad")?.unwrap_or_default();
     let output_shape = ctx.attr_ints(node, "output_shape")?;
-    let mut pads_begin = [0usize; 2];
-    let mut image = [0usize; 2];
+    let mut pads_begin = vec![0usize; nd];
+    let mut image = vec![0usize; nd];
     if output_shape.is_some() || auto_pad.starts_with("SAME") {
         let target: Vec<usize> = match &output_shape {
             Some(s) if s.len() >= nsp && s.iter().all(|&d| d > 0) => {
@@ -489,9 +495,9 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                     ctx.bad_attr("output_shape", format!("{s:?} is not {nsp} positive dims"))
                 )
             }
-            None => vec![input[0] * strides[0], input[1] * strides[1]],
+            None => (0..nd).map(|i| input[i] * strides[i]).collect(),
         };
-        for i in 0..2 {
+        for i in 0..nd {
             let total = natural(i) as i64 - target[i] as i64;
             if total < 0 {
                 return Err(ctx.unsupported(format!(
@@ -523,7 +529,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             lifted(pads[..nsp].to_vec(), 0),
             lifted(pads[nsp..].to_vec(), 0),
         );
-        for i in 0..2 {
+        for i in 0..nd {
             let out = natural(i)
                 .checked_sub(begin[i] + end[i])
                 .filter(|&o| o > 0)
@@ -537,10 +543,12 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             image[i] = out;
         }
     }
-    // cols[n, g, co_g·kh·kw, h·w] = Wᵀ[g, co_g·kh·kw, ci/g] · X[n, g, ci/g, h·w]
+    // cols[n, g, co_g·k..., pixels] = Wᵀ[g, co_g·k..., ci/g] · X[n, g, ci/g, pixels]
     let ci_g = ci / group;
-    let m = co_g * kh * kw;
-    let xg = reshape_to(ctx, x, &[n, group, ci_g, h * wd], Some("x_groups"))?;
+    let taps: usize = kernel.iter().product();
+    let pixels: usize = input.iter().product();
+    let m = co_g * taps;
+    let xg = reshape_to(ctx, x, &[n, group, ci_g, pixels], Some("x_groups"))?;
     let wg = reshape_to(ctx, w, &[group, ci_g, m], Some("w_groups"))?;
     let wt = ctx.op(
         Op::Transpose {
@@ -550,19 +558,33 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         Some("w_t"),
     )?;
     let cols = ctx.dense_op(Op::MatMul, &[wt, xg], Some("cols"))?;
-    let cols = reshape_to(ctx, cols, &[n, co * kh * kw, h * wd], Some("cols_flat"))?;
-    let col2im = Op::Col2Im(Col2Im {
-        grid: [h, wd],
-        image,
-        block: [kh, kw],
-        strides: [strides[0], strides[1]],
-        dilations: [dilations[0], dilations[1]],
-        pads: pads_begin,
-    });
-    let last_is_output = b.is_none() && nsp == 2;
-    let mut y = ctx.op(col2im, &[cols], (!last_is_output).then_some("col2im"))?;
+    let cols = reshape_to(ctx, cols, &[n, co * taps, pixels], Some("cols_flat"))?;
+    let mut y = if nd == 3 {
+        let geo = Geometry3 {
+            grid: [input[0], input[1], input[2]],
+            image: [image[0], image[1], image[2]],
+            block: [kernel[0], kernel[1], kernel[2]],
+            strides: [strides[0], strides[1], strides[2]],
+            dilations: [dilations[0], dilations[1], dilations[2]],
+            pads: [pads_begin[0], pads_begin[1], pads_begin[2]],
+        };
+        col2im_3d(ctx, cols, &geo, b.is_none().then_some(()))?
+    } else {
+        let col2im = Op::Col2Im(Col2Im {
+            grid: [input[0], input[1]],
+            image: [image[0], image[1]],
+            block: [kernel[0], kernel[1]],
+            strides: [strides[0], strides[1]],
+            dilations: [dilations[0], dilations[1]],
+            pads: [pads_begin[0], pads_begin[1]],
+        });
+        let last_is_output = b.is_none() && nsp == 2;
+        ctx.op(col2im, &[cols], (!last_is_output).then_some("col2im"))?
+    };
     if let Some(b) = b {
-        let bias = reshape_to(ctx, b, &[1, co, 1, 1], Some("bias"))?;
+        let mut bias_shape = vec![1, co];
+        bias_shape.resize(nd + 2, 1);
+        let bias = reshape_to(ctx, b, &bias_shape, Some("bias"))?;
         y = ctx.op(
             Op::Binary(BinaryOp::Add),
             &[y, bias],
@@ -575,14 +597,138 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(y)
 }
 
-/// `Col2Im` (opset 18) on two spatial axes.
+/// The geometry of a 3-D Col2Im: the block grid, the image, the block and
+/// the window's strides, dilations and leading pads, per (D, H, W).
+struct Geometry3 {
+    grid: [usize; 3],
+    image: [usize; 3],
+    block: [usize; 3],
+    strides: [usize; 3],
+    dilations: [usize; 3],
+    pads: [usize; 3],
+}
+
+/// A 3-D Col2Im (`cols` `[N, C·kd·kh·kw, gd·gh·gw]` into `[N, C, D, H,
+/// W]`) as one 2-D Col2Im per depth tap: the tap's columns, depth-major
+/// (`[N·gd, C·kh·kw, gh·gw]`), fold into `[N·gd, C, H, W]` planes, which
+/// land at depths `gi·sd + t·dd − pad`: spread by `sd` (zeros between), then
+/// shifted into place (padded or cropped along the depth) and summed over
+/// the taps. `as_output`: the last node is the op's own output.
+fn col2im_3d(
+    ctx: &mut ImportCtx,
+    cols: Val,
+    g: &Geometry3,
+    as_output: Option<()>,
+) -> Result<Val, OnnxError> {
+    let n = ctx.ty(cols).shape[0];
+    let [kd, kh, kw] = g.block;
+    let [gd, gh, gw] = g.grid;
+    let [d, h, w] = g.image;
+    let taps = kd * kh * kw;
+    if kd > MAX_DEPTH_TAPS {
+        return Err(ctx.unsupported(format!(
+            "a 3-D Col2Im with {kd} depth taps (Kiln unrolls at most {MAX_DEPTH_TAPS})"
+        )));
+    }
+    let c = ctx.ty(cols).shape[1] / taps.max(1);
+    let view = reshape_to(
+        ctx,
+        cols,
+        &[n, c, kd, kh * kw, gd, gh * gw],
+        Some("cols_3d"),
+    )?;
+    let plane = c * h * w;
+    let dtype = ctx.ty(cols).dtype;
+    let zero = super::elementwise::scalar(ctx, dtype, 0.0, "col2im_zero");
+    let mut sum: Option<Val> = None;
+    for t in 0..kd {
+        let tap = super::movement::slice_along(ctx, view, 2, t, 1, 1, &format!("tap{t}"))?;
+        let tap = ctx.op(
+            Op::Transpose {
+                perm: [0, 4, 1, 2, 3, 5].into_iter().collect(),
+            },
+            &[tap],
+            Some(&format!("tap{t}_depth_major")),
+        )?;
+        let tap = reshape_to(
+            ctx,
+            tap,
+            &[n * gd, c * kh * kw, gh * gw],
+            Some(&format!("tap{t}_cols")),
+        )?;
+        let planes = ctx.op(
+            Op::Col2Im(Col2Im {
+                grid: [gh, gw],
+                image: [h, w],
+                block: [kh, kw],
+                strides: [g.strides[1], g.strides[2]],
+                dilations: [g.dilations[1], g.dilations[2]],
+                pads: [g.pads[1], g.pads[2]],
+            }),
+            &[tap],
+            Some(&format!("tap{t}_planes")),
+        )?;
+        // [N, gd, 1, plane] spread to [N, gd·sd, plane]: grid depth gi at gi·sd.
+        let sd = g.strides[0];
+        let spread = reshape_to(
+            ctx,
+            planes,
+            &[n, gd, 1, plane],
+            Some(&format!("tap{t}_rows")),
+        )?;
+        let spread = if sd > 1 {
+            let s =
+                super::movement::pad_axis(ctx, spread, 2, (0, sd as i64 - 1), "constant", zero)?;
+            reshape_to(
+                ctx,
+                s,
+                &[n, gd * sd, plane],
+                Some(&format!("tap{t}_spread")),
+            )?
+        } else {
+            reshape_to(
+                ctx,
+                spread,
+                &[n, gd, plane],
+                Some(&format!("tap{t}_spread")),
+            )?
+        };
+        // Shift by t·dd − pad into the D depths.
+        let before = (t * g.dilations[0]) as i64 - g.pads[0] as i64;
+        let after = d as i64 - (gd * sd) as i64 - before;
+        let placed = super::movement::pad_axis(ctx, spread, 1, (before, after), "constant", zero)?;
+        sum = Some(match sum {
+            None => placed,
+            Some(s) => ctx.op(
+                Op::Binary(BinaryOp::Add),
+                &[s, placed],
+                Some(&format!("sum_tap{t}")),
+            )?,
+        });
+    }
+    let y = reshape_to(ctx, sum.expect("kd ≥ 1"), &[n, d, c, h, w], Some("depths"))?;
+    ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1, 3, 4].into_iter().collect(),
+        },
+        &[y],
+        if as_output.is_some() {
+            None
+        } else {
+            Some("col2im_3d")
+        },
+    )
+}
+
+/// `Col2Im` (opset 18) on two spatial axes, or three ([`col2im_3d`]).
 pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let image = ctx.const_input(node, 1)?.to_i64_vec();
     let block = ctx.const_input(node, 2)?.to_i64_vec();
-    if image.len() != 2 || block.len() != 2 {
+    let nd = image.len();
+    if !(2..=3).contains(&nd) || block.len() != nd {
         return Err(ctx.unsupported(format!(
-            "only 2-D Col2Im is supported, got image_shape {image:?} and block_shape {block:?}"
+            "only 2-D and 3-D Col2Im are supported, got image_shape {image:?} and block_shape {block:?}"
         )));
     }
     if image.iter().chain(&block).any(|&d| d <= 0) {
@@ -590,27 +736,30 @@ pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "image_shape {image:?} and block_shape {block:?} must be positive"
         )));
     }
-    let image = [image[0] as usize, image[1] as usize];
-    let block = [block[0] as usize, block[1] as usize];
-    let strides = positive_list(ctx, node, "strides", 2)?;
-    let dilations = positive_list(ctx, node, "dilations", 2)?;
+    let image: Vec<usize> = image.iter().map(|&d| d as usize).collect();
+    let block: Vec<usize> = block.iter().map(|&d| d as usize).collect();
+    let strides = positive_list(ctx, node, "strides", nd)?;
+    let dilations = positive_list(ctx, node, "dilations", nd)?;
     let pads = match ctx.attr_ints(node, "pads")? {
-        None => vec![0; 4],
-        Some(p) if p.len() == 4 && p.iter().all(|&v| v >= 0) => {
+        None => vec![0; 2 * nd],
+        Some(p) if p.len() == 2 * nd && p.iter().all(|&v| v >= 0) => {
             p.iter().map(|&v| v as usize).collect()
         }
         Some(p) => {
-            return Err(ctx.bad_attr("pads", format!("expected 4 non-negative values, got {p:?}")))
+            return Err(ctx.bad_attr(
+                "pads",
+                format!("expected {} non-negative values, got {p:?}", 2 * nd),
+            ))
         }
     };
-    let mut grid = [0usize; 2];
-    for i in 0..2 {
+    let mut grid = vec![0usize; nd];
+    for i in 0..nd {
         grid[i] = kiln_ir::infer::window_output_len(
             image[i],
             block[i],
             strides[i],
             pads[i],
-            pads[i + 2],
+            pads[i + nd],
             dilations[i],
             false,
         )
@@ -620,11 +769,30 @@ pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             ))
         })?;
     }
+    if nd == 3 {
+        let xs = ctx.ty(x).shape.clone();
+        let taps: usize = block.iter().product();
+        let cells: usize = grid.iter().product();
+        if xs.len() != 3 || !xs[1].is_multiple_of(taps) || xs[2] != cells {
+            return Err(ctx.invalid(format!(
+                "input {xs:?} is not [N, C·{taps}, {cells}] for blocks {block:?} over the grid {grid:?}"
+            )));
+        }
+        let geo = Geometry3 {
+            grid: [grid[0], grid[1], grid[2]],
+            image: [image[0], image[1], image[2]],
+            block: [block[0], block[1], block[2]],
+            strides: [strides[0], strides[1], strides[2]],
+            dilations: [dilations[0], dilations[1], dilations[2]],
+            pads: [pads[0], pads[1], pads[2]],
+        };
+        return one(col2im_3d(ctx, x, &geo, Some(()))?);
+    }
     one(ctx.op(
         Op::Col2Im(Col2Im {
-            grid,
-            image,
-            block,
+            grid: [grid[0], grid[1]],
+            image: [image[0], image[1]],
+            block: [block[0], block[1]],
             strides: [strides[0], strides[1]],
             dilations: [dilations[0], dilations[1]],
             pads: [pads[0], pads[1]],
