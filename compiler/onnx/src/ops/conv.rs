@@ -485,6 +485,9 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let output_shape = ctx.attr_ints(node, "output_shape")?;
     let mut pads_begin = vec![0usize; nd];
     let mut image = vec![0usize; nd];
+    // Zeros added around the result where an output_shape beyond the
+    // natural size asks for negative padding (as the ONNX reference does).
+    let mut extend = vec![(0usize, 0usize); nd];
     if output_shape.is_some() || auto_pad.starts_with("SAME") {
         let target: Vec<usize> = match &output_shape {
             Some(s) if s.len() >= nsp && s.iter().all(|&d| d > 0) => {
@@ -499,18 +502,16 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         };
         for i in 0..nd {
             let total = natural(i) as i64 - target[i] as i64;
-            if total < 0 {
-                return Err(ctx.unsupported(format!(
-                    "output_shape {target:?} is larger than the transposed convolution produces (negative padding)"
-                )));
-            }
-            let total = total as usize;
-            pads_begin[i] = if auto_pad == "SAME_UPPER" {
-                total / 2
+            // The reference's split, with floor division for negatives.
+            let begin = if auto_pad == "SAME_UPPER" {
+                total.div_euclid(2)
             } else {
-                total - total / 2
+                total - total.div_euclid(2)
             };
-            image[i] = target[i];
+            let end = total - begin;
+            extend[i] = ((-begin).max(0) as usize, (-end).max(0) as usize);
+            pads_begin[i] = begin.max(0) as usize;
+            image[i] = target[i] - extend[i].0 - extend[i].1;
         }
     } else {
         let pads = match ctx.attr_ints(node, "pads")? {
@@ -559,6 +560,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     )?;
     let cols = ctx.dense_op(Op::MatMul, &[wt, xg], Some("cols"))?;
     let cols = reshape_to(ctx, cols, &[n, co * taps, pixels], Some("cols_flat"))?;
+    let extended = extend.iter().any(|&e| e != (0, 0));
     let mut y = if nd == 3 {
         let geo = Geometry3 {
             grid: [input[0], input[1], input[2]],
@@ -568,7 +570,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             dilations: [dilations[0], dilations[1], dilations[2]],
             pads: [pads_begin[0], pads_begin[1], pads_begin[2]],
         };
-        col2im_3d(ctx, cols, &geo, b.is_none().then_some(()))?
+        col2im_3d(ctx, cols, &geo, (b.is_none() && !extended).then_some(()))?
     } else {
         let col2im = Op::Col2Im(Col2Im {
             grid: [input[0], input[1]],
@@ -578,9 +580,16 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             dilations: [dilations[0], dilations[1]],
             pads: [pads_begin[0], pads_begin[1]],
         });
-        let last_is_output = b.is_none() && nsp == 2;
+        let last_is_output = b.is_none() && nsp == 2 && !extended;
         ctx.op(col2im, &[cols], (!last_is_output).then_some("col2im"))?
     };
+    for (i, &(before, after)) in extend.iter().enumerate() {
+        if (before, after) != (0, 0) {
+            let zero = super::elementwise::scalar(ctx, ctx.ty(y).dtype, 0.0, "extension_zero");
+            let range = (before as i64, after as i64);
+            y = super::movement::pad_axis(ctx, y, 2 + i, range, "constant", zero)?;
+        }
+    }
     if let Some(b) = b {
         let mut bias_shape = vec![1, co];
         bias_shape.resize(nd + 2, 1);
