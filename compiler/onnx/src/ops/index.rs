@@ -156,7 +156,7 @@ pub fn size(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// The index (i64, kept dims) of the first (or last) extreme of `x` along
 /// `axis`: positions equal to the reduced extreme keep their index, others
 /// get a value that loses the final min (max) reduction.
-fn arg_extreme(
+pub(crate) fn arg_extreme(
     ctx: &mut ImportCtx,
     x: Val,
     axis: usize,

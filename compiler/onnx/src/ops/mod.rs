@@ -189,6 +189,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Range" => index::range,
         "Size" => index::size,
         "ArgMax" => index::arg_max,
+        "Det" => linalg::det,
         "ArgMin" => index::arg_min,
         "Hardmax" => index::hardmax,
         "OneHot" => index::one_hot,
