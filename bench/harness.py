@@ -44,11 +44,17 @@ DEFAULT_MODELS = [
     os.path.join(ROOT, "target", "real-models", "ppocrv4_det"),
     os.path.join(ROOT, "target", "real-models", "ppocrv4_rec"),
     os.path.join(ROOT, "target", "real-models", "minilm_l3"),
+    os.path.join(ROOT, "target", "real-models", "silero_vad"),
 ]
 
 
 def load_inputs(model_dir, meta):
-    return {i["name"]: np.load(os.path.join(model_dir, i["file"])) for i in meta["inputs"]}
+    """The run-time inputs and, for onnxruntime and tract, the inputs Kiln
+    binds at compile time (meta "bind_inputs")."""
+    feeds = {i["name"]: np.load(os.path.join(model_dir, i["file"])) for i in meta["inputs"]}
+    for name, f in meta.get("bind_inputs", {}).items():
+        feeds[name] = np.load(os.path.join(model_dir, f))
+    return feeds
 
 
 def percentiles(times_ms):
@@ -88,7 +94,8 @@ def worker_tract(model_dir, meta, threads, runs, warmup):
         name = model.input_name(i)
         x = feeds[name]
         dtype = {np.dtype("float32"): "f32", np.dtype("int64"): "i64", np.dtype("int32"): "i32"}[x.dtype]
-        model.set_input_fact(i, ",".join(str(d) for d in x.shape) + "," + dtype)
+        # A scalar's fact is its type alone.
+        model.set_input_fact(i, ",".join([str(d) for d in x.shape] + [dtype]))
     args = [feeds[model.input_name(i)] for i in range(model.input_count())]
     runnable = model.into_model().into_runnable()
     return timed(lambda: runnable.run(args), runs, warmup)
@@ -102,7 +109,10 @@ def run_measured(cmd):
         out.seek(0)
         err.seek(0)
         if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {err.read().decode(errors='replace')[-2000:]}")
+            text = err.read().decode(errors="replace")
+            # The exception line, wherever a long backtrace put it.
+            errors = [ln for ln in text.splitlines() if "Error:" in ln]
+            raise RuntimeError(f"{' '.join(cmd)} failed: {text[-2000:]}\n{errors[-1] if errors else ''}")
         return out.read().decode(), usage.ru_maxrss / 1024.0
 
 
@@ -114,6 +124,14 @@ def shape_args(meta):
             args += ["--input-shape", f"{i['name']}=" + "x".join(str(d) for d in shape)]
     for name, value in meta.get("dims", {}).items():
         args += ["--dim", f"{name}={value}"]
+    return args
+
+
+def bind_args(model_dir, meta):
+    """`kiln compile --bind-input` for the inputs fixed at compile time."""
+    args = []
+    for name, f in meta.get("bind_inputs", {}).items():
+        args += ["--bind-input", f"{name}={os.path.join(model_dir, f)}"]
     return args
 
 
@@ -185,7 +203,8 @@ def main():
             model_path = os.path.join(model_dir, "model.onnx")
             inspect = json.loads(
                 subprocess.run(
-                    [args.kiln, "inspect", model_path, "-O1", "--json"] + shape_args(meta),
+                    [args.kiln, "inspect", model_path, "-O1", "--json"] + shape_args(meta)
+                    + bind_args(model_dir, meta),
                     check=True,
                     capture_output=True,
                     text=True,
@@ -212,7 +231,8 @@ def main():
                 art = os.path.join(tmp, f"{name}.{engine}.kiln")
                 compiled[engine] = json.loads(
                     subprocess.run(
-                        [args.kiln, "compile", model_path, "-o", art, "--json"] + shape_args(meta) + extra,
+                        [args.kiln, "compile", model_path, "-o", art, "--json"] + shape_args(meta)
+                        + bind_args(model_dir, meta) + extra,
                         check=True,
                         capture_output=True,
                         text=True,
@@ -242,9 +262,13 @@ def main():
                     o = json.loads(out)
                     results["ort-i8"] = (o["p50_ms"], o["p95_ms"], rss)
                 if t == 1:
-                    out, rss = run_measured(worker + ["tract"])
-                    o = json.loads(out)
-                    results["tract"] = (o["p50_ms"], o["p95_ms"], rss)
+                    try:
+                        out, rss = run_measured(worker + ["tract"])
+                        o = json.loads(out)
+                        results["tract"] = (o["p50_ms"], o["p95_ms"], rss)
+                    except RuntimeError as e:
+                        reason = str(e).strip().splitlines()[-1][:200]
+                        print(f"{name}: tract failed ({reason.strip()}); no tract row")
                 for engine, (p50, p95, rss) in results.items():
                     # int8 builds are compared with onnxruntime's int8 build.
                     ort_p50 = results.get("ort-i8" if engine.endswith("-i8") else "ort", results["ort"])[0]

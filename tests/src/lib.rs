@@ -93,6 +93,15 @@ impl Fixture {
                 opts.import.dims.insert(name.clone(), v);
             }
         }
+        // Inputs fixed at compile time (`kiln compile --bind-input`).
+        if let Some(bound) = self.meta["bind_inputs"].as_object() {
+            for (name, file) in bound {
+                let path = self.dir.join(file.as_str().expect("file"));
+                let value = kiln::npy::read_ir_tensor(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
+                opts.import.input_values.insert(name.clone(), value);
+            }
+        }
         opts
     }
 
@@ -134,11 +143,12 @@ impl Fixture {
 }
 
 /// The real pretrained models fetched by `fixtures/make_real.py`.
-pub const REAL_MODELS: [&str; 4] = [
+pub const REAL_MODELS: [&str; 5] = [
     "ppocrv4_det",
     "ppocrv4_rec",
     "minilm_l3",
     "minilm_l3_sentences",
+    "silero_vad",
 ];
 
 /// Real models quantized by onnxruntime (`fixtures/make_real.py`),

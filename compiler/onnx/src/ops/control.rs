@@ -416,8 +416,25 @@ pub fn if_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "the condition must hold one element, got {cond_ty}"
         )));
     }
-    let then_v = branch(ctx, then_g, "then")?;
-    let else_v = branch(ctx, else_g, "else")?;
+    // Both branches are imported; one the run never takes may not even
+    // type-check with these shapes (exporters guard shape-specific code
+    // with Ifs): say which inputs, bound at compile time, fold the choice.
+    let mut imported = Vec::with_capacity(2);
+    for (g, tag) in [(then_g, "then"), (else_g, "else")] {
+        match branch(ctx, g, tag) {
+            Ok(v) => imported.push(v),
+            Err(e) => {
+                ctx.set_current(&name, "If");
+                return Err(ctx.not_constant(
+                    cond,
+                    format!(
+                        "If '{name}' has a condition known only at run time, so Kiln imports both branches, and its {tag} branch does not import: {e}"
+                    ),
+                ));
+            }
+        }
+    }
+    let (then_v, else_v) = (&imported[0], &imported[1]);
     let c = reshape_to(ctx, cond, &[], Some("cond"))?;
     let mut outs = Vec::with_capacity(n_out);
     for k in 0..n_out {
