@@ -525,6 +525,37 @@ impl KernelBuilder {
         d
     }
 
+    /// Loads four consecutive `mem`-typed values at `[addr + off]` (which
+    /// must be aligned to their total size) into new registers of type
+    /// `ty`: one `ld.<space>.v4` instruction.
+    pub fn ld_v4(&mut self, space: Space, mem: MemTy, ty: Ty, addr: Reg, off: i64) -> [Reg; 4] {
+        let d: [Reg; 4] = std::array::from_fn(|_| self.reg(ty));
+        self.raw(format_args!(
+            "ld.{}.v4.{} {{{}, {}, {}, {}}}, [{addr}+{off}];",
+            space.name(),
+            mem.0,
+            d[0],
+            d[1],
+            d[2],
+            d[3]
+        ));
+        d
+    }
+
+    /// Stores four registers as consecutive `mem`-typed values at
+    /// `[addr + off]` (aligned to their total size): one `st.<space>.v4`.
+    pub fn st_v4(&mut self, space: Space, mem: MemTy, addr: Reg, off: i64, v: [Reg; 4]) {
+        self.raw(format_args!(
+            "st.{}.v4.{} [{addr}+{off}], {{{}, {}, {}, {}}};",
+            space.name(),
+            mem.0,
+            v[0],
+            v[1],
+            v[2],
+            v[3]
+        ));
+    }
+
     /// Stores `val` as a `mem`-typed value at `[addr + off]`.
     pub fn st(&mut self, space: Space, mem: MemTy, addr: Reg, off: i64, val: impl Into<Opnd>) {
         let v: Opnd = val.into();

@@ -380,6 +380,20 @@ fn half_precision_matmul_and_gemm_on_tensor_cores_and_simt() {
             check_on(sm, &g, &i);
         }
     }
+    // K and N multiples of a 16-byte vector: the tiles are staged with
+    // `ld.global.v4` (K = 48 leaves a partial 32-element stage).
+    for d in [DType::F32, DType::BF16, DType::F16] {
+        let (g, i) = graph2(d, &[3, 70, 48], d, &[48, 80], Op::MatMul);
+        let text = compile(&g, SmArch::parse("sm80").unwrap()).unwrap().ptx;
+        assert_eq!(
+            text.matches("ld.global.v4.b32").count(),
+            2,
+            "{d}: A and B vectors"
+        );
+        for sm in ["sm75", "sm80"] {
+            check_on(sm, &g, &i);
+        }
+    }
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let mut g = Graph::new();
         let a_shape = if ta { [33, 66] } else { [66, 33] };
@@ -419,21 +433,24 @@ fn int8_matmul_with_constant_weights_runs_on_tensor_cores() {
     // u8 and s8 on either side, A batched, M, N and K not multiples of the
     // tile or the 64-byte K stage. Exact (wrapping i32) against the
     // reference evaluator; sm_75 runs the direct kernel.
-    for (da, db, a_zero) in [
-        (DType::U8, DType::I8, 131i64),
-        (DType::I8, DType::I8, -5),
-        (DType::U8, DType::U8, 0),
+    // (K, N) = (100, 72) stages element by element, (96, 80) with 16-byte
+    // vectors.
+    for (da, db, a_zero, (k, n)) in [
+        (DType::U8, DType::I8, 131i64, (100, 72)),
+        (DType::I8, DType::I8, -5, (100, 72)),
+        (DType::U8, DType::U8, 0, (100, 72)),
+        (DType::U8, DType::I8, 7, (96, 80)),
     ] {
         let mut g = Graph::new();
-        let a = g.add_input("a", ValueType::new(da, [2, 70, 100]));
-        let b = g.add_const("w", tensor(db, &[100, 72], 5));
+        let a = g.add_input("a", ValueType::new(da, [2, 70, k]));
+        let b = g.add_const("w", tensor(db, &[k, n], 5));
         let za = g.add_const(
             "a_zero",
             Tensor::new([], Data::from_i64s(da, [a_zero].into_iter())).unwrap(),
         );
         let zb = g.add_const(
             "w_zero",
-            Tensor::new([72], Data::from_i64s(db, std::iter::repeat_n(0, 72))).unwrap(),
+            Tensor::new([n], Data::from_i64s(db, std::iter::repeat_n(0, n))).unwrap(),
         );
         let y = g
             .add_node(Op::MatMulInteger, &[a, b, za, zb], "mm")
@@ -444,7 +461,12 @@ fn int8_matmul_with_constant_weights_runs_on_tensor_cores() {
             program.ptx.contains("mma.sync.aligned.m16n8k32"),
             "{da} x {db}"
         );
-        let inputs = [tensor(da, &[2, 70, 100], 6)];
+        assert_eq!(
+            program.ptx.contains("ld.global.v4"),
+            k % 16 == 0,
+            "{da} x {db}"
+        );
+        let inputs = [tensor(da, &[2, 70, k], 6)];
         for sm in ["sm75", "sm80"] {
             check_on(sm, &g, &inputs);
         }

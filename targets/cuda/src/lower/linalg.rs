@@ -474,6 +474,55 @@ fn load_b(
     }
 }
 
+/// Whether A's tile rows can be read as 16-byte vectors of `eb`-byte
+/// elements: k contiguous, K, the row and batch strides multiples of a
+/// vector (so no vector straddles a bound or an alignment) and A 16-byte
+/// aligned.
+fn vector_a(cx: &Cx, g: &Gemm, eb: usize) -> bool {
+    let vec = (16 / eb) as i64;
+    g.a_ks == 1
+        && (g.k as i64) % vec == 0
+        && g.a_rs % vec == 0
+        && g.a_batch.iter().all(|s| s % vec == 0)
+        && cx.inputs[0].0.offset % 16 == 0
+}
+
+/// [`vector_a`] for B's rows along n (a strided B with contiguous
+/// columns).
+fn vector_b(cx: &Cx, g: &Gemm, eb: usize) -> bool {
+    let vec = (16 / eb) as i64;
+    matches!(g.b, BSource::Strided { ks, cs: 1 } if ks % vec == 0)
+        && (g.n as i64) % vec == 0
+        && g.b_batch.iter().all(|s| s % vec == 0)
+        && cx.inputs[1].0.offset % 16 == 0
+}
+
+/// The 16 bytes at element `(row, col)` of a row-contiguous operand
+/// (`base + (batch + row·row_stride + col)·eb` bytes) as four `u32`s, or
+/// zeros when the row or the vector's first column is out of range.
+fn load_vector_or_zero(
+    kb: &mut KernelBuilder,
+    (base, batch): (Reg, Reg),
+    (row, rows, row_stride): (Reg, usize, i64),
+    (col, cols): (Reg, usize),
+    eb: u32,
+) -> [Reg; 4] {
+    let v: [Reg; 4] = std::array::from_fn(|_| kb.mov(Ty::U32, 0u32));
+    let r_ok = kb.setp(Cmp::Lt, row, rows as u32);
+    let c_ok = kb.setp(Cmp::Lt, col, cols as u32);
+    let ok = kb.pred_op("and", r_ok, c_ok);
+    kb.when(ok, |kb| {
+        let i = kb.mad(row, Opnd::I(row_stride), batch);
+        let i = kb.bin(Bin::Add, i, col);
+        let a = kb.addr(base, i, eb);
+        let x = kb.ld_v4(Space::Global, MemTy("b32"), Ty::U32, a, 0);
+        for (d, s) in v.iter().zip(x) {
+            kb.assign(*d, s);
+        }
+    });
+    v
+}
+
 /// The SIMT kernel: 16×16 threads, a 4×4 f32 micro-tile each.
 fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
     let (da, db) = (cx.inputs[0].1.dtype, cx.inputs[1].1.dtype);
@@ -490,32 +539,78 @@ fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
         .map(|_| kb.mov(Ty::F32, fimm(Ty::F32, 0.0)))
         .collect();
     let per_thread = KS * TILE / (SIDE * SIDE);
+    // f32 operands with contiguous rows are staged with one 16-byte load
+    // per thread per slice (the slices are 256 vectors of 4 floats).
+    let (a_vec, b_vec) = (
+        da == DType::F32 && vector_a(cx, g, 4),
+        db == DType::F32 && vector_b(cx, g, 4),
+    );
     kb.for_range(0u32, g.k as u32, KS, |kb, k0| {
-        for l in 0..per_thread {
-            let e = kb.bin(Bin::Add, tid, l * SIDE * SIDE);
-            // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
-            let c = kb.bin(Bin::Rem, e, KS);
-            let r = kb.bin(Bin::Div, e, KS);
+        if a_vec {
+            // Row r, k chunk q (4 floats): stored k-major, one float each.
+            let r = kb.bin(Bin::Shr, tid, 2u32);
+            let q = kb.bin(Bin::And, tid, 3u32);
             let row = kb.bin(Bin::Add, o.m0, r);
-            let col = kb.bin(Bin::Add, k0, c);
-            let v = load_or_zero(
-                kb,
-                o.a_ptr,
-                o.a_off,
-                (row, g.m, g.a_rs),
-                (col, g.k, g.a_ks),
-                Staged::Wide(da),
-            );
+            let col = kb.mad(q, 4u32, k0);
+            let v = load_vector_or_zero(kb, (o.a_ptr, o.a_off), (row, g.m, g.a_rs), (col, g.k), 4);
+            let c = kb.bin(Bin::Shl, q, 2u32);
             let s_idx = kb.mad(c, TILE, r);
             let sa = kb.addr(smem, s_idx, 4);
-            kb.st(Space::Shared, f32m, sa, 0, v);
-            // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest.
-            let c = kb.bin(Bin::Rem, e, TILE);
-            let r = kb.bin(Bin::Div, e, TILE);
-            let v = load_b(kb, g, &o, (k0, r), c, Staged::Wide(db));
+            for (e, x) in v.into_iter().enumerate() {
+                kb.st(
+                    Space::Shared,
+                    MemTy("b32"),
+                    sa,
+                    (e as u32 * TILE * 4) as i64,
+                    x,
+                );
+            }
+        }
+        if b_vec {
+            // k row r, n chunk q: one 16-byte shared store.
+            let r = kb.bin(Bin::Shr, tid, 4u32);
+            let q = kb.bin(Bin::And, tid, 15u32);
+            let krow = kb.bin(Bin::Add, k0, r);
+            let c = kb.bin(Bin::Shl, q, 2u32);
+            let col = kb.bin(Bin::Add, o.n0, c);
+            let BSource::Strided { ks, .. } = g.b else {
+                unreachable!("vector_b")
+            };
+            let v = load_vector_or_zero(kb, (o.b_ptr, o.b_off), (krow, g.k, ks), (col, g.n), 4);
             let s_idx = kb.mad(r, TILE, c);
             let sb = kb.addr(smem, s_idx, 4);
-            kb.st(Space::Shared, f32m, sb, b_smem, v);
+            kb.st_v4(Space::Shared, MemTy("b32"), sb, b_smem, v);
+        }
+        let scalar_steps = if a_vec && b_vec { 0 } else { per_thread };
+        for l in 0..scalar_steps {
+            let e = kb.bin(Bin::Add, tid, l * SIDE * SIDE);
+            if !a_vec {
+                // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
+                let c = kb.bin(Bin::Rem, e, KS);
+                let r = kb.bin(Bin::Div, e, KS);
+                let row = kb.bin(Bin::Add, o.m0, r);
+                let col = kb.bin(Bin::Add, k0, c);
+                let v = load_or_zero(
+                    kb,
+                    o.a_ptr,
+                    o.a_off,
+                    (row, g.m, g.a_rs),
+                    (col, g.k, g.a_ks),
+                    Staged::Wide(da),
+                );
+                let s_idx = kb.mad(c, TILE, r);
+                let sa = kb.addr(smem, s_idx, 4);
+                kb.st(Space::Shared, f32m, sa, 0, v);
+            }
+            if !b_vec {
+                // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest.
+                let c = kb.bin(Bin::Rem, e, TILE);
+                let r = kb.bin(Bin::Div, e, TILE);
+                let v = load_b(kb, g, &o, (k0, r), c, Staged::Wide(db));
+                let s_idx = kb.mad(r, TILE, c);
+                let sb = kb.addr(smem, s_idx, 4);
+                kb.st(Space::Shared, f32m, sb, b_smem, v);
+            }
         }
         kb.barrier();
         let a_row = kb.addr(smem, ty, 4);
@@ -680,33 +775,77 @@ pub(crate) fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Ke
     let per_thread = TILE * stage_k / MMA_THREADS;
     let row = MMA_ROW as i64;
     let shape = kind.shape();
+    // Operands with contiguous rows are staged with one 16-byte load per
+    // thread per stage (A: 64 rows of 4 vectors; B: stage_k rows of
+    // 64·eb/16 vectors: 256 either way).
+    let (a_vec, b_vec) = (vector_a(cx, g, eb as usize), vector_b(cx, g, eb as usize));
+    let vec = 16 / eb;
     kb.for_range(0u32, g.k as u32, stage_k, |kb, k0| {
-        for l in 0..per_thread {
-            let e = kb.bin(Bin::Add, tid, l * MMA_THREADS);
-            // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
-            let c = kb.bin(Bin::Rem, e, stage_k);
-            let r = kb.bin(Bin::Div, e, stage_k);
+        if a_vec {
+            // Row r, chunk q: one 16-byte shared store into the row.
+            let r = kb.bin(Bin::Shr, tid, 2u32);
+            let q = kb.bin(Bin::And, tid, 3u32);
             let a_row = kb.bin(Bin::Add, o.m0, r);
-            let col = kb.bin(Bin::Add, k0, c);
-            let v = load_or_zero(
-                kb,
-                o.a_ptr,
-                o.a_off,
-                (a_row, g.m, g.a_rs),
-                (col, g.k, g.a_ks),
-                Staged::Raw(eb),
-            );
-            let s_idx = kb.mad(r, MMA_ROW / eb, c);
-            let sa = kb.addr(smem, s_idx, eb);
-            kb.st(Space::Shared, raw_mem(eb), sa, 0, v);
-            // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest,
-            // stored at (c, r).
-            let c = kb.bin(Bin::Rem, e, TILE);
-            let r = kb.bin(Bin::Div, e, TILE);
-            let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw(eb));
+            let col = kb.mad(q, vec, k0);
+            let v =
+                load_vector_or_zero(kb, (o.a_ptr, o.a_off), (a_row, g.m, g.a_rs), (col, g.k), eb);
+            let s_row = kb.mad(r, MMA_ROW / 16, q);
+            let sa = kb.addr(smem, s_row, 16);
+            kb.st_v4(Space::Shared, MemTy("b32"), sa, 0, v);
+        }
+        if b_vec {
+            // k row r, n chunk q: each element into its n row of the
+            // transposed tile.
+            let per_row = TILE * eb / 16;
+            let r = kb.bin(Bin::Div, tid, per_row);
+            let q = kb.bin(Bin::Rem, tid, per_row);
+            let krow = kb.bin(Bin::Add, k0, r);
+            let c = kb.bin(Bin::Mul, q, vec);
+            let col = kb.bin(Bin::Add, o.n0, c);
+            let BSource::Strided { ks, .. } = g.b else {
+                unreachable!("vector_b")
+            };
+            let v = load_vector_or_zero(kb, (o.b_ptr, o.b_off), (krow, g.k, ks), (col, g.n), eb);
             let s_idx = kb.mad(c, MMA_ROW / eb, r);
             let sb = kb.addr(smem, s_idx, eb);
-            kb.st(Space::Shared, raw_mem(eb), sb, b_smem, v);
+            for e in 0..vec {
+                let word = v[(e * eb / 4) as usize];
+                let x = kb.bin(Bin::Shr, word, (e * eb % 4) * 8);
+                let off = b_smem + (e * MMA_ROW) as i64;
+                kb.st(Space::Shared, raw_mem(eb), sb, off, x);
+            }
+        }
+        let scalar_steps = if a_vec && b_vec { 0 } else { per_thread };
+        for l in 0..scalar_steps {
+            let e = kb.bin(Bin::Add, tid, l * MMA_THREADS);
+            if !a_vec {
+                // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
+                let c = kb.bin(Bin::Rem, e, stage_k);
+                let r = kb.bin(Bin::Div, e, stage_k);
+                let a_row = kb.bin(Bin::Add, o.m0, r);
+                let col = kb.bin(Bin::Add, k0, c);
+                let v = load_or_zero(
+                    kb,
+                    o.a_ptr,
+                    o.a_off,
+                    (a_row, g.m, g.a_rs),
+                    (col, g.k, g.a_ks),
+                    Staged::Raw(eb),
+                );
+                let s_idx = kb.mad(r, MMA_ROW / eb, c);
+                let sa = kb.addr(smem, s_idx, eb);
+                kb.st(Space::Shared, raw_mem(eb), sa, 0, v);
+            }
+            if !b_vec {
+                // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest,
+                // stored at (c, r).
+                let c = kb.bin(Bin::Rem, e, TILE);
+                let r = kb.bin(Bin::Div, e, TILE);
+                let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw(eb));
+                let s_idx = kb.mad(c, MMA_ROW / eb, r);
+                let sb = kb.addr(smem, s_idx, eb);
+                kb.st(Space::Shared, raw_mem(eb), sb, b_smem, v);
+            }
         }
         kb.barrier();
         for kk in (0..MMA_STAGE as i64).step_by(32) {

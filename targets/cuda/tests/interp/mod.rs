@@ -517,18 +517,47 @@ fn step(
             };
             let addr = t.regs[*r].wrapping_add(*off as u64);
             let (w, _) = ty_info(ty);
-            let buf: &mut [u8] = if op[1] == "shared" {
-                &mut smem[addr as usize..addr as usize + w]
-            } else {
-                mem.slice(addr, w)
+            // `.v2`/`.v4`: that many consecutive elements, one register each.
+            let lanes = match op[2] {
+                "v2" => 2,
+                "v4" => 4,
+                _ => 1,
             };
-            if op[0] == "ld" {
-                let mut raw = [0u8; 8];
-                raw[..w].copy_from_slice(buf);
-                t.regs[dst(reg_arg)] = extend(u64::from_le_bytes(raw), ty);
+            let regs: Vec<&Arg> = match (lanes, reg_arg) {
+                (1, a) => vec![a],
+                (_, Arg::List(_)) => Vec::new(),
+                _ => panic!("vector access without a register list: {}", inst.text),
+            };
+            let list: Vec<usize> = match reg_arg {
+                Arg::List(l) => l.clone(),
+                _ => Vec::new(),
+            };
+            assert_eq!(
+                (addr as usize) % (w * lanes),
+                0,
+                "misaligned access: {}",
+                inst.text
+            );
+            let buf: &mut [u8] = if op[1] == "shared" {
+                &mut smem[addr as usize..addr as usize + w * lanes]
             } else {
-                let v = val(t, reg_arg);
-                buf.copy_from_slice(&v.to_le_bytes()[..w]);
+                mem.slice(addr, w * lanes)
+            };
+            for (lane, chunk) in buf.chunks_mut(w).enumerate() {
+                if op[0] == "ld" {
+                    let mut raw = [0u8; 8];
+                    raw[..w].copy_from_slice(chunk);
+                    let v = extend(u64::from_le_bytes(raw), ty);
+                    let d = if lanes == 1 { dst(regs[0]) } else { list[lane] };
+                    t.regs[d] = v;
+                } else {
+                    let v = if lanes == 1 {
+                        val(t, regs[0])
+                    } else {
+                        t.regs[list[lane]]
+                    };
+                    chunk.copy_from_slice(&v.to_le_bytes()[..w]);
+                }
             }
             None
         }
