@@ -484,7 +484,7 @@ fn vector_a(cx: &Cx, g: &Gemm, eb: usize) -> bool {
         && (g.k as i64) % vec == 0
         && g.a_rs % vec == 0
         && g.a_batch.iter().all(|s| s % vec == 0)
-        && cx.inputs[0].0.offset % 16 == 0
+        && cx.inputs[0].0.offset.is_multiple_of(16)
 }
 
 /// [`vector_a`] for B's rows along n (a strided B with contiguous
@@ -494,7 +494,7 @@ fn vector_b(cx: &Cx, g: &Gemm, eb: usize) -> bool {
     matches!(g.b, BSource::Strided { ks, cs: 1 } if ks % vec == 0)
         && (g.n as i64) % vec == 0
         && g.b_batch.iter().all(|s| s % vec == 0)
-        && cx.inputs[1].0.offset % 16 == 0
+        && cx.inputs[1].0.offset.is_multiple_of(16)
 }
 
 /// The 16 bytes at element `(row, col)` of a row-contiguous operand
