@@ -32,6 +32,16 @@ fn fixture_input(dir: &std::path::Path, io: &serde_json::Value) -> Tensor {
     Tensor::new(&shape, data).unwrap()
 }
 
+/// Every input of the fixture in `dir` described by `meta`.
+fn fixture_inputs(dir: &std::path::Path, meta: &serde_json::Value) -> Vec<Tensor> {
+    meta["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|io| fixture_input(dir, io))
+        .collect()
+}
+
 #[test]
 fn fixture_models_match_the_reference_evaluator() {
     let root = kiln_tests::repo_root().join("fixtures/models");
@@ -57,12 +67,7 @@ fn fixture_models_match_the_reference_evaluator() {
             }
         }
         let g = kiln_onnx::import(&dir.join("model.onnx"), &opts).unwrap();
-        let inputs: Vec<Tensor> = meta["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|io| fixture_input(&dir, io))
-            .collect();
+        let inputs = fixture_inputs(&dir, &meta);
         let start = std::time::Instant::now();
         interp::check_against_reference(&g, &inputs);
         eprintln!("{}: {:.2} s", dir.display(), start.elapsed().as_secs_f64());
@@ -92,12 +97,7 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
         let dir = kiln_tests::repo_root().join("fixtures/models").join(&name);
         let meta: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-        let inputs: Vec<Tensor> = meta["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|io| fixture_input(&dir, io))
-            .collect();
+        let inputs = fixture_inputs(&dir, &meta);
         for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
             let mut opts = fixture.compile_options();
             opts.cuda = Some(kiln_target_cuda::SmArch::parse("sm80").unwrap());

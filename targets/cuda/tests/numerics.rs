@@ -309,6 +309,32 @@ fn u64_is_refused_with_the_node_named() {
     assert!(text.contains("'z'") && text.contains("u64"), "{text}");
 }
 
+/// `y = 0.5 · op(A) @ op(B) − 1.5 · c` with A `[66, k]` and B `[k, 70]` of
+/// type `d` (transposed as asked), c f32 `[70]`; returns the graph and
+/// the stored shapes of A and B.
+fn gemm_graph(d: DType, k: usize, (ta, tb): (bool, bool)) -> (Graph, [usize; 2], [usize; 2]) {
+    let mut g = Graph::new();
+    let a_shape = if ta { [k, 66] } else { [66, k] };
+    let b_shape = if tb { [70, k] } else { [k, 70] };
+    let a = g.add_input("a", ValueType::new(d, a_shape));
+    let b = g.add_input("b", ValueType::new(d, b_shape));
+    let c = g.add_input("c", ValueType::new(DType::F32, [70]));
+    let y = g
+        .add_node(
+            Op::Gemm {
+                alpha: 0.5,
+                beta: -1.5,
+                trans_a: ta,
+                trans_b: tb,
+            },
+            &[a, b, c],
+            "gemm",
+        )
+        .unwrap();
+    g.add_output("y", y);
+    (g, a_shape, b_shape)
+}
+
 #[test]
 fn matmul_and_gemm() {
     // Not multiples of the 64x64 tile or the K slice; batch broadcast.
@@ -325,25 +351,7 @@ fn matmul_and_gemm() {
     let (g, i) = graph2(DType::F32, &[4, 37], DType::F32, &[37], Op::MatMul);
     check(&g, &i);
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        let mut g = Graph::new();
-        let a_shape = if ta { [19, 66] } else { [66, 19] };
-        let b_shape = if tb { [70, 19] } else { [19, 70] };
-        let a = g.add_input("a", ValueType::new(DType::F32, a_shape));
-        let b = g.add_input("b", ValueType::new(DType::F32, b_shape));
-        let c = g.add_input("c", ValueType::new(DType::F32, [70]));
-        let y = g
-            .add_node(
-                Op::Gemm {
-                    alpha: 0.5,
-                    beta: -1.5,
-                    trans_a: ta,
-                    trans_b: tb,
-                },
-                &[a, b, c],
-                "gemm",
-            )
-            .unwrap();
-        g.add_output("y", y);
+        let (g, a_shape, b_shape) = gemm_graph(DType::F32, 19, (ta, tb));
         check(
             &g,
             &[
@@ -395,25 +403,7 @@ fn half_precision_matmul_and_gemm_on_tensor_cores_and_simt() {
         }
     }
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        let mut g = Graph::new();
-        let a_shape = if ta { [33, 66] } else { [66, 33] };
-        let b_shape = if tb { [70, 33] } else { [33, 70] };
-        let a = g.add_input("a", ValueType::new(DType::BF16, a_shape));
-        let b = g.add_input("b", ValueType::new(DType::BF16, b_shape));
-        let c = g.add_input("c", ValueType::new(DType::F32, [70]));
-        let y = g
-            .add_node(
-                Op::Gemm {
-                    alpha: 0.5,
-                    beta: -1.5,
-                    trans_a: ta,
-                    trans_b: tb,
-                },
-                &[a, b, c],
-                "gemm",
-            )
-            .unwrap();
-        g.add_output("y", y);
+        let (g, a_shape, b_shape) = gemm_graph(DType::BF16, 33, (ta, tb));
         check_on(
             "sm90",
             &g,

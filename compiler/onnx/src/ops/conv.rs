@@ -25,26 +25,27 @@ pub(crate) struct Window {
 
 impl Window {
     /// The 2-D form (`[top, left, bottom, right]` pads); a 1-D window gets
-    /// a neutral H axis.
+    /// a neutral H axis, a 3-D one gives its (H, W) part (the depth is
+    /// unrolled by the 3-D decompositions).
     pub fn to_2d(&self) -> ([usize; 2], [usize; 4], [usize; 2]) {
         if self.strides.len() == 1 {
-            (
+            return (
                 [1, self.strides[0]],
                 [0, self.pads_begin[0], 0, self.pads_end[0]],
                 [1, self.dilations[0]],
-            )
-        } else {
-            (
-                [self.strides[0], self.strides[1]],
-                [
-                    self.pads_begin[0],
-                    self.pads_begin[1],
-                    self.pads_end[0],
-                    self.pads_end[1],
-                ],
-                [self.dilations[0], self.dilations[1]],
-            )
+            );
         }
+        let [h, w] = [self.strides.len() - 2, self.strides.len() - 1];
+        (
+            [self.strides[h], self.strides[w]],
+            [
+                self.pads_begin[h],
+                self.pads_begin[w],
+                self.pads_end[h],
+                self.pads_end[w],
+            ],
+            [self.dilations[h], self.dilations[w]],
+        )
     }
 }
 
@@ -259,15 +260,11 @@ fn conv_3d(
             "a 3-D convolution with {kd} depth taps (Kiln unrolls at most {MAX_DEPTH_TAPS})"
         )));
     }
+    let (strides, pads, dilations) = win.to_2d();
     let attrs = Conv2d {
-        strides: [win.strides[1], win.strides[2]],
-        pads: [
-            win.pads_begin[1],
-            win.pads_begin[2],
-            win.pads_end[1],
-            win.pads_end[2],
-        ],
-        dilations: [win.dilations[1], win.dilations[2]],
+        strides,
+        pads,
+        dilations,
         group,
     };
     let (n, c) = (xs[0], xs[1]);

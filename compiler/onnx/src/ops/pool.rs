@@ -100,16 +100,12 @@ fn pool_3d(
             "a 3-D pool with {out_depth} output depths of {kd} taps (more than {MAX_DEPTH_TAPS} slices)"
         )));
     }
+    let (strides, pads, dilations) = win.to_2d();
     let op = make(Pool2d {
         kernel: [kernel[1], kernel[2]],
-        strides: [win.strides[1], win.strides[2]],
-        pads: [
-            win.pads_begin[1],
-            win.pads_begin[2],
-            win.pads_end[1],
-            win.pads_end[2],
-        ],
-        dilations: [win.dilations[1], win.dilations[2]],
+        strides,
+        pads,
+        dilations,
         ceil_mode,
     });
     let average = match &op {

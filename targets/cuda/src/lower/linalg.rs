@@ -474,6 +474,45 @@ fn load_b(
     }
 }
 
+/// Element `e` of A's `rows × slice` slice at `k0` (row-major): its row
+/// and column in the slice and its value (0 outside A).
+fn a_slice_element(
+    kb: &mut KernelBuilder,
+    g: &Gemm,
+    o: &TileOrigin,
+    (e, k0, slice): (Reg, Reg, u32),
+    staged: Staged,
+) -> (Reg, Reg, Reg) {
+    let c = kb.bin(Bin::Rem, e, slice);
+    let r = kb.bin(Bin::Div, e, slice);
+    let row = kb.bin(Bin::Add, o.m0, r);
+    let col = kb.bin(Bin::Add, k0, c);
+    let v = load_or_zero(
+        kb,
+        o.a_ptr,
+        o.a_off,
+        (row, g.m, g.a_rs),
+        (col, g.k, g.a_ks),
+        staged,
+    );
+    (r, c, v)
+}
+
+/// Element `e` of B's `slice × TILE` slice at `k0` (row-major): its row
+/// and column in the slice and its value (0 outside B).
+fn b_slice_element(
+    kb: &mut KernelBuilder,
+    g: &Gemm,
+    o: &TileOrigin,
+    (e, k0): (Reg, Reg),
+    staged: Staged,
+) -> (Reg, Reg, Reg) {
+    let c = kb.bin(Bin::Rem, e, TILE);
+    let r = kb.bin(Bin::Div, e, TILE);
+    let v = load_b(kb, g, o, (k0, r), c, staged);
+    (r, c, v)
+}
+
 /// Whether A's tile rows can be read as 16-byte vectors of `eb`-byte
 /// elements: k contiguous, K, the row and batch strides multiples of a
 /// vector (so no vector straddles a bound or an alignment) and A 16-byte
@@ -585,28 +624,15 @@ fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
         for l in 0..scalar_steps {
             let e = kb.bin(Bin::Add, tid, l * SIDE * SIDE);
             if !a_vec {
-                // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
-                let c = kb.bin(Bin::Rem, e, KS);
-                let r = kb.bin(Bin::Div, e, KS);
-                let row = kb.bin(Bin::Add, o.m0, r);
-                let col = kb.bin(Bin::Add, k0, c);
-                let v = load_or_zero(
-                    kb,
-                    o.a_ptr,
-                    o.a_off,
-                    (row, g.m, g.a_rs),
-                    (col, g.k, g.a_ks),
-                    Staged::Wide(da),
-                );
+                // A slice element (r, c), stored k-major.
+                let (r, c, v) = a_slice_element(kb, g, &o, (e, k0, KS), Staged::Wide(da));
                 let s_idx = kb.mad(c, TILE, r);
                 let sa = kb.addr(smem, s_idx, 4);
                 kb.st(Space::Shared, f32m, sa, 0, v);
             }
             if !b_vec {
-                // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest.
-                let c = kb.bin(Bin::Rem, e, TILE);
-                let r = kb.bin(Bin::Div, e, TILE);
-                let v = load_b(kb, g, &o, (k0, r), c, Staged::Wide(db));
+                // B slice element (r, c), stored row-major.
+                let (r, c, v) = b_slice_element(kb, g, &o, (e, k0), Staged::Wide(db));
                 let s_idx = kb.mad(r, TILE, c);
                 let sb = kb.addr(smem, s_idx, 4);
                 kb.st(Space::Shared, f32m, sb, b_smem, v);
@@ -819,29 +845,15 @@ pub(crate) fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Ke
         for l in 0..scalar_steps {
             let e = kb.bin(Bin::Add, tid, l * MMA_THREADS);
             if !a_vec {
-                // A slice: element (r, c) = A[m0 + r, k0 + c], c fastest.
-                let c = kb.bin(Bin::Rem, e, stage_k);
-                let r = kb.bin(Bin::Div, e, stage_k);
-                let a_row = kb.bin(Bin::Add, o.m0, r);
-                let col = kb.bin(Bin::Add, k0, c);
-                let v = load_or_zero(
-                    kb,
-                    o.a_ptr,
-                    o.a_off,
-                    (a_row, g.m, g.a_rs),
-                    (col, g.k, g.a_ks),
-                    Staged::Raw(eb),
-                );
+                // A slice element (r, c), stored row-major.
+                let (r, c, v) = a_slice_element(kb, g, &o, (e, k0, stage_k), Staged::Raw(eb));
                 let s_idx = kb.mad(r, MMA_ROW / eb, c);
                 let sa = kb.addr(smem, s_idx, eb);
                 kb.st(Space::Shared, raw_mem(eb), sa, 0, v);
             }
             if !b_vec {
-                // B slice: element (r, c) = B[k0 + r, n0 + c], c fastest,
-                // stored at (c, r).
-                let c = kb.bin(Bin::Rem, e, TILE);
-                let r = kb.bin(Bin::Div, e, TILE);
-                let v = load_b(kb, g, &o, (k0, r), c, Staged::Raw(eb));
+                // B slice element (r, c), stored transposed at (c, r).
+                let (r, c, v) = b_slice_element(kb, g, &o, (e, k0), Staged::Raw(eb));
                 let s_idx = kb.mad(c, MMA_ROW / eb, r);
                 let sb = kb.addr(smem, s_idx, eb);
                 kb.st(Space::Shared, raw_mem(eb), sb, b_smem, v);
