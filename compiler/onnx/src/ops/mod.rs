@@ -29,6 +29,7 @@ pub mod reduce;
 pub mod sample;
 pub mod scatter;
 pub mod signal;
+pub mod text;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -189,6 +190,7 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Range" => index::range,
         "Size" => index::size,
         "ArgMax" => index::arg_max,
+        "TfIdfVectorizer" => text::tfidf_vectorizer,
         "Det" => linalg::det,
         "ArgMin" => index::arg_min,
         "Hardmax" => index::hardmax,
