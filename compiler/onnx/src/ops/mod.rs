@@ -20,6 +20,7 @@ pub mod layout;
 pub mod linalg;
 pub mod logic;
 pub mod loss;
+pub mod ml;
 pub mod movement;
 pub mod norm;
 pub mod pool;
@@ -34,6 +35,15 @@ pub mod text;
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
 
+/// The ops Kiln implements in a non-default `domain` (for error hints).
+pub fn domain_ops(domain: &str) -> &'static [&'static str] {
+    match domain {
+        "ai.onnx.preview" => &["FlexAttention"],
+        "ai.onnx.ml" => &["Binarizer", "ArrayFeatureExtractor"],
+        _ => &[],
+    }
+}
+
 /// The builder for `op_type` of `domain` (`""` or `ai.onnx`: the default
 /// domain), if Kiln supports it.
 pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
@@ -41,6 +51,11 @@ pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
         "" | "ai.onnx" => builder(op_type),
         "ai.onnx.preview" => match op_type {
             "FlexAttention" => Some(attention::flex_attention),
+            _ => None,
+        },
+        "ai.onnx.ml" => match op_type {
+            "Binarizer" => Some(ml::binarizer),
+            "ArrayFeatureExtractor" => Some(ml::array_feature_extractor),
             _ => None,
         },
         _ => None,
