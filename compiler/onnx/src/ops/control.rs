@@ -246,20 +246,19 @@ fn import_nodes(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) ->
             format!("{prefix}/{}", n.name)
         };
         ctx.set_current(&name, &n.op_type);
-        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
-            return Err(ctx.unsupported(format!(
-                "ops of domain '{}' are not supported (in a subgraph)",
-                n.domain
-            )));
-        }
-        let build = super::builder(&n.op_type).ok_or_else(|| {
-            ctx.unsupported(format!(
-                "{} (in a subgraph)",
+        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+        let build = super::builder_in(&n.domain, &n.op_type).ok_or_else(|| {
+            let hint = if default_domain {
                 super::missing_op_hint(&n.op_type)
-            ))
+            } else {
+                format!("ops of domain '{}' are not supported", n.domain)
+            };
+            ctx.unsupported(format!("{hint} (in a subgraph)"))
         })?;
-        if let Some(hint) = super::precheck(n, ctx.opset, &is_used) {
-            return Err(ctx.unsupported(hint));
+        if default_domain {
+            if let Some(hint) = super::precheck(n, ctx.opset, &is_used) {
+                return Err(ctx.unsupported(hint));
+            }
         }
         let outs = build(ctx, n)?;
         for (k, out) in n.output.iter().enumerate() {
