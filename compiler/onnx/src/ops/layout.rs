@@ -160,6 +160,21 @@ pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     Ok(vec![x, mask])
 }
 
+/// `OptionalHasElement` (opset 15+): false without an input (or with an
+/// empty name), true for a tensor: every value Kiln imports is a present
+/// tensor (optional-typed graph inputs and outputs are refused).
+pub fn optional_has_element(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let present = ctx.opt_input(node, 0).is_some();
+    let t = kiln_ir::Tensor::new([], Data::Bool(vec![present])).expect("scalar");
+    let name = format!("{}/has_element", ctx.node_name());
+    one(ctx.constant(t, name))
+}
+
+/// `OptionalGetElement` of a tensor: the tensor itself.
+pub fn optional_get_element(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    one(ctx.input(node, 0)?)
+}
+
 /// `Gather` along `axis` (negative allowed).
 pub fn gather(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;

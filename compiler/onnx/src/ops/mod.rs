@@ -205,6 +205,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Range" => index::range,
         "Size" => index::size,
         "ArgMax" => index::arg_max,
+        "OptionalHasElement" => layout::optional_has_element,
+        "OptionalGetElement" => layout::optional_get_element,
         "TfIdfVectorizer" => text::tfidf_vectorizer,
         "Det" => linalg::det,
         "ArgMin" => index::arg_min,
