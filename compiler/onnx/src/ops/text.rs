@@ -11,6 +11,10 @@ use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
 
+/// Most token comparisons (n-gram positions × skip distances, summed over
+/// the n-gram lengths) one TfIdfVectorizer is unrolled into.
+const MAX_COMPARISONS: usize = 4096;
+
 /// `TfIdfVectorizer` (opset 9) on int32/int64 tokens `[C]` or `[B, C]`,
 /// counting as the ONNX reference does: an n-gram of the pool (lengths
 /// `min_gram_length..=max_gram_length`) is counted at every start `s` and
@@ -114,6 +118,26 @@ pub fn tfidf_vectorizer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let tokens = cast_to(ctx, x, DType::I64, "tokens")?;
     let tokens = reshape_to(ctx, tokens, &[rows, cols], Some("rows"))?;
+    // The skip distances that leave a start in the row: (n − 1)·d < C.
+    let skips_of = |n: usize| -> usize {
+        if n == 1 {
+            1
+        } else {
+            max_skip
+                .saturating_add(1)
+                .min(cols.saturating_sub(1) / (n - 1))
+        }
+    };
+    let comparisons = (1..=grams.len())
+        .filter(|&n| n >= min_n && n <= max_n && !grams[n - 1].is_empty())
+        .fold(0usize, |acc, n| {
+            acc.saturating_add(n.saturating_mul(skips_of(n)))
+        });
+    if comparisons > MAX_COMPARISONS {
+        return Err(ctx.unsupported(format!(
+            "a TfIdfVectorizer of {comparisons} n-gram position × skip comparisons (Kiln unrolls at most {MAX_COMPARISONS})"
+        )));
+    }
     let mut out: Option<Val> = None;
     let mut first = 0;
     for (i, set) in grams.iter().enumerate() {
@@ -123,9 +147,8 @@ pub fn tfidf_vectorizer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         if n < min_n || n > max_n || p == 0 {
             continue;
         }
-        let skips = if n == 1 { 1 } else { max_skip + 1 };
         let mut count: Option<Val> = None;
-        for d in 1..=skips {
+        for d in 1..=skips_of(n) {
             let Some(starts) = cols.checked_sub((n - 1) * d).filter(|&s| s > 0) else {
                 continue;
             };
