@@ -475,9 +475,23 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     };
     let output_padding = lifted(output_padding, 0);
-    let natural = |i: usize| {
-        strides[i] * (input[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
-    };
+    // The output size without padding, per axis (checked: strides and
+    // dilations come from the model).
+    let mut natural_sizes = Vec::with_capacity(nd);
+    for i in 0..nd {
+        let size = strides[i]
+            .checked_mul(input[i].saturating_sub(1))
+            .zip(kernel[i].saturating_sub(1).checked_mul(dilations[i]))
+            .and_then(|(a, b)| a.checked_add(b)?.checked_add(output_padding[i] + 1))
+            .filter(|&s| s < (1 << 40))
+            .ok_or_else(|| {
+                ctx.unsupported(format!(
+                    "a transposed convolution whose axis {i} would be larger than 2^40 elements"
+                ))
+            })?;
+        natural_sizes.push(size);
+    }
+    let natural = |i: usize| natural_sizes[i];
     let auto_pad = ctx.attr_s(node, "auto_pad")?.unwrap_or_default();
     let output_shape = ctx.attr_ints(node, "output_shape")?;
     let mut pads_begin = vec![0usize; nd];
@@ -634,6 +648,12 @@ fn col2im_3d(
     if kd > MAX_DEPTH_TAPS {
         return Err(ctx.unsupported(format!(
             "a 3-D Col2Im with {kd} depth taps (Kiln unrolls at most {MAX_DEPTH_TAPS})"
+        )));
+    }
+    if gd.checked_mul(g.strides[0]).is_none_or(|l| l >= 1 << 31) {
+        return Err(ctx.unsupported(format!(
+            "a 3-D Col2Im spreading {gd} depths by a stride of {}",
+            g.strides[0]
         )));
     }
     let c = ctx.ty(cols).shape[1] / taps.max(1);
