@@ -650,10 +650,13 @@ fn col2im_3d(
             "a 3-D Col2Im with {kd} depth taps (Kiln unrolls at most {MAX_DEPTH_TAPS})"
         )));
     }
-    if gd.checked_mul(g.strides[0]).is_none_or(|l| l >= 1 << 31) {
+    let reach = (kd.max(1) - 1).checked_mul(g.dilations[0]);
+    if reach.is_none_or(|r| r >= 1 << 31)
+        || gd.checked_mul(g.strides[0]).is_none_or(|l| l >= 1 << 31)
+    {
         return Err(ctx.unsupported(format!(
-            "a 3-D Col2Im spreading {gd} depths by a stride of {}",
-            g.strides[0]
+            "a 3-D Col2Im spreading {gd} depths by a stride of {} with a dilation of {}",
+            g.strides[0], g.dilations[0]
         )));
     }
     let c = ctx.ty(cols).shape[1] / taps.max(1);
