@@ -248,7 +248,7 @@ fn conv_3d(
     let padded = xs[2].checked_add(pd0).and_then(|v| v.checked_add(pd1));
     let span = (kd.max(1) - 1).checked_mul(dd).map(|v| v + 1);
     let out_depth = match (padded, span) {
-        (Some(p), Some(s)) if p >= s && kd > 0 => (p - s) / sd + 1,
+        (Some(p), Some(s)) if p >= s && kd > 0 && p < 1 << 31 => (p - s) / sd + 1,
         _ => {
             return Err(ctx.invalid(format!(
                 "the depth window of {kd} taps (dilation {dd}) does not fit the input {xs:?} with pads {pd0}/{pd1}"
