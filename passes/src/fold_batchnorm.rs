@@ -358,16 +358,7 @@ impl FoldBatchNorm {
         // Remove the chain from its end, then the head and dead constants.
         let mut dead: Vec<NodeId> = chain.steps.iter().rev().copied().collect();
         dead.push(id);
-        while let Some(d) = dead.pop() {
-            if !graph.contains(d) {
-                continue;
-            }
-            let ins = graph.inputs_of(d);
-            if graph.remove_unused(d) {
-                stats.removed += 1;
-                dead.extend(ins);
-            }
-        }
+        stats.removed += crate::simplify::remove_dead(graph, dead);
         Ok(Some(stats))
     }
 }
@@ -417,9 +408,7 @@ impl Pass for FoldBatchNorm {
                 continue;
             }
             if let Some(s) = self.fold(graph, id)? {
-                stats.added += s.added;
-                stats.removed += s.removed;
-                stats.rewritten += s.rewritten;
+                stats += s;
             }
         }
         Ok(stats)

@@ -27,7 +27,7 @@
 //! it into every branch). Elementwise ops are Unary, Binary, Compare,
 //! Logical, Not, Bitwise, BitwiseNot, Where and Cast.
 
-use crate::simplify::Simplify;
+use crate::simplify::{remove_dead, Simplify};
 use crate::{Pass, PassError, PassStats};
 use kiln_ir::{Graph, Ints, IrError, NodeId, Op, Tensor};
 
@@ -159,16 +159,7 @@ impl Layout {
             graph.replace_all_uses(id, outer).map_err(fail)?;
             let mut dead = vec![id];
             dead.extend(old_inputs);
-            while let Some(d) = dead.pop() {
-                if !graph.contains(d) {
-                    continue;
-                }
-                let feeds = graph.inputs_of(d);
-                if graph.remove_unused(d) {
-                    stats.removed += 1;
-                    dead.extend(feeds);
-                }
-            }
+            stats.removed += remove_dead(graph, dead);
             stats.rewritten += 1;
             moved += 1;
         }
@@ -188,10 +179,7 @@ impl Pass for Layout {
                 break;
             }
             // Collapse the Transposes that met (inverse pairs vanish).
-            let collapsed = Simplify::default().run(graph)?;
-            stats.removed += collapsed.removed;
-            stats.added += collapsed.added;
-            stats.rewritten += collapsed.rewritten;
+            stats += Simplify::default().run(graph)?;
         }
         Ok(stats)
     }

@@ -23,6 +23,17 @@ pub struct PassStats {
     pub fused_kernels: usize,
 }
 
+impl std::ops::AddAssign for PassStats {
+    /// Adds what another run (or part of one) did.
+    fn add_assign(&mut self, other: PassStats) {
+        self.removed += other.removed;
+        self.added += other.added;
+        self.rewritten += other.rewritten;
+        self.fused_nodes += other.fused_nodes;
+        self.fused_kernels += other.fused_kernels;
+    }
+}
+
 impl PassStats {
     /// Whether the pass changed the graph.
     pub fn changed(&self) -> bool {

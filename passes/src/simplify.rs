@@ -202,7 +202,7 @@ impl Simplify {
 
 /// Removes the given nodes if unused, then whatever their removal leaves
 /// unused, transitively. Returns how many nodes were removed.
-fn remove_dead(graph: &mut Graph, mut work: Vec<NodeId>) -> usize {
+pub(crate) fn remove_dead(graph: &mut Graph, mut work: Vec<NodeId>) -> usize {
     let mut removed = 0;
     while let Some(id) = work.pop() {
         if !graph.contains(id) {
