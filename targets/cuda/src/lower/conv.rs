@@ -24,7 +24,7 @@
 use kiln_ir::{Conv2d, DType, Pool2d};
 
 use super::linalg::{gemm_grid, gemm_kernel, mma_kernel, BSource, Gemm, Im2col, MmaKind};
-use super::{coords, global_index, linear_launch, load, mem, ptr, store, Cx, Kernel};
+use super::{coords, global_index, inside, linear_launch, load, mem, ptr, store, Cx, Kernel};
 use crate::plan::{Base, Loc};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Space, Ty};
 use crate::CudaError;
@@ -296,9 +296,7 @@ fn direct_taps(
         for_window(kb, kh, kw, &|kb, ky, kx| {
             let iy = tap_pos(kb, oy, c.strides[0], ky, c.dilations[0], c.pads[0]);
             let ix = tap_pos(kb, ox, c.strides[1], kx, c.dilations[1], c.pads[1]);
-            let y_ok = kb.setp(Cmp::Lt, iy, h as u32);
-            let x_ok = kb.setp(Cmp::Lt, ix, w as u32);
-            let ok = kb.pred_op("and", y_ok, x_ok);
+            let ok = inside(kb, (iy, h), (ix, w));
             kb.when(ok, |kb| {
                 let row = kb.mad(iy, w as u32, x_plane);
                 let xi = kb.bin(Bin::Add, row, ix);
@@ -435,14 +433,10 @@ pub(crate) fn pool(cx: &Cx, p: &Pool2d, average: Option<bool>) -> Result<Kernel,
             // Padded coordinates are iy + pt, ix + pl.
             let py = kb.bin(Bin::Add, iy, pt as u32);
             let px = kb.bin(Bin::Add, ix, pl as u32);
-            let y_in = kb.setp(Cmp::Lt, py, (pt + h + pb) as u32);
-            let x_in = kb.setp(Cmp::Lt, px, (pl + w + pr) as u32);
-            let inside = kb.pred_op("and", y_in, x_in);
-            kb.when(inside, |kb| kb.bin_into(padded, Bin::Add, padded, 1u32));
+            let within = inside(kb, (py, pt + h + pb), (px, pl + w + pr));
+            kb.when(within, |kb| kb.bin_into(padded, Bin::Add, padded, 1u32));
         }
-        let y_ok = kb.setp(Cmp::Lt, iy, h as u32);
-        let x_ok = kb.setp(Cmp::Lt, ix, w as u32);
-        let ok = kb.pred_op("and", y_ok, x_ok);
+        let ok = inside(kb, (iy, h), (ix, w));
         kb.when(ok, |kb| {
             let row = kb.mad(iy, w as u32, x_plane);
             let xi = kb.bin(Bin::Add, row, ix);

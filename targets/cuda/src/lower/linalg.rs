@@ -20,11 +20,11 @@
 //! with `mad.lo.s32`; batch offsets use the same broadcasting strides.
 
 use super::{
-    broadcast_strides, coords, global_index, linear_launch, load, mem, offset, ptr, store, Cx,
-    Kernel,
+    broadcast_strides, coords, global_index, inside, linear_launch, load, mem, offset, ptr, store,
+    Cx, Kernel,
 };
 use crate::plan::{Base, Loc};
-use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
+use crate::ptx::{fimm, Bin, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
 use crate::{CudaError, Launch};
 use kiln_ir::DType;
 
@@ -547,9 +547,7 @@ fn load_vector_or_zero(
     eb: u32,
 ) -> [Reg; 4] {
     let v: [Reg; 4] = std::array::from_fn(|_| kb.mov(Ty::U32, 0u32));
-    let r_ok = kb.setp(Cmp::Lt, row, rows as u32);
-    let c_ok = kb.setp(Cmp::Lt, col, cols as u32);
-    let ok = kb.pred_op("and", r_ok, c_ok);
+    let ok = inside(kb, (row, rows), (col, cols));
     kb.when(ok, |kb| {
         let i = kb.mad(row, Opnd::I(row_stride), batch);
         let i = kb.bin(Bin::Add, i, col);
@@ -663,7 +661,7 @@ fn simt_kernel(cx: &Cx, g: &Gemm, grid: [u32; 3]) -> Kernel {
         }
         kb.barrier();
     });
-    let mut out = Epilogue::new(&mut kb, cx, g, &o);
+    let mut out = Epilogue::new(&mut kb, cx, g, &o, None);
     for i in 0..MICRO {
         let row = kb.bin(Bin::Add, o.m0, ty);
         let row = kb.bin(Bin::Add, row, i * SIDE);
@@ -885,43 +883,11 @@ pub(crate) fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Ke
         let col = kb.bin(Bin::Add, col0, 8 * j as u32 + i as u32 % 2);
         (row, col)
     };
-    match kind {
-        MmaKind::Int8 { zero, sums, .. } => {
-            let out = ptr(&mut kb, cx.out);
-            let out_batch = kb.bin(Bin::Mul, o.bz, (g.m * g.n) as u32);
-            let zero_ptr = ptr(&mut kb, cx.inputs[2].0);
-            let zero = kb.ld(Space::Global, mem(zero), Ty::S32, zero_ptr, 0);
-            let sums = ptr(&mut kb, sums);
-            let (s_rs, s_cs) = g.c.expect("the sums' strides");
-            let s_off = offset(&mut kb, &o.batch, &g.c_batch, 0);
-            for (j, acc) in acc.iter().enumerate() {
-                for (i, &v) in acc.iter().enumerate() {
-                    let (row, col) = at(&mut kb, i, j);
-                    let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
-                    let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
-                    let ok = kb.pred_op("and", row_ok, col_ok);
-                    kb.when(ok, |kb| {
-                        let si = kb.mad(row, Opnd::I(s_rs), s_off);
-                        let si = kb.mad(col, Opnd::I(s_cs), si);
-                        let sa = kb.addr(sums, si, 4);
-                        let sum = kb.ld(Space::Global, MemTy("s32"), Ty::S32, sa, 0);
-                        let shift = kb.bin(Bin::Mul, zero, sum);
-                        let y = kb.bin(Bin::Sub, v, shift);
-                        let oi = kb.mad(row, g.n as u32, out_batch);
-                        let oi = kb.bin(Bin::Add, oi, col);
-                        store(kb, out, oi, DType::I32, y);
-                    });
-                }
-            }
-        }
-        _ => {
-            let mut out = Epilogue::new(&mut kb, cx, g, &o);
-            for (j, acc) in acc.iter().enumerate() {
-                for (i, &v) in acc.iter().enumerate() {
-                    let (row, col) = at(&mut kb, i, j);
-                    out.store(&mut kb, row, col, v);
-                }
-            }
+    let mut out = Epilogue::new(&mut kb, cx, g, &o, Some(kind));
+    for (j, acc) in acc.iter().enumerate() {
+        for (i, &v) in acc.iter().enumerate() {
+            let (row, col) = at(&mut kb, i, j);
+            out.store(&mut kb, row, col, v);
         }
     }
     cx.finish(
@@ -934,54 +900,94 @@ pub(crate) fn mma_kernel(cx: &Cx, g: &Gemm, kind: MmaKind, grid: [u32; 3]) -> Ke
     )
 }
 
-/// The GEMM store: `alpha · acc (+ beta · C)`, the fused unary epilogue,
-/// the output's element type; rows and columns outside the output are
-/// skipped.
+/// The term a GEMM store adds to `alpha · acc`, read at the Gemm's C
+/// strides (`Gemm::c`, `Gemm::c_batch`) from this pointer and batch
+/// offset.
+enum Term {
+    None,
+    /// `beta · C[i, j]`, C of this element type.
+    Scaled(Reg, Reg, DType),
+    /// `−zero · sums[i, j]` ([`MmaKind::Int8`]), with the run-time zero
+    /// point loaded.
+    ZeroPointSums(Reg, Reg, Reg),
+}
+
+/// The GEMM store: `alpha · acc` plus its [`Term`], the fused unary
+/// epilogue, the output's element type; rows and columns outside the
+/// output are skipped.
 struct Epilogue<'a, 'g> {
     cx: &'a Cx<'g>,
     g: &'a Gemm,
     out: Reg,
     out_batch: Reg,
-    /// C's pointer, batch offset and element type.
-    c: Option<(Reg, Reg, DType)>,
+    term: Term,
 }
 
 impl<'a, 'g> Epilogue<'a, 'g> {
-    fn new(kb: &mut KernelBuilder, cx: &'a Cx<'g>, g: &'a Gemm, o: &TileOrigin) -> Self {
+    /// The store of `g`'s kernel; `kind` is the tensor-core kernel's, whose
+    /// int8 form corrects by the zero point (input 2 of `cx`) instead of
+    /// adding C.
+    fn new(
+        kb: &mut KernelBuilder,
+        cx: &'a Cx<'g>,
+        g: &'a Gemm,
+        o: &TileOrigin,
+        kind: Option<MmaKind>,
+    ) -> Self {
         let out = ptr(kb, cx.out);
         let out_batch = kb.bin(Bin::Mul, o.bz, (g.m * g.n) as u32);
-        let c = match (g.c, cx.inputs.get(2)) {
-            (Some(_), Some(&(loc, ty))) => {
-                let c_ptr = ptr(kb, loc);
-                let c_off = offset(kb, &o.batch, &g.c_batch, 0);
-                Some((c_ptr, c_off, ty.dtype))
+        let term = match (g.c, kind, cx.inputs.get(2)) {
+            (None, ..) => Term::None,
+            (Some(_), Some(MmaKind::Int8 { zero, sums, .. }), Some(&(zero_loc, _))) => {
+                let zero_ptr = ptr(kb, zero_loc);
+                let zero = kb.ld(Space::Global, mem(zero), Ty::S32, zero_ptr, 0);
+                let sums = ptr(kb, sums);
+                let off = offset(kb, &o.batch, &g.c_batch, 0);
+                Term::ZeroPointSums(sums, off, zero)
             }
-            _ => None,
+            (Some(_), _, Some(&(loc, ty))) => {
+                let c_ptr = ptr(kb, loc);
+                let off = offset(kb, &o.batch, &g.c_batch, 0);
+                Term::Scaled(c_ptr, off, ty.dtype)
+            }
+            (Some(_), _, None) => Term::None,
         };
         Epilogue {
             cx,
             g,
             out,
             out_batch,
-            c,
+            term,
         }
     }
 
     fn store(&mut self, kb: &mut KernelBuilder, row: Reg, col: Reg, acc: Reg) {
         let g = self.g;
-        let row_ok = kb.setp(Cmp::Lt, row, g.m as u32);
-        let col_ok = kb.setp(Cmp::Lt, col, g.n as u32);
-        let ok = kb.pred_op("and", row_ok, col_ok);
+        let ok = inside(kb, (row, g.m), (col, g.n));
         kb.when(ok, |kb| {
             let mut y = acc;
             if g.alpha != 1.0 {
                 y = kb.bin(Bin::Mul, y, Opnd::F32(g.alpha));
             }
-            if let (Some((c_ptr, c_off, cd)), Some((c_rs, c_cs))) = (self.c, g.c) {
-                let ci = kb.mad(row, Opnd::I(c_rs), c_off);
-                let ci = kb.mad(col, Opnd::I(c_cs), ci);
-                let cv = load(kb, c_ptr, ci, cd);
-                y = kb.mad(cv, Opnd::F32(g.beta), y);
+            let at = |kb: &mut KernelBuilder, off: Reg| {
+                let (rs, cs) = g.c.expect("a term has strides");
+                let i = kb.mad(row, Opnd::I(rs), off);
+                kb.mad(col, Opnd::I(cs), i)
+            };
+            match self.term {
+                Term::None => {}
+                Term::Scaled(c_ptr, off, cd) => {
+                    let ci = at(kb, off);
+                    let cv = load(kb, c_ptr, ci, cd);
+                    y = kb.mad(cv, Opnd::F32(g.beta), y);
+                }
+                Term::ZeroPointSums(sums, off, zero) => {
+                    let si = at(kb, off);
+                    let sa = kb.addr(sums, si, 4);
+                    let sum = kb.ld(Space::Global, MemTy("s32"), Ty::S32, sa, 0);
+                    let shift = kb.bin(Bin::Mul, zero, sum);
+                    y = kb.bin(Bin::Sub, y, shift);
+                }
             }
             let oi = kb.mad(row, g.n as u32, self.out_batch);
             let oi = kb.bin(Bin::Add, oi, col);
@@ -1002,9 +1008,7 @@ fn load_or_zero(
     staged: Staged,
 ) -> Reg {
     let v = staged.zero(kb);
-    let r_ok = kb.setp(Cmp::Lt, row, rows as u32);
-    let c_ok = kb.setp(Cmp::Lt, col, cols as u32);
-    let ok = kb.pred_op("and", r_ok, c_ok);
+    let ok = inside(kb, (row, rows), (col, cols));
     kb.when(ok, |kb| {
         let i = kb.mad(row, Opnd::I(row_stride), batch);
         let i = kb.mad(col, Opnd::I(col_stride), i);
@@ -1028,9 +1032,7 @@ fn load_im2col(
     staged: Staged,
 ) -> Reg {
     let v = staged.zero(kb);
-    let r_ok = kb.setp(Cmp::Lt, k, rows as u32);
-    let c_ok = kb.setp(Cmp::Lt, j, cols as u32);
-    let ok = kb.pred_op("and", r_ok, c_ok);
+    let ok = inside(kb, (k, rows), (j, cols));
     kb.when(ok, |kb| {
         if let Some(p) = pad {
             kb.assign(v, p);
@@ -1049,10 +1051,8 @@ fn load_im2col(
         };
         let iy = pos(kb, oy, geo.strides[0], ky, geo.dilations[0], geo.pads[0]);
         let ix = pos(kb, ox, geo.strides[1], kx, geo.dilations[1], geo.pads[1]);
-        let y_ok = kb.setp(Cmp::Lt, iy, geo.h as u32);
-        let x_ok = kb.setp(Cmp::Lt, ix, geo.w as u32);
-        let inside = kb.pred_op("and", y_ok, x_ok);
-        kb.when(inside, |kb| {
+        let within = inside(kb, (iy, geo.h), (ix, geo.w));
+        kb.when(within, |kb| {
             let plane = kb.mad(c, (geo.h * geo.w) as u32, batch);
             let row = kb.mad(iy, geo.w as u32, plane);
             let i = kb.bin(Bin::Add, row, ix);

@@ -238,6 +238,14 @@ pub(crate) fn f32_to_bf16_bits(kb: &mut KernelBuilder, v: Reg) -> Reg {
     kb.selp(Ty::U32, nan, quiet, rounded)
 }
 
+/// Whether `y < h` and `x < w`, unsigned: a coordinate that wrapped below
+/// 0 (a padded tap) is outside too.
+pub(crate) fn inside(kb: &mut KernelBuilder, (y, h): (Reg, usize), (x, w): (Reg, usize)) -> Reg {
+    let y_ok = kb.setp(Cmp::Lt, y, h as u32);
+    let x_ok = kb.setp(Cmp::Lt, x, w as u32);
+    kb.pred_op("and", y_ok, x_ok)
+}
+
 /// A 1-D launch of `n` threads in blocks of [`BLOCK`].
 pub(crate) fn linear_launch(n: usize) -> Launch {
     Launch {
