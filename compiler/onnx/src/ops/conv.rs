@@ -3,7 +3,7 @@
 //! `dilations`) it shares with pooling. 1-D windows are lifted to 2-D by
 //! inserting an H axis of 1.
 
-use super::elementwise::reshape_to;
+use super::elementwise::{accumulate, reshape_to};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -314,14 +314,13 @@ fn conv_3d(
             &inputs,
             Some(&format!("conv_tap{t}")),
         )?;
-        sum = Some(match sum {
-            None => y,
-            Some(s) => ctx.op(
-                Op::Binary(kiln_ir::BinaryOp::Add),
-                &[s, y],
-                Some(&format!("sum_tap{t}")),
-            )?,
-        });
+        sum = Some(accumulate(
+            ctx,
+            sum,
+            Op::Binary(kiln_ir::BinaryOp::Add),
+            y,
+            &format!("sum_tap{t}"),
+        )?);
     }
     let y = sum.expect("kd ≥ 1");
     let ys = ctx.ty(y).shape.clone();
@@ -726,14 +725,13 @@ fn col2im_3d(
         let before = (t * g.dilations[0]) as i64 - g.pads[0] as i64;
         let after = d as i64 - (gd * sd) as i64 - before;
         let placed = super::movement::pad_axis(ctx, spread, 1, (before, after), "constant", zero)?;
-        sum = Some(match sum {
-            None => placed,
-            Some(s) => ctx.op(
-                Op::Binary(BinaryOp::Add),
-                &[s, placed],
-                Some(&format!("sum_tap{t}")),
-            )?,
-        });
+        sum = Some(accumulate(
+            ctx,
+            sum,
+            Op::Binary(BinaryOp::Add),
+            placed,
+            &format!("sum_tap{t}"),
+        )?);
     }
     let y = reshape_to(ctx, sum.expect("kd ≥ 1"), &[n, d, c, h, w], Some("depths"))?;
     ctx.op(
@@ -1018,14 +1016,13 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         dims[a] = flags.len();
         let t = kiln_ir::Tensor::new(dims, kiln_ir::Data::Bool(flags.clone())).expect("flags");
         let m = super::index::gen_const(ctx, t, &format!("outside{a}"))?;
-        mask = Some(match mask {
-            None => m,
-            Some(prev) => ctx.op(
-                Op::Logical(kiln_ir::LogicalOp::Or),
-                &[prev, m],
-                Some(&format!("outside_to{a}")),
-            )?,
-        });
+        mask = Some(accumulate(
+            ctx,
+            mask,
+            Op::Logical(kiln_ir::LogicalOp::Or),
+            m,
+            &format!("outside_to{a}"),
+        )?);
     }
     let dtype = ctx.ty(y).dtype;
     let value = ctx.attr_f_or(node, "extrapolation_value", 0.0)? as f64;

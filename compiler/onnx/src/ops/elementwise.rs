@@ -109,6 +109,21 @@ pub fn pow(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 }
 
 /// Folds a variadic op into a chain of binary ops.
+/// `acc op x` named `suffix`, or `x` itself when nothing is accumulated
+/// yet: how decompositions fold a run of values into one.
+pub(crate) fn accumulate(
+    ctx: &mut ImportCtx,
+    acc: Option<Val>,
+    op: Op,
+    x: Val,
+    suffix: &str,
+) -> Result<Val, OnnxError> {
+    match acc {
+        None => Ok(x),
+        Some(a) => ctx.op(op, &[a, x], Some(suffix)),
+    }
+}
+
 fn chain(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> Result<Val, OnnxError> {
     let inputs = ctx.inputs(node);
     let Some((&first, rest)) = inputs.split_first() else {

@@ -1,6 +1,6 @@
 //! Text features: `TfIdfVectorizer` on integer tokens.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
+use super::elementwise::{accumulate, cast_to, reshape_to, scalar};
 use super::index::build_const;
 use super::movement::slice_along;
 use super::one;
@@ -174,14 +174,13 @@ pub fn tfidf_vectorizer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                     &[view, want],
                     Some(&format!("{tag}_eq{j}")),
                 )?;
-                hit = Some(match hit {
-                    None => eq,
-                    Some(h) => ctx.op(
-                        Op::Logical(LogicalOp::And),
-                        &[h, eq],
-                        Some(&format!("{tag}_and{j}")),
-                    )?,
-                });
+                hit = Some(accumulate(
+                    ctx,
+                    hit,
+                    Op::Logical(LogicalOp::And),
+                    eq,
+                    &format!("{tag}_and{j}"),
+                )?);
             }
             let hit = cast_to(ctx, hit.expect("n ≥ 1"), DType::F32, &format!("{tag}_hits"))?;
             let c = ctx.op(
@@ -193,14 +192,13 @@ pub fn tfidf_vectorizer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
                 &[hit],
                 Some(&format!("{tag}_count")),
             )?;
-            count = Some(match count {
-                None => c,
-                Some(s) => ctx.op(
-                    Op::Binary(BinaryOp::Add),
-                    &[s, c],
-                    Some(&format!("{tag}_sum")),
-                )?,
-            });
+            count = Some(accumulate(
+                ctx,
+                count,
+                Op::Binary(BinaryOp::Add),
+                c,
+                &format!("{tag}_sum"),
+            )?);
         }
         let Some(count) = count else { continue };
         // [rows, p] @ [p, width]: each n-gram's count into its column.
@@ -218,14 +216,13 @@ pub fn tfidf_vectorizer(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             },
         )?;
         let placed = ctx.dense_op(Op::MatMul, &[count, place], Some(&format!("n{n}_placed")))?;
-        out = Some(match out {
-            None => placed,
-            Some(o) => ctx.op(
-                Op::Binary(BinaryOp::Add),
-                &[o, placed],
-                Some(&format!("n{n}_total")),
-            )?,
-        });
+        out = Some(accumulate(
+            ctx,
+            out,
+            Op::Binary(BinaryOp::Add),
+            placed,
+            &format!("n{n}_total"),
+        )?);
     }
     let freq = match out {
         Some(o) => o,
