@@ -2,8 +2,8 @@
 
 use crate::{Pass, PassError, PassStats};
 use kiln_ir::{
-    DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr, IrError, NodeId, Op,
-    Reg,
+    DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Graph, Instr, IrError,
+    NodeId, Op, Reg,
 };
 use std::collections::HashSet;
 
@@ -22,6 +22,10 @@ use std::collections::HashSet;
 ///   keeps the longest prefix in which every value but the last is used
 ///   only inside the chain and is not a graph output (see [`grow`]), so a
 ///   value used twice inside (hard-swish, GELU) fuses;
+/// - a chain whose result's only user is a cast to u8 takes the cast in
+///   (the kernel stores [`FusedStore::U8`]): every int8 activation
+///   quantization ends in one, so the producer writes bytes, not the f32
+///   values a separate cast would re-read;
 /// - a dense chain needs at least one elementwise step, an elementwise
 ///   chain at least two nodes.
 ///
@@ -77,6 +81,8 @@ struct Chain {
     /// Program inputs: `None` for the head's result, else a kernel input.
     program_inputs: Vec<Option<NodeId>>,
     instrs: Vec<(Instr, NodeId)>,
+    /// What the kernel stores: u8 when the chain ends in a cast to u8.
+    store: FusedStore,
 }
 
 impl Chain {
@@ -231,6 +237,7 @@ fn build_chain(
         head_value: None,
         program_inputs: vec![],
         instrs: vec![],
+        store: FusedStore::F32,
     };
     let integer = DenseOp::from_op(&node.op).filter(|op| dense_heads && op.is_integer());
     if let Some(op) = integer {
@@ -246,7 +253,11 @@ fn build_chain(
         for &m in &grow(graph, cast, taken)[1..] {
             chain.push(graph, m);
         }
-        return (!chain.instrs.is_empty()).then_some(chain);
+        if chain.instrs.is_empty() {
+            return None;
+        }
+        narrow_store(graph, &mut chain);
+        return Some(chain);
     }
     if node.ty.dtype != DType::F32 {
         return None;
@@ -272,12 +283,28 @@ fn build_chain(
     for &m in &grow(graph, root, taken)[1..] {
         chain.push(graph, m);
     }
-    let enough = if chain.head.is_some() {
-        !chain.instrs.is_empty()
-    } else {
-        chain.instrs.len() >= 2
-    };
+    if chain.instrs.is_empty() {
+        return None;
+    }
+    narrow_store(graph, &mut chain);
+    let nodes = chain.instrs.len() + usize::from(chain.store != FusedStore::F32);
+    let enough = chain.head.is_some() || nodes >= 2;
     enough.then_some(chain)
+}
+
+/// Takes the cast to u8 that is the only user of the chain's result (not
+/// a graph output) into the chain.
+fn narrow_store(graph: &Graph, chain: &mut Chain) {
+    let last = *chain.members.last().expect("a chain has members");
+    if graph.is_output(last) {
+        return;
+    }
+    if let [(cast, _)] = graph.users_of(last).as_slice() {
+        if graph.node(*cast).op == (Op::Cast { to: DType::U8 }) {
+            chain.members.push(*cast);
+            chain.store = FusedStore::U8;
+        }
+    }
 }
 
 impl Pass for Fuse {
@@ -299,7 +326,9 @@ impl Pass for Fuse {
             let instrs: Vec<Instr> = chain.instrs.iter().map(|(i, _)| *i).collect();
             let program =
                 ElementwiseProgram::new(chain.program_inputs.len(), instrs).map_err(fail)?;
-            let kernel = FusedKernel::new(chain.head.clone(), program).map_err(fail)?;
+            let kernel = FusedKernel::new(chain.head.clone(), program)
+                .map_err(fail)?
+                .with_store(chain.store);
             let names: Vec<&str> = chain
                 .members
                 .iter()

@@ -234,10 +234,18 @@ struct Builder<'g> {
 }
 
 impl Builder<'_> {
+    /// A node computing `op` on `inputs`; a constant when every input is
+    /// one (a static activation scale times the weight scales), so no run
+    /// recomputes what the compiler knows.
     fn node(&mut self, op: Op, inputs: &[NodeId], what: &str) -> Result<NodeId, IrError> {
         self.added += 1;
-        self.g
-            .add_node(op, inputs, format!("{}/{what}", self.prefix))
+        let name = format!("{}/{what}", self.prefix);
+        let constants: Option<Vec<&Tensor>> = inputs.iter().map(|&i| self.g.constant(i)).collect();
+        if let Some(values) = constants {
+            let value = kiln_ir::eval::eval(&op, &values)?;
+            return Ok(self.g.add_const(name, value));
+        }
+        self.g.add_node(op, inputs, name)
     }
 
     fn constant(&mut self, shape: &[usize], data: Data, what: &str) -> NodeId {

@@ -285,7 +285,40 @@ pub struct DenseHead {
     pub inputs: usize,
 }
 
-/// A fused kernel: optional dense head, then an elementwise program.
+/// What a fused kernel stores per output element.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FusedStore {
+    /// The program's f32 result.
+    #[default]
+    F32,
+    /// The result cast to u8 as [`Op::Cast`] casts it (truncated toward
+    /// zero, saturated to `[0, 255]`, NaN to 0): the narrowing that ends an
+    /// int8 activation quantization, so the producer writes one byte per
+    /// element instead of four that a separate cast re-reads.
+    U8,
+}
+
+impl FusedStore {
+    /// The element type stored.
+    pub fn dtype(self) -> DType {
+        match self {
+            FusedStore::F32 => DType::F32,
+            FusedStore::U8 => DType::U8,
+        }
+    }
+
+    /// The store of element type `d`, when a fused kernel can store it.
+    pub fn from_dtype(d: DType) -> Option<FusedStore> {
+        match d {
+            DType::F32 => Some(FusedStore::F32),
+            DType::U8 => Some(FusedStore::U8),
+            _ => None,
+        }
+    }
+}
+
+/// A fused kernel: optional dense head, then an elementwise program, its
+/// result stored as [`FusedStore`] says.
 ///
 /// **Invariant:** with a head, the program has at least one input (the
 /// head's result) ([`FusedKernel::new`] checks it).
@@ -293,6 +326,7 @@ pub struct DenseHead {
 pub struct FusedKernel {
     head: Option<DenseHead>,
     body: ElementwiseProgram,
+    store: FusedStore,
 }
 
 impl FusedKernel {
@@ -304,7 +338,21 @@ impl FusedKernel {
                 "a program after a dense head takes the head's result as input 0",
             ));
         }
-        Ok(FusedKernel { head, body })
+        Ok(FusedKernel {
+            head,
+            body,
+            store: FusedStore::F32,
+        })
+    }
+
+    /// The kernel storing its result as `store`.
+    pub fn with_store(self, store: FusedStore) -> FusedKernel {
+        FusedKernel { store, ..self }
+    }
+
+    /// What the kernel stores.
+    pub fn store(&self) -> FusedStore {
+        self.store
     }
 
     /// The dense head, if any.
@@ -335,13 +383,16 @@ impl FusedKernel {
         }
     }
 
-    /// A readable name: `fused[conv+add+relu]`.
+    /// A readable name: `fused[conv+add+relu]` (`+cast` when it stores u8).
     pub fn label(&self) -> String {
         let mut parts: Vec<&str> = Vec::new();
         if let Some(h) = &self.head {
             parts.push(h.op.op().name());
         }
         parts.extend(self.body.instrs().iter().map(Instr::name));
+        if self.store != FusedStore::F32 {
+            parts.push("cast");
+        }
         format!("fused[{}]", parts.join("+"))
     }
 
@@ -409,6 +460,6 @@ impl FusedKernel {
                 ));
             }
         }
-        Ok(ValueType::new(DType::F32, out))
+        Ok(ValueType::new(self.store.dtype(), out))
     }
 }

@@ -36,7 +36,7 @@ pub mod verify;
 
 pub use dtype::DType;
 pub use error::IrError;
-pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
+pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Instr, Reg};
 pub use graph::{Graph, Node, NodeId, ValueType};
 pub use op::{
     BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,

@@ -14,6 +14,14 @@ use crate::CpuError;
 /// index is the [`HostFn`] code.
 pub(crate) const HOST_NAMESPACE: u32 = 1;
 
+/// The second part of a chained kernel ([`Text::add_chain`]).
+pub(crate) enum TailCode {
+    /// A Cranelift function.
+    Clif(Box<Function>),
+    /// Finished machine code (position-independent, no relocations).
+    Machine(Vec<u8>),
+}
+
 /// The TEXT section under construction.
 pub(crate) struct Text {
     arch: Arch,
@@ -46,15 +54,15 @@ impl Text {
         Ok(())
     }
 
-    /// Appends microkernel `code` and function `func` as ONE kernel of node
-    /// `name`: a trampoline calls `code` with the kernel arguments, then
-    /// tail-jumps to `func` with the same arguments, so `func` returns to
-    /// the kernel's caller. x86-64 only (microkernels are AVX-512).
+    /// Appends microkernel `code` and `tail` as ONE kernel of node `name`:
+    /// a trampoline calls `code` with the kernel arguments, then tail-jumps
+    /// to `tail` with the same arguments, so `tail` returns to the kernel's
+    /// caller. x86-64 only (microkernels are AVX-512).
     pub(crate) fn add_chain(
         &mut self,
         name: &str,
         code: &[u8],
-        func: Function,
+        tail: TailCode,
         target: &Target,
     ) -> Result<(), CpuError> {
         // push rdi; push rsi; sub rsp, 8 (keeps the callee's stack 16-byte
@@ -71,7 +79,15 @@ impl Text {
         let mk = (self.bytes.len() as u64).div_ceil(64) * 64;
         self.bytes.resize(mk as usize, 0xcc);
         self.bytes.extend_from_slice(code);
-        let (tail, tail_len) = self.place(name, func, target)?;
+        let (tail, tail_len) = match tail {
+            TailCode::Clif(func) => self.place(name, *func, target)?,
+            TailCode::Machine(code) => {
+                let at = (self.bytes.len() as u64).div_ceil(64) * 64;
+                self.bytes.resize(at as usize, 0xcc);
+                self.bytes.extend_from_slice(&code);
+                (at, code.len() as u64)
+            }
+        };
         let rel = |from: u64, to: u64| {
             i32::try_from(to as i64 - from as i64).map_err(|_| CpuError::TooLarge {
                 node: name.to_owned(),

@@ -190,11 +190,15 @@ pub fn compile(
         match lower::lower_job(graph, &mut plan, &job, &target)? {
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
             lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
-            lower::Lowered::Chain(code, func) => text.add_chain(&name, &code, *func, &target)?,
+            lower::Lowered::Chain(code, tail) => text.add_chain(&name, &code, tail, &target)?,
             lower::Lowered::ClifTasks(funcs) => text.add_tasks(&name, funcs, &target)?,
-            lower::Lowered::SplitChain(tasks, func) => {
+            lower::Lowered::SplitChain(tasks, tail) => {
                 text.add_machine(&name, &tasks);
-                text.add_tasks(&format!("{name}/tail"), func, &target)?;
+                let name = format!("{name}/tail");
+                match tail {
+                    lower::SplitTail::Machine(codes) => text.add_machine(&name, &codes),
+                    lower::SplitTail::Clif(funcs) => text.add_tasks(&name, funcs, &target)?,
+                }
             }
         }
     }

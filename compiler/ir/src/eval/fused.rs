@@ -1,7 +1,8 @@
 //! Fused kernels: the head through [`super::eval`] of its op (an integer
 //! head's result then cast to f32), then each
 //! instruction through [`super::eval`] of its unary or binary op, so a fused
-//! kernel evaluates exactly as the nodes it replaced.
+//! kernel evaluates exactly as the nodes it replaced; a u8 store is the
+//! evaluator's cast of the result.
 
 use crate::fused::FusedKernel;
 use crate::{IrError, Tensor};
@@ -30,5 +31,9 @@ pub(super) fn fused(k: &FusedKernel, inputs: &[&Tensor]) -> Result<Tensor, IrErr
         let v = super::eval(&instr.op(), &args)?;
         regs.push(v);
     }
-    Ok(regs.swap_remove(k.body().result().index()))
+    let result = regs.swap_remove(k.body().result().index());
+    match k.store() {
+        crate::FusedStore::F32 => Ok(result),
+        store => super::eval(&crate::Op::Cast { to: store.dtype() }, &[&result]),
+    }
 }

@@ -2,7 +2,7 @@
 //! constructors so that inference runs on every node.
 
 use super::lex::{lex, lex_string, Tok, Token};
-use crate::fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Instr, Reg};
+use crate::fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Instr, Reg};
 use crate::op::{
     Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
 };
@@ -780,6 +780,14 @@ impl Attrs {
             Some((v, line)) => return Err(self.bad("body", line, "a string", &v)),
             None => return Err(err(self.line, "fused needs attribute `body`")),
         };
+        let store = match self.take("store") {
+            Some((v, line)) => {
+                let d = self.dtype("store", v, line)?;
+                FusedStore::from_dtype(d)
+                    .ok_or_else(|| err(line, format!("a fused kernel stores f32 or u8, not {d}")))?
+            }
+            None => FusedStore::F32,
+        };
         let head = match self.take("head") {
             Some((v, line)) => {
                 let name = self.ident("head", v, line)?;
@@ -798,7 +806,7 @@ impl Attrs {
         };
         let program = parse_body(&body.0).map_err(|m| err(body.1, format!("fused body: {m}")))?;
         FusedKernel::new(head, program)
-            .map(|k| Op::Fused(Box::new(k)))
+            .map(|k| Op::Fused(Box::new(k.with_store(store))))
             .map_err(|e| err(body.1, e.to_string()))
     }
 
@@ -1017,6 +1025,7 @@ const OPS: &[(&str, &[&str])] = &[
         &[
             "head",
             "head_inputs",
+            "store",
             "body",
             "alpha",
             "beta",

@@ -216,6 +216,9 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
                 attrs.push(format!("head_inputs={}", h.inputs));
                 attrs.extend(attributes(&op));
             }
+            if k.store() != crate::FusedStore::F32 {
+                attrs.push(format!("store={}", k.store().dtype().name()));
+            }
             attrs.push(format!("body={}", quote(&k.body().to_text())));
             attrs
         }

@@ -160,6 +160,7 @@ pub(crate) fn lower_avx512(
             u8_zero: None,
             row_sums: None,
             to_f32: false,
+            store: crate::microkernel::Store::F32,
             epilogue: vec![],
         };
     let mut scores = gemm(m, n, k, k, n, n);

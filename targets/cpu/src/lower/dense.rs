@@ -11,8 +11,8 @@
 use std::borrow::Cow;
 
 use kiln_ir::{
-    BinaryOp, Conv2d, DType, Data, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr, NodeId,
-    Op, Reg, UnaryOp,
+    BinaryOp, Conv2d, DType, Data, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Graph,
+    Instr, NodeId, Op, Reg, UnaryOp,
 };
 
 use super::elementwise::broadcast_strides;
@@ -50,20 +50,70 @@ pub(crate) fn lower(
     lower_with(cx, weights, scratch, None, tasks).map(|(codes, _)| codes)
 }
 
+/// The part of a fused kernel's program that its head's store loop could
+/// not take: the caller runs it over the head's f32 result at `src` and
+/// writes the fused node's output. `src` is the output itself (the program
+/// runs in place) unless the kernel stores u8 (then the head wrote f32
+/// scratch).
+pub(crate) struct Tail {
+    pub program: ElementwiseProgram,
+    pub src: Loc,
+}
+
 /// The microkernel of the head of fused node `cx` with as much of the
-/// program as its store loop takes, and the rest of the program (to run in
-/// place over the output), or `None` when the head has no microkernel.
+/// program as its store loop takes, and the rest of the program, or
+/// `None` when the head has no microkernel.
 pub(crate) fn lower_fused(
     cx: &NodeCx,
     k: &FusedKernel,
     weights: &mut Weights,
     scratch: &mut Scratch,
     tasks: usize,
-) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
+) -> Option<(Vec<Vec<u8>>, Option<Tail>)> {
     let h = k.head()?;
     let node = super::fused::head_node(cx, &h.op);
     let hcx = super::fused::head_cx(cx, &node, h.inputs);
     lower_with(&hcx, weights, scratch, Some((cx, k)), tasks)
+}
+
+/// Where the tasks of a head write, once its store loop has taken what it
+/// can of the fused program (`tail`: the rest): u8 into the output when
+/// the kernel stores u8 and nothing is left, f32 scratch when something is
+/// left of a u8 kernel's program, else f32 into the output.
+fn head_output(
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    tail: Option<ElementwiseProgram>,
+    weights: &mut Weights,
+) -> (HeadOutput, Option<ElementwiseProgram>) {
+    let narrow = fused.is_some_and(|(_, k)| k.store() != FusedStore::F32);
+    let output = match (narrow, &tail) {
+        (false, _) => HeadOutput::InPlace,
+        (true, None) => HeadOutput::Narrow {
+            zero: weights_loc(weights, &0f32.to_le_bytes()),
+        },
+        (true, Some(_)) => HeadOutput::Scratch,
+    };
+    (output, tail)
+}
+
+/// Where a dense microkernel writes its f32 results (see [`head_output`]).
+#[derive(Clone, Copy)]
+enum HeadOutput {
+    /// Into the node's output; a tail runs there in place.
+    InPlace,
+    /// Into the node's output, cast to u8 in the store loop (`zero`: an f32
+    /// 0 in the weights).
+    Narrow { zero: Loc },
+    /// Into scratch of the output's size in f32, which the tail reads.
+    Scratch,
+}
+
+/// The tasks' code and the tail, its source located.
+fn finish(
+    (codes, src): (Vec<Vec<u8>>, Loc),
+    tail: Option<ElementwiseProgram>,
+) -> (Vec<Vec<u8>>, Option<Tail>) {
+    (codes, tail.map(|program| Tail { program, src }))
 }
 
 /// [`lower`], and for the head of a fused node (`fused`: the fused node's
@@ -75,7 +125,7 @@ fn lower_with(
     scratch: &mut Scratch,
     fused: Option<(&NodeCx, &FusedKernel)>,
     tasks: usize,
-) -> Option<(Vec<Vec<u8>>, Option<ElementwiseProgram>)> {
+) -> Option<(Vec<Vec<u8>>, Option<Tail>)> {
     let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
     let integer = match &cx.node.op {
         Op::MatMulInteger => Some(integer_matmul(cx, weights)?),
@@ -92,7 +142,8 @@ fn lower_with(
             }
             None => None,
         };
-        return assemble_parts(spec, scratch, tasks).map(|codes| (codes, tail));
+        let (output, tail) = head_output(fused, tail, weights);
+        return assemble_parts(cx, spec, scratch, tasks, output).map(|r| finish(r, tail));
     }
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
     if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
@@ -136,12 +187,28 @@ fn lower_with(
             }
             let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
             let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+            let (output, tail) = head_output(fused, tail, weights);
+            let src = match output {
+                HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
+                _ => cx.out,
+            };
             let codes = spec
                 .split(tasks)
-                .iter()
-                .map(|part| part.assemble().ok())
+                .into_iter()
+                .map(|mut part| {
+                    match output {
+                        HeadOutput::InPlace => {}
+                        HeadOutput::Narrow { zero } => part = part.narrowed(cx.out, zero),
+                        HeadOutput::Scratch => {
+                            for image in &mut part.images {
+                                image.1 = relocated(cx.out, image.1, src);
+                            }
+                        }
+                    }
+                    part.assemble().ok()
+                })
                 .collect::<Option<Vec<_>>>()?;
-            return Some((codes, tail));
+            return Some(finish((codes, src), tail));
         }
         Op::Conv(c) => match pointwise_conv(cx, weights, c) {
             Some(spec) => spec,
@@ -157,28 +224,59 @@ fn lower_with(
         Some((fcx, k)) => absorb(fcx, k, &mut spec, weights),
         None => None,
     };
-    assemble_parts(spec, scratch, tasks).map(|codes| (codes, tail))
+    let (output, tail) = head_output(fused, tail, weights);
+    assemble_parts(cx, spec, scratch, tasks, output).map(|r| finish(r, tail))
 }
 
-/// `spec` split into at most `tasks` kernels, each with scratch of its own
-/// for its im2col matrix and B panel, assembled.
-fn assemble_parts(spec: GemmSpec, scratch: &mut Scratch, tasks: usize) -> Option<Vec<Vec<u8>>> {
+/// The f32 bytes of node `cx`'s output.
+fn f32_bytes(cx: &NodeCx) -> u64 {
+    4 * cx.node.ty.num_elements() as u64
+}
+
+/// Output location `loc` (inside the output that starts at `out`) moved to
+/// the same offset from `to`.
+fn relocated(out: Loc, loc: Loc, to: Loc) -> Loc {
+    to.moved(loc.offset as i64 - out.offset as i64)
+}
+
+/// `spec` (the kernel of node `cx`) split into at most `tasks` kernels,
+/// each with scratch of its own for its im2col matrix and B panel,
+/// writing where `output` says, assembled; and where the f32 results are
+/// (the output, or the scratch that [`HeadOutput::Scratch`] reserves).
+fn assemble_parts(
+    cx: &NodeCx,
+    spec: GemmSpec,
+    scratch: &mut Scratch,
+    tasks: usize,
+    output: HeadOutput,
+) -> Option<(Vec<Vec<u8>>, Loc)> {
     let mut parts = super::partition::split(spec, tasks);
-    // Every task gets scratch of its own, since tasks run concurrently.
-    let sizes: Vec<u64> = parts
-        .iter()
-        .flat_map(|p| {
-            let (col, panel) = scratch_bytes(p);
-            [col, panel]
-        })
-        .collect();
-    let locs = if sizes.iter().any(|&b| b > 0) {
+    // Every task gets scratch of its own, since tasks run concurrently; the
+    // f32 results of a u8 kernel with a tail come first.
+    let staged = matches!(output, HeadOutput::Scratch);
+    let mut sizes: Vec<u64> = staged.then(|| f32_bytes(cx)).into_iter().collect();
+    sizes.extend(parts.iter().flat_map(|p| {
+        let (col, panel) = scratch_bytes(p);
+        [col, panel]
+    }));
+    let mut locs = if sizes.iter().any(|&b| b > 0) {
         scratch.reserve(&sizes)
     } else {
         Vec::new()
     };
+    let src = if staged { locs.remove(0) } else { cx.out };
+    let sizes = &sizes[usize::from(staged)..];
     let mut codes = Vec::with_capacity(parts.len());
     for (t, part) in parts.iter_mut().enumerate() {
+        match output {
+            HeadOutput::InPlace => {}
+            HeadOutput::Narrow { zero } => *part = part.clone().narrowed(cx.out, zero),
+            HeadOutput::Scratch => {
+                for call in &mut part.calls {
+                    call.out = relocated(cx.out, call.out, src);
+                }
+            }
+        }
         if sizes[2 * t] > 0 {
             // B was addressed relative to the start of the scratch.
             for call in &mut part.calls {
@@ -190,7 +288,7 @@ fn assemble_parts(spec: GemmSpec, scratch: &mut Scratch, tasks: usize) -> Option
         }
         codes.push(part.assemble().ok()?);
     }
-    Some(codes)
+    Some((codes, src))
 }
 
 /// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into
@@ -459,7 +557,7 @@ pub(crate) fn lower_headless(
 ) -> Option<Vec<Vec<u8>>> {
     let shape = &cx.node.ty.shape;
     let n = cx.node.ty.num_elements();
-    if k.head().is_some() || cx.node.ty.dtype != DType::F32 || n == 0 {
+    if k.head().is_some() || cx.node.ty.dtype != k.store().dtype() || n == 0 {
         return None;
     }
     // The axis whose index is the row, for per-row operands; whether an
@@ -527,12 +625,17 @@ pub(crate) fn lower_headless(
         input: cx.inputs[0].0,
         steps,
         out: cx.out,
+        store: crate::microkernel::Store::F32,
     };
+    let zero = (k.store() != FusedStore::F32).then(|| weights_loc(weights, &0f32.to_le_bytes()));
     // Large enough that a task is worth its wake-up (as split_elementwise).
     let tasks = tasks.min(n / (1 << 14)).max(1);
     spec.split(tasks)
-        .iter()
-        .map(|p| p.assemble().ok())
+        .into_iter()
+        .map(|p| match zero {
+            Some(zero) => p.narrowed(cx.out, zero).assemble().ok(),
+            None => p.assemble().ok(),
+        })
         .collect()
 }
 
@@ -885,6 +988,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         u8_zero: None,
         row_sums: None,
         to_f32: false,
+        store: crate::microkernel::Store::F32,
         epilogue: Vec::new(),
     })
 }
@@ -960,6 +1064,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
         u8_zero,
         row_sums: None,
         to_f32: false,
+        store: crate::microkernel::Store::F32,
         epilogue: Vec::new(),
     })
 }
@@ -1063,6 +1168,7 @@ fn gemm(
         u8_zero: None,
         row_sums: None,
         to_f32: false,
+        store: crate::microkernel::Store::F32,
         epilogue: Vec::new(),
     })
 }
@@ -1330,6 +1436,7 @@ fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias:
         u8_zero: None,
         row_sums: None,
         to_f32: false,
+        store: crate::microkernel::Store::F32,
         epilogue: Vec::new(),
     }
 }
@@ -1536,5 +1643,6 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
         bias: cx.inputs.get(2).map(|&(loc, _)| loc),
         images,
         epilogue: Vec::new(),
+        store: crate::microkernel::Store::F32,
     })
 }

@@ -962,7 +962,9 @@ pub(crate) fn int_range(d: DType) -> (i64, i64) {
     }
 }
 
-fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
+/// `x` (of type `from`) converted to `to` as the `Cast` kernel converts one
+/// element (the reference evaluator's rules).
+pub(crate) fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value {
     if from == to {
         return x;
     }

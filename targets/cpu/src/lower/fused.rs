@@ -10,11 +10,13 @@
 
 use cranelift_codegen::ir::types::{F32, F32X4};
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_ir::{BinaryOp, DenseOp, ElementwiseProgram, FusedKernel, Instr, Node, Op};
+use kiln_ir::{
+    BinaryOp, DType, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Instr, Node, Op,
+};
 
-use super::elementwise::{binary_float, broadcast_strides, map, unary_float, MapIn};
+use super::elementwise::{binary_float, broadcast_strides, cast_value, map, unary_float, MapIn};
 use super::{conv, linalg, Kb, NodeCx};
-use crate::plan::Weights;
+use crate::plan::{Loc, Scratch, Weights};
 use crate::CpuError;
 
 /// Whether every instruction of `p` has a vector form (Pow, Mod and Fmod
@@ -45,9 +47,11 @@ pub(crate) fn eval_program(kb: &mut Kb, p: &ElementwiseProgram, inputs: &[Value]
 /// f32 (i32 for an integer head, which the program reads converted).
 pub(crate) fn head_node(cx: &NodeCx, op: &DenseOp) -> Node {
     let mut ty = cx.node.ty.clone();
-    if op.is_integer() {
-        ty.dtype = kiln_ir::DType::I32;
-    }
+    ty.dtype = if op.is_integer() {
+        kiln_ir::DType::I32
+    } else {
+        kiln_ir::DType::F32
+    };
     Node {
         op: op.op(),
         name: cx.node.name.clone(),
@@ -66,21 +70,23 @@ pub(crate) fn head_cx<'g>(cx: &NodeCx<'g>, node: &'g Node, inputs: usize) -> Nod
     }
 }
 
-/// Runs `program` over the output of `cx` in place: program input 0 is the
-/// output itself (`head` its type as the head wrote it: i32 for an integer
-/// head, converted as it is read), input `i ≥ 1` kernel input
-/// `first_extra + i - 1`.
-pub(crate) fn program_in_place(
+/// Runs `program` over the head's result into the output of `cx`:
+/// program input 0 is the head's result at `src` (the output itself, in
+/// place, unless the kernel stores u8; `head` its type as the head wrote
+/// it: i32 for an integer head, converted as it is read), input `i ≥ 1`
+/// kernel input `first_extra + i - 1`.
+pub(crate) fn program_over(
     kb: &mut Kb,
     cx: &NodeCx,
     program: &ElementwiseProgram,
     first_extra: usize,
-    head: kiln_ir::DType,
+    (src, head): (Loc, DType),
 ) {
     let shape = cx.node.ty.shape.clone();
     let out = kb.ptr(cx.out);
+    let src = kb.ptr(src);
     let mut ins = vec![MapIn {
-        ptr: out,
+        ptr: src,
         dtype: head,
         strides: broadcast_strides(&shape, &shape),
     }];
@@ -94,44 +100,48 @@ fn run(kb: &mut Kb, cx: &NodeCx, program: &ElementwiseProgram, (out, ins): (Valu
     let shape = cx.node.ty.shape.clone();
     let vector = vectorizable(program).then_some(F32X4);
     // i32 inputs (an integer head's result) are read as scalars (`map`
-    // vectorizes only when every type matches) and converted.
-    let ints: Vec<bool> = ins.iter().map(|i| i.dtype == kiln_ir::DType::I32).collect();
-    map(
-        kb,
-        &shape,
-        (out, cx.node.ty.dtype),
-        &ins,
-        vector,
-        &|kb, v| {
-            let v: Vec<Value> = (v.iter().zip(&ints))
-                .map(|(&x, &int)| {
-                    if int {
-                        kb.b.ins().fcvt_from_sint(F32, x)
-                    } else {
-                        x
-                    }
-                })
-                .collect();
-            eval_program(kb, program, &v)
-        },
-    );
+    // vectorizes only when every type matches) and converted; so is a u8
+    // result stored.
+    let ints: Vec<bool> = ins.iter().map(|i| i.dtype == DType::I32).collect();
+    let store = cx.node.ty.dtype;
+    map(kb, &shape, (out, store), &ins, vector, &|kb, v| {
+        let v: Vec<Value> = (v.iter().zip(&ints))
+            .map(|(&x, &int)| {
+                if int {
+                    kb.b.ins().fcvt_from_sint(F32, x)
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let result = eval_program(kb, program, &v);
+        if store == DType::F32 {
+            result
+        } else {
+            cast_value(kb, result, DType::F32, store)
+        }
+    });
 }
 
 /// The Cranelift kernel of a fused node: the head (if any) into the
-/// output, then the program.
+/// output (into scratch when the kernel stores u8), then the program.
 pub(crate) fn fused(
     kb: &mut Kb,
     cx: &NodeCx,
-    weights: &mut Weights,
+    (weights, scratch): (&mut Weights, &mut Scratch),
     k: &FusedKernel,
 ) -> Result<(), CpuError> {
-    if cx.node.ty.dtype != kiln_ir::DType::F32 {
+    if cx.node.ty.dtype != k.store().dtype() {
         return Err(cx.dtype_err(cx.node.ty.dtype));
     }
     match k.head() {
         Some(h) => {
             let node = head_node(cx, &h.op);
-            let hcx = head_cx(cx, &node, h.inputs);
+            let mut hcx = head_cx(cx, &node, h.inputs);
+            if k.store() != FusedStore::F32 {
+                let bytes = node.ty.num_elements() * node.ty.dtype.size_bytes();
+                hcx.out = scratch.reserve(&[bytes as u64])[0];
+            }
             match &node.op {
                 Op::MatMul => linalg::matmul(kb, &hcx)?,
                 Op::Gemm {
@@ -145,7 +155,7 @@ pub(crate) fn fused(
                 Op::ConvInteger(c) => conv::conv_integer(kb, &hcx, c)?,
                 _ => unreachable!("DenseOp::op gives a dense op"),
             }
-            program_in_place(kb, cx, k.body(), h.inputs, node.ty.dtype);
+            program_over(kb, cx, k.body(), h.inputs, (hcx.out, node.ty.dtype));
         }
         None => {
             let out = kb.ptr(cx.out);

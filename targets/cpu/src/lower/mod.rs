@@ -286,18 +286,26 @@ pub(crate) enum Lowered {
     /// (a [`crate::microkernel`] kernel), as one or more independent tasks
     /// of one schedule step.
     Machine(Vec<Vec<u8>>),
-    /// A microkernel, then a Cranelift function, run as one kernel (a
+    /// A microkernel, then the rest of the program, run as one kernel (a
     /// fused node whose head is a microkernel and whose program continues
-    /// in place over the output): see [`crate::emit::Text::add_chain`].
-    Chain(Vec<u8>, Box<Function>),
+    /// over the head's result): see [`crate::emit::Text::add_chain`].
+    Chain(Vec<u8>, crate::emit::TailCode),
     /// A fused node whose head is split into tasks: the tasks as one
-    /// schedule step, then the program over the output in place as the
-    /// next, itself split when large (the threads matter more than one
-    /// kernel per node).
-    SplitChain(Vec<Vec<u8>>, Vec<Function>),
+    /// schedule step, then the rest of the program as the next, itself
+    /// split when large (the threads matter more than one kernel per
+    /// node).
+    SplitChain(Vec<Vec<u8>>, SplitTail),
     /// Cranelift functions, each over one part of an elementwise node's
     /// output (see [`split_elementwise`]), as the tasks of one step.
     ClifTasks(Vec<Function>),
+}
+
+/// The tasks of the second step of a [`Lowered::SplitChain`].
+pub(crate) enum SplitTail {
+    /// AVX-512 elementwise kernels.
+    Machine(Vec<Vec<u8>>),
+    /// Cranelift functions.
+    Clif(Vec<Function>),
 }
 
 /// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
@@ -318,41 +326,52 @@ pub(crate) fn lower_job(
                 })
                 .flatten()
             {
-                let Some(program) = tail else {
+                let Some(dense::Tail { program, src }) = tail else {
                     return Ok(Lowered::Machine(tasks));
                 };
                 let first_extra = k.head().map_or(0, |h| h.inputs);
-                if tasks.len() > 1 {
-                    // The tail as a headless kernel over the output in
-                    // place, split like any elementwise node.
-                    let tail = Node {
-                        op: Op::Fused(Box::new(FusedKernel::new(None, program.clone())?)),
-                        name: cx.node.name.clone(),
-                        ty: cx.node.ty.clone(),
-                    };
-                    let mut tail_cx = NodeCx {
-                        graph,
-                        node: &tail,
-                        input_ids: vec![*id],
-                        inputs: vec![(cx.out, &cx.node.ty)],
-                        out: cx.out,
-                    };
-                    tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
-                    tail_cx.inputs.extend(&cx.inputs[first_extra..]);
-                    let funcs = match split_elementwise(&tail_cx, plan, target)? {
-                        Some(funcs) => funcs,
-                        None => vec![build_function(target, |kb| {
-                            fused::program_in_place(kb, &cx, &program, first_extra, DType::F32);
-                            Ok(())
-                        })?],
-                    };
-                    return Ok(Lowered::SplitChain(tasks, funcs));
-                }
-                let func = build_function(target, |kb| {
-                    fused::program_in_place(kb, &cx, &program, first_extra, DType::F32);
+                // The tail as a headless kernel over the head's result: an
+                // AVX-512 elementwise kernel when its program has the step
+                // form, else Cranelift.
+                let tail_kernel = FusedKernel::new(None, program.clone())?.with_store(k.store());
+                let tail = Node {
+                    op: Op::Fused(Box::new(tail_kernel.clone())),
+                    name: cx.node.name.clone(),
+                    ty: cx.node.ty.clone(),
+                };
+                let src_ty = ValueType::new(DType::F32, cx.node.ty.shape.clone());
+                let mut tail_cx = NodeCx {
+                    graph,
+                    node: &tail,
+                    input_ids: vec![*id],
+                    inputs: vec![(src, &src_ty)],
+                    out: cx.out,
+                };
+                tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
+                tail_cx.inputs.extend(&cx.inputs[first_extra..]);
+                let split = tasks.len() > 1;
+                let tail_tasks = if split { target.tasks } else { 1 };
+                let machine =
+                    dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks);
+                let over = |kb: &mut Kb| {
+                    fused::program_over(kb, &cx, &program, first_extra, (src, DType::F32));
                     Ok(())
-                })?;
-                return Ok(Lowered::Chain(tasks.swap_remove(0), Box::new(func)));
+                };
+                if split {
+                    let tail = match machine {
+                        Some(codes) => SplitTail::Machine(codes),
+                        None => SplitTail::Clif(match split_elementwise(&tail_cx, plan, target)? {
+                            Some(funcs) => funcs,
+                            None => vec![build_function(target, over)?],
+                        }),
+                    };
+                    return Ok(Lowered::SplitChain(tasks, tail));
+                }
+                let tail = match machine {
+                    Some(mut codes) => crate::emit::TailCode::Machine(codes.swap_remove(0)),
+                    None => crate::emit::TailCode::Clif(Box::new(build_function(target, over)?)),
+                };
+                return Ok(Lowered::Chain(tasks.swap_remove(0), tail));
             }
             if let Some(code) = dense::lower_headless(&cx, k, &mut plan.weights, target.tasks) {
                 return Ok(Lowered::Machine(code));
@@ -669,6 +688,6 @@ fn lower_cx(
         Op::LayerNorm { axis, epsilon } => norm::layer_norm(kb, cx, *axis, *epsilon),
         Op::Resize(r) => resize::resize(kb, cx, weights, r),
         Op::Col2Im(c) => resize::col2im(kb, cx, c),
-        Op::Fused(k) => fused::fused(kb, cx, weights, k),
+        Op::Fused(k) => fused::fused(kb, cx, (weights, scratch), k),
     }
 }

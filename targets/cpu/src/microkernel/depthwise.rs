@@ -15,7 +15,7 @@
 use iced_x86::code_asm::*;
 
 use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, Operand};
-use super::{imm32, load_address, MicrokernelError};
+use super::{imm32, load_address, MicrokernelError, Store};
 use crate::plan::Loc;
 
 /// Most 16-pixel vectors accumulated together.
@@ -95,6 +95,8 @@ pub(crate) struct DepthwiseSpec {
     /// A fused program applied to every output vector before it is stored
     /// (per-row operands are per output channel); empty for none.
     pub epilogue: Vec<EpilogueStep>,
+    /// How outputs are stored (u8: see [`DepthwiseSpec::narrowed`]).
+    pub store: Store,
 }
 
 /// The registers free when a tile of accumulators is stored: the input
@@ -108,6 +110,17 @@ pub(crate) fn depthwise_epilogue_fits(steps: &[EpilogueStep]) -> bool {
 }
 
 impl DepthwiseSpec {
+    /// The kernel storing u8 ([`Store::U8`], `zero` an f32 0 in the
+    /// weights) into the output that starts at `out`: the image offsets,
+    /// computed for f32 elements, scaled to bytes.
+    pub(crate) fn narrowed(mut self, out: Loc, zero: Loc) -> DepthwiseSpec {
+        self.store = Store::U8 { zero };
+        for image in &mut self.images {
+            image.1 = self.store.narrow(out, image.1);
+        }
+        self
+    }
+
     /// The kernel as up to `tasks` independent kernels over contiguous
     /// ranges of groups (each group reads its own input channel and writes
     /// its own output channels).
@@ -201,7 +214,7 @@ impl DepthwiseSpec {
 
     fn groups_loop(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
         let taps = (self.kh * self.kw) as i64;
-        let plane_out = (self.oh * self.ow * 4) as i64;
+        let plane_out = (self.oh * self.ow * self.store.bytes()) as i64;
         let mut top = a.create_label();
         a.mov(GROUPS, self.groups as u64)?;
         a.set_label(&mut top)?;
@@ -247,6 +260,7 @@ impl DepthwiseSpec {
             MicrokernelError::Layout("the depthwise epilogue does not fit".into())
         })?;
         let w4 = (self.w * 4) as i64;
+        let out_row = self.ow * self.store.bytes();
         let [dil_h, dil_w] = self.dilations;
         let [pt, pl] = self.pad_tl;
         // SRC: input row of output row `start` with tap 0 (may point above
@@ -255,7 +269,7 @@ impl DepthwiseSpec {
         a.lea(SRC, qword_ptr(X_G + imm32(first * w4, "input row")?))?;
         a.lea(
             DST,
-            qword_ptr(OUT_G + imm32(out_off + (seg.start * self.ow * 4) as i64, "output row")?),
+            qword_ptr(OUT_G + imm32(out_off + (seg.start * out_row) as i64, "output row")?),
         )?;
         let mut top = a.create_label();
         a.mov(ROWS, seg.len as u64)?;
@@ -318,7 +332,7 @@ impl DepthwiseSpec {
             for t in 0..n {
                 let ow0 = (v0 + t) * 16;
                 let lanes = (self.ow - ow0).min(16);
-                let disp = imm32((ow0 * 4) as i64, "output pixel")?;
+                let disp = imm32((ow0 * self.store.bytes()) as i64, "output pixel")?;
                 let x = if self.epilogue.is_empty() {
                     acc(t)
                 } else {
@@ -327,18 +341,16 @@ impl DepthwiseSpec {
                         .collect();
                     run_epilogue(a, &self.epilogue, &home, &regs, (CHANNEL, j), None)?
                 };
-                if lanes == 16 {
-                    a.vmovups(zmmword_ptr(DST + disp), x)?;
-                } else {
+                if lanes < 16 {
                     a.mov(TMP, (1u32 << lanes) - 1)?;
                     a.kmovw(k1, TMP)?;
-                    a.vmovups(zmmword_ptr(DST + disp).k1(), x)?;
                 }
+                self.store.vector(a, DST + disp, x, lanes < 16)?;
             }
             v0 += n;
         }
         a.add(SRC, imm32(self.stride_h as i64 * w4, "input row stride")?)?;
-        a.add(DST, imm32((self.ow * 4) as i64, "output row stride")?)?;
+        a.add(DST, imm32(out_row as i64, "output row stride")?)?;
         a.dec(ROWS)?;
         a.jnz(top)?;
         Ok(())

@@ -13,7 +13,7 @@
 use iced_x86::code_asm::*;
 
 use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
-use super::{base_register, imm32, MicrokernelError};
+use super::{base_register, imm32, MicrokernelError, Store};
 use crate::plan::Loc;
 
 /// One elementwise kernel.
@@ -27,8 +27,10 @@ pub(crate) struct ElementwiseSpec {
     pub input: Loc,
     /// The program; its result is stored.
     pub steps: Vec<EpilogueStep>,
-    /// The output, `rows × cols` f32.
+    /// The output, `rows × cols` elements stored as `store` says.
     pub out: Loc,
+    /// How the result is stored (u8: see [`ElementwiseSpec::narrowed`]).
+    pub store: Store,
 }
 
 /// The element byte offset, the per-row byte offset, the byte offset
@@ -38,6 +40,8 @@ const ROW: AsmRegister64 = rdx;
 const COL: AsmRegister64 = r9;
 const ROWS: AsmRegister64 = rcx;
 const VECS: AsmRegister64 = r8;
+/// The byte offset of the element in a u8 output.
+const OUT_BYTE: AsmRegister64 = r10;
 
 /// Registers the program's slots live in.
 const REGS: [AsmRegisterZmm; 30] = [
@@ -47,6 +51,15 @@ const REGS: [AsmRegisterZmm; 30] = [
 ];
 
 impl ElementwiseSpec {
+    /// The kernel storing u8 ([`Store::U8`], `zero` an f32 0 in the
+    /// weights) into the output that starts at `out` (this part's output
+    /// offset, computed for f32 elements, scaled to bytes).
+    pub(crate) fn narrowed(mut self, out: Loc, zero: Loc) -> ElementwiseSpec {
+        self.store = Store::U8 { zero };
+        self.out = self.store.narrow(out, self.out);
+        self
+    }
+
     /// Whether the program's live values fit the registers.
     pub(crate) fn fits(steps: &[EpilogueStep]) -> bool {
         allocate_slots(steps, REGS.len()).is_some()
@@ -112,6 +125,7 @@ impl ElementwiseSpec {
                 })
                 .collect(),
             out: self.out.moved(elem_bytes as i64),
+            store: self.store,
         }
     }
 
@@ -128,6 +142,10 @@ impl ElementwiseSpec {
             }
             a.xor(ELEM, ELEM)?;
             a.xor(ROW, ROW)?;
+            let narrow = self.store != Store::F32;
+            if narrow {
+                a.xor(OUT_BYTE, OUT_BYTE)?;
+            }
             a.mov(ROWS, self.rows as u64)?;
             let mut row = a.create_label();
             a.set_label(&mut row)?;
@@ -138,6 +156,9 @@ impl ElementwiseSpec {
                 a.set_label(&mut top)?;
                 self.vector(&mut a, &home, false)?;
                 a.add(ELEM, 64)?;
+                if narrow {
+                    a.add(OUT_BYTE, 16)?;
+                }
                 a.add(COL, 64)?;
                 a.dec(VECS)?;
                 a.jnz(top)?;
@@ -145,6 +166,9 @@ impl ElementwiseSpec {
             if tail > 0 {
                 self.vector(&mut a, &home, true)?;
                 a.add(ELEM, imm32(4 * tail as i64, "tail")?)?;
+                if narrow {
+                    a.add(OUT_BYTE, tail as i32)?;
+                }
             }
             a.add(ROW, 4)?;
             a.dec(ROWS)?;
@@ -178,13 +202,12 @@ impl ElementwiseSpec {
             masked,
         };
         let result = run_epilogue(a, &self.steps, home, &REGS, (ROW, 0), Some(full))?;
-        let out =
-            zmmword_ptr(base_register(self.out) + ELEM + imm32(self.out.offset as i64, "output")?);
-        if masked {
-            a.vmovups(out.k1(), result)?;
-        } else {
-            a.vmovups(out, result)?;
-        }
-        Ok(())
+        let index = match self.store {
+            Store::F32 => ELEM,
+            Store::U8 { .. } => OUT_BYTE,
+        };
+        let disp = imm32(self.out.offset as i64, "output")?;
+        self.store
+            .vector(a, base_register(self.out) + index + disp, result, masked)
     }
 }

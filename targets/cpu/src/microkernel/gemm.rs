@@ -29,7 +29,7 @@
 use iced_x86::code_asm::*;
 
 use super::im2col::Im2col;
-use super::{base_register, imm32, load_address, MicrokernelError};
+use super::{base_register, imm32, load_address, MicrokernelError, Store};
 use crate::plan::Loc;
 
 /// K steps per unrolled loop iteration.
@@ -573,6 +573,9 @@ pub(crate) struct GemmSpec {
     /// activation (a fused kernel's tail: hard-swish, a per-channel
     /// affine); empty for none. See [`epilogue_fits`].
     pub epilogue: Vec<EpilogueStep>,
+    /// How the float store loop stores (u8: see [`GemmSpec::narrowed`]);
+    /// the i32 store of an unfused integer product ignores it.
+    pub store: Store,
 }
 
 /// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
@@ -662,6 +665,20 @@ struct Geometry {
 }
 
 impl GemmSpec {
+    /// The kernel storing u8 ([`Store::U8`], `zero` an f32 0 in the
+    /// weights) into the output that starts at `out`: the offsets and row
+    /// stride, computed for f32 elements, scaled to bytes. Only for the
+    /// float store loop (a float product, or an integer one with
+    /// `to_f32`).
+    pub(crate) fn narrowed(mut self, out: Loc, zero: Loc) -> GemmSpec {
+        self.store = Store::U8 { zero };
+        self.out_row /= 4;
+        for call in &mut self.calls {
+            call.out = self.store.narrow(out, call.out);
+        }
+        self
+    }
+
     fn geometry(&self) -> Geometry {
         let Blocking { mr, nv } = self.blocking;
         let (ea, eb) = (self.elem.a_size(), self.elem.b_size());
@@ -839,7 +856,8 @@ impl GemmSpec {
                 TileStart::Counted { full: full_j },
             )?;
             a.add(B_TILE, imm32(g.b_tile, "B tile stride")?)?;
-            a.add(OUT_COL, imm32(F * nr as i64, "output tile stride")?)?;
+            let out_tile = (self.store.bytes() * nr) as i64;
+            a.add(OUT_COL, imm32(out_tile, "output tile stride")?)?;
             if c_col_step != 0 {
                 a.add(C_COL, imm32(c_col_step, "C tile stride")?)?;
             }
@@ -1277,14 +1295,10 @@ impl GemmSpec {
                     run_epilogue(a, steps, &home, &regs, (ROW_BYTES, r), full)?
                 };
                 let disp = imm32(
-                    self.out_row * r as i64 + 64 * v as i64,
+                    self.out_row * r as i64 + (16 * self.store.bytes() * v) as i64,
                     "output displacement",
                 )?;
-                if last {
-                    a.vmovups(zmmword_ptr(OUT_TILE + disp).k1(), x)?;
-                } else {
-                    a.vmovups(zmmword_ptr(OUT_TILE + disp), x)?;
-                }
+                self.store.vector(a, OUT_TILE + disp, x, last)?;
             }
         }
         Ok(())
@@ -1574,6 +1588,7 @@ mod tests {
                 u8_zero: None,
                 row_sums: None,
                 to_f32: false,
+                store: crate::microkernel::Store::F32,
                 epilogue: Vec::new(),
             };
             let code = spec.assemble().unwrap();
@@ -1729,6 +1744,7 @@ mod tests {
                     u8_zero: None,
                     row_sums: None,
                     to_f32: false,
+                    store: crate::microkernel::Store::F32,
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();
@@ -1834,6 +1850,7 @@ mod tests {
                     u8_zero: zero.map(|_| arena_loc(zero_at)),
                     row_sums: None,
                     to_f32: false,
+                    store: crate::microkernel::Store::F32,
                     epilogue: Vec::new(),
                 };
                 let code = spec.assemble().unwrap();

@@ -95,6 +95,91 @@ pub(crate) fn load_address(
     Ok(())
 }
 
+/// How a kernel stores its f32 results.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) enum Store {
+    /// As f32.
+    #[default]
+    F32,
+    /// Cast to u8 ([`store_u8`]): a fused kernel that ends an int8
+    /// activation quantization (`kiln_ir::FusedStore::U8`). `zero` locates
+    /// an f32 0 (in the weights) that the cast's clamp reads by broadcast.
+    U8 {
+        /// An f32 zero.
+        zero: crate::plan::Loc,
+    },
+}
+
+impl Store {
+    /// Bytes per stored element.
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            Store::F32 => 4,
+            Store::U8 { .. } => 1,
+        }
+    }
+
+    /// Where element `loc` of an output laid out in f32 elements from
+    /// `base` lands when elements take [`Store::bytes`]: kernels are built
+    /// with f32 offsets (and split into tasks by them), then narrowed.
+    pub(crate) fn narrow(self, base: crate::plan::Loc, loc: crate::plan::Loc) -> crate::plan::Loc {
+        debug_assert_eq!(loc.base, base.base);
+        let elements = (loc.offset - base.offset) / 4;
+        base.moved((elements * self.bytes() as u64) as i64)
+    }
+
+    /// Stores the 16 lanes of `x` at `at` (the lanes under k1 when
+    /// `masked`); clobbers `x`.
+    pub(crate) fn vector(
+        self,
+        a: &mut iced_x86::code_asm::CodeAssembler,
+        at: iced_x86::code_asm::AsmMemoryOperand,
+        x: iced_x86::code_asm::AsmRegisterZmm,
+        masked: bool,
+    ) -> Result<(), MicrokernelError> {
+        use iced_x86::code_asm::{dword_bcst, zmmword_ptr};
+        match self {
+            Store::F32 if masked => a.vmovups(zmmword_ptr(at).k1(), x)?,
+            Store::F32 => a.vmovups(zmmword_ptr(at), x)?,
+            Store::U8 { zero } => {
+                let disp = imm32(zero.offset as i64, "zero constant")?;
+                store_u8(a, at, x, dword_bcst(base_register(zero) + disp), masked)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stores the 16 f32 lanes of `x` at `at` as u8 the way the reference
+/// evaluator casts (truncation toward zero, saturating, NaN to 0): `vmaxps`
+/// with `zero` (0.0; it returns that second operand for a NaN), then
+/// `vcvttps2udq` (whose out-of-range result, `u32::MAX`, saturates like
+/// any value above 255) and `vpmovusdb`. Clobbers `x`.
+pub(crate) fn store_u8<Z>(
+    a: &mut iced_x86::code_asm::CodeAssembler,
+    at: iced_x86::code_asm::AsmMemoryOperand,
+    x: iced_x86::code_asm::AsmRegisterZmm,
+    zero: Z,
+    masked: bool,
+) -> Result<(), MicrokernelError>
+where
+    iced_x86::code_asm::CodeAssembler: iced_x86::code_asm::asm_traits::CodeAsmVmaxps<
+        iced_x86::code_asm::AsmRegisterZmm,
+        iced_x86::code_asm::AsmRegisterZmm,
+        Z,
+    >,
+{
+    use iced_x86::code_asm::xmmword_ptr;
+    a.vmaxps(x, x, zero)?;
+    a.vcvttps2udq(x, x)?;
+    if masked {
+        a.vpmovusdb(xmmword_ptr(at).k1(), x)?;
+    } else {
+        a.vpmovusdb(xmmword_ptr(at), x)?;
+    }
+    Ok(())
+}
+
 /// Runs generated kernels in unit tests: copies code to an anonymous
 /// mapping, makes it executable and calls it with the kernel ABI.
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]

@@ -1,13 +1,12 @@
 //! AVX-512 cast of f32 to u8, as the reference evaluator defines it
-//! (truncation toward zero, saturating, NaN to 0): clamped to `[0, 255]` in
-//! f32 first (`vmaxps` returns its second operand, 0, for a NaN), then
-//! truncated (`vcvttps2dq`) and narrowed (`vpmovusdb`). The last step of
-//! every int8 activation quantization, so it runs once per int8 layer over
-//! the whole activation.
+//! (truncation toward zero, saturating, NaN to 0: [`super::store_u8`]).
+//! A fused kernel ending an int8 activation quantization stores its bytes
+//! itself; this kernel casts what no producer could take (a graph's u8
+//! Cast).
 
 use iced_x86::code_asm::*;
 
-use super::{load_address, MicrokernelError};
+use super::{load_address, store_u8, MicrokernelError};
 use crate::plan::Loc;
 
 /// One contiguous f32 → u8 cast.
@@ -28,7 +27,6 @@ const X: AsmRegister64 = r8;
 const Y: AsmRegister64 = r9;
 const COUNT: AsmRegister64 = rcx;
 const ZERO: AsmRegisterZmm = zmm30;
-const MAX: AsmRegisterZmm = zmm31;
 
 impl NarrowSpec {
     /// The cast split into at most `tasks` ranges of whole blocks.
@@ -58,23 +56,13 @@ impl NarrowSpec {
         } else {
             a.vmovups(v, zmmword_ptr(X + 4 * at))?;
         }
-        a.vmaxps(v, v, ZERO)?;
-        a.vminps(v, v, MAX)?;
-        a.vcvttps2dq(v, v)?;
-        if lanes < 16 {
-            a.vpmovusdb(xmmword_ptr(Y + at).k1(), v)?;
-        } else {
-            a.vpmovusdb(xmmword_ptr(Y + at), v)?;
-        }
-        Ok(())
+        store_u8(a, Y + at, v, ZERO, lanes < 16)
     }
 
     /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         let mut a = CodeAssembler::new(64)?;
         a.vpxord(ZERO, ZERO, ZERO)?;
-        a.mov(eax, 255f32.to_bits())?;
-        a.vpbroadcastd(MAX, eax)?;
         load_address(&mut a, X, self.x)?;
         load_address(&mut a, Y, self.y)?;
         let (blocks, rest) = (self.len / BLOCK, self.len % BLOCK);
