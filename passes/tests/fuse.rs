@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_equivalent, run_pass};
 use kiln_ir::text::{print_with, PrintOptions};
-use kiln_ir::{BinaryOp, Conv2d, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueType};
+use kiln_ir::{BinaryOp, Conv2d, DType, FusedStore, Graph, NodeId, Op, Tensor, UnaryOp, ValueType};
 use kiln_passes::{Fuse, Pass, PassManager, PipelineOptions};
 use std::path::Path;
 
@@ -148,6 +148,44 @@ fn shared_values_outputs_and_broadcasting_stop_a_chain() {
     assert_eq!((stats.fused_nodes, stats.fused_kernels), (2, 1));
     assert_eq!(count(&after, |op| matches!(op, Op::Fused(_))), 1);
     assert_eq!(after.node_count(), before.node_count() - 1);
+}
+
+#[test]
+fn the_cast_ending_an_activation_quantization_joins_its_producer() {
+    // The conv's chain stores u8 (one kernel, the cast inside); the second
+    // quantization's rounded value has another user, so its chain ends
+    // before the cast, which stays a node of its own.
+    let out = fuse(
+        "graph(%x: f32[1,2,3,3]) {
+          %w: f32[2,2,1,1] = const dense<[0.5, -1.0, 2.0, 0.25]>
+          %c: f32[1,2,3,3] = conv(%x, %w)  # onnx: conv
+          %s: f32[] = const dense<[0.05]>
+          %z: f32[] = const dense<[128.0]>
+          %q: f32[1,2,3,3] = div(%c, %s)  # onnx: x_scaled
+          %r: f32[1,2,3,3] = round(%q)  # onnx: x_rounded
+          %h: f32[1,2,3,3] = add(%r, %z)  # onnx: x_shifted
+          %k: f32[1,2,3,3] = clip(%h) {min=0.0, max=255.0}  # onnx: x_saturated
+          %u: u8[1,2,3,3] = cast(%k) {to=u8}  # onnx: x_quantized
+          %e: f32[1,2,3,3] = exp(%x)  # onnx: exp
+          %d: f32[1,2,3,3] = div(%e, %s)  # onnx: scaled2
+          %v: f32[1,2,3,3] = round(%d)  # onnx: rounded2
+          %u2: u8[1,2,3,3] = cast(%v) {to=u8}  # onnx: quantized2
+          return %u, %u2, %v
+        }",
+    );
+    insta::assert_snapshot!("quantize_cast_joins_producer", out);
+    let mut g = kiln_ir::text::parse(&out).unwrap();
+    let mut stores: Vec<FusedStore> = (g.node_ids())
+        .filter_map(|id| match &g.node(id).op {
+            Op::Fused(k) => Some(k.store()),
+            _ => None,
+        })
+        .collect();
+    stores.sort_by_key(|s| s.dtype().size_bytes());
+    assert_eq!(stores, [FusedStore::U8, FusedStore::F32]);
+    assert_eq!(count(&g, |op| matches!(op, Op::Cast { .. })), 1);
+    // Nothing left to fuse: the pass is idempotent.
+    assert!(!Fuse::default().run(&mut g).unwrap().changed());
 }
 
 #[test]

@@ -6,8 +6,8 @@ mod common;
 
 use common::{check_for, f32_tensor, has_zmm_code, has_zmm_fma, rand_tensor, Rng};
 use kiln_ir::{
-    BinaryOp, Conv2d, DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, Graph, Instr,
-    NodeId, Op, Reg, Tensor, UnaryOp, ValueType,
+    BinaryOp, Conv2d, DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore,
+    Graph, Instr, NodeId, Op, Reg, Tensor, UnaryOp, ValueType,
 };
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
@@ -15,18 +15,37 @@ use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 enum Arg {
     Input(Vec<usize>),
     Const(Vec<usize>),
+    /// A scalar constant of this value.
+    Value(f32),
 }
 
-fn add_args(g: &mut Graph, rng: &mut Rng, args: &[Arg]) -> Vec<NodeId> {
+/// How the constants of a test graph are drawn.
+type Values = fn(&mut Rng, &[usize]) -> Tensor;
+
+fn add_args(g: &mut Graph, rng: &mut Rng, args: &[Arg], values: Values) -> Vec<NodeId> {
     args.iter()
         .map(|a| {
             let i = g.node_count();
             match a {
                 Arg::Input(s) => g.add_input(format!("in{i}"), ValueType::new(DType::F32, s)),
-                Arg::Const(s) => g.add_const(format!("c{i}"), f32_tensor(rng, s)),
+                Arg::Const(s) => g.add_const(format!("c{i}"), values(rng, s)),
+                Arg::Value(v) => g.add_const(
+                    format!("c{i}"),
+                    Tensor::new(&[], kiln_ir::Data::F32(vec![*v])).unwrap(),
+                ),
             }
         })
         .collect()
+}
+
+/// Integer-valued f32 values in −4..=4: their products, sums and quarters
+/// are exact in f32, so a kernel computes them bit for bit as the
+/// evaluator does in any order, and the bytes a u8 store makes of them
+/// compare exactly.
+fn small_ints(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    let n = shape.iter().product();
+    let v = (0..n).map(|_| rng.int(-4, 4) as f32).collect();
+    Tensor::new(shape, kiln_ir::Data::F32(v)).unwrap()
 }
 
 /// One fused node over `head_args` (the head's operands) and `extra`
@@ -37,20 +56,32 @@ fn fused_graph(
     instrs: Vec<Instr>,
     seed: u64,
 ) -> Graph {
+    fused_graph_storing(head, extra, instrs, seed, (FusedStore::F32, f32_tensor))
+}
+
+/// [`fused_graph`] with the kernel storing `store` and its constants drawn
+/// by `values`.
+fn fused_graph_storing(
+    head: Option<(DenseOp, Vec<Arg>)>,
+    extra: Vec<Arg>,
+    instrs: Vec<Instr>,
+    seed: u64,
+    (store, values): (FusedStore, Values),
+) -> Graph {
     let mut rng = Rng::new(seed);
     let mut g = Graph::new();
     let (head, mut ins) = match head {
         Some((op, args)) => {
-            let ins = add_args(&mut g, &mut rng, &args);
+            let ins = add_args(&mut g, &mut rng, &args, values);
             let inputs = ins.len();
             (Some(DenseHead { op, inputs }), ins)
         }
         None => (None, vec![]),
     };
     let program_inputs = extra.len() + usize::from(head.is_some());
-    ins.extend(add_args(&mut g, &mut rng, &extra));
+    ins.extend(add_args(&mut g, &mut rng, &extra, values));
     let body = ElementwiseProgram::new(program_inputs, instrs).unwrap();
-    let k = FusedKernel::new(head, body).unwrap();
+    let k = FusedKernel::new(head, body).unwrap().with_store(store);
     let y = g.add_node(Op::Fused(Box::new(k)), &ins, "fused").unwrap();
     g.add_output("y", y);
     g
@@ -65,6 +96,19 @@ fn check(g: &Graph, seed: u64) {
         .iter()
         .map(|&i| rand_tensor(&mut rng, DType::F32, &g.node(i).ty.shape))
         .collect();
+    check_on(g, &inputs);
+}
+
+/// [`check`] with integer-valued inputs ([`small_ints`]).
+fn check_exact(g: &Graph, seed: u64) {
+    let mut rng = Rng::new(seed ^ 0xabc);
+    let inputs: Vec<Tensor> = (g.inputs().iter())
+        .map(|&i| small_ints(&mut rng, &g.node(i).ty.shape))
+        .collect();
+    check_on(g, &inputs);
+}
+
+fn check_on(g: &Graph, inputs: &[Tensor]) {
     let compute = g
         .node_ids()
         .filter(|&id| !matches!(g.node(id).op, Op::Input { .. } | Op::Constant(_)))
@@ -80,7 +124,7 @@ fn check(g: &Graph, seed: u64) {
         if target == CpuTarget::X86_64V3 && !std::arch::is_x86_feature_detected!("avx2") {
             continue;
         }
-        check_for(g, &inputs, 1e-5, target);
+        check_for(g, inputs, 1e-5, target);
     }
 }
 
@@ -694,4 +738,143 @@ fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
     );
     check(&g, 55);
     assert!(!has_program_tail(&g));
+}
+
+/// The end of an int8 activation quantization after `at`: `/ 4`, round,
+/// `+ 128`, clip to the u8 range (the kernel then stores u8), reading the
+/// two constants at registers `quarter` and `zero_point`.
+fn quantize_u8(at: u32, quarter: u32, zero_point: u32) -> Vec<Instr> {
+    vec![
+        Instr::Binary(BinaryOp::Mul, r(at), r(quarter)),
+        Instr::Unary(UnaryOp::Round, r(at + 1)),
+        Instr::Binary(BinaryOp::Add, r(at + 2), r(zero_point)),
+        Instr::Unary(
+            UnaryOp::Clip {
+                min: 0.0,
+                max: 255.0,
+            },
+            r(at + 3),
+        ),
+    ]
+}
+
+/// A graph whose single fused node stores u8: `head` over `head_args`,
+/// then `before`, then [`quantize_u8`] of its last value. The program's
+/// inputs: the head's result (when there is a head), `extra`, then the
+/// quarter and the zero point; constants are small integers.
+fn quantized_graph(
+    head: Option<(DenseOp, Vec<Arg>)>,
+    mut extra: Vec<Arg>,
+    mut before: Vec<Instr>,
+    seed: u64,
+) -> Graph {
+    let inputs = (usize::from(head.is_some()) + extra.len()) as u32;
+    extra.extend([Arg::Value(0.25), Arg::Value(128.0)]);
+    let last = inputs + 2 + before.len() as u32 - 1;
+    before.extend(quantize_u8(last, inputs, inputs + 1));
+    fused_graph_storing(head, extra, before, seed, (FusedStore::U8, small_ints))
+}
+
+#[test]
+fn quantizing_kernels_store_u8_from_every_store_loop() {
+    let relu = || Instr::Unary(UnaryOp::Relu, r(0));
+    let cases: Vec<(&str, Option<(DenseOp, Vec<Arg>)>, Vec<Arg>, Vec<Instr>)> = vec![
+        (
+            "elementwise",
+            None,
+            vec![Arg::Input(vec![2, 5, 37]), Arg::Const(vec![5, 1])],
+            vec![Instr::Binary(BinaryOp::Mul, r(0), r(1))],
+        ),
+        (
+            "pointwise conv",
+            Some((
+                conv(0, 1),
+                vec![Arg::Input(vec![1, 8, 7, 9]), Arg::Const(vec![20, 8, 1, 1])],
+            )),
+            vec![Arg::Const(vec![20, 1, 1])],
+            vec![Instr::Binary(BinaryOp::Add, r(0), r(1))],
+        ),
+        (
+            "im2col conv, two images",
+            Some((
+                conv(1, 1),
+                vec![Arg::Input(vec![2, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
+            )),
+            vec![],
+            vec![relu()],
+        ),
+        (
+            "depthwise conv",
+            Some((
+                conv(1, 6),
+                vec![Arg::Input(vec![1, 6, 9, 21]), Arg::Const(vec![6, 1, 3, 3])],
+            )),
+            vec![],
+            vec![relu()],
+        ),
+        (
+            "matmul",
+            Some((
+                DenseOp::MatMul,
+                vec![Arg::Input(vec![3, 19, 24]), Arg::Const(vec![24, 40])],
+            )),
+            vec![],
+            vec![relu()],
+        ),
+    ];
+    for (i, (what, head, extra, before)) in cases.into_iter().enumerate() {
+        let headed = head.is_some();
+        let g = quantized_graph(head, extra, before, 40 + i as u64);
+        assert_eq!(g.node(g.outputs()[0].1).ty.dtype, DType::U8, "{what}");
+        check_exact(&g, 40 + i as u64);
+        if headed && has_zmm_code_for(&g) {
+            assert!(!has_program_tail(&g), "{what}: the store loop stores u8");
+        }
+    }
+}
+
+#[test]
+fn quantizing_kernels_with_a_program_tail_stage_f32_in_scratch() {
+    // Tanh has no store-loop form, a full-size residual after the head's
+    // first step none either: the head writes f32 scratch, the tail (a
+    // Cranelift function, an AVX-512 elementwise kernel) reads it and
+    // stores u8.
+    let cases: Vec<(&str, Vec<Arg>, Vec<Instr>)> = vec![
+        (
+            "tanh",
+            vec![Arg::Value(200.0)],
+            vec![
+                Instr::Unary(UnaryOp::Tanh, r(0)),
+                Instr::Binary(BinaryOp::Mul, r(4), r(1)),
+            ],
+        ),
+        (
+            "residual",
+            vec![Arg::Const(vec![]), Arg::Input(vec![1, 20, 9, 10])],
+            vec![
+                Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+                Instr::Binary(BinaryOp::Add, r(5), r(2)),
+            ],
+        ),
+    ];
+    for (i, (what, extra, before)) in cases.into_iter().enumerate() {
+        let head = Some((
+            conv(1, 1),
+            vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
+        ));
+        let g = quantized_graph(head, extra, before, 50 + i as u64);
+        // Tanh's values are not exact: 200·tanh/4 rounds to the same
+        // integer in the kernel and the evaluator unless it lies within a
+        // few ulps of a half (not for these inputs).
+        check_exact(&g, 50 + i as u64);
+        if has_zmm_code_for(&g) {
+            assert!(has_program_tail(&g), "{what}: a tail after the store loop");
+        }
+    }
+}
+
+/// Whether the host runs AVX-512 kernels (the microkernel path).
+fn has_zmm_code_for(g: &Graph) -> bool {
+    let _ = g;
+    std::arch::is_x86_feature_detected!("avx512f")
 }

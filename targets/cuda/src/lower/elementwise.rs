@@ -8,9 +8,7 @@
 //! compute type ([`cty`](super::cty)): integers as s64 with the reference
 //! evaluator's wrapping semantics, bools as 0/1.
 
-use kiln_ir::{
-    BinaryOp, BitwiseOp, CompareOp, DType, ElementwiseProgram, Instr, LogicalOp, UnaryOp,
-};
+use kiln_ir::{BinaryOp, BitwiseOp, CompareOp, DType, FusedKernel, Instr, LogicalOp, UnaryOp};
 
 use super::math;
 use super::{
@@ -327,8 +325,24 @@ fn binary_float(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
 
 /// A headless fused kernel (f32): the program evaluated in registers in
 /// one [`map`] kernel.
-pub(crate) fn fused(cx: &Cx, program: &ElementwiseProgram) -> Result<Kernel, CudaError> {
-    let program = program.clone();
+/// Float `x` converted to integer type `to` as the reference evaluator
+/// casts: truncated toward zero, saturated (NaN to 0: `cvt.rzi.s64`).
+fn float_to_int(kb: &mut KernelBuilder, x: Reg, to: DType) -> Reg {
+    let wide = kb.cvt(Ty::S64, "rzi", x);
+    let (lo, hi) = int_range(to);
+    if (lo, hi) == (i64::MIN, i64::MAX) {
+        wide
+    } else {
+        let m = kb.bin(Bin::Max, wide, Opnd::I(lo));
+        kb.bin(Bin::Min, m, Opnd::I(hi))
+    }
+}
+
+/// A headless fused kernel: the program per element, its result stored as
+/// the kernel says (f32, or cast to u8).
+pub(crate) fn fused(cx: &Cx, k: &FusedKernel) -> Result<Kernel, CudaError> {
+    let program = k.body().clone();
+    let store = k.store().dtype();
     map(
         cx,
         Box::new(move |kb, v| {
@@ -340,7 +354,12 @@ pub(crate) fn fused(cx: &Cx, program: &ElementwiseProgram) -> Result<Kernel, Cud
                 };
                 regs.push(r);
             }
-            regs[program.result().index()]
+            let result = regs[program.result().index()];
+            if store == DType::F32 {
+                result
+            } else {
+                float_to_int(kb, result, store)
+            }
         }),
     )
 }
@@ -452,16 +471,7 @@ pub(crate) fn cast(cx: &Cx, to: DType) -> Result<Kernel, CudaError> {
                 (true, true) if ft == tt => x,
                 (true, true) if tt == Ty::F64 => kb.cvt(Ty::F64, "", x),
                 (true, true) => kb.cvt(Ty::F32, "rn", x),
-                (true, false) => {
-                    let wide = kb.cvt(Ty::S64, "rzi", x);
-                    let (lo, hi) = int_range(to);
-                    if (lo, hi) == (i64::MIN, i64::MAX) {
-                        wide
-                    } else {
-                        let m = kb.bin(Bin::Max, wide, Opnd::I(lo));
-                        kb.bin(Bin::Min, m, Opnd::I(hi))
-                    }
-                }
+                (true, false) => float_to_int(kb, x, to),
                 (false, true) => kb.cvt(tt, "rn", x),
                 (false, false) => x,
             }

@@ -455,7 +455,7 @@ pub(crate) fn lower_job<'g>(
         Op::LayerNorm { axis, epsilon } => reduce::layer_norm(&cx, *axis, *epsilon)?,
         Op::Resize(r) => resize::resize(&cx, r)?,
         Op::Col2Im(c) => resize::col2im(&cx, c)?,
-        Op::Fused(k) if k.head().is_none() => elementwise::fused(&cx, k.body())?,
+        Op::Fused(k) if k.head().is_none() => elementwise::fused(&cx, k)?,
         Op::Attention { .. } => {
             return Err(cx.unsupported(
                 "attention has no CUDA lowering (the driver runs recognize without attention for CUDA, which keeps the matmul/softmax/matmul chain)",
