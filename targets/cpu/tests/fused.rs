@@ -31,7 +31,7 @@ fn add_args(g: &mut Graph, rng: &mut Rng, args: &[Arg], values: Values) -> Vec<N
                 Arg::Const(s) => g.add_const(format!("c{i}"), values(rng, s)),
                 Arg::Value(v) => g.add_const(
                     format!("c{i}"),
-                    Tensor::new(&[], kiln_ir::Data::F32(vec![*v])).unwrap(),
+                    Tensor::new([], kiln_ir::Data::F32(vec![*v])).unwrap(),
                 ),
             }
         })
@@ -778,7 +778,8 @@ fn quantized_graph(
 #[test]
 fn quantizing_kernels_store_u8_from_every_store_loop() {
     let relu = || Instr::Unary(UnaryOp::Relu, r(0));
-    let cases: Vec<(&str, Option<(DenseOp, Vec<Arg>)>, Vec<Arg>, Vec<Instr>)> = vec![
+    type Case = (&'static str, Option<(DenseOp, Vec<Arg>)>, Vec<Arg>, Vec<Instr>);
+    let cases: Vec<Case> = vec![
         (
             "elementwise",
             None,
