@@ -778,7 +778,12 @@ fn quantized_graph(
 #[test]
 fn quantizing_kernels_store_u8_from_every_store_loop() {
     let relu = || Instr::Unary(UnaryOp::Relu, r(0));
-    type Case = (&'static str, Option<(DenseOp, Vec<Arg>)>, Vec<Arg>, Vec<Instr>);
+    type Case = (
+        &'static str,
+        Option<(DenseOp, Vec<Arg>)>,
+        Vec<Arg>,
+        Vec<Instr>,
+    );
     let cases: Vec<Case> = vec![
         (
             "elementwise",

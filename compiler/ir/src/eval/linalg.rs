@@ -16,16 +16,25 @@ struct MatMulDims {
 }
 
 impl MatMulDims {
-    /// Calls `dot(a_row, b_col)` for every output element in row-major
-    /// order: the dot product reads `a[a_row + kk]` and `b[b_col + kk * n]`.
-    fn each<V>(&self, mut dot: impl FnMut(usize, usize) -> V) -> Vec<V> {
+    /// The product, one output row at a time: `row[j]` starts at `zero` and
+    /// takes `mul_add(row[j], a[i, kk], b[kk, j])` for kk = 0, 1, .. in
+    /// order, so every element sums its terms in the order of its dot
+    /// product (the row loop vectorizes across j without changing a sum).
+    fn rows<V: Copy>(&self, a: &[V], b: &[V], zero: V, mul_add: impl Fn(V, V, V) -> V) -> Vec<V> {
         let (m, k, n) = (self.m, self.k, self.n);
         let mut out = Vec::with_capacity(self.ia.len() * m * n);
+        let mut row = vec![zero; n];
         for (&ba, &bb) in self.ia.iter().zip(&self.ib) {
+            let b = &b[bb * k * n..][..k * n];
             for i in 0..m {
-                for j in 0..n {
-                    out.push(dot(ba * m * k + i * k, bb * k * n + j));
+                row.fill(zero);
+                let a = &a[(ba * m + i) * k..][..k];
+                for (&av, b_row) in a.iter().zip(b.chunks_exact(n.max(1))) {
+                    for (r, &bv) in row.iter_mut().zip(b_row) {
+                        *r = mul_add(*r, av, bv);
+                    }
                 }
+                out.extend_from_slice(&row);
             }
         }
         out
@@ -34,13 +43,12 @@ impl MatMulDims {
 
 impl FloatKernel for MatMulDims {
     fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
-        let (a, b) = (inputs[0], inputs[1]);
-        self.each(|ar, bc| {
-            let acc: f64 = (0..self.k)
-                .map(|kk| a[ar + kk].to_f64() * b[bc + kk * self.n].to_f64())
-                .sum();
-            T::from_f64(acc)
-        })
+        let wide = |t: &[T]| t.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+        // From −0.0, as `Sum` for floats starts.
+        let sums = self.rows(&wide(inputs[0]), &wide(inputs[1]), -0.0, |r, a, b| {
+            r + a * b
+        });
+        sums.into_iter().map(T::from_f64).collect()
     }
 }
 
@@ -78,11 +86,7 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &ValueType) -> Result<Data, Ir
         ));
     }
     let (va, vb) = (a.to_i64_vec(), b.to_i64_vec());
-    let values = dims.each(|ar, bc| {
-        (0..k).fold(0i64, |acc, kk| {
-            acc.wrapping_add(va[ar + kk].wrapping_mul(vb[bc + kk * n]))
-        })
-    });
+    let values = dims.rows(&va, &vb, 0i64, |r, a, b| r.wrapping_add(a.wrapping_mul(b)));
     Ok(Data::from_i64s(a.dtype(), values.into_iter()))
 }
 
@@ -131,33 +135,39 @@ struct GemmKernel {
 
 impl FloatKernel for GemmKernel {
     fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
-        let (a, b) = (inputs[0], inputs[1]);
         let (m, k, n) = (self.m, self.k, self.n);
-        let mut out = Vec::with_capacity(m * n);
-        for i in 0..m {
-            for j in 0..n {
-                let mut acc = 0f64;
-                for kk in 0..k {
-                    let av = if self.trans_a {
-                        a[kk * m + i]
-                    } else {
-                        a[i * k + kk]
-                    };
-                    let bv = if self.trans_b {
-                        b[j * k + kk]
-                    } else {
-                        b[kk * n + j]
-                    };
-                    acc += av.to_f64() * bv.to_f64();
-                }
+        // A as `m × k` and B as `k × n` row-major in f64, then one output
+        // row at a time (each element sums its terms in k order, as a dot
+        // product).
+        let a: Vec<f64> = match self.trans_a {
+            false => inputs[0].iter().map(|v| v.to_f64()).collect(),
+            true => (0..m * k)
+                .map(|e| inputs[0][(e % k) * m + e / k].to_f64())
+                .collect(),
+        };
+        let b: Vec<f64> = match self.trans_b {
+            false => inputs[1].iter().map(|v| v.to_f64()).collect(),
+            true => (0..k * n)
+                .map(|e| inputs[1][(e % n) * k + e / n].to_f64())
+                .collect(),
+        };
+        let dims = MatMulDims {
+            m,
+            k,
+            n,
+            ia: vec![0],
+            ib: vec![0],
+        };
+        let products = dims.rows(&a, &b, 0.0, |r, a, b| r + a * b);
+        (products.into_iter().enumerate())
+            .map(|(e, acc)| {
                 let mut y = self.alpha * acc;
                 if let (Some(ic), Some(c)) = (&self.ic, inputs.get(2)) {
-                    y += self.beta * c[ic[i * n + j]].to_f64();
+                    y += self.beta * c[ic[e]].to_f64();
                 }
-                out.push(T::from_f64(y));
-            }
-        }
-        out
+                T::from_f64(y)
+            })
+            .collect()
     }
 }
 

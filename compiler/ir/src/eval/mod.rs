@@ -345,12 +345,17 @@ pub(crate) fn strided_offsets(shape: &[usize], base: usize, strides: &[isize]) -
     if n == 0 {
         return out;
     }
-    let mut idx = vec![0usize; shape.len()];
+    let Some((&inner, outer)) = shape.split_last() else {
+        out.push(base);
+        return out;
+    };
+    let step = strides[outer.len()];
+    let mut idx = vec![0usize; outer.len()];
     let mut off = base as isize;
     loop {
-        out.push(off as usize);
-        // Advance the odometer, last axis fastest.
-        let mut axis = shape.len();
+        // A run along the last axis, then the odometer over the others.
+        out.extend((0..inner as isize).map(|j| (off + j * step) as usize));
+        let mut axis = outer.len();
         loop {
             if axis == 0 {
                 return out;
@@ -358,10 +363,10 @@ pub(crate) fn strided_offsets(shape: &[usize], base: usize, strides: &[isize]) -
             axis -= 1;
             idx[axis] += 1;
             off += strides[axis];
-            if idx[axis] < shape[axis] {
+            if idx[axis] < outer[axis] {
                 break;
             }
-            off -= strides[axis] * shape[axis] as isize;
+            off -= strides[axis] * outer[axis] as isize;
             idx[axis] = 0;
         }
     }
