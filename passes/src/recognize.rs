@@ -1,7 +1,8 @@
-//! `recognize`: layer normalization, GELU, softmax and scaled dot-product
-//! attention as exporters decompose them, rewritten into the single IR ops
-//! (`layer_norm`, `gelu`, `softmax`, `attention`) that targets run as one
-//! kernel or inside a dense kernel's store loop.
+//! `recognize`: layer normalization, GELU, hard-swish, softmax and scaled
+//! dot-product attention as exporters decompose them, rewritten into the
+//! single IR ops (`layer_norm`, `gelu`, `hard_swish`, `softmax`,
+//! `attention`) that targets run as one kernel or inside a dense kernel's
+//! store loop.
 
 use crate::{Pass, PassError, PassStats};
 use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
@@ -21,6 +22,11 @@ use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tenso
 ///   0.044715 · x³))`, the cube as `pow(x, 3)` or `x · x · x` →
 ///   `gelu(x) {tanh=true}`.
 ///
+/// - **Hard-swish** (Paddle, MobileNetV3 exports): `x * clip(x + 3, 0, 6)
+///   / 6`, the division as `* (1/6)` too, or applied to the clip first
+///   (`x * (clip(x + 3, 0, 6) / 6)`), operands of `+`/`*` in either order →
+///   `hard_swish(x)` (`x · clamp(x/6 + 1/2, 0, 1)`, which the kernels
+///   compute without a division).
 /// - **Softmax** (TF, hand-written exports): `e = exp(x - max(x))`,
 ///   `y = e / sum(e)`, max and sum over the same single axis with kept dims
 ///   → `softmax(x) {axis}`. Without the max subtraction (`exp(x) /
@@ -329,6 +335,58 @@ fn gelu_tail(
     })
 }
 
+/// `x * clip(x + 3, 0, 6) / 6` (see [`Recognize`]), rooted at the `+ 3`.
+fn hard_swish(graph: &Graph, plus: NodeId) -> Option<Match> {
+    let (a, b) = binary(graph, plus, BinaryOp::Add)?;
+    let x = match (close(scalar(graph, a), 3.0), close(scalar(graph, b), 3.0)) {
+        (false, true) => a,
+        (true, false) => b,
+        _ => return None,
+    };
+    if graph.node(x).ty.dtype != DType::F32 || graph.node(plus).ty != graph.node(x).ty {
+        return None;
+    }
+    let relu6 = sole_user(graph, plus)?;
+    if graph.node(relu6).op != Op::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }) {
+        return None;
+    }
+    let sixth = |id: NodeId, of: NodeId| {
+        binary(graph, id, BinaryOp::Div)
+            .is_some_and(|(l, r)| l == of && close(scalar(graph, r), 6.0))
+            || other_operand(graph, id, BinaryOp::Mul, of)
+                .is_some_and(|c| close(scalar(graph, c), 1.0 / 6.0))
+    };
+    let next = sole_user(graph, relu6)?;
+    let (members, last) = if other_operand(graph, next, BinaryOp::Mul, relu6) == Some(x) {
+        // (x * relu6) / 6
+        let out = sole_user(graph, next)?;
+        if !sixth(out, next) {
+            return None;
+        }
+        (vec![plus, relu6, next, out], out)
+    } else if sixth(next, relu6) {
+        // x * (relu6 / 6)
+        let out = sole_user(graph, next)?;
+        if other_operand(graph, out, BinaryOp::Mul, next) != Some(x) {
+            return None;
+        }
+        (vec![plus, relu6, next, out], out)
+    } else {
+        return None;
+    };
+    // The shape must not grow through a broadcast constant.
+    if graph.node(last).ty != graph.node(x).ty {
+        return None;
+    }
+    Some(Match {
+        op: Op::Unary(UnaryOp::HardSwish),
+        inputs: vec![x],
+        ones: None,
+        last,
+        members,
+    })
+}
+
 /// A reduction `op` over exactly one axis with kept dims: the axis.
 fn single_axis_reduce(graph: &Graph, id: NodeId, op: ReduceOp) -> Option<usize> {
     match &graph.node(id).op {
@@ -499,6 +557,7 @@ impl Pass for Recognize {
             let found = layer_norm(graph, root)
                 .or_else(|| gelu(graph, root))
                 .or_else(|| gelu_tanh(graph, root))
+                .or_else(|| hard_swish(graph, root))
                 .or_else(|| softmax(graph, root));
             if let Some(m) = found {
                 rewrite(graph, m, &mut stats)?;

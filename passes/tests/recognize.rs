@@ -90,6 +90,59 @@ fn erf_gelus_in_both_associations_become_one_op() {
 }
 
 #[test]
+fn decomposed_hard_swishes_become_one_op() {
+    for body in [
+        // (x * clip(x + 3, 0, 6)) / 6, as Paddle exports it
+        "%a: f32[4,6] = add(%x, %three)
+         %c: f32[4,6] = clip(%a) {min=0.0, max=6.0}
+         %m: f32[4,6] = mul(%x, %c)
+         %o: f32[4,6] = div(%m, %six)",
+        // x * (clip(3 + x, 0, 6) * (1/6))
+        "%a: f32[4,6] = add(%three, %x)
+         %c: f32[4,6] = clip(%a) {min=0.0, max=6.0}
+         %d: f32[4,6] = mul(%c, %sixth)
+         %o: f32[4,6] = mul(%d, %x)",
+    ] {
+        let text = format!(
+            "graph(%x: f32[4,6]) {{
+              %three: f32[] = const dense<[3.0]>
+              %six: f32[] = const dense<[6.0]>
+              %sixth: f32[] = const dense<[0.16666667]>
+              {body}
+              return %o
+            }}"
+        );
+        let out = run_pass(&Recognize::default(), &text);
+        assert!(out.contains("hard_swish(%0)"), "{out}");
+        assert_eq!(count(&out, "clip"), 0, "{out}");
+    }
+    // Not a hard-swish: clip to 0..5, or the clipped value escapes.
+    for text in [
+        "graph(%x: f32[4]) {
+          %three: f32[] = const dense<[3.0]>
+          %six: f32[] = const dense<[6.0]>
+          %a: f32[4] = add(%x, %three)
+          %c: f32[4] = clip(%a) {min=0.0, max=5.0}
+          %m: f32[4] = mul(%x, %c)
+          %o: f32[4] = div(%m, %six)
+          return %o
+        }",
+        "graph(%x: f32[4]) {
+          %three: f32[] = const dense<[3.0]>
+          %six: f32[] = const dense<[6.0]>
+          %a: f32[4] = add(%x, %three)
+          %c: f32[4] = clip(%a) {min=0.0, max=6.0}
+          %m: f32[4] = mul(%x, %c)
+          %o: f32[4] = div(%m, %six)
+          return %o, %c
+        }",
+    ] {
+        let out = run_pass(&Recognize::default(), text);
+        assert!(!out.contains("hard_swish"), "{out}");
+    }
+}
+
+#[test]
 fn tanh_gelus_with_either_cube_become_one_op() {
     for cube in [
         "%c: f32[4,6] = pow(%x, %three)",

@@ -265,9 +265,12 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
             clamp01(kb, t)
         }
         UnaryOp::HardSwish => {
-            let six = kb.fconst(ty, 6.0);
+            // `x · (1/6)`, not `x / 6`: within an ulp of it, and a
+            // division costs about ten multiplications in a kernel's loop
+            // (HardSwish ends most PP-OCR convolutions).
+            let sixth = kb.fconst(ty, 1.0 / 6.0);
             let half = kb.fconst(ty, 0.5);
-            let t = kb.b.ins().fdiv(x, six);
+            let t = kb.b.ins().fmul(x, sixth);
             let t = kb.b.ins().fadd(t, half);
             let t = clamp01(kb, t);
             kb.b.ins().fmul(x, t)
