@@ -41,7 +41,7 @@ pub fn window_output_len(
     let span = dilation
         .checked_mul(kernel.checked_sub(1)?)?
         .checked_add(1)?;
-    let padded = input + pad_begin + pad_end;
+    let padded = input.checked_add(pad_begin)?.checked_add(pad_end)?;
     if padded < span || stride == 0 {
         return None;
     }
@@ -52,7 +52,7 @@ pub fn window_output_len(
         steps / stride + 1
     };
     // With ceil_mode the last window must start inside the input or left padding.
-    if ceil_mode && (out - 1) * stride >= input + pad_begin {
+    if ceil_mode && (out - 1).checked_mul(stride)? >= input + pad_begin {
         out -= 1;
     }
     Some(out)

@@ -867,3 +867,86 @@ fn antialiased_resize_reads_the_wide_tap_tables() {
         }
     }
 }
+
+#[test]
+fn whole_factor_nearest_upsampling_widens_rows_and_copies_them() {
+    // Factors 2 (shuffles, W not a multiple of 4: a scalar tail), 4 and 8
+    // (splats), 3 (scalar), 1 (a plain row copy), along H, W or both, on
+    // rank 4 and rank 2; then transforms that are not `j / s` (half pixel,
+    // round-prefer-ceil) take the tables.
+    use kiln_ir::{CoordinateTransform, NearestRounding, Resize, ResizeMode};
+    let mut seed = 600;
+    let cases: Vec<(Vec<usize>, [usize; 2], CoordinateTransform, NearestRounding)> = vec![
+        (
+            vec![1, 3, 5, 7],
+            [2, 2],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![2, 2, 3, 9],
+            [4, 4],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![1, 2, 4, 5],
+            [8, 8],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![1, 2, 4, 5],
+            [3, 1],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![1, 2, 4, 6],
+            [1, 3],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![6, 10],
+            [2, 4],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::Floor,
+        ),
+        (
+            vec![1, 2, 4, 5],
+            [2, 2],
+            CoordinateTransform::HalfPixel,
+            NearestRounding::RoundPreferFloor,
+        ),
+        (
+            vec![1, 2, 4, 5],
+            [2, 2],
+            CoordinateTransform::Asymmetric,
+            NearestRounding::RoundPreferCeil,
+        ),
+    ];
+    for (shape, [sh, sw], coord, rounding) in cases {
+        let rank = shape.len();
+        let mut out = shape.clone();
+        out[rank - 2] *= sh;
+        out[rank - 1] *= sw;
+        let mut scales = vec![1.0f32; rank];
+        scales[rank - 2] = sh as f32;
+        scales[rank - 1] = sw as f32;
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape.as_slice()));
+        let op = Op::Resize(Resize {
+            shape: out.into_iter().collect(),
+            scales: scales.into_iter().collect(),
+            mode: ResizeMode::Nearest(rounding),
+            coord,
+            antialias: false,
+            roi: Default::default(),
+        });
+        let y = g.add_node(op, &[x], "resize").unwrap();
+        g.add_output("y", y);
+        seed += 1;
+        check_rand(&g, seed, 0.0);
+    }
+}

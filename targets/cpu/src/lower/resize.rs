@@ -6,6 +6,10 @@
 //! samples and their weights, stored in the weights section. The kernel
 //! walks the output; each element is the weighted sum over the product of
 //! the taps of the resized axes (one tap per axis for nearest).
+//! Nearest upsampling of the two last axes by whole factors (every output
+//! index `j` reading `j / s`: the FPN upsampling of detectors) skips the
+//! tables: each input row is widened once, with vector shuffles or
+//! splats, and the widened row copied to the rows below it.
 //!
 //! Col2Im zeroes its output, then for every block element `(ky, kx)` (an
 //! unrolled compile-time loop) adds the grid positions whose target pixel
@@ -45,6 +49,10 @@ pub(crate) fn resize(
     let in_shape = &cx.inputs[0].1.shape;
     let out_shape = &cx.node.ty.shape;
     if out_shape.iter().product::<usize>() == 0 {
+        return Ok(());
+    }
+    if let Some(factors) = whole_factor_upsampling(r, in_shape, out_shape) {
+        upsample(kb, cx, factors);
         return Ok(());
     }
     let in_strides = strides(in_shape);
@@ -91,6 +99,108 @@ pub(crate) fn resize(
     };
     walk.axis(kb, 0, x, y, &mut Vec::new());
     Ok(())
+}
+
+/// `(sh, sw)` when `r` is nearest upsampling of the last two axes by whole
+/// factors (output index `j` reads input index `j / s`) and leaves the
+/// other axes as they are.
+fn whole_factor_upsampling(
+    r: &Resize,
+    in_shape: &[usize],
+    out_shape: &[usize],
+) -> Option<(usize, usize)> {
+    let rank = in_shape.len();
+    if rank < 2 {
+        return None;
+    }
+    let mut factors = [1usize; 2];
+    for (axis, &n) in in_shape.iter().enumerate() {
+        let Some(taps) = r.resampled_taps(axis, n) else {
+            continue;
+        };
+        let m = out_shape[axis];
+        if axis + 2 < rank || n == 0 || m % n != 0 {
+            return None;
+        }
+        let s = m / n;
+        let whole = taps.len() == m
+            && (taps.iter().enumerate()).all(|(j, t)| t.as_slice() == [(j / s, 1.0)]);
+        if !whole {
+            return None;
+        }
+        factors[axis + 2 - rank] = s;
+    }
+    Some((factors[0], factors[1]))
+}
+
+/// Nearest upsampling by whole factors `(sh, sw)` of the last two axes:
+/// per input row, the output row widened (`sw` copies of each value),
+/// then copied to the `sh - 1` rows below.
+fn upsample(kb: &mut Kb, cx: &NodeCx, (sh, sw): (usize, usize)) {
+    let in_shape = &cx.inputs[0].1.shape;
+    let rank = in_shape.len();
+    let w = in_shape[rank - 1];
+    let rows = in_shape[..rank - 1].iter().product::<usize>();
+    let out_row = (w * sw * 4) as i64;
+    let x = kb.ptr(cx.inputs[0].0);
+    let y = kb.ptr(cx.out);
+    let flags = MemFlagsData::new().with_endianness(Endianness::Little);
+    let lanes = |order: [u8; 4]| -> Vec<u8> {
+        order
+            .iter()
+            .flat_map(|&l| (0..4).map(move |b| 4 * l + b))
+            .collect()
+    };
+    let low = kb.b.func.dfg.immediates.push(lanes([0, 0, 1, 1]).into());
+    let high = kb.b.func.dfg.immediates.push(lanes([2, 2, 3, 3]).into());
+    // Input row `i` (of all planes, in order) lands at output row `i · sh`.
+    for_range(kb, 0, rows as i64, 1, &mut |kb, i| {
+        let src = kb.add_scaled(x, i, (w * 4) as i64);
+        let dst = kb.add_scaled(y, i, out_row * sh as i64);
+        // Values done with vectors: four at a time for sw = 2, one splat
+        // per value for a multiple of 4.
+        let vector = match sw {
+            2 => w / 4 * 4,
+            s if s % 4 == 0 => w,
+            _ => 0,
+        };
+        if sw == 2 {
+            for_range(kb, 0, (vector * 4) as i64, 16, &mut |kb, off| {
+                let s = kb.b.ins().iadd(src, off);
+                let d = kb.b.ins().iadd(dst, off);
+                let d = kb.b.ins().iadd(d, off);
+                let v = kb.load(F32X4, s, 0);
+                let v = kb.b.ins().bitcast(I8X16, flags, v);
+                for (k, mask) in [low, high].into_iter().enumerate() {
+                    let pair = kb.b.ins().shuffle(v, v, mask);
+                    let pair = kb.b.ins().bitcast(F32X4, flags, pair);
+                    kb.store(pair, d, 16 * k as i64);
+                }
+            });
+        } else if vector > 0 {
+            for_range(kb, 0, vector as i64, 1, &mut |kb, j| {
+                let at = kb.add_scaled(src, j, 4);
+                let v = kb.load(F32, at, 0);
+                let v = kb.splat_to(F32X4, v);
+                let d = kb.add_scaled(dst, j, (sw * 4) as i64);
+                for k in 0..sw / 4 {
+                    kb.store(v, d, 16 * k as i64);
+                }
+            });
+        }
+        for_range(kb, vector as i64, w as i64, 1, &mut |kb, j| {
+            let at = kb.add_scaled(src, j, 4);
+            let v = kb.load(F32, at, 0);
+            let d = kb.add_scaled(dst, j, (sw * 4) as i64);
+            for k in 0..sw {
+                kb.store(v, d, 4 * k as i64);
+            }
+        });
+        for r in 1..sh {
+            let to = kb.add_off(dst, r as i64 * out_row);
+            super::layout::copy_bytes(kb, to, dst, out_row as u64);
+        }
+    });
 }
 
 struct Walk<'a> {
