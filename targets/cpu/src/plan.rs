@@ -246,6 +246,12 @@ pub enum ValueKind {
         /// The step (1-based position in [`MemoryPlan::steps`]).
         step: u32,
     },
+    /// A Concat without a kernel: the kernels of `parts` (its inputs, in
+    /// order) wrote their values into consecutive slices of its buffer.
+    Concat {
+        /// The inputs, whose values are the slices.
+        parts: Vec<NodeId>,
+    },
 }
 
 /// One value's place in the arena.
@@ -347,6 +353,45 @@ fn find(parent: &mut [usize], mut v: usize) -> usize {
     v
 }
 
+/// The byte offsets at which the inputs of Concat `id` lie in its output,
+/// when they are consecutive slices of it (every dim before the axis is 1)
+/// that its inputs' kernels can write directly (see [`plan`]): every input
+/// the output of a kernel of its own, used once here, not a graph output,
+/// not a member of another such Concat, and 64-byte aligned in the output.
+fn concat_slices(
+    graph: &Graph,
+    id: NodeId,
+    axis: usize,
+    vals: &[Val],
+    val_of: &HashMap<NodeId, usize>,
+    members: &HashMap<usize, (usize, u64)>,
+) -> Option<Vec<u64>> {
+    let out = &graph.node(id).ty;
+    let inputs = graph.inputs_of(id);
+    if inputs.len() < 2 || out.shape[..axis].iter().any(|&d| d != 1) {
+        return None;
+    }
+    let mut at = 0u64;
+    let mut offsets = Vec::with_capacity(inputs.len());
+    for (k, &input) in inputs.iter().enumerate() {
+        let v = *val_of.get(&input)?;
+        let own_kernel = vals[v].node == Some(input)
+            && matches!(vals[v].kind, ValueKind::Kernel { .. })
+            && vals[v].bytes > 0;
+        if !own_kernel
+            || graph.is_output(input)
+            || inputs[..k].contains(&input)
+            || members.contains_key(&v)
+            || at != align(at)
+        {
+            return None;
+        }
+        offsets.push(at);
+        at += vals[v].bytes;
+    }
+    Some(offsets)
+}
+
 /// Whether `id`'s kernel may write over an input with `id`'s element count
 /// and element size: the lowering (`elementwise::map`) reads every element
 /// of such an input at the same index it writes, before writing it.
@@ -376,6 +421,9 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     let mut vals: Vec<Val> = Vec::new();
     let mut val_of: HashMap<NodeId, usize> = HashMap::new();
     let mut aliases: Vec<NodeId> = Vec::new();
+    // Values written straight into a Concat's buffer: member → (the
+    // Concat's value, byte offset in it).
+    let mut members: HashMap<usize, (usize, u64)> = HashMap::new();
     let mut proto: Vec<ProtoJob> = Vec::new();
     let step_of = |n: usize, id: NodeId| u32::try_from(n).map_err(|_| too_large(graph, id));
     for &id in order {
@@ -403,6 +451,29 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
                     offset: weights.add(&t.data().to_le_bytes()),
                 };
                 locs.insert(id, loc);
+            }
+            // A Concat whose inputs are consecutive slices of its output
+            // costs no kernel: their kernels write there (TensorRT's
+            // concatenation elision). Its buffer lives from the first
+            // slice's write.
+            Op::Concat { axis }
+                if concat_slices(graph, id, *axis, &vals, &val_of, &members).is_some() =>
+            {
+                let slices = concat_slices(graph, id, *axis, &vals, &val_of, &members)
+                    .expect("checked by the guard");
+                let parts = graph.inputs_of(id);
+                let def = parts.iter().map(|p| vals[val_of[p]].def).min().unwrap_or(0);
+                let v = new_val(
+                    &mut vals,
+                    def,
+                    ValueKind::Concat {
+                        parts: parts.clone(),
+                    },
+                );
+                for (part, at) in parts.iter().zip(slices) {
+                    members.insert(val_of[part], (v, at));
+                }
+                val_of.insert(id, v);
             }
             Op::Reshape { .. }
                 if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>
@@ -486,9 +557,16 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
         };
         vals[v].last = end;
     }
+    // A Concat's buffer holds its slices while any of them is read.
+    for (&member, &(concat, _)) in &members {
+        vals[concat].last = vals[concat].last.max(vals[member].last);
+    }
     // In-place reuse, in schedule order: buffers (union-find roots) only
     // ever grow forward in time.
     let mut parent: Vec<usize> = (0..vals.len()).collect();
+    for (&member, &(concat, _)) in &members {
+        parent[member] = concat;
+    }
     let mut in_place = 0;
     for (k, job) in proto.iter().enumerate() {
         let ProtoJob::Node(id) = *job else { continue };
@@ -498,6 +576,10 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
         let step = k as u32 + 1;
         let out_ty = &graph.node(id).ty;
         let out = val_of[&id];
+        // A slice of a Concat has its place already.
+        if members.contains_key(&out) {
+            continue;
+        }
         if vals[out].bytes == 0 {
             continue;
         }
@@ -553,7 +635,7 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     }
     for v in 0..vals.len() {
         let r = find(&mut parent, v);
-        offset[v] = offset[r];
+        offset[v] = offset[r] + members.get(&v).map_or(0, |&(_, at)| at);
     }
     let arena = |offset: u64| Loc {
         base: Base::Arena,

@@ -86,6 +86,13 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> usize {
                 assert!(matches!(p.steps[*step as usize - 1], Step::Copy { .. }));
                 (*step, None)
             }
+            // Written by its parts' kernels, from the first of them.
+            ValueKind::Concat { parts } => {
+                assert!(matches!(g.node(v.node.unwrap()).op, Op::Concat { .. }));
+                assert_eq!(*parts, g.inputs_of(v.node.unwrap()), "{}", v.name);
+                let first = parts.iter().map(|n| kernel_step[n]).min().unwrap();
+                (first, None)
+            }
         };
         if let Some(n) = v.node {
             by_node.insert(n, recs.len());
@@ -101,6 +108,20 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> usize {
             last: def,
             in_place_of,
         });
+    }
+    // A kernel-less Concat's parts tile its bytes in order.
+    let mut part_of: HashMap<NodeId, NodeId> = HashMap::new();
+    for v in &p.values {
+        if let ValueKind::Concat { parts } = &v.kind {
+            let mut at = v.offset;
+            for &n in parts {
+                let r = &recs[by_node[&n]];
+                assert_eq!(r.offset, at, "{}: slice {} misplaced", v.name, r.name);
+                at += r.bytes;
+                part_of.insert(n, v.node.unwrap());
+            }
+            assert_eq!(at, v.offset + v.bytes, "{}: slices do not fill it", v.name);
+        }
     }
     // Aliases sit exactly on their root's bytes.
     for v in &p.values {
@@ -185,8 +206,12 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> usize {
             let in_place = |y: &Rec, x: &Rec| {
                 y.in_place_of.is_some_and(|n| Some(root(n)) == x.node) && x.last == y.def
             };
+            let slice = |part: &Rec, whole: &Rec| {
+                part.node
+                    .is_some_and(|n| part_of.get(&n).copied() == whole.node)
+            };
             assert!(
-                in_place(a, b) || in_place(b, a),
+                in_place(a, b) || in_place(b, a) || slice(a, b) || slice(b, a),
                 "{} [{}, {}) live {}..={} overlaps {} [{}, {}) live {}..={}",
                 a.name,
                 a.offset,
@@ -624,4 +649,40 @@ fn checker_catches_an_overwritten_live_value() {
     let at = p.values.iter().find(|v| v.name == "a").unwrap().offset;
     p.values.iter_mut().find(|v| v.name == "b").unwrap().offset = at;
     check_plan(&g, &p);
+}
+
+#[test]
+fn concat_of_consecutive_slices_costs_no_kernel() {
+    // Three kernels write their channels straight into the concat's
+    // buffer (one of them read again afterwards, one read before by a
+    // kernel that is itself a slice); the concat has no step and the
+    // result is the evaluator's.
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 4, 8, 8]));
+    let a = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "a").unwrap();
+    let b = g.add_node(Op::Unary(UnaryOp::Neg), &[a], "b").unwrap();
+    let c = g.add_node(Op::Binary(BinaryOp::Mul), &[x, x], "c").unwrap();
+    let cat = g
+        .add_node(Op::Concat { axis: 1 }, &[a, b, c], "cat")
+        .unwrap();
+    let after = g.add_node(Op::Unary(UnaryOp::Exp), &[b], "after").unwrap();
+    let y = g.add_node(Op::Unary(UnaryOp::Abs), &[cat], "y").unwrap();
+    g.add_output("y", y);
+    g.add_output("after", after);
+    let p = check_graph(&g, 30);
+    assert!(!p.steps.contains(&Step::Node(cat)), "{:?}", p.steps);
+    let value = |n: NodeId| p.values.iter().find(|v| v.node == Some(n)).unwrap();
+    assert!(matches!(&value(cat).kind, ValueKind::Concat { parts } if *parts == [a, b, c]));
+    assert_eq!(value(b).offset, value(cat).offset + 4 * 64 * 4);
+
+    // Along an axis after a non-unit dim, the inputs interleave in the
+    // output: a kernel copies them.
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [2, 4, 8]));
+    let a = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "a").unwrap();
+    let b = g.add_node(Op::Unary(UnaryOp::Neg), &[x], "b").unwrap();
+    let cat = g.add_node(Op::Concat { axis: 1 }, &[a, b], "cat").unwrap();
+    g.add_output("y", cat);
+    let p = check_graph(&g, 31);
+    assert!(p.steps.contains(&Step::Node(cat)));
 }

@@ -504,13 +504,13 @@ pub(crate) fn program_steps(
                         b.emit_const(Min, t, 1.0)
                     }
                     UnaryOp::HardSwish => {
-                        // × (1/6) rather than ÷ 6: `vdivps` costs ten
-                        // multiplications (see `lower::elementwise`).
-                        let t = b.emit_const(Mul, x, 1.0 / 6.0);
-                        let t = b.emit_const(Add, t, 0.5);
+                        // x · clamp(x + 3, 0, 6) · (1/6), as
+                        // `lower::elementwise` computes it: no `vdivps`.
+                        let t = b.emit_const(Add, x, 3.0);
                         let t = b.emit_const(Max, t, 0.0);
-                        let t = b.emit_const(Min, t, 1.0);
-                        b.emit(Mul, x, t)
+                        let t = b.emit_const(Min, t, 6.0);
+                        let t = b.emit(Mul, x, t);
+                        b.emit_const(Mul, t, 1.0 / 6.0)
                     }
                     UnaryOp::Erf => b.erf(x),
                     // Below e^-87 the Exp kernels' value would be

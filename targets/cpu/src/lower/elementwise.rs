@@ -265,15 +265,20 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
             clamp01(kb, t)
         }
         UnaryOp::HardSwish => {
-            // `x · (1/6)`, not `x / 6`: within an ulp of it, and a
-            // division costs about ten multiplications in a kernel's loop
-            // (HardSwish ends most PP-OCR convolutions).
+            // `x · clamp(x + 3, 0, 6) · (1/6)`: no division (about ten
+            // multiplications' cost in a kernel's loop; HardSwish ends
+            // most PP-OCR convolutions), and `x + 3` is exact where it
+            // cancels (x in [−6, −1.5], Sterbenz), so the result stays
+            // within a few ulps where `x/6 + 1/2` would lose digits.
+            let three = kb.fconst(ty, 3.0);
+            let zero = kb.fconst(ty, 0.0);
+            let six = kb.fconst(ty, 6.0);
             let sixth = kb.fconst(ty, 1.0 / 6.0);
-            let half = kb.fconst(ty, 0.5);
-            let t = kb.b.ins().fmul(x, sixth);
-            let t = kb.b.ins().fadd(t, half);
-            let t = clamp01(kb, t);
-            kb.b.ins().fmul(x, t)
+            let t = kb.b.ins().fadd(x, three);
+            let t = kb.b.ins().fmax(t, zero);
+            let t = kb.b.ins().fmin(t, six);
+            let t = kb.b.ins().fmul(x, t);
+            kb.b.ins().fmul(t, sixth)
         }
         UnaryOp::Clip { min, max } => {
             let lo = kb.fconst(ty, min as f64);

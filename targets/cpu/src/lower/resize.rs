@@ -119,7 +119,7 @@ fn whole_factor_upsampling(
             continue;
         };
         let m = out_shape[axis];
-        if axis + 2 < rank || n == 0 || m % n != 0 {
+        if axis + 2 < rank || n == 0 || !m.is_multiple_of(n) {
             return None;
         }
         let s = m / n;
