@@ -34,7 +34,7 @@ for k, v in (m.get('dims') or {}).items(): print('--dim'); print(f'{k}={v}')
     --dump-ir after=import --dump-dir "$tmp/ir" > "$tmp/o0.json"
   "$kiln" compile "$dir/model.onnx" "${args[@]}" --threads 1 -O2 -o "$tmp/o2.kiln" --json > "$tmp/o2.json"
   "$kiln" compile "$dir/model.onnx" "${args[@]}" --threads 1 -o "$tmp/nf.kiln" \
-    --passes fold-constants,simplify,recognize,fold-batchnorm,dce > /dev/null
+    --passes fold-constants,simplify,recognize,layout,fold-batchnorm,flush-subnormals,dce > /dev/null
   for r in $(seq "$rounds"); do
     for v in o0 nf o2; do
       "$kiln" bench "$tmp/$v.kiln" --threads 1 --random --runs "$runs" --warmup 3 --json > "$tmp/b-$v-$r.json"
