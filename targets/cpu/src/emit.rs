@@ -73,20 +73,11 @@ impl Text {
         ];
         const CALL_END: u64 = 11;
         const JMP_END: u64 = 22;
-        let start = (self.bytes.len() as u64).div_ceil(64) * 64;
-        self.bytes.resize(start as usize, 0xcc);
-        self.bytes.extend_from_slice(&TRAMPOLINE);
-        let mk = (self.bytes.len() as u64).div_ceil(64) * 64;
-        self.bytes.resize(mk as usize, 0xcc);
-        self.bytes.extend_from_slice(code);
+        let start = self.append(&TRAMPOLINE, 64);
+        let mk = self.append(code, 64);
         let (tail, tail_len) = match tail {
             TailCode::Clif(func) => self.place(name, *func, target)?,
-            TailCode::Machine(code) => {
-                let at = (self.bytes.len() as u64).div_ceil(64) * 64;
-                self.bytes.resize(at as usize, 0xcc);
-                self.bytes.extend_from_slice(&code);
-                (at, code.len() as u64)
-            }
+            TailCode::Machine(code) => (self.append(&code, 64), code.len() as u64),
         };
         let rel = |from: u64, to: u64| {
             i32::try_from(to as i64 - from as i64).map_err(|_| CpuError::TooLarge {
@@ -101,6 +92,19 @@ impl Text {
         self.bytes[s + 18..s + 22].copy_from_slice(&jmp);
         self.push_kernel(name, start, tail + tail_len - start);
         Ok(())
+    }
+
+    /// Appends `code` at the next multiple of `align`, the gap filled with
+    /// the architecture's trap bytes (int3 on x86-64); returns its offset.
+    fn append(&mut self, code: &[u8], align: u64) -> u64 {
+        let start = (self.bytes.len() as u64).div_ceil(align) * align;
+        let pad = match self.arch {
+            Arch::X86_64 => 0xcc,
+            Arch::Aarch64 | Arch::Nvptx64 => 0,
+        };
+        self.bytes.resize(start as usize, pad);
+        self.bytes.extend_from_slice(code);
+        start
     }
 
     /// Compiles `func` and appends it; returns its offset and length.
@@ -119,13 +123,7 @@ impl Text {
         }
         let code = ctx.compiled_code().expect("compiled above");
         let align = u64::from(code.buffer.alignment).max(32);
-        let start = (self.bytes.len() as u64).div_ceil(align) * align;
-        let pad = match self.arch {
-            Arch::X86_64 => 0xcc,
-            Arch::Aarch64 | Arch::Nvptx64 => 0,
-        };
-        self.bytes.resize(start as usize, pad);
-        self.bytes.extend_from_slice(code.code_buffer());
+        let start = self.append(code.code_buffer(), align);
         let len = code.code_buffer().len() as u64;
         for r in code.buffer.relocs() {
             let kind = match r.kind {
@@ -174,13 +172,7 @@ impl Text {
     pub(crate) fn add_machine(&mut self, name: &str, tasks: &[Vec<u8>]) {
         let first = self.kernels.len() as u32;
         for (t, code) in tasks.iter().enumerate() {
-            let start = (self.bytes.len() as u64).div_ceil(64) * 64;
-            let pad = match self.arch {
-                Arch::X86_64 => 0xcc,
-                Arch::Aarch64 | Arch::Nvptx64 => 0,
-            };
-            self.bytes.resize(start as usize, pad);
-            self.bytes.extend_from_slice(code);
+            let start = self.append(code, 64);
             let kernel = if tasks.len() == 1 {
                 name.to_owned()
             } else {

@@ -440,6 +440,29 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
             });
             vals.len() - 1
         };
+        // A Concat whose inputs are consecutive slices of its output costs
+        // no kernel: their kernels write there (TensorRT's concatenation
+        // elision). Its buffer lives from the first slice's write.
+        let slices = match node.op {
+            Op::Concat { axis } => concat_slices(graph, id, axis, &vals, &val_of, &members),
+            _ => None,
+        };
+        if let Some(slices) = slices {
+            let parts = graph.inputs_of(id);
+            let def = parts.iter().map(|p| vals[val_of[p]].def).min().unwrap_or(0);
+            let v = new_val(
+                &mut vals,
+                def,
+                ValueKind::Concat {
+                    parts: parts.clone(),
+                },
+            );
+            for (part, at) in parts.iter().zip(slices) {
+                members.insert(val_of[part], (v, at));
+            }
+            val_of.insert(id, v);
+            continue;
+        }
         match &node.op {
             Op::Input { .. } => {
                 let v = new_val(&mut vals, 0, ValueKind::Input);
@@ -451,29 +474,6 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
                     offset: weights.add(&t.data().to_le_bytes()),
                 };
                 locs.insert(id, loc);
-            }
-            // A Concat whose inputs are consecutive slices of its output
-            // costs no kernel: their kernels write there (TensorRT's
-            // concatenation elision). Its buffer lives from the first
-            // slice's write.
-            Op::Concat { axis }
-                if concat_slices(graph, id, *axis, &vals, &val_of, &members).is_some() =>
-            {
-                let slices = concat_slices(graph, id, *axis, &vals, &val_of, &members)
-                    .expect("checked by the guard");
-                let parts = graph.inputs_of(id);
-                let def = parts.iter().map(|p| vals[val_of[p]].def).min().unwrap_or(0);
-                let v = new_val(
-                    &mut vals,
-                    def,
-                    ValueKind::Concat {
-                        parts: parts.clone(),
-                    },
-                );
-                for (part, at) in parts.iter().zip(slices) {
-                    members.insert(val_of[part], (v, at));
-                }
-                val_of.insert(id, v);
             }
             Op::Reshape { .. }
                 if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>

@@ -1,7 +1,7 @@
 //! 2-D convolution (ONNX Conv: cross-correlation, NCHW input, OIHW weights,
 //! groups, pads `[top, left, bottom, right]`, strides, dilations).
 
-use super::{run_dense, Float, FloatKernel};
+use super::{run_dense, widened, Float, FloatKernel};
 use crate::{Conv2d, Data, IrError, Tensor, ValueType};
 
 struct ConvKernel<'a> {
@@ -20,8 +20,7 @@ impl FloatKernel for ConvKernel<'_> {
     /// order, as a per-pixel loop would, the padding skipped; the loop
     /// over the row's pixels vectorizes without changing a sum.
     fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
-        let wide = |t: &[T]| t.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
-        let (x, w, bias) = (wide(inputs[0]), wide(inputs[1]), inputs.get(2));
+        let (x, w, bias) = (widened(inputs[0]), widened(inputs[1]), inputs.get(2));
         let [n, c, h, wd] = self.x;
         let [m, cg, kh, kw] = self.w;
         let [oh, ow] = self.out_hw;

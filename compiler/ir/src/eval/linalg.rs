@@ -1,6 +1,6 @@
 //! MatMul (numpy semantics) and Gemm. Float dot products accumulate in f64.
 
-use super::{broadcast_offsets, eval_err, run_dense, Float, FloatKernel};
+use super::{broadcast_offsets, eval_err, run_dense, widened, Float, FloatKernel};
 use crate::infer::broadcast_shapes;
 use crate::{Data, IrError, Tensor, ValueType};
 
@@ -43,9 +43,8 @@ impl MatMulDims {
 
 impl FloatKernel for MatMulDims {
     fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
-        let wide = |t: &[T]| t.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
         // From −0.0, as `Sum` for floats starts.
-        let sums = self.rows(&wide(inputs[0]), &wide(inputs[1]), -0.0, |r, a, b| {
+        let sums = self.rows(&widened(inputs[0]), &widened(inputs[1]), -0.0, |r, a, b| {
             r + a * b
         });
         sums.into_iter().map(T::from_f64).collect()
@@ -140,13 +139,13 @@ impl FloatKernel for GemmKernel {
         // row at a time (each element sums its terms in k order, as a dot
         // product).
         let a: Vec<f64> = match self.trans_a {
-            false => inputs[0].iter().map(|v| v.to_f64()).collect(),
+            false => widened(inputs[0]),
             true => (0..m * k)
                 .map(|e| inputs[0][(e % k) * m + e / k].to_f64())
                 .collect(),
         };
         let b: Vec<f64> = match self.trans_b {
-            false => inputs[1].iter().map(|v| v.to_f64()).collect(),
+            false => widened(inputs[1]),
             true => (0..k * n)
                 .map(|e| inputs[1][(e % n) * k + e / n].to_f64())
                 .collect(),

@@ -473,6 +473,11 @@ impl Float for f64 {
 }
 
 /// A float computation written once for `f32` and `f64`.
+/// `t` widened to f64, element by element (exactly).
+pub(crate) fn widened<T: Float>(t: &[T]) -> Vec<f64> {
+    t.iter().map(|v| v.to_f64()).collect()
+}
+
 pub(crate) trait FloatKernel {
     /// Computes the output elements from the input elements (all inputs of
     /// one type).

@@ -15,7 +15,7 @@ impl FloatKernel for ResizeKernel {
     fn run<T: Float>(&self, inputs: &[&[T]]) -> Vec<T> {
         // Resampling is separable: resize one axis at a time, in f64.
         let mut shape = self.in_shape.clone();
-        let mut values: Vec<f64> = inputs[0].iter().map(|v| v.to_f64()).collect();
+        let mut values: Vec<f64> = super::widened(inputs[0]);
         for (axis, taps) in self.taps.iter().enumerate() {
             let Some(taps) = taps else { continue };
             let outer: usize = shape[..axis].iter().product();

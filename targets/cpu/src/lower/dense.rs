@@ -89,11 +89,17 @@ fn head_output(
     let output = match (narrow, &tail) {
         (false, _) => HeadOutput::InPlace,
         (true, None) => HeadOutput::Narrow {
-            zero: weights_loc(weights, &0f32.to_le_bytes()),
+            zero: f32_zero(weights),
         },
         (true, Some(_)) => HeadOutput::Scratch,
     };
     (output, tail)
+}
+
+/// An f32 zero in the weights: the clamp of a u8 store reads it by
+/// broadcast (`microkernel::Store::U8`).
+fn f32_zero(weights: &mut Weights) -> Loc {
+    weights_loc(weights, &0f32.to_le_bytes())
 }
 
 /// Where a dense microkernel writes its f32 results (see [`head_output`]).
@@ -250,7 +256,7 @@ fn assemble_parts(
     tasks: usize,
     output: HeadOutput,
 ) -> Option<(Vec<Vec<u8>>, Loc)> {
-    let mut parts = super::partition::split(spec, tasks);
+    let parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently; the
     // f32 results of a u8 kernel with a tail come first.
     let staged = matches!(output, HeadOutput::Scratch);
@@ -267,10 +273,10 @@ fn assemble_parts(
     let src = if staged { locs.remove(0) } else { cx.out };
     let sizes = &sizes[usize::from(staged)..];
     let mut codes = Vec::with_capacity(parts.len());
-    for (t, part) in parts.iter_mut().enumerate() {
+    for (t, mut part) in parts.into_iter().enumerate() {
         match output {
             HeadOutput::InPlace => {}
-            HeadOutput::Narrow { zero } => *part = part.clone().narrowed(cx.out, zero),
+            HeadOutput::Narrow { zero } => part = part.narrowed(cx.out, zero),
             HeadOutput::Scratch => {
                 for call in &mut part.calls {
                     call.out = relocated(cx.out, call.out, src);
@@ -629,7 +635,7 @@ pub(crate) fn lower_headless(
         out: cx.out,
         store: crate::microkernel::Store::F32,
     };
-    let zero = (k.store() != FusedStore::F32).then(|| weights_loc(weights, &0f32.to_le_bytes()));
+    let zero = (k.store() != FusedStore::F32).then(|| f32_zero(weights));
     // Large enough that a task is worth its wake-up (as split_elementwise).
     let tasks = tasks.min(n / (1 << 14)).max(1);
     spec.split(tasks)
