@@ -504,11 +504,10 @@ fn ppocr_int8_static_keeps_argmax() {
             int8.artifact.weights.len(),
             fp32.artifact.weights.len()
         );
-        // rec agrees on 158 of its 160 steps: the two others are one near
-        // tie between blank and space (0.56 vs 0.42 in fp32, 0.50 vs 0.48
-        // in int8) in two of the test images; `--max-rel-error` does not
-        // recover it (its L2 criterion raises other layers). The issue's
-        // bar is 0.99; rec stands at 0.9875.
+        // rec agrees on 158 of its 160 steps: the two others flip between
+        // blank and space (one a tie in fp32). The bar is 0.99;
+        // rec stands at 0.9875, onnxruntime's own quantize_static of it at
+        // 0.95; what was tried is in docs/precision.md.
         let bar = if name == "ppocrv4_rec" { 0.98 } else { 0.99 };
         assert!(share >= bar, "{name}: argmax agreement {share}");
     }

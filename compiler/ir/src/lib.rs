@@ -30,6 +30,7 @@ mod graph;
 pub mod infer;
 pub mod narrow;
 mod op;
+mod schedule;
 mod tensor;
 pub mod text;
 pub mod verify;
@@ -42,6 +43,7 @@ pub use op::{
     BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,
     NearestRounding, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
 };
+pub use schedule::{peak_live_bytes, schedule};
 pub use tensor::{Data, Tensor};
 
 /// A concrete tensor shape.

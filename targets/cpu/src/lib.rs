@@ -182,7 +182,7 @@ pub fn compile(
         features |= kiln_runtime::format::CpuFeatures::AVX512VNNI
             | kiln_runtime::format::CpuFeatures::AVX512BW;
     }
-    let order = graph.topo_order()?;
+    let order = kiln_ir::schedule(graph)?;
     let mut plan = plan::plan(graph, &order)?;
     let mut text = emit::Text::new(target.arch);
     for job in plan.jobs.clone() {

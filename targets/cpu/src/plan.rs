@@ -301,7 +301,7 @@ pub struct MemoryPlan {
 
 /// The arena plan [`compile`](crate::compile) would use for `graph`.
 pub fn memory_plan(graph: &Graph) -> Result<MemoryPlan, CpuError> {
-    let order = graph.topo_order()?;
+    let order = kiln_ir::schedule(graph)?;
     Ok(plan(graph, &order)?.memory)
 }
 

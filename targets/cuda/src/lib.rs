@@ -246,7 +246,7 @@ impl CudaProgram {
 ///
 /// Deterministic: the same graph and architecture give the same program.
 pub fn compile(graph: &Graph, sm: SmArch) -> Result<CudaProgram, CudaError> {
-    let order = graph.topo_order()?;
+    let order = kiln_ir::schedule(graph)?;
     let mut plan = plan::plan(graph, &order)?;
     let tables = std::cell::RefCell::new(std::mem::take(&mut plan.weights));
     let mut kernels = Vec::new();
