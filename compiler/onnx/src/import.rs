@@ -44,7 +44,18 @@ pub(crate) fn node_display_name(graph: &GraphProto, i: usize) -> String {
 /// the model is sorted, as ONNX requires).
 fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, OnnxError> {
     let mut available: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
-    available.extend(graph.input.iter().map(|i| i.name.as_str()));
+    let mut input_names: HashSet<&str> = HashSet::new();
+    for i in &graph.input {
+        // An input may share its name with an initializer (its default,
+        // IR < 4), never with another input.
+        if !input_names.insert(i.name.as_str()) {
+            return Err(OnnxError::InvalidModel(format!(
+                "graph input '{}' is listed more than once",
+                i.name
+            )));
+        }
+    }
+    available.extend(input_names);
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in graph.node.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {

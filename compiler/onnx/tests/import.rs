@@ -270,6 +270,23 @@ fn dangling_input_name_is_reported() {
     }
 }
 
+#[test]
+fn graph_names_listed_twice_are_invalid() {
+    // The artifact records inputs and outputs by name; the runtime refuses
+    // duplicates, so the compiler must too.
+    let mut m = relu_model();
+    let graph = m.graph.as_mut().unwrap();
+    graph.input.push(f32_input("x", &[2, 3]));
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::InvalidModel(_)), "{e:?}");
+    assert!(e.to_string().contains("graph input 'x'"), "{e}");
+    let mut m = relu_model();
+    let graph = m.graph.as_mut().unwrap();
+    graph.output.push(graph.output[0].clone());
+    let e = err(&m);
+    assert!(e.to_string().contains("graph output 'y'"), "{e}");
+}
+
 // ---- unsupported ops ----
 
 #[test]
