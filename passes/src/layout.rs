@@ -26,10 +26,23 @@
 //! A Transpose with several users stays where it is (moving it would copy
 //! it into every branch). Elementwise ops are Unary, Binary, Compare,
 //! Logical, Not, Bitwise, BitwiseNot, Where and Cast.
+//!
+//! A Col2Im that tiles its image exactly (a ConvTranspose whose kernel
+//! equals its stride, as in segmentation and detection heads) is a
+//! permutation too and moves the same way, past ops whose constants are
+//! per channel (repeated for each channel's block elements):
+//!
+//! ```text
+//! matmul(Wᵀ, x) → col2im → add(bias) → mul(bn) → add(bn) → relu
+//!   ⇒ matmul(Wᵀ, x) → add(bias') → mul(bn') → add(bn') → relu → col2im
+//! ```
+//!
+//! so the epilogue joins the MatMul's store loop (`fuse`) instead of being
+//! a pass of its own over the upsampled image.
 
 use crate::simplify::{remove_dead, Simplify};
 use crate::{Pass, PassError, PassStats};
-use kiln_ir::{Graph, Ints, IrError, NodeId, Op, Tensor};
+use kiln_ir::{Col2Im, Graph, Ints, IrError, NodeId, Op, Tensor};
 
 /// The pass (see the module documentation).
 #[derive(Clone, Copy, Debug, Default)]
@@ -61,8 +74,8 @@ fn is_elementwise(op: &Op) -> bool {
     )
 }
 
-/// Whether Transpose `id` has exactly one use, by one op (a graph output
-/// is a use too).
+/// Whether node `id` has exactly one use, by one op (a graph output is a
+/// use too).
 fn single_use(graph: &Graph, id: NodeId) -> bool {
     graph.users_of(id).len() == 1 && graph.outputs().iter().all(|&(_, o)| o != id)
 }
@@ -76,55 +89,122 @@ fn inverse(perm: &[usize]) -> Ints {
     inv
 }
 
-/// How one operand of an elementwise op is rewritten when the op's
-/// Transposes move below it.
+/// A data movement that elementwise ops commute with: a Transpose, or a
+/// Col2Im that tiles its image exactly (a ConvTranspose whose kernel
+/// equals its stride), which puts every input element at one output
+/// pixel and writes every pixel once.
+#[derive(Clone, PartialEq)]
+enum Movement {
+    Transpose(Ints),
+    Col2Im(Col2Im),
+}
+
+impl Movement {
+    fn of(op: &Op) -> Option<Movement> {
+        match op {
+            Op::Transpose { perm } => Some(Movement::Transpose(perm.clone())),
+            Op::Col2Im(c) if c.tiles_exactly() => Some(Movement::Col2Im(c.clone())),
+            _ => None,
+        }
+    }
+
+    fn op(&self) -> Op {
+        match self {
+            Movement::Transpose(perm) => Op::Transpose { perm: perm.clone() },
+            Movement::Col2Im(c) => Op::Col2Im(c.clone()),
+        }
+    }
+
+    /// Constant `t`, an operand of an elementwise op of output shape `out`
+    /// on the moved values, as the operand of the op on the unmoved ones:
+    /// a Transpose's constants are permuted back; a Col2Im's must be one
+    /// value or one per channel (`[1, C, 1, 1]` after broadcasting), and
+    /// repeat each value for the channel's block elements (`[1, C·kh·kw,
+    /// 1]`).
+    fn unmoved_constant(&self, t: &Tensor, out: &[usize]) -> Option<Tensor> {
+        let rank = out.len();
+        if t.shape().len() > rank {
+            return None;
+        }
+        let mut full = vec![1; rank - t.shape().len()];
+        full.extend_from_slice(t.shape());
+        let t = t.reshaped(&full)?;
+        match self {
+            Movement::Transpose(perm) => {
+                let back = Op::Transpose {
+                    perm: inverse(perm),
+                };
+                kiln_ir::eval::eval(&back, &[&t]).ok()
+            }
+            Movement::Col2Im(c) => {
+                let channels = out[1];
+                if full == [1, 1, 1, 1] {
+                    return t.reshaped([1, 1, 1]);
+                }
+                if full != [1, channels, 1, 1] {
+                    return None;
+                }
+                let block = c.block[0] * c.block[1];
+                let column = t.reshaped([1, channels, 1])?;
+                let expand = Op::Expand {
+                    shape: [1, channels, block].into_iter().collect(),
+                };
+                let repeated = kiln_ir::eval::eval(&expand, &[&column]).ok()?;
+                repeated.reshaped([1, channels * block, 1])
+            }
+        }
+    }
+}
+
+/// How one operand of an elementwise op is rewritten when the movements
+/// feeding it move below it.
 enum Operand {
-    /// A Transpose with the moving permutation: its input.
-    Untransposed(NodeId),
-    /// A constant: broadcast to the op's rank and permuted by the inverse.
-    Permuted(Tensor),
+    /// A movement like the one that moves: its input.
+    Unmoved(NodeId),
+    /// A constant in the unmoved layout.
+    Rearranged(Tensor),
     /// A single-element tensor: broadcasts the same way in any layout.
     AsIs(NodeId),
 }
 
 impl Layout {
-    /// The permutation and rewritten operands when the Transposes feeding
-    /// `id` can move below it.
-    fn plan(graph: &Graph, id: NodeId) -> Option<(Ints, Vec<Operand>)> {
+    /// The movement and rewritten operands when the movements feeding `id`
+    /// can move below it.
+    fn plan(graph: &Graph, id: NodeId) -> Option<(Movement, Vec<Operand>)> {
         let node = graph.node(id);
         if !is_elementwise(&node.op) {
             return None;
         }
-        let rank = node.ty.shape.len();
+        let out = &node.ty.shape;
         let inputs = graph.inputs_of(id);
-        let perm = inputs.iter().find_map(|&i| match &graph.node(i).op {
-            Op::Transpose { perm } if perm.len() == rank && single_use(graph, i) => {
-                Some(perm.clone())
-            }
-            _ => None,
-        })?;
-        let inv = inverse(&perm);
+        // A movement of the op's own shape (broadcasting never widens it).
+        let moving = |i: NodeId| {
+            let input = graph.node(i);
+            Movement::of(&input.op).filter(|_| input.ty.shape == *out && single_use(graph, i))
+        };
+        let (movement, source) = inputs
+            .iter()
+            .find_map(|&i| Some((moving(i)?, graph.inputs_of(i)[0])))?;
+        // A single-element operand must not widen the op on the unmoved
+        // values (a Col2Im's input has rank 3, its output 4).
+        let unmoved_rank = graph.node(source).ty.shape.len();
         let mut operands = Vec::with_capacity(inputs.len());
         for &i in &inputs {
             let input = graph.node(i);
             let operand = match &input.op {
-                Op::Transpose { perm: p } if *p == perm && single_use(graph, i) => {
-                    Operand::Untransposed(graph.inputs_of(i)[0])
+                // Same movement and output shape: the same input shape.
+                _ if moving(i).as_ref() == Some(&movement) => {
+                    Operand::Unmoved(graph.inputs_of(i)[0])
                 }
-                _ if input.ty.num_elements() == 1 => Operand::AsIs(i),
-                Op::Constant(t) if t.shape().len() <= rank => {
-                    let mut full = vec![1; rank - t.shape().len()];
-                    full.extend_from_slice(t.shape());
-                    let t = t.reshaped(&full)?;
-                    let permuted =
-                        kiln_ir::eval::eval(&Op::Transpose { perm: inv.clone() }, &[&t]).ok()?;
-                    Operand::Permuted(permuted)
+                _ if input.ty.num_elements() == 1 && input.ty.shape.len() <= unmoved_rank => {
+                    Operand::AsIs(i)
                 }
+                Op::Constant(t) => Operand::Rearranged(movement.unmoved_constant(t, out)?),
                 _ => return None,
             };
             operands.push(operand);
         }
-        Some((perm, operands))
+        Some((movement, operands))
     }
 
     /// One sweep in topological order; returns how many ops the Transposes
@@ -135,7 +215,7 @@ impl Layout {
             if !graph.contains(id) {
                 continue;
             }
-            let Some((perm, operands)) = Layout::plan(graph, id) else {
+            let Some((movement, operands)) = Layout::plan(graph, id) else {
                 continue;
             };
             let name = graph.node(id).name.clone();
@@ -143,8 +223,8 @@ impl Layout {
             let mut inputs = Vec::with_capacity(operands.len());
             for (k, operand) in operands.into_iter().enumerate() {
                 inputs.push(match operand {
-                    Operand::Untransposed(x) | Operand::AsIs(x) => x,
-                    Operand::Permuted(t) => {
+                    Operand::Unmoved(x) | Operand::AsIs(x) => x,
+                    Operand::Rearranged(t) => {
                         stats.added += 1;
                         graph.add_const(format!("{name}/layout_operand{k}"), t)
                     }
@@ -152,9 +232,8 @@ impl Layout {
             }
             let op = graph.node(id).op.clone();
             let inner = graph.add_node(op, &inputs, name.clone()).map_err(fail)?;
-            let outer =
-                (graph.add_node(Op::Transpose { perm }, &[inner], format!("{name}/layout")))
-                    .map_err(fail)?;
+            let outer = (graph.add_node(movement.op(), &[inner], format!("{name}/layout")))
+                .map_err(fail)?;
             stats.added += 2;
             graph.replace_all_uses(id, outer).map_err(fail)?;
             let mut dead = vec![id];
@@ -275,5 +354,64 @@ mod tests {
             kiln_ir::text::print(&g),
             kiln_ir::text::print(&kiln_ir::text::parse(text).unwrap())
         );
+    }
+    fn col2ims(g: &Graph) -> Vec<NodeId> {
+        (g.node_ids())
+            .filter(|&id| matches!(g.node(id).op, Op::Col2Im(_)))
+            .collect()
+    }
+
+    #[test]
+    fn a_per_channel_epilogue_moves_above_an_exactly_tiling_col2im() {
+        // A ConvTranspose with kernel = stride 2 (Cout 2) as imported, then
+        // bias, batch-norm scale and shift, relu and a scalar bias: all
+        // move onto the MatMul's [1, 2·4, 9] columns (each channel's
+        // constant repeated for its 4 block elements); the Col2Im ends at
+        // the output.
+        let g = run_and_compare(
+            "graph(%x: f32[1,3,9]) {
+              %w: f32[8,3] = const dense<[1.0, -1.0, 0.5, 2.0, -0.25, 1.5, 0.75, -2.0, 1.25, 0.5, 0.5, -1.0, 3.0, 1.0, -0.5, 0.25, 2.0, -1.5, 1.0, 1.0, -0.75, 0.5, -0.25, 2.5]>
+              %cols: f32[1,8,9] = matmul(%w, %x)
+              %y: f32[1,2,6,6] = col2im(%cols) {grid=[3,3], image=[6,6], block=[2,2], strides=[2,2], dilations=[1,1], pads=[0,0]}
+              %b: f32[1,2,1,1] = const dense<[0.5, -1.0]>
+              %a: f32[1,2,6,6] = add(%y, %b)
+              %s: f32[2,1,1] = const dense<[2.0, -0.5]>
+              %m: f32[1,2,6,6] = mul(%a, %s)
+              %r: f32[1,2,6,6] = relu(%m)
+              %k: f32[1,1,1,1] = const dense<[0.25]>
+              %z: f32[1,2,6,6] = add(%r, %k)
+              return %z
+            }",
+            &[ramp(&[1, 3, 9])],
+        );
+        let c = col2ims(&g);
+        assert_eq!(c.len(), 1, "{}", kiln_ir::text::print(&g));
+        assert_eq!(g.outputs()[0].1, c[0], "{}", kiln_ir::text::print(&g));
+    }
+
+    #[test]
+    fn a_col2im_that_adds_overlapping_blocks_or_a_spatial_constant_stays() {
+        // Blocks of 2 at stride 3 leave pixels no block writes (an
+        // epilogue must still reach them); and a constant that varies over
+        // the image.
+        for text in [
+            "graph(%c: f32[1,4,4]) {
+              %y: f32[1,1,5,5] = col2im(%c) {grid=[2,2], image=[5,5], block=[2,2], strides=[3,3], dilations=[1,1], pads=[0,0]}
+              %r: f32[1,1,5,5] = relu(%y)
+              return %r
+            }",
+            "graph(%c: f32[1,4,4]) {
+              %y: f32[1,1,4,4] = col2im(%c) {grid=[2,2], image=[4,4], block=[2,2], strides=[2,2], dilations=[1,1], pads=[0,0]}
+              %k: f32[1,1,1,4] = const dense<[1.0, 2.0, 3.0, 4.0]>
+              %a: f32[1,1,4,4] = add(%y, %k)
+              return %a
+            }",
+        ] {
+            let g = run_and_compare(text, &[ramp(&[1, 4, 4])]);
+            assert_eq!(
+                kiln_ir::text::print(&g),
+                kiln_ir::text::print(&kiln_ir::text::parse(text).unwrap())
+            );
+        }
     }
 }

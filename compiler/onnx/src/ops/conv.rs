@@ -554,16 +554,23 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             image[i] = out;
         }
     }
-    // cols[n, g, co_g·k..., pixels] = Wᵀ[g, co_g·k..., ci/g] · X[n, g, ci/g, pixels]
+    // cols[n, g, co_g·k..., pixels] = Wᵀ[g, co_g·k..., ci/g] · X[n, g, ci/g, pixels];
+    // without groups the group axis is left out, so the product is already
+    // `cols` (and an epilogue can join it, `layout` and `fuse`).
     let ci_g = ci / group;
     let taps: usize = kernel.iter().product();
     let pixels: usize = input.iter().product();
     let m = co_g * taps;
-    let xg = reshape_to(ctx, x, &[n, group, ci_g, pixels], Some("x_groups"))?;
-    let wg = reshape_to(ctx, w, &[group, ci_g, m], Some("w_groups"))?;
+    let (x_shape, w_shape, perm): (&[usize], &[usize], &[usize]) = if group == 1 {
+        (&[n, ci, pixels], &[ci, m], &[1, 0])
+    } else {
+        (&[n, group, ci_g, pixels], &[group, ci_g, m], &[0, 2, 1])
+    };
+    let xg = reshape_to(ctx, x, x_shape, Some("x_groups"))?;
+    let wg = reshape_to(ctx, w, w_shape, Some("w_groups"))?;
     let wt = ctx.op(
         Op::Transpose {
-            perm: [0, 2, 1].into_iter().collect(),
+            perm: perm.iter().copied().collect(),
         },
         &[wg],
         Some("w_t"),
