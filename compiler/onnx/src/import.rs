@@ -39,23 +39,33 @@ pub(crate) fn node_display_name(graph: &GraphProto, i: usize) -> String {
     }
 }
 
+/// The names of a graph's inputs or outputs (`what`), which must be
+/// unique: the artifact records them by name and the runtime refuses
+/// duplicates.
+fn unique_names<'g>(
+    values: &'g [ValueInfoProto],
+    what: &str,
+) -> Result<HashSet<&'g str>, OnnxError> {
+    let mut names = HashSet::new();
+    for v in values {
+        if !names.insert(v.name.as_str()) {
+            return Err(OnnxError::InvalidModel(format!(
+                "graph {what} '{}' is listed more than once",
+                v.name
+            )));
+        }
+    }
+    Ok(names)
+}
+
 /// Checks that every value read is produced and that the nodes form a DAG;
 /// returns the node indices in a topological order (the given order when
 /// the model is sorted, as ONNX requires).
 fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, OnnxError> {
     let mut available: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
-    let mut input_names: HashSet<&str> = HashSet::new();
-    for i in &graph.input {
-        // An input may share its name with an initializer (its default,
-        // IR < 4), never with another input.
-        if !input_names.insert(i.name.as_str()) {
-            return Err(OnnxError::InvalidModel(format!(
-                "graph input '{}' is listed more than once",
-                i.name
-            )));
-        }
-    }
-    available.extend(input_names);
+    // An input may share its name with an initializer (its default, IR
+    // < 4), never with another input.
+    available.extend(unique_names(&graph.input, "input")?);
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in graph.node.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
@@ -80,16 +90,8 @@ fn check_structure(graph: &GraphProto, names: &[String]) -> Result<Vec<usize>, O
             }
         }
     }
-    let mut output_names: HashSet<&str> = HashSet::new();
+    unique_names(&graph.output, "output")?;
     for o in &graph.output {
-        // Graph outputs are named uniquely (the artifact records them by
-        // name, and the runtime refuses duplicates).
-        if !output_names.insert(o.name.as_str()) {
-            return Err(OnnxError::InvalidModel(format!(
-                "graph output '{}' is listed more than once",
-                o.name
-            )));
-        }
         if !available.contains(o.name.as_str()) && !producer.contains_key(o.name.as_str()) {
             return Err(OnnxError::MissingInput {
                 node: "graph output".into(),
