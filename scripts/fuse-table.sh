@@ -2,7 +2,10 @@
 # The `fuse` table of docs/passes.md: for each model, nodes after import,
 # nodes after -O2, what `fuse` merged, kernels at -O0 and -O2, and `kiln
 # bench` p50 (native target, compiled for and run on one thread, random
-# inputs) at -O0, at -O2 without `fuse` and at -O2.
+# inputs) at -O0, at -O2 without `fuse` and at -O2; and the -O2 arena: the
+# sum of all values (one region each), the planned arena of the values
+# (liveness and in-place reuse) and the artifact's arena (plus the
+# kernels' scratch).
 #
 #   RUNS=50 ROUNDS=3 scripts/fuse-table.sh KILN MODEL_DIR...
 #
@@ -19,8 +22,8 @@ rounds=${ROUNDS:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 py() { python3 -c "$1"; }
-echo "| model | nodes (import) | nodes (-O2) | fused | kernels -O0 | kernels -O2 | p50 -O0 | p50 -O2 w/o fuse | p50 -O2 |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| model | nodes (import) | nodes (-O2) | fused | kernels -O0 | kernels -O2 | p50 -O0 | p50 -O2 w/o fuse | p50 -O2 | values: sum → planned | arena |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for dir in "$@"; do
   name=$(basename "$dir")
   args=()
@@ -48,6 +51,7 @@ c0 = json.load(open('$tmp/o0.json')); c2 = json.load(open('$tmp/o2.json'))
 fuse = [p for p in c2['passes'] if p['name'] == 'fuse'][0]
 def p50(v):
     return '%.3f ms' % min(json.load(open(f))['p50_ms'] for f in glob.glob(f'$tmp/b-{v}-*.json'))
-print(f\"| $name | $import | {c2['passes'][-1]['nodes_after']} | {fuse['fused_nodes']} → {fuse['fused_kernels']} | {c0['kernels']} | {c2['kernels']} | {p50('o0')} | {p50('nf')} | {p50('o2')} |\")
+mem = c2['memory']
+print(f\"| $name | $import | {c2['passes'][-1]['nodes_after']} | {fuse['fused_nodes']} → {fuse['fused_kernels']} | {c0['kernels']} | {c2['kernels']} | {p50('o0')} | {p50('nf')} | {p50('o2')} | {mem['sum_of_values_bytes']:,} → {mem['planned_bytes']:,} | {c2['arena_bytes']:,} |\")
 "
 done

@@ -322,6 +322,19 @@ fn compile_json_reports_fuse_stats() {
     assert_eq!(last["name"], "dce");
     let nodes = last["nodes_after"].as_u64().unwrap();
     assert_eq!((nodes, v["kernels"].as_u64().unwrap()), (13, 5));
+    // The memory plan: values planned within their sum and at least their
+    // peak; the artifact's arena holds them (plus kernel scratch).
+    let memory = &v["memory"];
+    let bytes = |k: &str| memory[k].as_u64().unwrap();
+    assert!(
+        bytes("peak_live_bytes") <= bytes("planned_bytes"),
+        "{memory}"
+    );
+    assert!(
+        bytes("planned_bytes") < bytes("sum_of_values_bytes"),
+        "{memory}"
+    );
+    assert!(bytes("planned_bytes") <= v["arena_bytes"].as_u64().unwrap());
 }
 
 #[test]
