@@ -4,8 +4,8 @@
 # bench` p50 (native target, compiled for and run on one thread, random
 # inputs) at -O0, at -O2 without `fuse` and at -O2; and the -O2 arena: the
 # sum of all values (one region each), the planned arena of the values
-# (liveness and in-place reuse) and the artifact's arena (plus the
-# kernels' scratch).
+# (liveness and in-place reuse) and the artifact's arena (with the
+# kernels' scratch packed in).
 #
 #   RUNS=50 ROUNDS=3 scripts/fuse-table.sh KILN MODEL_DIR...
 #

@@ -204,7 +204,7 @@ pub struct Compiled {
     pub ptxas: Option<PathBuf>,
     /// CPU targets: the arena plan of the values (what `plan-memory`
     /// reports: planned bytes against the sum of all values; the artifact's
-    /// arena adds the kernels' scratch above it).
+    /// arena also holds the kernels' scratch, packed with the values).
     pub memory: Option<kiln_target_cpu::PlanStats>,
     /// Wall time of reading and importing the ONNX model.
     pub import_time: Duration,

@@ -16,7 +16,8 @@
 //!    that are graph inputs or constants): on AVX-512 targets MatMul, Gemm
 //!    and ungrouped Conv become shape-specialized machine-code microkernels
 //!    ([`microkernel`]) reading weights packed at compile time (k×k convs
-//!    through an im2col matrix in scratch above the planned arena);
+//!    through an im2col matrix in kernel scratch, an arena region live
+//!    during the kernel's step only);
 //!    everything else is a Cranelift function. Every kernel has the ABI
 //!    `extern "C" fn(arena: *mut u8, weights: *const u8) -> i32` and returns
 //!    0, or 1 when a Gather index is out of range. Operand addresses are
@@ -159,6 +160,26 @@ pub enum CpuError {
     },
 }
 
+/// The scratch bytes each job of `graph` in `order` needs: what lowering
+/// every job once reserves (scratch sizes follow from the shapes, not from
+/// where values are), so that [`plan::plan`] can pack each job's scratch
+/// with the values live at its step instead of stacking one region for
+/// all of them on top of the arena.
+fn scratch_sizes(
+    graph: &kiln_ir::Graph,
+    order: &[kiln_ir::NodeId],
+    target: &isa::Target,
+) -> Result<Vec<u64>, CpuError> {
+    let mut dry = plan::plan(graph, order, &[], plan::Weights::measuring())?;
+    let mut sizes = Vec::with_capacity(dry.jobs.len());
+    for (k, job) in dry.jobs.clone().into_iter().enumerate() {
+        dry.scratch_for(k);
+        lower::lower_job(graph, &mut dry, &job, target)?;
+        sizes.push(dry.scratch.bytes);
+    }
+    Ok(sizes)
+}
+
 /// Compiles `graph` for the CPU target `opts.target`.
 ///
 /// Shapes must be static (they are, in the IR). The result is deterministic:
@@ -183,11 +204,20 @@ pub fn compile(
             | kiln_runtime::format::CpuFeatures::AVX512BW;
     }
     let order = kiln_ir::schedule(graph)?;
-    let mut plan = plan::plan(graph, &order)?;
+    let scratch = scratch_sizes(graph, &order, &target)?;
+    let mut plan = plan::plan(graph, &order, &scratch, plan::Weights::default())?;
     let mut text = emit::Text::new(target.arch);
-    for job in plan.jobs.clone() {
+    for (k, job) in plan.jobs.clone().into_iter().enumerate() {
         let name = job.name(graph);
-        match lower::lower_job(graph, &mut plan, &job, &target)? {
+        plan.scratch_for(k);
+        let lowered = lower::lower_job(graph, &mut plan, &job, &target)?;
+        if !plan.scratch_fits(k) {
+            return Err(CpuError::Codegen {
+                node: name,
+                message: "the kernel asked for more scratch than when its size was measured".into(),
+            });
+        }
+        match lowered {
             lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
             lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
             lower::Lowered::Chain(code, tail) => text.add_chain(&name, &code, tail, &target)?,
@@ -213,7 +243,7 @@ pub fn compile(
             source_sha256: meta.source_sha256,
             inputs: plan.inputs,
             outputs: plan.outputs,
-            arena_size: plan.scratch.arena_size(plan.arena_size),
+            arena_size: plan.arena_size,
         },
         weights: plan.weights.into_bytes(),
         text,

@@ -95,12 +95,29 @@ impl Job {
 pub(crate) struct Weights {
     bytes: Vec<u8>,
     index: HashMap<u64, Vec<(u64, usize)>>,
+    /// Offsets only, nothing stored (the length so far): the weights of a
+    /// plan whose code is thrown away, so that measuring does not copy and
+    /// hash every constant.
+    measuring: Option<u64>,
 }
 
 impl Weights {
+    /// A blob that only hands out offsets.
+    pub(crate) fn measuring() -> Weights {
+        Weights {
+            measuring: Some(0),
+            ..Weights::default()
+        }
+    }
+
     /// Appends `data` (or finds an identical earlier entry) and returns its
     /// offset.
     pub(crate) fn add(&mut self, data: &[u8]) -> u64 {
+        if let Some(len) = &mut self.measuring {
+            let off = align(*len);
+            *len = off + data.len() as u64;
+            return off;
+        }
         let mut h = DefaultHasher::new();
         data.hash(&mut h);
         let key = h.finish();
@@ -140,18 +157,22 @@ pub(crate) struct Plan {
     pub jobs: Vec<Job>,
     /// The arena plan, for inspection and tests.
     pub memory: MemoryPlan,
-    /// Kernel scratch above the planned values.
+    /// The scratch of the job being lowered (see [`Plan::scratch_for`]).
     pub scratch: Scratch,
+    /// Where each job's scratch starts in the arena and how many bytes it
+    /// was given (from the `scratch` sizes [`plan`] packed).
+    pub scratch_regions: Vec<(u64, u64)>,
 }
 
-/// Scratch memory of kernels (e.g. an im2col matrix): one region above the
-/// planned arena, shared by all kernels because they run one at a time and
-/// none keeps scratch across calls.
+/// Scratch memory of one job's kernels (e.g. an im2col matrix): a region
+/// of the arena live during that job's step only, packed with the values
+/// (none keeps scratch across steps). Lowering a job reserves what it needs
+/// from the region [`Plan::scratch_for`] set up.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scratch {
     /// Arena offset of the region (64-byte aligned).
     pub offset: u64,
-    /// The largest request so far.
+    /// The bytes reserved so far.
     pub bytes: u64,
 }
 
@@ -175,14 +196,19 @@ impl Scratch {
         self.bytes = self.bytes.max(at - self.offset);
         locs
     }
+}
 
-    /// The arena size including the scratch (`planned` without any).
-    pub(crate) fn arena_size(&self, planned: u64) -> u64 {
-        if self.bytes == 0 {
-            planned
-        } else {
-            self.offset + align(self.bytes)
-        }
+impl Plan {
+    /// Starts lowering job `k`: its scratch region, nothing reserved yet.
+    pub(crate) fn scratch_for(&mut self, k: usize) {
+        let (offset, _) = self.scratch_regions.get(k).copied().unwrap_or_default();
+        self.scratch = Scratch { offset, bytes: 0 };
+    }
+
+    /// Whether job `k`'s kernels stayed within the scratch the plan gave it.
+    pub(crate) fn scratch_fits(&self, k: usize) -> bool {
+        let given = self.scratch_regions.get(k).map_or(0, |&(_, bytes)| bytes);
+        self.scratch.bytes <= given
     }
 }
 
@@ -302,7 +328,7 @@ pub struct MemoryPlan {
 /// The arena plan [`compile`](crate::compile) would use for `graph`.
 pub fn memory_plan(graph: &Graph) -> Result<MemoryPlan, CpuError> {
     let order = kiln_ir::schedule(graph)?;
-    Ok(plan(graph, &order)?.memory)
+    Ok(plan(graph, &order, &[], Weights::measuring())?.memory)
 }
 
 /// Arena statistics of the plan [`compile`](crate::compile) would use for
@@ -413,8 +439,15 @@ fn too_large(graph: &Graph, id: NodeId) -> CpuError {
 }
 
 /// Plans memory for `graph`, whose nodes are given in topological `order`.
-pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
-    let mut weights = Weights::default();
+/// The plan of `graph` run in `order`, with `scratch[k]` bytes of scratch
+/// for job `k` (live during its step only; missing entries need none),
+/// placing the constants in `weights` (empty).
+pub(crate) fn plan(
+    graph: &Graph,
+    order: &[NodeId],
+    scratch: &[u64],
+    mut weights: Weights,
+) -> Result<Plan, CpuError> {
     let mut locs: HashMap<NodeId, Loc> = HashMap::new();
     // Arena values; `val_of` maps every arena-resident node (aliases
     // included) to its value.
@@ -620,7 +653,7 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     let roots: Vec<usize> = (0..vals.len())
         .filter(|&v| find(&mut parent, v) == v)
         .collect();
-    let intervals: Vec<pack::Interval> = roots
+    let mut intervals: Vec<pack::Interval> = roots
         .iter()
         .map(|&r| pack::Interval {
             bytes: vals[r].bytes,
@@ -628,7 +661,22 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
             end: vals[r].last,
         })
         .collect();
+    let value_intervals = intervals.len();
+    // Each job's scratch, live at its step only.
+    for (k, &bytes) in scratch.iter().enumerate().take(proto.len()) {
+        let step = k as u32 + 1;
+        intervals.push(pack::Interval {
+            bytes,
+            start: step,
+            end: step,
+        });
+    }
     let (root_offsets, arena_size) = pack::pack(&intervals);
+    let scratch_regions: Vec<(u64, u64)> = (root_offsets[value_intervals..].iter())
+        .zip(scratch)
+        .map(|(&offset, &bytes)| (offset, bytes))
+        .collect();
+    let intervals = &intervals[..value_intervals];
     let mut offset = vec![0u64; vals.len()];
     for (i, &r) in roots.iter().enumerate() {
         offset[r] = root_offsets[i];
@@ -719,7 +767,7 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
     let stats = PlanStats {
         arena_bytes: arena_size,
         total_bytes: vals.iter().map(|v| align(v.bytes)).sum(),
-        peak_live_bytes: pack::peak_live(&intervals),
+        peak_live_bytes: pack::peak_live(intervals),
         values: vals.len(),
         buffers: roots.iter().filter(|&&r| vals[r].bytes > 0).count(),
         in_place,
@@ -729,9 +777,10 @@ pub(crate) fn plan(graph: &Graph, order: &[NodeId]) -> Result<Plan, CpuError> {
         locs,
         weights,
         scratch: Scratch {
-            offset: align(arena_size),
+            offset: 0,
             bytes: 0,
         },
+        scratch_regions,
         arena_size,
         inputs,
         outputs,
