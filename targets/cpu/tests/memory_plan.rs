@@ -686,3 +686,41 @@ fn concat_of_consecutive_slices_costs_no_kernel() {
     let p = check_graph(&g, 31);
     assert!(p.steps.contains(&Step::Node(cat)));
 }
+
+#[test]
+fn kernel_scratch_takes_the_place_of_dead_values() {
+    // x (1 MiB) dies at the max pool; the 3×3 conv's scratch (its padded
+    // input rows) is live at the conv's step only and fits where x was, so
+    // the artifact needs no more arena than the values' plan.
+    use kiln_ir::{Conv2d, Pool2d};
+    let mut rng = Rng::new(5);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 16, 128, 128]));
+    let pool = Op::MaxPool(Pool2d {
+        kernel: [2, 2],
+        strides: [2, 2],
+        pads: [0; 4],
+        dilations: [1, 1],
+        ceil_mode: false,
+    });
+    let p = g.add_node(pool, &[x], "pool").unwrap();
+    let w = g.add_const("w", f32_tensor(&mut rng, &[16, 16, 3, 3]));
+    let conv = Op::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [1, 1, 1, 1],
+        dilations: [1, 1],
+        group: 1,
+    });
+    let y = g.add_node(conv, &[p, w], "conv").unwrap();
+    g.add_output("y", y);
+    let plan = memory_plan(&g).unwrap();
+    check_plan(&g, &plan);
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64Avx512,
+        opt_level: 2,
+        threads: 1,
+    };
+    let a = compile(&g, &opts, ArtifactInfo::default()).unwrap();
+    assert_eq!(a.metadata.arena_size, plan.arena_size);
+    check_rand(&g, 11, 1e-4);
+}
