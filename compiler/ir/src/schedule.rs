@@ -10,8 +10,8 @@
 //! orders and keeps the one with the smallest simulated peak:
 //!
 //! - the index order of [`Graph::topo_order`] (what the import gave);
-//! - a greedy list schedule: among the ready nodes, the one that frees the
-//!   most bytes net of what it allocates (ties: index order);
+//! - a greedy list schedule: among the earliest ready nodes, the one that
+//!   frees the most bytes net of what it allocates (ties: index order);
 //! - a depth-first post-order from the graph outputs that visits the
 //!   operand with the larger subgraph first, so each value is consumed
 //!   soon after its last operand is made.
@@ -135,14 +135,29 @@ impl Liveness {
     }
 }
 
-/// Greedy list scheduling: repeatedly runs the ready node with the largest
-/// `bytes freed − bytes allocated`, ties by position in `stable`.
+/// Ready nodes the list schedule weighs at each step: the earliest in the
+/// index order. A bound, so that very wide graphs (thousands of parallel
+/// branches) schedule in linear time rather than quadratic.
+const LIST_WINDOW: usize = 64;
+
+/// Greedy list scheduling: repeatedly runs, among the [`LIST_WINDOW`]
+/// earliest ready nodes, the one with the largest `bytes freed − bytes
+/// allocated`, ties by position in `stable`.
 fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId> {
     let position: HashMap<NodeId, usize> =
         stable.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    // The buffers each node frees a reader of (a Reshape reads through its
+    // users, not itself).
+    let reads: HashMap<NodeId, Vec<NodeId>> = (stable.iter())
+        .map(|&id| match graph.node(id).op {
+            Op::Reshape { .. } => (id, Vec::new()),
+            _ => (id, model.reads(graph, id)),
+        })
+        .collect();
     let mut readers = model.readers(graph);
     let mut pending: HashMap<NodeId, usize> = HashMap::new();
-    let mut ready: Vec<NodeId> = Vec::new();
+    // Ready nodes by position in the index order.
+    let mut ready: std::collections::BTreeSet<(usize, NodeId)> = Default::default();
     let mut order = Vec::with_capacity(stable.len());
     // Graph inputs and constants first: they hold no step.
     let mut sources = Vec::new();
@@ -154,12 +169,12 @@ fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId>
             pending.insert(id, n);
         }
     }
-    let mut release = |id: NodeId, ready: &mut Vec<NodeId>| {
+    let mut release = |id: NodeId, ready: &mut std::collections::BTreeSet<(usize, NodeId)>| {
         for (user, _) in graph.users_of(id) {
             let n = pending.get_mut(&user).expect("pending user");
             *n -= 1;
             if *n == 0 {
-                ready.push(user);
+                ready.insert((position[&user], user));
             }
         }
     };
@@ -169,11 +184,7 @@ fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId>
     }
     while !ready.is_empty() {
         let gain = |id: NodeId| -> i128 {
-            let reads = match graph.node(id).op {
-                Op::Reshape { .. } => Vec::new(),
-                _ => model.reads(graph, id),
-            };
-            let freed = (reads.iter())
+            let freed = (reads[&id].iter())
                 .filter(|r| readers[r] == 1)
                 .fold(0u64, |s, r| s.saturating_add(model.bytes[r]));
             let allocated = match model.root[&id] {
@@ -182,15 +193,20 @@ fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId>
             };
             i128::from(freed) - i128::from(allocated)
         };
-        let (k, &id) = (ready.iter().enumerate())
-            .max_by_key(|&(_, &id)| (gain(id), std::cmp::Reverse(position[&id])))
-            .expect("a ready node");
-        ready.swap_remove(k);
-        order.push(id);
-        if !matches!(graph.node(id).op, Op::Reshape { .. }) {
-            for r in model.reads(graph, id) {
-                *readers.get_mut(&r).expect("counted reader") -= 1;
+        // The first of the largest gains: earlier positions win ties.
+        let mut best: Option<(i128, (usize, NodeId))> = None;
+        for &entry in ready.iter().take(LIST_WINDOW) {
+            let g = gain(entry.1);
+            if best.is_none_or(|(b, _)| g > b) {
+                best = Some((g, entry));
             }
+        }
+        let (_, entry) = best.expect("a ready node");
+        ready.remove(&entry);
+        let id = entry.1;
+        order.push(id);
+        for r in &reads[&id] {
+            *readers.get_mut(r).expect("counted reader") -= 1;
         }
         release(id, &mut ready);
     }
