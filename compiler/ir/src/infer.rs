@@ -269,7 +269,9 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                         format!("{x} does not match {first} outside axis {axis}"),
                     ));
                 }
-                shape[*axis] += x.shape[*axis];
+                shape[*axis] = shape[*axis]
+                    .checked_add(x.shape[*axis])
+                    .ok_or_else(|| IrError::ty(name, format!("axis {axis} overflows")))?;
             }
             Ok(ValueType::new(first.dtype, shape))
         }

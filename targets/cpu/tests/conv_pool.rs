@@ -950,3 +950,26 @@ fn whole_factor_nearest_upsampling_widens_rows_and_copies_them() {
         check_rand(&g, seed, 0.0);
     }
 }
+
+#[test]
+fn pools_that_would_unroll_too_much_are_refused_by_name() {
+    // A 255×3 max pool padded by 127 over a 255×5 input: every output row
+    // sees a different set of rows, 171,136 unrolled taps in all (this
+    // took Cranelift 23 s before the limit; the fuzzer found it).
+    let g = pool_graph(
+        Op::MaxPool(window([255, 3], [2, 2], [127, 1, 127, 1], [1, 1], false)),
+        [1, 1, 255, 5],
+    );
+    let opts = kiln_target_cpu::CpuOptions {
+        target: kiln_target_cpu::CpuTarget::Native,
+        opt_level: 2,
+        threads: 1,
+    };
+    let err = kiln_target_cpu::compile(&g, &opts, kiln_target_cpu::ArtifactInfo::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("'pool'") && err.contains("unrolls 171136 taps"),
+        "{err}"
+    );
+}

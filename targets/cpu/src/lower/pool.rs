@@ -37,6 +37,12 @@ pub(crate) const MAX_WINDOW_TAPS: usize = 4096;
 /// [`window_segments`] does at compile time.
 pub(crate) const MAX_AXIS_WORK: usize = 1 << 24;
 
+/// Most window taps a pooling kernel unrolls in all: each pair of row and
+/// column segments unrolls its taps once per emitted pixel body, and
+/// Cranelift compiles about 10,000 of them a second. A 13×13 pool over a
+/// 19×19 map (YOLOv3's SPP) unrolls about 16,000.
+pub(crate) const MAX_UNROLLED_TAPS: usize = 1 << 15;
+
 /// Largest stride, dilation or pad the lowering accepts: byte offsets are
 /// products of these with row sizes and must fit in an `i64`.
 pub(crate) const MAX_WINDOW_STEP: usize = 1 << 20;
@@ -144,6 +150,21 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
     // not in the divisor: the padded bound is pad_end.
     let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);
     let segs_w = window_segments(ow, w, p.kernel[1], sw, pl, p.pads[3], dw);
+    let lanes = if sw == 1 { 4 } else { 1 };
+    // Pixel bodies per column segment: a loop of `lanes` pixels, then the
+    // remaining pixels one by one.
+    let bodies = |s: &Seg| usize::from(s.len >= lanes) + s.len % lanes;
+    let unrolled = (segs_h.iter())
+        .flat_map(|h| segs_w.iter().map(move |w| (h, w)))
+        .fold(0usize, |n, (h, w)| {
+            n.saturating_add(h.taps.len() * w.taps.len() * bodies(w))
+        });
+    if unrolled > MAX_UNROLLED_TAPS {
+        return Err(cx.unsupported(format!(
+            "a {}x{} window over a {h}x{w} input unrolls {unrolled} taps at its borders; the CPU target unrolls at most {MAX_UNROLLED_TAPS}",
+            p.kernel[0], p.kernel[1]
+        )));
+    }
     let x = kb.ptr(xloc);
     let y = kb.ptr(cx.out);
     let w4 = (w * 4) as i64;
@@ -178,7 +199,6 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
                         sw,
                     };
                     let (s0, len) = (sw_seg.start, sw_seg.len);
-                    let lanes = if sw == 1 { 4 } else { 1 };
                     let nv = len / lanes;
                     for_range(
                         kb,
