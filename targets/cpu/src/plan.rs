@@ -4,9 +4,9 @@
 //! Constants go to the weights blob. Every other value lives in one arena,
 //! placed by liveness (the `plan-memory` step):
 //!
-//! 1. **Schedule.** Kernels run in the graph's deterministic topological
-//!    order, then the output copies. Graph inputs are written at step 0,
-//!    kernel `k` runs at step `k + 1`.
+//! 1. **Schedule.** Kernels run in the order [`kiln_ir::schedule`] chose for
+//!    the smallest peak of live bytes, then the output copies. Graph inputs
+//!    are written at step 0, kernel `k` runs at step `k + 1`.
 //! 2. **Liveness.** A value is live from the step that writes it to the last
 //!    step that reads it; graph outputs stay live to the end. A Reshape that
 //!    aliases its input joins the input's buffer, so the buffer lives until
@@ -18,8 +18,12 @@
 //!    `lower/elementwise.rs`, `map`). The output joins the input's buffer.
 //! 4. **Offsets.** Buffers are packed by [`pack::pack`]: greedy best fit,
 //!    largest first, 64-byte aligned, reusing the space of dead buffers.
+//!    Each job's kernel scratch (im2col matrices, B panels, staged f32
+//!    results), measured by a first lowering, is packed with them as a
+//!    buffer live at its step only.
 //!
-//! [`memory_plan`] exposes the result (and [`PlanStats`]) without compiling.
+//! [`memory_plan`] exposes the plan of the values (and [`PlanStats`])
+//! without compiling; the artifact's arena adds the scratch.
 
 use kiln_ir::arena as pack;
 
