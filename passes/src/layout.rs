@@ -177,10 +177,16 @@ impl Layout {
         }
         let out = &node.ty.shape;
         let inputs = graph.inputs_of(id);
-        // A movement of the op's own shape (broadcasting never widens it).
+        // A Transpose of the op's rank (numpy broadcasting commutes with
+        // the permutation), a Col2Im of the op's own shape (its input has
+        // another rank, so it must not be broadcast).
         let moving = |i: NodeId| {
             let input = graph.node(i);
-            Movement::of(&input.op).filter(|_| input.ty.shape == *out && single_use(graph, i))
+            let fits = |m: &Movement| match m {
+                Movement::Transpose(perm) => perm.len() == out.len(),
+                Movement::Col2Im(_) => input.ty.shape == *out,
+            };
+            Movement::of(&input.op).filter(|m| fits(m) && single_use(graph, i))
         };
         let (movement, source) = inputs
             .iter()
@@ -192,7 +198,6 @@ impl Layout {
         for &i in &inputs {
             let input = graph.node(i);
             let operand = match &input.op {
-                // Same movement and output shape: the same input shape.
                 _ if moving(i).as_ref() == Some(&movement) => {
                     Operand::Unmoved(graph.inputs_of(i)[0])
                 }

@@ -744,6 +744,13 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     }
     let meta = &out.artifact.metadata;
     if a.json {
+        // CPU targets: the arena plan of the values (`plan-memory`'s view:
+        // planned bytes against their sum; the artifact's arena also holds
+        // the kernels' scratch), planned again only for this report.
+        let memory = match opts.cuda {
+            None => Some(kiln_target_cpu::plan_stats(&out.graph).map_err(DriverError::from)?),
+            Some(_) => None,
+        };
         let passes: Vec<Value> = out
             .report
             .passes
@@ -760,7 +767,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "code_bytes": out.artifact.text.len(),
                 "weights_bytes": out.artifact.weights.len(),
                 "arena_bytes": meta.arena_size,
-                "memory": out.memory.map(|m| json!({
+                "memory": memory.map(|m| json!({
                     "planned_bytes": m.arena_bytes,
                     "peak_live_bytes": m.peak_live_bytes,
                     "sum_of_values_bytes": m.total_bytes,

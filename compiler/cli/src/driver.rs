@@ -202,10 +202,6 @@ pub struct Compiled {
     /// CUDA compilations: the ptxas that assembled the cubin stored in the
     /// artifact (`None`: no ptxas found, the artifact holds PTX only).
     pub ptxas: Option<PathBuf>,
-    /// CPU targets: the arena plan of the values (what `plan-memory`
-    /// reports: planned bytes against the sum of all values; the artifact's
-    /// arena also holds the kernels' scratch, packed with the values).
-    pub memory: Option<kiln_target_cpu::PlanStats>,
     /// Wall time of reading and importing the ONNX model.
     pub import_time: Duration,
     /// Wall time of code generation (and ptxas) and serialization.
@@ -760,7 +756,6 @@ fn generate(
     }
     let mut ptx_kernels = Vec::new();
     let mut ptxas = None;
-    let mut memory = None;
     let artifact = match opts.cuda {
         Some(sm) => {
             let program = kiln_target_cuda::compile(&graph, sm)?;
@@ -783,7 +778,6 @@ fn generate(
                 opt_level: 1,
                 threads: opts.threads,
             };
-            memory = Some(kiln_target_cpu::plan_stats(&graph)?);
             kiln_target_cpu::compile(&graph, &cpu, info)?
         }
     };
@@ -803,7 +797,6 @@ fn generate(
         precision,
         ptx_kernels,
         ptxas,
-        memory,
         import_time,
         codegen_time: start.elapsed(),
     })

@@ -22,7 +22,7 @@
 //! Reshape shares its input's buffer. Ties keep the earlier candidate, so a
 //! graph no order improves keeps its index order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::arena::align;
 use crate::{Graph, IrError, NodeId, Op};
@@ -34,7 +34,7 @@ pub fn schedule(graph: &Graph) -> Result<Vec<NodeId>, IrError> {
     let model = Liveness::new(graph, &stable);
     let candidates = [
         list_order(graph, &model, &stable),
-        post_order(graph, &model),
+        post_order(graph, &model, &stable),
     ];
     let mut best = (model.peak(graph, &stable), stable);
     for order in candidates {
@@ -80,8 +80,13 @@ impl Liveness {
         Liveness { root, bytes }
     }
 
-    /// The buffers node `id` reads (distinct, constants left out).
+    /// The buffers node `id` reads as a kernel (distinct, constants left
+    /// out): none for a Reshape, which shares its input's buffer and whose
+    /// users read that buffer themselves.
     fn reads(&self, graph: &Graph, id: NodeId) -> Vec<NodeId> {
+        if matches!(graph.node(id).op, Op::Reshape { .. }) {
+            return Vec::new();
+        }
         let mut reads: Vec<NodeId> = (graph.inputs_of(id).iter())
             .filter_map(|i| self.root[i])
             .collect();
@@ -90,14 +95,20 @@ impl Liveness {
         reads
     }
 
-    /// Readers of each buffer: its nodes' consumers, a Reshape's consumers
-    /// counted for the buffer it shares; graph outputs are never freed.
+    /// The bytes node `id` allocates: its buffer, unless it has none of its
+    /// own (a constant, a Reshape).
+    fn allocates(&self, id: NodeId) -> u64 {
+        match self.root[&id] {
+            Some(r) if r == id => self.bytes[&id],
+            _ => 0,
+        }
+    }
+
+    /// Readers of each buffer (see [`Liveness::reads`]); graph outputs are
+    /// never freed.
     fn readers(&self, graph: &Graph) -> HashMap<NodeId, usize> {
         let mut readers: HashMap<NodeId, usize> = HashMap::new();
         for id in graph.node_ids() {
-            if matches!(graph.node(id).op, Op::Reshape { .. }) && self.root[&id].is_some() {
-                continue;
-            }
             for r in self.reads(graph, id) {
                 *readers.entry(r).or_default() += 1;
             }
@@ -116,13 +127,8 @@ impl Liveness {
         let mut readers = self.readers(graph);
         let (mut live, mut peak) = (0u64, 0u64);
         for &id in order {
-            if self.root[&id] == Some(id) {
-                live = live.saturating_add(self.bytes[&id]);
-                peak = peak.max(live);
-            }
-            if matches!(graph.node(id).op, Op::Reshape { .. }) {
-                continue;
-            }
+            live = live.saturating_add(self.allocates(id));
+            peak = peak.max(live);
             for r in self.reads(graph, id) {
                 let n = readers.get_mut(&r).expect("counted reader");
                 *n -= 1;
@@ -146,13 +152,9 @@ const LIST_WINDOW: usize = 64;
 fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId> {
     let position: HashMap<NodeId, usize> =
         stable.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    // The buffers each node frees a reader of (a Reshape reads through its
-    // users, not itself).
+    // Computed once: the gains below look at them at every step.
     let reads: HashMap<NodeId, Vec<NodeId>> = (stable.iter())
-        .map(|&id| match graph.node(id).op {
-            Op::Reshape { .. } => (id, Vec::new()),
-            _ => (id, model.reads(graph, id)),
-        })
+        .map(|&id| (id, model.reads(graph, id)))
         .collect();
     let mut readers = model.readers(graph);
     let mut pending: HashMap<NodeId, usize> = HashMap::new();
@@ -187,11 +189,7 @@ fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId>
             let freed = (reads[&id].iter())
                 .filter(|r| readers[r] == 1)
                 .fold(0u64, |s, r| s.saturating_add(model.bytes[r]));
-            let allocated = match model.root[&id] {
-                Some(r) if r == id => model.bytes[&id],
-                _ => 0,
-            };
-            i128::from(freed) - i128::from(allocated)
+            i128::from(freed) - i128::from(model.allocates(id))
         };
         // The first of the largest gains: earlier positions win ties.
         let mut best: Option<(i128, (usize, NodeId))> = None;
@@ -215,22 +213,17 @@ fn list_order(graph: &Graph, model: &Liveness, stable: &[NodeId]) -> Vec<NodeId>
 
 /// Depth-first post-order from the graph outputs (then any node no output
 /// reaches); each node's operands are visited largest subgraph first.
-fn post_order(graph: &Graph, model: &Liveness) -> Vec<NodeId> {
+fn post_order(graph: &Graph, model: &Liveness, topo: &[NodeId]) -> Vec<NodeId> {
     // Bytes of every node's ancestry, shared ancestors counted once per path
     // (as XLA's cumulative size): a cheap proxy for the memory a subgraph
     // holds while it runs.
     let mut cumulative: HashMap<NodeId, u64> = HashMap::new();
-    let topo = graph.topo_order().expect("checked acyclic");
-    for &id in &topo {
-        let own = match model.root[&id] {
-            Some(r) if r == id => model.bytes[&id],
-            _ => 0,
-        };
+    for &id in topo {
         // Saturating: shared ancestry doubles along every diamond.
         let above = (graph.inputs_of(id).iter()).fold(0u64, |s, i| s.saturating_add(cumulative[i]));
-        cumulative.insert(id, own.saturating_add(above));
+        cumulative.insert(id, model.allocates(id).saturating_add(above));
     }
-    let mut done: HashMap<NodeId, bool> = HashMap::new();
+    let mut done: HashSet<NodeId> = HashSet::new();
     let mut order = Vec::with_capacity(topo.len());
     let roots: Vec<NodeId> = (graph.outputs().iter().map(|(_, id)| *id))
         .chain(topo.iter().rev().copied())
@@ -239,11 +232,11 @@ fn post_order(graph: &Graph, model: &Liveness) -> Vec<NodeId> {
         // Iterative DFS: (node, operands expanded).
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
-            if done.contains_key(&id) {
+            if done.contains(&id) {
                 continue;
             }
             if expanded {
-                done.insert(id, true);
+                done.insert(id);
                 order.push(id);
                 continue;
             }
@@ -254,7 +247,7 @@ fn post_order(graph: &Graph, model: &Liveness) -> Vec<NodeId> {
             // The stack pops the largest last pushed, so push smallest first.
             stack.extend(
                 (operands.into_iter())
-                    .filter(|i| !done.contains_key(i))
+                    .filter(|i| !done.contains(i))
                     .map(|i| (i, false)),
             );
         }

@@ -442,8 +442,7 @@ fn too_large(graph: &Graph, id: NodeId) -> CpuError {
     }
 }
 
-/// Plans memory for `graph`, whose nodes are given in topological `order`.
-/// The plan of `graph` run in `order`, with `scratch[k]` bytes of scratch
+/// The plan of `graph` run in `order` (a topological order), with `scratch[k]` bytes of scratch
 /// for job `k` (live during its step only; missing entries need none),
 /// placing the constants in `weights` (empty).
 pub(crate) fn plan(
