@@ -9,7 +9,9 @@
 //! graph outputs) keeps computing in f32.
 
 use crate::precision_plan::PrecisionPlan;
-use crate::quantize::{quantize_conv, quantize_dense, ActivationRange, ConvInt8Form, Int8Form};
+use crate::quantize::{
+    quantize_conv, quantize_dense, ActivationRange, ActivationType, ConvInt8Form, Int8Form,
+};
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
@@ -201,6 +203,9 @@ pub struct Policy {
     /// are computed at run time (`--quantize dynamic`); a node missing
     /// from the map is quantized dynamically too.
     pub activation_ranges: Option<BTreeMap<String, (f32, f32)>>,
+    /// int8 activations: asymmetric u8 or symmetric int8
+    /// (`--activation-type`).
+    pub activation_type: ActivationType,
 }
 
 impl Policy {
@@ -221,6 +226,15 @@ impl Policy {
                 .plan
                 .as_ref()
                 .is_none_or(|plan| plan.entries.iter().all(|e| e.precision == Precision::Fp32))
+    }
+
+    /// Whether the policy can put a layer in int8 (the mode, a `--force`
+    /// or a plan entry).
+    pub fn may_quantize(&self) -> bool {
+        self.mode == Mode::Int8
+            || self.force.iter().any(|(p, _)| *p == Precision::Int8)
+            || (self.plan.as_ref())
+                .is_some_and(|plan| plan.entries.iter().any(|e| e.precision == Precision::Int8))
     }
 }
 
@@ -423,6 +437,7 @@ impl AssignPrecision {
                     Some(&(lo, hi)) => ActivationRange::Static { lo, hi },
                     None => ActivationRange::Dynamic,
                 };
+                let activation = (range, self.policy.activation_type);
                 let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
                 let added = match form {
                     Int8Rewrite::Dense(form) => {
@@ -444,9 +459,11 @@ impl AssignPrecision {
                                 Some(scaled)
                             }
                         };
-                        quantize_dense(graph, *id, inputs[0], &form, c, range)
+                        quantize_dense(graph, *id, inputs[0], &form, c, activation)
                     }
-                    Int8Rewrite::Conv(form) => quantize_conv(graph, *id, inputs[0], &form, range),
+                    Int8Rewrite::Conv(form) => {
+                        quantize_conv(graph, *id, inputs[0], &form, activation)
+                    }
                 };
                 stats.added += added.map_err(failed)?;
                 stats.rewritten += 1;

@@ -44,6 +44,8 @@ pub use manager::{
 };
 pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
-pub use quantize::{observe, quantize_weights, u8_params, ActivationRange, Observer};
+pub use quantize::{
+    observe, quantize_weights, u8_params, ActivationRange, ActivationType, Observer,
+};
 pub use recognize::Recognize;
 pub use simplify::Simplify;

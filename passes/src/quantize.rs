@@ -12,8 +12,14 @@
 //! - **Weights**: symmetric per output column, `w[j] = max_k |W[k, j]| /
 //!   127`, so their zero point is 0 and the CPU target runs the product on
 //!   its VNNI kernel (`vpdpbusd` takes u8 × i8).
-//! - **Activations**: asymmetric u8 per tensor over `[min(lo, 0), max(hi,
-//!   0)]` (0 stays exact): `s = (hi - lo) / 255`, `z = round(-lo / s)`.
+//! - **Activations**: per tensor, of one of two [`ActivationType`]s
+//!   (`--activation-type`). `uint8` (the default): asymmetric over
+//!   `[min(lo, 0), max(hi, 0)]` (0 stays exact), `s = (hi - lo) / 255`,
+//!   `z = round(-lo / s)`. `int8`: symmetric, `s = max(|lo|, |hi|) / 127`,
+//!   levels −127..127; the kernels take it as u8 with the zero point fixed
+//!   at 128 (`q_u8 = q_s8 + 128`, exactly), so it runs on the same VNNI
+//!   kernel (`vpdpbusd` multiplies u8 by i8) and the same fused store, as
+//!   onnxruntime's x86 kernels shift s8 activations.
 //!   The activation is divided by `s`, as ONNX `QuantizeLinear` does: a
 //!   multiplication by `1/s` would save the store loop a `vdivps` but moves
 //!   values on rounding midpoints by one step, which on PP-OCRv4 rec turned
@@ -94,6 +100,72 @@ impl std::str::FromStr for Observer {
         }
     }
 }
+
+/// How int8 layers quantize their activations (`--activation-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationType {
+    /// Asymmetric u8: the range's 256 levels start at its minimum; best
+    /// for one-signed activations (after Relu, Sigmoid).
+    #[default]
+    Uint8,
+    /// Symmetric int8, levels −127..127 around 0: half the resolution on
+    /// one-signed data, but no zero point to shift by (what TensorRT and
+    /// symmetric-only accelerators take).
+    Int8,
+}
+
+impl std::fmt::Display for ActivationType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActivationType::Uint8 => "uint8",
+            ActivationType::Int8 => "int8",
+        })
+    }
+}
+
+impl std::str::FromStr for ActivationType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ActivationType, String> {
+        match s {
+            "uint8" | "u8" => Ok(ActivationType::Uint8),
+            "int8" | "s8" | "i8" => Ok(ActivationType::Int8),
+            _ => Err(format!(
+                "unknown activation type '{s}'; use uint8 (asymmetric) or int8 (symmetric)"
+            )),
+        }
+    }
+}
+
+impl ActivationType {
+    /// The u8 levels a quantized activation takes (int8's −127..127
+    /// shifted by 128).
+    fn levels(self) -> (f32, f32) {
+        match self {
+            ActivationType::Uint8 => (0.0, 255.0),
+            ActivationType::Int8 => (1.0, 255.0),
+        }
+    }
+
+    /// The scale and (u8) zero point of the range `[lo, hi]`.
+    pub fn params(self, lo: f32, hi: f32) -> (f32, u8) {
+        match self {
+            ActivationType::Uint8 => u8_params(lo, hi),
+            ActivationType::Int8 => {
+                let max_abs = lo.abs().max(hi.abs());
+                let scale = if max_abs > 0.0 && max_abs.is_finite() {
+                    max_abs / 127.0
+                } else {
+                    1.0
+                };
+                (scale, SYMMETRIC_ZERO)
+            }
+        }
+    }
+}
+
+/// The u8 zero point that carries symmetric int8 activations (`q_u8 =
+/// q_s8 + 128`).
+const SYMMETRIC_ZERO: u8 = 128;
 
 /// Bins of the `|x|` histogram of [`Observer::Entropy`].
 const ENTROPY_BINS: usize = 2048;
@@ -304,25 +376,46 @@ impl Builder<'_> {
     }
 }
 
-/// The activation `x` quantized to u8 per tensor: `(q, scale, zero point
-/// as f32, zero point as u8)` nodes.
+/// The activation `x` quantized to u8 per tensor as `ty` says: `(q,
+/// scale, zero point as u8)` nodes.
 fn quantize_activation(
     b: &mut Builder,
     x: NodeId,
     range: ActivationRange,
+    ty: ActivationType,
 ) -> Result<(NodeId, NodeId, NodeId), IrError> {
     let x_rank = b.g.node(x).ty.shape.len();
-    let saturate = UnaryOp::Clip {
-        min: 0.0,
-        max: 255.0,
-    };
+    let (min, max) = ty.levels();
+    let saturate = UnaryOp::Clip { min, max };
     let (scale, zero_f, zero_u8) = match range {
         ActivationRange::Static { lo, hi } => {
-            let (s, z) = u8_params(lo, hi);
+            let (s, z) = ty.params(lo, hi);
             (
                 b.scalar(s, "x_scale"),
                 b.scalar(f32::from(z), "x_zero_point_float"),
                 b.constant(&[], Data::U8(vec![z]), "x_zero_point"),
+            )
+        }
+        ActivationRange::Dynamic if ty == ActivationType::Int8 => {
+            let all = |op| Op::Reduce {
+                op,
+                axes: (0..x_rank).collect(),
+                keep_dims: false,
+            };
+            let hi = b.node(all(ReduceOp::Max), &[x], "x_max")?;
+            let lo = b.node(all(ReduceOp::Min), &[x], "x_min")?;
+            let lo = b.unary(UnaryOp::Neg, lo, "x_min_negated")?;
+            let max_abs = b.binary(BinaryOp::Max, hi, lo, "x_max_abs")?;
+            let zero = b.scalar(0.0, "zero");
+            let flat = b.node(Op::Compare(CompareOp::Equal), &[max_abs, zero], "x_flat")?;
+            let unit = b.scalar(127.0, "unit_range");
+            let max_abs = b.node(Op::Where, &[flat, unit, max_abs], "x_max_abs_nonzero")?;
+            let levels = b.scalar(127.0, "levels");
+            let s = b.binary(BinaryOp::Div, max_abs, levels, "x_scale")?;
+            (
+                s,
+                b.scalar(f32::from(SYMMETRIC_ZERO), "x_zero_point_float"),
+                b.constant(&[], Data::U8(vec![SYMMETRIC_ZERO]), "x_zero_point"),
             )
         }
         ActivationRange::Dynamic => {
@@ -367,7 +460,7 @@ pub(crate) fn quantize_dense(
     x: NodeId,
     form: &Int8Form,
     c: Option<NodeId>,
-    range: ActivationRange,
+    (range, ty): (ActivationRange, ActivationType),
 ) -> Result<usize, IrError> {
     let (w, k, n, alpha) = (&form.weights, form.k, form.n, form.alpha);
     let name = g.node(id).name.clone();
@@ -376,7 +469,7 @@ pub(crate) fn quantize_dense(
         prefix: name.clone(),
         added: 0,
     };
-    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range)?;
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range, ty)?;
     let (wq, w_scales) = quantize_weights(w, k, n);
     let wq = b.constant(&[k, n], Data::I8(wq), "w_quantized");
     let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
@@ -403,7 +496,7 @@ pub(crate) fn quantize_conv(
     id: NodeId,
     x: NodeId,
     form: &ConvInt8Form,
-    range: ActivationRange,
+    (range, ty): (ActivationRange, ActivationType),
 ) -> Result<usize, IrError> {
     let oc = form.shape[0];
     let k = form.shape[1..].iter().product::<usize>();
@@ -413,7 +506,7 @@ pub(crate) fn quantize_conv(
         prefix: name.clone(),
         added: 0,
     };
-    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range)?;
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range, ty)?;
     // Per output channel = per row of the `[OC, K]` weight matrix: the
     // per-column quantizer on its transpose.
     let transposed: Vec<f32> = (0..k * oc)
@@ -446,6 +539,59 @@ mod tests {
         // A positive range is widened to 0; a flat one gets scale 1.
         assert_eq!(u8_params(2.0, 5.1).1, 0);
         assert_eq!(u8_params(0.0, 0.0), (1.0, 0));
+    }
+
+    #[test]
+    fn symmetric_activations_center_on_128() {
+        let (s, z) = ActivationType::Int8.params(-1.0, 3.0);
+        assert!((s - 3.0 / 127.0).abs() < 1e-7);
+        assert_eq!(z, 128);
+        assert_eq!(ActivationType::Int8.params(0.0, 0.0), (1.0, 128));
+        assert_eq!("int8".parse(), Ok(ActivationType::Int8));
+        assert_eq!("uint8".parse(), Ok(ActivationType::Uint8));
+        assert!("fp8".parse::<ActivationType>().is_err());
+    }
+
+    /// `x @ W` quantized with each activation type and range, evaluated:
+    /// symmetric int8 puts x's levels at multiples of `max |x| / 127`
+    /// (the static and the dynamic range agree here), the result within a
+    /// few steps of the float product.
+    #[test]
+    fn int8_matmul_follows_the_float_product_with_each_activation_type() {
+        let x: Vec<f32> = (0..8).map(|i| (i as f32 - 2.5) * 0.37).collect();
+        let w: Vec<f32> = (0..12).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.21).collect();
+        let exact: Vec<f32> = (0..6)
+            .map(|i| (0..4).map(|k| x[i / 3 * 4 + k] * w[k * 3 + i % 3]).sum())
+            .collect();
+        let (lo, hi) = x
+            .iter()
+            .fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
+        for ty in [ActivationType::Uint8, ActivationType::Int8] {
+            for range in [ActivationRange::Static { lo, hi }, ActivationRange::Dynamic] {
+                let mut g = Graph::new();
+                let input = g.add_input("x", kiln_ir::ValueType::new(DType::F32, [2, 4]));
+                let wc = g.add_const("w", Tensor::new([4, 3], Data::F32(w.clone())).unwrap());
+                let mm = g.add_node(Op::MatMul, &[input, wc], "mm").unwrap();
+                g.add_output("y", mm);
+                let form = Int8Form {
+                    weights: w.clone(),
+                    k: 4,
+                    n: 3,
+                    alpha: 1.0,
+                    beta: 0.0,
+                };
+                quantize_dense(&mut g, mm, input, &form, None, (range, ty)).unwrap();
+                let x_t = Tensor::new([2, 4], Data::F32(x.clone())).unwrap();
+                let y = kiln_ir::eval::eval_graph(&g, &[x_t]).unwrap()[0].to_f32_vec();
+                let (step, _) = ty.params(lo, hi);
+                for (got, want) in y.iter().zip(&exact) {
+                    assert!(
+                        (got - want).abs() < 4.0 * step,
+                        "{ty} {range:?}: {y:?} vs {exact:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -175,7 +175,7 @@ fn digits_cnn_int8_dynamic_and_static_keep_accuracy() {
 }
 
 /// Every dense layer of digits model `name` in int8 (dynamic, and static
-/// with each observer): test-set accuracy within 1 point of fp32, the
+/// with each observer; u8 and symmetric int8 activations): test-set accuracy within 1 point of fp32, the
 /// compiled kernels matching the reference evaluator, i8 weights.
 fn digits_int8(name: &str) {
     let digits = Digits::load(name);
@@ -193,16 +193,19 @@ fn digits_int8(name: &str) {
         std::slice::from_ref(images),
     )
     .unwrap();
-    use kiln_passes::Observer;
-    for (static_activations, observer) in [
-        (false, Observer::MinMax),
-        (true, Observer::MinMax),
-        (true, Observer::Percentile(99.99)),
-        (true, Observer::Entropy),
+    use kiln_passes::{ActivationType, Observer};
+    for (static_activations, observer, activation_type) in [
+        (false, Observer::MinMax, ActivationType::Uint8),
+        (true, Observer::MinMax, ActivationType::Uint8),
+        (true, Observer::Percentile(99.99), ActivationType::Uint8),
+        (true, Observer::Entropy, ActivationType::Uint8),
+        (false, Observer::MinMax, ActivationType::Int8),
+        (true, Observer::MinMax, ActivationType::Int8),
     ] {
         let mut opts = with_precision(base.clone(), Mode::Int8);
         opts.static_activations = static_activations;
         opts.observer = observer;
+        opts.precision.activation_type = activation_type;
         if static_activations {
             opts.calibrate = Some(calibration.path().to_path_buf());
             opts.calibrate_random = 1;
@@ -247,7 +250,7 @@ fn digits_int8(name: &str) {
         let a = score(&outs);
         let w = c.artifact.weights.len();
         println!(
-            "{name} int8 {}: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
+            "{name} int8 {} {activation_type} activations: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
             if static_activations { format!("static {observer}") } else { "dynamic".into() },
             (a - acc32) * 100.0,
             w as f64 / w32 as f64
@@ -430,30 +433,51 @@ fn ppocr_rec_bf16_keeps_per_step_argmax() {
     }
 }
 
-/// `x` (N×C×H×W f32) with each image's pixel `(h, w)` taken from `pick(h,
-/// w)`, and every value times `gain`.
-fn remapped(x: &Tensor, gain: f32, pick: impl Fn(usize, usize) -> (usize, usize)) -> Tensor {
-    let v = x.to_f32_vec().unwrap();
-    let s: Vec<usize> = x.shape.iter().map(|&d| d as usize).collect();
-    let (h, w) = (s[2], s[3]);
-    let out: Vec<f32> = (0..v.len())
-        .map(|i| {
-            let (plane, y, xx) = (i / (h * w), i / w % h, i % w);
-            let (sy, sx) = pick(y, xx);
-            v[plane * h * w + sy * w + sx] * gain
-        })
+/// Lines the text-line tests calibrate on (`CALIBRATION` in
+/// `fixtures/make_text_lines.py`); the others are the test set.
+const CALIBRATION_LINES: usize = 8;
+
+/// The rendered text lines of `fixtures/text_lines/<file>.npy` (uint8, one
+/// gray channel) as PaddleOCR feeds them to its models: 1×3×H×W f32,
+/// `(x/255 − 0.5)/0.5` on every channel, and each line also turned by
+/// 180° (the cls model's other class).
+fn text_lines(file: &str, input: &str) -> (Vec<Tensor>, Vec<Tensor>) {
+    let path = repo_root().join(format!("fixtures/text_lines/{file}.npy"));
+    let lines = kiln::npy::read_tensor(input, &path).unwrap();
+    let pixels: Vec<u8> = lines.to_vec().expect("uint8 text lines");
+    let (n, h, w) = (lines.shape[0], lines.shape[1], lines.shape[2]);
+    let plane = (h * w) as usize;
+    let image = |gray: &mut dyn Iterator<Item = &u8>| {
+        let one: Vec<f32> = gray.map(|&p| (p as f32 / 255.0 - 0.5) / 0.5).collect();
+        Tensor::from_f32(input, &[1, 3, h, w], &one.repeat(3))
+    };
+    let upright = (0..n as usize)
+        .map(|i| image(&mut pixels[i * plane..(i + 1) * plane].iter()))
         .collect();
-    Tensor::from_f32(x.name.clone(), &x.shape, &out)
+    let turned = (0..n as usize)
+        .map(|i| image(&mut pixels[i * plane..(i + 1) * plane].iter().rev()))
+        .collect();
+    (upright, turned)
 }
 
-/// PP-OCR rec and cls with every eligible convolution and MatMul in int8
-/// (`--quantize static`): calibrated on mirrored copies of the fixture
-/// image, tested on the image itself, darker, shifted by 3 pixels, and
-/// (cls, whose job is to tell) rotated by 180°: the argmax of every output row (rec: each of
-/// its time steps) agrees with fp32 on at least 99% of the rows.
+/// PP-OCR rec and cls in int8 (`--quantize static`) on real text: English
+/// lines rendered by `fixtures/make_text_lines.py` (onnxruntime's fp32 rec
+/// reads them back as written, up to spaces). Calibrated on the first
+/// lines, tested on the others (cls, whose job is to tell, upright and
+/// turned by 180°): the argmax of every output row (rec: each of its 40
+/// time steps) agrees with fp32 on at least 99% of the rows.
+///
+/// cls meets that with every eligible layer in int8. rec with all 33 in
+/// int8 agrees on 98.3% (629 of 640 steps; the 11 flips are steps where
+/// fp32's two best classes are within 0.42 of each other, mostly blank
+/// against space); the error-driven fallback (`--max-rel-error 0.1`)
+/// raises the layers that carry the error to fp32 until the output's
+/// relative L2 error is under 0.1, which brings it to 99.2%
+/// (`docs/precision.md`). Both are checked: the all-int8 build must not
+/// fall below its measured level.
 #[test]
 fn ppocr_int8_static_keeps_argmax() {
-    for name in ["ppocr_cls", "ppocrv4_rec"] {
+    for (name, file) in [("ppocr_cls", "cls"), ("ppocrv4_rec", "rec")] {
         // cls is a committed fixture, rec is fetched.
         let fixture = match name {
             "ppocr_cls" => Fixture::load(name),
@@ -462,54 +486,78 @@ fn ppocr_int8_static_keeps_argmax() {
                 None => continue,
             },
         };
-        let x = fixture.inputs().remove(0);
-        let s: Vec<usize> = x.shape.iter().map(|&d| d as usize).collect();
-        let (h, w) = (s[2], s[3]);
+        let input = fixture.inputs().remove(0).name;
+        let (mut upright, mut turned) = text_lines(file, &input);
+        let (test_upright, test_turned) = (
+            upright.split_off(CALIBRATION_LINES),
+            turned.split_off(CALIBRATION_LINES),
+        );
         let calibration = tempfile::tempdir().unwrap();
-        let mirrored = remapped(&x, 1.0, |y, xx| (y, w - 1 - xx));
-        kiln::npy::write_npz(&calibration.path().join("mirrored.npz"), &[mirrored]).unwrap();
-        let shifted = remapped(&x, 1.0, |y, xx| (y, xx.saturating_sub(3)));
-        let mut tests = vec![
-            x.clone(),
-            remapped(&x, 0.8, |y, xx| (y, xx)),
-            remapped(&shifted, 0.9, |y, xx| (y, xx)),
-            shifted,
-        ];
+        let mut samples = upright;
         if name == "ppocr_cls" {
-            let turned = remapped(&x, 1.0, |y, xx| (h - 1 - y, w - 1 - xx));
-            tests.push(remapped(&turned, 0.8, |y, xx| (y, xx)));
-            tests.push(turned);
+            samples.extend(turned);
+        }
+        for (i, t) in samples.into_iter().enumerate() {
+            let path = calibration.path().join(format!("line{i:02}.npz"));
+            kiln::npy::write_npz(&path, &[t]).unwrap();
+        }
+        let mut tests = test_upright;
+        if name == "ppocr_cls" {
+            tests.extend(test_turned);
         }
         let fp32 = compile(&fixture.model_path(), &fixture.compile_options()).unwrap();
-        let mut opts = with_precision(fixture.compile_options(), Mode::Int8);
-        opts.static_activations = true;
-        opts.calibrate = Some(calibration.path().to_path_buf());
-        opts.calibrate_random = 1;
-        let int8 = compile(&fixture.model_path(), &opts).unwrap();
-        let convs = (int8.graph.node_ids())
-            .filter(|&id| int8.graph.node(id).op.is_integer_product())
-            .count();
-        assert!(convs > 10, "{name}: {convs} int8 layers");
-        let (mut agree, mut rows) = (0, 0);
-        for t in &tests {
-            let a = run_artifact(&int8.bytes, std::slice::from_ref(t)).unwrap();
-            let b = run_artifact(&fp32.bytes, std::slice::from_ref(t)).unwrap();
-            let (a, b) = (argmax_rows(&a[0]), argmax_rows(&b[0]));
-            agree += a.iter().zip(&b).filter(|(p, q)| p == q).count();
-            rows += a.len();
+        let fp32_rows: Vec<Vec<usize>> = (tests.iter())
+            .map(|t| argmax_rows(&run_artifact(&fp32.bytes, std::slice::from_ref(t)).unwrap()[0]))
+            .collect();
+        let rows = fp32_rows.iter().map(Vec::len).sum::<usize>();
+        if name == "ppocr_cls" {
+            // The inputs are what cls is for: fp32 tells upright (class 0)
+            // from turned (class 1) on (nearly) every test line.
+            let lines = fp32_rows.len() / 2;
+            let right = (fp32_rows.iter().enumerate())
+                .filter(|(i, r)| r[0] == usize::from(*i >= lines))
+                .count();
+            assert!(
+                right + 1 >= fp32_rows.len(),
+                "cls fp32 orientation: {right}"
+            );
+        } else {
+            // Text, not blanks: fp32 reads a character on many steps.
+            let read = fp32_rows.iter().flatten().filter(|&&k| k != 0).count();
+            assert!(read * 3 >= rows, "rec fp32 reads {read} of {rows} steps");
         }
-        let share = agree as f64 / rows as f64;
-        println!(
-            "{name} int8 static: argmax agreement {share:.4} over {rows} rows, {convs} int8 layers, weights {} B vs {} B",
-            int8.artifact.weights.len(),
-            fp32.artifact.weights.len()
-        );
-        // rec agrees on 158 of its 160 steps: the two others flip between
-        // blank and space (one a tie in fp32). The bar is 0.99;
-        // rec stands at 0.9875, onnxruntime's own quantize_static of it at
-        // 0.95; what was tried is in docs/precision.md.
-        let bar = if name == "ppocrv4_rec" { 0.98 } else { 0.99 };
-        assert!(share >= bar, "{name}: argmax agreement {share}");
+        // (the fallback's output bound, the agreement it must reach)
+        let builds: &[(Option<f64>, f64)] = match name {
+            "ppocr_cls" => &[(None, 0.99)],
+            _ => &[(None, 0.98), (Some(0.1), 0.99)],
+        };
+        for &(max_rel_error, bar) in builds {
+            let mut opts = with_precision(fixture.compile_options(), Mode::Int8);
+            opts.static_activations = true;
+            opts.calibrate = Some(calibration.path().to_path_buf());
+            opts.max_rel_error = max_rel_error;
+            let int8 = compile(&fixture.model_path(), &opts).unwrap();
+            let convs = (int8.graph.node_ids())
+                .filter(|&id| int8.graph.node(id).op.is_integer_product())
+                .count();
+            assert!(convs > 10, "{name}: {convs} int8 layers");
+            let mut agree = 0;
+            for (t, b) in tests.iter().zip(&fp32_rows) {
+                let a = run_artifact(&int8.bytes, std::slice::from_ref(t)).unwrap();
+                agree += argmax_rows(&a[0])
+                    .iter()
+                    .zip(b)
+                    .filter(|(p, q)| p == q)
+                    .count();
+            }
+            let share = agree as f64 / rows as f64;
+            println!(
+                "{name} int8 static (max rel error {max_rel_error:?}): argmax agreement {share:.4} over {rows} rows, {convs} int8 layers, weights {} B vs {} B",
+                int8.artifact.weights.len(),
+                fp32.artifact.weights.len()
+            );
+            assert!(share >= bar, "{name}: argmax agreement {share} < {bar}");
+        }
     }
 }
 

@@ -106,9 +106,9 @@ struct ModelArgs {
     #[arg(long, default_value = "fp32", value_name = "PRECISION")]
     precision: String,
     /// int8 MatMul/Gemm/ungrouped Conv (i8 weights per output column or
-    /// channel, u8 activations per tensor, VNNI kernels that rescale in
-    /// their store loop): `dynamic` computes activation ranges at run
-    /// time; `static` observes them (min/max) on the calibration samples
+    /// channel, u8 or int8 activations per tensor (--activation-type),
+    /// VNNI kernels that rescale in their store loop): `dynamic` computes
+    /// activation ranges at run time; `static` observes them (min/max) on the calibration samples
     /// (--calibrate DIR; --calibrate-random only for tests).
     #[arg(long, value_name = "static|dynamic")]
     quantize: Option<String>,
@@ -117,6 +117,10 @@ struct ModelArgs {
     /// (TensorRT-style KL-divergence threshold).
     #[arg(long, default_value = "minmax", value_name = "OBSERVER")]
     observer: String,
+    /// int8 layers' activations: uint8 (asymmetric per tensor, zero point
+    /// from the range) or int8 (symmetric per tensor, −127..127 around 0).
+    #[arg(long = "activation-type", value_name = "uint8|int8")]
+    activation_type: Option<String>,
     /// Keep these nodes in fp32: op types or node-name globs,
     /// comma-separated (`Conv,/encoder/layer.0/*`).
     #[arg(long = "keep-fp32", value_name = "PATTERNS")]
@@ -461,6 +465,11 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
             exit::USAGE,
             "--observer applies to --quantize static only",
         ));
+    }
+    if let Some(t) = &args.activation_type {
+        opts.precision.activation_type = t
+            .parse()
+            .map_err(|e: String| Failure::new(exit::USAGE, format!("--activation-type: {e}")))?;
     }
     if let Some(k) = &args.keep_fp32 {
         opts.precision.keep_fp32 =

@@ -153,6 +153,11 @@ impl CompileOptions {
             if self.static_activations {
                 let _ = write!(s, " quantize=static observer={}", self.observer);
             }
+            // The default keeps the options text of builds made before
+            // the choice existed.
+            if p.activation_type != kiln_passes::ActivationType::Uint8 {
+                let _ = write!(s, " activation_type={}", p.activation_type);
+            }
             let list = |v: &[kiln_passes::Pattern]| {
                 v.iter()
                     .map(|p| p.to_string())
@@ -637,6 +642,13 @@ fn optimize_graph(
             None => random_samples(&graph, opts.calibrate_random),
         }
     };
+    if opts.precision.activation_type != kiln_passes::ActivationType::default()
+        && !opts.precision.may_quantize()
+    {
+        return Err(DriverError::Usage(
+            "--activation-type applies to int8 layers (--quantize, --precision int8, --force int8=..., --plan with int8 entries)".into(),
+        ));
+    }
     if opts.max_rel_error.is_some() && samples.is_empty() {
         return Err(DriverError::Usage(
             "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision".into(),

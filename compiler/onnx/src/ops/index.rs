@@ -753,6 +753,122 @@ pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.generated_constant(t, name)?)
 }
 
+/// Element `i` of `d` against element `j`, in the order `Unique` sorts:
+/// by value for the type (unsigned as unsigned), NaNs last and equal.
+fn cmp_elements(d: &Data, i: usize, j: usize) -> std::cmp::Ordering {
+    let dtype = d.dtype();
+    if dtype.is_float() {
+        let (a, b) = (d.get_f64(i), d.get_f64(j));
+        match (a.is_nan(), b.is_nan()) {
+            (false, false) => a.partial_cmp(&b).expect("not NaN"),
+            (a_nan, b_nan) => a_nan.cmp(&b_nan),
+        }
+    } else if dtype.is_unsigned() {
+        d.get_u64(i).cmp(&d.get_u64(j))
+    } else {
+        d.get_i64(i).cmp(&d.get_i64(j))
+    }
+}
+
+/// `Unique`: the distinct elements of X (without `axis`, flattened) or
+/// distinct slices along `axis`, sorted (lexicographically, `sorted=1`) or
+/// in order of first occurrence, with each one's first index, the index
+/// of every element's (slice's) unique value, and the counts. Its output
+/// length depends on the values, so only a constant input folds.
+pub fn unique(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let Some(t) = ctx.konst(x).cloned() else {
+        return Err(ctx.not_constant(
+            x,
+            "Unique of run-time data (its output shape depends on the values); only a constant input folds",
+        ));
+    };
+    let sorted = ctx.attr_i_or(node, "sorted", 1)? != 0;
+    let shape = t.shape().to_vec();
+    // Slices along `axis` as (outer, n, inner) blocks; flattened without it.
+    let (axis, outer, n, inner) = match ctx.attr_i(node, "axis")? {
+        Some(a) => {
+            let axis = ctx.axis("axis", a, shape.len())?;
+            let outer: usize = shape[..axis].iter().product();
+            let inner: usize = shape[axis + 1..].iter().product();
+            (Some(axis), outer, shape[axis], inner)
+        }
+        None => (None, 1, t.len(), 1),
+    };
+    let d = t.data();
+    let element = |slice: usize, k: usize| (k / inner) * n * inner + slice * inner + k % inner;
+    let cmp_slices = |a: usize, b: usize| {
+        (0..outer * inner)
+            .map(|k| cmp_elements(d, element(a, k), element(b, k)))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    };
+    // Slices in sorted order, ties by position: each run of equal slices
+    // starts at its first occurrence.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| cmp_slices(a, b).then(a.cmp(&b)));
+    let mut firsts: Vec<usize> = Vec::new();
+    let mut group_of = vec![0usize; n];
+    for (k, &s) in order.iter().enumerate() {
+        if k == 0 || cmp_slices(order[k - 1], s).is_ne() {
+            firsts.push(s);
+        }
+        group_of[s] = firsts.len() - 1;
+    }
+    // Output position of each group: sorted order, or first occurrence.
+    let mut rank: Vec<usize> = (0..firsts.len()).collect();
+    if !sorted {
+        rank.sort_by_key(|&g| firsts[g]);
+        let mut position = vec![0; firsts.len()];
+        for (p, &g) in rank.iter().enumerate() {
+            position[g] = p;
+        }
+        rank = position;
+    }
+    let m = firsts.len();
+    let mut first_of = vec![0i64; m];
+    let mut counts = vec![0i64; m];
+    for (g, &f) in firsts.iter().enumerate() {
+        first_of[rank[g]] = f as i64;
+    }
+    let inverse: Vec<i64> = (0..n).map(|s| rank[group_of[s]] as i64).collect();
+    for &i in &inverse {
+        counts[i as usize] += 1;
+    }
+    // Y in (outer, m, inner) order: each unique slice's first occurrence.
+    let idx: Vec<usize> = (0..outer)
+        .flat_map(|o| first_of.iter().map(move |&f| (o, f as usize)))
+        .flat_map(|(o, f)| (0..inner).map(move |i| element(f, o * inner + i)))
+        .collect();
+    let dtype = t.dtype();
+    let y = if dtype.is_float() {
+        Data::from_f64s(dtype, idx.iter().map(|&i| d.get_f64(i)))
+    } else {
+        Data::from_i64s(dtype, idx.iter().map(|&i| d.get_i64(i)))
+    };
+    let y_shape = match axis {
+        Some(a) => {
+            let mut s = shape.clone();
+            s[a] = m;
+            s
+        }
+        None => vec![m],
+    };
+    let y = Tensor::new(y_shape, y).expect("m slices");
+    let y = gen_const(ctx, y, "Y")?;
+    let mut outs = vec![y];
+    for (tag, v) in [
+        ("indices", first_of),
+        ("inverse_indices", inverse),
+        ("counts", counts),
+    ] {
+        let len = v.len();
+        let t = Tensor::new([len], Data::I64(v)).expect("len");
+        outs.push(gen_const(ctx, t, tag)?);
+    }
+    Ok(outs)
+}
+
 /// `ReverseSequence`: along `time_axis`, the first `sequence_lens[b]`
 /// elements of batch `b` reversed, the rest as they are. The lengths may
 /// be run-time values: the source index of each element is computed

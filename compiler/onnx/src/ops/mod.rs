@@ -13,6 +13,7 @@ pub mod attention;
 pub mod constant;
 pub mod control;
 pub mod conv;
+pub mod detection;
 pub mod einsum;
 pub mod elementwise;
 pub mod index;
@@ -31,6 +32,7 @@ pub mod sample;
 pub mod scatter;
 pub mod signal;
 pub mod text;
+pub mod training;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -40,6 +42,7 @@ pub fn domain_ops(domain: &str) -> &'static [&'static str] {
     match domain {
         "ai.onnx.preview" => &["FlexAttention"],
         "ai.onnx.ml" => &["Binarizer", "ArrayFeatureExtractor"],
+        "ai.onnx.preview.training" => &["Adagrad", "Momentum", "Adam"],
         _ => &[],
     }
 }
@@ -56,6 +59,12 @@ pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
         "ai.onnx.ml" => match op_type {
             "Binarizer" => Some(ml::binarizer),
             "ArrayFeatureExtractor" => Some(ml::array_feature_extractor),
+            _ => None,
+        },
+        "ai.onnx.preview.training" => match op_type {
+            "Adagrad" => Some(training::adagrad),
+            "Momentum" => Some(training::momentum),
+            "Adam" => Some(training::adam),
             _ => None,
         },
         _ => None,
@@ -221,6 +230,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "Einsum" => einsum::einsum,
         "TopK" => index::top_k,
         "NonZero" => index::non_zero,
+        "Unique" => index::unique,
+        "NonMaxSuppression" => detection::non_max_suppression,
         "If" => control::if_,
         "Loop" => control::loop_,
         "Scan" => control::scan,
