@@ -531,7 +531,8 @@ fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> Result<(), F
         Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
     };
     let model = kiln_onnx::load_model(&a.model).map_err(at_model)?;
-    let report = kiln_onnx::preflight(&model, &opts.import).map_err(at_model)?;
+    let report = kiln_onnx::preflight(&model, kiln_onnx::model_dir(&a.model), &opts.import)
+        .map_err(at_model)?;
     let dims: Vec<Value> = report
         .unbound_dims
         .iter()

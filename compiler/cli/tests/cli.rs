@@ -680,12 +680,24 @@ fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
         "input=8x64",
         "--plan",
         plan.to_str().unwrap(),
+        "--activation-type",
+        "int8",
         "-o",
         art.to_str().unwrap(),
     ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = kiln(&["inspect", art.to_str().unwrap()]);
+    assert!(o.stdout.contains("activation_type=int8"), "{}", o.stdout);
     for (args, needle) in [
         (&["--quantize", "fancy"][..], "unknown mode 'fancy'"),
+        (
+            &["--quantize", "dynamic", "--activation-type", "fp8"][..],
+            "unknown activation type 'fp8'",
+        ),
+        (
+            &["--precision", "bf16", "--activation-type", "int8"][..],
+            "--activation-type applies to int8 layers",
+        ),
         (
             &["--quantize", "dynamic", "--precision", "bf16"][..],
             "--quantize sets the precision",

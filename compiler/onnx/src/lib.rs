@@ -133,21 +133,43 @@ pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
 /// file's directory.
 pub fn import(path: &Path, opts: &ImportOptions) -> Result<kiln_ir::Graph, OnnxError> {
     let model = load_model(path)?;
-    let dir = path.parent().map(|p| {
+    import_model(&model, model_dir(path), opts)
+}
+
+/// Where the external data of the model file at `path` lives: its
+/// directory.
+pub fn model_dir(path: &Path) -> Option<&Path> {
+    path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")
         } else {
             p
         }
-    });
-    import_model(&model, dir, opts)
+    })
 }
 
-/// Lists, without importing, every unsupported op and every unbound
-/// graph-input dim of a decoded model (`kiln compile --check`), so a user
-/// sees everything that blocks a compile at once.
-pub fn preflight(model: &ModelProto, opts: &ImportOptions) -> Result<Preflight, OnnxError> {
-    import::preflight(model, opts)
+/// Lists every unsupported op and every unbound graph-input dim of a
+/// decoded model (`kiln compile --check`), so a user sees everything that
+/// blocks a compile at once. The ops and dims come from a scan of the
+/// model; when the scan finds nothing, the model is imported (no passes,
+/// no code) to find the uses of supported ops that cannot compile: an op
+/// whose output shape depends on run-time data (`NonZero`, `Unique`,
+/// `NonMaxSuppression`), which names the graph input to bind. External
+/// data is read from `model_dir`.
+pub fn preflight(
+    model: &ModelProto,
+    model_dir: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<Preflight, OnnxError> {
+    let mut report = import::preflight(model, opts)?;
+    if report.is_clear() {
+        match import_model(model, model_dir, opts) {
+            Ok(_) => {}
+            Err(OnnxError::Unsupported(list)) => report.unsupported = list,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(report)
 }
 
 /// Imports a decoded model into IR. `model_dir` is where external tensor

@@ -28,7 +28,7 @@ struct Step {
 fn step(ctx: &mut ImportCtx, node: &NodeProto, kinds: usize) -> Result<Step, OnnxError> {
     let operands = ctx.inputs(node);
     let tensors = operands.len().saturating_sub(2);
-    if operands.len() < 2 + kinds || tensors % kinds != 0 {
+    if operands.len() < 2 + kinds || !tensors.is_multiple_of(kinds) {
         return Err(ctx.invalid(format!(
             "expects R, T and {kinds} groups of equally many tensors, got {} inputs",
             operands.len()
