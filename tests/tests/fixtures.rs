@@ -58,6 +58,19 @@ fn nhwc_convnet_matches_onnxruntime() {
     check_all(&["nhwc_convnet".to_string()]);
 }
 
+/// scikit-learn forests as `TreeEnsembleRegressor` (`ops/tree.rs`): a
+/// random forest (AVERAGE, two targets) and gradient boosting (SUM plus a
+/// base value), on held-out rows of the diabetes set.
+#[test]
+fn tree_ensembles_match_onnxruntime() {
+    let names: Vec<String> = Fixture::all_names()
+        .into_iter()
+        .filter(|n| n.starts_with("tree_"))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    check_all(&names);
+}
+
 #[test]
 fn ppocr_cls_matches_onnxruntime() {
     check_all(&["ppocr_cls".to_string()]);

@@ -2097,3 +2097,55 @@ fn constants_sized_by_the_model_are_refused_before_allocating() {
         );
     }
 }
+
+// ---- tree ensembles ----
+
+fn attr_t(name: &str, t: TensorProto) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Tensor as i32,
+        t: Some(t),
+        ..Default::default()
+    }
+}
+
+/// One `TreeEnsemble` (ai.onnx.ml 5) tree over two features: node 0 asks
+/// `x0 <= 0.5` (true: node 1, false: leaf 2); node 1 asks `x1 < 2`
+/// (leaves 0 and 1, or back to node 0 when `cyclic`).
+fn tree_model(cyclic: bool) -> ModelProto {
+    let mut n = node("TreeEnsemble", "forest", &["x"], &["y"]);
+    n.domain = "ai.onnx.ml".into();
+    let mut modes = f32_tensor("modes", &[2], &[]);
+    modes.data_type = 2;
+    modes.raw_data = vec![0, 1];
+    n.attribute = vec![
+        attr_t("nodes_modes", modes),
+        attr_t("nodes_splits", f32_tensor("splits", &[2], &[0.5, 2.0])),
+        attr_ints("nodes_featureids", &[0, 1]),
+        attr_ints("nodes_truenodeids", &[1, 0]),
+        attr_ints("nodes_trueleafs", &[0, 1]),
+        attr_ints("nodes_falsenodeids", &[2, if cyclic { 0 } else { 1 }]),
+        attr_ints("nodes_falseleafs", &[1, i64::from(!cyclic)]),
+        attr_t("leaf_weights", f32_tensor("w", &[3], &[10.0, 20.0, 30.0])),
+        attr_ints("leaf_targetids", &[0, 0, 0]),
+        attr_ints("tree_roots", &[0]),
+        attr_i("n_targets", 1),
+    ];
+    let mut m = model(vec![n], vec![f32_input("x", &[4, 2])], &["y"], vec![]);
+    m.opset_import.push(OperatorSetIdProto {
+        domain: "ai.onnx.ml".into(),
+        version: 5,
+    });
+    m
+}
+
+#[test]
+fn tree_ensembles_walk_every_row_to_its_leaf() {
+    let g = import_model(&tree_model(false), None, &ImportOptions::default()).unwrap();
+    let rows = [0.0, 1.0, 0.0, 3.0, 0.5, 2.0, 0.7, 0.0];
+    let x = kiln_ir::Tensor::new([4, 2], Data::F32(rows.to_vec())).unwrap();
+    let y = kiln_ir::eval::eval_graph(&g, &[x]).unwrap();
+    assert_eq!(y[0].to_f32_vec(), vec![10.0, 20.0, 20.0, 30.0]);
+    let e = err(&tree_model(true));
+    assert!(e.to_string().contains("its own descendant"), "{e}");
+}

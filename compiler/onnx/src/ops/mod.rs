@@ -33,6 +33,7 @@ pub mod scatter;
 pub mod signal;
 pub mod text;
 pub mod training;
+pub mod tree;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -41,7 +42,12 @@ pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>
 pub fn domain_ops(domain: &str) -> &'static [&'static str] {
     match domain {
         "ai.onnx.preview" => &["FlexAttention"],
-        "ai.onnx.ml" => &["Binarizer", "ArrayFeatureExtractor"],
+        "ai.onnx.ml" => &[
+            "Binarizer",
+            "ArrayFeatureExtractor",
+            "TreeEnsemble",
+            "TreeEnsembleRegressor",
+        ],
         "ai.onnx.preview.training" => &["Adagrad", "Momentum", "Adam"],
         _ => &[],
     }
@@ -59,6 +65,8 @@ pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
         "ai.onnx.ml" => match op_type {
             "Binarizer" => Some(ml::binarizer),
             "ArrayFeatureExtractor" => Some(ml::array_feature_extractor),
+            "TreeEnsemble" => Some(tree::tree_ensemble),
+            "TreeEnsembleRegressor" => Some(tree::tree_ensemble_regressor),
             _ => None,
         },
         "ai.onnx.preview.training" => match op_type {
