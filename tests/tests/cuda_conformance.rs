@@ -42,7 +42,7 @@ fn random(d: DType, shape: &[usize], seed: u64) -> Option<Tensor> {
     let data = match d {
         DType::Bool => Data::Bool(v.iter().map(|&x| x > 0.0).collect()),
         d if d.is_int() => Data::from_i64s(d, v.iter().map(|&x| (x * 5.0) as i64)),
-        DType::F32 | DType::F64 => Data::from_f64s(d, v.into_iter()),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Data::from_f64s(d, v.into_iter()),
         _ => return None,
     };
     Tensor::new(shape, data)

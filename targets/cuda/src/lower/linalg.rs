@@ -143,6 +143,9 @@ impl Batched {
 }
 
 pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
+    if cx.inputs.iter().all(|(_, t)| t.dtype == DType::F64) {
+        return matmul_f64(cx);
+    }
     check_dense(cx)?;
     let Batched {
         m,
@@ -171,6 +174,46 @@ pub(crate) fn matmul(cx: &Cx) -> Result<Kernel, CudaError> {
         beta: 0.0,
     };
     gemm_kernel(cx, &g)
+}
+
+/// f64 `MatMul`: one thread per output element accumulates its row of A
+/// times its column of B with `fma.rn.f64`, in K order. f64 products are
+/// rare (scientific exports, conformance) and GPUs run f64 at a fraction
+/// of the f32 rate, so this is the direct kernel, not a tiled one.
+fn matmul_f64(cx: &Cx) -> Result<Kernel, CudaError> {
+    let Batched {
+        m,
+        k,
+        n,
+        batch,
+        a_batch,
+        b_batch,
+    } = Batched::new(cx)?;
+    let full: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+    let a_strides: Vec<i64> = a_batch.into_iter().chain([k as i64, 0]).collect();
+    let b_strides: Vec<i64> = b_batch.into_iter().chain([0, 1]).collect();
+    let total: usize = full.iter().product();
+    let mut kb = cx.builder([super::BLOCK, 1, 1]);
+    let i = global_index(&mut kb, total);
+    let c = coords(&mut kb, i, &full);
+    let a_off = offset(&mut kb, &c, &a_strides, 0);
+    let b_off = offset(&mut kb, &c, &b_strides, 0);
+    let a_base = ptr(&mut kb, cx.inputs[0].0);
+    let b_base = ptr(&mut kb, cx.inputs[1].0);
+    let a_addr = kb.addr(a_base, a_off, 8);
+    let b_addr = kb.addr(b_base, b_off, 8);
+    let acc = kb.mov(Ty::F64, fimm(Ty::F64, 0.0));
+    kb.for_range(0u32, k as u32, 1u32, |kb, _| {
+        let av = kb.ld(Space::Global, mem(DType::F64), Ty::F64, a_addr, 0);
+        let bv = kb.ld(Space::Global, mem(DType::F64), Ty::F64, b_addr, 0);
+        kb.mad_into(acc, av, bv, acc);
+        kb.bin_into(a_addr, Bin::Add, a_addr, 8u32);
+        kb.bin_into(b_addr, Bin::Add, b_addr, Opnd::I(8 * n as i64));
+    });
+    let acc = cx.epilogue(&mut kb, acc);
+    let out = ptr(&mut kb, cx.out);
+    store(&mut kb, out, i, DType::F64, acc);
+    Ok(cx.finish(kb, linear_launch(total)))
 }
 
 /// `MatMulInteger`: `out = (A - a_zero) @ (B - b_zero)` in wrapping i32,

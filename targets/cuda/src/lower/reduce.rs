@@ -12,7 +12,7 @@
 use kiln_ir::{DType, ReduceOp};
 
 use super::math;
-use super::{coords, cty, load, offset, ptr, store, strides, Cx, Kernel};
+use super::{coords, load, offset, ptr, store, strides, Cx, Kernel};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, MemTy, Opnd, Reg, Space, Special, Ty};
 use crate::{CudaError, Launch};
 
@@ -306,14 +306,24 @@ pub(crate) fn global_pool(cx: &Cx, max: bool) -> Result<Kernel, CudaError> {
     Ok(cx.finish(kb, row_launch(rows, threads)))
 }
 
+/// Refuses any of `dtypes` that is not f32 or a 16-bit float (loaded
+/// widened to f32, stored rounded): the kernels compute in f32.
+fn f32_compute(cx: &Cx, dtypes: &[DType]) -> Result<(), CudaError> {
+    match dtypes
+        .iter()
+        .find(|d| !matches!(d, DType::F32 | DType::F16 | DType::BF16))
+    {
+        Some(&d) => Err(cx.dtype_err(d)),
+        None => Ok(()),
+    }
+}
+
 /// Softmax along `axis`: one block per row of `shape[axis]` elements
 /// (stride = the product of the later dims).
 pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
     let (loc, ty) = cx.inputs[0];
-    if ty.dtype != DType::F32 {
-        return Err(cx.dtype_err(ty.dtype));
-    }
-    debug_assert_eq!(cty(ty.dtype), Some(Ty::F32));
+    let (dtype, out_dtype) = (ty.dtype, cx.out_ty.dtype);
+    f32_compute(cx, &[dtype, out_dtype])?;
     let t = Ty::F32;
     let shape = &ty.shape;
     let len = shape[axis];
@@ -331,7 +341,7 @@ pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
     let index = move |kb: &mut KernelBuilder, j: Reg| kb.mad(j, inner as u32, row_base);
     let element = move |kb: &mut KernelBuilder, j: Reg| {
         let idx = index(kb, j);
-        load(kb, base, idx, DType::F32)
+        load(kb, base, idx, dtype)
     };
     let id = |_: &mut KernelBuilder, x: Reg| x;
     let m = fold_row(
@@ -363,7 +373,7 @@ pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
         let y = kb.bin(Bin::Div, e, s);
         let y = cx.epilogue(kb, y);
         let idx = index(kb, j);
-        store(kb, out, idx, DType::F32, y);
+        store(kb, out, idx, out_dtype, y);
     });
     Ok(cx.finish(kb, row_launch(rows, threads)))
 }
@@ -374,11 +384,10 @@ pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
 /// + bias` written with scale and bias read at their broadcast positions.
 pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, CudaError> {
     let (loc, ty) = cx.inputs[0];
-    for &(_, t) in &cx.inputs {
-        if t.dtype != DType::F32 {
-            return Err(cx.dtype_err(t.dtype));
-        }
-    }
+    let (dtype, out_dtype) = (ty.dtype, cx.out_ty.dtype);
+    let dtypes: Vec<DType> = cx.inputs.iter().map(|(_, t)| t.dtype).collect();
+    f32_compute(cx, &dtypes)?;
+    f32_compute(cx, &[out_dtype])?;
     let shape = &ty.shape;
     let normalized = &shape[axis..];
     let len: usize = normalized.iter().product();
@@ -391,7 +400,7 @@ pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, C
     let out = ptr(&mut kb, cx.out);
     let element = move |kb: &mut KernelBuilder, j: Reg| {
         let idx = kb.bin(Bin::Add, row_base, j);
-        load(kb, base, idx, DType::F32)
+        load(kb, base, idx, dtype)
     };
     let id = |_: &mut KernelBuilder, x: Reg| x;
     let t = Ty::F32;
@@ -405,12 +414,13 @@ pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, C
     let var = kb.mad(ss, Opnd::F32(1.0 / len as f32), Opnd::F32(epsilon));
     let sd = kb.un("sqrt.rn", var);
     let inv = kb.un("rcp.rn", sd);
-    let params: Vec<(Reg, Vec<i64>, bool)> = cx.inputs[1..]
+    let params: Vec<(Reg, Vec<i64>, bool, DType)> = cx.inputs[1..]
         .iter()
         .map(|&(ploc, pty)| {
             let p = ptr(&mut kb, ploc);
             let dense = pty.num_elements() == len;
-            (p, super::broadcast_strides(&pty.shape, normalized), dense)
+            let st = super::broadcast_strides(&pty.shape, normalized);
+            (p, st, dense, pty.dtype)
         })
         .collect();
     let tid = kb.special(Special::TidX);
@@ -423,9 +433,9 @@ pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, C
         } else {
             coords(kb, j, normalized)
         };
-        for (k, (p, st, dense)) in params.iter().enumerate() {
+        for (k, (p, st, dense, d)) in params.iter().enumerate() {
             let at = if *dense { j } else { offset(kb, &cs, st, 0) };
-            let v = load(kb, *p, at, DType::F32);
+            let v = load(kb, *p, at, *d);
             y = if k == 0 {
                 kb.bin(Bin::Mul, y, v)
             } else {
@@ -434,7 +444,7 @@ pub(crate) fn layer_norm(cx: &Cx, axis: usize, epsilon: f32) -> Result<Kernel, C
         }
         let y = cx.epilogue(kb, y);
         let idx = kb.bin(Bin::Add, row_base, j);
-        store(kb, out, idx, DType::F32, y);
+        store(kb, out, idx, out_dtype, y);
     });
     Ok(cx.finish(kb, row_launch(rows, threads)))
 }
