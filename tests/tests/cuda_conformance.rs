@@ -27,7 +27,8 @@ fn data_dir() -> PathBuf {
     }
 }
 
-/// Pseudo-random values in [-2, 2) (integers in [-10, 10], bools).
+/// Pseudo-random values in [-2, 2) (integers in [-10, 10], bools, any
+/// code of a narrow type).
 fn random(d: DType, shape: &[usize], seed: u64) -> Option<Tensor> {
     let n: usize = shape.iter().product();
     let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
@@ -43,6 +44,12 @@ fn random(d: DType, shape: &[usize], seed: u64) -> Option<Tensor> {
         DType::Bool => Data::Bool(v.iter().map(|&x| x > 0.0).collect()),
         d if d.is_int() => Data::from_i64s(d, v.iter().map(|&x| (x * 5.0) as i64)),
         DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Data::from_f64s(d, v.into_iter()),
+        // Every code of a narrow type, NaNs and infinities included.
+        d if d.is_narrow() => {
+            let mask = (1u32 << kiln_ir::narrow::code_bits(d).expect("narrow")) - 1;
+            let codes = v.iter().map(|&x| (((x + 2.0) * 64.0) as u32 & mask) as u8);
+            Data::Narrow(d, codes.collect())
+        }
         _ => return None,
     };
     Tensor::new(shape, data)

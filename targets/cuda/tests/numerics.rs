@@ -899,3 +899,105 @@ fn headless_fused_kernels() {
     let e = compile(&g, SmArch::parse("sm80").unwrap()).unwrap_err();
     assert!(e.to_string().contains("no CUDA lowering"), "{e}");
 }
+
+/// Every code of every narrow type decoded (to f32, f16, i64 and bool),
+/// f32 values on every rounding path encoded (ties, subnormals, overflow,
+/// infinities, NaN, negative zero), integers wrapped into the 4- and 2-bit
+/// types, and codes moved through a Transpose and a Where bit for bit.
+#[test]
+fn narrow_types_cast_every_code_and_move_as_bytes() {
+    let narrow = [
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F4E2M1,
+        DType::I4,
+        DType::U4,
+        DType::I2,
+        DType::U2,
+    ];
+    let mut floats: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e30,
+        -1e30,
+        448.0,
+        464.0,
+        57344.0,
+        61440.0,
+        6.0,
+        7.0,
+        -2.5,
+        0.25,
+        0.75,
+        1.0625,
+        1.125,
+        1.1875,
+        2f32.powi(-9),
+        3.0 * 2f32.powi(-10),
+        2f32.powi(-17),
+        3.0 * 2f32.powi(-17),
+        2f32.powi(-20),
+        7.9,
+        -8.5,
+        15.5,
+        -1.7,
+        3.0,
+    ];
+    floats.extend(values(34, 9).iter().map(|v| v * 40.0));
+    for d in narrow {
+        let bits = kiln_ir::narrow::code_bits(d).unwrap();
+        let codes: Vec<u8> = (0..=255u8)
+            .map(|c| c & ((1u16 << bits) - 1) as u8)
+            .collect();
+        let codes = Tensor::new([16, 16], Data::Narrow(d, codes)).unwrap();
+        for to in [DType::F32, DType::F16, DType::I64, DType::Bool] {
+            let (g, _) = graph1_typed(d, &[16, 16], Op::Cast { to });
+            check(&g, std::slice::from_ref(&codes));
+        }
+        let moved = graph1_typed(
+            d,
+            &[16, 16],
+            Op::Transpose {
+                perm: smallvec![1, 0],
+            },
+        )
+        .0;
+        check(&moved, std::slice::from_ref(&codes));
+        let mut g = Graph::new();
+        let c = g.add_input("c", ValueType::new(DType::Bool, [16, 16]));
+        let a = g.add_input("a", ValueType::new(d, [16, 16]));
+        let b = g.add_input("b", ValueType::new(d, [16, 16]));
+        let w = g.add_node(Op::Where, &[c, a, b], "w").unwrap();
+        g.add_output("w", w);
+        let b_codes = Tensor::new(
+            [16, 16],
+            Data::Narrow(d, codes.data().to_le_bytes().into_iter().rev().collect()),
+        )
+        .unwrap();
+        check(
+            &g,
+            &[tensor(DType::Bool, &[16, 16], 4), codes.clone(), b_codes],
+        );
+        let x = Tensor::new([floats.len()], Data::F32(floats.clone())).unwrap();
+        let (g, _) = graph1_typed(DType::F32, &[floats.len()], Op::Cast { to: d });
+        check(&g, &[x]);
+        let ints = ints(DType::I64, &[8], &[-9, -8, -2, -1, 0, 3, 7, 300]);
+        let (g, _) = graph1_typed(DType::I64, &[8], Op::Cast { to: d });
+        check(&g, &[ints]);
+    }
+}
+
+/// One op on one input of type `d` (the caller gives the input).
+fn graph1_typed(d: DType, shape: &[usize], op: Op) -> (Graph, ()) {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(d, shape));
+    let y = g.add_node(op, &[x], "y").unwrap();
+    g.add_output("y", y);
+    (g, ())
+}

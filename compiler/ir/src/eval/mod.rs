@@ -418,9 +418,24 @@ macro_rules! impl_elem {
 
 impl_elem!(
     f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8,
-    u8 => U8, i16 => I16, i32 => I32, i64 => I64, bool => Bool,
+    i16 => I16, i32 => I32, i64 => I64, bool => Bool,
     u16 => U16, u32 => U32, u64 => U64,
 );
+
+/// Bytes, and the codes of the narrow types, which data movement (Concat,
+/// Where, ...) moves as bytes: results come back as `Data::U8` and
+/// [`eval`] retypes them to the inferred narrow type.
+impl Elem for u8 {
+    fn slice(d: &Data) -> Option<&[Self]> {
+        match d {
+            Data::U8(v) | Data::Narrow(_, v) => Some(v),
+            _ => None,
+        }
+    }
+    fn wrap(v: Vec<Self>) -> Data {
+        Data::U8(v)
+    }
+}
 
 /// Copies `v[idx[i]]` for every `i`.
 pub(crate) fn gather_elems<T: Elem>(v: &[T], idx: &[usize]) -> Data {

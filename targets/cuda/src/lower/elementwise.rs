@@ -10,11 +10,11 @@
 
 use kiln_ir::{BinaryOp, BitwiseOp, CompareOp, DType, FusedKernel, Instr, LogicalOp, UnaryOp};
 
-use super::math;
 use super::{
     broadcast_strides, coords, cty, global_index, linear_launch, load, offset, ptr, store, Cx,
     Kernel,
 };
+use super::{math, narrow};
 use crate::ptx::{fimm, Bin, Cmp, KernelBuilder, Opnd, Reg, Ty};
 use crate::CudaError;
 
@@ -451,32 +451,58 @@ fn int_range(d: DType) -> (i64, i64) {
 
 /// ONNX Cast: float to int truncates toward zero and saturates (NaN gives
 /// 0), to bool is `!= 0` (NaN is true), int to int wraps.
+///
+/// The narrow types convert through their value (`narrow.rs`): a code is
+/// decoded to f32 or s64 first, and the value in f32 or s64 is encoded
+/// last.
 pub(crate) fn cast(cx: &Cx, to: DType) -> Result<Kernel, CudaError> {
     let from = cx.inputs[0].1.dtype;
-    let ft = cx.input_cty(0, true)?;
-    let tt = cty(to).ok_or_else(|| cx.dtype_err(to))?;
+    let ft = match narrow::value_ty(from) {
+        Some(t) => t,
+        None => cx.input_cty(0, true)?,
+    };
+    let tt = (narrow::value_ty(to).or_else(|| cty(to))).ok_or_else(|| cx.dtype_err(to))?;
     map(
         cx,
         Box::new(move |kb, v| {
-            let x = v[0];
-            if to == DType::Bool && from != DType::Bool {
-                let nz = if ft.is_float() {
-                    kb.setp(Cmp::Ne, x, fimm(ft, 0.0))
-                } else {
-                    kb.setp(Cmp::Ne, x, Opnd::I(0))
-                };
-                return kb.selp(Ty::S64, nz, Opnd::I(1), Opnd::I(0));
-            }
-            match (ft.is_float(), tt.is_float()) {
-                (true, true) if ft == tt => x,
-                (true, true) if tt == Ty::F64 => kb.cvt(Ty::F64, "", x),
-                (true, true) => kb.cvt(Ty::F32, "rn", x),
-                (true, false) => float_to_int(kb, x, to),
-                (false, true) => kb.cvt(tt, "rn", x),
-                (false, false) => x,
+            let x = if from.is_narrow() {
+                narrow::decode(kb, v[0], from)
+            } else {
+                v[0]
+            };
+            let y = convert(kb, x, (from, ft), (to, tt));
+            if kiln_ir::narrow::is_narrow_float(to) {
+                narrow::encode_float(kb, y, to)
+            } else if kiln_ir::narrow::is_narrow_int(to) {
+                narrow::encode_int(kb, y, to, ft.is_float())
+            } else {
+                y
             }
         }),
     )
+}
+
+/// `x` (of type `from`, computed in `ft`) converted to `to`'s compute type
+/// `tt`: the value a Cast stores (for a narrow `to`, the value it encodes).
+fn convert(kb: &mut KernelBuilder, x: Reg, (from, ft): (DType, Ty), (to, tt): (DType, Ty)) -> Reg {
+    if to == DType::Bool && from != DType::Bool {
+        let nz = if ft.is_float() {
+            kb.setp(Cmp::Ne, x, fimm(ft, 0.0))
+        } else {
+            kb.setp(Cmp::Ne, x, Opnd::I(0))
+        };
+        return kb.selp(Ty::S64, nz, Opnd::I(1), Opnd::I(0));
+    }
+    match (ft.is_float(), tt.is_float()) {
+        (true, true) if ft == tt => x,
+        (true, true) if tt == Ty::F64 => kb.cvt(Ty::F64, "", x),
+        (true, true) => kb.cvt(Ty::F32, "rn", x),
+        // Truncated into s64; a narrow `to` checks its own range.
+        (true, false) if to.is_narrow() => float_to_int(kb, x, DType::I64),
+        (true, false) => float_to_int(kb, x, to),
+        (false, true) => kb.cvt(tt, "rn", x),
+        (false, false) => x,
+    }
 }
 
 pub(crate) fn compare(cx: &Cx, op: CompareOp) -> Result<Kernel, CudaError> {
@@ -556,7 +582,12 @@ pub(crate) fn not(cx: &Cx) -> Result<Kernel, CudaError> {
 }
 
 pub(crate) fn where_(cx: &Cx) -> Result<Kernel, CudaError> {
-    let t = cx.input_cty(1, true)?;
+    // Narrow codes are selected as the bytes they are.
+    let t = if cx.inputs[1].1.dtype.is_narrow() {
+        Ty::U32
+    } else {
+        cx.input_cty(1, true)?
+    };
     map(
         cx,
         Box::new(move |kb, v| {

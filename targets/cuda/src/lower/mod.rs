@@ -12,6 +12,7 @@ pub(crate) mod elementwise;
 mod layout;
 mod linalg;
 mod math;
+mod narrow;
 mod reduce;
 mod resize;
 
@@ -193,6 +194,8 @@ pub(crate) fn load(kb: &mut KernelBuilder, base: Reg, idx: Reg, d: DType) -> Reg
             let raw = kb.ld(Space::Global, MemTy("u16"), Ty::U32, a, 0);
             bf16_bits_to_f32(kb, raw)
         }
+        // A narrow type's code, moved or cast as a byte (`narrow.rs`).
+        d if d.is_narrow() => kb.ld(Space::Global, MemTy("u8"), Ty::U32, a, 0),
         _ => kb.ld(Space::Global, mem(d), cty(d).expect("checked dtype"), a, 0),
     }
 }
@@ -405,7 +408,21 @@ pub(crate) fn lower_job<'g>(
                 message: format!("{ty} has more than 2^31 - 1 elements"),
             });
         }
-        if cty(ty.dtype).is_none() {
+        // Narrow codes only move (as bytes), are selected or convert
+        // (Cast).
+        let moves_or_casts = matches!(
+            node.map(|n| &n.op),
+            None | Some(
+                Op::Cast { .. }
+                    | Op::Where
+                    | Op::Reshape { .. }
+                    | Op::Transpose { .. }
+                    | Op::Concat { .. }
+                    | Op::Gather { .. }
+                    | Op::Slice { .. }
+            )
+        );
+        if cty(ty.dtype).is_none() && !(ty.dtype.is_narrow() && moves_or_casts) {
             return Err(cx.dtype_err(ty.dtype));
         }
     }

@@ -658,6 +658,9 @@ fn step(
                 ("f32", Some(v)) => from_f32(round(v) as f32),
                 ("f64", Some(v)) => round(v).to_bits(),
                 ("s64", Some(v)) => round(v) as i64 as u64,
+                // PTX float-to-integer conversions saturate (NaN: 0), as
+                // Rust's `as` does.
+                ("u32", Some(v)) => round(v) as u32 as u64,
                 ("f32", None) if from.starts_with('u') => from_f32(x as u32 as f32),
                 ("f32", None) => from_f32(ix as f32),
                 ("f64", None) => (ix as f64).to_bits(),
