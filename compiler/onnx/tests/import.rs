@@ -2113,6 +2113,10 @@ fn attr_t(name: &str, t: TensorProto) -> AttributeProto {
 /// `x0 <= 0.5` (true: node 1, false: leaf 2); node 1 asks `x1 < 2`
 /// (leaves 0 and 1, or back to node 0 when `cyclic`).
 fn tree_model(cyclic: bool) -> ModelProto {
+    tree_model_with_rows(cyclic, 4)
+}
+
+fn tree_model_with_rows(cyclic: bool, rows: i64) -> ModelProto {
     let mut n = node("TreeEnsemble", "forest", &["x"], &["y"]);
     n.domain = "ai.onnx.ml".into();
     let mut modes = f32_tensor("modes", &[2], &[]);
@@ -2131,7 +2135,7 @@ fn tree_model(cyclic: bool) -> ModelProto {
         attr_ints("tree_roots", &[0]),
         attr_i("n_targets", 1),
     ];
-    let mut m = model(vec![n], vec![f32_input("x", &[4, 2])], &["y"], vec![]);
+    let mut m = model(vec![n], vec![f32_input("x", &[rows, 2])], &["y"], vec![]);
     m.opset_import.push(OperatorSetIdProto {
         domain: "ai.onnx.ml".into(),
         version: 5,
@@ -2148,4 +2152,9 @@ fn tree_ensembles_walk_every_row_to_its_leaf() {
     assert_eq!(y[0].to_f32_vec(), vec![10.0, 20.0, 20.0, 30.0]);
     let e = err(&tree_model(true));
     assert!(e.to_string().contains("its own descendant"), "{e}");
+    // A huge batch (found by the fuzz smoke test: the start indices were
+    // one constant per row and tree) is refused before anything that
+    // large is allocated.
+    let e = err(&tree_model_with_rows(false, 1 << 40));
+    assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
 }

@@ -906,17 +906,8 @@ fn headless_fused_kernels() {
 /// types, and codes moved through a Transpose and a Where bit for bit.
 #[test]
 fn narrow_types_cast_every_code_and_move_as_bytes() {
-    let narrow = [
-        DType::F8E4M3FN,
-        DType::F8E4M3FNUZ,
-        DType::F8E5M2,
-        DType::F8E5M2FNUZ,
-        DType::F4E2M1,
-        DType::I4,
-        DType::U4,
-        DType::I2,
-        DType::U2,
-    ];
+    let narrow: Vec<DType> = DType::ALL.into_iter().filter(|d| d.is_narrow()).collect();
+    assert_eq!(narrow.len(), 9);
     let mut floats: Vec<f32> = vec![
         0.0,
         -0.0,

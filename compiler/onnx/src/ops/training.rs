@@ -90,6 +90,12 @@ fn bin(
     ctx.op(Op::Binary(op), &[a, b], Some(&format!("{tag}_{i}")))
 }
 
+/// `√H + epsilon`, the adaptive denominator of Adagrad and Adam.
+fn root_plus(ctx: &mut ImportCtx, h: Val, epsilon: Val, i: usize) -> Result<Val, OnnxError> {
+    let root = ctx.op(Op::Unary(UnaryOp::Sqrt), &[h], Some(&format!("root_{i}")))?;
+    bin(ctx, BinaryOp::Add, root, epsilon, "scale", i)
+}
+
 /// `norm_coefficient · X + G`, the gradient with its L2 regularization.
 fn regularized(
     ctx: &mut ImportCtx,
@@ -127,12 +133,7 @@ pub fn adagrad(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let g = regularized(ctx, x, g, norm, dt, i)?;
         let g2 = bin(ctx, BinaryOp::Mul, g, g, "squared", i)?;
         let h_new = bin(ctx, BinaryOp::Add, h, g2, "H_new", i)?;
-        let root = ctx.op(
-            Op::Unary(UnaryOp::Sqrt),
-            &[h_new],
-            Some(&format!("root_{i}")),
-        )?;
-        let scale = bin(ctx, BinaryOp::Add, root, epsilon, "scale", i)?;
+        let scale = root_plus(ctx, h_new, epsilon, i)?;
         let rg = bin(ctx, BinaryOp::Mul, rate, g, "scaled_gradient", i)?;
         let update = bin(ctx, BinaryOp::Div, rg, scale, "update", i)?;
         xs.push(bin(ctx, BinaryOp::Sub, x, update, "X_new", i)?);
@@ -264,12 +265,7 @@ pub fn adam(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let h_kept = bin(ctx, BinaryOp::Mul, beta_h, h, "h_kept", i)?;
         let h_added = bin(ctx, BinaryOp::Mul, beta_g, g2, "h_added", i)?;
         let h_new = bin(ctx, BinaryOp::Add, h_kept, h_added, "H_new", i)?;
-        let root = ctx.op(
-            Op::Unary(UnaryOp::Sqrt),
-            &[h_new],
-            Some(&format!("root_{i}")),
-        )?;
-        let scale = bin(ctx, BinaryOp::Add, root, epsilon, "scale", i)?;
+        let scale = root_plus(ctx, h_new, epsilon, i)?;
         let ratio = bin(ctx, BinaryOp::Div, v_new, scale, "ratio", i)?;
         let update = bin(ctx, BinaryOp::Mul, rate, ratio, "update", i)?;
         let x_new = bin(ctx, BinaryOp::Sub, x, update, "stepped", i)?;

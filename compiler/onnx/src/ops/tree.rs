@@ -13,7 +13,6 @@
 //! ordinary IR op, so the ensemble compiles for every target.
 
 use super::elementwise::{cast_to, reshape_to, scalar};
-use super::index::gather_along;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -149,7 +148,7 @@ impl Forest {
     }
 }
 
-/// A constant of X's element type `dt`.
+/// A constant of X's element type `dt` (charged by [`reserve_tables`]).
 fn float_const(
     ctx: &mut ImportCtx,
     dt: DType,
@@ -158,9 +157,10 @@ fn float_const(
     name: &str,
 ) -> Result<Val, OnnxError> {
     let t = Tensor::new(shape, Data::from_f64s(dt, v.into_iter())).expect("sized");
-    ctx.generated_constant(t, name)
+    Ok(ctx.constant(t, name))
 }
 
+/// An i64 constant (charged by [`reserve_tables`]).
 fn index_const(
     ctx: &mut ImportCtx,
     shape: &[usize],
@@ -168,7 +168,38 @@ fn index_const(
     name: &str,
 ) -> Result<Val, OnnxError> {
     let t = Tensor::new(shape, Data::I64(v)).expect("sized");
-    ctx.generated_constant(t, name)
+    Ok(ctx.constant(t, name))
+}
+
+/// Charges the constants [`evaluate`] builds against the import's
+/// generated-constant budget before any is allocated: a malformed file
+/// can ask for a member table of `nodes × widest set` or a leaf matrix of
+/// `leaves × n_targets` far beyond its own size (and X's rows are a
+/// shape, not data the file holds).
+fn reserve_tables(
+    ctx: &mut ImportCtx,
+    rows: usize,
+    total: usize,
+    member_width: usize,
+    leaves: usize,
+    targets: usize,
+) -> Result<(), OnnxError> {
+    let bytes = [
+        (total, 6),
+        (total, member_width),
+        (leaves, targets),
+        (rows, 1),
+    ]
+    .into_iter()
+    .try_fold(0usize, |sum, (a, b)| {
+        a.checked_mul(b)?.checked_mul(8)?.checked_add(sum)
+    });
+    match bytes {
+        Some(b) => ctx.charge_generated(b as u64),
+        None => Err(ctx.invalid(format!(
+            "{total} nodes with sets of up to {member_width} members and {leaves} leaves of {targets} targets overflow the address space"
+        ))),
+    }
 }
 
 /// The `[N, targets]` scores of `forest` on `x` (`[N, F]`, float type
@@ -223,14 +254,27 @@ fn evaluate(
     } else {
         None
     };
-    let members = if kinds.contains(&Branch::Member) {
-        let width = forest
-            .members
-            .iter()
-            .map(Vec::len)
-            .max()
-            .unwrap_or(0)
-            .max(1);
+    let width = forest
+        .members
+        .iter()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let member_width = if kinds.contains(&Branch::Member) {
+        width
+    } else {
+        0
+    };
+    reserve_tables(
+        ctx,
+        rows,
+        total,
+        member_width,
+        forest.leaves.len(),
+        forest.targets,
+    )?;
+    let members = if member_width > 0 {
         let mut table = vec![f64::NAN; total * width];
         for (i, m) in forest.members.iter().enumerate() {
             table[i * width..i * width + m.len()].copy_from_slice(m);
@@ -239,18 +283,31 @@ fn evaluate(
     } else {
         None
     };
-    let mut roots = Vec::with_capacity(rows * trees);
-    for _ in 0..rows {
-        roots.extend(pad(&forest.roots));
-    }
-    let mut at = index_const(ctx, &[rows, trees], roots, "roots")?;
+    let x_flat = reshape_to(ctx, x, &[xt.num_elements()], Some("x_flat"))?;
+    let starts = (0..rows).map(|n| (n * features) as i64).collect();
+    let row_start = index_const(ctx, &[rows, 1], starts, "row_start")?;
+    // Every row starts at the roots: one row of them, broadcast.
+    let roots = index_const(ctx, &[1, trees], pad(&forest.roots), "roots")?;
+    let mut at = ctx.op(
+        Op::Expand {
+            shape: [rows, trees].into_iter().collect(),
+        },
+        &[roots],
+        Some("start"),
+    )?;
     let gather = |ctx: &mut ImportCtx, table: Val, at: Val, tag: &str| {
         ctx.op(Op::Gather { axis: 0 }, &[table, at], Some(tag))
     };
     for level in 0..depth {
         let tag = |s: &str| format!("level{level}_{s}");
         let f = gather(ctx, feature, at, &tag("feature"))?;
-        let xv = gather_along(ctx, x, f, 1, Some(&tag("x")))?;
+        // X[n, f[n, t]] as a flat gather: row n starts at n · features.
+        let flat = ctx.op(
+            Op::Binary(BinaryOp::Add),
+            &[row_start, f],
+            Some(&tag("x_index")),
+        )?;
+        let xv = ctx.op(Op::Gather { axis: 0 }, &[x_flat, flat], Some(&tag("x")))?;
         let v = gather(ctx, split, at, &tag("split"))?;
         let b = match branch {
             Some(table) => Some(gather(ctx, table, at, &tag("branch"))?),
@@ -428,6 +485,21 @@ fn floats(ctx: &ImportCtx, node: &NodeProto, name: &str) -> Result<Option<Vec<f6
         .map(|v| v.into_iter().map(f64::from).collect()))
 }
 
+/// `nodes_missing_value_tracks_true` (absent: false for each of the `n`
+/// nodes).
+fn missing_tracks_true(
+    ctx: &ImportCtx,
+    node: &NodeProto,
+    n: usize,
+) -> Result<Vec<bool>, OnnxError> {
+    Ok(
+        match ctx.attr_ints(node, "nodes_missing_value_tracks_true")? {
+            Some(v) => v.iter().map(|&m| m != 0).collect(),
+            None => vec![false; n],
+        },
+    )
+}
+
 /// A tensor attribute's values as f64 (required).
 fn tensor_values(ctx: &ImportCtx, node: &NodeProto, name: &str) -> Result<Vec<f64>, OnnxError> {
     let t = ctx
@@ -479,10 +551,7 @@ pub fn tree_ensemble(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let true_leafs = indices(ctx, node, "nodes_trueleafs", Some(2))?;
     let false_leafs = indices(ctx, node, "nodes_falseleafs", Some(2))?;
     let roots = indices(ctx, node, "tree_roots", Some(interior))?;
-    let missing: Vec<bool> = match ctx.attr_ints(node, "nodes_missing_value_tracks_true")? {
-        Some(v) => v.iter().map(|&m| m != 0).collect(),
-        None => vec![false; interior],
-    };
+    let missing = missing_tracks_true(ctx, node, interior)?;
     same_len(
         ctx,
         "nodes",
@@ -638,10 +707,7 @@ pub fn tree_ensemble_regressor(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let false_ids = ctx
         .attr_ints(node, "nodes_falsenodeids")?
         .unwrap_or_default();
-    let missing: Vec<bool> = match ctx.attr_ints(node, "nodes_missing_value_tracks_true")? {
-        Some(v) => v.iter().map(|&m| m != 0).collect(),
-        None => vec![false; n],
-    };
+    let missing = missing_tracks_true(ctx, node, n)?;
     same_len(
         ctx,
         "nodes",
