@@ -2158,3 +2158,24 @@ fn tree_ensembles_walk_every_row_to_its_leaf() {
     let e = err(&tree_model_with_rows(false, 1 << 40));
     assert!(matches!(e, OnnxError::TooLarge { .. }), "{e:?}");
 }
+
+#[test]
+fn folding_a_huge_non_max_suppression_is_refused() {
+    let n = 40_000;
+    let boxes = f32_tensor("boxes", &[1, n, 4], &vec![0.0; n as usize * 4]);
+    let scores = f32_tensor("scores", &[1, 1, n], &vec![0.5; n as usize]);
+    let limit = i64_tensor("limit", &[n]);
+    let m = model(
+        vec![node(
+            "NonMaxSuppression",
+            "nms",
+            &["boxes", "scores", "limit"],
+            &["selected"],
+        )],
+        vec![],
+        &["selected"],
+        vec![boxes, scores, limit],
+    );
+    let e = err(&m);
+    assert!(e.to_string().contains("overlap tests"), "{e}");
+}

@@ -14,6 +14,10 @@ use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
 
+/// Most box-overlap tests a folded `NonMaxSuppression` may take (about a
+/// second of import).
+const MAX_IOU_TESTS: u128 = 1 << 30;
+
 /// A box as the x and y extents it covers.
 #[derive(Clone, Copy)]
 struct Extent {
@@ -112,6 +116,15 @@ pub fn non_max_suppression(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     };
     let (batches, count, classes) = (bs[0], bs[1], ss[1]);
+    // Each candidate is tested against the boxes kept so far: bound the
+    // fold's work, which a constant of a million boxes would make hours.
+    let tests =
+        (batches as u128 * classes as u128) * (count as u128 * count.min(max_per_class) as u128);
+    if tests > MAX_IOU_TESTS {
+        return Err(ctx.unsupported(format!(
+            "folding NonMaxSuppression over {batches}×{classes} classes of {count} boxes would take up to {tests} overlap tests at import (at most {MAX_IOU_TESTS})"
+        )));
+    }
     let (bd, sd) = (boxes.data(), scores.data());
     let mut selected: Vec<i64> = Vec::new();
     for b in 0..batches {
