@@ -2179,3 +2179,42 @@ fn folding_a_huge_non_max_suppression_is_refused() {
     let e = err(&m);
     assert!(e.to_string().contains("overlap tests"), "{e}");
 }
+
+/// Scan at opset 8 (batch axis first, `directions`): a running sum per
+/// batch item, read backwards, with the partial sums as the scan output.
+#[test]
+fn scan_opset8_runs_each_batch_item() {
+    let body = subgraph(
+        "body",
+        vec![
+            node("Add", "sum", &["s", "x_t"], &["s_out"]),
+            node("Identity", "copy", &["s_out"], &["y"]),
+        ],
+        vec![f32_input("s", &[2]), f32_input("x_t", &[2])],
+        &["s_out", "y"],
+    );
+    let mut scan = node("Scan", "scan", &["", "init", "x"], &["final", "ys"]);
+    scan.attribute = vec![
+        attr_i("num_scan_inputs", 1),
+        attr_ints("directions", &[1]),
+        attr_g("body", body),
+    ];
+    let mut m = model(
+        vec![scan],
+        vec![f32_input("init", &[2, 2]), f32_input("x", &[2, 3, 2])],
+        &["final", "ys"],
+        vec![],
+    );
+    m.opset_import[0].version = 8;
+    let g = import_model(&m, None, &ImportOptions::default()).unwrap();
+    let init = kiln_ir::Tensor::new([2, 2], Data::F32(vec![0.0, 0.0, 10.0, 20.0])).unwrap();
+    let x: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+    let x = kiln_ir::Tensor::new([2, 3, 2], Data::F32(x)).unwrap();
+    let out = kiln_ir::eval::eval_graph(&g, &[init, x]).unwrap();
+    // Item 0 reads rows [5, 6], [3, 4], [1, 2]; item 1 [11, 12], [9, 10], [7, 8].
+    assert_eq!(out[0].to_f32_vec(), vec![9.0, 12.0, 37.0, 50.0]);
+    assert_eq!(
+        out[1].to_f32_vec(),
+        vec![5.0, 6.0, 8.0, 10.0, 9.0, 12.0, 21.0, 32.0, 30.0, 42.0, 37.0, 50.0]
+    );
+}

@@ -6,7 +6,7 @@
 //!   selects each output with a `Where` on the (scalar) condition, which is
 //!   exact because ONNX branches have no side effects. Both branches must
 //!   then give outputs of the same static types.
-//! - `Scan` (opset 9+) and `Loop` are unrolled: the body is imported once
+//! - `Scan` (opset 8 per batch item, 9+) and `Loop` are unrolled: the body is imported once
 //!   per iteration with its inputs bound to the current loop-carried values
 //!   (and, for `Scan`, the current slices of the scanned inputs; for `Loop`,
 //!   the iteration number and condition as constants); per-iteration scan
@@ -562,17 +562,18 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 
 // ---- Scan ----
 
-/// `Scan` (opset 9+; the batched opset-8 form is unsupported).
+/// `Scan`: opset 9+, and opset 8 (a batch axis in front, `directions`, `sequence_lens` absent or the full length) as one scan per batch item.
 pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    if ctx.opset < 9 {
-        return Err(ctx.unsupported("Scan before opset 9 (with a batch axis and sequence_lens)"));
-    }
     let scan_name = ctx.node_name().to_string();
     let body_g = graph_attr(ctx, node, "body")?;
     let m = ctx
         .attr_i(node, "num_scan_inputs")?
         .ok_or_else(|| ctx.bad_attr("num_scan_inputs", "is required"))?;
-    let inputs: Vec<Val> = (0..node.input.len())
+    // Opset 8 has a batch axis in front of every state and scan input and
+    // takes `sequence_lens` (optional) first.
+    let batched = ctx.opset < 9;
+    let first = usize::from(batched);
+    let inputs: Vec<Val> = (first..node.input.len())
         .map(|i| ctx.input(node, i))
         .collect::<Result<_, _>>()?;
     if m < 1 || m as usize > inputs.len() {
@@ -599,16 +600,27 @@ pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
         Ok(v)
     };
-    let in_axes = list(ctx, "scan_input_axes", m)?;
-    let in_dirs = list(ctx, "scan_input_directions", m)?;
-    let out_axes = list(ctx, "scan_output_axes", k_out)?;
-    let out_dirs = list(ctx, "scan_output_directions", k_out)?;
+    let scan = if batched {
+        Scan {
+            in_axes: vec![1; m],
+            in_dirs: list(ctx, "directions", m)?,
+            out_axes: vec![0; k_out],
+            out_dirs: vec![0; k_out],
+        }
+    } else {
+        Scan {
+            in_axes: list(ctx, "scan_input_axes", m)?,
+            in_dirs: list(ctx, "scan_input_directions", m)?,
+            out_axes: list(ctx, "scan_output_axes", k_out)?,
+            out_dirs: list(ctx, "scan_output_directions", k_out)?,
+        }
+    };
     let mut steps = None;
     let mut axes = Vec::with_capacity(m);
     for j in 0..m {
         let v = inputs[n_state + j];
         let r = ctx.ty(v).shape.len();
-        let a = ctx.axis("scan_input_axes", in_axes[j], r)?;
+        let a = ctx.axis("scan_input_axes", scan.in_axes[j], r)?;
         let t = ctx.ty(v).shape[a];
         if *steps.get_or_insert(t) != t {
             return Err(ctx.invalid("scan inputs differ in length"));
@@ -617,7 +629,111 @@ pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let steps = steps.expect("m ≥ 1");
     let body = prepare(ctx, body_g)?;
-    reserve(ctx, "a Scan", steps, steps, body.first, &body)?;
+    if !batched {
+        reserve(ctx, "a Scan", steps, steps, body.first, &body)?;
+        return scan_steps(
+            ctx, &body, &scan, &inputs, n_state, &axes, steps, &scan_name,
+        );
+    }
+    // Opset 8: the scan of each batch item, stacked.
+    if let Some(lens) = ctx.opt_input(node, 0) {
+        let full = ctx
+            .konst(lens)
+            .is_some_and(|t| (0..t.len()).all(|i| t.data().get_i64(i) == steps as i64));
+        if !full {
+            return Err(ctx.unsupported(
+                "Scan (opset 8) with sequence_lens shorter than the scan inputs or known only at run time",
+            ));
+        }
+    }
+    let batch = ctx.ty(inputs[0]).shape.first().copied().unwrap_or(0);
+    if inputs
+        .iter()
+        .any(|&v| ctx.ty(v).shape.first() != Some(&batch))
+    {
+        return Err(ctx.invalid("states and scan inputs must share the batch axis"));
+    }
+    reserve(
+        ctx,
+        "a Scan",
+        steps * batch,
+        steps * batch,
+        body.first,
+        &body,
+    )?;
+    let item_axes: Vec<usize> = axes.iter().map(|a| a - 1).collect();
+    let mut per_item: Vec<Vec<Val>> = vec![Vec::with_capacity(batch); inputs.len() - m + k_out];
+    for b in 0..batch {
+        let mut items = Vec::with_capacity(inputs.len());
+        for (i, &v) in inputs.iter().enumerate() {
+            let s = slice_along(ctx, v, 0, b, 1, 1, &format!("batch{b}_in{i}"))?;
+            let shape = ctx.ty(s).shape[1..].to_vec();
+            items.push(reshape_to(
+                ctx,
+                s,
+                &shape,
+                Some(&format!("batch{b}_item{i}")),
+            )?);
+        }
+        let prefix = format!("{scan_name}/batch{b}");
+        let outs = scan_steps(
+            ctx,
+            &body,
+            &scan_items(&scan),
+            &items,
+            n_state,
+            &item_axes,
+            steps,
+            &prefix,
+        )?;
+        ctx.set_current(&scan_name, "Scan");
+        for (k, o) in outs.into_iter().enumerate() {
+            per_item[k].push(o);
+        }
+    }
+    per_item
+        .into_iter()
+        .enumerate()
+        .map(|(k, items)| stack(ctx, items, 0, "batch", &format!("batch_out{k}")))
+        .collect()
+}
+
+/// A Scan's axes and directions (inputs, then outputs).
+struct Scan {
+    in_axes: Vec<i64>,
+    in_dirs: Vec<i64>,
+    out_axes: Vec<i64>,
+    out_dirs: Vec<i64>,
+}
+
+/// An opset-8 Scan's axes for one batch item: its inputs scan their
+/// first axis (the sequence, once the batch axis is gone) and its outputs
+/// stack along it.
+fn scan_items(scan: &Scan) -> Scan {
+    Scan {
+        in_axes: vec![0; scan.in_axes.len()],
+        in_dirs: scan.in_dirs.clone(),
+        out_axes: scan.out_axes.clone(),
+        out_dirs: scan.out_dirs.clone(),
+    }
+}
+
+/// The Scan loop unrolled over `steps`: the body on the states and each
+/// scan input's slice (`axes`, read backwards where its direction says),
+/// then the final states and every scan output stacked.
+#[allow(clippy::too_many_arguments)]
+fn scan_steps(
+    ctx: &mut ImportCtx,
+    body: &Body,
+    scan: &Scan,
+    inputs: &[Val],
+    n_state: usize,
+    axes: &[usize],
+    steps: usize,
+    scan_name: &str,
+) -> R {
+    let m = inputs.len() - n_state;
+    let k_out = scan.out_axes.len();
     let mut states: Vec<Val> = inputs[..n_state].to_vec();
     let mut per_step: Vec<Vec<Val>> = vec![Vec::with_capacity(steps); k_out];
     for t in 0..steps {
@@ -626,29 +742,33 @@ pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let mut args = states.clone();
         for j in 0..m {
             let v = inputs[n_state + j];
-            let at = if in_dirs[j] != 0 { steps - 1 - t } else { t };
+            let at = if scan.in_dirs[j] != 0 {
+                steps - 1 - t
+            } else {
+                t
+            };
             let s = slice_along(ctx, v, axes[j], at, 1, 1, &format!("in{j}"))?;
             let mut shape = ctx.ty(s).shape.to_vec();
             shape.remove(axes[j]);
             args.push(reshape_to(ctx, s, &shape, Some(&format!("in{j}_item")))?);
         }
-        let outs = run_body(ctx, &body, &args, &prefix)?;
-        ctx.set_current(&scan_name, "Scan");
+        let outs = run_body(ctx, body, &args, &prefix)?;
+        ctx.set_current(scan_name, "Scan");
         states.copy_from_slice(&outs[..n_state]);
         for (k, o) in per_step.iter_mut().enumerate() {
             o.push(outs[n_state + k]);
         }
     }
-    ctx.set_current(&scan_name, "Scan");
+    ctx.set_current(scan_name, "Scan");
     let mut results = states;
     for (k, mut outs) in per_step.into_iter().enumerate() {
-        if out_dirs[k] != 0 {
+        if scan.out_dirs[k] != 0 {
             outs.reverse();
         }
         results.push(stack(
             ctx,
             outs,
-            out_axes[k],
+            scan.out_axes[k],
             "scan_output_axes",
             &format!("out{k}"),
         )?);
