@@ -6,8 +6,8 @@
 //!   selects each output with a `Where` on the (scalar) condition, which is
 //!   exact because ONNX branches have no side effects. Both branches must
 //!   then give outputs of the same static types.
-//! - `Scan` (opset 8 per batch item, 9+) and `Loop` are unrolled: the body is imported once
-//!   per iteration with its inputs bound to the current loop-carried values
+//! - `Scan` (opset 8 per batch item, 9+) and `Loop` are unrolled: the body
+//!   is imported once per iteration with its inputs bound to the current loop-carried values
 //!   (and, for `Scan`, the current slices of the scanned inputs; for `Loop`,
 //!   the iteration number and condition as constants); per-iteration scan
 //!   outputs are stacked with a `Concat`. A `Scan` runs for the static
@@ -562,7 +562,8 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 
 // ---- Scan ----
 
-/// `Scan`: opset 9+, and opset 8 (a batch axis in front, `directions`, `sequence_lens` absent or the full length) as one scan per batch item.
+/// `Scan`: opset 9+, and opset 8 (a batch axis in front, `directions`,
+/// `sequence_lens` absent or the full length) as one scan per batch item.
 pub fn scan(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let scan_name = ctx.node_name().to_string();
     let body_g = graph_attr(ctx, node, "body")?;
