@@ -279,7 +279,7 @@ fn unary_int(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
 
 pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
     let t = cx.input_cty(0, true)?;
-    let f64_refused = matches!(op, BinaryOp::Pow | BinaryOp::Mod | BinaryOp::Fmod);
+    let f64_refused = op == BinaryOp::Pow;
     if cx.inputs[0].1.dtype == DType::Bool || (t == Ty::F64 && f64_refused) {
         return Err(cx.dtype_err(cx.inputs[0].1.dtype));
     }
@@ -295,7 +295,7 @@ pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
     )
 }
 
-/// A float binary op (f32, or f64 except Pow); not Mod/Fmod.
+/// A float binary op (f32, or f64 except Pow).
 fn binary_float(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
     let t = a.ty();
     match op {

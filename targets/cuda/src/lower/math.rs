@@ -117,9 +117,10 @@ fn horner(kb: &mut KernelBuilder, z: Reg, coeffs: &[f32]) -> Reg {
 
 /// `-x` when `neg_if` is negative, else `x`.
 fn with_sign_of(kb: &mut KernelBuilder, x: Reg, neg_if: Reg) -> Reg {
-    let neg = kb.setp(Cmp::Lt, neg_if, f(0.0));
+    let t = x.ty();
+    let neg = kb.setp(Cmp::Lt, neg_if, fimm(t, 0.0));
     let nx = kb.un("neg", x);
-    kb.selp(Ty::F32, neg, nx, x)
+    kb.selp(t, neg, nx, x)
 }
 
 /// `erf(x)` (f32): the odd/even rational approximation of the CPU target.
@@ -322,21 +323,22 @@ pub(crate) fn cosh(kb: &mut KernelBuilder, x: Reg) -> Reg {
     kb.bin(Bin::Add, e, inv)
 }
 
-/// C `fmod(a, b)` (f32): the remainder of `|a| / |b|` computed with one
+/// C `fmod(a, b)` (f32 or f64): the remainder of `|a| / |b|` computed with one
 /// fused multiply-add and corrected by one step if the rounded quotient
 /// was off by one, carrying `a`'s sign.
 pub(crate) fn fmod(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
+    let t = a.ty();
     let aa = kb.un("abs", a);
     let ab = kb.un("abs", b);
     let q = kb.bin(Bin::Div, aa, ab);
-    let q = kb.cvt(Ty::F32, "rzi", q);
+    let q = kb.cvt(t, "rzi", q);
     let nq = kb.un("neg", q);
     let r = kb.mad(nq, ab, aa);
-    let under = kb.setp(Cmp::Lt, r, f(0.0));
+    let under = kb.setp(Cmp::Lt, r, fimm(t, 0.0));
     let up = kb.bin(Bin::Add, r, ab);
-    let r = kb.selp(Ty::F32, under, up, r);
+    let r = kb.selp(t, under, up, r);
     let over = kb.setp(Cmp::Ge, r, ab);
     let down = kb.bin(Bin::Sub, r, ab);
-    let r = kb.selp(Ty::F32, over, down, r);
+    let r = kb.selp(t, over, down, r);
     with_sign_of(kb, r, a)
 }
