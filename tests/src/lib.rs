@@ -5,6 +5,7 @@
 //! Fixtures live in `fixtures/models/<name>/` (see `fixtures/README.md`).
 //! [`fuzz`] holds the bodies of the fuzz targets.
 
+pub mod conformance;
 pub mod fuzz;
 
 use kiln::compare::{compare, Comparison};

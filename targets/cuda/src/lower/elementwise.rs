@@ -248,8 +248,7 @@ fn softplus(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let ax = kb.un("abs", x);
     let nax = kb.un("neg", ax);
     let e = math::exp(kb, nax);
-    let onep = kb.bin(Bin::Add, e, fimm(t, 1.0));
-    let l = math::log(kb, onep);
+    let l = math::ln_1p(kb, e);
     let pos = kb.bin(Bin::Max, x, fimm(t, 0.0));
     kb.bin(Bin::Add, pos, l)
 }

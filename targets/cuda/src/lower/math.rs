@@ -47,10 +47,53 @@ pub(crate) fn exp(kb: &mut KernelBuilder, x: Reg) -> Reg {
     kb.bin(Bin::Mul, e_hi, e_lo)
 }
 
-/// Natural logarithm (f32).
+/// Natural logarithm (f32). `lg2.approx` is accurate to about 2^-22 in
+/// absolute terms, which near 1 (where ln x is small) is no relative
+/// accuracy at all: there `ln x = ln(1 + d)` with the exact `d = x - 1`
+/// is summed as a series instead.
 pub(crate) fn log(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let d = kb.bin(Bin::Sub, x, f(1.0));
+    let near_one = ln_1p_series(kb, d);
     let l2 = kb.un("lg2.approx", x);
-    kb.bin(Bin::Mul, l2, f(std::f32::consts::LN_2))
+    let far = kb.bin(Bin::Mul, l2, f(std::f32::consts::LN_2));
+    let ad = kb.un("abs", d);
+    let is_near = kb.setp(Cmp::Lt, ad, f(LN_1P_SERIES_BOUND));
+    kb.selp(Ty::F32, is_near, near_one, far)
+}
+
+/// `ln(1 + u)` (f32), accurate relative to the result for small `u` (where
+/// `1 + u` would round `u` away).
+pub(crate) fn ln_1p(kb: &mut KernelBuilder, u: Reg) -> Reg {
+    let series = ln_1p_series(kb, u);
+    let w = kb.bin(Bin::Add, u, f(1.0));
+    let l2 = kb.un("lg2.approx", w);
+    let far = kb.bin(Bin::Mul, l2, f(std::f32::consts::LN_2));
+    let au = kb.un("abs", u);
+    let small = kb.setp(Cmp::Lt, au, f(LN_1P_SERIES_BOUND));
+    kb.selp(Ty::F32, small, series, far)
+}
+
+/// Below this `|u|`, the six terms of [`ln_1p_series`] are within f32
+/// rounding of `ln(1 + u)` (the first term left out, `u^7/7`, is under
+/// 2^-24 of the sum); above it `lg2.approx`'s absolute error is under
+/// 3e-6 of the result.
+const LN_1P_SERIES_BOUND: f32 = 1.0 / 16.0;
+
+/// `u - u²/2 + u³/3 - u⁴/4 + u⁵/5 - u⁶/6`.
+fn ln_1p_series(kb: &mut KernelBuilder, u: Reg) -> Reg {
+    let p = horner(
+        kb,
+        u,
+        &[
+            -1.0 / 6.0,
+            1.0 / 5.0,
+            -1.0 / 4.0,
+            1.0 / 3.0,
+            -1.0 / 2.0,
+            1.0,
+        ],
+    );
+    kb.bin(Bin::Mul, p, u)
 }
 
 /// `1 / (1 + e^-x)` (f32).
@@ -63,7 +106,9 @@ pub(crate) fn sigmoid(kb: &mut KernelBuilder, x: Reg) -> Reg {
 }
 
 /// `tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})` (f32): no overflow
-/// for large |x|.
+/// for large |x|. Below |x| = 0.625 the difference `1 - e^{-2|x|}` cancels
+/// (near 0 it keeps no relative accuracy), so there Cephes' odd
+/// polynomial is used instead.
 pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let a = kb.un("abs", x);
     let m = kb.bin(Bin::Mul, a, f(-2.0));
@@ -71,10 +116,24 @@ pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let one = kb.mov(Ty::F32, f(1.0));
     let num = kb.bin(Bin::Sub, one, t);
     let den = kb.bin(Bin::Add, t, f(1.0));
-    let r = kb.bin(Bin::Div, num, den);
-    let neg = kb.setp(Cmp::Lt, x, f(0.0));
-    let nr = kb.un("neg", r);
-    kb.selp(Ty::F32, neg, nr, r)
+    let large = kb.bin(Bin::Div, num, den);
+    let z = kb.bin(Bin::Mul, a, a);
+    let p = horner(
+        kb,
+        z,
+        &[
+            -5.704_988_7e-3,
+            2.063_908_8e-2,
+            -5.373_971_6e-2,
+            1.333_144_2e-1,
+            -3.333_328e-1,
+        ],
+    );
+    let p = kb.bin(Bin::Mul, p, z);
+    let small = kb.mad(p, a, a);
+    let is_small = kb.setp(Cmp::Lt, a, f(0.625));
+    let r = kb.selp(Ty::F32, is_small, small, large);
+    with_sign_of(kb, r, x)
 }
 
 /// `a^b` (f32) with C `powf` conventions for the common cases: `b == 0`
@@ -340,5 +399,8 @@ pub(crate) fn fmod(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
     let over = kb.setp(Cmp::Ge, r, ab);
     let down = kb.bin(Bin::Sub, r, ab);
     let r = kb.selp(t, over, down, r);
+    // |a| < |b| (an infinite b too, where the product above is NaN): a.
+    let whole = kb.setp(Cmp::Eq, q, fimm(t, 0.0));
+    let r = kb.selp(t, whole, aa, r);
     with_sign_of(kb, r, a)
 }
