@@ -633,6 +633,22 @@ fn optimize_graph(
     } else {
         pm
     };
+    // Options that cannot work are refused before the calibration data is
+    // read (an empty calibration directory is an error of its own).
+    if opts.precision.activation_type != kiln_passes::ActivationType::default()
+        && !opts.precision.may_quantize()
+    {
+        return Err(DriverError::Usage(
+            "--activation-type applies to int8 layers (--quantize, --precision int8, --force int8=..., --plan with int8 entries)".into(),
+        ));
+    }
+    let has_samples =
+        !opts.precision.is_identity() && (opts.calibrate.is_some() || opts.calibrate_random > 0);
+    if opts.max_rel_error.is_some() && !has_samples {
+        return Err(DriverError::Usage(
+            "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision".into(),
+        ));
+    }
     // Calibration data is checked against the model before any work.
     let samples = if opts.precision.is_identity() {
         Vec::new()
@@ -642,18 +658,6 @@ fn optimize_graph(
             None => random_samples(&graph, opts.calibrate_random),
         }
     };
-    if opts.precision.activation_type != kiln_passes::ActivationType::default()
-        && !opts.precision.may_quantize()
-    {
-        return Err(DriverError::Usage(
-            "--activation-type applies to int8 layers (--quantize, --precision int8, --force int8=..., --plan with int8 entries)".into(),
-        ));
-    }
-    if opts.max_rel_error.is_some() && samples.is_empty() {
-        return Err(DriverError::Usage(
-            "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision".into(),
-        ));
-    }
     let mut dumps = Vec::new();
     let wants = |pass: &str| match &opts.dump_ir {
         DumpIr::None => false,

@@ -235,6 +235,11 @@ fn graph2_with(op: Op, a: Tensor, b: Tensor) -> (Graph, Vec<Tensor>) {
 /// output's scale, it holds small results to their own size, as the
 /// conformance cases do on a GPU.
 fn check_each_element(what: &str, g: &Graph, inputs: &[Tensor]) {
+    check_each_element_within(what, g, inputs, 1e-3, 1e-7);
+}
+
+/// [`check_each_element`] at `|got - want| <= atol + rtol |want|`.
+fn check_each_element_within(what: &str, g: &Graph, inputs: &[Tensor], rtol: f64, atol: f64) {
     let expected = kiln_ir::eval::eval_graph(g, inputs).expect("reference");
     let p = compile(g, SmArch::parse("sm80").unwrap()).expect("compile");
     let bytes: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
@@ -248,7 +253,7 @@ fn check_each_element(what: &str, g: &Graph, inputs: &[Tensor]) {
             } else if y.is_infinite() {
                 x == y
             } else {
-                (x - y).abs() <= 1e-7 + 1e-3 * y.abs()
+                (x - y).abs() <= atol + rtol * y.abs()
             };
             let at: Vec<f64> = inputs.iter().map(|t| t.data().get_f64(i)).collect();
             assert!(ok, "{what} at {at:?}: got {x}, expected {y}");
@@ -828,6 +833,82 @@ fn softmax_and_reductions() {
                 axes: smallvec![0],
                 keep_dims: false,
             },
+        );
+    }
+}
+
+/// f64 Exp, Log, Softmax and ReduceLogSumExp run in software (PTX has no
+/// f64 transcendental): within a few f64 ulp, subnormal results and the
+/// special values included.
+#[test]
+fn f64_exp_log_softmax_in_software() {
+    let f64s = |v: &[f64]| Tensor::new([v.len()], Data::F64(v.to_vec())).unwrap();
+    let exps = [
+        -800.0,
+        -745.0,
+        -708.5,
+        -50.0,
+        -1.0,
+        -1e-10,
+        0.0,
+        1e-300,
+        0.5,
+        std::f64::consts::LN_2,
+        1.0,
+        3.0,
+        88.7,
+        700.0,
+        709.7,
+        710.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let (g, _) = graph1(DType::F64, &[exps.len()], Op::Unary(UnaryOp::Exp));
+    check_each_element_within("exp f64", &g, &[f64s(&exps)], 1e-14, 1e-320);
+    let logs = [
+        1e-310,
+        1e-300,
+        1e-10,
+        0.5,
+        std::f64::consts::FRAC_1_SQRT_2,
+        0.999_999_999_999,
+        1.0,
+        1.000_000_000_001,
+        1.5,
+        2.0,
+        10.0,
+        1e300,
+        f64::MAX,
+        0.0,
+        -0.0,
+        -1.0,
+        f64::INFINITY,
+        f64::NAN,
+    ];
+    let (g, _) = graph1(DType::F64, &[logs.len()], Op::Unary(UnaryOp::Log));
+    check_each_element_within("log f64", &g, &[f64s(&logs)], 1e-14, 1e-300);
+    for axis in 0..2 {
+        let (g, i) = graph1(DType::F64, &[5, 37], Op::Softmax { axis });
+        check_each_element_within("softmax f64", &g, &i, 1e-14, 1e-300);
+    }
+    for op in [ReduceOp::LogSumExp, ReduceOp::LogSum] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F64, [4, 30]));
+        let a = g.add_node(Op::Unary(UnaryOp::Abs), &[x], "abs").unwrap();
+        let r = Op::Reduce {
+            op,
+            axes: smallvec![1],
+            keep_dims: false,
+        };
+        let y = g.add_node(r, &[a], "y").unwrap();
+        g.add_output("y", y);
+        check_each_element_within(
+            op.name(),
+            &g,
+            &[tensor(DType::F64, &[4, 30], 7)],
+            1e-14,
+            0.0,
         );
     }
 }

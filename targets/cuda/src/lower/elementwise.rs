@@ -48,13 +48,12 @@ pub(crate) fn map(cx: &Cx, body: Box<Body>) -> Result<Kernel, CudaError> {
     Ok(cx.finish(kb, linear_launch(n)))
 }
 
-/// Whether the op needs a transcendental function (no f64 form in PTX).
+/// Whether the op needs a transcendental function with no f64 form here
+/// (PTX has none; `math::exp` and `math::log` compute f64 in software).
 fn transcendental(op: UnaryOp) -> bool {
     matches!(
         op,
-        UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Sigmoid
+        UnaryOp::Sigmoid
             | UnaryOp::Tanh
             | UnaryOp::Gelu { .. }
             | UnaryOp::Elu { .. }

@@ -4,8 +4,12 @@
 //! PTX has only base-2 approximations (`ex2.approx`, `lg2.approx`, about
 //! 2 ulp); `exp` splits `x * log2(e)` into a rounded product and its exact
 //! remainder (one `fma`) so the argument rounding does not grow with |x|.
-//! f64 has no hardware transcendental in PTX; the lowerings refuse f64 for
-//! these ops with a typed error instead of computing them in f32.
+//! f64 has no hardware transcendental in PTX: `exp` and `log` on f64 are
+//! computed in software ([`exp`] and [`log`] dispatch on the register
+//! type; argument reduction by a multiple of ln 2 in two parts, then
+//! Taylor/`atanh` series to f64 rounding), which is what f64 Exp, Log,
+//! Softmax and ReduceLogSum(Exp) need; the other transcendental ops refuse
+//! f64 with a typed error instead of computing them in f32.
 //!
 //! `erf` uses the same rational approximation as the CPU target (Eigen's,
 //! |error| < 7e-8 on [-4, 4]). The circular functions reduce the argument
@@ -31,8 +35,11 @@ pub(crate) fn exp2(kb: &mut KernelBuilder, x: Reg) -> Reg {
     kb.un("ex2.approx", x)
 }
 
-/// `e^x` (f32).
+/// `e^x` (f32; f64 in software).
 pub(crate) fn exp(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    if x.ty() == Ty::F64 {
+        return exp_f64(kb, x);
+    }
     let hi = kb.bin(Bin::Mul, x, f(LOG2_E));
     let neg_hi = kb.un("neg", hi);
     let lo = kb.mad(x, f(LOG2_E), neg_hi);
@@ -52,6 +59,9 @@ pub(crate) fn exp(kb: &mut KernelBuilder, x: Reg) -> Reg {
 /// accuracy at all: there `ln x = ln(1 + d)` with the exact `d = x - 1`
 /// is summed as a series instead.
 pub(crate) fn log(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    if x.ty() == Ty::F64 {
+        return log_f64(kb, x);
+    }
     let d = kb.bin(Bin::Sub, x, f(1.0));
     let near_one = ln_1p_series(kb, d);
     let l2 = kb.un("lg2.approx", x);
@@ -94,6 +104,106 @@ fn ln_1p_series(kb: &mut KernelBuilder, u: Reg) -> Reg {
         ],
     );
     kb.bin(Bin::Mul, p, u)
+}
+
+/// ln 2 in two parts for f64 argument reduction: `LN2_HI` has its low 32
+/// bits zero, so `k * LN2_HI` is exact for |k| < 2^20.
+const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+
+/// `2^k` for an integral f64 `k` in [-2044, 2046], as two factors (each
+/// exponent field in range), applied to `p`: `p * 2^(k/2) * 2^(k - k/2)`
+/// reaches subnormal results and overflows to infinity where `2^k` alone
+/// would not fit an exponent field.
+fn scale_by_pow2_f64(kb: &mut KernelBuilder, p: Reg, k: Reg) -> Reg {
+    let ki = kb.cvt(Ty::S64, "rzi", k);
+    let half = kb.bin(Bin::Shr, ki, 1u32);
+    let rest = kb.bin(Bin::Sub, ki, half);
+    let mut r = p;
+    for e in [half, rest] {
+        let biased = kb.bin(Bin::Add, e, Opnd::I(1023));
+        let bits = kb.bin(Bin::Shl, biased, 52u32);
+        let factor = kb.bitcast(Ty::F64, bits);
+        r = kb.bin(Bin::Mul, r, factor);
+    }
+    r
+}
+
+/// `e^x` (f64): `x = k ln 2 + r` with `|r| <= ln 2 / 2` (ln 2 in two parts),
+/// `e^r` by its Taylor series to `r^13/13!` (under 2^-53 of the sum), then
+/// scaled by `2^k`. NaN stays NaN; beyond ±1100 the result is 0 or inf.
+fn exp_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let c = |v: f64| Opnd::F64(v);
+    let clamped = kb.bin(Bin::Max, x, c(-1100.0));
+    let clamped = kb.bin(Bin::Min, clamped, c(1100.0));
+    let k = kb.bin(Bin::Mul, clamped, c(std::f64::consts::LOG2_E));
+    let k = kb.cvt(Ty::F64, "rni", k);
+    let nk = kb.un("neg", k);
+    let r = kb.mad(nk, c(LN2_HI), clamped);
+    let r = kb.mad(nk, c(LN2_LO), r);
+    let mut factorial = 1.0f64;
+    let mut coeffs = Vec::new();
+    for n in 1..=13 {
+        factorial *= n as f64;
+        coeffs.push(1.0 / factorial);
+    }
+    coeffs.reverse();
+    coeffs.push(1.0);
+    let mut p = kb.mov(Ty::F64, c(coeffs[0]));
+    for &co in &coeffs[1..] {
+        p = kb.mad(p, r, c(co));
+    }
+    let y = scale_by_pow2_f64(kb, p, k);
+    let nan = kb.setp(Cmp::Ne, x, x);
+    kb.selp(Ty::F64, nan, x, y)
+}
+
+/// `ln x` (f64): `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))` (subnormal
+/// `x` scaled up by 2^54 first), `ln m = 2 atanh(s)` with
+/// `s = (m - 1) / (m + 1)` (|s| < 0.172) by its series to `s^25`, plus
+/// `e ln 2` in two parts. 0 gives -inf, a negative `x` NaN, inf inf, NaN
+/// NaN.
+fn log_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let c = |v: f64| Opnd::F64(v);
+    let tiny = kb.setp(Cmp::Lt, x, c(f64::MIN_POSITIVE));
+    let scaled = kb.bin(Bin::Mul, x, c(2f64.powi(54)));
+    let v = kb.selp(Ty::F64, tiny, scaled, x);
+    let bits = kb.bitcast(Ty::S64, v);
+    let biased = kb.bin(Bin::Shr, bits, 52u32);
+    let biased = kb.bin(Bin::And, biased, Opnd::I(0x7ff));
+    let mantissa = kb.bin(Bin::And, bits, Opnd::I((1i64 << 52) - 1));
+    let one_bits = kb.bin(Bin::Or, mantissa, Opnd::I(1023 << 52));
+    let m = kb.bitcast(Ty::F64, one_bits);
+    let e = kb.bin(Bin::Sub, biased, Opnd::I(1023));
+    let e = kb.cvt(Ty::F64, "rn", e);
+    let adjust = kb.selp(Ty::F64, tiny, c(-54.0), c(0.0));
+    let e = kb.bin(Bin::Add, e, adjust);
+    let high = kb.setp(Cmp::Gt, m, c(std::f64::consts::SQRT_2));
+    let halved = kb.bin(Bin::Mul, m, c(0.5));
+    let m = kb.selp(Ty::F64, high, halved, m);
+    let e_up = kb.bin(Bin::Add, e, c(1.0));
+    let e = kb.selp(Ty::F64, high, e_up, e);
+    let num = kb.bin(Bin::Sub, m, c(1.0));
+    let den = kb.bin(Bin::Add, m, c(1.0));
+    let s = kb.bin(Bin::Div, num, den);
+    let z = kb.bin(Bin::Mul, s, s);
+    // 2 (1 + z/3 + z^2/5 + ... + z^12/25).
+    let mut p = kb.mov(Ty::F64, c(2.0 / 25.0));
+    for n in (0..12).rev() {
+        p = kb.mad(p, z, c(2.0 / (2 * n + 1) as f64));
+    }
+    let ln_m = kb.bin(Bin::Mul, p, s);
+    let lo = kb.mad(e, c(LN2_LO), ln_m);
+    let y = kb.mad(e, c(LN2_HI), lo);
+    // Special inputs: 0 (and -0), negatives, inf, NaN.
+    let zero = kb.setp(Cmp::Eq, x, c(0.0));
+    let y = kb.selp(Ty::F64, zero, c(f64::NEG_INFINITY), y);
+    let inf = kb.setp(Cmp::Eq, x, c(f64::INFINITY));
+    let y = kb.selp(Ty::F64, inf, x, y);
+    let negative = kb.setp(Cmp::Lt, x, c(0.0));
+    let y = kb.selp(Ty::F64, negative, c(f64::NAN), y);
+    let nan = kb.setp(Cmp::Ne, x, x);
+    kb.selp(Ty::F64, nan, x, y)
 }
 
 /// `1 / (1 + e^-x)` (f32).

@@ -160,7 +160,7 @@ pub(crate) fn reduce(cx: &Cx, op: ReduceOp, axes: &[usize]) -> Result<Kernel, Cu
     let (loc, ty) = cx.inputs[0];
     let d = ty.dtype;
     let t = cx.input_cty(0, op.accepts_int())?;
-    if d == DType::Bool || (t == Ty::F64 && matches!(op, ReduceOp::LogSum | ReduceOp::LogSumExp)) {
+    if d == DType::Bool {
         return Err(cx.dtype_err(d));
     }
     let shape = &ty.shape;
@@ -318,13 +318,22 @@ fn f32_compute(cx: &Cx, dtypes: &[DType]) -> Result<(), CudaError> {
     }
 }
 
+/// The type a softmax row is computed in: f64 for f64 tensors (with the
+/// software `exp`), else f32 (f16 and bf16 widened).
+fn softmax_compute(cx: &Cx, dtype: DType, out_dtype: DType) -> Result<Ty, CudaError> {
+    if dtype == DType::F64 && out_dtype == DType::F64 {
+        return Ok(Ty::F64);
+    }
+    f32_compute(cx, &[dtype, out_dtype])?;
+    Ok(Ty::F32)
+}
+
 /// Softmax along `axis`: one block per row of `shape[axis]` elements
 /// (stride = the product of the later dims).
 pub(crate) fn softmax(cx: &Cx, axis: usize) -> Result<Kernel, CudaError> {
     let (loc, ty) = cx.inputs[0];
     let (dtype, out_dtype) = (ty.dtype, cx.out_ty.dtype);
-    f32_compute(cx, &[dtype, out_dtype])?;
-    let t = Ty::F32;
+    let t = softmax_compute(cx, dtype, out_dtype)?;
     let shape = &ty.shape;
     let len = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
