@@ -88,12 +88,19 @@ pub(crate) fn unary(cx: &Cx, op: UnaryOp) -> Result<Kernel, CudaError> {
             if t.is_float() {
                 unary_float(kb, op, v[0])
             } else if let (true, UnaryOp::Clip { min, max }) = (unsigned, op) {
-                // u8..u32, zero-extended: bounds rounded inward and
-                // saturated at 0, as the reference evaluator does.
-                let lo = (min as f64).ceil().max(0.0) as i64;
-                let hi = (max as f64).floor().max(0.0) as i64;
-                let y = kb.bin(Bin::Max, v[0], Opnd::I(lo));
-                kb.bin(Bin::Min, y, Opnd::I(hi))
+                // Bounds rounded inward and saturated to 0..=u64::MAX, as
+                // the reference evaluator does; u8..u32 are zero-extended
+                // in s64 (where bounds past i64::MAX clamp nothing), u64
+                // compares unsigned (the immediate's bits are the u64).
+                let lo = (min as f64).ceil() as u64;
+                let hi = (max as f64).floor() as u64;
+                let (lo, hi) = if t == Ty::U64 {
+                    (lo, hi)
+                } else {
+                    (lo.min(i64::MAX as u64), hi.min(i64::MAX as u64))
+                };
+                let y = kb.bin(Bin::Max, v[0], Opnd::I(lo as i64));
+                kb.bin(Bin::Min, y, Opnd::I(hi as i64))
             } else {
                 unary_int(kb, op, v[0])
             }
@@ -252,24 +259,32 @@ fn softplus(kb: &mut KernelBuilder, x: Reg) -> Reg {
     kb.bin(Bin::Add, pos, l)
 }
 
+/// An integer unary op on `x` (s64, or u64 with unsigned semantics:
+/// `abs` is the identity and `neg` wraps).
 fn unary_int(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
+    let t = x.ty();
     match op {
         UnaryOp::Relu => kb.bin(Bin::Max, x, Opnd::I(0)),
+        UnaryOp::Neg if t == Ty::U64 => {
+            let zero = kb.mov(t, Opnd::I(0));
+            kb.bin(Bin::Sub, zero, x)
+        }
+        UnaryOp::Abs if t == Ty::U64 => x,
         UnaryOp::Neg => kb.un("neg", x),
         UnaryOp::Abs => kb.un("abs", x),
         UnaryOp::Sign => {
             let pos = kb.setp(Cmp::Gt, x, Opnd::I(0));
-            let y = kb.selp(Ty::S64, pos, Opnd::I(1), x);
+            let y = kb.selp(t, pos, Opnd::I(1), x);
             let neg = kb.setp(Cmp::Lt, x, Opnd::I(0));
-            kb.selp(Ty::S64, neg, Opnd::I(-1), y)
+            kb.selp(t, neg, Opnd::I(-1), y)
         }
         UnaryOp::Clip { min, max } => {
             // Reference semantics: clamp in f64, then truncate toward zero.
             let (min, max) = (min as f64, max as f64);
             let lt = kb.setp(Cmp::Lt, x, Opnd::I(min.ceil() as i64));
-            let y = kb.selp(Ty::S64, lt, Opnd::I(min.trunc() as i64), x);
+            let y = kb.selp(t, lt, Opnd::I(min.trunc() as i64), x);
             let gt = kb.setp(Cmp::Gt, y, Opnd::I(max.floor() as i64));
-            kb.selp(Ty::S64, gt, Opnd::I(max.trunc() as i64), y)
+            kb.selp(t, gt, Opnd::I(max.trunc() as i64), y)
         }
         _ => unreachable!("checked by accepts_int"),
     }
@@ -321,11 +336,13 @@ fn binary_float(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
     }
 }
 
-/// A headless fused kernel (f32): the program evaluated in registers in
-/// one [`map`] kernel.
 /// Float `x` converted to integer type `to` as the reference evaluator
-/// casts: truncated toward zero, saturated (NaN to 0: `cvt.rzi.s64`).
+/// casts: truncated toward zero, saturated (NaN to 0: `cvt.rzi.s64`, and
+/// `cvt.rzi.u64` for u64, which saturates at 0 and 2^64 - 1).
 fn float_to_int(kb: &mut KernelBuilder, x: Reg, to: DType) -> Reg {
+    if to == DType::U64 {
+        return kb.cvt(Ty::U64, "rzi", x);
+    }
     let wide = kb.cvt(Ty::S64, "rzi", x);
     let (lo, hi) = int_range(to);
     if (lo, hi) == (i64::MIN, i64::MAX) {
@@ -364,12 +381,20 @@ pub(crate) fn fused(cx: &Cx, k: &FusedKernel) -> Result<Kernel, CudaError> {
 
 /// Integer semantics on s64: wrapping; division truncates, a division by
 /// zero gives 0 (the CPU target's choice) and `x / -1` wraps; a negative
-/// exponent gives 0.
+/// exponent gives 0. On u64 the same with unsigned division, remainder,
+/// comparisons and shifts (no `-1` special case).
 fn binary_int(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
+    let t = a.ty();
     match op {
         BinaryOp::Add => kb.bin(Bin::Add, a, b),
         BinaryOp::Sub => kb.bin(Bin::Sub, a, b),
         BinaryOp::Mul => kb.bin(Bin::Mul, a, b),
+        BinaryOp::Div if t == Ty::U64 => {
+            let zero = kb.setp(Cmp::Eq, b, Opnd::I(0));
+            let safe = kb.selp(t, zero, Opnd::I(1), b);
+            let q = kb.bin(Bin::Div, a, safe);
+            kb.selp(t, zero, Opnd::I(0), q)
+        }
         BinaryOp::Div => {
             let zero = kb.setp(Cmp::Eq, b, Opnd::I(0));
             let neg1 = kb.setp(Cmp::Eq, b, Opnd::I(-1));
@@ -382,27 +407,27 @@ fn binary_int(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
         }
         BinaryOp::Pow => {
             // Square-and-multiply over the exponent's 32 low bits.
-            let r = kb.mov(Ty::S64, Opnd::I(1));
-            let base = kb.mov(Ty::S64, a);
-            let e = kb.mov(Ty::S64, b);
+            let r = kb.mov(t, Opnd::I(1));
+            let base = kb.mov(t, a);
+            let e = kb.mov(t, b);
             kb.for_range(0u32, 32u32, 1u32, |kb, _| {
                 let bit = kb.bin(Bin::And, e, Opnd::I(1));
                 let set = kb.setp(Cmp::Ne, bit, Opnd::I(0));
                 let rb = kb.bin(Bin::Mul, r, base);
-                let next = kb.selp(Ty::S64, set, rb, r);
+                let next = kb.selp(t, set, rb, r);
                 kb.assign(r, next);
                 kb.bin_into(base, Bin::Mul, base, base);
                 kb.bin_into(e, Bin::Shr, e, Opnd::I(1));
             });
             let neg = kb.setp(Cmp::Lt, b, Opnd::I(0));
-            kb.selp(Ty::S64, neg, Opnd::I(0), r)
+            kb.selp(t, neg, Opnd::I(0), r)
         }
         BinaryOp::Max => kb.bin(Bin::Max, a, b),
         BinaryOp::Min => kb.bin(Bin::Min, a, b),
         BinaryOp::PRelu => {
             let neg = kb.setp(Cmp::Lt, a, Opnd::I(0));
             let scaled = kb.bin(Bin::Mul, a, b);
-            kb.selp(Ty::S64, neg, scaled, a)
+            kb.selp(t, neg, scaled, a)
         }
         BinaryOp::Fmod => rem_int(kb, a, b),
         BinaryOp::Mod => {
@@ -412,20 +437,26 @@ fn binary_int(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
             let nonzero = kb.setp(Cmp::Ne, r, Opnd::I(0));
             let fix = kb.pred_op("and", differ, nonzero);
             let shifted = kb.bin(Bin::Add, r, b);
-            kb.selp(Ty::S64, fix, shifted, r)
+            kb.selp(t, fix, shifted, r)
         }
     }
 }
 
 /// `a % b` on s64 with the dividend's sign; 0 when `b` is 0 or -1 (the CPU
-/// target's semantics, which also avoid the `i64::MIN % -1` trap).
+/// target's semantics, which also avoid the `i64::MIN % -1` trap). On u64
+/// (no sign to fix, no trap) 0 when `b` is 0.
 fn rem_int(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
+    let t = a.ty();
     let zero = kb.setp(Cmp::Eq, b, Opnd::I(0));
-    let neg1 = kb.setp(Cmp::Eq, b, Opnd::I(-1));
-    let either = kb.pred_op("or", zero, neg1);
-    let safe = kb.selp(Ty::S64, either, Opnd::I(1), b);
+    let either = if t == Ty::U64 {
+        zero
+    } else {
+        let neg1 = kb.setp(Cmp::Eq, b, Opnd::I(-1));
+        kb.pred_op("or", zero, neg1)
+    };
+    let safe = kb.selp(t, either, Opnd::I(1), b);
     let r = kb.bin(Bin::Rem, a, safe);
-    kb.selp(Ty::S64, either, Opnd::I(0), r)
+    kb.selp(t, either, Opnd::I(0), r)
 }
 
 /// Broadcast copy: the elementwise map with the identity.
@@ -531,7 +562,7 @@ pub(crate) fn logical(cx: &Cx, op: LogicalOp) -> Result<Kernel, CudaError> {
 }
 
 /// Bitwise ops on integers held in s64 (sign- or zero-extended; stores
-/// truncate; u64 has no lowering). Shifts: a negative amount becomes 64,
+/// truncate) or u64 (logical right shifts). Shifts: a negative amount becomes 64,
 /// amounts are capped at 64 and moved to a u32 register, and PTX clamps
 /// shifts to the register width, so an amount of the bit width or more
 /// leaves only bits the store drops (left, and right of a non-negative
@@ -551,7 +582,7 @@ pub(crate) fn bitwise(cx: &Cx, op: BitwiseOp) -> Result<Kernel, CudaError> {
             BitwiseOp::Xor => kb.bin(Bin::Xor, v[0], v[1]),
             BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight => {
                 let neg = kb.setp(Cmp::Lt, v[1], Opnd::I(0));
-                let n = kb.selp(Ty::S64, neg, Opnd::I(64), v[1]);
+                let n = kb.selp(v[1].ty(), neg, Opnd::I(64), v[1]);
                 let n = kb.bin(Bin::Min, n, Opnd::I(64));
                 let n = kb.cvt(Ty::U32, "", n);
                 let bin = if op == BitwiseOp::ShiftLeft {

@@ -134,9 +134,10 @@ impl Cx<'_> {
 /// every integer type and bool widened to s64 (wrapping
 /// arithmetic then matches the reference evaluator's i64 semantics, and
 /// stores truncate back; u8, u16 and u32 load zero-extended, so signed
-/// s64 comparisons and divisions are exact for them). u64 has no lowering
-/// (it would need unsigned comparisons, divisions and conversions): nodes
-/// with it are refused, as are the narrow storage types.
+/// s64 comparisons and divisions are exact for them). u64 is computed as
+/// u64, so comparisons, divisions, remainders, min/max, right shifts and
+/// conversions are the unsigned instructions. The narrow storage types
+/// have none (they move as bytes and convert in Cast).
 pub(crate) fn cty(d: DType) -> Option<Ty> {
     Some(match d {
         DType::F32 | DType::F16 | DType::BF16 => Ty::F32,
@@ -149,6 +150,7 @@ pub(crate) fn cty(d: DType) -> Option<Ty> {
         | DType::U32
         | DType::I64
         | DType::Bool => Ty::S64,
+        DType::U64 => Ty::U64,
         _ => return None,
     })
 }

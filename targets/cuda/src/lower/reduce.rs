@@ -42,9 +42,13 @@ impl Combine {
         if t.is_float() {
             fimm(t, v)
         } else {
+            let unsigned = t == Ty::U64;
             Opnd::I(match self {
                 Combine::Add => 0,
                 Combine::Mul => 1,
+                Combine::Max { .. } if unsigned => 0,
+                // u64::MAX's bits.
+                Combine::Min { .. } if unsigned => -1,
                 Combine::Max { .. } => i64::MIN,
                 Combine::Min { .. } => i64::MAX,
             })

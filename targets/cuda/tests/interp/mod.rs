@@ -663,8 +663,11 @@ fn step(
                 // PTX float-to-integer conversions saturate (NaN: 0), as
                 // Rust's `as` does.
                 ("u32", Some(v)) => round(v) as u32 as u64,
+                ("u64", Some(v)) => round(v) as u64,
+                ("f32", None) if from == "u64" => from_f32(x as f32),
                 ("f32", None) if from.starts_with('u') => from_f32(x as u32 as f32),
                 ("f32", None) => from_f32(ix as f32),
+                ("f64", None) if from == "u64" => (x as f64).to_bits(),
                 ("f64", None) => (ix as f64).to_bits(),
                 (_, None) => extend(ix as u64, to),
                 other => panic!("cvt {other:?}"),
@@ -763,6 +766,12 @@ fn arith(op: &[&str], v: Vec<u64>, text: &str) -> u64 {
                 o => panic!("{o} in {text}"),
             }) as u32 as u64
         }
+        "u64" if matches!(op[0], "div" | "rem" | "min" | "max") => match op[0] {
+            "div" => v[0] / v[1],
+            "rem" => v[0] % v[1],
+            "min" => v[0].min(v[1]),
+            _ => v[0].max(v[1]),
+        },
         "s64" | "u64" | "b64" => {
             let x: Vec<i64> = v.iter().map(|&b| b as i64).collect();
             (match op[0] {
