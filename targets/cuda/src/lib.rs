@@ -32,6 +32,7 @@ mod lower;
 mod plan;
 pub mod ptx;
 pub mod ptxas;
+mod split;
 
 use kiln_ir::{DType, Graph};
 
@@ -246,6 +247,8 @@ impl CudaProgram {
 ///
 /// Deterministic: the same graph and architecture give the same program.
 pub fn compile(graph: &Graph, sm: SmArch) -> Result<CudaProgram, CudaError> {
+    let split = split::split_long_reductions(graph)?;
+    let graph = split.as_ref().unwrap_or(graph);
     let order = kiln_ir::schedule(graph)?;
     let mut plan = plan::plan(graph, &order)?;
     let tables = std::cell::RefCell::new(std::mem::take(&mut plan.weights));

@@ -1000,6 +1000,60 @@ fn f64_exp_log_softmax_in_software() {
     }
 }
 
+/// A long reduction to few values (a dynamic int8 scale's whole-tensor
+/// max) runs in two stages, the first on rows × chunks blocks instead of
+/// one block per output, with the reference's results for every op.
+#[test]
+fn long_reductions_to_few_values_split_across_blocks() {
+    let shape = [2, 256, 300];
+    for op in ReduceOp::ALL {
+        if op == ReduceOp::Prod {
+            // 76,800 factors over- or underflow; its split is Sum's shape.
+            continue;
+        }
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape));
+        let x = if op == ReduceOp::LogSum {
+            g.add_node(Op::Unary(UnaryOp::Abs), &[x], "abs").unwrap()
+        } else {
+            x
+        };
+        let r = Op::Reduce {
+            op,
+            axes: smallvec![1, 2],
+            keep_dims: true,
+        };
+        let y = g.add_node(r, &[x], "y").unwrap();
+        g.add_output("y", y);
+        let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+        let partial = p
+            .kernels
+            .iter()
+            .find(|k| k.node.ends_with("y/partial"))
+            .unwrap_or_else(|| panic!("{}: no first stage among {:?}", op.name(), p.kernels));
+        // 76,800 elements per row in 32 chunks of 2,400.
+        assert_eq!(partial.launch.grid, [64, 1, 1], "{}", op.name());
+        check(&g, &[tensor(DType::F32, &shape, 5)]);
+    }
+    // Many outputs, or a middle axis: one block per output, as before.
+    for (shape, axes) in [
+        ([128, 4, 8192], smallvec![1, 2]),
+        ([2, 40000, 3], smallvec![1]),
+    ] {
+        let (g, _) = graph1(
+            DType::F32,
+            &shape,
+            Op::Reduce {
+                op: ReduceOp::Max,
+                axes,
+                keep_dims: false,
+            },
+        );
+        let p = compile(&g, SmArch::parse("sm80").unwrap()).unwrap();
+        assert_eq!(p.kernels.len(), 1, "{shape:?}");
+    }
+}
+
 #[test]
 fn layout_ops() {
     run1(
