@@ -924,9 +924,10 @@ fn softmax_and_reductions() {
     }
 }
 
-/// f64 Exp, Log, Softmax and ReduceLogSumExp run in software (PTX has no
-/// f64 transcendental): within a few f64 ulp, subnormal results and the
-/// special values included.
+/// f64 Exp, Log, Sigmoid, Tanh, Pow, Softmax and ReduceLogSumExp run in
+/// software (PTX has no f64 transcendental): within a few f64 ulp (Pow's
+/// error grows with `|b ln a|`), subnormal results and the special values
+/// included.
 #[test]
 fn f64_exp_log_softmax_in_software() {
     let f64s = |v: &[f64]| Tensor::new([v.len()], Data::F64(v.to_vec())).unwrap();
@@ -975,6 +976,14 @@ fn f64_exp_log_softmax_in_software() {
     ];
     let (g, _) = graph1(DType::F64, &[logs.len()], Op::Unary(UnaryOp::Log));
     check_each_element_within("log f64", &g, &[f64s(&logs)], 1e-14, 1e-300);
+    for op in [UnaryOp::Sigmoid, UnaryOp::Tanh] {
+        let (g, _) = graph1(DType::F64, &[exps.len()], Op::Unary(op));
+        check_each_element_within(op.name(), &g, &[f64s(&exps)], 1e-14, 1e-300);
+    }
+    let bases = [2.0, 0.5, -3.0, -3.0, -2.0, 0.0, 0.0, 10.0, 1.0 + 1e-9, 7.0];
+    let exponents = [10.0, -3.5, 3.0, 2.0, 0.5, 2.0, -1.0, 300.0, 1e9, 0.0];
+    let (g, i) = graph2_with(Op::Binary(BinaryOp::Pow), f64s(&bases), f64s(&exponents));
+    check_each_element_within("pow f64", &g, &i, 1e-12, 1e-300);
     for axis in 0..2 {
         let (g, i) = graph1(DType::F64, &[5, 37], Op::Softmax { axis });
         check_each_element_within("softmax f64", &g, &i, 1e-14, 1e-300);

@@ -53,9 +53,7 @@ pub(crate) fn map(cx: &Cx, body: Box<Body>) -> Result<Kernel, CudaError> {
 fn transcendental(op: UnaryOp) -> bool {
     matches!(
         op,
-        UnaryOp::Sigmoid
-            | UnaryOp::Tanh
-            | UnaryOp::Gelu { .. }
+        UnaryOp::Gelu { .. }
             | UnaryOp::Elu { .. }
             | UnaryOp::Selu { .. }
             | UnaryOp::Celu { .. }
@@ -292,8 +290,7 @@ fn unary_int(kb: &mut KernelBuilder, op: UnaryOp, x: Reg) -> Reg {
 
 pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
     let t = cx.input_cty(0, true)?;
-    let f64_refused = op == BinaryOp::Pow;
-    if cx.inputs[0].1.dtype == DType::Bool || (t == Ty::F64 && f64_refused) {
+    if cx.inputs[0].1.dtype == DType::Bool {
         return Err(cx.dtype_err(cx.inputs[0].1.dtype));
     }
     map(
@@ -308,7 +305,7 @@ pub(crate) fn binary(cx: &Cx, op: BinaryOp) -> Result<Kernel, CudaError> {
     )
 }
 
-/// A float binary op (f32, or f64 except Pow).
+/// A float binary op (f32 or f64).
 fn binary_float(kb: &mut KernelBuilder, op: BinaryOp, a: Reg, b: Reg) -> Reg {
     let t = a.ty();
     match op {

@@ -8,8 +8,9 @@
 //! computed in software ([`exp`] and [`log`] dispatch on the register
 //! type; argument reduction by a multiple of ln 2 in two parts, then
 //! Taylor/`atanh` series to f64 rounding), which is what f64 Exp, Log,
-//! Softmax and ReduceLogSum(Exp) need; the other transcendental ops refuse
-//! f64 with a typed error instead of computing them in f32.
+//! Sigmoid, Tanh (through `expm1`), Pow, Softmax and ReduceLogSum(Exp)
+//! need; the other transcendental ops refuse f64 with a typed error
+//! instead of computing them in f32.
 //!
 //! `erf` uses the same rational approximation as the CPU target (Eigen's,
 //! |error| < 7e-8 on [-4, 4]). The circular functions reduce the argument
@@ -158,6 +159,42 @@ fn exp_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
     kb.selp(Ty::F64, nan, x, y)
 }
 
+/// `e^y - 1` (f64) without cancellation for small `y`: below `ln 2 / 2`
+/// in magnitude its Taylor series to `y^13/13!`, else `e^y - 1`.
+fn expm1_f64(kb: &mut KernelBuilder, y: Reg) -> Reg {
+    let c = |v: f64| Opnd::F64(v);
+    let mut factorial = 1.0f64;
+    let mut coeffs: Vec<f64> = (1..=13)
+        .map(|n| {
+            factorial *= n as f64;
+            1.0 / factorial
+        })
+        .collect();
+    coeffs.reverse();
+    let mut p = kb.mov(Ty::F64, c(coeffs[0]));
+    for &co in &coeffs[1..] {
+        p = kb.mad(p, y, c(co));
+    }
+    let series = kb.bin(Bin::Mul, p, y);
+    let e = exp_f64(kb, y);
+    let far = kb.bin(Bin::Sub, e, c(1.0));
+    let ay = kb.un("abs", y);
+    let small = kb.setp(Cmp::Lt, ay, c(std::f64::consts::LN_2 / 2.0));
+    kb.selp(Ty::F64, small, series, far)
+}
+
+/// `tanh x` (f64) as `sign(x) · -t / (2 + t)` with `t = e^{-2|x|} - 1`
+/// from [`expm1_f64`]: accurate near 0, no overflow for large |x|.
+fn tanh_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let a = kb.un("abs", x);
+    let y = kb.bin(Bin::Mul, a, Opnd::F64(-2.0));
+    let t = expm1_f64(kb, y);
+    let nt = kb.un("neg", t);
+    let d = kb.bin(Bin::Add, t, Opnd::F64(2.0));
+    let r = kb.bin(Bin::Div, nt, d);
+    with_sign_of(kb, r, x)
+}
+
 /// `ln x` (f64): `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))` (subnormal
 /// `x` scaled up by 2^54 first), `ln m = 2 atanh(s)` with
 /// `s = (m - 1) / (m + 1)` (|s| < 0.172) by its series to `s^25`, plus
@@ -208,10 +245,11 @@ fn log_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
 
 /// `1 / (1 + e^-x)` (f32).
 pub(crate) fn sigmoid(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    let t = x.ty();
     let n = kb.un("neg", x);
     let e = exp(kb, n);
-    let d = kb.bin(Bin::Add, e, f(1.0));
-    let one = kb.mov(Ty::F32, f(1.0));
+    let d = kb.bin(Bin::Add, e, fimm(t, 1.0));
+    let one = kb.mov(t, fimm(t, 1.0));
     kb.bin(Bin::Div, one, d)
 }
 
@@ -220,6 +258,9 @@ pub(crate) fn sigmoid(kb: &mut KernelBuilder, x: Reg) -> Reg {
 /// (near 0 it keeps no relative accuracy), so there Cephes' odd
 /// polynomial is used instead.
 pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
+    if x.ty() == Ty::F64 {
+        return tanh_f64(kb, x);
+    }
     let a = kb.un("abs", x);
     let m = kb.bin(Bin::Mul, a, f(-2.0));
     let t = exp(kb, m);
@@ -250,22 +291,30 @@ pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
 /// gives 1, a negative base gives a real result only for integral `b`
 /// (negated for odd `b`), NaN otherwise.
 pub(crate) fn pow(kb: &mut KernelBuilder, a: Reg, b: Reg) -> Reg {
+    let t = a.ty();
+    let c = |v: f64| fimm(t, v);
     let mag = kb.un("abs", a);
-    let l = kb.un("lg2.approx", mag);
-    let t = kb.bin(Bin::Mul, b, l);
-    let r = exp2(kb, t);
-    let bi = kb.cvt(Ty::F32, "rzi", b);
+    let r = if t == Ty::F64 {
+        let l = log_f64(kb, mag);
+        let e = kb.bin(Bin::Mul, b, l);
+        exp_f64(kb, e)
+    } else {
+        let l = kb.un("lg2.approx", mag);
+        let e = kb.bin(Bin::Mul, b, l);
+        exp2(kb, e)
+    };
+    let bi = kb.cvt(t, "rzi", b);
     let integral = kb.setp(Cmp::Eq, bi, b);
-    let half = kb.bin(Bin::Mul, b, f(0.5));
-    let half_i = kb.cvt(Ty::F32, "rzi", half);
+    let half = kb.bin(Bin::Mul, b, c(0.5));
+    let half_i = kb.cvt(t, "rzi", half);
     let even = kb.setp(Cmp::Eq, half_i, half);
     let nr = kb.un("neg", r);
-    let signed = kb.selp(Ty::F32, even, r, nr);
-    let neg_result = kb.selp(Ty::F32, integral, signed, f(f32::NAN));
-    let negative = kb.setp(Cmp::Lt, a, f(0.0));
-    let r = kb.selp(Ty::F32, negative, neg_result, r);
-    let zero_exp = kb.setp(Cmp::Eq, b, f(0.0));
-    kb.selp(Ty::F32, zero_exp, f(1.0), r)
+    let signed = kb.selp(t, even, r, nr);
+    let neg_result = kb.selp(t, integral, signed, c(f64::NAN));
+    let negative = kb.setp(Cmp::Lt, a, c(0.0));
+    let r = kb.selp(t, negative, neg_result, r);
+    let zero_exp = kb.setp(Cmp::Eq, b, c(0.0));
+    kb.selp(t, zero_exp, c(1.0), r)
 }
 
 /// `min(max(x, lo), hi)` in `x`'s float type.
