@@ -384,7 +384,6 @@ fn quantize_activation(
     range: ActivationRange,
     ty: ActivationType,
 ) -> Result<(NodeId, NodeId, NodeId), IrError> {
-    let x_rank = b.g.node(x).ty.shape.len();
     let (min, max) = ty.levels();
     let saturate = UnaryOp::Clip { min, max };
     let (scale, zero_f, zero_u8) = match range {
@@ -397,13 +396,8 @@ fn quantize_activation(
             )
         }
         ActivationRange::Dynamic if ty == ActivationType::Int8 => {
-            let all = |op| Op::Reduce {
-                op,
-                axes: (0..x_rank).collect(),
-                keep_dims: false,
-            };
-            let hi = b.node(all(ReduceOp::Max), &[x], "x_max")?;
-            let lo = b.node(all(ReduceOp::Min), &[x], "x_min")?;
+            let hi = reduce_all(b, ReduceOp::Max, x, "x_max")?;
+            let lo = reduce_all(b, ReduceOp::Min, x, "x_min")?;
             let lo = b.unary(UnaryOp::Neg, lo, "x_min_negated")?;
             let max_abs = b.binary(BinaryOp::Max, hi, lo, "x_max_abs")?;
             let zero = b.scalar(0.0, "zero");
@@ -419,15 +413,10 @@ fn quantize_activation(
             )
         }
         ActivationRange::Dynamic => {
-            let all = |op| Op::Reduce {
-                op,
-                axes: (0..x_rank).collect(),
-                keep_dims: false,
-            };
             let zero = b.scalar(0.0, "zero");
-            let hi = b.node(all(ReduceOp::Max), &[x], "x_max")?;
+            let hi = reduce_all(b, ReduceOp::Max, x, "x_max")?;
             let hi = b.binary(BinaryOp::Max, hi, zero, "x_max0")?;
-            let lo = b.node(all(ReduceOp::Min), &[x], "x_min")?;
+            let lo = reduce_all(b, ReduceOp::Min, x, "x_min")?;
             let lo = b.binary(BinaryOp::Min, lo, zero, "x_min0")?;
             let span = b.binary(BinaryOp::Sub, hi, lo, "x_span")?;
             let flat = b.node(Op::Compare(CompareOp::Equal), &[hi, lo], "x_flat")?;
@@ -449,6 +438,17 @@ fn quantize_activation(
     let q = b.unary(saturate, q, "x_saturated")?;
     let q = b.node(Op::Cast { to: DType::U8 }, &[q], "x_quantized")?;
     Ok((q, scale, zero_u8))
+}
+
+/// `op` over every axis of `x`: a dynamic scale's observed max or min.
+fn reduce_all(b: &mut Builder, op: ReduceOp, x: NodeId, name: &str) -> Result<NodeId, IrError> {
+    let rank = b.g.node(x).ty.shape.len();
+    let all = Op::Reduce {
+        op,
+        axes: (0..rank).collect(),
+        keep_dims: false,
+    };
+    b.node(all, &[x], name)
 }
 
 /// Replaces dense node `id` (`alpha * (x @ W)`, `form`) by its int8 form;

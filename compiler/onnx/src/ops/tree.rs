@@ -298,6 +298,7 @@ fn evaluate(
     let gather = |ctx: &mut ImportCtx, table: Val, at: Val, tag: &str| {
         ctx.op(Op::Gather { axis: 0 }, &[table, at], Some(tag))
     };
+    let member_zero = members.map(|_| scalar(ctx, DType::F32, 0.0, "member_zero"));
     for level in 0..depth {
         let tag = |s: &str| format!("level{level}_{s}");
         let f = gather(ctx, feature, at, &tag("feature"))?;
@@ -343,7 +344,7 @@ fn evaluate(
                         &[hit],
                         Some(&tag("member_any")),
                     )?;
-                    let zero = scalar(ctx, DType::F32, 0.0, "zero");
+                    let zero = member_zero.expect("made with the member table");
                     ctx.op(
                         Op::Compare(CompareOp::Greater),
                         &[any, zero],
