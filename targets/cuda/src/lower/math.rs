@@ -268,10 +268,9 @@ pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let num = kb.bin(Bin::Sub, one, t);
     let den = kb.bin(Bin::Add, t, f(1.0));
     let large = kb.bin(Bin::Div, num, den);
-    let z = kb.bin(Bin::Mul, a, a);
-    let p = horner(
+    let small = odd_series(
         kb,
-        z,
+        a,
         &[
             -5.704_988_7e-3,
             2.063_908_8e-2,
@@ -280,8 +279,6 @@ pub(crate) fn tanh(kb: &mut KernelBuilder, x: Reg) -> Reg {
             -3.333_328e-1,
         ],
     );
-    let p = kb.bin(Bin::Mul, p, z);
-    let small = kb.mad(p, a, a);
     let is_small = kb.setp(Cmp::Lt, a, f(0.625));
     let r = kb.selp(Ty::F32, is_small, small, large);
     with_sign_of(kb, r, x)
@@ -322,6 +319,15 @@ pub(crate) fn clamp(kb: &mut KernelBuilder, x: Reg, lo: f64, hi: f64) -> Reg {
     let t = x.ty();
     let m = kb.bin(Bin::Max, x, fimm(t, lo));
     kb.bin(Bin::Min, m, fimm(t, hi))
+}
+
+/// `x + x·z·P(z)` with `z = x²` and `P` by [`horner`] (f32): the odd
+/// polynomials of Cephes' `tanhf`, `asinf`, `atanf` and `sinhf`.
+fn odd_series(kb: &mut KernelBuilder, x: Reg, coeffs: &[f32]) -> Reg {
+    let z = kb.bin(Bin::Mul, x, x);
+    let p = horner(kb, z, coeffs);
+    let p = kb.bin(Bin::Mul, p, z);
+    kb.mad(p, x, x)
 }
 
 /// `c[0]·z^(n-1) + ... + c[n-1]` by Horner's rule (f32).
@@ -428,10 +434,9 @@ pub(crate) fn sin_cos(kb: &mut KernelBuilder, x: Reg) -> (Reg, Reg) {
 
 /// `asin(t)` for |t| <= 1/2 (Cephes' polynomial).
 fn asin_small(kb: &mut KernelBuilder, t: Reg) -> Reg {
-    let z = kb.bin(Bin::Mul, t, t);
-    let p = horner(
+    odd_series(
         kb,
-        z,
+        t,
         &[
             4.216_32e-2,
             2.418_131e-2,
@@ -439,9 +444,7 @@ fn asin_small(kb: &mut KernelBuilder, t: Reg) -> Reg {
             7.495_300_3e-2,
             1.666_675_2e-1,
         ],
-    );
-    let p = kb.bin(Bin::Mul, p, z);
-    kb.mad(p, t, t)
+    )
 }
 
 /// `asin(x)` (f32; NaN outside [-1, 1]).
@@ -493,10 +496,9 @@ pub(crate) fn atan(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let t = kb.selp(Ty::F32, big, inv, t);
     let y0 = kb.selp(Ty::F32, mid, f(std::f32::consts::FRAC_PI_4), f(0.0));
     let y0 = kb.selp(Ty::F32, big, f(std::f32::consts::FRAC_PI_2), y0);
-    let z = kb.bin(Bin::Mul, t, t);
-    let p = horner(
+    let r = odd_series(
         kb,
-        z,
+        t,
         &[
             8.053_744_5e-2,
             -1.387_768_6e-1,
@@ -504,8 +506,6 @@ pub(crate) fn atan(kb: &mut KernelBuilder, x: Reg) -> Reg {
             -3.333_295e-1,
         ],
     );
-    let p = kb.bin(Bin::Mul, p, z);
-    let r = kb.mad(p, t, t);
     let r = kb.bin(Bin::Add, r, y0);
     with_sign_of(kb, r, x)
 }
@@ -523,10 +523,7 @@ fn half_exps(kb: &mut KernelBuilder, a: Reg) -> (Reg, Reg) {
 /// `sinh(x)` (f32): Cephes' polynomial below 1, exponentials above.
 pub(crate) fn sinh(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let a = kb.un("abs", x);
-    let z = kb.bin(Bin::Mul, a, a);
-    let p = horner(kb, z, &[2.037_219_1e-4, 8.330_284e-3, 1.666_671_6e-1]);
-    let p = kb.bin(Bin::Mul, p, z);
-    let small = kb.mad(p, a, a);
+    let small = odd_series(kb, a, &[2.037_219_1e-4, 8.330_284e-3, 1.666_671_6e-1]);
     let (e, inv) = half_exps(kb, a);
     let large = kb.bin(Bin::Sub, e, inv);
     let is_small = kb.setp(Cmp::Lt, a, f(1.0));
