@@ -312,7 +312,6 @@ fn main() {
     );
     let mut failures = Vec::new();
     let mut outputs = 0;
-    let _context = hold_context(sm);
     let start = Instant::now();
     for (name, fixture) in &fixtures {
         match check(fixture, sm, &args) {
@@ -361,16 +360,6 @@ fn main() {
     }
 }
 
-/// A model held for a whole run keeps GPU 0's primary context alive: each
-/// model would otherwise create it and destroy it again (on an H200, with
-/// twelve processes at once, that made the conformance cases take 3 s each
-/// instead of 0.08 s).
-fn hold_context(sm: SmArch) -> Option<CudaModel> {
-    let opts = Cuda { sm }.options();
-    let bytes = Fixture::load("op_relu").compile_with(&opts).ok()?;
-    CudaModel::from_bytes(&bytes).ok()
-}
-
 /// Runs this shard of the conformance cases the CPU target passes; the
 /// exit status.
 fn conformance(node_dir: &std::path::Path, sm: SmArch, args: &Args) -> i32 {
@@ -402,7 +391,6 @@ fn conformance(node_dir: &std::path::Path, sm: SmArch, args: &Args) -> i32 {
         .map(|(_, c)| c)
         .collect();
     let backend = Cuda { sm };
-    let _context = hold_context(sm);
     let start = Instant::now();
     let mut counts = std::collections::BTreeMap::<String, usize>::new();
     // Written as the cases run, so a shard that dies or is stopped leaves
