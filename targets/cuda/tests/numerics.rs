@@ -432,7 +432,9 @@ fn u64_has_unsigned_semantics() {
     ];
     let b = [2, 3, 5, 9, big(1 << 63), 7, 64, 1];
     let u = |v: &[i64]| ints(DType::U64, &[v.len()], v);
-    for op in [
+    let exponents = [0, 1, 2, 3, 5, 2, 7, 9];
+    let shifts = [1, 63, 64, 0, 5, 2, 70, 3];
+    let binary = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -441,34 +443,27 @@ fn u64_has_unsigned_semantics() {
         BinaryOp::Fmod,
         BinaryOp::Max,
         BinaryOp::Min,
-    ] {
-        let (g, i) = graph2_with(Op::Binary(op), u(&a), u(&b));
-        check(&g, &i);
-    }
-    let (g, i) = graph2_with(
-        Op::Binary(BinaryOp::Pow),
-        u(&a),
-        u(&[0, 1, 2, 3, 5, 2, 7, 9]),
-    );
-    check(&g, &i);
-    for op in [
+    ]
+    .map(|op| (Op::Binary(op), &b));
+    let compare = [
         CompareOp::Equal,
         CompareOp::Less,
         CompareOp::Greater,
         CompareOp::LessOrEqual,
         CompareOp::GreaterOrEqual,
-    ] {
-        let (g, i) = graph2_with(Op::Compare(op), u(&a), u(&b));
-        check(&g, &i);
-    }
-    for op in [
+    ]
+    .map(|op| (Op::Compare(op), &b));
+    let bitwise = [
         BitwiseOp::And,
         BitwiseOp::Or,
         BitwiseOp::Xor,
         BitwiseOp::ShiftLeft,
         BitwiseOp::ShiftRight,
-    ] {
-        let (g, i) = graph2_with(Op::Bitwise(op), u(&a), u(&[1, 63, 64, 0, 5, 2, 70, 3]));
+    ]
+    .map(|op| (Op::Bitwise(op), &shifts));
+    let pow = [(Op::Binary(BinaryOp::Pow), &exponents)];
+    for (op, rhs) in binary.into_iter().chain(compare).chain(bitwise).chain(pow) {
+        let (g, i) = graph2_with(op, u(&a), u(rhs));
         check(&g, &i);
     }
     for op in [

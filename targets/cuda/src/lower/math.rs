@@ -130,6 +130,29 @@ fn scale_by_pow2_f64(kb: &mut KernelBuilder, p: Reg, k: Reg) -> Reg {
     r
 }
 
+/// `1/13!, 1/12!, ..., 1/1!`: the Taylor coefficients of `e^r` after the
+/// constant, highest first (what [`horner_f64`] takes).
+fn exp_taylor_f64() -> Vec<f64> {
+    let mut factorial = 1.0f64;
+    let mut coeffs: Vec<f64> = (1..=13)
+        .map(|n| {
+            factorial *= n as f64;
+            1.0 / factorial
+        })
+        .collect();
+    coeffs.reverse();
+    coeffs
+}
+
+/// `c[0]·z^(n-1) + ... + c[n-1]` by Horner's rule (f64).
+fn horner_f64(kb: &mut KernelBuilder, z: Reg, coeffs: &[f64]) -> Reg {
+    let mut p = kb.mov(Ty::F64, Opnd::F64(coeffs[0]));
+    for &c in &coeffs[1..] {
+        p = kb.mad(p, z, Opnd::F64(c));
+    }
+    p
+}
+
 /// `e^x` (f64): `x = k ln 2 + r` with `|r| <= ln 2 / 2` (ln 2 in two parts),
 /// `e^r` by its Taylor series to `r^13/13!` (under 2^-53 of the sum), then
 /// scaled by `2^k`. NaN stays NaN; beyond ±1100 the result is 0 or inf.
@@ -142,18 +165,9 @@ fn exp_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let nk = kb.un("neg", k);
     let r = kb.mad(nk, c(LN2_HI), clamped);
     let r = kb.mad(nk, c(LN2_LO), r);
-    let mut factorial = 1.0f64;
-    let mut coeffs = Vec::new();
-    for n in 1..=13 {
-        factorial *= n as f64;
-        coeffs.push(1.0 / factorial);
-    }
-    coeffs.reverse();
+    let mut coeffs = exp_taylor_f64();
     coeffs.push(1.0);
-    let mut p = kb.mov(Ty::F64, c(coeffs[0]));
-    for &co in &coeffs[1..] {
-        p = kb.mad(p, r, c(co));
-    }
+    let p = horner_f64(kb, r, &coeffs);
     let y = scale_by_pow2_f64(kb, p, k);
     let nan = kb.setp(Cmp::Ne, x, x);
     kb.selp(Ty::F64, nan, x, y)
@@ -163,18 +177,7 @@ fn exp_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
 /// in magnitude its Taylor series to `y^13/13!`, else `e^y - 1`.
 fn expm1_f64(kb: &mut KernelBuilder, y: Reg) -> Reg {
     let c = |v: f64| Opnd::F64(v);
-    let mut factorial = 1.0f64;
-    let mut coeffs: Vec<f64> = (1..=13)
-        .map(|n| {
-            factorial *= n as f64;
-            1.0 / factorial
-        })
-        .collect();
-    coeffs.reverse();
-    let mut p = kb.mov(Ty::F64, c(coeffs[0]));
-    for &co in &coeffs[1..] {
-        p = kb.mad(p, y, c(co));
-    }
+    let p = horner_f64(kb, y, &exp_taylor_f64());
     let series = kb.bin(Bin::Mul, p, y);
     let e = exp_f64(kb, y);
     let far = kb.bin(Bin::Sub, e, c(1.0));
@@ -225,10 +228,8 @@ fn log_f64(kb: &mut KernelBuilder, x: Reg) -> Reg {
     let s = kb.bin(Bin::Div, num, den);
     let z = kb.bin(Bin::Mul, s, s);
     // 2 (1 + z/3 + z^2/5 + ... + z^12/25).
-    let mut p = kb.mov(Ty::F64, c(2.0 / 25.0));
-    for n in (0..12).rev() {
-        p = kb.mad(p, z, c(2.0 / (2 * n + 1) as f64));
-    }
+    let coeffs: Vec<f64> = (0..=12).rev().map(|n| 2.0 / (2 * n + 1) as f64).collect();
+    let p = horner_f64(kb, z, &coeffs);
     let ln_m = kb.bin(Bin::Mul, p, s);
     let lo = kb.mad(e, c(LN2_LO), ln_m);
     let y = kb.mad(e, c(LN2_HI), lo);
