@@ -10,7 +10,8 @@
 
 use crate::precision_plan::PrecisionPlan;
 use crate::quantize::{
-    quantize_conv, quantize_dense, ActivationRange, ActivationType, ConvInt8Form, Int8Form,
+    quantize_conv, quantize_dense, ActivationRange, ActivationType, Calibrated, ConvInt8Form,
+    Int8Form,
 };
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
@@ -206,6 +207,15 @@ pub struct Policy {
     /// int8 activations: asymmetric u8 or symmetric int8
     /// (`--activation-type`).
     pub activation_type: ActivationType,
+    /// int8 layers' bias corrections (measured by
+    /// [`crate::measure_bias_corrections`]), added to their biases per
+    /// output channel, by node name; empty: none.
+    pub bias_corrections: crate::BiasCorrections,
+    /// int8 layers' activation smoothing (`--smooth`, measured by
+    /// [`crate::smoothing_factors`]): per input channel divisors of the
+    /// activation, multiplied into the weights, by node name; the
+    /// activation ranges are then those of the smoothed activations.
+    pub smoothing: crate::Smoothing,
 }
 
 impl Policy {
@@ -438,6 +448,10 @@ impl AssignPrecision {
                     None => ActivationRange::Dynamic,
                 };
                 let activation = (range, self.policy.activation_type);
+                let calibrated = Calibrated {
+                    smoothing: self.policy.smoothing.get(&d.node).map(Vec::as_slice),
+                    bias_correction: (self.policy.bias_corrections.get(&d.node)).map(Vec::as_slice),
+                };
                 let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
                 let added = match form {
                     Int8Rewrite::Dense(form) => {
@@ -459,10 +473,10 @@ impl AssignPrecision {
                                 Some(scaled)
                             }
                         };
-                        quantize_dense(graph, *id, inputs[0], &form, c, activation)
+                        quantize_dense(graph, *id, inputs[0], &form, c, activation, calibrated)
                     }
                     Int8Rewrite::Conv(form) => {
-                        quantize_conv(graph, *id, inputs[0], &form, activation)
+                        quantize_conv(graph, *id, inputs[0], &form, activation, calibrated)
                     }
                 };
                 stats.added += added.map_err(failed)?;

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 mod assign_precision;
+mod bias_correction;
 mod dce;
 mod flush_subnormals;
 mod fold_batchnorm;
@@ -28,11 +29,13 @@ mod precision_report;
 mod quantize;
 mod recognize;
 mod simplify;
+mod smooth;
 
 pub use assign_precision::{
     is_precision_layer, AssignPrecision, Decision, Mode, Pattern, Policy, PolicyError, Precision,
     Reason,
 };
+pub use bias_correction::{measure_bias_corrections, BiasCorrections};
 pub use dce::DeadCodeElimination;
 pub use flush_subnormals::FlushSubnormals;
 pub use fold_batchnorm::FoldBatchNorm;
@@ -49,3 +52,4 @@ pub use quantize::{
 };
 pub use recognize::Recognize;
 pub use simplify::Simplify;
+pub use smooth::{input_channel_axis, smoothing_factors, Smoothing};

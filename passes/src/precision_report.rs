@@ -96,6 +96,28 @@ fn dense_by_name(g: &Graph) -> BTreeMap<String, NodeId> {
         .collect()
 }
 
+/// The dense layers of `reference` (the f32 graph) with the node that
+/// carries each one's name in `lowered` (after `assign-precision`): a
+/// dense op, or the f32 node that ends an int8 layer's rewrite (its
+/// rescale or bias, `quantize.rs`). Values: (reference node, lowered node).
+pub(crate) fn matched_layers(
+    reference: &Graph,
+    lowered: &Graph,
+) -> BTreeMap<String, (NodeId, NodeId)> {
+    let ref_dense = dense_by_name(reference);
+    let mut low_dense = dense_by_name(lowered);
+    for id in lowered.node_ids() {
+        let n = lowered.node(id);
+        if n.ty.dtype == DType::F32 && ref_dense.contains_key(&n.name) {
+            low_dense.entry(n.name.clone()).or_insert(id);
+        }
+    }
+    ref_dense
+        .into_iter()
+        .filter_map(|(name, r)| Some((name.clone(), (r, *low_dense.get(&name)?))))
+        .collect()
+}
+
 /// Runs `reference` (the f32 graph) and `lowered` (after
 /// `assign-precision`, with `decisions`) on every sample and compares them.
 pub fn compare(
@@ -105,36 +127,25 @@ pub fn compare(
     samples: &[Vec<Tensor>],
     random: bool,
 ) -> Result<AccuracyReport, IrError> {
-    let ref_dense = dense_by_name(reference);
-    // The same layers in the lowered graph, by name: a dense op, or the
-    // f32 node that carries the layer's name after a rewrite (the rescale
-    // ending an int8 layer, `quantize.rs`).
-    let mut low_dense = dense_by_name(lowered);
-    for id in lowered.node_ids() {
-        let n = lowered.node(id);
-        if n.ty.dtype == DType::F32 && ref_dense.contains_key(&n.name) {
-            low_dense.entry(n.name.clone()).or_insert(id);
-        }
-    }
-    let names: Vec<&String> = ref_dense
-        .keys()
-        .filter(|n| low_dense.contains_key(*n))
-        .collect();
+    let layers = matched_layers(reference, lowered);
     let mut accs: BTreeMap<String, Acc> = BTreeMap::new();
     let mut out_accs: Vec<Acc> = reference.outputs().iter().map(|_| Acc::default()).collect();
     for inputs in samples {
         let mut ref_vals: HashMap<NodeId, Vec<f32>> = HashMap::new();
-        let wanted: HashMap<NodeId, ()> = names.iter().map(|n| (ref_dense[*n], ())).collect();
+        let wanted: HashMap<NodeId, ()> = layers.values().map(|&(r, _)| (r, ())).collect();
         let ref_out = kiln_ir::eval::eval_graph_with(reference, inputs, |id, t| {
             if wanted.contains_key(&id) {
                 ref_vals.insert(id, t.to_f32_vec());
             }
         })?;
-        let by_low: HashMap<NodeId, &String> = names.iter().map(|n| (low_dense[*n], *n)).collect();
+        let by_low: HashMap<NodeId, (&String, NodeId)> = layers
+            .iter()
+            .map(|(name, &(r, l))| (l, (name, r)))
+            .collect();
         let low_out = kiln_ir::eval::eval_graph_with(lowered, inputs, |id, t| {
-            if let Some(name) = by_low.get(&id) {
-                if let Some(r) = ref_vals.get(&ref_dense[*name]) {
-                    accs.entry((*name).clone())
+            if let Some(&(name, r)) = by_low.get(&id) {
+                if let Some(r) = ref_vals.get(&r) {
+                    accs.entry(name.clone())
                         .or_default()
                         .add(r, &t.to_f32_vec());
                 }
@@ -153,7 +164,7 @@ pub fn compare(
     let mut layers: Vec<LayerError> = accs
         .iter()
         .map(|(name, acc)| {
-            let op = reference.node(ref_dense[name]).op.name();
+            let op = reference.node(layers[name].0).op.name();
             acc.finish(name.clone(), op, precision_of(name))
         })
         .collect();

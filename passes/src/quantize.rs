@@ -377,15 +377,22 @@ impl Builder<'_> {
 }
 
 /// The activation `x` quantized to u8 per tensor as `ty` says: `(q,
-/// scale, zero point as u8)` nodes.
+/// scale, zero point as u8)` nodes. With `smoothing` (a constant of
+/// per-channel divisors `m`, shaped to broadcast along the channel axis)
+/// it quantizes `x / m`, whose range `range` is then.
 fn quantize_activation(
     b: &mut Builder,
     x: NodeId,
-    range: ActivationRange,
-    ty: ActivationType,
+    (range, ty): (ActivationRange, ActivationType),
+    smoothing: Option<NodeId>,
 ) -> Result<(NodeId, NodeId, NodeId), IrError> {
     let (min, max) = ty.levels();
     let saturate = UnaryOp::Clip { min, max };
+    // A dynamic range is measured on the smoothed activation.
+    let x = match (smoothing, range) {
+        (Some(m), ActivationRange::Dynamic) => b.binary(BinaryOp::Div, x, m, "x_smoothed")?,
+        _ => x,
+    };
     let (scale, zero_f, zero_u8) = match range {
         ActivationRange::Static { lo, hi } => {
             let (s, z) = ty.params(lo, hi);
@@ -432,7 +439,15 @@ fn quantize_activation(
             (s, z, zu)
         }
     };
-    let q = b.binary(BinaryOp::Div, x, scale, "x_scaled")?;
+    // A static scale and the divisors fold into one constant per channel.
+    let divisor = match smoothing {
+        None => scale,
+        Some(m) if matches!(range, ActivationRange::Static { .. }) => {
+            b.binary(BinaryOp::Mul, scale, m, "x_scale_smoothed")?
+        }
+        Some(_) => scale,
+    };
+    let q = b.binary(BinaryOp::Div, x, divisor, "x_scaled")?;
     let q = b.unary(UnaryOp::Round, q, "x_rounded")?;
     let q = b.binary(BinaryOp::Add, q, zero_f, "x_shifted")?;
     let q = b.unary(saturate, q, "x_saturated")?;
@@ -451,32 +466,69 @@ fn reduce_all(b: &mut Builder, op: ReduceOp, x: NodeId, name: &str) -> Result<No
     b.node(all, &[x], name)
 }
 
+/// What calibration measured for one int8 layer beyond its activation
+/// range.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Calibrated<'a> {
+    /// Per input channel divisors of the activation, multiplied into the
+    /// weights ([`crate::smoothing_factors`]).
+    pub smoothing: Option<&'a [f32]>,
+    /// Per output channel additions to the bias
+    /// ([`crate::measure_bias_corrections`]).
+    pub bias_correction: Option<&'a [f32]>,
+}
+
 /// Replaces dense node `id` (`alpha * (x @ W)`, `form`) by its int8 form;
-/// returns the number of nodes added. `c` (`beta * C` as a node) is added
-/// after the rescale.
+/// returns the number of nodes added. `c` (`beta * C` as a node) and the
+/// bias correction (one value per column) are added after the rescale.
 pub(crate) fn quantize_dense(
     g: &mut Graph,
     id: NodeId,
     x: NodeId,
     form: &Int8Form,
     c: Option<NodeId>,
-    (range, ty): (ActivationRange, ActivationType),
+    activation: (ActivationRange, ActivationType),
+    calibrated: Calibrated,
 ) -> Result<usize, IrError> {
-    let (w, k, n, alpha) = (&form.weights, form.k, form.n, form.alpha);
+    let (k, n, alpha) = (form.k, form.n, form.alpha);
     let name = g.node(id).name.clone();
     let mut b = Builder {
         g,
         prefix: name.clone(),
         added: 0,
     };
-    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range, ty)?;
+    // Row k of W reads channel k of x.
+    let smoothing = calibrated.smoothing.filter(|m| m.len() == k);
+    let m = smoothing.map(|m| b.constant(&[k], Data::F32(m.to_vec()), "smoothing"));
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, activation, m)?;
+    let smoothed: Vec<f32>;
+    let w = match smoothing {
+        None => &form.weights,
+        Some(m) => {
+            smoothed = (form.weights.iter().enumerate())
+                .map(|(i, w)| w * m[i / n])
+                .collect();
+            &smoothed
+        }
+    };
     let (wq, w_scales) = quantize_weights(w, k, n);
     let wq = b.constant(&[k, n], Data::I8(wq), "w_quantized");
     let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
     let acc = b.node(Op::MatMulInteger, &[q, wq, zero_u8, w_zero], "int8_matmul")?;
     let w_scales: Vec<f32> = w_scales.iter().map(|s| s * alpha).collect();
     let w_scales = b.constant(&[n], Data::F32(w_scales), "w_scale");
-    b.dequantize_into(id, (acc, "int8_matmul_float"), (scale, w_scales), c)
+    let addend = match calibrated.bias_correction.filter(|corr| corr.len() == n) {
+        None => c,
+        Some(corr) => {
+            let corr = b.constant(&[n], Data::F32(corr.to_vec()), "bias_correction");
+            match c {
+                None => Some(corr),
+                // A constant C folds with the correction into one bias.
+                Some(c) => Some(b.binary(BinaryOp::Add, c, corr, "corrected_c")?),
+            }
+        }
+    };
+    b.dequantize_into(id, (acc, "int8_matmul_float"), (scale, w_scales), addend)
 }
 
 /// An ungrouped convolution for int8: its attributes, weights `[OC, C,
@@ -490,28 +542,34 @@ pub(crate) struct ConvInt8Form {
 
 /// Replaces Conv node `id` by its int8 form (`conv_integer` of the u8
 /// activation by i8 weights per output channel, rescaled per channel,
-/// plus the bias); returns the number of nodes added.
+/// plus the bias and its correction); returns the number of nodes added.
 pub(crate) fn quantize_conv(
     g: &mut Graph,
     id: NodeId,
     x: NodeId,
     form: &ConvInt8Form,
-    (range, ty): (ActivationRange, ActivationType),
+    activation: (ActivationRange, ActivationType),
+    calibrated: Calibrated,
 ) -> Result<usize, IrError> {
-    let oc = form.shape[0];
-    let k = form.shape[1..].iter().product::<usize>();
+    let [oc, channels, kh, kw] = form.shape;
+    let k = channels * kh * kw;
     let name = g.node(id).name.clone();
     let mut b = Builder {
         g,
         prefix: name.clone(),
         added: 0,
     };
-    let (q, scale, zero_u8) = quantize_activation(&mut b, x, range, ty)?;
+    let smoothing = calibrated.smoothing.filter(|m| m.len() == channels);
+    let m = smoothing.map(|m| b.constant(&[channels, 1, 1], Data::F32(m.to_vec()), "smoothing"));
+    let (q, scale, zero_u8) = quantize_activation(&mut b, x, activation, m)?;
+    // W[oc, c, ..] reads channel c of x.
+    let weight = |i: usize| match smoothing {
+        None => form.weights[i],
+        Some(m) => form.weights[i] * m[(i / (kh * kw)) % channels],
+    };
     // Per output channel = per row of the `[OC, K]` weight matrix: the
     // per-column quantizer on its transpose.
-    let transposed: Vec<f32> = (0..k * oc)
-        .map(|i| form.weights[(i % oc) * k + i / oc])
-        .collect();
+    let transposed: Vec<f32> = (0..k * oc).map(|i| weight((i % oc) * k + i / oc)).collect();
     let (wq_t, w_scales) = quantize_weights(&transposed, k, oc);
     let wq: Vec<i8> = (0..oc * k).map(|i| wq_t[(i % k) * oc + i / k]).collect();
     let wq = b.constant(&form.shape, Data::I8(wq), "w_quantized");
@@ -522,8 +580,14 @@ pub(crate) fn quantize_conv(
         "int8_conv",
     )?;
     let w_scales = b.constant(&[oc, 1, 1], Data::F32(w_scales), "w_scale");
-    let bias =
-        (form.bias.as_ref()).map(|bias| b.constant(&[oc, 1, 1], Data::F32(bias.clone()), "bias"));
+    let correction = calibrated.bias_correction.filter(|corr| corr.len() == oc);
+    let bias = match (form.bias.as_ref(), correction) {
+        (None, None) => None,
+        (Some(bias), None) => Some(bias.clone()),
+        (None, Some(corr)) => Some(corr.to_vec()),
+        (Some(bias), Some(corr)) => Some(bias.iter().zip(corr).map(|(b, c)| b + c).collect()),
+    };
+    let bias = bias.map(|bias| b.constant(&[oc, 1, 1], Data::F32(bias), "bias"));
     b.dequantize_into(id, (acc, "int8_conv_float"), (scale, w_scales), bias)
 }
 
@@ -580,7 +644,16 @@ mod tests {
                     alpha: 1.0,
                     beta: 0.0,
                 };
-                quantize_dense(&mut g, mm, input, &form, None, (range, ty)).unwrap();
+                quantize_dense(
+                    &mut g,
+                    mm,
+                    input,
+                    &form,
+                    None,
+                    (range, ty),
+                    Calibrated::default(),
+                )
+                .unwrap();
                 let x_t = Tensor::new([2, 4], Data::F32(x.clone())).unwrap();
                 let y = kiln_ir::eval::eval_graph(&g, &[x_t]).unwrap()[0].to_f32_vec();
                 let (step, _) = ty.params(lo, hi);

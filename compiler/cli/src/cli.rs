@@ -189,6 +189,17 @@ struct CompileArgs {
     /// with the largest error to fp32 (listed in the report).
     #[arg(long, value_name = "E")]
     max_rel_error: Option<f64>,
+    /// int8 builds with --calibrate DIR correct each int8 layer's bias by
+    /// its mean output error per channel on the calibration samples
+    /// (measured layer by layer); this turns that off.
+    #[arg(long)]
+    no_bias_correction: bool,
+    /// int8 builds: divide each activation channel by
+    /// max|x|^ALPHA / max|W|^(1-ALPHA), measured on the calibration
+    /// samples, and multiply it into the weights (SmoothQuant), so one
+    /// activation scale fits channels of different ranges; ALPHA in [0, 1].
+    #[arg(long, value_name = "ALPHA")]
+    smooth: Option<f32>,
     /// Write the final per-node precision plan (JSON: precision, reason and
     /// measured error per dense node, keyed by name and structure).
     #[arg(long, value_name = "FILE")]
@@ -672,6 +683,16 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         }
         opts.max_rel_error = Some(e);
     }
+    opts.bias_correction = !a.no_bias_correction;
+    if let Some(alpha) = a.smooth {
+        if !(0.0..=1.0).contains(&alpha) {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("--smooth: {alpha} is not in [0, 1]"),
+            ));
+        }
+        opts.smooth = Some(alpha);
+    }
     let start = Instant::now();
     let out = driver::compile(&a.model, &opts).map_err(|e| {
         let f = Failure::from(e);
@@ -934,7 +955,17 @@ fn precision_json(p: &driver::PrecisionOutcome) -> Value {
     let decisions: Vec<Value> = p
         .decisions
         .iter()
-        .map(|d| json!({"node": d.node, "op": d.op, "precision": d.precision.name(), "reason": d.reason.to_string()}))
+        .map(|d| {
+            let mut v = json!({"node": d.node, "op": d.op, "precision": d.precision.name(), "reason": d.reason.to_string()});
+            if let Some(m) = p.smoothing.get(&d.node) {
+                let (lo, hi) = min_max(m);
+                v["smoothing_divisors"] = json!({"channels": m.len(), "min": lo, "max": hi});
+            }
+            if let Some(c) = p.bias_corrections.get(&d.node) {
+                v["bias_correction_max_abs"] = json!(largest_abs(c));
+            }
+            v
+        })
         .collect();
     let report = p.report.as_ref().map(|r| {
         json!({
@@ -947,6 +978,16 @@ fn precision_json(p: &driver::PrecisionOutcome) -> Value {
     json!({"decisions": decisions, "report": report})
 }
 
+fn min_max(v: &[f32]) -> (f32, f32) {
+    (v.iter()).fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+        (lo.min(x), hi.max(x))
+    })
+}
+
+fn largest_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
 /// The human summary of a reduced-precision build.
 fn print_precision(p: &driver::PrecisionOutcome) {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
@@ -955,6 +996,28 @@ fn print_precision(p: &driver::PrecisionOutcome) {
     }
     let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     println!("precision: dense ops {}", counts.join(", "));
+    if !p.smoothing.is_empty() {
+        let (lo, hi) = p
+            .smoothing
+            .values()
+            .map(|m| min_max(m))
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), (lo, hi)| {
+                (a.min(lo), b.max(hi))
+            });
+        println!(
+            "  smoothing: {} int8 layers' activations divided per channel by {lo:.3e} to {hi:.3e}",
+            p.smoothing.len()
+        );
+    }
+    if let Some((node, c)) = (p.bias_corrections.iter())
+        .map(|(n, c)| (n, largest_abs(c)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        println!(
+            "  bias correction: {} int8 layers, largest shift {c:.3e} ({node})",
+            p.bias_corrections.len()
+        );
+    }
     let Some(r) = &p.report else { return };
     let kind = if r.random { "random" } else { "calibration" };
     for o in &r.outputs {

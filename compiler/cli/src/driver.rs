@@ -76,6 +76,14 @@ pub struct CompileOptions {
     /// How `--quantize static` makes a range of the observed values
     /// (`--observer`).
     pub observer: kiln_passes::Observer,
+    /// int8 layers' biases are corrected by their mean output error on the
+    /// calibration samples (`--calibrate DIR` only: random samples would
+    /// teach the wrong shift; `--no-bias-correction` turns it off).
+    pub bias_correction: bool,
+    /// int8 layers' activations are smoothed per channel with migration
+    /// strength α (`--smooth α`, see [`kiln_passes::smoothing_factors`]),
+    /// measured on the calibration samples; `None`: not smoothed.
+    pub smooth: Option<f32>,
 }
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
@@ -99,6 +107,8 @@ impl Default for CompileOptions {
             max_rel_error: None,
             static_activations: false,
             observer: kiln_passes::Observer::MinMax,
+            bias_correction: true,
+            smooth: None,
         }
     }
 }
@@ -180,6 +190,12 @@ impl CompileOptions {
             }
             if let Some(e) = self.max_rel_error {
                 let _ = write!(s, " max_rel_error={e}");
+            }
+            if !self.bias_correction && p.may_quantize() {
+                s.push_str(" bias_correction=off");
+            }
+            if let (Some(alpha), true) = (self.smooth, p.may_quantize()) {
+                let _ = write!(s, " smooth={alpha}");
             }
         }
         s
@@ -269,6 +285,10 @@ pub struct PrecisionOutcome {
     pub report: Option<AccuracyReport>,
     /// The decisions as a plan file (`--emit-plan`).
     pub plan: PrecisionPlan,
+    /// The int8 layers' activation smoothing divisors (`--smooth`).
+    pub smoothing: kiln_passes::Smoothing,
+    /// The int8 layers' bias corrections.
+    pub bias_corrections: kiln_passes::BiasCorrections,
 }
 
 /// An imported and optimized graph, before code generation.
@@ -403,19 +423,38 @@ pub fn read_calibration(
 }
 
 /// Runs `assign-precision` on `graph` (the f32 graph after the pipeline)
-/// and compares it with the f32 graph on `samples`.
+/// and compares it with the f32 graph on `samples`. With `correct_biases`
+/// and real (not `random`) samples, the int8 layers' bias corrections are
+/// measured on the first assignment and the assignment redone with them
+/// (`kiln_passes::measure_bias_corrections`).
 pub fn assign_precision(
     graph: &mut Graph,
     policy: &Policy,
     samples: &[Vec<kiln_ir::Tensor>],
     random: bool,
+    correct_biases: bool,
 ) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
     let reference = graph.clone();
-    let pass = AssignPrecision {
+    let mut pass = AssignPrecision {
         policy: policy.clone(),
     };
     let start = std::time::Instant::now();
-    let (stats, decisions) = pass.assign(graph)?;
+    let (mut stats, mut decisions) = pass.assign(graph)?;
+    let int8: Vec<String> = (decisions.iter())
+        .filter(|d| d.precision == Precision::Int8)
+        .map(|d| d.node.clone())
+        .collect();
+    if correct_biases && !random && !samples.is_empty() && !int8.is_empty() {
+        pass.policy.bias_corrections = kiln_passes::measure_bias_corrections(
+            &reference, graph, &int8, samples,
+        )
+        .map_err(|source| PassError::Failed {
+            pass: "assign-precision",
+            source,
+        })?;
+        *graph = reference.clone();
+        (stats, decisions) = pass.assign(graph)?;
+    }
     let time = start.elapsed();
     kiln_ir::verify::verify(graph).map_err(|source| PassError::Verify {
         pass: "assign-precision",
@@ -447,6 +486,10 @@ pub fn assign_precision(
     Ok((
         record,
         PrecisionOutcome {
+            smoothing: (pass.policy.smoothing.into_iter())
+                .filter(|(name, _)| int8.contains(name))
+                .collect(),
+            bias_corrections: pass.policy.bias_corrections,
             decisions,
             report,
             plan,
@@ -469,7 +512,11 @@ fn assign_with_fallback(
     let mut policy = opts.precision.clone();
     loop {
         let mut candidate = graph.clone();
-        let (record, outcome) = assign_precision(&mut candidate, &policy, samples, random)?;
+        // Dynamic builds depend on their calibration samples only through
+        // the report (and `--smooth`, asked for explicitly).
+        let correct_biases = opts.bias_correction && opts.static_activations;
+        let (record, outcome) =
+            assign_precision(&mut candidate, &policy, samples, random, correct_biases)?;
         let raise = match (opts.max_rel_error, &outcome.report) {
             (Some(bound), Some(report)) => {
                 let worst = report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max);
@@ -550,29 +597,49 @@ fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r 
 const MAX_OBSERVED_VALUES: usize = 1 << 22;
 
 /// The activation ranges of `--quantize static`: every MatMul/Gemm's left
-/// operand and every Conv's input observed over `samples` and reduced to a range by `observer`,
-/// by node name.
+/// operand and every Conv's input observed over `samples` and reduced to a
+/// range by `observer`, by node name. An activation smoothed for its
+/// layers (`smoothing`, see [`kiln_passes::smoothing_factors`]) is
+/// observed divided by their divisors, as it is quantized.
 pub fn activation_ranges(
     graph: &Graph,
     samples: &[Vec<kiln_ir::Tensor>],
     observer: kiln_passes::Observer,
+    smoothing: &kiln_passes::Smoothing,
 ) -> Result<BTreeMap<String, (f32, f32)>, DriverError> {
-    // Every value read as an activation, with the dense nodes reading it.
-    let mut readers: HashMap<NodeId, Vec<String>> = HashMap::new();
+    // Every value read as an activation, with the dense nodes reading it
+    // and its divisors (shared by its readers) along their channel axis.
+    type Divisors<'s> = Option<(&'s [f32], usize)>;
+    let mut readers: HashMap<NodeId, (Vec<String>, Divisors)> = HashMap::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
         if kiln_passes::is_precision_layer(&node.op) {
             let x = graph.inputs_of(id)[0];
-            readers.entry(x).or_default().push(node.name.clone());
+            let rank = graph.node(x).ty.shape.len();
+            let divisors = (smoothing.get(&node.name)).map(|m| {
+                (
+                    m.as_slice(),
+                    kiln_passes::input_channel_axis(&node.op, rank),
+                )
+            });
+            let entry = readers.entry(x).or_default();
+            entry.0.push(node.name.clone());
+            entry.1 = entry.1.or(divisors);
         }
     }
     let mut observed: HashMap<NodeId, Vec<f32>> = HashMap::new();
     let per_sample = MAX_OBSERVED_VALUES / samples.len().max(1);
     let mut observe = |id: NodeId, t: &kiln_ir::Tensor| {
-        if !readers.contains_key(&id) {
+        let Some((_, divisors)) = readers.get(&id) else {
             return;
+        };
+        let mut v = t.to_f32_vec();
+        if let Some((m, axis)) = divisors {
+            let inner: usize = t.shape().iter().skip(axis + 1).product();
+            for (i, x) in v.iter_mut().enumerate() {
+                *x /= m[(i / inner) % m.len()];
+            }
         }
-        let v = t.to_f32_vec();
         let stride = v.len().div_ceil(per_sample.max(1)).max(1);
         let kept = observed.entry(id).or_default();
         kept.extend(v.iter().step_by(stride));
@@ -593,7 +660,7 @@ pub fn activation_ranges(
         })?;
     }
     let mut ranges = BTreeMap::new();
-    for (id, names) in readers {
+    for (id, (names, _)) in readers {
         if let Some(values) = observed.get(&id) {
             let range = kiln_passes::observe(values, observer);
             for name in names {
@@ -644,6 +711,11 @@ fn optimize_graph(
     }
     let has_samples =
         !opts.precision.is_identity() && (opts.calibrate.is_some() || opts.calibrate_random > 0);
+    if opts.smooth.is_some() && !(has_samples && opts.precision.may_quantize()) {
+        return Err(DriverError::Usage(
+            "--smooth needs int8 layers (--quantize, --force int8=...) and calibration samples (--calibrate DIR)".into(),
+        ));
+    }
     if opts.max_rel_error.is_some() && !has_samples {
         return Err(DriverError::Usage(
             "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision".into(),
@@ -688,10 +760,23 @@ fn optimize_graph(
     let mut precision = None;
     if !opts.precision.is_identity() {
         let observed;
-        let opts = if opts.static_activations {
+        let opts = if opts.static_activations || opts.smooth.is_some() {
             let mut o = opts.clone();
-            o.precision.activation_ranges =
-                Some(activation_ranges(&graph, &samples, opts.observer)?);
+            if let Some(alpha) = opts.smooth {
+                o.precision.smoothing = kiln_passes::smoothing_factors(&graph, &samples, alpha)
+                    .map_err(|source| PassError::Failed {
+                        pass: "assign-precision",
+                        source,
+                    })?;
+            }
+            if opts.static_activations {
+                o.precision.activation_ranges = Some(activation_ranges(
+                    &graph,
+                    &samples,
+                    opts.observer,
+                    &o.precision.smoothing,
+                )?);
+            }
             observed = o;
             &observed
         } else {

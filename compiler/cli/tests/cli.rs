@@ -717,3 +717,101 @@ fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
         assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
     }
 }
+
+/// A calibrated static build corrects its int8 biases (printed, in the
+/// JSON per layer) unless told not to, `--smooth` smooths every int8
+/// layer's activation, and both show in the options `kiln inspect` prints;
+/// `--smooth` without int8 layers or samples, or outside [0, 1], is a
+/// usage error.
+#[test]
+fn calibrated_int8_builds_correct_biases_and_smooth_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = read_tensor(
+        "input",
+        &repo().join(MLP).with_file_name("inputs/input.npy"),
+    )
+    .unwrap()
+    .to_f32_vec()
+    .unwrap();
+    let calibration = dir.path().join("calibration");
+    std::fs::create_dir(&calibration).unwrap();
+    for (i, rows) in images.chunks(8 * 64).take(3).enumerate() {
+        let t = Tensor::from_f32("input", &[8, 64], rows);
+        kiln::npy::write_npz(&calibration.join(format!("s{i}.npz")), &[t]).unwrap();
+    }
+    let art = dir.path().join("m.kiln");
+    let compile = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            MLP,
+            "--input-shape",
+            "input=8x64",
+            "--quantize",
+            "static",
+            "--calibrate",
+            calibration.to_str().unwrap(),
+            "-o",
+            art.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    let o = compile(&[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains("bias correction: 3 int8 layers"),
+        "{}",
+        o.stdout
+    );
+    assert!(!o.stdout.contains("smoothing"), "{}", o.stdout);
+    let o = compile(&["--smooth", "0.5", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    for d in v["precision"]["decisions"].as_array().unwrap() {
+        assert_eq!(d["precision"], "int8", "{d}");
+        assert_eq!(
+            d["smoothing_divisors"]["channels"].as_u64().map(|c| c > 0),
+            Some(true),
+            "{d}"
+        );
+        assert!(d["bias_correction_max_abs"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    let o = kiln(&["inspect", art.to_str().unwrap()]);
+    assert!(o.stdout.contains("smooth=0.5"), "{}", o.stdout);
+    let o = compile(&["--no-bias-correction"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stdout.contains("bias correction"), "{}", o.stdout);
+    let o = kiln(&["inspect", art.to_str().unwrap()]);
+    assert!(o.stdout.contains("bias_correction=off"), "{}", o.stdout);
+    for (args, needle) in [
+        (&["--smooth", "1.5"][..], "--smooth: 1.5 is not in [0, 1]"),
+        (
+            &["--precision", "bf16", "--smooth", "0.5"][..],
+            "--smooth needs int8 layers",
+        ),
+        (
+            &[
+                "--quantize",
+                "dynamic",
+                "--calibrate-random",
+                "0",
+                "--smooth",
+                "0.5",
+            ][..],
+            "--smooth needs int8 layers",
+        ),
+    ] {
+        let mut all = vec![
+            "compile",
+            MLP,
+            "--input-shape",
+            "input=8x64",
+            "-o",
+            art.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let o = kiln(&all);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+    }
+}

@@ -205,30 +205,27 @@ pub fn eval_graph_with(
     inputs: &[Tensor],
     mut visit: impl FnMut(NodeId, &Tensor),
 ) -> Result<Vec<Tensor>, IrError> {
-    if inputs.len() != graph.inputs().len() {
-        return Err(eval_err(
-            "input",
-            format!(
-                "the graph has {} inputs, got {} values",
-                graph.inputs().len(),
-                inputs.len()
-            ),
-        ));
-    }
-    for (&id, t) in graph.inputs().iter().zip(inputs) {
-        let node = graph.node(id);
-        if t.dtype() != node.ty.dtype || t.shape() != &node.ty.shape {
-            return Err(eval_err(
-                "input",
-                format!(
-                    "input '{}' is {} but got a {}{:?} value",
-                    node.name,
-                    node.ty,
-                    t.dtype(),
-                    t.shape().as_slice()
-                ),
-            ));
-        }
+    let mut outputs = eval_graph_batch(graph, &[inputs], |id, values| visit(id, &values[0]))?;
+    Ok(outputs.pop().expect("one sample in, one out"))
+}
+
+/// Runs a whole graph on several samples at once, node by node: every
+/// computed value (not constants or inputs) of all samples is shown to
+/// `visit`, which may change it before any user of the node runs (the
+/// bias correction of int8 layers measures a layer's error over all
+/// calibration samples and corrects it before the next layer reads it).
+/// Returns each sample's outputs in graph output order.
+///
+/// Constants are read in place from the graph, and values are dropped as
+/// soon as their last user has run, so memory is the samples times the
+/// graph's live values, not the whole graph.
+pub fn eval_graph_batch<S: AsRef<[Tensor]>>(
+    graph: &Graph,
+    samples: &[S],
+    mut visit: impl FnMut(NodeId, &mut [Tensor]),
+) -> Result<Vec<Vec<Tensor>>, IrError> {
+    for inputs in samples {
+        check_inputs(graph, inputs.as_ref())?;
     }
     // Only nodes the outputs depend on run, so a dead node cannot fail.
     let mut live: HashSet<NodeId> = HashSet::new();
@@ -254,25 +251,36 @@ pub fn eval_graph_with(
     for (_, id) in graph.outputs() {
         *uses.entry(*id).or_default() += 1;
     }
-    let mut values: HashMap<NodeId, Tensor> = HashMap::new();
+    // One value per sample, by node; constants stay in the graph.
+    let mut values: HashMap<NodeId, Vec<Tensor>> = HashMap::new();
     for id in order {
         let node = graph.node(id);
         let at_node = |e: IrError| annotate(e, &node.name);
-        let value = match &node.op {
-            Op::Input { index } => inputs
-                .get(*index)
-                .cloned()
-                .ok_or_else(|| eval_err("input", format!("no value for graph input #{index}")))?,
+        let mut computed = match &node.op {
+            Op::Constant(_) => continue,
+            Op::Input { index } => samples
+                .iter()
+                .map(|inputs| {
+                    inputs.as_ref().get(*index).cloned().ok_or_else(|| {
+                        eval_err("input", format!("no value for graph input #{index}"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
             op => {
                 let args = graph.inputs_of(id);
-                let value = {
-                    let arg_values = args
-                        .iter()
-                        .map(|a| values.get(a))
-                        .collect::<Option<Vec<&Tensor>>>()
-                        .ok_or_else(|| at_node(eval_err(op.name(), "an input has no value")))?;
-                    eval(op, &arg_values).map_err(at_node)?
-                };
+                let computed = (0..samples.len())
+                    .map(|sample| {
+                        let arg_values = args
+                            .iter()
+                            .map(|a| match graph.constant(*a) {
+                                Some(t) => Some(t),
+                                None => values.get(a).map(|v| &v[sample]),
+                            })
+                            .collect::<Option<Vec<&Tensor>>>()
+                            .ok_or_else(|| at_node(eval_err(op.name(), "an input has no value")))?;
+                        eval(op, &arg_values).map_err(at_node)
+                    })
+                    .collect::<Result<Vec<Tensor>, IrError>>()?;
                 for a in args {
                     let left = uses.get_mut(&a).expect("counted above");
                     *left -= 1;
@@ -280,35 +288,74 @@ pub fn eval_graph_with(
                         values.remove(&a);
                     }
                 }
-                visit(id, &value);
-                value
+                computed
             }
         };
-        if value.dtype() != node.ty.dtype || value.shape() != &node.ty.shape {
-            return Err(at_node(eval_err(
-                node.op.name(),
-                format!(
-                    "value is {}{:?} but the node's type is {}",
-                    value.dtype(),
-                    value.shape().as_slice(),
-                    node.ty
-                ),
-            )));
+        for value in &computed {
+            if value.dtype() != node.ty.dtype || value.shape() != &node.ty.shape {
+                return Err(at_node(eval_err(
+                    node.op.name(),
+                    format!(
+                        "value is {}{:?} but the node's type is {}",
+                        value.dtype(),
+                        value.shape().as_slice(),
+                        node.ty
+                    ),
+                )));
+            }
+        }
+        if !matches!(node.op, Op::Input { .. }) {
+            visit(id, &mut computed);
         }
         if uses.get(&id).copied().unwrap_or(0) > 0 {
-            values.insert(id, value);
+            values.insert(id, computed);
         }
     }
-    graph
-        .outputs()
-        .iter()
-        .map(|(name, id)| {
-            values
-                .get(id)
-                .cloned()
-                .ok_or_else(|| eval_err("output", format!("output '{name}' has no value")))
+    (0..samples.len())
+        .map(|sample| {
+            graph
+                .outputs()
+                .iter()
+                .map(|(name, id)| match graph.constant(*id) {
+                    Some(t) => Ok(t.clone()),
+                    None => values
+                        .get(id)
+                        .map(|v| v[sample].clone())
+                        .ok_or_else(|| eval_err("output", format!("output '{name}' has no value"))),
+                })
+                .collect()
         })
         .collect()
+}
+
+/// Checks one sample's values against the graph's inputs.
+fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), IrError> {
+    if inputs.len() != graph.inputs().len() {
+        return Err(eval_err(
+            "input",
+            format!(
+                "the graph has {} inputs, got {} values",
+                graph.inputs().len(),
+                inputs.len()
+            ),
+        ));
+    }
+    for (&id, t) in graph.inputs().iter().zip(inputs) {
+        let node = graph.node(id);
+        if t.dtype() != node.ty.dtype || t.shape() != &node.ty.shape {
+            return Err(eval_err(
+                "input",
+                format!(
+                    "input '{}' is {} but got a {}{:?} value",
+                    node.name,
+                    node.ty,
+                    t.dtype(),
+                    t.shape().as_slice()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An [`IrError::Eval`] error.
@@ -674,6 +721,44 @@ mod tests {
         let out = eval_graph(&g, &[i64s(&[1], &[21])]).unwrap();
         assert_eq!(out[0].to_i64_vec(), vec![42]);
         assert_eq!(out[1].to_i64_vec(), vec![21]);
+    }
+
+    /// Samples run together: each gets what it gets alone, and a value
+    /// the visitor changes is what the node's users read.
+    #[test]
+    fn eval_graph_batch_runs_samples_together_and_lets_the_visitor_edit() {
+        // y = (x + c) * x, outputs y and a constant.
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [2]));
+        let c = g.add_const("c", f32s(&[2], &[1.0, -1.0]));
+        let s = g.add_node(Op::Binary(BinaryOp::Add), &[x, c], "s").unwrap();
+        let y = g.add_node(Op::Binary(BinaryOp::Mul), &[s, x], "y").unwrap();
+        g.add_output("y", y);
+        g.add_output("c", c);
+        let samples = [vec![f32s(&[2], &[1.0, 2.0])], vec![f32s(&[2], &[3.0, 4.0])]];
+        let mut seen = Vec::new();
+        let out = eval_graph_batch(&g, &samples, |id, values| {
+            seen.push((id, values.len()));
+            if id == s {
+                // s + 10 in every sample.
+                for v in values.iter_mut() {
+                    let shifted: Vec<f32> = v.to_f32_vec().iter().map(|a| a + 10.0).collect();
+                    *v = f32s(&[2], &shifted);
+                }
+            }
+        })
+        .unwrap();
+        assert_eq!(seen, [(s, 2), (y, 2)]);
+        assert_close(&out[0][0], &[2], &[12.0, 22.0]);
+        assert_close(&out[1][0], &[2], &[42.0, 52.0]);
+        assert_close(&out[1][1], &[2], &[1.0, -1.0]);
+        // Unedited, a sample gets what eval_graph gives it alone.
+        let together = eval_graph_batch(&g, &samples, |_, _| {}).unwrap();
+        for (sample, out) in samples.iter().zip(&together) {
+            assert_eq!(&eval_graph(&g, sample).unwrap(), out);
+        }
+        let bad = [vec![f32s(&[2], &[1.0, 2.0])], vec![f32s(&[3], &[1.0; 3])]];
+        assert!(eval_graph_batch(&g, &bad, |_, _| {}).is_err());
     }
 
     #[test]
