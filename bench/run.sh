@@ -8,15 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=target/bench-venv
-PYTHON=${PYTHON:-python3}
-export PIP_ROOT_USER_ACTION=ignore
-if ! "$VENV/bin/python" -c "import numpy, onnxruntime, tract, matplotlib, onnx" >/dev/null 2>&1; then
-    echo "bench: installing bench/requirements.txt into $VENV" >&2
-    rm -rf "$VENV"
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
-fi
+PY=$(bash bench/venv.sh)
 bash scripts/real-models.sh >&2
 cargo build --release --locked -p kiln --bin kiln --example roofline >&2
-exec "$VENV/bin/python" bench/harness.py "$@"
+exec "$PY" bench/harness.py "$@"

@@ -194,19 +194,28 @@ fn digits_int8(name: &str) {
     )
     .unwrap();
     use kiln_passes::{ActivationType, Observer};
-    for (static_activations, observer, activation_type) in [
-        (false, Observer::MinMax, ActivationType::Uint8),
-        (true, Observer::MinMax, ActivationType::Uint8),
-        (true, Observer::Percentile(99.99), ActivationType::Uint8),
-        (true, Observer::Entropy, ActivationType::Uint8),
-        (false, Observer::MinMax, ActivationType::Int8),
-        (true, Observer::MinMax, ActivationType::Int8),
+    // (static ranges, observer, activation type, smoothing α)
+    for (static_activations, observer, activation_type, smooth) in [
+        (false, Observer::MinMax, ActivationType::Uint8, None),
+        (true, Observer::MinMax, ActivationType::Uint8, None),
+        (
+            true,
+            Observer::Percentile(99.99),
+            ActivationType::Uint8,
+            None,
+        ),
+        (true, Observer::Entropy, ActivationType::Uint8, None),
+        (false, Observer::MinMax, ActivationType::Int8, None),
+        (true, Observer::MinMax, ActivationType::Int8, None),
+        (true, Observer::MinMax, ActivationType::Uint8, Some(0.5)),
+        (false, Observer::MinMax, ActivationType::Uint8, Some(0.5)),
     ] {
         let mut opts = with_precision(base.clone(), Mode::Int8);
         opts.static_activations = static_activations;
         opts.observer = observer;
         opts.precision.activation_type = activation_type;
-        if static_activations {
+        opts.smooth = smooth;
+        if static_activations || smooth.is_some() {
             opts.calibrate = Some(calibration.path().to_path_buf());
             opts.calibrate_random = 1;
         }
@@ -250,7 +259,7 @@ fn digits_int8(name: &str) {
         let a = score(&outs);
         let w = c.artifact.weights.len();
         println!(
-            "{name} int8 {} {activation_type} activations: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
+            "{name} int8 {} {activation_type} activations, smoothing {smooth:?}: accuracy {a:.4} ({:+.2} points vs fp32 {acc32:.4}), weights {w} B ({:.2}x)",
             if static_activations { format!("static {observer}") } else { "dynamic".into() },
             (a - acc32) * 100.0,
             w as f64 / w32 as f64

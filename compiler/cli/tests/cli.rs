@@ -30,6 +30,17 @@ fn kiln(args: &[&str]) -> Outcome {
     }
 }
 
+/// `kiln compile` of the digits MLP with `args` is a usage error (exit
+/// code 2) whose message contains `needle`.
+fn expect_mlp_usage_error(args: &[&str], needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("m.kiln");
+    let mut all = vec!["compile", MLP, "--input-shape", "input=8x64", "-o"];
+    all.push(art.to_str().unwrap());
+    all.extend_from_slice(args);
+    expect_failure(&all, 2, &[needle]);
+}
+
 fn expect_failure(args: &[&str], code: i32, needles: &[&str]) {
     let o = kiln(args);
     assert_eq!(o.code, code, "kiln {args:?}: stderr: {}", o.stderr);
@@ -703,18 +714,7 @@ fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
             "--quantize sets the precision",
         ),
     ] {
-        let mut all = vec![
-            "compile",
-            MLP,
-            "--input-shape",
-            "input=8x64",
-            "-o",
-            art.to_str().unwrap(),
-        ];
-        all.extend_from_slice(args);
-        let o = kiln(&all);
-        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
-        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+        expect_mlp_usage_error(args, needle);
     }
 }
 
@@ -801,17 +801,6 @@ fn calibrated_int8_builds_correct_biases_and_smooth_on_request() {
             "--smooth needs int8 layers",
         ),
     ] {
-        let mut all = vec![
-            "compile",
-            MLP,
-            "--input-shape",
-            "input=8x64",
-            "-o",
-            art.to_str().unwrap(),
-        ];
-        all.extend_from_slice(args);
-        let o = kiln(&all);
-        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
-        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+        expect_mlp_usage_error(args, needle);
     }
 }

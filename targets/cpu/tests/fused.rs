@@ -583,6 +583,10 @@ fn headless_chains_run_as_avx512_elementwise_kernels() {
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     for (i, (shape, per)) in [
         (vec![1, 5, 7, 9], vec![1, 5, 1, 1]),
+        // Per channel over a batch: the operand's rows wrap every 5 rows
+        // (split into parts that start inside a period, too).
+        (vec![3, 5, 7, 9], vec![5, 1, 1]),
+        (vec![3, 5, 64, 65], vec![5, 1, 1]),
         (vec![1, 3, 16], vec![3, 1]),
         (vec![3, 40], vec![1]),
         (vec![2, 7, 33], vec![33]),

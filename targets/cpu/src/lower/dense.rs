@@ -593,8 +593,8 @@ pub(crate) fn lower_headless(
                 per_column = true;
                 Operand::PerColumn(*loc)
             } else {
-                let leading_units = shape[..axis].iter().all(|&d| d == 1);
-                if !leading_units || *row_axis.get_or_insert(axis) != axis {
+                // Leading axes (a batch) repeat the operand: its rows wrap.
+                if *row_axis.get_or_insert(axis) != axis {
                     return None;
                 }
                 Operand::PerRow(*loc)
@@ -622,13 +622,19 @@ pub(crate) fn lower_headless(
     if !ElementwiseSpec::fits(&steps) {
         return None;
     }
-    let (rows, cols) = match (row_axis, per_column) {
-        (Some(axis), _) => (shape[axis], shape[axis + 1..].iter().product()),
-        (None, true) => (n / shape[rank - 1], shape[rank - 1]),
-        (None, false) => (1, n),
+    let (rows, row_period, cols) = match (row_axis, per_column) {
+        (Some(axis), _) => (
+            shape[..=axis].iter().product(),
+            shape[axis],
+            shape[axis + 1..].iter().product(),
+        ),
+        (None, true) => (n / shape[rank - 1], n / shape[rank - 1], shape[rank - 1]),
+        (None, false) => (1, 1, n),
     };
     let spec = ElementwiseSpec {
         rows,
+        row_period,
+        first_row: 0,
         cols,
         input: cx.inputs[0].0,
         steps,

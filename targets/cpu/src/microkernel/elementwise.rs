@@ -21,6 +21,12 @@ use crate::plan::Loc;
 pub(crate) struct ElementwiseSpec {
     /// Rows (per-row operands advance one value per row).
     pub rows: usize,
+    /// Per-row operands hold this many values and wrap around after the
+    /// last (a per-channel operand of a batch: rows are batch × channel).
+    pub row_period: usize,
+    /// The index into the per-row operands of the first row (a part of a
+    /// split kernel starts inside a period).
+    pub first_row: usize,
     /// Contiguous elements per row.
     pub cols: usize,
     /// The first input (slot 0 of the program), `rows × cols` f32.
@@ -74,7 +80,7 @@ impl ElementwiseSpec {
                 .map(|t| {
                     let (first, end) = (self.rows * t / tasks, self.rows * (t + 1) / tasks);
                     let elems = first * self.cols * 4;
-                    self.part(end - first, self.cols, elems, first * 4)
+                    self.part(end - first, self.cols, elems, first)
                 })
                 .collect();
         }
@@ -93,13 +99,13 @@ impl ElementwiseSpec {
     }
 
     /// The kernel over `rows × cols` starting `elem_bytes` into the
-    /// full-size operands and `row_bytes` into the per-row ones.
+    /// full-size operands and `first_row` rows on.
     fn part(
         &self,
         rows: usize,
         cols: usize,
         elem_bytes: usize,
-        row_bytes: usize,
+        first_row: usize,
     ) -> ElementwiseSpec {
         // Column ranges (one row) move per-column operands too.
         let col_bytes = if rows == 1 && self.rows == 1 {
@@ -110,11 +116,12 @@ impl ElementwiseSpec {
         let shift = |o: Operand| match o {
             Operand::Full(loc) => Operand::Full(loc.moved(elem_bytes as i64)),
             Operand::PerColumn(loc) => Operand::PerColumn(loc.moved(col_bytes as i64)),
-            Operand::PerRow(loc) => Operand::PerRow(loc.moved(row_bytes as i64)),
             o => o,
         };
         ElementwiseSpec {
             rows,
+            row_period: self.row_period,
+            first_row: (self.first_row + first_row) % self.row_period,
             cols,
             input: self.input.moved(elem_bytes as i64),
             steps: (self.steps.iter())
@@ -141,7 +148,7 @@ impl ElementwiseSpec {
                 a.kmovw(k1, eax)?;
             }
             a.xor(ELEM, ELEM)?;
-            a.xor(ROW, ROW)?;
+            a.mov(ROW, 4 * self.first_row as u64)?;
             let narrow = self.store != Store::F32;
             if narrow {
                 a.xor(OUT_BYTE, OUT_BYTE)?;
@@ -171,6 +178,13 @@ impl ElementwiseSpec {
                 }
             }
             a.add(ROW, 4)?;
+            if self.row_period < self.first_row + self.rows {
+                let mut same_period = a.create_label();
+                a.cmp(ROW, imm32(4 * self.row_period as i64, "row period")?)?;
+                a.jne(same_period)?;
+                a.xor(ROW, ROW)?;
+                a.set_label(&mut same_period)?;
+            }
             a.dec(ROWS)?;
             a.jnz(row)?;
             a.vzeroupper()?;
