@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The precision table (bench/precision.py): every model in fp32, bf16,
-# fp16, mixed and int8 (dynamic, static, static smoothed) with artifact
+# fp16, mixed and int8 (dynamic, static unsmoothed, static) with artifact
 # size, quality against fp32 on held-out inputs, the report's worst layers
 # and p50 against the fp32 artifact in the same run. Builds the release
 # `kiln` and fetches the real models. Arguments go to the script: --runs N,

@@ -198,8 +198,10 @@ struct CompileArgs {
     /// max|x|^ALPHA / max|W|^(1-ALPHA), measured on the calibration
     /// samples, and multiply it into the weights (SmoothQuant), so one
     /// activation scale fits channels of different ranges; ALPHA in [0, 1].
-    #[arg(long, value_name = "ALPHA")]
-    smooth: Option<f32>,
+    /// Default: 0.5 for --quantize static with --calibrate DIR, off
+    /// otherwise; `off` turns it off.
+    #[arg(long, value_name = "ALPHA|off")]
+    smooth: Option<String>,
     /// Write the final per-node precision plan (JSON: precision, reason and
     /// measured error per dense node, keyed by name and structure).
     #[arg(long, value_name = "FILE")]
@@ -684,14 +686,19 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         opts.max_rel_error = Some(e);
     }
     opts.bias_correction = !a.no_bias_correction;
-    if let Some(alpha) = a.smooth {
-        if !(0.0..=1.0).contains(&alpha) {
-            return Err(Failure::new(
-                exit::USAGE,
-                format!("--smooth: {alpha} is not in [0, 1]"),
-            ));
-        }
-        opts.smooth = Some(alpha);
+    if let Some(smooth) = &a.smooth {
+        opts.smooth = match smooth.as_str() {
+            "off" => driver::Smooth::Off,
+            alpha => match alpha.parse::<f32>() {
+                Ok(alpha) if (0.0..=1.0).contains(&alpha) => driver::Smooth::Alpha(alpha),
+                _ => {
+                    return Err(Failure::new(
+                        exit::USAGE,
+                        format!("--smooth: '{smooth}' is neither off nor a number in [0, 1]"),
+                    ))
+                }
+            },
+        };
     }
     let start = Instant::now();
     let out = driver::compile(&a.model, &opts).map_err(|e| {

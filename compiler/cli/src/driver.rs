@@ -80,11 +80,28 @@ pub struct CompileOptions {
     /// calibration samples (`--calibrate DIR` only: random samples would
     /// teach the wrong shift; `--no-bias-correction` turns it off).
     pub bias_correction: bool,
-    /// int8 layers' activations are smoothed per channel with migration
-    /// strength α (`--smooth α`, see [`kiln_passes::smoothing_factors`]),
-    /// measured on the calibration samples; `None`: not smoothed.
-    pub smooth: Option<f32>,
+    /// Per-channel smoothing of int8 layers' activations (`--smooth`, see
+    /// [`kiln_passes::smoothing_factors`]), measured on the calibration
+    /// samples.
+    pub smooth: Smooth,
 }
+
+/// Whether int8 activations are smoothed, and how strongly (`--smooth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Smooth {
+    /// α = [`DEFAULT_SMOOTH_ALPHA`] for static builds calibrated on real
+    /// samples (`--quantize static --calibrate DIR`); none otherwise.
+    #[default]
+    Auto,
+    /// Not smoothed (`--smooth off`).
+    Off,
+    /// Migration strength α in [0, 1] (`--smooth α`).
+    Alpha(f32),
+}
+
+/// The smoothing strength of calibrated static builds (SmoothQuant's
+/// default; measured in `docs/precision.md`).
+pub const DEFAULT_SMOOTH_ALPHA: f32 = 0.5;
 
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
 pub const DEFAULT_MAX_ARENA_BYTES: u64 = 16 << 30;
@@ -108,7 +125,7 @@ impl Default for CompileOptions {
             static_activations: false,
             observer: kiln_passes::Observer::MinMax,
             bias_correction: true,
-            smooth: None,
+            smooth: Smooth::Auto,
         }
     }
 }
@@ -124,6 +141,18 @@ fn digest_prefix(data: &[u8]) -> String {
 }
 
 impl CompileOptions {
+    /// The smoothing strength this build uses, if any.
+    pub fn smooth_alpha(&self) -> Option<f32> {
+        match self.smooth {
+            Smooth::Auto => (self.static_activations
+                && self.calibrate.is_some()
+                && self.precision.may_quantize())
+            .then_some(DEFAULT_SMOOTH_ALPHA),
+            Smooth::Off => None,
+            Smooth::Alpha(alpha) => Some(alpha),
+        }
+    }
+
     /// A canonical, deterministic rendering of the options, stored in the
     /// artifact so `kiln inspect` can show how it was built.
     pub fn canonical(&self) -> String {
@@ -194,8 +223,14 @@ impl CompileOptions {
             if !self.bias_correction && p.may_quantize() {
                 s.push_str(" bias_correction=off");
             }
-            if let (Some(alpha), true) = (self.smooth, p.may_quantize()) {
-                let _ = write!(s, " smooth={alpha}");
+            match self.smooth_alpha() {
+                Some(alpha) => {
+                    let _ = write!(s, " smooth={alpha}");
+                }
+                None if self.smooth == Smooth::Off && p.may_quantize() => {
+                    s.push_str(" smooth=off");
+                }
+                None => {}
             }
         }
         s
@@ -711,7 +746,7 @@ fn optimize_graph(
     }
     let has_samples =
         !opts.precision.is_identity() && (opts.calibrate.is_some() || opts.calibrate_random > 0);
-    if opts.smooth.is_some() && !(has_samples && opts.precision.may_quantize()) {
+    if matches!(opts.smooth, Smooth::Alpha(_)) && !(has_samples && opts.precision.may_quantize()) {
         return Err(DriverError::Usage(
             "--smooth needs int8 layers (--quantize, --force int8=...) and calibration samples (--calibrate DIR)".into(),
         ));
@@ -760,9 +795,9 @@ fn optimize_graph(
     let mut precision = None;
     if !opts.precision.is_identity() {
         let observed;
-        let opts = if opts.static_activations || opts.smooth.is_some() {
+        let opts = if opts.static_activations || opts.smooth_alpha().is_some() {
             let mut o = opts.clone();
-            if let Some(alpha) = opts.smooth {
+            if let Some(alpha) = opts.smooth_alpha() {
                 o.precision.smoothing = kiln_passes::smoothing_factors(&graph, &samples, alpha)
                     .map_err(|source| PassError::Failed {
                         pass: "assign-precision",

@@ -718,13 +718,12 @@ fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
     }
 }
 
-/// A calibrated static build corrects its int8 biases (printed, in the
-/// JSON per layer) unless told not to, `--smooth` smooths every int8
-/// layer's activation, and both show in the options `kiln inspect` prints;
-/// `--smooth` without int8 layers or samples, or outside [0, 1], is a
-/// usage error.
+/// A calibrated static build smooths every int8 layer's activation (α
+/// 0.5) and corrects its biases (printed, in the JSON per layer) unless
+/// told not to, and the options `kiln inspect` prints say so; `--smooth`
+/// without int8 layers or samples, or outside [0, 1], is a usage error.
 #[test]
-fn calibrated_int8_builds_correct_biases_and_smooth_on_request() {
+fn calibrated_static_builds_smooth_and_correct_biases_unless_told_not_to() {
     let dir = tempfile::tempdir().unwrap();
     let images = read_tensor(
         "input",
@@ -758,13 +757,12 @@ fn calibrated_int8_builds_correct_biases_and_smooth_on_request() {
     };
     let o = compile(&[]);
     assert_eq!(o.code, 0, "{}", o.stderr);
-    assert!(
-        o.stdout.contains("bias correction: 3 int8 layers"),
-        "{}",
-        o.stdout
-    );
-    assert!(!o.stdout.contains("smoothing"), "{}", o.stdout);
-    let o = compile(&["--smooth", "0.5", "--json"]);
+    for line in ["bias correction: 3 int8 layers", "smoothing: 3 int8 layers"] {
+        assert!(o.stdout.contains(line), "{}", o.stdout);
+    }
+    let o = kiln(&["inspect", art.to_str().unwrap()]);
+    assert!(o.stdout.contains("smooth=0.5"), "{}", o.stdout);
+    let o = compile(&["--smooth", "0.25", "--json"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     for d in v["precision"]["decisions"].as_array().unwrap() {
@@ -777,14 +775,22 @@ fn calibrated_int8_builds_correct_biases_and_smooth_on_request() {
         assert!(d["bias_correction_max_abs"].as_f64().unwrap() > 0.0, "{d}");
     }
     let o = kiln(&["inspect", art.to_str().unwrap()]);
-    assert!(o.stdout.contains("smooth=0.5"), "{}", o.stdout);
-    let o = compile(&["--no-bias-correction"]);
+    assert!(o.stdout.contains("smooth=0.25"), "{}", o.stdout);
+    let o = compile(&["--no-bias-correction", "--smooth", "off"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(!o.stdout.contains("bias correction"), "{}", o.stdout);
+    assert!(!o.stdout.contains("smoothing"), "{}", o.stdout);
     let o = kiln(&["inspect", art.to_str().unwrap()]);
-    assert!(o.stdout.contains("bias_correction=off"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("bias_correction=off smooth=off"),
+        "{}",
+        o.stdout
+    );
     for (args, needle) in [
-        (&["--smooth", "1.5"][..], "--smooth: 1.5 is not in [0, 1]"),
+        (
+            &["--smooth", "1.5"][..],
+            "--smooth: '1.5' is neither off nor",
+        ),
         (
             &["--precision", "bf16", "--smooth", "0.5"][..],
             "--smooth needs int8 layers",
