@@ -15,7 +15,7 @@ use crate::quantize::{
 };
 use crate::{Pass, PassError, PassStats};
 use half::{bf16, f16};
-use kiln_ir::{DType, Data, Graph, NodeId, Op, Tensor};
+use kiln_ir::{DType, Data, Graph, IrError, NodeId, Op, Tensor};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -308,6 +308,28 @@ pub fn is_precision_layer(op: &Op) -> bool {
     matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_))
 }
 
+/// Fewest elements of a constant table whose lookups `assign-precision`
+/// stores in the reduced precision (a word-embedding table; smaller tables
+/// of a few values are not worth the conversion).
+pub const MIN_EMBEDDING_ELEMENTS: usize = 1 << 16;
+
+/// Whether node `id` looks rows up in an embedding table: `Gather` along
+/// axis 0 of a constant f32 matrix of at least [`MIN_EMBEDDING_ELEMENTS`]
+/// by indices computed at run time. Its table is stored in the mode's
+/// precision (int8: symmetric per row) and the rows it gathers are widened
+/// to f32.
+pub fn is_embedding_lookup(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let inputs = graph.inputs_of(id);
+    matches!(node.op, Op::Gather { axis: 0 })
+        && node.ty.dtype == DType::F32
+        && inputs.len() == 2
+        && graph.constant(inputs[1]).is_none()
+        && graph.constant(inputs[0]).is_some_and(|t| {
+            t.dtype() == DType::F32 && t.shape().len() == 2 && t.len() >= MIN_EMBEDDING_ELEMENTS
+        })
+}
+
 /// Which operand of a dense op is the constant weight, and which the
 /// activation that is cast to bf16 (none for Conv and a transposed A,
 /// whose kernels read f32 activations).
@@ -343,11 +365,12 @@ impl AssignPrecision {
             Some(plan) => Some(plan.resolve(graph)?),
             None => None,
         };
+        // Dense ops and embedding lookups, in order.
         let dense: Vec<NodeId> = graph
             .topo_order()
             .map_err(failed)?
             .into_iter()
-            .filter(|&id| is_precision_layer(&graph.node(id).op))
+            .filter(|&id| is_precision_layer(&graph.node(id).op) || is_embedding_lookup(graph, id))
             .collect();
         let eligible: Vec<NodeId> = dense
             .iter()
@@ -397,13 +420,17 @@ impl AssignPrecision {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::ErrorFallback(why.clone());
             }
-            let eligible = operands(graph, id).and_then(|slots| {
-                if decision.precision == Precision::Int8 {
-                    int8_form(graph, id, slots).map(|_| ())
-                } else {
-                    Ok(())
-                }
-            });
+            let eligible = if is_embedding_lookup(graph, id) {
+                Ok(())
+            } else {
+                operands(graph, id).and_then(|slots| {
+                    if decision.precision == Precision::Int8 {
+                        int8_form(graph, id, slots).map(|_| ())
+                    } else {
+                        Ok(())
+                    }
+                })
+            };
             if let Err(why) = eligible {
                 if decision.precision != Precision::Fp32 {
                     decision.precision = Precision::Fp32;
@@ -433,6 +460,12 @@ impl AssignPrecision {
         let mut old_weights = Vec::new();
         for (id, d) in &decisions {
             if d.precision == Precision::Fp32 {
+                continue;
+            }
+            if is_embedding_lookup(graph, *id) {
+                old_weights.push(graph.inputs_of(*id)[0]);
+                stats.added += store_table(graph, *id, d.precision).map_err(failed)?;
+                stats.rewritten += 1;
                 continue;
             }
             let (w_slot, act_slot) = operands(graph, *id).expect("decide checked");
@@ -529,6 +562,47 @@ impl AssignPrecision {
         }
         Ok((stats, decisions.into_iter().map(|(_, d)| d).collect()))
     }
+}
+
+/// Rewrites embedding lookup `id` to read its table in `precision`: a
+/// 16-bit table gathered and widened to f32, or an int8 table (symmetric
+/// per row) whose gathered rows are widened and multiplied by their
+/// gathered scales. The f32 result keeps the node's name. Returns the
+/// number of nodes added.
+fn store_table(graph: &mut Graph, id: NodeId, precision: Precision) -> Result<usize, IrError> {
+    let inputs = graph.inputs_of(id);
+    let (table, indices) = (inputs[0], inputs[1]);
+    let t = graph
+        .constant(table)
+        .expect("an embedding table is a constant");
+    let (rows, cols) = (t.shape()[0], t.shape()[1]);
+    let name = graph.node(id).name.clone();
+    let gather = Op::Gather { axis: 0 };
+    let y = if precision == Precision::Int8 {
+        let values = t.to_f32_vec();
+        let (q, scales) = crate::quantize::quantize_rows(&values, rows, cols);
+        let q = Tensor::new([rows, cols], Data::I8(q)).expect("element count");
+        let scales = Tensor::new([rows, 1], Data::F32(scales)).expect("element count");
+        let q = graph.add_const(format!("{name}/table_int8"), q);
+        let scales = graph.add_const(format!("{name}/table_scale"), scales);
+        let rows_q = graph.add_node(gather.clone(), &[q, indices], format!("{name}/rows_int8"))?;
+        let rows_f = graph.add_node(
+            Op::Cast { to: DType::F32 },
+            &[rows_q],
+            format!("{name}/rows_float"),
+        )?;
+        let s = graph.add_node(gather, &[scales, indices], format!("{name}/row_scales"))?;
+        graph.add_node(Op::Binary(kiln_ir::BinaryOp::Mul), &[rows_f, s], name)?
+    } else {
+        let dtype = precision.dtype();
+        let converted = convert(t, dtype);
+        let c = graph.add_const(format!("{name}/table_{dtype}"), converted);
+        let rows_h = graph.add_node(gather, &[c, indices], format!("{name}/rows_{dtype}"))?;
+        graph.add_node(Op::Cast { to: DType::F32 }, &[rows_h], name)?
+    };
+    graph.replace_all_uses(id, y)?;
+    graph.remove_unused(id);
+    Ok(if precision == Precision::Int8 { 6 } else { 3 })
 }
 
 /// How a dense node is rewritten for int8.
@@ -730,5 +804,79 @@ mod tests {
             Err(PolicyError::UnknownPrecision("int4".into()))
         );
         assert!(Pattern::list("a,,b").is_err());
+    }
+
+    /// ids [2, 3] -> Gather of a `rows × 64` table -> MatMul [64, 4].
+    fn embedding(rows: usize) -> (Graph, Tensor) {
+        let mut g = Graph::new();
+        let ids = g.add_input("ids", ValueType::new(DType::I64, [2, 3]));
+        let table = (0..rows * 64).map(|i| (i as f32 * 0.013).sin()).collect();
+        let table = g.add_const("table", Tensor::new([rows, 64], Data::F32(table)).unwrap());
+        let e = g
+            .add_node(Op::Gather { axis: 0 }, &[table, ids], "/embeddings/Gather")
+            .unwrap();
+        let w = (0..256).map(|i| (i as f32 * 0.7).cos()).collect();
+        let w = g.add_const("w", Tensor::new([64, 4], Data::F32(w)).unwrap());
+        let y = g.add_node(Op::MatMul, &[e, w], "/fc/MatMul").unwrap();
+        g.add_output("y", y);
+        let ids = Tensor::new([2, 3], Data::I64(vec![0, 5, 1023, 17, 5, 600])).unwrap();
+        (g, ids)
+    }
+
+    /// An embedding table is stored in the build's precision (int8:
+    /// symmetric per row) and its rows widened after the lookup, within
+    /// the precision's rounding of the f32 lookup; a small table, and one
+    /// `--keep-fp32 Gather` names, stay f32.
+    #[test]
+    fn embedding_tables_are_stored_in_the_builds_precision() {
+        let stored = |g: &Graph, dtype: DType| {
+            g.node_ids()
+                .filter_map(|id| g.constant(id))
+                .any(|t| t.dtype() == dtype && t.len() == 1024 * 64)
+        };
+        let (g, ids) = embedding(1024);
+        assert!(is_embedding_lookup(
+            &g,
+            g.node_ids()
+                .find(|&id| g.node(id).name == "/embeddings/Gather")
+                .unwrap()
+        ));
+        let exact =
+            kiln_ir::eval::eval_graph(&g, std::slice::from_ref(&ids)).unwrap()[0].to_f32_vec();
+        for (mode, dtype, tolerance) in [
+            (Mode::Bf16, DType::BF16, 5e-2),
+            (Mode::Fp16, DType::F16, 5e-3),
+            (Mode::Int8, DType::I8, 5e-2),
+        ] {
+            let mut q = g.clone();
+            let (_, d) = pass(mode).assign(&mut q).unwrap();
+            kiln_ir::verify::verify(&q).unwrap();
+            let table = d.iter().find(|d| d.op == "gather").expect("a decision");
+            assert_eq!(table.precision.dtype(), dtype, "{mode:?}");
+            assert!(stored(&q, dtype) && !stored(&q, DType::F32), "{mode:?}");
+            let y =
+                kiln_ir::eval::eval_graph(&q, std::slice::from_ref(&ids)).unwrap()[0].to_f32_vec();
+            let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in y.iter().zip(&exact) {
+                assert!(
+                    (a - b).abs() <= tolerance * scale,
+                    "{mode:?}: {y:?} vs {exact:?}"
+                );
+            }
+        }
+        let (small, _) = embedding(100);
+        let mut q = small.clone();
+        let (_, d) = pass(Mode::Fp16).assign(&mut q).unwrap();
+        assert!(d.iter().all(|d| d.op != "gather"));
+        let mut q = g.clone();
+        let keep = AssignPrecision {
+            policy: Policy {
+                mode: Mode::Int8,
+                keep_fp32: Pattern::list("Gather").unwrap(),
+                ..Policy::default()
+            },
+        };
+        keep.assign(&mut q).unwrap();
+        assert!(stored(&q, DType::F32) && !stored(&q, DType::I8));
     }
 }

@@ -32,8 +32,8 @@ mod simplify;
 mod smooth;
 
 pub use assign_precision::{
-    is_precision_layer, AssignPrecision, Decision, Mode, Pattern, Policy, PolicyError, Precision,
-    Reason,
+    is_embedding_lookup, is_precision_layer, AssignPrecision, Decision, Mode, Pattern, Policy,
+    PolicyError, Precision, Reason,
 };
 pub use bias_correction::{measure_bias_corrections, BiasCorrections};
 pub use dce::DeadCodeElimination;

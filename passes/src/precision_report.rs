@@ -85,12 +85,13 @@ impl Acc {
     }
 }
 
-/// Dense nodes of `g` with f32 results, by name.
+/// Dense nodes and embedding lookups of `g` with f32 results, by name.
 fn dense_by_name(g: &Graph) -> BTreeMap<String, NodeId> {
     g.node_ids()
         .filter(|&id| {
             let n = g.node(id);
-            crate::is_precision_layer(&n.op) && n.ty.dtype == DType::F32
+            (crate::is_precision_layer(&n.op) || crate::is_embedding_lookup(g, id))
+                && n.ty.dtype == DType::F32
         })
         .map(|id| (g.node(id).name.clone(), id))
         .collect()

@@ -293,6 +293,20 @@ pub fn quantize_weights(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     (q, scales)
 }
 
+/// `w` (`rows × cols`, row-major) as i8 per row with its scales: the
+/// per-column quantizer on the rows (an embedding table's rows are what a
+/// lookup reads).
+pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> (Vec<i8>, Vec<f32>) {
+    let transposed: Vec<f32> = (0..rows * cols)
+        .map(|i| w[(i % rows) * cols + i / rows])
+        .collect();
+    let (q_t, scales) = quantize_weights(&transposed, cols, rows);
+    let q = (0..rows * cols)
+        .map(|i| q_t[(i % cols) * rows + i / cols])
+        .collect();
+    (q, scales)
+}
+
 /// A dense op as `alpha * (x @ W) + beta * C` for int8: W as a `K × N`
 /// row-major matrix (a transposed Gemm B transposed back).
 pub(crate) struct Int8Form {
@@ -567,11 +581,9 @@ pub(crate) fn quantize_conv(
         None => form.weights[i],
         Some(m) => form.weights[i] * m[(i / (kh * kw)) % channels],
     };
-    // Per output channel = per row of the `[OC, K]` weight matrix: the
-    // per-column quantizer on its transpose.
-    let transposed: Vec<f32> = (0..k * oc).map(|i| weight((i % oc) * k + i / oc)).collect();
-    let (wq_t, w_scales) = quantize_weights(&transposed, k, oc);
-    let wq: Vec<i8> = (0..oc * k).map(|i| wq_t[(i % k) * oc + i / k]).collect();
+    // Per output channel = per row of the `[OC, K]` weight matrix.
+    let weights: Vec<f32> = (0..oc * k).map(weight).collect();
+    let (wq, w_scales) = quantize_rows(&weights, oc, k);
     let wq = b.constant(&form.shape, Data::I8(wq), "w_quantized");
     let w_zero = b.constant(&[], Data::I8(vec![0]), "w_zero_point");
     let acc = b.node(

@@ -379,6 +379,14 @@ fn minilm_bf16_and_mixed_embeddings_keep_cosine() {
             compared += 1;
         }
         assert_eq!(compared, 2, "minilm has two float outputs");
+        // Every weight in 16 bits, the 47 MB word-embedding table too
+        // (mixed: but the first and last dense layer).
+        assert!(
+            c.artifact.weights.len() * 100 < fp32.artifact.weights.len() * 55,
+            "minilm {}: weights {} B",
+            mode.name(),
+            c.artifact.weights.len()
+        );
     }
 }
 
@@ -402,11 +410,21 @@ fn minilm_int8_dynamic_embeddings_keep_cosine() {
             continue;
         };
         let cos = cosine(&got, &want);
-        println!("minilm_l3 int8 dynamic: output cosine vs fp32 {cos:.6}");
+        println!(
+            "minilm_l3 int8 dynamic: output cosine vs fp32 {cos:.6}, weights {} B vs {} B",
+            c.artifact.weights.len(),
+            fp32.artifact.weights.len()
+        );
         assert!(cos >= 0.99, "minilm int8: cosine {cos}");
         compared += 1;
     }
     assert_eq!(compared, 2, "minilm has two float outputs");
+    // Every weight in int8, the word-embedding table (per row) too.
+    assert!(
+        c.artifact.weights.len() * 100 < fp32.artifact.weights.len() * 27,
+        "minilm int8: weights {} B",
+        c.artifact.weights.len()
+    );
 }
 
 #[test]

@@ -1002,7 +1002,7 @@ fn print_precision(p: &driver::PrecisionOutcome) {
         *counts.entry(d.precision.name()).or_default() += 1;
     }
     let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-    println!("precision: dense ops {}", counts.join(", "));
+    println!("precision: layers {}", counts.join(", "));
     if !p.smoothing.is_empty() {
         let (lo, hi) = p
             .smoothing

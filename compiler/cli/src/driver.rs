@@ -475,8 +475,9 @@ pub fn assign_precision(
     };
     let start = std::time::Instant::now();
     let (mut stats, mut decisions) = pass.assign(graph)?;
+    // Dense int8 layers (an int8 embedding table has no bias).
     let int8: Vec<String> = (decisions.iter())
-        .filter(|d| d.precision == Precision::Int8)
+        .filter(|d| d.precision == Precision::Int8 && d.op != "gather")
         .map(|d| d.node.clone())
         .collect();
     if correct_biases && !random && !samples.is_empty() && !int8.is_empty() {

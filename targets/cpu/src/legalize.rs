@@ -9,6 +9,8 @@
 //!   widened to f32 first: constants at compile time, activations with a
 //!   Cast. Widening is exact, so the result is the one the graph defines;
 //!   only the weight storage and speed differ.
+//! - Gather (an embedding table stored in 16 bits) moves 16-bit rows as
+//!   they are.
 //! - Every other op on 16-bit floats (an ONNX model in f16 or bf16) runs in
 //!   f32 between casts: operands widened, the op computed in f32, the
 //!   result rounded back once. For +, −, ×, ÷ and √ that is the correctly
@@ -91,6 +93,9 @@ fn runs_half(g: &Graph, id: kiln_ir::NodeId, target: &Target) -> bool {
             let from = g.node(g.inputs_of(id)[0]).ty.dtype;
             from == to || (from == DType::F32 && is_half(to)) || (is_half(from) && to == DType::F32)
         }
+        // Moves elements by their bytes: a 16-bit embedding table stays
+        // 16-bit in the artifact.
+        Op::Gather { .. } => true,
         _ => false,
     }
 }

@@ -144,6 +144,57 @@ fn gather_out_of_range_index_is_a_kernel_error() {
     }
 }
 
+/// Embedding lookups in reduced precision (what `assign-precision` makes
+/// of a large table): rows of an f16 / bf16 table gathered as 16-bit and
+/// widened, rows of an i8 table widened and scaled by their gathered
+/// scales. The tables stay narrow in the artifact (nothing widens them at
+/// compile time) and the results are the evaluator's.
+#[test]
+fn narrow_embedding_tables_are_gathered_as_stored() {
+    let (rows, cols) = (1024, 64);
+    let values: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.013).sin()).collect();
+    let ids = Tensor::new([2, 3], Data::I64(vec![0, 5, 1023, -1, 5, 600])).unwrap();
+    for dtype in [DType::F16, DType::BF16, DType::I8] {
+        let mut g = Graph::new();
+        let i = g.add_input("ids", ValueType::new(DType::I64, [2, 3]));
+        let table = Tensor::new([rows, cols], Data::F32(values.clone())).unwrap();
+        let table = g.add_const("table", table.cast(dtype));
+        let gathered = g
+            .add_node(Op::Gather { axis: 0 }, &[table, i], "rows")
+            .unwrap();
+        let wide = g
+            .add_node(Op::Cast { to: DType::F32 }, &[gathered], "wide")
+            .unwrap();
+        let y = if dtype == DType::I8 {
+            let scales: Vec<f32> = (0..rows).map(|r| 1.0 / (r as f32 + 3.0)).collect();
+            let scales = Tensor::new([rows, 1], Data::F32(scales)).unwrap();
+            let scales = g.add_const("scales", scales);
+            let s = g
+                .add_node(Op::Gather { axis: 0 }, &[scales, i], "scales_of_rows")
+                .unwrap();
+            g.add_node(Op::Binary(BinaryOp::Mul), &[wide, s], "y")
+                .unwrap()
+        } else {
+            wide
+        };
+        g.add_output("y", y);
+        check(&g, std::slice::from_ref(&ids));
+        let opts = kiln_target_cpu::CpuOptions {
+            target: kiln_target_cpu::CpuTarget::Native,
+            opt_level: 2,
+            threads: 1,
+        };
+        let artifact =
+            kiln_target_cpu::compile(&g, &opts, kiln_target_cpu::ArtifactInfo::default()).unwrap();
+        let table_bytes = rows * cols * dtype.size_bytes();
+        assert!(
+            artifact.weights.len() < table_bytes + rows * 4 + 4096,
+            "{dtype}: {} bytes of weights for a {table_bytes}-byte table",
+            artifact.weights.len()
+        );
+    }
+}
+
 #[test]
 fn reshape_alias_copy_and_output_copies() {
     let mut rng = Rng::new(8);

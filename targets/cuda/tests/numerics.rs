@@ -1329,3 +1329,23 @@ fn graph1_typed(d: DType, shape: &[usize], op: Op) -> (Graph, ()) {
     g.add_output("y", y);
     (g, ())
 }
+
+/// Lookups in 16-bit and 8-bit tables (reduced-precision embedding
+/// tables): the rows move as stored and widen in the Cast after.
+#[test]
+fn narrow_tables_are_gathered_as_stored() {
+    for dtype in [DType::F16, DType::BF16, DType::I8] {
+        let mut g = Graph::new();
+        let ids = g.add_input("ids", ValueType::new(DType::I64, [2, 3]));
+        let table = g.add_const("table", tensor(dtype, &[40, 8], 7));
+        let rows = g
+            .add_node(Op::Gather { axis: 0 }, &[table, ids], "rows")
+            .unwrap();
+        let y = g
+            .add_node(Op::Cast { to: DType::F32 }, &[rows], "y")
+            .unwrap();
+        g.add_output("y", y);
+        let ids = Tensor::new([2, 3], Data::I64(vec![0, 5, 39, -1, 5, 20])).unwrap();
+        check(&g, &[ids]);
+    }
+}
