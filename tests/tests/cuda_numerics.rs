@@ -76,7 +76,7 @@ fn fixture_models_match_the_reference_evaluator() {
 
 /// The fixtures with dense ops (the models and the single-op MatMul, Gemm
 /// and Conv fixtures) built with `--precision bf16`, `fp16` and `int8`
-/// for CUDA: the optimized graph (16-bit weights, bf16 activations into
+/// (dynamic, and static calibrated on the fixture's input) for CUDA: the optimized graph (16-bit weights, bf16 activations into
 /// MatMul/Gemm; int8 weights with activations quantized at run time)
 /// compiled for sm_80, where bf16 x bf16 and int8 x constant int8 products
 /// run on `mma.sync` and the rest on the SIMT kernels, and interpreted
@@ -98,7 +98,16 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
         let meta: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
         let inputs = fixture_inputs(&dir, &meta);
-        for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
+        // A calibrated static int8 build: smoothed activations (one
+        // divisor per channel in the quantization) and corrected biases.
+        let calibration = tempfile::tempdir().unwrap();
+        kiln::npy::write_npz(&calibration.path().join("inputs.npz"), &fixture.inputs()).unwrap();
+        for (mode, calibrated) in [
+            (Mode::Bf16, false),
+            (Mode::Fp16, false),
+            (Mode::Int8, false),
+            (Mode::Int8, true),
+        ] {
             let mut opts = fixture.compile_options();
             opts.cuda = Some(kiln_target_cuda::SmArch::parse("sm80").unwrap());
             opts.precision = Policy {
@@ -106,6 +115,10 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
                 ..Policy::default()
             };
             opts.calibrate_random = 0;
+            if calibrated {
+                opts.static_activations = true;
+                opts.calibrate = Some(calibration.path().to_path_buf());
+            }
             let g = kiln::driver::optimize(&fixture.model_path(), &opts)
                 .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
                 .graph;
