@@ -11,8 +11,9 @@ use std::collections::HashSet;
 /// Gemm or Conv, into one [`Op::Fused`] node each, so a target computes
 /// the chain in one kernel without writing the intermediate tensors:
 ///
-/// - a chain starts at a dense op (MatMul, Gemm, Conv) or at an
-///   elementwise op (Unary, Binary), all f32, or at an integer product
+/// - a chain starts at a dense op (MatMul, Gemm, Conv; f32 result, its
+///   operands f32 or the bf16/f16 ones of a reduced-precision layer) or
+///   at an elementwise op (Unary, Binary), all f32, or at an integer product
 ///   (`matmul_integer`, `conv_integer`) whose only user is a cast to f32
 ///   (the head then includes the cast: int8 layers rescale in the store
 ///   loop);
@@ -264,7 +265,10 @@ fn build_chain(
     }
     if let Some(op) = DenseOp::from_op(&node.op).filter(|_| dense_heads) {
         let inputs = graph.inputs_of(root);
-        if inputs.iter().any(|&i| graph.node(i).ty.dtype != DType::F32) {
+        // f32 operands, or the bf16/f16 ones of a reduced-precision layer
+        // (the kernel reads them as they are stored).
+        let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
+        if inputs.iter().any(|&i| !float(graph.node(i).ty.dtype)) {
             return None;
         }
         chain.head = Some(DenseHead {

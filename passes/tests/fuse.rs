@@ -188,6 +188,35 @@ fn the_cast_ending_an_activation_quantization_joins_its_producer() {
     assert!(!Fuse::default().run(&mut g).unwrap().changed());
 }
 
+/// The dense ops of a reduced-precision layer (f16 weights; bf16 weights
+/// and activation) head their chains like f32 ones: their kernels read the
+/// 16-bit operands as stored and return f32.
+#[test]
+fn reduced_precision_dense_ops_head_their_chains() {
+    let text = "graph(%x: f32[1,2,4,4], %v: f32[3,2]) {
+          %w: f16[2,2,1,1] = const dense<[0.5, -1.0, 2.0, 0.25]>
+          %c: f32[1,2,4,4] = conv(%x, %w)
+          %b: f32[1,2,1,1] = const dense<[0.1, -0.2]>
+          %y: f32[1,2,4,4] = add(%c, %b)
+          %z: f32[1,2,4,4] = relu(%y)
+          %vb: bf16[3,2] = cast(%v) {to=bf16}
+          %m: bf16[2,2] = const dense<[1.0, 0.5, -0.25, 2.0]>
+          %p: f32[3,2] = matmul(%vb, %m)
+          %g: f32[3,2] = gelu(%p)
+          return %z, %g
+        }";
+    let out = run_pass(&Fuse::default(), text);
+    let g = kiln_ir::text::parse(&out).unwrap();
+    round_trips(&g);
+    let heads = |g: &Graph| count(g, |op| matches!(op, Op::Fused(k) if k.head().is_some()));
+    assert_eq!(heads(&g), 2, "{out}");
+    assert_eq!(
+        count(&g, |op| matches!(op, Op::Conv(_) | Op::MatMul)),
+        0,
+        "{out}"
+    );
+}
+
 #[test]
 fn a_single_elementwise_op_and_non_f32_chains_stay() {
     let text = "graph(%x: f32[4], %i: i32[4]) {

@@ -402,14 +402,10 @@ impl FusedKernel {
     /// result has the head's shape.
     pub(crate) fn infer(&self, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
         let name = "fused";
-        let integer_inputs = match &self.head {
-            Some(h) if h.op.is_integer() => h.inputs.min(inputs.len()),
-            _ => 0,
-        };
-        if let Some(t) = inputs[integer_inputs..]
-            .iter()
-            .find(|t| t.dtype != DType::F32)
-        {
+        // The head's operands are typed by the head op (integer products;
+        // dense ops on bf16/f16 operands, which return f32).
+        let head_inputs = self.head.as_ref().map_or(0, |h| h.inputs.min(inputs.len()));
+        if let Some(t) = inputs[head_inputs..].iter().find(|t| t.dtype != DType::F32) {
             return Err(IrError::ty(
                 name,
                 format!("fused kernels are f32, got an input {t}"),
@@ -419,6 +415,17 @@ impl FusedKernel {
         let head_ty = match &self.head {
             Some(h) => {
                 let t = crate::infer::infer(&h.op.op(), &inputs[..h.inputs])?;
+                let want = if h.op.is_integer() {
+                    DType::I32
+                } else {
+                    DType::F32
+                };
+                if t.dtype != want {
+                    return Err(IrError::ty(
+                        name,
+                        format!("a fused head must give {want}, got {t}"),
+                    ));
+                }
                 regs.push(t.shape.clone());
                 Some(t)
             }

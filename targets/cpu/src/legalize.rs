@@ -3,7 +3,8 @@
 //!
 //! - Reduced-precision dense ops (a bf16/f16 operand, f32 result: see
 //!   `docs/precision.md`) on targets without kernels for them. The AVX-512
-//!   microkernels read bf16 and f16 operands directly; the bf16 dot product
+//!   microkernels read bf16 and f16 operands directly (also as the head of
+//!   a fused kernel); the bf16 dot product
 //!   (`vdpbf16ps`, both operands bf16) also needs AVX512-BF16. Elsewhere
 //!   (`x86_64-v3`, `aarch64`, AVX-512 without BF16) each 16-bit operand is
 //!   widened to f32 first: constants at compile time, activations with a
@@ -86,7 +87,7 @@ fn runs_half(g: &Graph, id: kiln_ir::NodeId, target: &Target) -> bool {
     let node = g.node(id);
     match node.op {
         Op::Input { .. } | Op::Constant(_) => true,
-        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => {
+        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::Fused(_) => {
             target.avx512 && crate::lower::dense::takes_half_operands(g, id, target.bf16)
         }
         Op::Cast { to } => {

@@ -159,6 +159,73 @@ fn conv_bias_relu_runs_in_the_store_loop() {
     check(&g, 1);
 }
 
+/// Random f32 constants, a convolution's weights (rank 4, more than one
+/// output channel) rounded to f16.
+fn f16_weights(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    let t = f32_tensor(rng, shape);
+    if shape.len() == 4 && shape[0] > 1 {
+        t.cast(DType::F16)
+    } else {
+        t
+    }
+}
+
+/// [`f16_weights`] in bf16.
+fn bf16_weights(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    let t = f16_weights(rng, shape);
+    if t.dtype() == DType::F16 {
+        t.cast(DType::BF16)
+    } else {
+        t
+    }
+}
+
+/// A reduced-precision convolution (16-bit weights) heads a fused kernel:
+/// bias and relu in its store loop, the weights read as stored (on the
+/// native target the artifact's weights take little more than half the
+/// f32 build's; x86-64-v3 widens them).
+#[test]
+fn half_weight_conv_heads_a_fused_kernel() {
+    let graph = |values: Values| {
+        fused_graph_storing(
+            Some((
+                conv(1, 1),
+                vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
+            )),
+            vec![Arg::Const(vec![1, 20, 1, 1])],
+            vec![
+                Instr::Binary(BinaryOp::Add, r(0), r(1)),
+                Instr::Unary(UnaryOp::Relu, r(2)),
+            ],
+            3,
+            (FusedStore::F32, values),
+        )
+    };
+    let weight_bytes = |g: &Graph| {
+        let opts = CpuOptions {
+            target: CpuTarget::Native,
+            opt_level: 2,
+            threads: 1,
+        };
+        let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
+        assert!(has_zmm_fma(&a), "not a microkernel");
+        a.weights.len()
+    };
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let f32_bytes = avx512.then(|| weight_bytes(&graph(f32_tensor)));
+    for values in [f16_weights as Values, bf16_weights] {
+        let g = graph(values);
+        check(&g, 3);
+        if let Some(f32_bytes) = f32_bytes {
+            let half = weight_bytes(&g);
+            assert!(
+                half * 10 < f32_bytes * 6,
+                "{half} vs {f32_bytes} weight bytes"
+            );
+        }
+    }
+}
+
 #[test]
 fn conv_with_bias_then_sigmoid_continues_in_place() {
     let g = fused_graph(

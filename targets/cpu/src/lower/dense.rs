@@ -816,8 +816,19 @@ fn product_elem(a: DType, b: DType) -> Option<Elem> {
 /// dense op with a 16-bit operand to f32.
 pub(crate) fn takes_half_operands(graph: &Graph, id: NodeId, bf16_dot: bool) -> bool {
     let node = graph.node(id);
-    let ins = graph.inputs_of(id);
-    if node.ty.dtype != DType::F32
+    let mut ins = graph.inputs_of(id);
+    // A fused kernel's head: its operands, its (f32) result.
+    let (op, result) = match &node.op {
+        Op::Fused(k) => match k.head() {
+            Some(h) if !h.op.is_integer() => {
+                ins.truncate(h.inputs);
+                (h.op.op(), DType::F32)
+            }
+            _ => return false,
+        },
+        op => (op.clone(), node.ty.dtype),
+    };
+    if result != DType::F32
         || ins.len() < 2
         || ins[2..]
             .iter()
@@ -827,7 +838,7 @@ pub(crate) fn takes_half_operands(graph: &Graph, id: NodeId, bf16_dot: bool) -> 
         return false;
     }
     let (a, b) = (graph.node(ins[0]).ty.dtype, graph.node(ins[1]).ty.dtype);
-    match &node.op {
+    match &op {
         Op::MatMul => matches!(product_elem(a, b), Some(e) if e != Elem::Bf16Dot || bf16_dot),
         Op::Gemm { trans_a, .. } => match product_elem(a, b) {
             Some(Elem::Bf16Dot) => bf16_dot && !trans_a,
