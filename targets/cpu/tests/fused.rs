@@ -141,10 +141,10 @@ fn r(i: u32) -> Reg {
     Reg(i)
 }
 
-#[test]
-fn conv_bias_relu_runs_in_the_store_loop() {
-    // im2col conv; add of a per-channel bias and relu go to the epilogue.
-    let g = fused_graph(
+/// An im2col conv of 20 3×3 filters over 3 channels, then a per-channel
+/// bias and relu (the epilogue), its constants drawn by `values`.
+fn conv_bias_relu(seed: u64, values: Values) -> Graph {
+    fused_graph_storing(
         Some((
             conv(1, 1),
             vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
@@ -154,9 +154,14 @@ fn conv_bias_relu_runs_in_the_store_loop() {
             Instr::Binary(BinaryOp::Add, r(0), r(1)),
             Instr::Unary(UnaryOp::Relu, r(2)),
         ],
-        1,
-    );
-    check(&g, 1);
+        seed,
+        (FusedStore::F32, values),
+    )
+}
+
+#[test]
+fn conv_bias_relu_runs_in_the_store_loop() {
+    check(&conv_bias_relu(1, f32_tensor), 1);
 }
 
 /// Random f32 constants, a convolution's weights (rank 4, more than one
@@ -186,21 +191,7 @@ fn bf16_weights(rng: &mut Rng, shape: &[usize]) -> Tensor {
 /// f32 build's; x86-64-v3 widens them).
 #[test]
 fn half_weight_conv_heads_a_fused_kernel() {
-    let graph = |values: Values| {
-        fused_graph_storing(
-            Some((
-                conv(1, 1),
-                vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
-            )),
-            vec![Arg::Const(vec![1, 20, 1, 1])],
-            vec![
-                Instr::Binary(BinaryOp::Add, r(0), r(1)),
-                Instr::Unary(UnaryOp::Relu, r(2)),
-            ],
-            3,
-            (FusedStore::F32, values),
-        )
-    };
+    let graph = |values: Values| conv_bias_relu(3, values);
     let weight_bytes = |g: &Graph| {
         let opts = CpuOptions {
             target: CpuTarget::Native,
