@@ -76,9 +76,11 @@ pub struct CompileOptions {
     /// How `--quantize static` makes a range of the observed values
     /// (`--observer`).
     pub observer: kiln_passes::Observer,
-    /// int8 layers' biases are corrected by their mean output error on the
-    /// calibration samples (`--calibrate DIR` only: random samples would
-    /// teach the wrong shift; `--no-bias-correction` turns it off).
+    /// Static int8 layers' biases are corrected by their mean output error
+    /// on the calibration samples (`--calibrate DIR` only: random samples
+    /// would teach the wrong shift; dynamic builds keep an artifact that
+    /// does not depend on the samples; `--no-bias-correction` turns it
+    /// off).
     pub bias_correction: bool,
     /// Per-channel smoothing of int8 layers' activations (`--smooth`, see
     /// [`kiln_passes::smoothing_factors`]), measured on the calibration
