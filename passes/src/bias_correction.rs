@@ -17,21 +17,13 @@
 //! upstream, in one evaluation.
 
 use crate::precision_report::matched_layers;
-use kiln_ir::{Data, Graph, IrError, NodeId, Op, Tensor};
+use crate::smooth::channel_axis;
+use kiln_ir::{Data, Graph, IrError, NodeId, Tensor};
 use std::collections::{BTreeMap, HashMap};
 
 /// Per-output-channel additions to int8 layers' biases, by layer (ONNX
 /// node) name.
 pub type BiasCorrections = BTreeMap<String, Vec<f32>>;
-
-/// The axis of a dense layer's output that its bias runs along: a
-/// convolution's channels (NCHW), a MatMul/Gemm's columns.
-fn channel_axis(op: &Op, rank: usize) -> usize {
-    match op {
-        Op::Conv(_) => 1,
-        _ => rank.saturating_sub(1),
-    }
-}
 
 /// Sums of `values` (shape `shape`) per index along `axis`, added to `sums`.
 fn add_channel_sums(values: &[f32], shape: &[usize], axis: usize, sums: &mut [f64]) {
@@ -45,8 +37,9 @@ fn add_channel_sums(values: &[f32], shape: &[usize], axis: usize, sums: &mut [f6
 /// Measures the corrections of `layers` (int8 layers of `quantized`, the
 /// graph `assign-precision` made from `reference`) on `samples`: per
 /// channel, the f32 graph's mean output minus the quantized graph's, the
-/// layers corrected in evaluation order. Layers whose name `quantized`
-/// does not carry are skipped.
+/// layers corrected in evaluation order. Only dense layers have a bias to
+/// correct (an int8 embedding table is skipped), and so do layers whose
+/// name `quantized` does not carry.
 pub fn measure_bias_corrections(
     reference: &Graph,
     quantized: &Graph,
@@ -59,6 +52,9 @@ pub fn measure_bias_corrections(
         .iter()
         .filter_map(|name| {
             let &(r, q) = matched.get(name)?;
+            if !crate::is_precision_layer(&reference.node(r).op) {
+                return None;
+            }
             let shape = &reference.node(r).ty.shape;
             let axis = channel_axis(&reference.node(r).op, shape.len());
             (quantized.node(q).ty.shape == *shape)
@@ -122,7 +118,7 @@ pub fn measure_bias_corrections(
 mod tests {
     use super::*;
     use crate::{AssignPrecision, Mode, Policy};
-    use kiln_ir::{DType, UnaryOp, ValueType};
+    use kiln_ir::{DType, Op, UnaryOp, ValueType};
 
     /// x [4, 3] -> fc1 [3, 4] -> relu -> fc2 [4, 2].
     fn mlp() -> Graph {

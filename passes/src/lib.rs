@@ -52,4 +52,4 @@ pub use quantize::{
 };
 pub use recognize::Recognize;
 pub use simplify::Simplify;
-pub use smooth::{input_channel_axis, smoothing_factors, Smoothing};
+pub use smooth::{channel_axis, smoothing_factors, Smoothing};

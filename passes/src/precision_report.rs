@@ -6,7 +6,7 @@
 
 use crate::{Decision, Precision};
 use kiln_ir::{DType, Graph, IrError, NodeId, Tensor};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Errors of one node (or graph output) over all samples.
 #[derive(Clone, Debug, PartialEq)]
@@ -131,18 +131,18 @@ pub fn compare(
     let layers = matched_layers(reference, lowered);
     let mut accs: BTreeMap<String, Acc> = BTreeMap::new();
     let mut out_accs: Vec<Acc> = reference.outputs().iter().map(|_| Acc::default()).collect();
+    let wanted: HashSet<NodeId> = layers.values().map(|&(r, _)| r).collect();
+    let by_low: HashMap<NodeId, (&String, NodeId)> = layers
+        .iter()
+        .map(|(name, &(r, l))| (l, (name, r)))
+        .collect();
     for inputs in samples {
         let mut ref_vals: HashMap<NodeId, Vec<f32>> = HashMap::new();
-        let wanted: HashMap<NodeId, ()> = layers.values().map(|&(r, _)| (r, ())).collect();
         let ref_out = kiln_ir::eval::eval_graph_with(reference, inputs, |id, t| {
-            if wanted.contains_key(&id) {
+            if wanted.contains(&id) {
                 ref_vals.insert(id, t.to_f32_vec());
             }
         })?;
-        let by_low: HashMap<NodeId, (&String, NodeId)> = layers
-            .iter()
-            .map(|(name, &(r, l))| (l, (name, r)))
-            .collect();
         let low_out = kiln_ir::eval::eval_graph_with(lowered, inputs, |id, t| {
             if let Some(&(name, r)) = by_low.get(&id) {
                 if let Some(r) = ref_vals.get(&r) {

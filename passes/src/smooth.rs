@@ -26,9 +26,10 @@ use std::collections::{BTreeMap, HashMap};
 /// node) name.
 pub type Smoothing = BTreeMap<String, Vec<f32>>;
 
-/// The axis of a dense layer's activation that its weights reduce over:
-/// a convolution's input channels (NCHW), a MatMul/Gemm's last axis.
-pub fn input_channel_axis(op: &Op, rank: usize) -> usize {
+/// The channel axis of a dense layer's activation (the axis its weights
+/// reduce over) and of its output (the axis its bias runs along): a
+/// convolution's channels (NCHW), a MatMul/Gemm's last axis.
+pub fn channel_axis(op: &Op, rank: usize) -> usize {
     match op {
         Op::Conv(_) => 1,
         _ => rank.saturating_sub(1),
@@ -95,7 +96,7 @@ pub fn smoothing_factors(
         };
         let x = graph.inputs_of(id)[0];
         let x_shape = &graph.node(x).ty.shape;
-        let axis = input_channel_axis(&node.op, x_shape.len());
+        let axis = channel_axis(&node.op, x_shape.len());
         if x_shape.get(axis) != Some(&w_max.len()) {
             continue;
         }

@@ -477,9 +477,8 @@ pub fn assign_precision(
     };
     let start = std::time::Instant::now();
     let (mut stats, mut decisions) = pass.assign(graph)?;
-    // Dense int8 layers (an int8 embedding table has no bias).
     let int8: Vec<String> = (decisions.iter())
-        .filter(|d| d.precision == Precision::Int8 && d.op != "gather")
+        .filter(|d| d.precision == Precision::Int8)
         .map(|d| d.node.clone())
         .collect();
     if correct_biases && !random && !samples.is_empty() && !int8.is_empty() {
@@ -654,12 +653,8 @@ pub fn activation_ranges(
         if kiln_passes::is_precision_layer(&node.op) {
             let x = graph.inputs_of(id)[0];
             let rank = graph.node(x).ty.shape.len();
-            let divisors = (smoothing.get(&node.name)).map(|m| {
-                (
-                    m.as_slice(),
-                    kiln_passes::input_channel_axis(&node.op, rank),
-                )
-            });
+            let divisors = (smoothing.get(&node.name))
+                .map(|m| (m.as_slice(), kiln_passes::channel_axis(&node.op, rank)));
             let entry = readers.entry(x).or_default();
             entry.0.push(node.name.clone());
             entry.1 = entry.1.or(divisors);
