@@ -44,7 +44,12 @@ impl Pass for FoldConstants {
         let mut folded_bytes = 0usize;
         for id in graph.topo_order().map_err(fail)? {
             let node = graph.node(id);
-            let bytes = node.ty.size_bytes();
+            // A reshaped constant shares its data (`Tensor::reshaped`):
+            // folding it costs nothing, whatever its size, and lets the
+            // targets see constant weights behind a 1-D convolution's
+            // lift to 2-D.
+            let relabel = matches!(node.op, Op::Reshape { .. });
+            let bytes = if relabel { 0 } else { node.ty.size_bytes() };
             if matches!(node.op, Op::Input { .. } | Op::Constant(_))
                 || bytes > self.max_bytes
                 || folded_bytes + bytes > self.max_total_bytes
@@ -63,7 +68,14 @@ impl Pass for FoldConstants {
             if kiln_ir::eval::work(&node.op, &types, &node.ty) > self.max_work {
                 continue;
             }
-            let value = kiln_ir::eval::eval(&node.op, &values).map_err(fail)?;
+            let shared = match values.as_slice() {
+                [v] if relabel => v.reshaped(&node.ty.shape),
+                _ => None,
+            };
+            let value = match shared {
+                Some(v) => v,
+                None => kiln_ir::eval::eval(&node.op, &values).map_err(fail)?,
+            };
             folded_bytes += bytes;
             let name = node.name.clone();
             let folded = graph.add_const(name, value);

@@ -203,6 +203,13 @@ fn layer_norm(graph: &Graph, mean: NodeId) -> Option<Match> {
             }
         }
     }
+    // Without γ the op needs ones over the normalized axes, made here: a
+    // normalization over more than MAX_ONES values (a hostile shape; no
+    // real model has one) keeps its decomposed form.
+    let ones_len = normalized.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if gamma.is_none() && ones_len.is_none_or(|n| n > MAX_ONES) {
+        return None;
+    }
     let mut inputs = vec![x];
     inputs.extend(gamma);
     inputs.extend(beta);
@@ -518,6 +525,9 @@ fn attention(graph: &Graph, scores: NodeId) -> Option<Match> {
         members,
     })
 }
+
+/// Most values of a γ of ones that [`layer_norm`] creates (64 MB of f32).
+const MAX_ONES: usize = 16 << 20;
 
 /// Replaces `m.last` by the matched op and removes the members.
 fn rewrite(graph: &mut Graph, m: Match, stats: &mut PassStats) -> Result<(), PassError> {

@@ -49,6 +49,7 @@ fn copy_artifact(sm: u32) -> Artifact {
             inputs: vec![spec("x", DType::F32, &[4], 64)],
             outputs: vec![spec("y", DType::F32, &[4], 128)],
             arena_size: 192,
+            dense_kernels: Vec::new(),
         },
         weights: Vec::new(),
         text: code.to_bytes(),

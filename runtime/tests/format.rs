@@ -97,7 +97,7 @@ fn newer_version() {
     );
     assert_eq!(
         err.to_string(),
-        "artifact format version 7 is newer than this runtime supports (2)"
+        "artifact format version 7 is newer than this runtime supports (3)"
     );
 }
 

@@ -781,6 +781,9 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         write_file(path, p.plan.to_json().as_bytes())?;
     }
     let meta = &out.artifact.metadata;
+    for line in generic_dense_warnings(&out.artifact) {
+        eprintln!("{line}");
+    }
     if a.json {
         // CPU targets: the arena plan of the values (`plan-memory`'s view:
         // planned bytes against their sum; the artifact's arena also holds
@@ -824,6 +827,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "reproducible": reproducible.is_some().then_some(true),
                 "signature": signature_path.as_ref().map(|p| p.display().to_string()),
                 "precision": precision_json,
+                "dense_kernels": dense_kernels_json(&meta.dense_kernels),
             })
         );
     } else {
@@ -1298,7 +1302,78 @@ fn artifact_json(artifact: &Artifact) -> Value {
         "outputs": specs_json(&m.outputs),
         "arena_bytes": m.arena_size,
         "weights_bytes": artifact.weights.len(),
+        "dense_kernels": dense_kernels_json(&m.dense_kernels),
     })
+}
+
+/// The kernel chosen for each dense node, with the candidates that
+/// declined before it and why.
+fn dense_kernels_json(kernels: &[format::DenseKernel]) -> Value {
+    let rows: Vec<Value> = kernels
+        .iter()
+        .map(|k| {
+            let declined: Vec<Value> = (k.declined.iter())
+                .map(|d| json!({"kernel": d.kernel, "reason": d.reason}))
+                .collect();
+            json!({
+                "node": k.node,
+                "op": k.op,
+                "kernel": k.kernel,
+                "flops": k.flops,
+                "generic": k.is_generic(),
+                "declined": declined,
+            })
+        })
+        .collect();
+    json!(rows)
+}
+
+/// Dense ops of at least this many FLOPs on the generic kernel get a
+/// warning from `kiln compile`.
+const GENERIC_WARN_FLOPS: u64 = 1_000_000;
+
+/// One line per dense node of at least [`GENERIC_WARN_FLOPS`] that an
+/// x86-64 build runs on the generic kernel: the node, its cost and why
+/// each microkernel declined.
+fn generic_dense_warnings(artifact: &Artifact) -> Vec<String> {
+    if artifact.arch != format::Arch::X86_64 {
+        return Vec::new();
+    }
+    (artifact.metadata.dense_kernels.iter())
+        .filter(|k| k.is_generic() && k.flops >= GENERIC_WARN_FLOPS)
+        .map(|k| {
+            let why: Vec<String> = (k.declined.iter())
+                .map(|d| format!("{}: {}", d.kernel, d.reason))
+                .collect();
+            format!(
+                "warning: node '{}' ({}, {:.1} MFLOP) runs on the generic kernel, not a microkernel: {}",
+                k.node,
+                k.op,
+                k.flops as f64 / 1e6,
+                why.join("; ")
+            )
+        })
+        .collect()
+}
+
+/// `kiln inspect`'s listing of the dense kernels chosen.
+fn print_dense_kernels(kernels: &[format::DenseKernel]) {
+    if kernels.is_empty() {
+        return;
+    }
+    println!("  dense kernels (node, op, MFLOP, kernel; candidates that declined):");
+    for k in kernels {
+        println!(
+            "    {:<32} {:<8} {:>10.2}  {}",
+            k.node,
+            k.op,
+            k.flops as f64 / 1e6,
+            k.kernel
+        );
+        for d in &k.declined {
+            println!("      {} declined: {}", d.kernel, d.reason);
+        }
+    }
 }
 
 /// The first lines of `kiln inspect` on an artifact.
@@ -1364,6 +1439,7 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     for (i, k) in artifact.kernels.iter().enumerate() {
         println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
     }
+    print_dense_kernels(&m.dense_kernels);
     Ok(())
 }
 

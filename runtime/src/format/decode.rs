@@ -3,8 +3,8 @@
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    DType, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind, RelocTarget, SectionKind,
-    Step, TensorSpec,
+    DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind,
+    RelocTarget, SectionKind, Step, TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -13,7 +13,14 @@ const RELOC_LEN: usize = 32;
 const MIN_KERNEL: usize = 4 + 8 + 8;
 const MIN_STEP: usize = 4 + 4 + 4;
 
-pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
+/// Smallest encoded dense-kernel record: three empty strings, the FLOPs
+/// and an empty list.
+const MIN_DENSE_KERNEL: usize = 4 + 4 + 4 + 8 + 4;
+const MIN_DECLINED: usize = 4 + 4;
+
+/// META; `version` is the file's format version (version 3 added the dense
+/// kernel choices).
+pub(crate) fn meta(bytes: &[u8], version: u32) -> Result<Metadata, FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Meta);
     let compiler_version = r.str("compiler version")?;
     let target = r.str("target")?;
@@ -22,6 +29,11 @@ pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
     let arena_size = r.u64("arena size")?;
     let inputs = tensors(&mut r, "input")?;
     let outputs = tensors(&mut r, "output")?;
+    let dense_kernels = if version >= 3 {
+        dense_kernels(&mut r)?
+    } else {
+        Vec::new()
+    };
     r.finish()?;
     let m = Metadata {
         compiler_version,
@@ -31,10 +43,38 @@ pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
         inputs,
         outputs,
         arena_size,
+        dense_kernels,
     };
     check_tensors(&m, "input", &m.inputs)?;
     check_tensors(&m, "output", &m.outputs)?;
     Ok(m)
+}
+
+fn dense_kernels(r: &mut Reader<'_>) -> Result<Vec<DenseKernel>, FormatError> {
+    let count = r.count("dense kernel count", MIN_DENSE_KERNEL)?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let node = r.str("dense kernel node")?;
+        let op = r.str("dense kernel op")?;
+        let kernel = r.str("dense kernel")?;
+        let flops = r.u64("dense kernel flops")?;
+        let declined_count = r.count("declined kernel count", MIN_DECLINED)?;
+        let mut declined = Vec::with_capacity(declined_count);
+        for _ in 0..declined_count {
+            declined.push(Declined {
+                kernel: r.str("declined kernel")?,
+                reason: r.str("declined reason")?,
+            });
+        }
+        out.push(DenseKernel {
+            node,
+            op,
+            kernel,
+            flops,
+            declined,
+        });
+    }
+    Ok(out)
 }
 
 fn tensors(r: &mut Reader<'_>, what: &str) -> Result<Vec<TensorSpec>, FormatError> {

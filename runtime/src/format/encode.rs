@@ -17,6 +17,18 @@ pub(crate) fn meta(m: &Metadata) -> Vec<u8> {
     w.u64(m.arena_size);
     tensors(&mut w, &m.inputs);
     tensors(&mut w, &m.outputs);
+    w.len(m.dense_kernels.len());
+    for k in &m.dense_kernels {
+        w.str(&k.node);
+        w.str(&k.op);
+        w.str(&k.kernel);
+        w.u64(k.flops);
+        w.len(k.declined.len());
+        for d in &k.declined {
+            w.str(&d.kernel);
+            w.str(&d.reason);
+        }
+    }
     w.0
 }
 

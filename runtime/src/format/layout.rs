@@ -22,7 +22,8 @@ const HASH_RANGE: std::ops::Range<usize> = 32..64;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SectionKind {
-    /// Compiler version, target, options, inputs, outputs, arena size.
+    /// Compiler version, target, options, inputs, outputs, arena size,
+    /// the dense kernels chosen (version 3).
     Meta = 1,
     /// Packed weights, read by kernels through their `weights` argument.
     Weights = 2,

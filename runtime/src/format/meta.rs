@@ -80,4 +80,42 @@ pub struct Metadata {
     pub outputs: Vec<TensorSpec>,
     /// Size of the arena (activations, inputs, outputs, scratch) in bytes.
     pub arena_size: u64,
+    /// How each dense node was lowered (format version 3 and later; empty
+    /// in older files and for targets that do not choose between kernels).
+    pub dense_kernels: Vec<DenseKernel>,
+}
+
+/// How the compiler lowered one dense node (MatMul, Gemm, Conv, their
+/// integer forms, and fused kernels with such a head): the kernel chosen
+/// and why each faster candidate declined. `kiln inspect` lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenseKernel {
+    /// Name of the node.
+    pub node: String,
+    /// The dense op (`conv`, `matmul`, ...), the head's for a fused node.
+    pub op: String,
+    /// The kernel chosen (`avx512/implicit-gemm`, `generic/cranelift`, ...).
+    pub kernel: String,
+    /// Floating-point operations of one run (a multiply-add counts 2).
+    pub flops: u64,
+    /// The candidates tried before the chosen one, each with the reason it
+    /// declined, in the order they were tried.
+    pub declined: Vec<Declined>,
+}
+
+/// A candidate lowering that did not serve a node, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declined {
+    /// The candidate's name.
+    pub kernel: String,
+    /// Why it does not apply.
+    pub reason: String,
+}
+
+impl DenseKernel {
+    /// Whether the chosen kernel is the generic (Cranelift) one rather than
+    /// a microkernel.
+    pub fn is_generic(&self) -> bool {
+        self.kernel.starts_with("generic/")
+    }
 }

@@ -30,7 +30,7 @@ pub use error::FormatError;
 pub use layout::{
     read_header, Header, SectionEntry, SectionKind, HEADER_LEN, SECTION_ALIGN, SECTION_ENTRY_LEN,
 };
-pub use meta::{type_string, Metadata, TensorSpec};
+pub use meta::{type_string, Declined, DenseKernel, Metadata, TensorSpec};
 pub use signature::{
     signature_path, signed_message, DetachedSignature, SignatureFileError, SIGNATURE_FILE_LEN,
     SIGNATURE_MAGIC,
@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 8] = *b"KILNART\0";
 
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// A complete artifact, owned. Built by a compiler target and written with
 /// [`Artifact::to_bytes`]; read back with [`Artifact::parse`].
@@ -167,7 +167,7 @@ impl<'a> ArtifactView<'a> {
         let section = |kind| header.section(kind).bytes(bytes);
         let text = section(SectionKind::Text);
         let text_len = text.len() as u64;
-        let metadata = decode::meta(section(SectionKind::Meta))?;
+        let metadata = decode::meta(section(SectionKind::Meta), header.version)?;
         let kernels = decode::kernels(section(SectionKind::Kernels), text_len)?;
         let relocs = decode::relocs(section(SectionKind::Relocs), text_len, kernels.len())?;
         let schedule = decode::schedule(

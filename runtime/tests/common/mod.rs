@@ -81,6 +81,7 @@ pub fn single_kernel(text: &[u8], inputs: Vec<TensorSpec>, outputs: Vec<TensorSp
             inputs,
             outputs,
             arena_size: 16,
+            dense_kernels: Vec::new(),
         },
         weights: Vec::new(),
         text: text.to_vec(),

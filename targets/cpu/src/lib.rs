@@ -244,6 +244,7 @@ pub fn compile(
             inputs: plan.inputs,
             outputs: plan.outputs,
             arena_size: plan.arena_size,
+            dense_kernels: plan.dense_kernels,
         },
         weights: plan.weights.into_bytes(),
         text,

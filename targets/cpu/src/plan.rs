@@ -166,6 +166,9 @@ pub(crate) struct Plan {
     /// Where each job's scratch starts in the arena and how many bytes it
     /// was given (from the `scratch` sizes [`plan`] packed).
     pub scratch_regions: Vec<(u64, u64)>,
+    /// How each dense node lowered so far was lowered (kernel selection,
+    /// `lower::select`), in job order.
+    pub dense_kernels: Vec<kiln_runtime::format::DenseKernel>,
 }
 
 /// Scratch memory of one job's kernels (e.g. an im2col matrix): a region
@@ -784,6 +787,7 @@ pub(crate) fn plan(
             bytes: 0,
         },
         scratch_regions,
+        dense_kernels: Vec::new(),
         arena_size,
         inputs,
         outputs,

@@ -81,6 +81,7 @@ pub fn to_artifact(
             inputs: program.inputs.iter().map(spec).collect(),
             outputs: program.outputs.iter().map(spec).collect(),
             arena_size: program.arena_size,
+            dense_kernels: Vec::new(),
         },
         weights: program.weights.clone(),
         text: code.to_bytes(),

@@ -180,6 +180,10 @@ pub(crate) fn conv_attrs(
     })
 }
 
+/// Most output positions along one axis of a `tf_crop_and_resize` (its
+/// extrapolation mask has one flag per position).
+const MAX_CROP_AXIS: usize = 1 << 24;
+
 /// `Conv` (2-D; 1-D through a reshape; 3-D as 2-D convolutions per depth
 /// tap, [`conv_3d`]).
 pub fn conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
@@ -1006,10 +1010,22 @@ pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         roi: roi.into_iter().collect(),
     };
     // Outputs whose source is outside the input take extrapolation_value:
-    // a constant mask per axis, or'ed, and a where.
-    let outside: Vec<Vec<bool>> = (0..rank)
-        .map(|a| resize.outside_roi(a, in_shape[a]))
-        .collect();
+    // a constant mask per axis, or'ed, and a where. The masks are built
+    // here, one flag per output index, so their length is checked first
+    // (a hostile model may ask for 2^40 outputs along an axis).
+    let crop = resize.coord == CoordinateTransform::TfCropAndResize;
+    if let Some(&len) = (resize.shape.iter()).find(|&&d| crop && d > MAX_CROP_AXIS) {
+        return Err(ctx.invalid(format!(
+            "tf_crop_and_resize to an axis of {len} positions (Kiln builds a mask per axis of at most {MAX_CROP_AXIS})"
+        )));
+    }
+    // Only tf_crop_and_resize extrapolates.
+    let outside: Vec<Vec<bool>> = match crop {
+        true => (0..rank)
+            .map(|a| resize.outside_roi(a, in_shape[a]))
+            .collect(),
+        false => Vec::new(),
+    };
     if outside.iter().all(|o| o.iter().all(|&b| !b)) {
         return one(ctx.op(Op::Resize(resize), &[x], None)?);
     }

@@ -120,13 +120,13 @@ pub(crate) fn attention(
 
 /// The AVX-512 kernel of attention node `cx` as up to `tasks` tasks (the
 /// heads split between them, each task with scores scratch of its own), or
-/// `None` when it does not apply (a microkernel could not be assembled).
+/// `None` when it does not apply.
 pub(crate) fn lower_avx512(
     cx: &NodeCx,
     scale: f32,
     scratch: &mut Scratch,
     tasks: usize,
-) -> Option<Vec<Vec<u8>>> {
+) -> Option<Vec<Result<Vec<u8>, crate::microkernel::MicrokernelError>>> {
     let sh = Shape::of(cx).ok()?;
     let (m, k, n, d) = (sh.m, sh.k, sh.n, sh.d);
     let heads: usize = sh.batch.iter().product();
@@ -185,7 +185,7 @@ pub(crate) fn lower_avx512(
     let unit = |by: usize| -> Vec<i64> { head_strides.iter().map(|s| s * by as i64).collect() };
     let (q_st, kt_st, v_st, out_st) = (unit(m * k), unit(k * n), unit(n * d), unit(m * d));
     let (q, kt, v) = (cx.inputs[0].0, cx.inputs[1].0, cx.inputs[2].0);
-    (0..tasks)
+    let codes = (0..tasks)
         .map(|t| {
             let s = parts[t];
             let calls = (heads * t / tasks..heads * (t + 1) / tasks)
@@ -221,7 +221,7 @@ pub(crate) fn lower_avx512(
                 heads: calls,
             }
             .assemble()
-            .ok()
         })
-        .collect()
+        .collect();
+    Some(codes)
 }

@@ -12,10 +12,11 @@ use std::borrow::Cow;
 
 use kiln_ir::{
     BinaryOp, Conv2d, DType, Data, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Graph,
-    Instr, NodeId, Op, Reg, UnaryOp,
+    Instr, Node, NodeId, Op, Reg, UnaryOp, ValueType,
 };
 
 use super::elementwise::broadcast_strides;
+use super::select::{decline, require, Attempt, Miss, OrDecline, Trail};
 use super::NodeCx;
 use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
 use crate::microkernel::elementwise::ElementwiseSpec;
@@ -25,11 +26,26 @@ use crate::microkernel::gemm::{
     EpilogueOp, EpilogueStep, GemmSpec, Half, Operand, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
+use crate::microkernel::MicrokernelError;
 use crate::plan::{Base, Loc, Scratch, Weights};
 
 /// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,
 /// half for a B panel.
 const MAX_SCRATCH: u64 = 64 << 20;
+
+/// The decline of a kernel whose im2col matrix or band copy would take
+/// `bytes` of scratch.
+fn too_much_scratch(bytes: u64) -> String {
+    format!(
+        "its scratch would be {bytes} bytes (limit {})",
+        MAX_SCRATCH / 2
+    )
+}
+
+/// The decline of a kernel of `calls` GEMM calls.
+fn too_many_calls(calls: usize) -> String {
+    format!("{calls} GEMM calls; one kernel unrolls at most {MAX_CALLS}")
+}
 
 /// Fewest full row tiles for which a strided B is packed into a scratch
 /// panel per column tile (the copy costs one read of the panel).
@@ -39,15 +55,27 @@ const PANEL_MIN_ROW_TILES: usize = 4;
 const MAX_CALLS: usize = 4096;
 
 /// The microkernel of node `cx` as one or more independent tasks (see
-/// [`partition`](super::partition); at most `tasks`), or `None` when the
-/// Cranelift kernel should be used.
+/// [`partition`](super::partition); at most `tasks`; no tail) and the
+/// name of the candidate that made it, or `None` when every candidate declined
+/// (recorded in `trail`) and the Cranelift kernel should be used.
 pub(crate) fn lower(
     cx: &NodeCx,
     weights: &mut Weights,
     scratch: &mut Scratch,
     tasks: usize,
-) -> Option<Vec<Vec<u8>>> {
-    lower_with(cx, weights, scratch, None, tasks).map(|(codes, _)| codes)
+    trail: &mut Trail,
+) -> Result<Option<Served>, MicrokernelError> {
+    lower_with(cx, weights, scratch, None, tasks, trail)
+}
+
+/// The code a dense candidate gave.
+pub(crate) struct Served {
+    /// The tasks of the head's step.
+    pub codes: Vec<Vec<u8>>,
+    /// What is left of a fused program (see [`lower_fused`]).
+    pub tail: Option<Tail>,
+    /// The candidate's name.
+    pub kernel: &'static str,
 }
 
 /// The part of a fused kernel's program that its head's store loop could
@@ -62,18 +90,22 @@ pub(crate) struct Tail {
 
 /// The microkernel of the head of fused node `cx` with as much of the
 /// program as its store loop takes, and the rest of the program, or
-/// `None` when the head has no microkernel.
+/// `None` when the head has no microkernel (every candidate declined, see
+/// `trail`).
 pub(crate) fn lower_fused(
     cx: &NodeCx,
     k: &FusedKernel,
     weights: &mut Weights,
     scratch: &mut Scratch,
     tasks: usize,
-) -> Option<(Vec<Vec<u8>>, Option<Tail>)> {
-    let h = k.head()?;
+    trail: &mut Trail,
+) -> Result<Option<Served>, MicrokernelError> {
+    let Some(h) = k.head() else {
+        return Ok(None);
+    };
     let node = super::fused::head_node(cx, &h.op);
     let hcx = super::fused::head_cx(cx, &node, h.inputs);
-    lower_with(&hcx, weights, scratch, Some((cx, k)), tasks)
+    lower_with(&hcx, weights, scratch, Some((cx, k)), tasks, trail)
 }
 
 /// Where the tasks of a head write, once its store loop has taken what it
@@ -114,31 +146,142 @@ enum HeadOutput {
     Scratch,
 }
 
-/// The tasks' code and the tail, its source located.
+/// The tasks' code of candidate `kernel` and the tail, its source located.
 fn finish(
+    kernel: &'static str,
     (codes, src): (Vec<Vec<u8>>, Loc),
     tail: Option<ElementwiseProgram>,
-) -> (Vec<Vec<u8>>, Option<Tail>) {
-    (codes, tail.map(|program| Tail { program, src }))
+) -> Served {
+    Served {
+        codes,
+        tail: tail.map(|program| Tail { program, src }),
+        kernel,
+    }
 }
 
 /// [`lower`], and for the head of a fused node (`fused`: the fused node's
 /// context and kernel) the program left after the store-loop epilogue,
-/// which the caller runs over the whole output after the tasks.
+/// which the caller runs over the whole output after the tasks. Every
+/// candidate that declines is recorded in `trail`.
 fn lower_with(
     cx: &NodeCx,
     weights: &mut Weights,
     scratch: &mut Scratch,
     fused: Option<(&NodeCx, &FusedKernel)>,
     tasks: usize,
-) -> Option<(Vec<Vec<u8>>, Option<Tail>)> {
-    let whole = |fused: Option<(&NodeCx, &FusedKernel)>| fused.map(|(_, k)| k.body().clone());
+    trail: &mut Trail,
+) -> Result<Option<Served>, MicrokernelError> {
+    // Conditions every candidate of the op shares decline as its family.
+    let family = match &cx.node.op {
+        Op::MatMulInteger => INT8_GEMM,
+        Op::ConvInteger(_) => INT8_IM2COL,
+        Op::Conv(_) => "avx512/conv",
+        _ => GEMM,
+    };
+    // A 1-D convolution along H is run along W (same bytes).
+    let transposed = along_w(cx);
+    let transposed_cx;
+    let cx = match &transposed {
+        Some((node, x, w)) => {
+            let mut inputs = cx.inputs.clone();
+            inputs[0].1 = x;
+            inputs[1].1 = w;
+            transposed_cx = NodeCx {
+                graph: cx.graph,
+                node,
+                input_ids: cx.input_ids.clone(),
+                inputs,
+                out: cx.out,
+            };
+            &transposed_cx
+        }
+        None => cx,
+    };
+    match candidates(cx, weights, scratch, fused, tasks, trail) {
+        Ok(served) => Ok(served),
+        Err(Miss::Declined(why)) => {
+            trail.declined(family, why);
+            Ok(None)
+        }
+        Err(Miss::Failed(e)) => Err(e),
+    }
+}
+
+/// Convolution `cx` seen along W when it runs along H alone: an input,
+/// window and output one column wide, unpadded along W (the `[N, C, L, 1]`
+/// form of a 1-D convolution). `[N, C, L, 1]` and `[N, C, 1, L]` hold the
+/// same bytes, and every kernel here vectorizes along W, so the node, its
+/// input and its weights are returned with H and W (and their strides,
+/// pads and dilations) swapped; `None` for any other node.
+fn along_w(cx: &NodeCx) -> Option<(Node, ValueType, ValueType)> {
+    let swap = |c: &Conv2d| Conv2d {
+        strides: [c.strides[1], c.strides[0]],
+        pads: [c.pads[1], c.pads[0], c.pads[3], c.pads[2]],
+        dilations: [c.dilations[1], c.dilations[0]],
+        group: c.group,
+    };
+    let op = match &cx.node.op {
+        Op::Conv(c) => Op::Conv(swap(c)),
+        Op::ConvInteger(c) => Op::ConvInteger(swap(c)),
+        _ => return None,
+    };
+    let (x, w, y) = (cx.inputs[0].1, cx.inputs[1].1, &cx.node.ty);
+    let c = match &cx.node.op {
+        Op::Conv(c) | Op::ConvInteger(c) => c,
+        _ => return None,
+    };
+    let column = x.shape[3] == 1 && w.shape[3] == 1 && y.shape[3] == 1;
+    if !column || x.shape[2] == 1 || c.pads[1] != 0 || c.pads[3] != 0 {
+        return None;
+    }
+    let swapped = |t: &ValueType| {
+        let s = &t.shape;
+        ValueType::new(t.dtype, vec![s[0], s[1], s[3], s[2]])
+    };
+    let node = Node {
+        op,
+        name: cx.node.name.clone(),
+        ty: swapped(y),
+    };
+    Some((node, swapped(x), swapped(w)))
+}
+
+/// Candidate names: `isa/kernel`.
+const GEMM: &str = "avx512/gemm";
+const INT8_GEMM: &str = "avx512-vnni/gemm";
+const INT8_IM2COL: &str = "avx512-vnni/im2col-gemm";
+const DEPTHWISE: &str = "avx512/depthwise";
+
+/// A GEMM-based convolution candidate.
+type ConvGemm = fn(&NodeCx, &mut Weights, &Conv2d, usize) -> Attempt<GemmSpec>;
+
+/// The GEMM convolutions in the order they are tried: a 1×1 convolution
+/// reads its input as B in place; an implicit GEMM copies the input once
+/// and reads the taps from the copy; im2col writes every tap, which costs
+/// the most but serves any window and stride.
+const CONV_GEMMS: [(&str, ConvGemm); 3] = [
+    ("avx512/pointwise-gemm", pointwise_conv),
+    ("avx512/implicit-gemm", implicit_conv),
+    ("avx512/im2col-gemm", im2col_conv),
+];
+
+/// The candidates of [`lower_with`] in order; `Ok(None)` when each
+/// declined (recorded in `trail`), a decline when a condition all of them
+/// share fails.
+fn candidates(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    tasks: usize,
+    trail: &mut Trail,
+) -> Attempt<Option<Served>> {
     let integer = match &cx.node.op {
-        Op::MatMulInteger => Some(integer_matmul(cx, weights)?),
-        Op::ConvInteger(c) => Some(integer_conv(cx, weights, c)?),
+        Op::MatMulInteger => Some((INT8_GEMM, integer_matmul(cx, weights)?)),
+        Op::ConvInteger(c) => Some((INT8_IM2COL, integer_conv(cx, weights, c)?)),
         _ => None,
     };
-    if let Some(mut spec) = integer {
+    if let Some((kernel, mut spec)) = integer {
         // A fused integer head converts to f32 in its store loop and takes
         // what it can of the program there.
         let tail = match fused {
@@ -149,81 +292,61 @@ fn lower_with(
             None => None,
         };
         let (output, tail) = head_output(fused, tail, weights);
-        return assemble_parts(cx, spec, scratch, tasks, output).map(|r| finish(r, tail));
+        let parts = assemble_parts(cx, spec, scratch, tasks, output)?;
+        return Ok(Some(finish(kernel, parts, tail)));
     }
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
-    if cx.inputs.iter().any(|(_, t)| !float(t.dtype)) || cx.node.ty.dtype != DType::F32 {
-        return None;
+    if let Some((_, t)) = cx.inputs.iter().find(|(_, t)| !float(t.dtype)) {
+        return decline(format!(
+            "an operand is {}; the kernels read f32, bf16 and f16",
+            t.dtype
+        ));
     }
+    require(cx.node.ty.dtype == DType::F32, || {
+        format!("the result is {}; the kernels write f32", cx.node.ty.dtype)
+    })?;
     // Bias / C are read as f32 by the epilogue.
-    if cx.inputs.get(2).is_some_and(|(_, t)| t.dtype != DType::F32) {
-        return None;
-    }
-    // The depthwise kernel reads f32 only.
-    if matches!(&cx.node.op, Op::Conv(c) if c.group > 1)
-        && cx.inputs.iter().any(|(_, t)| t.dtype != DType::F32)
-    {
-        return None;
-    }
-    if cx.node.ty.num_elements() == 0 {
-        return None;
-    }
+    require(
+        cx.inputs.get(2).is_none_or(|(_, t)| t.dtype == DType::F32),
+        || "the bias is not f32".into(),
+    )?;
+    require(cx.node.ty.num_elements() > 0, || {
+        "the output is empty".into()
+    })?;
     if let Op::Conv(c) = &cx.node.op {
         // Out-of-limit windows get the Cranelift path's error.
-        super::conv::check_conv_window(cx, c).ok()?;
+        if let Err(e) = super::conv::check_conv_window(cx, c) {
+            return decline(e.to_string());
+        }
     }
-    let spec = match &cx.node.op {
-        Op::MatMul => matmul(cx, weights)?,
+    let (kernel, spec) = match &cx.node.op {
+        Op::MatMul => (GEMM, matmul(cx, weights)?),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?,
-        Op::Conv(c) if c.group > 1 => {
-            let mut spec = depthwise_conv(cx, c)?;
-            let mut tail = whole(fused);
-            if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
-                if let Some(steps) = epilogue_steps(fcx, k, program, weights) {
-                    if depthwise_epilogue_fits(&steps) {
-                        spec.epilogue = steps;
-                        tail = None;
-                    }
+        } => (GEMM, gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?),
+        Op::Conv(c) => {
+            if c.group > 1 {
+                let served = depthwise(cx, c, weights, scratch, fused, tasks);
+                if let Some(served) = trail.attempt(DEPTHWISE, served)? {
+                    return Ok(Some(served));
                 }
             }
-            let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
-            let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
-            let (output, tail) = head_output(fused, tail, weights);
-            let src = match output {
-                HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
-                _ => cx.out,
-            };
-            let codes = spec
-                .split(tasks)
-                .into_iter()
-                .map(|mut part| {
-                    match output {
-                        HeadOutput::InPlace => {}
-                        HeadOutput::Narrow { zero } => part = part.narrowed(cx.out, zero),
-                        HeadOutput::Scratch => {
-                            for image in &mut part.images {
-                                image.1 = relocated(cx.out, image.1, src);
-                            }
-                        }
-                    }
-                    part.assemble().ok()
-                })
-                .collect::<Option<Vec<_>>>()?;
-            return Some(finish((codes, src), tail));
+            let mut chosen = None;
+            for (name, candidate) in CONV_GEMMS {
+                if let Some(spec) = trail.attempt(name, candidate(cx, weights, c, tasks))? {
+                    chosen = Some((name, spec));
+                    break;
+                }
+            }
+            match chosen {
+                Some(chosen) => chosen,
+                None => return Ok(None),
+            }
         }
-        Op::Conv(c) => match pointwise_conv(cx, weights, c) {
-            Some(spec) => spec,
-            None => match implicit_conv(cx, weights, c, tasks) {
-                Some(spec) => spec,
-                None => im2col_conv(cx, weights, c)?,
-            },
-        },
-        _ => return None,
+        op => return decline(format!("{} has no microkernel", op.name())),
     };
     let mut spec = spec;
     let tail = match fused {
@@ -231,7 +354,58 @@ fn lower_with(
         None => None,
     };
     let (output, tail) = head_output(fused, tail, weights);
-    assemble_parts(cx, spec, scratch, tasks, output).map(|r| finish(r, tail))
+    let parts = assemble_parts(cx, spec, scratch, tasks, output)?;
+    Ok(Some(finish(kernel, parts, tail)))
+}
+
+/// A depthwise convolution as [`DepthwiseSpec`] tasks, taking what it can
+/// of a fused program in its store loop.
+fn depthwise(
+    cx: &NodeCx,
+    c: &Conv2d,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    tasks: usize,
+) -> Attempt<Served> {
+    // The depthwise kernel reads f32 only.
+    if let Some((_, t)) = cx.inputs.iter().find(|(_, t)| t.dtype != DType::F32) {
+        return decline(format!("an operand is {}; the kernel reads f32", t.dtype));
+    }
+    let mut spec = depthwise_conv(cx, c)?;
+    let mut tail = fused.map(|(_, k)| k.body().clone());
+    if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
+        if let Some(steps) = epilogue_steps(fcx, k, program, weights) {
+            if depthwise_epilogue_fits(&steps) {
+                spec.epilogue = steps;
+                tail = None;
+            }
+        }
+    }
+    let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
+    let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+    let (output, tail) = head_output(fused, tail, weights);
+    let src = match output {
+        HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
+        _ => cx.out,
+    };
+    let codes = spec
+        .split(tasks)
+        .into_iter()
+        .map(|mut part| {
+            match output {
+                HeadOutput::InPlace => {}
+                HeadOutput::Narrow { zero } => part = part.narrowed(cx.out, zero),
+                HeadOutput::Scratch => {
+                    for image in &mut part.images {
+                        image.1 = relocated(cx.out, image.1, src);
+                    }
+                }
+            }
+            part.assemble()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(finish(DEPTHWISE, (codes, src), tail))
 }
 
 /// The f32 bytes of node `cx`'s output.
@@ -255,7 +429,7 @@ fn assemble_parts(
     scratch: &mut Scratch,
     tasks: usize,
     output: HeadOutput,
-) -> Option<(Vec<Vec<u8>>, Loc)> {
+) -> Attempt<(Vec<Vec<u8>>, Loc)> {
     let parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently; the
     // f32 results of a u8 kernel with a tail come first.
@@ -292,9 +466,9 @@ fn assemble_parts(
         if sizes[2 * t + 1] > 0 {
             part.b_panel = Some(locs[2 * t + 1]);
         }
-        codes.push(part.assemble().ok()?);
+        codes.push(part.assemble()?);
     }
-    Some((codes, src))
+    Ok((codes, src))
 }
 
 /// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into
@@ -557,12 +731,12 @@ pub(crate) fn program_steps(
 /// one axis with only unit axes before it (a per-channel operand of a
 /// single image: one value per row). `None` otherwise (the Cranelift kernel
 /// runs it).
-pub(crate) fn lower_headless(
-    cx: &NodeCx,
+pub(crate) fn lower_headless<'a>(
+    cx: &'a NodeCx,
     k: &FusedKernel,
     weights: &mut Weights,
     tasks: usize,
-) -> Option<Vec<Vec<u8>>> {
+) -> Option<impl Iterator<Item = Result<Vec<u8>, MicrokernelError>> + 'a> {
     let shape = &cx.node.ty.shape;
     let n = cx.node.ty.num_elements();
     if k.head().is_some() || cx.node.ty.dtype != k.store().dtype() || n == 0 {
@@ -644,13 +818,10 @@ pub(crate) fn lower_headless(
     let zero = (k.store() != FusedStore::F32).then(|| f32_zero(weights));
     // Large enough that a task is worth its wake-up (as split_elementwise).
     let tasks = tasks.min(n / (1 << 14)).max(1);
-    spec.split(tasks)
-        .into_iter()
-        .map(|p| match zero {
-            Some(zero) => p.narrowed(cx.out, zero).assemble().ok(),
-            None => p.assemble().ok(),
-        })
-        .collect()
+    Some(spec.split(tasks).into_iter().map(move |p| match zero {
+        Some(zero) => p.narrowed(cx.out, zero).assemble(),
+        None => p.assemble(),
+    }))
 }
 
 /// Epilogue steps being written, with the weights section for their
@@ -915,21 +1086,24 @@ fn dot(idx: &[usize], strides: &[i64]) -> i64 {
 }
 
 /// numpy MatMul, batch dims broadcast; a constant operand is packed.
-fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
+fn matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (bloc, bty) = cx.inputs[1];
-    let shape = super::linalg::MatMulShape::of(&aty.shape, &bty.shape)?;
+    let shape = super::linalg::MatMulShape::of(&aty.shape, &bty.shape)
+        .or_decline(|| "the operand shapes do not broadcast".into())?;
     let (m, k, n) = (shape.m, shape.k, shape.n);
     let (a_batch, b_batch, batch) = (shape.a_batch(), shape.b_batch(), &shape.batch);
     let count: usize = batch.iter().product();
-    if count > MAX_CALLS || k == 0 {
-        return None;
-    }
-    let elem = product_elem(aty.dtype, bty.dtype)?;
+    require(count <= MAX_CALLS, || {
+        format!("{count} products in the batch; one kernel unrolls at most {MAX_CALLS}")
+    })?;
+    require(k > 0, || "the reduction is empty".into())?;
+    let elem = product_elem(aty.dtype, bty.dtype)
+        .or_decline(|| format!("no kernel multiplies {} by {}", aty.dtype, bty.dtype))?;
     let b_const = float_constant(cx.graph, cx.input_ids[1]);
-    if elem != Elem::F32 && b_const.is_none() {
-        return None;
-    }
+    require(elem == Elem::F32 || b_const.is_some(), || {
+        "a 16-bit B must be a constant packed at compile time".into()
+    })?;
     let b_const = b_const.as_deref();
     let a_const = f32_constant(cx.graph, cx.input_ids[0]).filter(|_| elem == Elem::F32);
     // Bytes of one stored A element.
@@ -995,7 +1169,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
             src: None,
         })
         .collect();
-    Some(GemmSpec {
+    Ok(GemmSpec {
         m,
         n,
         k,
@@ -1024,17 +1198,18 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
 /// after the panels, and A's zero point (any u8, constant or computed) is
 /// applied in the epilogue. Batch dims of A fold into its rows (B is one
 /// matrix). Other operand types and zero points keep the Cranelift kernel.
-fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
+fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (_, bty) = cx.inputs[1];
-    if aty.dtype != DType::U8 || aty.shape.len() < 2 || bty.shape.len() != 2 {
-        return None;
-    }
+    require(aty.dtype == DType::U8, || {
+        format!("A is {}; the kernel reads u8", aty.dtype)
+    })?;
+    require(aty.shape.len() >= 2 && bty.shape.len() == 2, || {
+        "B must be one matrix and A at least one".into()
+    })?;
     let (k, n) = (bty.shape[0], bty.shape[1]);
     let m = aty.num_elements() / k.max(1);
-    if k == 0 || m == 0 || n == 0 {
-        return None;
-    }
+    require(k > 0 && m > 0 && n > 0, || "a dimension is empty".into())?;
     let b = signed_constant(cx, 1, 3)?;
     let blocking = Blocking::choose(m, n, MAX_MR);
     let nr = blocking.nr();
@@ -1062,7 +1237,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Option<GemmSpec> {
             Some(cx.inputs[2].0),
         )
     };
-    Some(GemmSpec {
+    Ok(GemmSpec {
         m,
         n,
         k,
@@ -1102,7 +1277,7 @@ fn gemm(
     beta: f32,
     trans_a: bool,
     trans_b: bool,
-) -> Option<GemmSpec> {
+) -> Attempt<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (bloc, _) = cx.inputs[1];
     let (m, k) = if trans_a {
@@ -1111,18 +1286,21 @@ fn gemm(
         (aty.shape[0], aty.shape[1])
     };
     let n = cx.node.ty.shape[1];
-    if k == 0 {
-        return None;
-    }
+    require(k > 0, || "the reduction is empty".into())?;
     // Element strides of op(A)[i, k] and op(B)[k, j] in the stored tensors.
     let (a_row, a_col) = if trans_a { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if trans_b { (1, k) } else { (n, 1) };
-    let elem = product_elem(aty.dtype, cx.inputs[1].1.dtype)?;
+    let bdt = cx.inputs[1].1.dtype;
+    let elem = product_elem(aty.dtype, bdt)
+        .or_decline(|| format!("no kernel multiplies {} by {bdt}", aty.dtype))?;
     let b_const = float_constant(cx.graph, cx.input_ids[1]);
+    require(elem == Elem::F32 || b_const.is_some(), || {
+        "a 16-bit B must be a constant packed at compile time".into()
+    })?;
     // A bf16 dot reads A pairs along k, which a transposed A does not have.
-    if elem != Elem::F32 && (b_const.is_none() || (elem == Elem::Bf16Dot && trans_a)) {
-        return None;
-    }
+    require(!(elem == Elem::Bf16Dot && trans_a), || {
+        "a bf16 dot product reads A along k, which trans_a is not".into()
+    })?;
     let b_const = b_const.as_deref();
     let a_const = f32_constant(cx.graph, cx.input_ids[0]).filter(|_| elem == Elem::F32);
     let ea = aty.dtype.size_bytes();
@@ -1140,7 +1318,9 @@ fn gemm(
             bloc,
         ),
         // Columns of a dynamic transposed B are not contiguous.
-        None => return None,
+        None => {
+            return decline("B is a run-time value with trans_b: its columns are not contiguous")
+        }
     };
     let (a, a_base) = match (a_const, b_const) {
         (Some(v), None) => {
@@ -1169,7 +1349,7 @@ fn gemm(
         }
         _ => None,
     };
-    Some(GemmSpec {
+    Ok(GemmSpec {
         m,
         n,
         k,
@@ -1198,84 +1378,162 @@ fn gemm(
     })
 }
 
-/// A 1×1, stride-1, unpadded, ungrouped convolution with constant weights:
-/// per image, `Y[oc, p] = bias[oc] + W[oc, :] @ X[:, p]` over the `H*W`
+/// The channel groups of a convolution as the GEMM kernels run them: one
+/// GEMM call per image and group, each group's packed weights after the
+/// previous group's (`a_stride` bytes apart).
+#[derive(Clone, Copy, Debug)]
+struct Groups {
+    /// Number of groups.
+    count: usize,
+    /// Input channels per group.
+    cin: usize,
+    /// Output channels per group (the GEMM's rows).
+    oc: usize,
+    /// Bytes between two groups' packed weights.
+    a_stride: i64,
+}
+
+impl Groups {
+    /// The offsets (bytes) of group `g` in the input image, the output
+    /// image, the packed weights and the bias, for an input of `in_plane`
+    /// and an output of `out_plane` bytes per channel.
+    fn offsets(&self, g: usize, in_plane: usize, out_plane: usize) -> (i64, i64, i64, i64) {
+        (
+            (g * self.cin * in_plane) as i64,
+            (g * self.oc * out_plane) as i64,
+            g as i64 * self.a_stride,
+            (g * self.oc * 4) as i64,
+        )
+    }
+}
+
+/// The weights of a (grouped) convolution with `k` values per output
+/// channel, packed per group into panels of `mr` rows, in the weights
+/// section; where they start and the groups' geometry.
+fn pack_conv_weights(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    elem: Elem,
+    mr: usize,
+) -> Attempt<(Loc, Groups)> {
+    let wv = float_constant(cx.graph, cx.input_ids[1])
+        .or_decline(|| "the weights are not a constant".into())?;
+    let wty = cx.inputs[1].1;
+    let (oc, cin_g) = (wty.shape[0], wty.shape[1]);
+    let k = cin_g * wty.shape[2] * wty.shape[3];
+    let oc_g = oc / c.group;
+    let mut bytes = Vec::new();
+    let mut a_stride = 0;
+    for g in 0..c.group {
+        let part = pack_w_for(elem, &wv[g * oc_g * k..(g + 1) * oc_g * k], oc_g, k, mr);
+        a_stride = part.len() as i64;
+        bytes.extend(part);
+    }
+    let groups = Groups {
+        count: c.group,
+        cin: cin_g,
+        oc: oc_g,
+        a_stride,
+    };
+    Ok((weights_loc(weights, &bytes), groups))
+}
+
+/// The shared conditions of the float GEMM convolutions: their element
+/// types, and at most [`MAX_CALLS`] images × groups.
+fn conv_gemm_elem(cx: &NodeCx, c: &Conv2d) -> Attempt<Elem> {
+    let (xty, wty) = (cx.inputs[0].1, cx.inputs[1].1);
+    let calls = xty.shape[0] * c.group;
+    require(calls <= MAX_CALLS, || too_many_calls(calls))?;
+    require(wty.shape[1] * wty.shape[2] * wty.shape[3] > 0, || {
+        "the window is empty".into()
+    })?;
+    conv_elem(xty.dtype, wty.dtype)
+        .or_decline(|| format!("no kernel convolves {} by {}", xty.dtype, wty.dtype))
+}
+
+/// A 1×1, stride-1, unpadded convolution with constant weights: per image
+/// and group, `Y[oc, p] = bias[oc] + W[oc, :] @ X[:, p]` over the `H*W`
 /// positions `p` (NCHW needs no transposition).
-fn pointwise_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+fn pointwise_conv(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    _tasks: usize,
+) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
     let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
-    let pointwise =
-        c.group == 1 && (kh, kw) == (1, 1) && c.strides == [1, 1] && c.pads == [0, 0, 0, 0];
-    if !pointwise || batch > MAX_CALLS || cin == 0 {
-        return None;
-    }
-    let elem = conv_elem(xty.dtype, wty.dtype)?;
-    let wv = float_constant(cx.graph, cx.input_ids[1])?;
+    require((kh, kw) == (1, 1), || {
+        format!("the window is {kh}x{kw}, not 1x1")
+    })?;
+    require(c.strides == [1, 1] && c.pads == [0, 0, 0, 0], || {
+        "the convolution is strided or padded".into()
+    })?;
+    let elem = conv_gemm_elem(cx, c)?;
     let p = h * w;
-    let blocking = Blocking::choose(oc, p, packed_a_rows(cin));
-    let packed = pack_w_for(elem, &wv, oc, cin, blocking.mr);
-    let a_base = weights_loc(weights, &packed);
+    let cin_g = cin / c.group;
+    let blocking = Blocking::choose(oc / c.group, p, packed_a_rows(cin_g));
+    let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
-    let calls = (0..batch as i64)
-        .map(|img| Call {
-            a: a_base,
-            b: xloc.moved(img * (cin * p * 4) as i64),
-            out: cx.out.moved(img * (oc * p * 4) as i64),
-            c: bias,
-            src: None,
-        })
-        .collect();
-    Some(GemmSpec {
+    let mut calls = Vec::with_capacity(batch * groups.count);
+    for img in 0..batch {
+        for g in 0..groups.count {
+            let (x_off, y_off, a_off, c_off) = groups.offsets(g, p * 4, p * 4);
+            calls.push(Call {
+                a: a_base.moved(a_off),
+                b: xloc.moved((img * cin * p * 4) as i64 + x_off),
+                out: cx.out.moved((img * oc * p * 4) as i64 + y_off),
+                c: bias.map(|b| b.moved(c_off)),
+                src: None,
+            });
+        }
+    }
+    Ok(GemmSpec {
         b: BLayout::Strided {
             row: (p * 4) as i64,
         },
         out_row: (p * 4) as i64,
         calls,
-        ..conv_gemm(oc, p, cin, elem, blocking, bias.is_some())
+        ..conv_gemm(groups.oc, p, cin_g, elem, blocking, bias.is_some())
     })
 }
 
-/// An ungrouped convolution with constant weights as im2col + GEMM: per
-/// image, `col[Cin*kh*kw, OH*OW]` is built in arena scratch, then
-/// `Y[oc, p] = bias[oc] + W[oc, :] @ col[:, p]` (OIHW weights are already
-/// `[OC, Cin*kh*kw]` in the row order of `col`).
-fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
-    let (_, xty) = cx.inputs[0];
+/// A convolution with constant weights as im2col + GEMM: per image and
+/// group, `col[Cin*kh*kw, OH*OW]` is built in arena scratch (in bands of
+/// output rows when large), then `Y[oc, p] = bias[oc] + W[oc, :] @ col[:,
+/// p]` (OIHW weights are already `[OC, Cin*kh*kw]` in the row order of
+/// `col`).
+fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, _tasks: usize) -> Attempt<GemmSpec> {
     let (_, wty) = cx.inputs[1];
-    let (batch, cin) = (xty.shape[0], xty.shape[1]);
-    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
-    if c.group != 1 || batch > MAX_CALLS || cin * kh * kw == 0 {
-        return None;
-    }
-    let elem = conv_elem(xty.dtype, wty.dtype)?;
-    let wv = float_constant(cx.graph, cx.input_ids[1])?;
-    let full = whole_image_im2col(cx, c, None);
+    let elem = conv_gemm_elem(cx, c)?;
+    let full = Im2col {
+        cin: cin_g,
+        ..whole_image_im2col(cx, c, None)
+    };
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
-    if first.col_bytes() > MAX_SCRATCH / 2 {
-        return None;
-    }
-    let (k, p) = (cin * kh * kw, band * ow);
-    let blocking = Blocking::choose(oc, p, packed_a_rows(k));
-    let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
-    let a_base = weights_loc(weights, &packed);
-    // `lower` points B at the im2col matrix once scratch is reserved.
+    require(first.col_bytes() <= MAX_SCRATCH / 2, || {
+        too_much_scratch(first.col_bytes())
+    })?;
+    let (k, p) = (cin_g * kh * kw, band * ow);
+    let blocking = Blocking::choose(oc / c.group, p, packed_a_rows(k));
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
-    let (routines, calls) = banded_calls(cx, first, a_base, bias);
-    if calls.len() > MAX_CALLS {
-        return None;
-    }
-    Some(GemmSpec {
+    let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
+    // `lower` points B at the im2col matrix once scratch is reserved.
+    let (routines, calls) = banded_calls(cx, first, a_base, bias, groups);
+    require(calls.len() <= MAX_CALLS, || too_many_calls(calls.len()))?;
+    Ok(GemmSpec {
         b: BLayout::Strided {
             row: (p * 4) as i64,
         },
         out_row: (oh * ow * 4) as i64,
         calls,
         im2col: routines,
-        ..conv_gemm(oc, p, k, elem, blocking, bias.is_some())
+        ..conv_gemm(groups.oc, p, k, elem, blocking, bias.is_some())
     })
 }
 
@@ -1287,19 +1545,27 @@ fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpe
 /// then the GEMM of the packed i8 weights by it, minus `z` times each
 /// output channel's weight sum. Other operand types keep the Cranelift
 /// kernel.
-fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSpec> {
+fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Attempt<GemmSpec> {
     let (_, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
     let (batch, cin) = (xty.shape[0], xty.shape[1]);
     let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
-    if xty.dtype != DType::U8 || c.group != 1 || batch > MAX_CALLS {
-        return None;
+    require(xty.dtype == DType::U8, || {
+        format!("X is {}; the kernel reads u8", xty.dtype)
+    })?;
+    require(c.group == 1, || {
+        format!("{} groups; the kernel is ungrouped", c.group)
+    })?;
+    require(batch <= MAX_CALLS, || {
+        format!("batch {batch} > {MAX_CALLS}")
+    })?;
+    require(cin * kh * kw > 0 && cx.node.ty.num_elements() > 0, || {
+        "a dimension is empty".into()
+    })?;
+    if let Err(e) = super::conv::check_conv_window(cx, c) {
+        return decline(e.to_string());
     }
-    if cin * kh * kw == 0 || cx.node.ty.num_elements() == 0 {
-        return None;
-    }
-    super::conv::check_conv_window(cx, c).ok()?;
     let wv = signed_constant(cx, 1, 3)?;
     // Weights as `[oc, (th, tw, channel)]` with the channels padded to
     // quads, and each output channel's sum for the zero-point correction.
@@ -1320,9 +1586,9 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
     let full = whole_image_im2col(cx, c, Some(zero));
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
-    if first.col_bytes() > MAX_SCRATCH / 2 {
-        return None;
-    }
+    require(first.col_bytes() <= MAX_SCRATCH / 2, || {
+        too_much_scratch(first.col_bytes())
+    })?;
     let p = band * ow;
     let blocking = Blocking::choose(oc, p, packed_a_rows(k));
     let a_base = weights_loc(weights, &pack_a_quads(&wq, oc, k, blocking.mr));
@@ -1332,11 +1598,15 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
         (Some(weights_loc(weights, &bytes)), Some(zero))
     };
-    let (routines, calls) = banded_calls(cx, first, a_base, None);
-    if calls.len() > MAX_CALLS {
-        return None;
-    }
-    Some(GemmSpec {
+    let ungrouped = Groups {
+        count: 1,
+        cin,
+        oc,
+        a_stride: 0,
+    };
+    let (routines, calls) = banded_calls(cx, first, a_base, None, ungrouped);
+    require(calls.len() <= MAX_CALLS, || too_many_calls(calls.len()))?;
+    Ok(GemmSpec {
         b: BLayout::Strided {
             row: first.row_bytes() as i64,
         },
@@ -1353,18 +1623,26 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Option<GemmSp
 /// it is signed once its zero point (kernel input `zero_slot`, constant)
 /// is taken out: i8 with zero point 0, or u8 with zero point 128 (stored
 /// as `v - 128`). `None` for other types and zero points.
-fn signed_constant(cx: &NodeCx, slot: usize, zero_slot: usize) -> Option<Vec<i8>> {
+fn signed_constant(cx: &NodeCx, slot: usize, zero_slot: usize) -> Attempt<Vec<i8>> {
     let shift = match cx.inputs[slot].1.dtype {
         DType::I8 => 0,
         DType::U8 => 128,
-        _ => return None,
+        d => return decline(format!("the weights are {d}; the kernel reads i8 or u8")),
     };
-    let zero = cx.graph.constant(cx.input_ids[zero_slot])?.to_i64_vec();
-    if zero.iter().any(|&z| z != shift) {
-        return None;
-    }
-    let v = cx.graph.constant(cx.input_ids[slot])?.to_i64_vec();
-    Some(v.iter().map(|&x| (x - shift) as i8).collect())
+    let zero = cx
+        .graph
+        .constant(cx.input_ids[zero_slot])
+        .or_decline(|| "the weights' zero point is not a constant".into())?
+        .to_i64_vec();
+    require(zero.iter().all(|&z| z == shift), || {
+        format!("the weights' zero point is not {shift} (the kernel needs signed weights)")
+    })?;
+    let v = cx
+        .graph
+        .constant(cx.input_ids[slot])
+        .or_decline(|| "the weights are not a constant".into())?
+        .to_i64_vec();
+    Ok(v.iter().map(|&x| (x - shift) as i8).collect())
 }
 
 /// Whether the zero point at kernel input `slot` is the constant 0 (its
@@ -1376,18 +1654,26 @@ fn zero_point_is_0(cx: &NodeCx, slot: usize) -> bool {
 }
 
 /// The GEMM calls of an im2col convolution `cx` converted in bands of
-/// `first.rows` output rows: per image and band, B built by the band's
-/// routine into scratch (offset 0 here; `lower` places it), A at `a`, C
-/// at `c`. One routine per distinct band geometry; a band reuses one with
-/// the image moved down by the rows between them.
-fn banded_calls(cx: &NodeCx, first: Im2col, a: Loc, c: Option<Loc>) -> (Vec<Im2col>, Vec<Call>) {
+/// `first.rows` output rows: per image, group and band, B built by the
+/// band's routine into scratch (offset 0 here; `lower` places it), A at
+/// `a` (moved per group), C at `c`. One routine per distinct band
+/// geometry; a band reuses one with the image moved down by the rows
+/// between them.
+fn banded_calls(
+    cx: &NodeCx,
+    first: Im2col,
+    a: Loc,
+    c: Option<Loc>,
+    groups: Groups,
+) -> (Vec<Im2col>, Vec<Call>) {
     let (xloc, xty) = cx.inputs[0];
     let (oc, oh, ow) = (
         cx.node.ty.shape[1],
         cx.node.ty.shape[2],
         cx.node.ty.shape[3],
     );
-    let image = (xty.shape[1] * xty.shape[2] * xty.shape[3] * first.elem_bytes()) as i64;
+    let plane = xty.shape[2] * xty.shape[3] * first.elem_bytes();
+    let image = (xty.shape[1] * plane) as i64;
     let col = Loc {
         base: Base::Arena,
         offset: 0,
@@ -1395,17 +1681,20 @@ fn banded_calls(cx: &NodeCx, first: Im2col, a: Loc, c: Option<Loc>) -> (Vec<Im2c
     let mut routines: Vec<Im2col> = Vec::new();
     let mut calls = Vec::new();
     for img in 0..xty.shape[0] as i64 {
-        for row0 in (0..oh).step_by(first.rows) {
-            let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
-            calls.push(Call {
-                a,
-                b: col,
-                out: cx
-                    .out
-                    .moved(img * (oc * oh * ow * 4) as i64 + (row0 * ow * 4) as i64),
-                c,
-                src: Some((xloc.moved(img * image + shift), routine)),
-            });
+        for g in 0..groups.count {
+            let (x_off, y_off, a_off, c_off) = groups.offsets(g, plane, oh * ow * 4);
+            for row0 in (0..oh).step_by(first.rows) {
+                let (routine, shift) = band_routine(&mut routines, Im2col { row0, ..first });
+                calls.push(Call {
+                    a: a.moved(a_off),
+                    b: col,
+                    out: cx
+                        .out
+                        .moved(img * (oc * oh * ow * 4) as i64 + y_off + (row0 * ow * 4) as i64),
+                    c: c.map(|c| c.moved(c_off)),
+                    src: Some((xloc.moved(img * image + x_off + shift), routine)),
+                });
+            }
         }
     }
     (routines, calls)
@@ -1482,29 +1771,40 @@ fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
     (i, shift as i64)
 }
 
-/// An ungrouped convolution with W stride 1 and constant weights as an
-/// implicit GEMM: per band of output rows, the input rows the band reads
-/// are copied once into arena scratch with their padding made explicit
-/// (`[Cin, rows, pl + W + pr]`), and every output row is one GEMM
-/// `Y[oc, ow] = bias[oc] + W[oc, :] @ B` whose B the kernel reads in
-/// place from that copy ([`BLayout::Taps`]: per channel, the `kh × kw`
-/// taps at fixed offsets). Against [`im2col_conv`] this writes the input
-/// once instead of `kh * kw` times. Bands are cut small enough for L2 and
-/// numerous enough for `tasks`.
-fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -> Option<GemmSpec> {
+/// A convolution with W stride 1 and constant weights as an implicit
+/// GEMM: per band of output rows, the input rows the band reads are copied
+/// once into arena scratch with their padding made explicit (`[Cin, rows,
+/// pl + W + pr]`), and every output row is one GEMM per group `Y[oc, ow] =
+/// bias[oc] + W[oc, :] @ B` whose B the kernel reads in place from that
+/// copy ([`BLayout::Taps`]: per channel, the `kh × kw` taps at fixed
+/// offsets). Against [`im2col_conv`] this writes the input once instead of
+/// `kh * kw` times, but each GEMM is one output row wide: it declines rows
+/// too narrow to fill the vectors, which im2col packs together. Bands are
+/// cut small enough for L2 and numerous enough for `tasks`.
+fn implicit_conv(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    tasks: usize,
+) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
-    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
-    if c.group != 1 || c.strides[1] != 1 || cin * kh * kw == 0 || kh * kw > MAX_TAPS {
-        return None;
-    }
-    let elem = conv_elem(xty.dtype, wty.dtype)?;
-    if !matches!(elem, Elem::F32 | Elem::WidenA(_)) {
-        return None;
-    }
-    let wv = float_constant(cx.graph, cx.input_ids[1])?;
+    require(c.strides[1] == 1, || format!("W stride {}", c.strides[1]))?;
+    require(kh * kw <= MAX_TAPS, || {
+        format!("{kh}x{kw} taps; the kernel unrolls at most {MAX_TAPS}")
+    })?;
+    let fill = lane_fill(ow);
+    require(fill >= MIN_ROW_FILL || oh == 1, || {
+        format!(
+            "output rows of {ow} columns fill {:.0}% of the 16-lane vectors (< {:.0}%); im2col packs rows together",
+            fill * 100.0,
+            MIN_ROW_FILL * 100.0
+        )
+    })?;
+    let elem = conv_gemm_elem(cx, c)?;
     let [sh, _] = c.strides;
     let [dh, dw] = c.dilations;
     let wp = c.pads[1] + w + c.pads[3];
@@ -1513,7 +1813,7 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
     let band_bytes = |rows: usize| (cin * padded_rows(rows) * wp * 4) as u64;
     // The most rows dividing the height whose copy stays in L2, in at
     // least as many bands as tasks (threads split the kernel by bands).
-    let flops = 2 * batch * oc * oh * ow * cin * kh * kw;
+    let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
     let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
     let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
     let band = (1..=oh)
@@ -1522,18 +1822,20 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
             oh.is_multiple_of(b) && band_bytes(b) <= IM2COL_BAND_BYTES && oh / b >= bands_wanted
         })
         .unwrap_or(1);
-    if band_bytes(band) > MAX_SCRATCH / 2 {
-        return None;
-    }
-    let k = cin * kh * kw;
-    let blocking = Blocking::choose(oc, ow, packed_a_rows(k));
-    let packed = pack_w_for(elem, &wv, oc, k, blocking.mr);
-    let a_base = weights_loc(weights, &packed);
+    require(band_bytes(band) <= MAX_SCRATCH / 2, || {
+        too_much_scratch(band_bytes(band))
+    })?;
+    let calls_wanted = batch * oh * c.group;
+    require(calls_wanted <= MAX_CALLS, || too_many_calls(calls_wanted))?;
+    let k = cin_g * kh * kw;
+    let blocking = Blocking::choose(oc / c.group, ow, packed_a_rows(k));
+    let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let rows_p = padded_rows(band);
     let channel = (rows_p * wp * 4) as i64;
     // The band copy is a 1×1 "convolution" onto the padded grid: output
     // row `r` of the copy is input row `r - pt`, zero outside the image.
+    // It copies every channel; each group's GEMMs read their channels.
     let copy = |row0: usize| Im2col {
         cin,
         h,
@@ -1555,26 +1857,28 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
         for row0 in (0..oh).step_by(band) {
             let (routine, shift) = band_routine(&mut routines, copy(row0));
             for r in 0..band {
-                calls.push(Call {
-                    a: a_base,
-                    // Relative to the scratch, which `lower` reserves.
-                    b: Loc {
-                        base: Base::Arena,
-                        offset: (r * sh * wp * 4) as u64,
-                    },
-                    out: cx
-                        .out
-                        .moved(img * (oc * oh * ow * 4) as i64 + ((row0 + r) * ow * 4) as i64),
-                    c: bias,
-                    src: (r == 0).then_some((image.moved(shift), routine)),
-                });
+                for g in 0..groups.count {
+                    let (b_off, y_off, a_off, c_off) =
+                        groups.offsets(g, rows_p * wp * 4, oh * ow * 4);
+                    let first = r == 0 && g == 0;
+                    calls.push(Call {
+                        a: a_base.moved(a_off),
+                        // Relative to the scratch, which `lower` reserves.
+                        b: Loc {
+                            base: Base::Arena,
+                            offset: (r * sh * wp * 4) as u64 + b_off as u64,
+                        },
+                        out: cx.out.moved(
+                            img * (oc * oh * ow * 4) as i64 + y_off + ((row0 + r) * ow * 4) as i64,
+                        ),
+                        c: bias.map(|b| b.moved(c_off)),
+                        src: first.then_some((image.moved(shift), routine)),
+                    });
+                }
             }
         }
     }
-    if calls.len() > MAX_CALLS {
-        return None;
-    }
-    Some(GemmSpec {
+    Ok(GemmSpec {
         b: BLayout::Taps {
             channel,
             kh,
@@ -1585,9 +1889,20 @@ fn implicit_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, tasks: usize) -
         out_row: (oh * ow * 4) as i64,
         calls,
         im2col: routines,
-        ..conv_gemm(oc, ow, k, elem, blocking, bias.is_some())
+        ..conv_gemm(groups.oc, ow, k, elem, blocking, bias.is_some())
     })
 }
+
+/// The share of the lanes of 16-wide vectors that `n` columns fill.
+fn lane_fill(n: usize) -> f64 {
+    n as f64 / (n.div_ceil(16).max(1) * 16) as f64
+}
+
+/// Least [`lane_fill`] of an implicit GEMM's output rows: below it, the
+/// wasted lanes cost more than im2col's copies of the input (an output
+/// row of 7 or 14 columns, the last stages of a ResNet, fills 44% or 88%
+/// of one vector; 23 columns fill 72% of two).
+const MIN_ROW_FILL: f64 = 0.7;
 
 /// Most taps of an implicit-GEMM convolution window (its k loop unrolls
 /// them).
@@ -1616,16 +1931,22 @@ fn im2col_band(full: &Im2col) -> usize {
 
 /// A depthwise convolution (one input channel per group, any depth
 /// multiplier) with W stride 1, weights read as they are.
-fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
+fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Attempt<DepthwiseSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (wloc, wty) = cx.inputs[1];
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
     let (oc, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
-    let depthwise = c.group == cin && cg == 1 && oc % c.group == 0;
-    if !depthwise || c.strides[1] > 2 || batch > MAX_CALLS || ow > 4096 {
-        return None;
-    }
+    require(c.group == cin && cg == 1 && oc % c.group == 0, || {
+        format!("{} input channels per group, not 1", cin / c.group)
+    })?;
+    require(c.strides[1] <= 2, || {
+        format!("W stride {} > 2", c.strides[1])
+    })?;
+    require(batch <= MAX_CALLS, || {
+        format!("batch {batch} > {MAX_CALLS}")
+    })?;
+    require(ow <= 4096, || format!("{ow} output columns > 4096"))?;
     let rows = super::pool::window_segments(
         oh,
         h,
@@ -1650,7 +1971,7 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Option<DepthwiseSpec> {
             )
         })
         .collect();
-    Some(DepthwiseSpec {
+    Ok(DepthwiseSpec {
         groups: c.group,
         per_group: oc / c.group,
         h,

@@ -1048,7 +1048,10 @@ pub(crate) fn cast_value(kb: &mut Kb, x: Value, from: DType, to: DType) -> Value
 /// other node.
 ///
 /// [`NarrowSpec`]: crate::microkernel::narrow::NarrowSpec
-pub(crate) fn narrow_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn narrow_avx512(
+    cx: &NodeCx,
+    tasks: usize,
+) -> Option<Vec<Result<Vec<u8>, crate::microkernel::MicrokernelError>>> {
     let (x, ty) = *cx.inputs.first()?;
     if cx.node.op != (kiln_ir::Op::Cast { to: DType::U8 }) || ty.dtype != DType::F32 {
         return None;
@@ -1059,10 +1062,7 @@ pub(crate) fn narrow_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
     }
     let spec = crate::microkernel::narrow::NarrowSpec { len, x, y: cx.out };
     let tasks = tasks.min(len / MIN_NARROW_TASK).max(1);
-    spec.split(tasks)
-        .iter()
-        .map(|s| s.assemble().ok())
-        .collect()
+    Some(spec.split(tasks).iter().map(|s| s.assemble()).collect())
 }
 
 /// The fewest elements worth a task of their own in [`narrow_avx512`]

@@ -21,6 +21,7 @@ mod partition;
 mod pool;
 mod reduce;
 mod resize;
+pub(crate) mod select;
 mod softmax;
 
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I16, I32, I64, I8};
@@ -308,96 +309,190 @@ pub(crate) enum SplitTail {
     Clif(Vec<Function>),
 }
 
-/// Builds the kernel of one job: an AVX-512 microkernel for the dense ops
-/// it covers when the target has AVX-512, otherwise a Cranelift function.
+/// Builds the kernel of one job: an AVX-512 microkernel for the ops one
+/// covers when the target has AVX-512, otherwise a Cranelift function. A
+/// dense node's kernel is chosen from its candidates ([`select`]) and
+/// recorded in `plan.dense_kernels`.
 pub(crate) fn lower_job(
     graph: &Graph,
     plan: &mut Plan,
     job: &Job,
     target: &Target,
 ) -> Result<Lowered, CpuError> {
-    if let (Job::Node(id), true) = (job, target.avx512) {
-        let cx = node_cx(graph, plan, *id);
-        let needs_vnni = cx.node.op.is_integer_product();
-        if let Op::Fused(k) = &cx.node.op {
-            if let Some((mut tasks, tail)) = (target.vnni || !needs_vnni)
-                .then(|| {
-                    dense::lower_fused(&cx, k, &mut plan.weights, &mut plan.scratch, target.tasks)
-                })
-                .flatten()
-            {
-                let Some(dense::Tail { program, src }) = tail else {
-                    return Ok(Lowered::Machine(tasks));
-                };
-                let first_extra = k.head().map_or(0, |h| h.inputs);
-                // The tail as a headless kernel over the head's result: an
-                // AVX-512 elementwise kernel when its program has the step
-                // form, else Cranelift.
-                let tail_kernel = FusedKernel::new(None, program.clone())?.with_store(k.store());
-                let tail = Node {
-                    op: Op::Fused(Box::new(tail_kernel.clone())),
-                    name: cx.node.name.clone(),
-                    ty: cx.node.ty.clone(),
-                };
-                let src_ty = ValueType::new(DType::F32, cx.node.ty.shape.clone());
-                let mut tail_cx = NodeCx {
-                    graph,
-                    node: &tail,
-                    input_ids: vec![*id],
-                    inputs: vec![(src, &src_ty)],
-                    out: cx.out,
-                };
-                tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
-                tail_cx.inputs.extend(&cx.inputs[first_extra..]);
-                let split = tasks.len() > 1;
-                let tail_tasks = if split { target.tasks } else { 1 };
-                let machine =
-                    dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks);
-                let over = |kb: &mut Kb| {
-                    fused::program_over(kb, &cx, &program, first_extra, (src, DType::F32));
-                    Ok(())
-                };
-                if split {
-                    let tail = match machine {
-                        Some(codes) => SplitTail::Machine(codes),
-                        None => SplitTail::Clif(match split_elementwise(&tail_cx, plan, target)? {
-                            Some(funcs) => funcs,
-                            None => vec![build_function(target, over)?],
-                        }),
-                    };
-                    return Ok(Lowered::SplitChain(tasks, tail));
-                }
-                let tail = match machine {
-                    Some(mut codes) => crate::emit::TailCode::Machine(codes.swap_remove(0)),
-                    None => crate::emit::TailCode::Clif(Box::new(build_function(target, over)?)),
-                };
-                return Ok(Lowered::Chain(tasks.swap_remove(0), tail));
+    let Job::Node(id) = job else {
+        return lower_clif(graph, plan, job, target).map(|f| Lowered::Clif(Box::new(f)));
+    };
+    let node = graph.node(*id);
+    let Some(op) = dense_op(&node.op) else {
+        return lower_other(graph, plan, *id, target);
+    };
+    let mut trail = select::Trail::default();
+    let (lowered, kernel) = match lower_dense(graph, plan, *id, target, &mut trail)? {
+        Some(served) => served,
+        None => (lower_other(graph, plan, *id, target)?, select::GENERIC),
+    };
+    let flops = kiln_ir::cost::node_dense_flops(graph, *id);
+    (plan.dense_kernels).push(trail.chose(&node.name, op, kernel, flops));
+    Ok(lowered)
+}
+
+/// The dense op of `op` (the head's for a fused kernel), which kernel
+/// selection records; `None` for other ops.
+fn dense_op(op: &Op) -> Option<&'static str> {
+    match op {
+        Op::Fused(k) => k.head().map(|h| h.op.op().name()),
+        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::MatMulInteger | Op::ConvInteger(_) => {
+            Some(op.name())
+        }
+        _ => None,
+    }
+}
+
+/// The microkernel of dense node `id` and the candidate that made it, or
+/// `None` when every candidate declined (each recorded in `trail`).
+fn lower_dense(
+    graph: &Graph,
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+    trail: &mut select::Trail,
+) -> Result<Option<(Lowered, &'static str)>, CpuError> {
+    if !target.avx512 {
+        let why = "the target has no AVX-512 (the AVX2 and NEON targets run dense ops as Cranelift loops)";
+        trail.declined("avx512", why);
+        return Ok(None);
+    }
+    let cx = node_cx(graph, plan, id);
+    let codegen = |e| microkernel_error(cx.node, e);
+    if cx.node.op.is_integer_product() && !target.vnni {
+        trail.declined("avx512-vnni", "the target has no AVX512-VNNI");
+        return Ok(None);
+    }
+    let Op::Fused(k) = &cx.node.op else {
+        let served = dense::lower(
+            &cx,
+            &mut plan.weights,
+            &mut plan.scratch,
+            target.tasks,
+            trail,
+        )
+        .map_err(codegen)?;
+        return Ok(served.map(|s| (Lowered::Machine(s.codes), s.kernel)));
+    };
+    let served = dense::lower_fused(
+        &cx,
+        k,
+        &mut plan.weights,
+        &mut plan.scratch,
+        target.tasks,
+        trail,
+    )
+    .map_err(codegen)?;
+    let Some(dense::Served {
+        codes: mut tasks,
+        tail,
+        kernel,
+    }) = served
+    else {
+        return Ok(None);
+    };
+    let Some(dense::Tail { program, src }) = tail else {
+        return Ok(Some((Lowered::Machine(tasks), kernel)));
+    };
+    let first_extra = k.head().map_or(0, |h| h.inputs);
+    // The tail as a headless kernel over the head's result: an AVX-512
+    // elementwise kernel when its program has the step form, else
+    // Cranelift.
+    let tail_kernel = FusedKernel::new(None, program.clone())?.with_store(k.store());
+    let tail = Node {
+        op: Op::Fused(Box::new(tail_kernel.clone())),
+        name: cx.node.name.clone(),
+        ty: cx.node.ty.clone(),
+    };
+    let src_ty = ValueType::new(DType::F32, cx.node.ty.shape.clone());
+    let mut tail_cx = NodeCx {
+        graph,
+        node: &tail,
+        input_ids: vec![id],
+        inputs: vec![(src, &src_ty)],
+        out: cx.out,
+    };
+    tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
+    tail_cx.inputs.extend(&cx.inputs[first_extra..]);
+    let split = tasks.len() > 1;
+    let tail_tasks = if split { target.tasks } else { 1 };
+    let machine = match dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks)
+    {
+        Some(parts) => select::assembled_tasks(parts).map_err(codegen)?,
+        None => None,
+    };
+    let over = |kb: &mut Kb| {
+        fused::program_over(kb, &cx, &program, first_extra, (src, DType::F32));
+        Ok(())
+    };
+    if split {
+        let tail = match machine {
+            Some(codes) => SplitTail::Machine(codes),
+            None => SplitTail::Clif(match split_elementwise(&tail_cx, plan, target)? {
+                Some(funcs) => funcs,
+                None => vec![build_function(target, over)?],
+            }),
+        };
+        return Ok(Some((Lowered::SplitChain(tasks, tail), kernel)));
+    }
+    let tail = match machine {
+        Some(mut codes) => crate::emit::TailCode::Machine(codes.swap_remove(0)),
+        None => crate::emit::TailCode::Clif(Box::new(build_function(target, over)?)),
+    };
+    Ok(Some((Lowered::Chain(tasks.swap_remove(0), tail), kernel)))
+}
+
+/// A microkernel that applies but could not be assembled: a compiler bug,
+/// reported as an error rather than run as a slower kernel.
+fn microkernel_error(node: &Node, e: crate::microkernel::MicrokernelError) -> CpuError {
+    CpuError::Codegen {
+        node: node.name.clone(),
+        message: format!("microkernel: {e}"),
+    }
+}
+
+/// The kernel of a node that is not dense, or of a dense node no
+/// microkernel took: an AVX-512 microkernel where one applies, else
+/// Cranelift functions.
+fn lower_other(
+    graph: &Graph,
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+) -> Result<Lowered, CpuError> {
+    let job = Job::Node(id);
+    if target.avx512 {
+        let cx = node_cx(graph, plan, id);
+        let codegen = |e| microkernel_error(cx.node, e);
+        let machine = match &cx.node.op {
+            Op::Fused(k) => dense::lower_headless(&cx, k, &mut plan.weights, target.tasks)
+                .map(select::assembled_tasks),
+            Op::Softmax { .. } => {
+                softmax::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
             }
-            if let Some(code) = dense::lower_headless(&cx, k, &mut plan.weights, target.tasks) {
-                return Ok(Lowered::Machine(code));
+            Op::Reduce { .. } => {
+                reduce::lower_avx512(&cx).map(|code| select::assembled_tasks([code]))
             }
-        } else if let Some(code) = softmax::lower_avx512(&cx, target.tasks) {
-            return Ok(Lowered::Machine(code));
-        } else if let Some(code) = reduce::lower_avx512(&cx) {
-            return Ok(Lowered::Machine(vec![code]));
-        } else if let Some(code) = elementwise::narrow_avx512(&cx, target.tasks) {
-            return Ok(Lowered::Machine(code));
-        } else if let Some(code) = match cx.node.op {
+            Op::Cast { .. } => {
+                elementwise::narrow_avx512(&cx, target.tasks).map(select::assembled_tasks)
+            }
             Op::Attention { scale } => {
-                attention::lower_avx512(&cx, scale, &mut plan.scratch, target.tasks)
+                attention::lower_avx512(&cx, *scale, &mut plan.scratch, target.tasks)
+                    .map(select::assembled_tasks)
             }
             _ => None,
-        } {
-            return Ok(Lowered::Machine(code));
-        } else if let Some(code) = (target.vnni || !needs_vnni)
-            .then(|| dense::lower(&cx, &mut plan.weights, &mut plan.scratch, target.tasks))
-            .flatten()
-        {
+        };
+        if let Some(code) = machine.transpose().map_err(codegen)?.flatten() {
             return Ok(Lowered::Machine(code));
         }
     }
-    if let (Job::Node(id), true) = (job, target.tasks > 1) {
-        let cx = node_cx(graph, plan, *id);
+    if target.tasks > 1 {
+        let cx = node_cx(graph, plan, id);
         if let Some(funcs) = split_elementwise(&cx, plan, target)? {
             return Ok(Lowered::ClifTasks(funcs));
         }
@@ -405,7 +500,7 @@ pub(crate) fn lower_job(
             return Ok(Lowered::ClifTasks(funcs));
         }
     }
-    lower_clif(graph, plan, job, target).map(|f| Lowered::Clif(Box::new(f)))
+    lower_clif(graph, plan, &job, target).map(|f| Lowered::Clif(Box::new(f)))
 }
 
 /// Fewest output elements for which an elementwise node is split over

@@ -29,7 +29,7 @@
 //! [`MIN_TASK_FLOPS`] per task stay whole: below that the hand-off to the
 //! workers costs more than it saves.
 
-use crate::microkernel::gemm::{ALayout, Elem, GemmSpec, Operand};
+use crate::microkernel::gemm::{ALayout, GemmSpec, Operand};
 
 /// The least work (floating-point operations) worth a task of its own:
 /// about 40 µs at this machine's single-core GEMM speed, well above the
@@ -60,22 +60,28 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
             .collect();
         bounds.push(calls);
         bounds.dedup();
-        return bounds
-            .windows(2)
-            .map(|r| {
-                let mut part = spec.clone();
-                part.calls = spec.calls[r[0]..r[1]].to_vec();
-                part
-            })
-            .collect();
+        // Calls that share a B built by one of them (the rows and groups
+        // of an implicit-GEMM band) may leave fewer groups than tasks:
+        // then rows split instead, below.
+        if bounds.len() > tasks || spec.im2col.is_empty() {
+            return bounds
+                .windows(2)
+                .map(|r| {
+                    let mut part = spec.clone();
+                    part.calls = spec.calls[r[0]..r[1]].to_vec();
+                    part
+                })
+                .collect();
+        }
     }
     let mr = spec.blocking.mr;
     let row_tiles = spec.m.div_ceil(mr);
-    // An int8 convolution's product is cheap beside its quad im2col no
-    // more than an f32 one's is, but short of calls it would run on one
-    // thread: its row tasks each build the whole B (in scratch of their
-    // own) and multiply their output channels.
-    let rebuild_b = spec.elem == Elem::I8U8Dot && row_tiles >= tasks;
+    // A convolution short of calls would run on one thread: its row tasks
+    // each build the whole B (in scratch of their own) and multiply their
+    // output channels. The product costs `m / mr` times more than
+    // building B (for an int8 quad im2col no less), so with a few tiles
+    // per task the copy is paid back.
+    let rebuild_b = row_tiles >= tasks;
     if !spec.im2col.is_empty() && !rebuild_b {
         return vec![spec];
     }

@@ -21,7 +21,9 @@ use crate::CpuError;
 /// The AVX-512 kernel of a max or min of a whole f32 tensor of at least
 /// 64 elements to one value (`microkernel::reduce`); `None` for any other
 /// reduction.
-pub(crate) fn lower_avx512(cx: &NodeCx) -> Option<Vec<u8>> {
+pub(crate) fn lower_avx512(
+    cx: &NodeCx,
+) -> Option<Result<Vec<u8>, crate::microkernel::MicrokernelError>> {
     let kiln_ir::Op::Reduce { op, axes, .. } = &cx.node.op else {
         return None;
     };
@@ -42,7 +44,7 @@ pub(crate) fn lower_avx512(cx: &NodeCx) -> Option<Vec<u8>> {
         x,
         y: cx.out,
     };
-    spec.assemble().ok()
+    Some(spec.assemble())
 }
 
 /// Folds `step` over every element of the reduced index space at `ptr`.

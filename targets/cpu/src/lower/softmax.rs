@@ -24,7 +24,10 @@ use crate::CpuError;
 
 /// The AVX-512 kernel of softmax node `cx` as up to `tasks` tasks, or
 /// `None` when it does not apply (not f32, the axis not innermost).
-pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn lower_avx512(
+    cx: &NodeCx,
+    tasks: usize,
+) -> Option<Vec<Result<Vec<u8>, crate::microkernel::MicrokernelError>>> {
     let Op::Softmax { axis } = cx.node.op else {
         return None;
     };
@@ -44,10 +47,12 @@ pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Vec<u8>>> {
         x: cx.inputs[0].0,
         y: cx.out,
     };
-    spec.split(tasks)
-        .iter()
-        .map(|part| part.assemble().ok())
-        .collect()
+    Some(
+        spec.split(tasks)
+            .iter()
+            .map(|part| part.assemble())
+            .collect(),
+    )
 }
 
 /// Softmax on f32 or f64.

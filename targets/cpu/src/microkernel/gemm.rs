@@ -47,9 +47,21 @@ pub(crate) const MAX_MR: usize = 14;
 const L1_PANEL_BYTES: usize = 32 << 10;
 
 /// The most rows of a tile whose packed A panel over `k` stays in L1.
+/// When that is fewer than [`MIN_PANEL_ROWS`] (K above about 1,400), a
+/// tile of so few rows issues too few FMAs per load: the registers bound
+/// the rows instead and the kernel walks K in chunks whose panels fit L1
+/// (`GemmSpec::k_chunks`; a 256×196×2304 constant-A GEMM, a 3×3 conv of
+/// 256 channels on 14×14, went from 51.6% to 69.8% of peak).
 pub(crate) fn packed_a_rows(k: usize) -> usize {
-    (L1_PANEL_BYTES / (k.max(1) * 4)).clamp(1, MAX_MR)
+    match (L1_PANEL_BYTES / (k.max(1) * 4)).clamp(1, MAX_MR) {
+        rows if rows < MIN_PANEL_ROWS => MAX_MR,
+        rows => rows,
+    }
 }
+
+/// Fewest rows of an L1-resident A panel worth keeping whole (see
+/// [`packed_a_rows`]).
+const MIN_PANEL_ROWS: usize = 6;
 
 /// Most zmm vectors per tile row.
 const MAX_NV: usize = 8;
@@ -83,8 +95,14 @@ impl Blocking {
         let nv_cap = n.div_ceil(16).clamp(1, MAX_NV);
         let mut best = (f64::INFINITY, Blocking { mr: 1, nv: 1 });
         for nv in 1..=nv_cap {
+            // `max_rows` keeps a packed A panel in L1 while the column
+            // tiles re-read it; one column tile reads it once, so its
+            // rows are bounded by the registers alone (a narrow output
+            // of many channels, the last stages of a CNN, would otherwise
+            // run one row per tile: one FMA per k step).
+            let rows_cap = if n <= nv * 16 { MAX_MR } else { max_rows };
             let mr_cap = ((31 - nv) / nv)
-                .min(max_rows.clamp(1, MAX_MR))
+                .min(rows_cap.clamp(1, MAX_MR))
                 .min(m.max(1));
             for mr_max in 1..=mr_cap {
                 let tiles_i = m.max(1).div_ceil(mr_max);
@@ -651,6 +669,38 @@ const ABC_X: AsmRegisterXmm = xmm31;
 /// Callee-saved registers the body uses.
 pub(crate) const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
+/// Bytes of one column tile of B over a K chunk that should stay in L2
+/// while every row tile reads it (the 1 MB L2 also holds A's rows and the
+/// output tiles in flight).
+const L2_PANEL_BYTES: usize = 384 << 10;
+
+/// How the kernel walks K: whole, or in chunks (GotoBLAS's `kc`) so that
+/// a row tile's A over the chunk stays in L1 and a column tile's B over
+/// it in L2 when K is long. A chunk stores its partial sums into the
+/// output and the next one loads them back; only the last runs the
+/// epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KChunks {
+    /// k steps of every chunk but the last.
+    len: usize,
+    /// Number of chunks, at least 2.
+    count: usize,
+    /// k steps of the last chunk (1..=len).
+    last: usize,
+}
+
+/// One pass of the row tiles over a K range: where its accumulators
+/// start and where they go.
+#[derive(Clone, Copy, Debug)]
+struct Pass {
+    /// k steps of the pass.
+    steps: usize,
+    /// Start from the partial sums in the output (else from zero).
+    resume: bool,
+    /// Run the epilogue and store (else store the partial sums raw).
+    finish: bool,
+}
+
 /// Addressing of one GEMM, in bytes, derived from a spec.
 struct Geometry {
     /// A: between row tiles, between rows, between k steps.
@@ -708,6 +758,54 @@ impl GemmSpec {
             b_tile,
             b_k,
             b_pack_row,
+        }
+    }
+
+    /// The K chunks of the kernel, `None` when it walks K whole: only the
+    /// f32-accumulating kernels that store f32 (partial sums live in the
+    /// output) and whose A rows or B columns over K would not stay in
+    /// their cache.
+    fn k_chunks(&self) -> Option<KChunks> {
+        let Blocking { mr, nv } = self.blocking;
+        let float = matches!(self.elem, Elem::F32 | Elem::WidenA(_) | Elem::WidenB(_));
+        if !float || !matches!(self.store, Store::F32) {
+            return None;
+        }
+        let (ea, eb) = (self.elem.a_size() as usize, self.elem.b_size() as usize);
+        let nr = nv * 16;
+        let a_fits = mr * self.k * ea <= L1_PANEL_BYTES;
+        let b_fits = nr * self.k * eb <= L2_PANEL_BYTES;
+        if a_fits && b_fits {
+            return None;
+        }
+        // Chunks are whole unrolled blocks of the k loop: K_UNROLL steps,
+        // or one channel's taps.
+        let unit = match self.b.taps().len() {
+            0 => K_UNROLL,
+            taps => taps,
+        };
+        let most = (L1_PANEL_BYTES / (mr * ea)).min(L2_PANEL_BYTES / (nr * eb));
+        let len = (most / unit).max(1) * unit;
+        if len >= self.k {
+            return None;
+        }
+        let count = self.k.div_ceil(len);
+        Some(KChunks {
+            len,
+            count,
+            last: self.k - (count - 1) * len,
+        })
+    }
+
+    /// Bytes B's cursor moves for `steps` k steps (a multiple of the taps
+    /// for [`BLayout::Taps`]), in memory: for a B packed into a panel by
+    /// column tile, in B itself.
+    fn b_k_bytes(&self, g: &Geometry, steps: usize) -> i64 {
+        let taps = self.b.taps().len();
+        match g.b_pack_row {
+            _ if taps > 0 => (steps / taps) as i64 * g.b_k,
+            Some(row) => steps as i64 * row,
+            None => steps as i64 * g.b_k,
         }
     }
 
@@ -847,8 +945,7 @@ impl GemmSpec {
             let mut top = a.create_label();
             a.mov(J_COUNT, full_j as u64)?;
             a.set_label(&mut top)?;
-            self.pack_panel(a, g, self.blocking.nv, false)?;
-            self.row_sweep(
+            self.column(
                 a,
                 g,
                 self.blocking.nv,
@@ -873,32 +970,90 @@ impl GemmSpec {
             };
             a.mov(CONST, mask)?;
             a.kmovw(k1, CONST)?;
-            self.pack_panel(a, g, rem_j.div_ceil(16), lanes != 0)?;
             let first_col = TileStart::Fixed(full_j * nr);
-            self.row_sweep(a, g, rem_j.div_ceil(16), Some(lanes != 0), first_col)?;
+            self.column(a, g, rem_j.div_ceil(16), Some(lanes != 0), first_col)?;
         }
         Ok(())
     }
 
-    /// Copies the column tile of B at B_TILE (`nv` vectors, the last one
-    /// masked by `k1` when `partial`) into the panel, when the spec packs.
+    /// One column tile of `nv` vectors (see [`GemmSpec::row_sweep`]) over
+    /// all of K: one pass of the row tiles, or one per K chunk with A_BASE
+    /// and B_TILE moved along K between them (and moved back after).
+    fn column(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        nv: usize,
+        masked: Option<bool>,
+        first_col: TileStart,
+    ) -> Result<(), MicrokernelError> {
+        let partial = masked == Some(true);
+        let Some(chunks) = self.k_chunks() else {
+            let steps = self.elem.steps(self.k);
+            self.pack_panel(a, g, nv, partial, self.k)?;
+            let whole = Pass {
+                steps,
+                resume: false,
+                finish: true,
+            };
+            return self.row_sweep(a, g, nv, masked, first_col, whole);
+        };
+        let (a_step, b_step) = (g.a_k * chunks.len as i64, self.b_k_bytes(g, chunks.len));
+        let advance = |a: &mut CodeAssembler| -> Result<(), MicrokernelError> {
+            a.add(A_BASE, imm32(a_step, "A chunk stride")?)?;
+            a.add(B_TILE, imm32(b_step, "B chunk stride")?)?;
+            Ok(())
+        };
+        let pass = |steps, resume, finish| Pass {
+            steps,
+            resume,
+            finish,
+        };
+        self.pack_panel(a, g, nv, partial, chunks.len)?;
+        self.row_sweep(a, g, nv, masked, first_col, pass(chunks.len, false, false))?;
+        advance(a)?;
+        if chunks.count > 2 {
+            // The middle chunks in a loop, its counter on the stack (every
+            // register is taken; the body calls nothing).
+            let mut top = a.create_label();
+            a.push((chunks.count - 2) as i32)?;
+            a.set_label(&mut top)?;
+            self.pack_panel(a, g, nv, partial, chunks.len)?;
+            self.row_sweep(a, g, nv, masked, first_col, pass(chunks.len, true, false))?;
+            advance(a)?;
+            a.dec(qword_ptr(rsp))?;
+            a.jnz(top)?;
+            a.add(rsp, 8)?;
+        }
+        self.pack_panel(a, g, nv, partial, chunks.last)?;
+        self.row_sweep(a, g, nv, masked, first_col, pass(chunks.last, true, true))?;
+        let back = (chunks.count - 1) as i64;
+        a.sub(A_BASE, imm32(a_step * back, "A chunk stride")?)?;
+        a.sub(B_TILE, imm32(b_step * back, "B chunk stride")?)?;
+        Ok(())
+    }
+
+    /// Copies `rows` k rows of the column tile of B at B_TILE (`nv`
+    /// vectors, the last one masked by `k1` when `partial`) into the
+    /// panel, when the spec packs.
     fn pack_panel(
         &self,
         a: &mut CodeAssembler,
         g: &Geometry,
         nv: usize,
         partial: bool,
+        rows: usize,
     ) -> Result<(), MicrokernelError> {
         let Some(row) = g.b_pack_row else {
             return Ok(());
         };
-        if self.k == 0 {
+        if rows == 0 {
             return Ok(());
         }
         let mut top = a.create_label();
         a.mov(A_K, B_TILE)?;
         a.mov(B_K, PANEL)?;
-        a.mov(K_COUNT, self.k as u64)?;
+        a.mov(K_COUNT, rows as u64)?;
         a.set_label(&mut top)?;
         for v in 0..nv {
             let disp = imm32(64 * v as i64, "panel")?;
@@ -926,6 +1081,7 @@ impl GemmSpec {
         nv: usize,
         masked: Option<bool>,
         first_col: TileStart,
+        pass: Pass,
     ) -> Result<(), MicrokernelError> {
         let mr = self.blocking.mr;
         let (full_i, rem_i) = (self.m / mr, self.m % mr);
@@ -940,7 +1096,7 @@ impl GemmSpec {
             a.mov(I_COUNT, full_i as u64)?;
             a.set_label(&mut top)?;
             let first_row = TileStart::Counted { full: full_i };
-            self.tile(a, g, (mr, nv), partial, (first_row, first_col))?;
+            self.tile(a, g, (mr, nv), partial, (first_row, first_col), pass)?;
             a.add(A_TILE, imm32(g.a_tile, "A tile stride")?)?;
             a.add(
                 OUT_TILE,
@@ -956,7 +1112,7 @@ impl GemmSpec {
         }
         if rem_i > 0 {
             let first_row = TileStart::Fixed(full_i * mr);
-            self.tile(a, g, (rem_i, nv), partial, (first_row, first_col))?;
+            self.tile(a, g, (rem_i, nv), partial, (first_row, first_col), pass)?;
         }
         Ok(())
     }
@@ -969,13 +1125,29 @@ impl GemmSpec {
         (rows, nv): (usize, usize),
         partial: bool,
         (first_row, first_col): (TileStart, TileStart),
+        pass: Pass,
     ) -> Result<(), MicrokernelError> {
         let acc = |r: usize, v: usize| ZMM[r * nv + v];
         let breg = |v: usize| ZMM[rows * nv + v];
         let abc = ZMM[31];
+        // The partial sums of an earlier K chunk, as its raw store left
+        // them (f32, masked like the store).
+        let sums_at = |r: usize, v: usize| -> Result<AsmMemoryOperand, MicrokernelError> {
+            let disp = imm32(
+                self.out_row * r as i64 + 64 * v as i64,
+                "output displacement",
+            )?;
+            Ok(OUT_TILE + disp)
+        };
         for r in 0..rows {
             for v in 0..nv {
-                a.vpxord(acc(r, v), acc(r, v), acc(r, v))?;
+                if !pass.resume {
+                    a.vpxord(acc(r, v), acc(r, v), acc(r, v))?;
+                } else if partial && v == nv - 1 {
+                    a.vmovups(acc(r, v).k1().z(), zmmword_ptr(sums_at(r, v)?))?;
+                } else {
+                    a.vmovups(acc(r, v), zmmword_ptr(sums_at(r, v)?))?;
+                }
             }
         }
         let elem = self.elem;
@@ -1082,7 +1254,7 @@ impl GemmSpec {
         )?;
         let taps = self.b.taps();
         let odd_tail = tail_len != 0;
-        let steps = elem.steps(self.k) - usize::from(odd_tail);
+        let steps = pass.steps - usize::from(odd_tail);
         // Taps: one loop iteration per channel, its taps unrolled.
         let (unroll, b_unroll) = if taps.is_empty() {
             (K_UNROLL, g.b_k * K_UNROLL as i64)
@@ -1108,6 +1280,14 @@ impl GemmSpec {
         }
         if odd_tail {
             step(a, g.a_k * rest as i64, b_disp(rest), true)?;
+        }
+        if !pass.finish {
+            for r in 0..rows {
+                for v in 0..nv {
+                    Store::F32.vector(a, sums_at(r, v)?, acc(r, v), partial && v == nv - 1)?;
+                }
+            }
+            return Ok(());
         }
         if elem.integer() {
             self.epilogue_int(a, rows, nv, partial, first_row, &acc)?;
@@ -1487,6 +1667,9 @@ mod tests {
         assert_eq!(packed_a_rows(1024), 8);
         let b = Blocking::choose(1024, 1024, packed_a_rows(1024));
         assert!(b.mr <= 8 && b.mr * 1024 * 4 <= L1_PANEL_BYTES, "{b:?}");
+        // Past K ≈ 1,400 a whole panel would leave under 6 rows: the tile
+        // takes all the rows the registers allow and K runs in chunks.
+        assert_eq!(packed_a_rows(4608), MAX_MR);
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! Every padding border is resolved at compile time: per tap, the output
 //! rows and columns whose input lies inside the image form one range, so a
 //! row is "zeros, a copy, zeros" with fixed lengths. Copies with a W stride
-//! of 1 are zmm loads/stores with a masked tail; strided ones move scalars.
+//! of 1 are zmm loads/stores with a masked tail; with a W stride of 2, two
+//! masked loads and a `vpermt2ps` of the even lanes per 16 columns; with
+//! larger strides a masked gather.
 //! Input channels are a run-time loop, taps and pixels are unrolled.
 //!
 //! For the int8 convolution ([`Im2col::quads`]) the image is u8 and `col`
@@ -78,6 +80,10 @@ const ROWS: AsmRegister64 = r12;
 const X_CH: AsmRegister64 = r10;
 const COL_CH: AsmRegister64 = r11;
 const TMP: AsmRegister32 = r14d;
+
+/// The column of each lane of a strided copy (`i · stride`), loaded from
+/// the routine's lane table.
+const STRIDED_LANES: AsmRegisterZmm = zmm2;
 
 /// The output positions `o` in `0..out` whose input `o * stride + tap *
 /// dilation - pad` lies in `0..size`, as a half-open range.
@@ -170,6 +176,10 @@ impl Im2col {
         }
         let row_bytes = self.row_bytes() as i64;
         let sw = self.strides[1];
+        let mut lane_table = a.create_label();
+        if sw != 1 {
+            a.vmovdqu32(STRIDED_LANES, zmmword_ptr(lane_table))?;
+        }
         a.vpxord(zmm0, zmm0, zmm0)?;
         a.mov(X_CH, r8)?;
         a.mov(COL_CH, r9)?;
@@ -185,6 +195,16 @@ impl Im2col {
         a.dec(CH)?;
         a.jnz(top)?;
         a.ret()?;
+        if sw != 1 {
+            // Lane i reads input column i·stride: the gather's indices, and
+            // for stride 2 the `vpermt2ps` picking the even lanes of two
+            // vectors.
+            a.set_label(&mut lane_table)?;
+            let idx: Vec<u8> = (0..16u32)
+                .flat_map(|i| (i * sw as u32).to_le_bytes())
+                .collect();
+            a.db(&idx)?;
+        }
         Ok(())
     }
 
@@ -379,11 +399,49 @@ impl Im2col {
         stride: usize,
     ) -> Result<(), MicrokernelError> {
         if stride != 1 {
-            for q in 0..len {
-                let src = imm32((q * stride * 4) as i64, "strided copy")?;
-                let dst = imm32(((at + q) * 4) as i64, "strided copy")?;
-                a.mov(TMP, dword_ptr(SRC + src))?;
-                a.mov(dword_ptr(DST + dst), TMP)?;
+            // 16 output columns at a time: for stride 2 two loads of the 32
+            // input columns they span (masked to the last one read) and a
+            // `vpermt2ps` of the even lanes; otherwise a masked gather. No
+            // lane outside the image is read.
+            let mut o = 0;
+            while o < len {
+                let lanes = (len - o).min(16);
+                let src = (o * stride * 4) as i64;
+                let dst = imm32(((at + o) * 4) as i64, "strided copy")?;
+                let mask = |a: &mut CodeAssembler, n: usize| -> Result<(), MicrokernelError> {
+                    a.mov(TMP, ((1u64 << n) - 1) as u32)?;
+                    a.kmovw(k2, TMP)?;
+                    Ok(())
+                };
+                if stride == 2 {
+                    let span = 2 * (lanes - 1) + 1;
+                    let (lo, hi) = (span.min(16), span.saturating_sub(16));
+                    mask(a, lo)?;
+                    a.vmovups(
+                        zmm1.k2().z(),
+                        zmmword_ptr(SRC + imm32(src, "strided copy")?),
+                    )?;
+                    if hi > 0 {
+                        mask(a, hi)?;
+                        let upper = imm32(src + 64, "strided copy")?;
+                        a.vmovups(zmm3.k2().z(), zmmword_ptr(SRC + upper))?;
+                    } else {
+                        a.vpxord(zmm3, zmm3, zmm3)?;
+                    }
+                    a.vpermt2ps(zmm1, STRIDED_LANES, zmm3)?;
+                } else {
+                    mask(a, lanes)?;
+                    a.vpxord(zmm1, zmm1, zmm1)?;
+                    let at = SRC + STRIDED_LANES * 4 + imm32(src, "strided copy")?;
+                    a.vgatherdps(zmm1.k2(), zmmword_ptr(at))?;
+                }
+                if lanes == 16 {
+                    a.vmovups(zmmword_ptr(DST + dst), zmm1)?;
+                } else {
+                    mask(a, lanes)?;
+                    a.vmovups(zmmword_ptr(DST + dst).k2(), zmm1)?;
+                }
+                o += lanes;
             }
             return Ok(());
         }

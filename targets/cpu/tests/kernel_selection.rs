@@ -1,0 +1,299 @@
+//! Kernel selection (`lower/select.rs`): every convolution and product
+//! shape class of common architectures lands on a microkernel on AVX-512,
+//! matches the reference evaluator on ragged shapes, and a node that
+//! lands on the generic kernel says why each microkernel declined.
+
+mod common;
+
+use common::{check_rand, f32_tensor, Rng};
+use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
+use kiln_runtime::format::DenseKernel;
+use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
+
+/// A convolution's geometry.
+#[derive(Clone, Copy, Debug)]
+struct ConvCase {
+    x: [usize; 4],
+    oc: usize,
+    k: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    group: usize,
+}
+
+impl ConvCase {
+    fn new(x: [usize; 4], oc: usize, k: [usize; 2]) -> ConvCase {
+        ConvCase {
+            x,
+            oc,
+            k,
+            strides: [1, 1],
+            pads: [0; 4],
+            dilations: [1, 1],
+            group: 1,
+        }
+    }
+
+    fn strides(self, strides: [usize; 2]) -> ConvCase {
+        ConvCase { strides, ..self }
+    }
+
+    fn pads(self, pads: [usize; 4]) -> ConvCase {
+        ConvCase { pads, ..self }
+    }
+
+    fn dilations(self, dilations: [usize; 2]) -> ConvCase {
+        ConvCase { dilations, ..self }
+    }
+
+    fn group(self, group: usize) -> ConvCase {
+        ConvCase { group, ..self }
+    }
+
+    /// The graph: X an input, weights and bias constants.
+    fn graph(&self) -> Graph {
+        let mut rng = Rng::new(self.x.iter().sum::<usize>() as u64 * 7 + self.oc as u64);
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, self.x));
+        let wshape = [self.oc, self.x[1] / self.group, self.k[0], self.k[1]];
+        let w = g.add_const("w", f32_tensor(&mut rng, &wshape));
+        let b = g.add_const("b", f32_tensor(&mut rng, &[self.oc]));
+        let op = Op::Conv(Conv2d {
+            strides: self.strides,
+            pads: self.pads,
+            dilations: self.dilations,
+            group: self.group,
+        });
+        let y = g.add_node(op, &[x, w, b], "conv").unwrap();
+        g.add_output("y", y);
+        g
+    }
+}
+
+/// The dense kernels an AVX-512 build of `g` chose.
+fn chosen(g: &Graph) -> Vec<DenseKernel> {
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64Avx512,
+        opt_level: 2,
+        threads: kiln_target_cpu::DEFAULT_THREADS,
+    };
+    let artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
+    artifact.metadata.dense_kernels
+}
+
+fn host_has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// Checks `g` against the reference evaluator and that its one dense node
+/// runs on microkernel `kernel`.
+fn check_kernel(g: &Graph, kernel: &str, what: &str) {
+    let kernels = chosen(g);
+    assert_eq!(kernels.len(), 1, "{what}: {kernels:?}");
+    assert_eq!(kernels[0].kernel, kernel, "{what}: {:?}", kernels[0]);
+    if host_has_avx512() {
+        check_rand(g, 5, 1e-5);
+    }
+}
+
+#[test]
+fn grouped_convolutions_run_a_gemm_per_group() {
+    let cases = [
+        // ShuffleNet: group 3, 1x1, channels per group not a tile multiple.
+        (
+            ConvCase::new([1, 24, 9, 9], 33, [1, 1]).group(3),
+            "pointwise-gemm",
+        ),
+        // RegNet-style: group 4, 1x1 on 7x7 (136 -> 544 at full size).
+        (
+            ConvCase::new([1, 20, 7, 7], 36, [1, 1]).group(4),
+            "pointwise-gemm",
+        ),
+        // ResNeXt: 32 groups of 4 channels, 3x3 pad 1 (implicit GEMM).
+        (
+            ConvCase::new([1, 64, 28, 28], 64, [3, 3])
+                .pads([1, 1, 1, 1])
+                .group(32),
+            "implicit-gemm",
+        ),
+        // Groups of odd width with stride 2 (im2col per group), 2 images.
+        (
+            ConvCase::new([2, 15, 11, 13], 10, [3, 3])
+                .strides([2, 2])
+                .pads([1, 1, 1, 1])
+                .group(5),
+            "im2col-gemm",
+        ),
+        // Two groups on a 1-wide map.
+        (
+            ConvCase::new([1, 6, 9, 1], 4, [3, 1]).group(2),
+            "implicit-gemm",
+        ),
+    ];
+    for (case, kernel) in cases {
+        check_kernel(
+            &case.graph(),
+            &format!("avx512/{kernel}"),
+            &format!("{case:?}"),
+        );
+    }
+}
+
+#[test]
+fn one_dimensional_convolutions_in_every_layout() {
+    // The importer lifts N,C,L to N,C,1,L; exporters also write N,C,L,1
+    // with a k x 1 window, which runs along W as the same bytes.
+    for k in [3, 5, 11] {
+        let pad = k / 2;
+        let along_w = ConvCase::new([1, 12, 1, 300], 20, [1, k]).pads([0, pad, 0, pad]);
+        check_kernel(&along_w.graph(), "avx512/implicit-gemm", "N,C,1,L");
+        let along_h = ConvCase::new([1, 12, 300, 1], 20, [k, 1]).pads([pad, 0, pad, 0]);
+        check_kernel(&along_h.graph(), "avx512/implicit-gemm", "N,C,L,1");
+    }
+    // Strided and dilated (a WaveNet-like layer), 2 images, along H.
+    let strided = ConvCase::new([2, 8, 257, 1], 12, [5, 1])
+        .strides([2, 1])
+        .pads([2, 0, 2, 0]);
+    check_kernel(&strided.graph(), "avx512/im2col-gemm", "strided N,C,L,1");
+    let dilated = ConvCase::new([1, 8, 200, 1], 8, [3, 1])
+        .dilations([4, 1])
+        .pads([4, 0, 4, 0]);
+    check_kernel(&dilated.graph(), "avx512/implicit-gemm", "dilated N,C,L,1");
+}
+
+#[test]
+fn small_maps_with_many_channels_pack_rows_together() {
+    // 7x7 rows fill under half a vector: im2col packs them; long K runs in
+    // chunks (the A rows and B columns over K outgrow L1 and L2).
+    let c7 = ConvCase::new([1, 160, 7, 7], 96, [3, 3]).pads([1, 1, 1, 1]);
+    check_kernel(&c7.graph(), "avx512/im2col-gemm", "3x3 on 7x7");
+    let s2 = ConvCase::new([1, 128, 14, 14], 40, [3, 3])
+        .strides([2, 2])
+        .pads([1, 1, 1, 1]);
+    check_kernel(&s2.graph(), "avx512/im2col-gemm", "3x3 stride 2 on 14x14");
+    // 14 columns fill 88% of a vector: the implicit GEMM, one tile wide.
+    let c14 = ConvCase::new([1, 96, 14, 14], 50, [3, 3]).pads([1, 1, 1, 1]);
+    check_kernel(&c14.graph(), "avx512/implicit-gemm", "3x3 on 14x14");
+}
+
+#[test]
+fn asymmetric_strided_and_stem_windows() {
+    let cases = [
+        // Inception's 1x7 / 7x1 on 17x17: rows of 17 fill 53% of two
+        // vectors, so im2col; on 40 columns the implicit GEMM.
+        (
+            ConvCase::new([1, 16, 17, 17], 24, [1, 7]).pads([0, 3, 0, 3]),
+            "im2col-gemm",
+        ),
+        (
+            ConvCase::new([1, 16, 17, 17], 24, [7, 1]).pads([3, 0, 3, 0]),
+            "im2col-gemm",
+        ),
+        (
+            ConvCase::new([1, 16, 9, 40], 24, [7, 1]).pads([3, 0, 3, 0]),
+            "implicit-gemm",
+        ),
+        // Strided 1x1 downsampling.
+        (
+            ConvCase::new([1, 32, 15, 15], 48, [1, 1]).strides([2, 2]),
+            "im2col-gemm",
+        ),
+        // A 7x7 stride-2 stem.
+        (
+            ConvCase::new([1, 3, 45, 45], 16, [7, 7])
+                .strides([2, 2])
+                .pads([3, 3, 3, 3]),
+            "im2col-gemm",
+        ),
+        // Dilated 3x3 (DeepLab).
+        (
+            ConvCase::new([1, 16, 21, 40], 16, [3, 3])
+                .dilations([2, 2])
+                .pads([2, 2, 2, 2]),
+            "implicit-gemm",
+        ),
+    ];
+    for (case, kernel) in cases {
+        check_kernel(
+            &case.graph(),
+            &format!("avx512/{kernel}"),
+            &format!("{case:?}"),
+        );
+    }
+}
+
+#[test]
+fn long_reductions_run_in_k_chunks() {
+    // K of several thousand, ragged M and N: chunked accumulation through
+    // the output, the masked last column tile included.
+    let mut rng = Rng::new(41);
+    for (m, k, n) in [(13, 3001, 37), (7, 4608, 49), (1, 2500, 200)] {
+        let mut g = Graph::new();
+        let a = g.add_input("a", ValueType::new(DType::F32, [m, k]));
+        let b = g.add_const("b", f32_tensor(&mut rng, &[k, n]));
+        let y = g.add_node(Op::MatMul, &[a, b], "mm").unwrap();
+        g.add_output("y", y);
+        check_kernel(&g, "avx512/gemm", &format!("{m}x{k}x{n}"));
+    }
+}
+
+#[test]
+fn the_generic_kernel_says_why_each_microkernel_declined() {
+    // Weights computed at run time: no GEMM convolution packs them.
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 8, 10, 32]));
+    let w = g.add_input("w", ValueType::new(DType::F32, [8, 8, 3, 3]));
+    let op = Op::Conv(Conv2d {
+        strides: [1, 1],
+        pads: [1, 1, 1, 1],
+        dilations: [1, 1],
+        group: 1,
+    });
+    let y = g.add_node(op, &[x, w], "dynamic_weights").unwrap();
+    g.add_output("y", y);
+    let kernels = chosen(&g);
+    assert_eq!(kernels.len(), 1);
+    let k = &kernels[0];
+    assert_eq!(k.kernel, "generic/cranelift");
+    assert!(k.is_generic());
+    assert_eq!(
+        (k.node.as_str(), k.op.as_str()),
+        ("dynamic_weights", "conv")
+    );
+    assert_eq!(k.flops, 2 * 8 * 320 * 8 * 9);
+    let tried: Vec<&str> = k.declined.iter().map(|d| d.kernel.as_str()).collect();
+    assert_eq!(
+        tried,
+        [
+            "avx512/pointwise-gemm",
+            "avx512/implicit-gemm",
+            "avx512/im2col-gemm"
+        ]
+    );
+    assert!(
+        k.declined[1..]
+            .iter()
+            .all(|d| d.reason == "the weights are not a constant"),
+        "{:?}",
+        k.declined
+    );
+    if host_has_avx512() {
+        check_rand(&g, 3, 1e-5);
+    }
+    // An AVX2 build has no microkernels: each dense node says so.
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64V3,
+        opt_level: 2,
+        threads: 1,
+    };
+    let v3 = compile(
+        &ConvCase::new([1, 4, 6, 6], 4, [3, 3]).graph(),
+        &opts,
+        ArtifactInfo::default(),
+    )
+    .expect("compile");
+    let k = &v3.metadata.dense_kernels[0];
+    assert!(k.is_generic());
+    assert_eq!(k.declined[0].kernel, "avx512");
+}
