@@ -7,7 +7,8 @@ use kiln_ir::{Graph, Op};
 /// its value, computed with the reference evaluator (the IR's ground truth).
 ///
 /// A result larger than `max_bytes` is left unfolded, so folding never
-/// inflates the artifact (e.g. by materializing a broadcast of a scalar);
+/// inflates the artifact (e.g. by materializing a broadcast of a scalar),
+/// unless it is no larger than the constants it consumes alone;
 /// once one run has folded `max_total_bytes`, the rest is left to run in
 /// the arena, so a graph of many small folds cannot allocate without bound.
 pub struct FoldConstants {
@@ -50,8 +51,21 @@ impl Pass for FoldConstants {
             // lift to 2-D.
             let relabel = matches!(node.op, Op::Reshape { .. });
             let bytes = if relabel { 0 } else { node.ty.size_bytes() };
+            // A result no larger than the constants only this node reads
+            // (and that fold removes) does not grow the artifact, however
+            // large: a weight transposed at import (a ConvTranspose's
+            // `[Cout·k·k, Cin]` of 32 MB) folds instead of being transposed
+            // on every run.
+            let replaced: usize = (graph.inputs_of(id).iter())
+                .filter(|&&i| {
+                    graph.constant(i).is_some()
+                        && graph.users_of(i).len() == 1
+                        && !graph.is_output(i)
+                })
+                .map(|&i| graph.node(i).ty.size_bytes())
+                .sum();
             if matches!(node.op, Op::Input { .. } | Op::Constant(_))
-                || bytes > self.max_bytes
+                || (bytes > self.max_bytes && bytes > replaced)
                 || folded_bytes + bytes > self.max_total_bytes
             {
                 continue;
@@ -120,12 +134,14 @@ mod tests {
 
     #[test]
     fn respects_size_cap() {
+        // `a` stays (it is also an output): folding `y` would add 16 bytes.
         let mut g = Graph::new();
         let a = g.add_const("a", Tensor::new([4], Data::F32(vec![1.0; 4])).unwrap());
         let y = g
             .add_node(Op::Unary(kiln_ir::UnaryOp::Neg), &[a], "y")
             .unwrap();
         g.add_output("y", y);
+        g.add_output("a", a);
         let stats = FoldConstants {
             max_bytes: 8,
             ..FoldConstants::default()
@@ -133,6 +149,34 @@ mod tests {
         .run(&mut g)
         .unwrap();
         assert_eq!(stats.rewritten, 0);
+    }
+
+    #[test]
+    fn a_result_that_replaces_its_only_constant_folds_past_the_cap() {
+        // A transposed weight read by nothing else: same bytes after.
+        let mut g = Graph::new();
+        let v: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let w = g.add_const("w", Tensor::new([2, 3], Data::F32(v)).unwrap());
+        let t = g
+            .add_node(
+                Op::Transpose {
+                    perm: vec![1, 0].into(),
+                },
+                &[w],
+                "t",
+            )
+            .unwrap();
+        g.add_output("t", t);
+        let stats = FoldConstants {
+            max_bytes: 8,
+            ..FoldConstants::default()
+        }
+        .run(&mut g)
+        .unwrap();
+        assert_eq!(stats.rewritten, 1);
+        let folded = g.constant(g.outputs()[0].1).expect("folded");
+        assert_eq!(folded.to_f32_vec(), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert_eq!(g.node_count(), 1);
     }
 
     #[test]

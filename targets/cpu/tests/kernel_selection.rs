@@ -297,3 +297,31 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     assert!(k.is_generic());
     assert_eq!(k.declined[0].kernel, "avx512");
 }
+
+#[test]
+fn large_outputs_run_in_bands_of_rows() {
+    // Outputs of over 1 MB per product are cut into bands of whole row
+    // tiles (`dense::in_row_bands`): batched with both operands at run
+    // time (attention scores), and a Gemm with a per-column C and
+    // transposed B.
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [2, 1500, 24]));
+    let b = g.add_input("b", ValueType::new(DType::F32, [2, 24, 300]));
+    let y = g.add_node(Op::MatMul, &[a, b], "scores").unwrap();
+    g.add_output("y", y);
+    check_kernel(&g, "avx512/gemm", "batched 1500x24x300");
+    let mut rng = Rng::new(9);
+    let mut g = Graph::new();
+    let a = g.add_input("a", ValueType::new(DType::F32, [1200, 40]));
+    let w = g.add_const("w", f32_tensor(&mut rng, &[260, 40]));
+    let c = g.add_const("c", f32_tensor(&mut rng, &[260]));
+    let op = Op::Gemm {
+        alpha: 0.5,
+        beta: 2.0,
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = g.add_node(op, &[a, w, c], "gemm").unwrap();
+    g.add_output("y", y);
+    check_kernel(&g, "avx512/gemm", "gemm 1200x40x260");
+}
