@@ -387,10 +387,9 @@ fn in_row_bands(mut spec: GemmSpec) -> GemmSpec {
     }
     // The most rows, a multiple of the tile and dividing M, whose output
     // fits the band size.
-    let Some(band) = (1..spec.m)
-        .rev()
-        .find(|&b| b % mr == 0 && spec.m % b == 0 && b * spec.n * 4 <= OUTPUT_BAND_BYTES)
-    else {
+    let Some(band) = (1..spec.m).rev().find(|&b| {
+        b.is_multiple_of(mr) && spec.m.is_multiple_of(b) && b * spec.n * 4 <= OUTPUT_BAND_BYTES
+    }) else {
         return spec;
     };
     let a_band = match spec.a {
@@ -404,7 +403,7 @@ fn in_row_bands(mut spec: GemmSpec) -> GemmSpec {
             (0..bands as i64).map(move |b| Call {
                 a: call.a.moved(b * a_band),
                 out: call.out.moved(b * out_band),
-                ..call.clone()
+                ..*call
             })
         })
         .collect();
