@@ -354,61 +354,9 @@ fn candidates(
         None => None,
     };
     let (output, tail) = head_output(fused, tail, weights);
-    let spec = in_row_bands(spec);
+    let spec = super::partition::in_row_bands(spec);
     let parts = assemble_parts(cx, spec, scratch, tasks, output)?;
     Ok(Some(finish(kernel, parts, tail)))
-}
-
-/// Bytes of output one GEMM call of a product writes, above which its
-/// rows are cut into bands of calls (see [`in_row_bands`]).
-const OUTPUT_BAND_BYTES: usize = 1 << 20;
-
-/// A product whose calls each write more than [`OUTPUT_BAND_BYTES`], its
-/// calls cut into bands of whole row tiles: the kernel sweeps every row
-/// of a call per column tile, and over a large output (the 1500×1500
-/// scores of an attention head, 9 MB) each sweep touches thousands of
-/// pages and misses L2; a band keeps the rows in cache (Whisper's
-/// 8-head 1500×64×1500 scores 37.9 → see docs/performance.md). Only for
-/// operands a band can address by moving its pointers: no im2col, no
-/// per-row epilogue operand or row sums, C broadcast over rows.
-fn in_row_bands(mut spec: GemmSpec) -> GemmSpec {
-    let mr = spec.blocking.mr;
-    let row_free = |o: Operand| !matches!(o, Operand::PerRow(_));
-    let movable = spec.im2col.is_empty()
-        && spec.row_sums.is_none()
-        && spec.c.is_none_or(|c| c.row == 0)
-        && spec
-            .epilogue
-            .iter()
-            .all(|st| row_free(st.a) && row_free(st.b));
-    let out_bytes = spec.m * spec.n * 4;
-    if !movable || out_bytes <= OUTPUT_BAND_BYTES {
-        return spec;
-    }
-    // The most rows, a multiple of the tile and dividing M, whose output
-    // fits the band size.
-    let Some(band) = (1..spec.m).rev().find(|&b| {
-        b.is_multiple_of(mr) && spec.m.is_multiple_of(b) && b * spec.n * 4 <= OUTPUT_BAND_BYTES
-    }) else {
-        return spec;
-    };
-    let a_band = match spec.a {
-        ALayout::Strided { row, .. } => band as i64 * row,
-        ALayout::Packed => (band / mr) as i64 * mr as i64 * spec.k as i64 * spec.elem.a_size(),
-    };
-    let (bands, out_band) = (spec.m / band, band as i64 * spec.out_row);
-    let calls = std::mem::take(&mut spec.calls);
-    spec.calls = (calls.iter())
-        .flat_map(|call| {
-            (0..bands as i64).map(move |b| Call {
-                a: call.a.moved(b * a_band),
-                out: call.out.moved(b * out_band),
-                ..*call
-            })
-        })
-        .collect();
-    spec.m = band;
-    spec
 }
 
 /// A depthwise convolution as [`DepthwiseSpec`] tasks, taking what it can

@@ -368,25 +368,15 @@ fn lower_dense(
         trail.declined("avx512-vnni", "the target has no AVX512-VNNI");
         return Ok(None);
     }
-    let Op::Fused(k) = &cx.node.op else {
-        let served = dense::lower(
-            &cx,
-            &mut plan.weights,
-            &mut plan.scratch,
-            target.tasks,
-            trail,
-        )
-        .map_err(codegen)?;
-        return Ok(served.map(|s| (Lowered::Machine(s.codes), s.kernel)));
+    let fused = match &cx.node.op {
+        Op::Fused(k) => Some(k.as_ref()),
+        _ => None,
     };
-    let served = dense::lower_fused(
-        &cx,
-        k,
-        &mut plan.weights,
-        &mut plan.scratch,
-        target.tasks,
-        trail,
-    )
+    let (weights, scratch) = (&mut plan.weights, &mut plan.scratch);
+    let served = match fused {
+        Some(k) => dense::lower_fused(&cx, k, weights, scratch, target.tasks, trail),
+        None => dense::lower(&cx, weights, scratch, target.tasks, trail),
+    }
     .map_err(codegen)?;
     let Some(dense::Served {
         codes: mut tasks,
@@ -396,7 +386,7 @@ fn lower_dense(
     else {
         return Ok(None);
     };
-    let Some(dense::Tail { program, src }) = tail else {
+    let (Some(k), Some(dense::Tail { program, src })) = (fused, tail) else {
         return Ok(Some((Lowered::Machine(tasks), kernel)));
     };
     let first_extra = k.head().map_or(0, |h| h.inputs);
