@@ -175,6 +175,17 @@ fn small_maps_with_many_channels_pack_rows_together() {
     // 14 columns fill 88% of a vector: the implicit GEMM, one tile wide.
     let c14 = ConvCase::new([1, 96, 14, 14], 50, [3, 3]).pads([1, 1, 1, 1]);
     check_kernel(&c14.graph(), "avx512/implicit-gemm", "3x3 on 14x14");
+    // Past 64 output channels the weights re-read per output row cost more
+    // than im2col's copies: im2col first, its K in chunks that sweep every
+    // column tile (196 columns: three full tiles and a masked one).
+    let wide = ConvCase::new([1, 160, 14, 14], 65, [3, 3]).pads([1, 1, 1, 1]);
+    check_kernel(&wide.graph(), "avx512/im2col-gemm", "65 channels on 14x14");
+    let narrow = ConvCase::new([1, 160, 14, 14], 64, [3, 3]).pads([1, 1, 1, 1]);
+    check_kernel(
+        &narrow.graph(),
+        "avx512/implicit-gemm",
+        "64 channels on 14x14",
+    );
 }
 
 #[test]
@@ -226,9 +237,15 @@ fn asymmetric_strided_and_stem_windows() {
 #[test]
 fn long_reductions_run_in_k_chunks() {
     // K of several thousand, ragged M and N: chunked accumulation through
-    // the output, the masked last column tile included.
+    // the output, the masked last column tile included, and chunks that
+    // sweep several row and column tiles each.
     let mut rng = Rng::new(41);
-    for (m, k, n) in [(13, 3001, 37), (7, 4608, 49), (1, 2500, 200)] {
+    for (m, k, n) in [
+        (13, 3001, 37),
+        (7, 4608, 49),
+        (1, 2500, 200),
+        (40, 2000, 300),
+    ] {
         let mut g = Graph::new();
         let a = g.add_input("a", ValueType::new(DType::F32, [m, k]));
         let b = g.add_const("b", f32_tensor(&mut rng, &[k, n]));
