@@ -280,9 +280,10 @@ fn conv_gemms(cx: &NodeCx, c: &Conv2d) -> [(&'static str, ConvGemm); 3] {
 }
 
 /// Most output channels per group for which an implicit GEMM goes before
-/// im2col (measured on the 3×3 convolutions of the sweep at one thread:
-/// at 32 and 64 channels the implicit GEMM was 5–60% faster, from 96
-/// channels im2col was as fast or up to 28% faster).
+/// im2col (measured on the sweep's convolutions at one thread: on 3×3
+/// windows of 32 and 64 channels the implicit GEMM was 6–60% faster, from
+/// 96 channels im2col was as fast or up to 28% faster; a 5×5 of 64
+/// channels on 35×35 was the exception, 6% slower than im2col).
 const IMPLICIT_MAX_CHANNELS: usize = 64;
 
 /// The candidates of [`lower_with`] in order; `Ok(None)` when each

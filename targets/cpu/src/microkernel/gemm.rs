@@ -49,9 +49,10 @@ const L1_PANEL_BYTES: usize = 32 << 10;
 /// The most rows of a tile whose packed A panel over `k` stays in L1.
 /// When that is fewer than [`MIN_PANEL_ROWS`] (K above about 1,400), a
 /// tile of so few rows issues too few FMAs per load: the registers bound
-/// the rows instead and the kernel walks K in chunks whose panels fit L1
+/// the rows instead and the kernel walks K in chunks
 /// (`GemmSpec::k_chunks`; a 256×196×2304 constant-A GEMM, a 3×3 conv of
-/// 256 channels on 14×14, went from 51.6% to 69.8% of peak).
+/// 256 channels on 14×14, went from 51.6% to 69.8% of peak with chunks
+/// whose panels fit L1).
 pub(crate) fn packed_a_rows(k: usize) -> usize {
     match (L1_PANEL_BYTES / (k.max(1) * 4)).clamp(1, MAX_MR) {
         rows if rows < MIN_PANEL_ROWS => MAX_MR,
@@ -690,11 +691,9 @@ const L2_PANEL_BYTES: usize = 384 << 10;
 const MIN_CHUNK_STEPS: usize = 96;
 
 /// How the kernel walks K: whole, or in chunks (GotoBLAS's `kc`), each
-/// sweeping every column tile, so that a column tile's B over the chunk
-/// stays in L1 while the row tiles stream past it, and A over the chunk
-/// in L2 while the column tiles re-read it. A chunk stores its partial sums into the
-/// output and the next one loads them back; only the last runs the
-/// epilogue.
+/// sweeping every column tile (see [`GemmSpec::k_chunks`] for their
+/// length). A chunk stores its partial sums into the output and the next
+/// one loads them back; only the last runs the epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct KChunks {
     /// k steps of every chunk but the last.
@@ -794,7 +793,7 @@ impl GemmSpec {
         }
         let (ea, eb) = (self.elem.a_size() as usize, self.elem.b_size() as usize);
         let nr = nv * 16;
-        let out_fits = self.m * self.n * 4 <= L2_OUTPUT_BYTES;
+        let out_fits = self.m * self.n * self.store.bytes() <= L2_OUTPUT_BYTES;
         let most = if out_fits {
             let b_limit = (self.m > mr).then(|| L1_SLIVER_BYTES / (nr * eb));
             let a_limit = (self.n > nr).then(|| L2_BLOCK_BYTES / (self.m * ea));
@@ -1025,7 +1024,7 @@ impl GemmSpec {
             _ => 0,
         };
         let out_tile = (self.store.bytes() * nr) as i64;
-        let steps = [
+        let tile_strides = [
             (B_TILE, g.b_tile, "B tile stride"),
             (OUT_COL, out_tile, "output tile stride"),
             (C_COL, c_col_step, "C tile stride"),
@@ -1038,7 +1037,7 @@ impl GemmSpec {
             self.pack_panel(a, g, nv, false, pack_rows)?;
             let first_col = TileStart::Counted { full: full_j };
             self.row_sweep(a, g, nv, None, first_col, pass)?;
-            for (reg, step, what) in steps {
+            for (reg, step, what) in tile_strides {
                 if step != 0 {
                     a.add(reg, imm32(step, what)?)?;
                 }
@@ -1061,7 +1060,7 @@ impl GemmSpec {
             self.row_sweep(a, g, nv, Some(partial), first_col, pass)?;
         }
         if full_j > 0 {
-            for (reg, step, what) in steps {
+            for (reg, step, what) in tile_strides {
                 if step != 0 {
                     a.sub(reg, imm32(step * full_j as i64, what)?)?;
                 }
