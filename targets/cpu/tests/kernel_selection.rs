@@ -160,6 +160,14 @@ fn one_dimensional_convolutions_in_every_layout() {
         .dilations([4, 1])
         .pads([4, 0, 4, 0]);
     check_kernel(&dilated.graph(), "avx512/implicit-gemm", "dilated N,C,L,1");
+    // One output row shares no weights across rows: the implicit GEMM
+    // stays first past 64 channels (im2col goes first on 2-D maps).
+    let wide = ConvCase::new([1, 24, 1, 90], 80, [1, 7]).pads([0, 3, 0, 3]);
+    check_kernel(
+        &wide.graph(),
+        "avx512/implicit-gemm",
+        "80 channels, N,C,1,L",
+    );
 }
 
 #[test]
