@@ -38,6 +38,20 @@ extern "C" {
 #define KILN_DTYPE_I32 8
 #define KILN_DTYPE_I64 9
 #define KILN_DTYPE_BOOL 10
+#define KILN_DTYPE_U16 11
+#define KILN_DTYPE_U32 12
+#define KILN_DTYPE_U64 13
+#define KILN_DTYPE_F8E4M3FN 14
+#define KILN_DTYPE_F8E4M3FNUZ 15
+#define KILN_DTYPE_F8E5M2 16
+#define KILN_DTYPE_F8E5M2FNUZ 17
+/* The 8-, 4- and 2-bit types hold one element per byte, its code in the
+   low bits (not packed two or four to a byte as in ONNX files). */
+#define KILN_DTYPE_F4E2M1 18
+#define KILN_DTYPE_I4 19
+#define KILN_DTYPE_U4 20
+#define KILN_DTYPE_I2 21
+#define KILN_DTYPE_U2 22
 
 /* Results of kiln_model_run. */
 #define KILN_OK 0

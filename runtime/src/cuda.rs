@@ -34,7 +34,8 @@ use cudarc::driver::{
 };
 
 use crate::format::{ArtifactView, Metadata, TensorSpec};
-use crate::model::validate_inputs;
+use crate::file::read_private;
+use crate::model::InputNames;
 use crate::{Error, Tensor, TensorRef, KERNEL_INDEX_OUT_OF_RANGE};
 
 /// Bytes of the arena's status word.
@@ -65,6 +66,8 @@ struct Launch {
 /// A CUDA artifact loaded on GPU 0.
 pub struct CudaModel {
     metadata: Metadata,
+    /// The inputs by name, for matching a run's inputs.
+    input_names: InputNames,
     launches: Vec<Launch>,
     /// Source nodes of the Gather kernels, for the out-of-range error.
     gather_nodes: Vec<String>,
@@ -127,12 +130,22 @@ fn open_gpu0() -> Result<(Arc<CudaContext>, u32, String), Error> {
 impl CudaModel {
     /// Reads and loads the CUDA artifact at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<CudaModel, Error> {
+        CudaModel::from_bytes(read_private(path.as_ref())?.as_slice())
+    }
+
+    /// Like [`CudaModel::load`], but first requires the artifact's detached
+    /// signature to verify with `key`, on the same bytes that are then
+    /// loaded (as [`Model::load_verified`](crate::Model::load_verified)).
+    #[cfg(feature = "signing")]
+    pub fn load_verified(
+        path: impl AsRef<Path>,
+        key: &crate::PublicKey,
+    ) -> Result<CudaModel, Error> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        CudaModel::from_bytes(&bytes)
+        let file = read_private(path)?;
+        let header = crate::format::read_header(file.as_slice())?;
+        crate::signing::verify_detached(path, &header.content_hash, key)?;
+        CudaModel::from_bytes(file.as_slice())
     }
 
     /// Validates a CUDA artifact held in memory and loads it on GPU 0.
@@ -227,6 +240,7 @@ impl CudaModel {
             .alloc_zeros::<u8>(arena_bytes)
             .map_err(driver("allocate the device arena"))?;
         Ok(CudaModel {
+            input_names: InputNames::new(&view.metadata.inputs),
             metadata: view.metadata,
             launches,
             gather_nodes,
@@ -259,7 +273,7 @@ impl CudaModel {
     /// Runs one inference: every declared input exactly once (any order);
     /// the outputs in declared order.
     pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
-        validate_inputs(&self.metadata.inputs, inputs)?;
+        self.input_names.validate(&self.metadata.inputs, inputs)?;
         let stream = self.stream.clone();
         let copy_in = driver("copy inputs to the GPU");
         stream
@@ -268,10 +282,10 @@ impl CudaModel {
                 &mut self.arena.slice_mut(0..STATUS_BYTES),
             )
             .map_err(&copy_in)?;
-        for spec in &self.metadata.inputs {
+        for given in inputs {
             // Found: validated above.
-            if let Some(given) = inputs.iter().find(|t| t.name == spec.name) {
-                let start = spec.arena_offset as usize;
+            if let Some(i) = self.input_names.index(given.name) {
+                let start = self.metadata.inputs[i].arena_offset as usize;
                 let mut dst = self.arena.slice_mut(start..start + given.data.len());
                 stream.memcpy_htod(given.data, &mut dst).map_err(&copy_in)?;
             }

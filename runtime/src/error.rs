@@ -72,6 +72,9 @@ pub enum Error {
         .0.join(", ")
     )]
     MissingCpuFeatures(Vec<String>),
+    /// The loaded weights could not be made read-only.
+    #[error("cannot make the loaded weights read-only: {0}")]
+    SealWeights(#[source] std::io::Error),
     /// Executable memory could not be set up.
     #[error("cannot map the artifact's code: {0}")]
     CodeMemory(#[source] std::io::Error),

@@ -1,8 +1,8 @@
 //! `kiln-runtime`: loads and runs Kiln artifacts (`.kiln` files), and
 //! defines the artifact format that the compiler writes.
 //!
-//! The runtime depends on nothing of the compiler. Loading an artifact maps
-//! the file, verifies the header, every section's SHA-256, all bounds and
+//! The runtime depends on nothing of the compiler. Loading an artifact reads
+//! the file once into private memory, verifies the header, every section's SHA-256, all bounds and
 //! the CPU features the code needs, copies the machine code into anonymous
 //! pages, applies relocations (host `libm` functions come from a fixed
 //! allow-list), and only then makes the code executable (W^X). The arena is
@@ -57,6 +57,7 @@ mod code;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod file;
 pub mod format;
 mod host;
 mod memory;
@@ -68,8 +69,9 @@ mod signing;
 mod tensor;
 
 pub use error::{Error, KERNEL_INDEX_OUT_OF_RANGE};
+pub use file::{open_regular, read_regular};
 pub use format::{DType, TensorSpec};
-pub use model::{Model, Session};
+pub use model::{Model, Session, MAX_SESSION_THREADS};
 #[cfg(feature = "signing")]
 pub use signing::PublicKey;
 pub use tensor::{Element, Tensor, TensorRef};

@@ -61,10 +61,6 @@ impl AlignedBuf {
         Ok(buf)
     }
 
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
-    }
-
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -97,39 +93,52 @@ pub(crate) fn round_to_pages(len: usize) -> Option<usize> {
     len.max(1).checked_next_multiple_of(page)
 }
 
-/// The weights kernels read: kept in the file mapping when it is suitably
-/// aligned, otherwise copied.
-pub(crate) enum Weights {
-    /// A range of the mapped artifact file.
-    Mapped { map: memmap2::Mmap, offset: usize },
-    /// An aligned copy.
-    Owned(AlignedBuf),
+/// An [`AlignedBuf`] made read-only: nothing, not even a faulty kernel
+/// writing through the weights pointer, can change it after loading.
+pub(crate) struct SealedBuf(AlignedBuf);
+
+impl AlignedBuf {
+    /// Makes the buffer read-only for good.
+    pub(crate) fn seal(self) -> Result<SealedBuf, Error> {
+        // SAFETY: changes the protection of this buffer's own mapping,
+        // which nothing else references; afterwards only shared (read)
+        // access to it exists.
+        let rc = unsafe { libc::mprotect(self.ptr.as_ptr().cast(), self.map_len, libc::PROT_READ) };
+        if rc != 0 {
+            return Err(Error::SealWeights(std::io::Error::last_os_error()));
+        }
+        Ok(SealedBuf(self))
+    }
+}
+
+/// The weights kernels read: a sealed private buffer (the whole artifact
+/// file as read at load, or a copy of the weights) and where in it the
+/// weights start, aligned to [`ALIGN`].
+pub(crate) struct Weights {
+    buf: SealedBuf,
+    offset: usize,
 }
 
 impl Weights {
-    /// Uses the mapping if the weights (`range` of `map`) start at an
-    /// aligned address, otherwise copies them.
-    pub(crate) fn from_map(
-        map: memmap2::Mmap,
-        range: std::ops::Range<usize>,
-    ) -> Result<Weights, Error> {
-        if (map.as_ptr() as usize + range.start).is_multiple_of(ALIGN) {
-            Ok(Weights::Mapped {
-                map,
-                offset: range.start,
-            })
+    /// The weights at `range` of `buf`: kept in place when they start
+    /// aligned (section offsets are multiples of 64, so they do in every
+    /// valid artifact), otherwise copied.
+    pub(crate) fn new(buf: AlignedBuf, range: std::ops::Range<usize>) -> Result<Weights, Error> {
+        let (buf, offset) = if range.start.is_multiple_of(ALIGN) {
+            (buf, range.start)
         } else {
-            AlignedBuf::copy_of(&map[range], "weights").map(Weights::Owned)
-        }
+            (AlignedBuf::copy_of(&buf.as_slice()[range], "weights")?, 0)
+        };
+        Ok(Weights {
+            buf: buf.seal()?,
+            offset,
+        })
     }
 
     /// The address of the first weight byte (aligned to [`ALIGN`]).
     pub(crate) fn as_ptr(&self) -> *const u8 {
-        match self {
-            // `offset` is at most the map length, so this stays in bounds.
-            Weights::Mapped { map, offset } => map[*offset..].as_ptr(),
-            Weights::Owned(buf) => buf.as_ptr(),
-        }
+        // `offset` is at most the buffer's length, so this stays in bounds.
+        self.buf.0.as_slice()[self.offset..].as_ptr()
     }
 }
 
@@ -141,7 +150,7 @@ mod tests {
     fn buffers_are_aligned_and_zeroed() {
         for len in [0, 1, 63, 64, 1000] {
             let b = AlignedBuf::zeroed(len, "test").unwrap();
-            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
             assert_eq!(b.as_slice().len() as u64, len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
         }

@@ -2,7 +2,7 @@
 //! sessions that run it, each with its own arena.
 
 use std::fmt;
-use std::fs::File;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -10,9 +10,13 @@ use crate::code::{CodeMemory, KernelFn};
 use crate::format::{
     read_header, Arch, ArtifactView, CpuFeatures, Header, Metadata, SectionKind, TensorSpec,
 };
+use crate::file::read_private;
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
 use crate::{Error, Tensor, TensorRef};
+
+/// The most threads a session starts, whatever is asked.
+pub const MAX_SESSION_THREADS: usize = 1024;
 
 /// A model ready to run: relocated code, weights and metadata, all
 /// immutable after loading.
@@ -55,11 +59,12 @@ pub(crate) struct Program {
     features: CpuFeatures,
     /// Source node name of each schedule step, for error messages.
     step_nodes: Vec<String>,
-    /// Each step's tasks as a range of `task_entries`.
+    /// Each step's tasks as a range of `kernel_entries`.
     steps: Vec<std::ops::Range<usize>>,
-    /// Entry point of every task of the schedule, step by step; valid
-    /// while `_code` lives.
-    task_entries: Vec<KernelFn>,
+    /// Entry point of every kernel; valid while `_code` lives.
+    kernel_entries: Vec<KernelFn>,
+    /// The inputs by name, for matching a run's inputs.
+    input_names: InputNames,
     /// Keeps the mapping that `task_entries` point into alive.
     _code: CodeMemory,
     /// Read-only: kernels receive it as `*const u8`.
@@ -67,12 +72,15 @@ pub(crate) struct Program {
 }
 
 impl Model {
-    /// Maps the artifact at `path`, validates it and prepares it to run.
+    /// Reads the artifact at `path` once into private memory, validates
+    /// it and prepares it to run.
     ///
-    /// The weights stay in the file mapping; the file must not be modified
-    /// while the model is loaded.
+    /// Nothing of the file stays mapped: changing, replacing or truncating
+    /// it afterwards does not affect the loaded model. The weights are
+    /// served from the private copy (memory: the file's size, plus the
+    /// code; see `docs/security.md`).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
-        Model::from_map(map_file(path.as_ref())?)
+        Model::from_private(read_private(path.as_ref())?)
     }
 
     /// Like [`Model::load`], but first requires the artifact's detached
@@ -82,29 +90,32 @@ impl Model {
     /// ([`Error::Unsigned`]), one modified after signing
     /// ([`Error::ModifiedAfterSigning`], or a format error when the change
     /// broke a checksum) and one signed with another key
-    /// ([`Error::BadSignature`]). See `docs/security.md`.
+    /// ([`Error::BadSignature`]). The signature is checked on the very
+    /// bytes that are then decoded and run: the file is read once. See
+    /// `docs/security.md`.
     #[cfg(feature = "signing")]
     pub fn load_verified(path: impl AsRef<Path>, key: &crate::PublicKey) -> Result<Model, Error> {
         let path = path.as_ref();
-        let map = map_file(path)?;
-        let header = read_header(&map)?;
+        let file = read_private(path)?;
+        let header = read_header(file.as_slice())?;
         crate::signing::verify_detached(path, &header.content_hash, key)?;
-        Model::from_map(map)
+        Model::from_private(file)
     }
 
-    /// A model from a mapped artifact, weights used in place when aligned.
-    fn from_map(map: memmap2::Mmap) -> Result<Model, Error> {
-        let (model, weights_range) = Model::prepare(&map)?;
-        let weights = Weights::from_map(map, weights_range)?;
-        Ok(model(weights))
+    /// A model from an artifact file read into private memory; the
+    /// weights are used in place.
+    fn from_private(file: AlignedBuf) -> Result<Model, Error> {
+        let (model, weights_range) = Model::prepare(file.as_slice())?;
+        Ok(model(Weights::new(file, weights_range)?))
     }
 
     /// Validates an artifact held in memory and prepares it to run
     /// (the weights are copied).
     pub fn from_bytes(bytes: &[u8]) -> Result<Model, Error> {
         let (model, weights_range) = Model::prepare(bytes)?;
-        let weights = Weights::Owned(AlignedBuf::copy_of(&bytes[weights_range], "weights")?);
-        Ok(model(weights))
+        let weights = AlignedBuf::copy_of(&bytes[weights_range], "weights")?;
+        let len = weights.as_slice().len();
+        Ok(model(Weights::new(weights, 0..len)?))
     }
 
     /// Everything but the weights: checks the header, the architecture and
@@ -119,16 +130,14 @@ impl Model {
         let view = ArtifactView::parse(bytes)?;
         let arena = AlignedBuf::zeroed(view.metadata.arena_size, "arena")?;
         let code = CodeMemory::new(view.text, &view.kernels, &view.relocs)?;
-        let mut task_entries = Vec::new();
-        let mut steps = Vec::with_capacity(view.schedule.len());
-        for s in &view.schedule {
-            let start = task_entries.len();
-            // In range: the decoder checked kernel + tasks <= kernels.
-            for k in s.kernel..s.kernel + s.tasks {
-                task_entries.push(code.entry(&view.kernels[k as usize]));
-            }
-            steps.push(start..task_entries.len());
-        }
+        // One entry per kernel, and each step a range of them (the decoder
+        // checked kernel + tasks <= kernels): linear in the file's size
+        // however many steps share the same kernels.
+        let kernel_entries = view.kernels.iter().map(|k| code.entry(k)).collect();
+        let steps = (view.schedule.iter())
+            .map(|s| s.kernel as usize..(s.kernel + s.tasks) as usize)
+            .collect();
+        let input_names = InputNames::new(&view.metadata.inputs);
         let weights_section = view.header.section(SectionKind::Weights);
         // Inside `bytes`, as `read_header` checked.
         let start = weights_section.offset as usize;
@@ -146,7 +155,8 @@ impl Model {
                 features: header.features,
                 step_nodes: schedule.into_iter().map(|s| s.node).collect(),
                 steps,
-                task_entries,
+                kernel_entries,
+                input_names,
                 _code: code,
                 weights,
             }),
@@ -203,7 +213,12 @@ impl Model {
     /// `threads - 1` workers, created now and kept until the session is
     /// dropped) for the steps the compiler split into several tasks. A run
     /// neither creates threads nor allocates.
+    ///
+    /// Threads beyond [`Model::max_tasks`] would never get work, so the
+    /// count is clamped to it, and to [`MAX_SESSION_THREADS`]
+    /// ([`Session::threads`] tells the count used).
     pub fn session_with_threads(&self, threads: usize) -> Result<Session, Error> {
+        let threads = threads.min(self.max_tasks()).min(MAX_SESSION_THREADS);
         let pool = if threads > 1 {
             Some(Pool::new(threads).map_err(Error::SpawnThreads)?)
         } else {
@@ -382,11 +397,11 @@ impl Program {
     /// Checks `inputs` against the declared inputs and copies them into
     /// the arena.
     fn bind_inputs(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
-        validate_inputs(&self.metadata.inputs, inputs)?;
         let specs = &self.metadata.inputs;
-        for (i, spec) in specs.iter().enumerate() {
-            // Found: every spec was matched above.
-            if let Some(given) = inputs.iter().find(|t| t.name == spec.name) {
+        self.input_names.validate(specs, inputs)?;
+        for given in inputs {
+            // Found: `validate` matched every given input by name.
+            if let Some(i) = self.input_names.index(given.name) {
                 self.input_slot(arena, i).copy_from_slice(given.data);
             }
         }
@@ -446,7 +461,7 @@ impl Program {
         let arena = arena.as_mut_ptr();
         let weights = self.weights.as_ptr();
         for (i, step) in self.steps.iter().enumerate() {
-            let tasks = &self.task_entries[step.clone()];
+            let tasks = &self.kernel_entries[step.clone()];
             // SAFETY: the entries point into `self._code`, which is alive;
             // the arena and weights are the buffers the artifact was
             // compiled against (sizes validated at load). Kernels only read
@@ -475,19 +490,6 @@ impl Program {
         }
         Ok(())
     }
-}
-
-/// Maps the file at `path` read-only.
-pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap, Error> {
-    let io_err = |source| Error::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file = File::open(path).map_err(io_err)?;
-    // SAFETY: the mapping is read-only; like every user of mmap, we rely
-    // on the file not being truncated or modified while mapped (see
-    // `Model::load`).
-    unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)
 }
 
 /// The arena range of a validated tensor spec.
@@ -561,29 +563,71 @@ impl fmt::Debug for Program {
     }
 }
 
-/// Errors unless every declared input is given exactly once, by name, with
-/// its declared type and data length.
-pub(crate) fn validate_inputs(specs: &[TensorSpec], inputs: &[TensorRef<'_>]) -> Result<(), Error> {
-    for (i, given) in inputs.iter().enumerate() {
-        if !specs.iter().any(|s| s.name == given.name) {
-            let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-            return Err(Error::UnknownInput {
-                name: given.name.to_owned(),
-                expected: names.join(", "),
-            });
-        }
-        if inputs[..i].iter().any(|o| o.name == given.name) {
-            return Err(Error::DuplicateInput(given.name.to_owned()));
-        }
+/// A model's declared inputs by name (unique: the decoder checked), built
+/// once at load so that matching a run's inputs costs time linear in their
+/// number, whatever the artifact declares.
+pub(crate) struct InputNames(HashMap<String, usize>);
+
+/// Declared inputs up to this many are tracked on the stack while a run's
+/// inputs are matched; more allocate a bit set per run.
+const STACK_INPUTS: usize = 64 * 64;
+
+impl InputNames {
+    pub(crate) fn new(specs: &[TensorSpec]) -> InputNames {
+        InputNames(
+            (specs.iter().enumerate())
+                .map(|(i, s)| (s.name.clone(), i))
+                .collect(),
+        )
     }
-    for spec in specs {
-        let Some(given) = inputs.iter().find(|t| t.name == spec.name) else {
-            return Err(Error::MissingInput {
-                name: spec.name.clone(),
-                expected: spec.type_string(),
-            });
+
+    /// The index of the declared input called `name`.
+    pub(crate) fn index(&self, name: &str) -> Option<usize> {
+        self.0.get(name).copied()
+    }
+
+    /// Errors unless every declared input of `specs` is given exactly once,
+    /// by name, with its declared type and data length.
+    pub(crate) fn validate(
+        &self,
+        specs: &[TensorSpec],
+        inputs: &[TensorRef<'_>],
+    ) -> Result<(), Error> {
+        let words = specs.len().div_ceil(64);
+        let mut on_stack = [0u64; STACK_INPUTS / 64];
+        let mut on_heap = Vec::new();
+        let seen: &mut [u64] = if words <= on_stack.len() {
+            &mut on_stack[..words]
+        } else {
+            on_heap.resize(words, 0);
+            &mut on_heap
         };
-        check_input(spec, given)?;
+        for given in inputs {
+            let Some(i) = self.index(given.name) else {
+                let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+                return Err(Error::UnknownInput {
+                    name: given.name.to_owned(),
+                    expected: names.join(", "),
+                });
+            };
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            if seen[word] & bit != 0 {
+                return Err(Error::DuplicateInput(given.name.to_owned()));
+            }
+            seen[word] |= bit;
+        }
+        if let Some(missing) = (specs.iter().enumerate()).find(|(i, _)| seen[i / 64] & (1 << (i % 64)) == 0) {
+            return Err(Error::MissingInput {
+                name: missing.1.name.clone(),
+                expected: missing.1.type_string(),
+            });
+        }
+        for given in inputs {
+            // Found: every name was matched above.
+            if let Some(i) = self.index(given.name) {
+                check_input(&specs[i], given)?;
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }

@@ -122,6 +122,18 @@ impl Pool {
     /// A pool where `threads` threads (the caller and `threads - 1`
     /// workers) run each step's tasks.
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        Pool::start(threads, |i, shared| {
+            std::thread::Builder::new()
+                .name(format!("kiln-worker-{i}"))
+                .spawn(move || worker(&shared))
+        })
+    }
+
+    /// [`Pool::new`] with the way worker `i` is started given.
+    fn start(
+        threads: usize,
+        mut spawn: impl FnMut(usize, Arc<Shared>) -> std::io::Result<JoinHandle<()>>,
+    ) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 epoch: 0,
@@ -136,15 +148,17 @@ impl Pool {
             published: AtomicU64::new(0),
             active: AtomicUsize::new(0),
         });
-        let mut workers = Vec::with_capacity(threads.saturating_sub(1));
+        // Built before the workers so that, if a spawn fails, dropping it
+        // shuts down and joins the workers already started.
+        let mut pool = Pool {
+            shared,
+            workers: Vec::new(),
+        };
         for i in 1..threads {
-            let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new()
-                .name(format!("kiln-worker-{i}"))
-                .spawn(move || worker(&shared))?;
-            workers.push(handle);
+            let handle = spawn(i, Arc::clone(&pool.shared))?;
+            pool.workers.push(handle);
         }
-        Ok(Pool { shared, workers })
+        Ok(pool)
     }
 
     /// Threads running each step (the caller included).
@@ -256,6 +270,21 @@ mod tests {
 
     unsafe extern "C" fn fail(_arena: *mut u8, _weights: *const u8) -> i32 {
         7
+    }
+
+    #[test]
+    fn a_failed_spawn_stops_the_workers_already_started() {
+        let mut shared = None;
+        let result = Pool::start(6, |i, s| {
+            shared.get_or_insert_with(|| std::sync::Arc::downgrade(&s));
+            if i == 4 {
+                return Err(std::io::Error::other("no more threads"));
+            }
+            Ok(std::thread::spawn(move || super::worker(&s)))
+        });
+        assert!(result.is_err());
+        // Every worker returned and dropped its reference to the state.
+        assert_eq!(shared.unwrap().strong_count(), 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::Path;
 use ed25519_dalek::pkcs8::DecodePublicKey;
 use ed25519_dalek::{Signature, VerifyingKey};
 
-use crate::format::{signature_path, signed_message, DetachedSignature};
+use crate::format::{signature_path, signed_message, DetachedSignature, SIGNATURE_FILE_LEN};
 use crate::Error;
 
 /// An Ed25519 public key that artifacts are checked against.
@@ -38,10 +38,13 @@ impl PublicKey {
     /// Reads a PEM key file.
     pub fn from_pem_file(path: impl AsRef<Path>) -> Result<PublicKey, Error> {
         let path = path.as_ref();
-        let pem = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        // A PEM public key is a few hundred bytes.
+        let pem = crate::file::read_regular(path, 64 << 10).map_err(|source| Error::Io {
             path: path.to_owned(),
             source,
         })?;
+        let pem = String::from_utf8(pem)
+            .map_err(|_| Error::InvalidPublicKey(format!("'{}' is not text", path.display())))?;
         PublicKey::from_pem(&pem)
     }
 
@@ -59,7 +62,9 @@ pub(crate) fn verify_detached(
     key: &PublicKey,
 ) -> Result<(), Error> {
     let sig_path = signature_path(artifact);
-    let bytes = match std::fs::read(&sig_path) {
+    // A valid signature file has a fixed, small size: reading more is never
+    // needed, and a FIFO or device in its place is refused, not waited on.
+    let bytes = match crate::file::read_regular(&sig_path, SIGNATURE_FILE_LEN as u64) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::Unsigned {

@@ -192,3 +192,14 @@ fn load_verified_refuses_unsigned_and_bad_keys() {
     }
     std::fs::remove_file(path.to_str().unwrap()).unwrap();
 }
+
+/// `kiln.h` defines a `KILN_DTYPE_*` code for every dtype the format has,
+/// with the format's number.
+#[test]
+fn the_header_names_every_dtype_code() {
+    let header = include_str!("../include/kiln.h");
+    for d in kiln_runtime::DType::ALL {
+        let line = format!("#define KILN_DTYPE_{} {}\n", d.name().to_uppercase(), d as u8);
+        assert!(header.contains(&line), "kiln.h lacks {line:?}");
+    }
+}

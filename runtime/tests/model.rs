@@ -136,6 +136,34 @@ mod x86_64 {
         assert_eq!(m.run(&[]).unwrap()[0].to_f32_vec(), Some(vec![0.5, 8.0]));
     }
 
+    /// The file is read once: rewriting or truncating it after the load
+    /// changes neither the weights nor the code that runs, and kills
+    /// nothing (a mapping of the file would show the new weights, and
+    /// touching a truncated mapping raises SIGBUS).
+    #[test]
+    fn a_loaded_model_ignores_later_changes_to_its_file() {
+        let weights_model = |w: [f32; 2]| {
+            let mut a = single_kernel(
+                WEIGHTS_TO_ARENA,
+                vec![],
+                vec![spec("w", DType::F32, &[2], 8)],
+            );
+            a.weights = Tensor::from_f32("", &[2], &w).data;
+            a.to_bytes()
+        };
+        let path = temp_path("rewritten");
+        std::fs::write(&path, weights_model([0.5, 8.0])).unwrap();
+        let m = Model::load(&path).unwrap();
+        // In place, same length: only the weights' bytes differ.
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, &weights_model([-1.0, -2.0])).unwrap();
+        assert_eq!(m.run(&[]).unwrap()[0].to_f32_vec(), Some(vec![0.5, 8.0]));
+        f.set_len(0).unwrap();
+        assert_eq!(m.run(&[]).unwrap()[0].to_f32_vec(), Some(vec![0.5, 8.0]));
+        drop(f);
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn host_functions_through_abs64_relocations() {
         for (f, input, expected) in [
@@ -267,9 +295,11 @@ mod x86_64 {
     }
 
     #[test]
-    fn pcrel32_out_of_reach() {
+    fn pcrel32_far_outside_text_is_refused() {
         let mut a = host_call_model(HostFn::Expf);
-        // A PC-relative reference 2^40 bytes away cannot be encoded.
+        // A PC-relative reference 2^40 bytes away reaches outside TEXT:
+        // refused while decoding, before any code is mapped (the patch's
+        // own range check is unit-tested in `reloc.rs`).
         a.relocs[0] = kiln_runtime::format::Reloc {
             offset: 0,
             kind: kiln_runtime::format::RelocKind::PcRel32,
@@ -277,7 +307,8 @@ mod x86_64 {
             addend: 1 << 40,
         };
         let err = load_err(&a.to_bytes());
-        assert!(matches!(err, Error::RelocationOutOfRange { .. }), "{err:?}");
+        assert!(matches!(err, Error::Format(_)), "{err:?}");
+        assert!(err.to_string().contains("reaches outside"), "{err}");
     }
 
     #[test]

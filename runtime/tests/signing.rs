@@ -140,3 +140,69 @@ fn tampered_artifact_is_refused() {
     let err = Model::load_verified(&path, &public(&producer())).unwrap_err();
     assert!(matches!(err, Error::SignatureFile { .. }), "{err:?}");
 }
+
+/// A file rewritten in place while it is loaded: a writer thread
+/// alternates between the signed artifact and an unsigned one whose kernel
+/// returns 77, sometimes cutting the file short, while this thread loads
+/// with `load_verified` and runs. The signature is checked on the bytes
+/// that run, so the unsigned kernel never runs and no load kills the
+/// process; each load either runs the signed code or is refused.
+#[test]
+fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let signed = common::copy_model().to_bytes();
+    let mut evil = common::copy_model();
+    evil.text = common::return_code(77);
+    evil.kernels[0].text_len = evil.text.len() as u64;
+    let evil = evil.to_bytes();
+    let path = write("race", &signed, Some(&signature_for(&signed, &producer())));
+    let key = public(&producer());
+    // The unsigned build runs (and fails with 77) when loaded unverified.
+    let err = Model::from_bytes(&evil).unwrap().run(&[Tensor::from_f32("x", &[2], &[0.0, 0.0]).view()]);
+    assert!(matches!(err, Err(Error::Kernel { code: 77, .. })), "{err:?}");
+
+    let stop = AtomicBool::new(false);
+    let (mut loaded, mut refused) = (0, 0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let mut round = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let bytes = if round % 2 == 0 { &evil } else { &signed };
+                f.seek(SeekFrom::Start(0)).unwrap();
+                // Every third round leaves the file cut short for a while.
+                let cut = if round % 3 == 0 { bytes.len() / 2 } else { bytes.len() };
+                f.write_all(&bytes[..cut]).unwrap();
+                f.set_len(cut as u64).unwrap();
+                std::thread::yield_now();
+                f.seek(SeekFrom::Start(0)).unwrap();
+                f.write_all(bytes).unwrap();
+                f.set_len(bytes.len() as u64).unwrap();
+                round += 1;
+            }
+        });
+        let x = Tensor::from_f32("x", &[2], &[1.5, -2.0]);
+        for _ in 0..600 {
+            match Model::load_verified(&path, &key) {
+                Ok(model) => {
+                    let y = model.run(&[x.view()]).expect("only the signed code runs");
+                    assert_eq!(y[0].to_f32_vec(), Some(vec![1.5, -2.0]));
+                    loaded += 1;
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e, Error::ModifiedAfterSigning { .. } | Error::Format(_) | Error::Io { .. }),
+                        "{e:?}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    eprintln!("{loaded} loads ran the signed code, {refused} were refused");
+    assert_eq!(loaded + refused, 600);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}

@@ -359,21 +359,39 @@ impl From<DriverError> for Failure {
 impl From<kiln_runtime::Error> for Failure {
     fn from(e: kiln_runtime::Error) -> Failure {
         use kiln_runtime::Error as E;
+        // Every variant named, no wildcard: a new runtime error must be
+        // classified here, not fall into "bad input" by default.
         let code = match &e {
             E::Io { .. } => exit::IO,
+            E::InvalidPublicKey(_) => exit::USAGE,
+            // The artifact is invalid, or cannot be loaded or run here.
             E::Format(_)
             | E::UnsupportedArch { .. }
             | E::CudaArtifact { .. }
-            | E::MissingCpuFeatures(_) => exit::BAD_ARTIFACT,
+            | E::MissingCpuFeatures(_)
+            | E::SealWeights(_)
+            | E::CodeMemory(_)
+            | E::RelocationOutOfRange { .. }
+            | E::SpawnThreads(_)
+            | E::OutOfMemory { .. }
+            | E::Unsigned { .. }
+            | E::SignatureFile { .. }
+            | E::ModifiedAfterSigning { .. }
+            | E::BadSignature => exit::BAD_ARTIFACT,
             #[cfg(feature = "cuda")]
             E::NoCudaDriver
             | E::NotCudaArtifact { .. }
             | E::CudaSmTooOld { .. }
             | E::CudaDriver { .. } => exit::BAD_ARTIFACT,
-            E::InvalidPublicKey(_) => exit::USAGE,
-            e if e.is_signature_error() => exit::BAD_ARTIFACT,
-            E::Kernel { .. } => exit::BAD_INPUT,
-            _ => exit::BAD_INPUT,
+            // What the caller gave a run, or what a kernel found in it.
+            E::UnknownInput { .. }
+            | E::DuplicateInput(_)
+            | E::MissingInput { .. }
+            | E::InputTypeMismatch { .. }
+            | E::InputDataLength { .. }
+            | E::OutputCount { .. }
+            | E::OutputBufferSize { .. }
+            | E::Kernel { .. } => exit::BAD_INPUT,
         };
         Failure::new(code, e.to_string())
     }
@@ -1266,8 +1284,9 @@ fn preview(t: &Tensor) -> String {
 fn is_artifact(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
+    // Not a plain open: a FIFO would block it.
+    kiln_runtime::open_regular(path)
+        .and_then(|(mut f, _)| f.read_exact(&mut magic))
         .map(|_| magic == kiln_runtime::format::MAGIC)
         .unwrap_or(false)
 }
@@ -1288,11 +1307,11 @@ fn cmd_inspect(mut a: InspectArgs) -> Result<(), Failure> {
 }
 
 /// The `kiln inspect --json` fields every artifact has, CPU or CUDA.
-fn artifact_json(artifact: &Artifact) -> Value {
+fn artifact_json(artifact: &Artifact, version: u32) -> Value {
     let m = &artifact.metadata;
     json!({
         "kind": "artifact",
-        "format_version": kiln_runtime::format::FORMAT_VERSION,
+        "format_version": version,
         "content_sha256": hex(&artifact.content_hash()),
         "compiler": m.compiler_version,
         "target": m.target,
@@ -1376,27 +1395,25 @@ fn print_dense_kernels(kernels: &[format::DenseKernel]) {
     }
 }
 
-/// The first lines of `kiln inspect` on an artifact.
-fn print_artifact_header(path: &Path, bytes: usize, hash: &str) {
+/// The first lines of `kiln inspect` on an artifact of format `version`.
+fn print_artifact_header(path: &Path, bytes: usize, version: u32, hash: &str) {
     println!("artifact {} ({bytes} bytes)", path.display());
-    println!(
-        "  format version {}, content sha256 {hash}",
-        kiln_runtime::format::FORMAT_VERSION
-    );
+    println!("  format version {version}, content sha256 {hash}");
 }
 
 fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
-    let bytes = std::fs::read(&a.path)
+    let bytes = kiln_runtime::read_regular(&a.path, u64::MAX)
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
     let view =
         ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let version = view.header.version;
     let cuda = view
         .cuda_code()
         .transpose()
         .map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
     let artifact: Artifact = view.into_artifact();
     if let Some(code) = cuda {
-        return inspect_cuda_artifact(a, &bytes, &artifact, &code);
+        return inspect_cuda_artifact(a, &bytes, version, &artifact, &code);
     }
     let hash = hex(&artifact.content_hash());
     let m = &artifact.metadata;
@@ -1407,7 +1424,7 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
             .iter()
             .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
             .collect();
-        let mut v = artifact_json(&artifact);
+        let mut v = artifact_json(&artifact, version);
         v["arch"] = json!(format!("{:?}", artifact.arch));
         v["features"] = json!(features);
         v["code_bytes"] = json!(artifact.text.len());
@@ -1417,7 +1434,7 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
         println!("{v}");
         return Ok(());
     }
-    print_artifact_header(&a.path, bytes.len(), &hash);
+    print_artifact_header(&a.path, bytes.len(), version, &hash);
     println!(
         "  arch {:?}, requires CPU features: {}",
         artifact.arch,
@@ -1449,6 +1466,7 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
 fn inspect_cuda_artifact(
     a: &InspectArgs,
     bytes: &[u8],
+    version: u32,
     artifact: &Artifact,
     code: &kiln_runtime::format::CudaCode,
 ) -> Result<(), Failure> {
@@ -1469,7 +1487,7 @@ fn inspect_cuda_artifact(
                 })
             })
             .collect();
-        let mut v = artifact_json(artifact);
+        let mut v = artifact_json(artifact, version);
         v["arch"] = json!("nvptx64");
         v["sm"] = json!(code.sm);
         v["ptx_bytes"] = json!(code.ptx.len());
@@ -1479,7 +1497,7 @@ fn inspect_cuda_artifact(
         println!("{v}");
         return Ok(());
     }
-    print_artifact_header(&a.path, bytes.len(), &hash);
+    print_artifact_header(&a.path, bytes.len(), version, &hash);
     println!("  CUDA sm_{} (target {})", code.sm, m.target);
     println!("  built by {} with: {}", m.compiler_version, m.options);
     print_io(m);
@@ -1516,7 +1534,7 @@ fn inspect_cuda_artifact(
             k.name,
             dims(k.grid),
             dims(k.block),
-            k.shared_bytes + k.static_shared_bytes,
+            u64::from(k.shared_bytes) + u64::from(k.static_shared_bytes),
             regs,
             spill,
             k.node

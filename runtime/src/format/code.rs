@@ -192,6 +192,17 @@ impl RelocKind {
         }
     }
 
+    /// What the code adds to the patched value to form the address it
+    /// reaches: 0 for an absolute address; for a PC-relative one, the
+    /// x86-64 displacement counts from the end of its 4 bytes, so code
+    /// reaches `target + addend + 4` (the usual addend is -4).
+    pub fn reach_bias(self) -> i64 {
+        match self {
+            RelocKind::Abs64 => 0,
+            RelocKind::PcRel32 => 4,
+        }
+    }
+
     /// Number of bytes the relocation writes.
     pub fn patch_width(self) -> u64 {
         match self {

@@ -105,6 +105,9 @@ impl CudaCode {
         let ptx = r.str("PTX module")?;
         let cubin_len = r.u64("cubin length")?;
         let cubin = r.take(cubin_len, "cubin")?.to_vec();
+        if !cubin.is_empty() {
+            super::elf::check_cubin(&cubin).map_err(|e| r.error(e))?;
+        }
         let n = r.count("kernel count", MIN_KERNEL)?;
         let mut kernels = Vec::with_capacity(n);
         for i in 0..n {
@@ -159,7 +162,7 @@ mod tests {
         CudaCode {
             sm: 80,
             ptx: ".version 7.0\n".into(),
-            cubin: vec![1, 2, 3],
+            cubin: crate::format::elf::tests::tiny_cubin(),
             kernels: vec![CudaKernel {
                 name: "k0".into(),
                 node: "relu".into(),
@@ -190,6 +193,10 @@ mod tests {
         c.kernels[0].block[1] = 0;
         let e = CudaCode::parse(&c.to_bytes()).unwrap_err().to_string();
         assert!(e.contains("zero launch dimension"), "{e}");
+        let mut c = code();
+        c.cubin.truncate(100);
+        let e = CudaCode::parse(&c.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("outside its 100 bytes"), "{e}");
         let bytes = code().to_bytes();
         for cut in [0, 7, 12, bytes.len() - 1] {
             assert!(CudaCode::parse(&bytes[..cut]).is_err());

@@ -1,5 +1,7 @@
 //! Decoding and validation of the structured sections.
 
+use std::collections::HashSet;
+
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
@@ -103,14 +105,16 @@ fn tensors(r: &mut Reader<'_>, what: &str) -> Result<Vec<TensorSpec>, FormatErro
     Ok(out)
 }
 
-/// Every tensor lies inside the arena; names are unique.
+/// Every tensor lies inside the arena; names are unique (checked with a
+/// hash set: linear in the count, which the file's size bounds).
 fn check_tensors(m: &Metadata, what: &str, specs: &[TensorSpec]) -> Result<(), FormatError> {
     let bad = |detail: String| FormatError::Malformed {
         section: SectionKind::Meta,
         detail,
     };
-    for (i, s) in specs.iter().enumerate() {
-        if specs[..i].iter().any(|o| o.name == s.name) {
+    let mut names = HashSet::with_capacity(specs.len());
+    for s in specs {
+        if !names.insert(s.name.as_str()) {
             return Err(bad(format!("{what} name '{}' appears twice", s.name)));
         }
         let end = s
@@ -161,8 +165,9 @@ pub(crate) fn kernels(bytes: &[u8], text_len: u64) -> Result<Vec<KernelEntry>, F
 pub(crate) fn relocs(
     bytes: &[u8],
     text_len: u64,
-    kernels: usize,
+    kernel_table: &[KernelEntry],
 ) -> Result<Vec<Reloc>, FormatError> {
+    let kernels = kernel_table.len();
     let mut r = Reader::new(bytes, SectionKind::Relocs);
     let count = r.count("relocation count", RELOC_LEN)?;
     let mut out = Vec::with_capacity(count);
@@ -213,6 +218,19 @@ pub(crate) fn relocs(
                 })
             }
         };
+        // The allow-list bounds where code may reach, not only what it
+        // names: a host function's entry exactly, or an address inside TEXT.
+        let reached = |base: u64| i128::from(base) + i128::from(addend) + i128::from(kind.reach_bias());
+        let reach_ok = match target {
+            RelocTarget::Host(_) => reached(0) == 0,
+            RelocTarget::Kernel(k) => (0..=i128::from(text_len)).contains(&reached(kernel_table[k as usize].text_offset)),
+            RelocTarget::Text(t) => (0..=i128::from(text_len)).contains(&reached(t)),
+        };
+        if !reach_ok {
+            return Err(r.error(format!(
+                "relocation {i} ({kind:?} to {target:?}) has addend {addend}, which reaches outside its target"
+            )));
+        }
         out.push(Reloc {
             offset,
             kind,

@@ -14,6 +14,7 @@ mod code;
 mod cpu;
 mod cuda;
 mod cursor;
+mod elf;
 mod decode;
 mod dtype;
 mod encode;
@@ -169,7 +170,7 @@ impl<'a> ArtifactView<'a> {
         let text_len = text.len() as u64;
         let metadata = decode::meta(section(SectionKind::Meta), header.version)?;
         let kernels = decode::kernels(section(SectionKind::Kernels), text_len)?;
-        let relocs = decode::relocs(section(SectionKind::Relocs), text_len, kernels.len())?;
+        let relocs = decode::relocs(section(SectionKind::Relocs), text_len, &kernels)?;
         let schedule = decode::schedule(
             section(SectionKind::Schedule),
             kernels.len(),

@@ -142,7 +142,7 @@ pub fn rich_artifact() -> Artifact {
             offset: 16,
             kind: RelocKind::Abs64,
             target: RelocTarget::Host(HostFn::Tanhf),
-            addend: 3,
+            addend: 0,
         },
         Reloc {
             offset: 24,
