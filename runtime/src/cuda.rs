@@ -33,8 +33,8 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
 
-use crate::format::{ArtifactView, Metadata, TensorSpec};
 use crate::file::read_private;
+use crate::format::{ArtifactView, Metadata, TensorSpec};
 use crate::model::InputNames;
 use crate::{Error, Tensor, TensorRef, KERNEL_INDEX_OUT_OF_RANGE};
 

@@ -81,7 +81,12 @@ pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
             format!("it has {len} bytes, more than the {limit} expected"),
         ));
     }
-    let too_big = || io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot hold its {len} bytes"));
+    let too_big = || {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("cannot hold its {len} bytes"),
+        )
+    };
     let size = usize::try_from(len).map_err(|_| too_big())?;
     let mut buf = Vec::new();
     buf.try_reserve_exact(size).map_err(|_| too_big())?;

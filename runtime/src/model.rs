@@ -1,16 +1,16 @@
 //! A loaded model (validated artifact, relocated code, weights) and the
 //! sessions that run it, each with its own arena.
 
-use std::fmt;
 use std::collections::HashMap;
+use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::code::{CodeMemory, KernelFn};
+use crate::file::read_private;
 use crate::format::{
     read_header, Arch, ArtifactView, CpuFeatures, Header, Metadata, SectionKind, TensorSpec,
 };
-use crate::file::read_private;
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
 use crate::{Error, Tensor, TensorRef};
@@ -616,7 +616,9 @@ impl InputNames {
             }
             seen[word] |= bit;
         }
-        if let Some(missing) = (specs.iter().enumerate()).find(|(i, _)| seen[i / 64] & (1 << (i % 64)) == 0) {
+        if let Some(missing) =
+            (specs.iter().enumerate()).find(|(i, _)| seen[i / 64] & (1 << (i % 64)) == 0)
+        {
             return Err(Error::MissingInput {
                 name: missing.1.name.clone(),
                 expected: missing.1.type_string(),

@@ -199,7 +199,11 @@ fn load_verified_refuses_unsigned_and_bad_keys() {
 fn the_header_names_every_dtype_code() {
     let header = include_str!("../include/kiln.h");
     for d in kiln_runtime::DType::ALL {
-        let line = format!("#define KILN_DTYPE_{} {}\n", d.name().to_uppercase(), d as u8);
+        let line = format!(
+            "#define KILN_DTYPE_{} {}\n",
+            d.name().to_uppercase(),
+            d as u8
+        );
         assert!(header.contains(&line), "kiln.h lacks {line:?}");
     }
 }

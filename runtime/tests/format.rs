@@ -251,11 +251,19 @@ fn reloc_outside_text() {
 fn reloc_addends_cannot_reach_outside_their_target() {
     // A host function is reached at its entry only.
     let bytes = encode_with(|a| a.relocs[1].addend = 3);
-    malformed(&bytes, SectionKind::Relocs, "relocation 1 (Abs64 to Host(Tanhf)) has addend 3");
+    malformed(
+        &bytes,
+        SectionKind::Relocs,
+        "relocation 1 (Abs64 to Host(Tanhf)) has addend 3",
+    );
     // PC-relative: the displacement counts from the end of the field, so
     // -4 reaches the kernel's entry; -4 - 33 reaches before TEXT.
     let bytes = encode_with(|a| a.relocs[0].addend = -37);
-    malformed(&bytes, SectionKind::Relocs, "has addend -37, which reaches outside");
+    malformed(
+        &bytes,
+        SectionKind::Relocs,
+        "has addend -37, which reaches outside",
+    );
     // TEXT is 43 bytes: offset 32 + 11 is its end, + 12 is past it.
     assert!(Artifact::parse(&encode_with(|a| a.relocs[2].addend = 11)).is_ok());
     let bytes = encode_with(|a| a.relocs[2].addend = 12);

@@ -83,7 +83,11 @@ fn steps_sharing_many_tasks_cost_what_the_file_is_worth() {
     let (model, time, peak) = load_measured("steps", &bytes);
     assert_eq!(model.max_tasks(), kernels as usize);
     assert!(time < Duration::from_secs(1), "{time:?}");
-    assert!(peak <= 8 * bytes.len(), "{peak} bytes for a {} byte file", bytes.len());
+    assert!(
+        peak <= 8 * bytes.len(),
+        "{peak} bytes for a {} byte file",
+        bytes.len()
+    );
 }
 
 /// 100,000 inputs: the names are checked with a hash set at load and
@@ -99,7 +103,11 @@ fn a_hundred_thousand_inputs_load_and_bind_in_linear_time() {
     let bytes = a.to_bytes();
     let (model, time, peak) = load_measured("inputs", &bytes);
     assert!(time < Duration::from_secs(1), "{time:?}");
-    assert!(peak <= 8 * bytes.len(), "{peak} bytes for a {} byte file", bytes.len());
+    assert!(
+        peak <= 8 * bytes.len(),
+        "{peak} bytes for a {} byte file",
+        bytes.len()
+    );
     let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let names: Vec<String> = (0..n).rev().map(|i| format!("input{i}")).collect();
     let given: Vec<TensorRef<'_>> = (names.iter())
@@ -110,7 +118,11 @@ fn a_hundred_thousand_inputs_load_and_bind_in_linear_time() {
         .collect();
     let start = Instant::now();
     model.run(&given).unwrap();
-    assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
     // A duplicate among them is still found.
     let mut twice = given.clone();
     twice[n as usize - 1] = given[0];

@@ -311,6 +311,17 @@ mod x86_64 {
         assert!(err.to_string().contains("reaches outside"), "{err}");
     }
 
+    /// Threads beyond the model's most tasks would idle: a huge request
+    /// is clamped, not an abort.
+    #[test]
+    fn session_threads_are_clamped_to_the_work_there_is() {
+        let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+        let mut s = m.session_with_threads(usize::MAX).unwrap();
+        assert_eq!(s.threads(), 1);
+        let mut y = [0u8; 8];
+        s.run_into(&[x(&[1.0, 2.0]).view()], &mut [&mut y]).unwrap();
+    }
+
     #[test]
     fn sessions_run_in_their_own_arena_and_outlive_the_model() {
         let m = Model::from_bytes(&copy_model().to_bytes()).unwrap();

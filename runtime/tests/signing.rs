@@ -160,8 +160,13 @@ fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
     let path = write("race", &signed, Some(&signature_for(&signed, &producer())));
     let key = public(&producer());
     // The unsigned build runs (and fails with 77) when loaded unverified.
-    let err = Model::from_bytes(&evil).unwrap().run(&[Tensor::from_f32("x", &[2], &[0.0, 0.0]).view()]);
-    assert!(matches!(err, Err(Error::Kernel { code: 77, .. })), "{err:?}");
+    let err = Model::from_bytes(&evil)
+        .unwrap()
+        .run(&[Tensor::from_f32("x", &[2], &[0.0, 0.0]).view()]);
+    assert!(
+        matches!(err, Err(Error::Kernel { code: 77, .. })),
+        "{err:?}"
+    );
 
     let stop = AtomicBool::new(false);
     let (mut loaded, mut refused) = (0, 0);
@@ -170,10 +175,14 @@ fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
             let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             let mut round = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let bytes = if round % 2 == 0 { &evil } else { &signed };
+                let bytes = if round.is_multiple_of(2) { &evil } else { &signed };
                 f.seek(SeekFrom::Start(0)).unwrap();
                 // Every third round leaves the file cut short for a while.
-                let cut = if round % 3 == 0 { bytes.len() / 2 } else { bytes.len() };
+                let cut = if round.is_multiple_of(3) {
+                    bytes.len() / 2
+                } else {
+                    bytes.len()
+                };
                 f.write_all(&bytes[..cut]).unwrap();
                 f.set_len(cut as u64).unwrap();
                 std::thread::yield_now();
@@ -193,7 +202,12 @@ fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
                 }
                 Err(e) => {
                     assert!(
-                        matches!(e, Error::ModifiedAfterSigning { .. } | Error::Format(_) | Error::Io { .. }),
+                        matches!(
+                            e,
+                            Error::ModifiedAfterSigning { .. }
+                                | Error::Format(_)
+                                | Error::Io { .. }
+                        ),
                         "{e:?}"
                     );
                     refused += 1;

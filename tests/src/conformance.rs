@@ -115,8 +115,13 @@ fn read_tensors(set: &Path, prefix: &str) -> Result<Vec<(String, kiln_ir::Tensor
             break;
         }
         let proto = read_proto(&path)?;
-        let t = kiln_onnx::tensor_from_proto(&proto, &proto.name, None, u64::MAX)
-            .map_err(|e| format!("{prefix}_{i}.pb: {e}"))?;
+        let t = kiln_onnx::tensor_from_proto(
+            &proto,
+            &proto.name,
+            &kiln_onnx::ExternalData::new(None),
+            u64::MAX,
+        )
+        .map_err(|e| format!("{prefix}_{i}.pb: {e}"))?;
         out.push((proto.name.clone(), t));
     }
     Ok(out)

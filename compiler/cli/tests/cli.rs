@@ -168,6 +168,46 @@ fn bad_artifacts_are_rejected_before_running() {
     };
     artifact.features |= absent;
     check("features.kiln", artifact.to_bytes(), &["feature"]);
+
+    // An arena no machine can reserve cannot run here: a bad artifact
+    // (exit 5), not bad input.
+    let mut artifact = Artifact::parse(&bytes).unwrap();
+    artifact.metadata.arena_size = 1 << 62;
+    check("arena.kiln", artifact.to_bytes(), &["arena"]);
+}
+
+/// A FIFO where an artifact, its signature or a model should be is
+/// refused at once, never waited on.
+#[test]
+fn fifos_are_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.kiln");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let fifo = fifo.to_str().unwrap();
+    expect_failure(&["run", fifo, "--random"], 8, &["FIFO"]);
+    expect_failure(&["inspect", fifo], 8, &["FIFO"]);
+    expect_failure(&["compile", fifo, "-o", "/tmp/never.kiln"], 8, &["FIFO"]);
+    // A signature file that is a FIFO.
+    let good = compile_mlp(dir.path());
+    let sig = dir.path().join("mlp.kiln.sig");
+    let made = Command::new("mkfifo").arg(&sig).status().unwrap();
+    assert!(made.success());
+    let key = dir.path().join("k.pem");
+    let o = kiln(&["keygen", key.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let public = format!("{}.pub", key.display());
+    expect_failure(
+        &[
+            "run",
+            good.to_str().unwrap(),
+            "--random",
+            "--public-key",
+            &public,
+        ],
+        5,
+        &["FIFO"],
+    );
 }
 
 #[test]

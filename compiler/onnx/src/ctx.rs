@@ -1,6 +1,7 @@
 //! The import context: the graph under construction, the ONNX value table,
 //! constant propagation and attribute access for op builders.
 
+use crate::external::ExternalData;
 use crate::{OnnxError, UnsupportedOp};
 use kiln_ir::{Graph, IrError, NodeId, Op, Tensor, ValueType};
 use std::collections::HashMap;
@@ -46,7 +47,8 @@ pub struct ImportCtx<'a> {
     pub opset: i64,
     /// Import options (for size limits).
     pub(crate) opts: &'a crate::ImportOptions,
-    model_dir: Option<&'a Path>,
+    /// Where external tensor data is read from, and how much is left.
+    external: ExternalData<'a>,
     vals: Vec<ValEntry>,
     names: HashMap<String, Val>,
     /// Display name of the node being built.
@@ -78,7 +80,7 @@ impl<'a> ImportCtx<'a> {
             graph: Graph::new(),
             opset,
             opts,
-            model_dir,
+            external: ExternalData::new(model_dir),
             vals: Vec::new(),
             names: HashMap::new(),
             node_name: String::new(),
@@ -539,6 +541,6 @@ impl<'a> ImportCtx<'a> {
 
     /// Decodes a tensor attribute or constant with the model's size limit.
     pub fn tensor(&self, t: &TensorProto, name: &str) -> Result<Tensor, OnnxError> {
-        crate::tensor::tensor_from_proto(t, name, self.model_dir, self.opts.max_initializer_bytes)
+        crate::tensor::tensor_from_proto(t, name, &self.external, self.opts.max_initializer_bytes)
     }
 }

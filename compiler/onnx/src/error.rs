@@ -191,12 +191,12 @@ pub enum OnnxError {
     },
     /// External tensor data is missing, out of range, or outside the model
     /// directory.
-    #[error("external data of tensor '{tensor}': {message}")]
+    #[error("external data of tensor '{tensor}': {reason}")]
     ExternalData {
         /// The tensor.
         tensor: String,
         /// What is wrong.
-        message: String,
+        reason: crate::external::ExternalDataError,
     },
     /// A tensor declares more bytes than the limit or than the data present.
     #[error("tensor '{tensor}' declares {declared_bytes} bytes: {reason}")]

@@ -2,7 +2,7 @@
 //! binding, initializers, and the node walk in topological order.
 
 use crate::ctx::ImportCtx;
-use crate::tensor::{dtype_or_err, tensor_from_proto};
+use crate::tensor::dtype_or_err;
 use crate::{ops, ImportOptions, OnnxError, UnsupportedOp};
 use kiln_ir::{DType, Graph, Tensor, ValueType};
 use std::cmp::Reverse;
@@ -454,7 +454,7 @@ pub(crate) fn import_model(
         ctx.bind_input(&input.name, id);
     }
     for t in &graph.initializer {
-        let tensor = tensor_from_proto(t, &t.name, model_dir, opts.max_initializer_bytes)?;
+        let tensor = ctx.tensor(t, &t.name)?;
         let v = ctx.constant(tensor, t.name.clone());
         ctx.bind(&t.name, v);
     }

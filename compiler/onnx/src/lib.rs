@@ -46,6 +46,7 @@
 
 mod ctx;
 mod error;
+mod external;
 mod import;
 pub mod ops;
 mod summary;
@@ -53,6 +54,7 @@ mod tensor;
 
 pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 pub use error::{OnnxError, UnsupportedOp};
+pub use external::{ExternalData, ExternalDataError};
 pub use import::Preflight;
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
 pub use tensor::{dtype_from_onnx, onnx_dtype_name, tensor_from_proto};
@@ -110,10 +112,13 @@ impl Default for ImportOptions {
 
 /// Reads and decodes an ONNX model file (external data is not read here).
 pub fn load_model(path: &Path) -> Result<ModelProto, OnnxError> {
-    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+    let io_err = |source| OnnxError::Io {
         path: path.display().to_string(),
         source,
-    })?;
+    };
+    let mut bytes = Vec::new();
+    let mut file = external::open_model_file(path).map_err(io_err)?;
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io_err)?;
     decode_model(&bytes)
 }
 

@@ -1,11 +1,9 @@
 //! ONNX element types and `TensorProto` decoding (inline and external data).
 
+use crate::external::ExternalData;
 use crate::OnnxError;
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Tensor};
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::path::{Component, Path};
 use tract_onnx::pb::{tensor_proto::DataType, TensorProto};
 
 /// The ONNX name of an element type code (`FLOAT`, `STRING`...).
@@ -130,12 +128,12 @@ pub fn declared_bytes(t: &TensorProto) -> Option<u64> {
 ///
 /// `name` names it in errors. Sizes are checked before anything is
 /// allocated: the declared size must not exceed `max_bytes` nor the data the
-/// proto (or its external file) actually holds. External data is read from
-/// `model_dir` and never from outside it.
+/// proto (or its external file) actually holds. External data is read
+/// through `external` (see [`ExternalData`]).
 pub fn tensor_from_proto(
     t: &TensorProto,
     name: &str,
-    model_dir: Option<&Path>,
+    external: &ExternalData<'_>,
     max_bytes: u64,
 ) -> Result<Tensor, OnnxError> {
     let dtype = dtype_or_err(t.data_type, name)?;
@@ -168,9 +166,8 @@ pub fn tensor_from_proto(
         message,
     };
 
-    let external = t.data_location == Some(1);
-    let data = if external {
-        let raw = read_external(t, name, model_dir, bytes)?;
+    let data = if t.data_location == Some(1) {
+        let raw = external.read(t, name, bytes)?;
         data_from_serialized(dtype, &raw, count)
             .ok_or_else(|| invalid("external data length".into()))?
     } else if !t.raw_data.is_empty() || count == 0 {
@@ -259,105 +256,4 @@ fn typed_data(t: &TensorProto, dtype: DType, count: usize, name: &str) -> Result
             })?
         }
     })
-}
-
-/// Reads `bytes` bytes of external data for `t` from inside `model_dir`.
-fn read_external(
-    t: &TensorProto,
-    name: &str,
-    model_dir: Option<&Path>,
-    bytes: u64,
-) -> Result<Vec<u8>, OnnxError> {
-    let err = |message: String| OnnxError::ExternalData {
-        tensor: name.to_string(),
-        message,
-    };
-    let key = |k: &str| {
-        t.external_data
-            .iter()
-            .find(|e| e.key == k)
-            .map(|e| e.value.as_str())
-    };
-    let location = key("location").ok_or_else(|| err("no 'location' entry".into()))?;
-    let parse = |k: &str| -> Result<Option<u64>, OnnxError> {
-        key(k)
-            .map(|v| {
-                v.trim()
-                    .parse::<u64>()
-                    .map_err(|_| err(format!("'{k}' is not a byte count: '{v}'")))
-            })
-            .transpose()
-    };
-    let offset = parse("offset")?.unwrap_or(0);
-    let length = parse("length")?;
-
-    let rel = Path::new(location);
-    let escapes = location.is_empty()
-        || rel.is_absolute()
-        || rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-    if escapes {
-        return Err(err(format!(
-            "location '{location}' must be a relative path inside the model directory \
-             (absolute paths and '..' are refused)"
-        )));
-    }
-    let dir = model_dir.ok_or_else(|| {
-        err(format!(
-            "location '{location}' is relative to the model file, but the model was not loaded from a file"
-        ))
-    })?;
-    let canon_dir = dir.canonicalize().map_err(|e| {
-        err(format!(
-            "cannot resolve model directory '{}': {e}",
-            dir.display()
-        ))
-    })?;
-    let path = canon_dir.join(rel);
-    let canon = path
-        .canonicalize()
-        .map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
-    if !canon.starts_with(&canon_dir) {
-        return Err(err(format!(
-            "location '{location}' resolves to '{}', outside the model directory",
-            canon.display()
-        )));
-    }
-    let mut file =
-        File::open(&canon).map_err(|e| err(format!("cannot open '{}': {e}", canon.display())))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| err(format!("cannot stat '{}': {e}", canon.display())))?
-        .len();
-    if let Some(length) = length {
-        if length < bytes {
-            return Err(OnnxError::TooLarge {
-                tensor: name.to_string(),
-                declared_bytes: bytes,
-                reason: format!("its external data 'length' is only {length} bytes"),
-            });
-        }
-        if length > bytes {
-            return Err(err(format!(
-                "'length' is {length} bytes but the tensor needs {bytes}"
-            )));
-        }
-    }
-    match offset.checked_add(bytes) {
-        Some(end) if end <= file_len => {}
-        _ => {
-            return Err(err(format!(
-                "offset {offset} + {bytes} bytes is past the end of '{}' ({file_len} bytes)",
-                canon.display()
-            )))
-        }
-    }
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| err(format!("cannot seek in '{}': {e}", canon.display())))?;
-    // `bytes` is at most the limit and fits in the file: safe to allocate.
-    let mut buf = vec![0u8; bytes as usize];
-    file.read_exact(&mut buf)
-        .map_err(|e| err(format!("cannot read '{}': {e}", canon.display())))?;
-    Ok(buf)
 }

@@ -695,14 +695,122 @@ fn external_data_outside_the_model_directory_is_refused() {
         import(&p, &ImportOptions::default()).unwrap_err(),
         OnnxError::ExternalData { .. }
     ));
-    // A symlink pointing outside is refused as well.
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::symlink(root.join("secret.bin"), inner.join("link.bin")).unwrap();
-        let p = write_model(&inner, &external_model("link.bin", None, None));
+    // A symlink is never followed, wherever it points.
+    std::os::unix::fs::symlink(root.join("secret.bin"), inner.join("link.bin")).unwrap();
+    let p = write_model(&inner, &external_model("link.bin", None, None));
+    let e = import(&p, &ImportOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("is a symbolic link"), "{e}");
+}
+
+/// What external data may be: a regular, visible file below the model
+/// directory, reached without following links, and long enough. Each
+/// refusal is typed, and none blocks.
+#[test]
+fn external_data_is_only_read_from_plain_files() {
+    use kiln_onnx::ExternalDataError as X;
+    let dir = temp_dir("ext-kinds");
+    let floats: Vec<u8> = [1.0f32, 2.0, 3.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    std::fs::create_dir_all(dir.join(".hidden")).unwrap();
+    std::fs::create_dir_all(dir.join("real")).unwrap();
+    std::fs::write(dir.join(".hidden/w.bin"), &floats).unwrap();
+    std::fs::write(dir.join(".w.bin"), &floats).unwrap();
+    std::fs::write(dir.join("real/w.bin"), &floats).unwrap();
+    std::fs::write(dir.join("short.bin"), &floats[..8]).unwrap();
+    std::os::unix::fs::symlink("real", dir.join("linked")).unwrap();
+    let fifo = dir.join("pipe.bin");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let refusal = |location: &str| {
+        let p = write_model(&dir, &external_model(location, None, None));
+        let start = std::time::Instant::now();
         let e = import(&p, &ImportOptions::default()).unwrap_err();
-        assert!(e.to_string().contains("outside the model directory"), "{e}");
-    }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "{location}"
+        );
+        e
+    };
+    let reason = |location: &str| match refusal(location) {
+        OnnxError::ExternalData { reason, .. } => reason,
+        e => panic!("{location}: {e:?}"),
+    };
+    assert!(matches!(reason(".hidden/w.bin"), X::Hidden { .. }));
+    assert!(matches!(reason("./.w.bin"), X::Hidden { .. }));
+    assert!(matches!(reason("linked/w.bin"), X::Symlink(_)));
+    assert!(matches!(reason("pipe.bin"), X::NotRegularFile { kind, .. } if kind.contains("FIFO")));
+    assert!(matches!(
+        reason("real"),
+        X::NotRegularFile {
+            kind: "a directory",
+            ..
+        }
+    ));
+    assert!(matches!(reason("short.bin"), X::PastEnd { .. }));
+    assert!(matches!(reason("."), X::Escapes(_)));
+    // The same file through its real path is fine.
+    let p = write_model(&dir, &external_model("./real/w.bin", None, None));
+    import(&p, &ImportOptions::default()).unwrap();
+}
+
+/// Initializers that alias the same bytes of one external file may read
+/// no more, summed over the model, than the file holds: refused as too
+/// large before the allocation.
+#[test]
+fn aliased_external_initializers_are_too_large() {
+    let dir = temp_dir("ext-alias");
+    std::fs::write(dir.join("w.bin"), vec![0u8; 4096]).unwrap();
+    let alias = |name: &str| TensorProto {
+        name: name.into(),
+        dims: vec![1024],
+        data_type: 1,
+        data_location: Some(1),
+        external_data: vec![StringStringEntryProto {
+            key: "location".into(),
+            value: "w.bin".into(),
+        }],
+        ..Default::default()
+    };
+    let graph = |count: usize| {
+        let names: Vec<String> = (0..count).map(|i| format!("W{i}")).collect();
+        let mut nodes = Vec::new();
+        let mut prev = "x".to_string();
+        for (i, w) in names.iter().enumerate() {
+            let out = format!("y{i}");
+            nodes.push(node("Add", &format!("add{i}"), &[&prev, w], &[&out]));
+            prev = out;
+        }
+        let inits = names.iter().map(|n| alias(n)).collect();
+        model(nodes, vec![f32_input("x", &[1024])], &[&prev], inits)
+    };
+    let p = write_model(&dir, &graph(1));
+    import(&p, &ImportOptions::default()).unwrap();
+    let p = write_model(&dir, &graph(3));
+    let e = import(&p, &ImportOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, OnnxError::TooLarge { ref tensor, .. } if tensor == "W1"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("alias"), "{e}");
+}
+
+/// A model path that is a FIFO is refused, not waited on.
+#[test]
+fn a_fifo_as_the_model_is_refused() {
+    let dir = temp_dir("model-fifo");
+    let fifo = dir.join("model.onnx");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = import(&fifo, &ImportOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("FIFO"), "{e}");
 }
 
 #[test]

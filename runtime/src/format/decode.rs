@@ -220,10 +220,13 @@ pub(crate) fn relocs(
         };
         // The allow-list bounds where code may reach, not only what it
         // names: a host function's entry exactly, or an address inside TEXT.
-        let reached = |base: u64| i128::from(base) + i128::from(addend) + i128::from(kind.reach_bias());
+        let reached =
+            |base: u64| i128::from(base) + i128::from(addend) + i128::from(kind.reach_bias());
         let reach_ok = match target {
             RelocTarget::Host(_) => reached(0) == 0,
-            RelocTarget::Kernel(k) => (0..=i128::from(text_len)).contains(&reached(kernel_table[k as usize].text_offset)),
+            RelocTarget::Kernel(k) => {
+                (0..=i128::from(text_len)).contains(&reached(kernel_table[k as usize].text_offset))
+            }
             RelocTarget::Text(t) => (0..=i128::from(text_len)).contains(&reached(t)),
         };
         if !reach_ok {

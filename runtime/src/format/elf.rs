@@ -74,7 +74,10 @@ pub(crate) fn check_cubin(elf: &[u8]) -> Result<(), String> {
         }
         let headers = table(phoff, phnum.into(), PROGRAM_HEADER_LEN, elf.len())
             .ok_or_else(|| outside("program header table"))?;
-        for (i, h) in elf[headers].chunks_exact(PROGRAM_HEADER_LEN as usize).enumerate() {
+        for (i, h) in elf[headers]
+            .chunks_exact(PROGRAM_HEADER_LEN as usize)
+            .enumerate()
+        {
             table(u64_at(h, 8), u64_at(h, 32), 1, elf.len())
                 .ok_or_else(|| outside(&format!("segment {i}")))?;
         }
@@ -93,7 +96,10 @@ pub(crate) fn check_cubin(elf: &[u8]) -> Result<(), String> {
     let headers = table(shoff, shnum.into(), SECTION_HEADER_LEN, elf.len())
         .ok_or_else(|| outside("section header table"))?;
     let mut sections = Vec::with_capacity(shnum.into());
-    for (i, h) in elf[headers].chunks_exact(SECTION_HEADER_LEN as usize).enumerate() {
+    for (i, h) in elf[headers]
+        .chunks_exact(SECTION_HEADER_LEN as usize)
+        .enumerate()
+    {
         let kind = u32_at(h, 4);
         let size = if kind == SHT_NOBITS { 0 } else { u64_at(h, 32) };
         let range = table(u64_at(h, 24), size, 1, elf.len())
@@ -132,8 +138,10 @@ pub(crate) fn check_cubin(elf: &[u8]) -> Result<(), String> {
         if s.kind != SHT_SYMTAB && s.kind != SHT_DYNSYM {
             continue;
         }
-        if s.entsize != SYMBOL_LEN || s.range.len() as u64 % SYMBOL_LEN != 0 {
-            return Err(format!("the cubin's symbol table (section {i}) is malformed"));
+        if s.entsize != SYMBOL_LEN || !(s.range.len() as u64).is_multiple_of(SYMBOL_LEN) {
+            return Err(format!(
+                "the cubin's symbol table (section {i}) is malformed"
+            ));
         }
         let names = strings(s.link.into(), &format!("symbol table (section {i})"))?;
         for sym in elf[s.range.clone()].chunks_exact(SYMBOL_LEN as usize) {
@@ -183,7 +191,14 @@ pub(crate) mod tests {
             h
         };
         f.extend(section(0, 0, 0, 0, 0, 0));
-        f.extend(section(1, SHT_STRTAB, strtab_off, strtab.len() as u64, 0, 0));
+        f.extend(section(
+            1,
+            SHT_STRTAB,
+            strtab_off,
+            strtab.len() as u64,
+            0,
+            0,
+        ));
         f.extend(section(9, SHT_SYMTAB, symtab_off, 48, 1, SYMBOL_LEN));
         f
     }
