@@ -175,7 +175,11 @@ fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
             let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             let mut round = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let bytes = if round.is_multiple_of(2) { &evil } else { &signed };
+                let bytes = if round.is_multiple_of(2) {
+                    &evil
+                } else {
+                    &signed
+                };
                 f.seek(SeekFrom::Start(0)).unwrap();
                 // Every third round leaves the file cut short for a while.
                 let cut = if round.is_multiple_of(3) {
@@ -218,5 +222,25 @@ fn rewriting_a_signed_artifact_during_loads_never_runs_unsigned_code() {
     });
     eprintln!("{loaded} loads ran the signed code, {refused} were refused");
     assert_eq!(loaded + refused, 600);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+/// A signature file is read only up to its fixed size: a huge one is
+/// refused without reading it.
+#[test]
+fn an_oversized_signature_file_is_refused_unread() {
+    let bytes = common::copy_model().to_bytes();
+    let path = write("oversized-sig", &bytes, None);
+    let sig = signature_path(&path);
+    std::fs::File::create(&sig)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = Model::load_verified(&path, &public(&producer())).unwrap_err();
+    assert!(matches!(err, Error::SignatureFile { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("more than the 104 expected"),
+        "{err}"
+    );
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }

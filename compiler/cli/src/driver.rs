@@ -832,13 +832,12 @@ fn optimize_graph(
 }
 
 /// Compiles the ONNX model at `path` into an artifact.
+///
+/// The file is read once: the source hash recorded in the artifact is of
+/// the very bytes compiled.
 pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverError> {
-    let source = std::fs::read(path).map_err(|source| DriverError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let optimized = optimize(path, opts)?;
-    generate(&source, optimized, opts)
+    let source = kiln_onnx::read_model_file(path)?;
+    compile_bytes(&source, kiln_onnx::model_dir(path), opts)
 }
 
 /// Compiles ONNX model bytes held in memory; external data is read from

@@ -850,3 +850,55 @@ fn calibrated_static_builds_smooth_and_correct_biases_unless_told_not_to() {
         expect_mlp_usage_error(args, needle);
     }
 }
+
+/// `kiln inspect` of a CUDA artifact adds each kernel's dynamic and static
+/// shared memory without overflowing `u32`.
+#[test]
+fn inspect_adds_shared_memory_sizes_without_overflow() {
+    use kiln_runtime::format::{Arch, CudaCode, CudaKernel, Metadata};
+    let code = CudaCode {
+        sm: 80,
+        ptx: ".version 7.0\n".into(),
+        cubin: Vec::new(),
+        kernels: vec![CudaKernel {
+            name: "k0".into(),
+            node: "n0".into(),
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: u32::MAX,
+            registers: 1,
+            spill_bytes: 0,
+            static_shared_bytes: u32::MAX,
+        }],
+        schedule: vec![0],
+    };
+    let artifact = Artifact {
+        arch: Arch::Nvptx64,
+        features: CpuFeatures(80),
+        metadata: Metadata {
+            compiler_version: "kiln-test".into(),
+            target: "cuda-sm80".into(),
+            options: String::new(),
+            source_sha256: [0; 32],
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            arena_size: 16,
+            dense_kernels: Vec::new(),
+        },
+        weights: Vec::new(),
+        text: code.to_bytes(),
+        kernels: Vec::new(),
+        relocs: Vec::new(),
+        schedule: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cuda.kiln");
+    std::fs::write(&path, artifact.to_bytes()).unwrap();
+    let o = kiln(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains(&(2 * u64::from(u32::MAX)).to_string()),
+        "{}",
+        o.stdout
+    );
+}

@@ -112,6 +112,12 @@ impl Default for ImportOptions {
 
 /// Reads and decodes an ONNX model file (external data is not read here).
 pub fn load_model(path: &Path) -> Result<ModelProto, OnnxError> {
+    decode_model(&read_model_file(path)?)
+}
+
+/// The bytes of the ONNX model file at `path`, a regular file (a FIFO or
+/// device is refused before anything is read).
+pub fn read_model_file(path: &Path) -> Result<Vec<u8>, OnnxError> {
     let io_err = |source| OnnxError::Io {
         path: path.display().to_string(),
         source,
@@ -119,7 +125,7 @@ pub fn load_model(path: &Path) -> Result<ModelProto, OnnxError> {
     let mut bytes = Vec::new();
     let mut file = external::open_model_file(path).map_err(io_err)?;
     std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io_err)?;
-    decode_model(&bytes)
+    Ok(bytes)
 }
 
 /// Decodes ONNX protobuf bytes.
