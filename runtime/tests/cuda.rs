@@ -7,7 +7,7 @@ mod common;
 
 use common::{copy_model, spec};
 use kiln_runtime::cuda::CudaModel;
-use kiln_runtime::format::{Arch, Artifact, CpuFeatures, CudaCode, CudaKernel, Metadata};
+use kiln_runtime::format::{Artifact, CudaCode, CudaKernel, Metadata};
 use kiln_runtime::{DType, Error, Model, Tensor};
 
 /// A hand-written CUDA artifact: `y = x` for `f32[4]`, one kernel copying
@@ -38,25 +38,17 @@ fn copy_artifact(sm: u32) -> Artifact {
         }],
         schedule: vec![0],
     };
-    Artifact {
-        arch: Arch::Nvptx64,
-        features: CpuFeatures(u64::from(sm)),
-        metadata: Metadata {
-            compiler_version: "kiln-test".into(),
-            target: format!("cuda-sm{sm}"),
-            options: String::new(),
-            source_sha256: [0; 32],
-            inputs: vec![spec("x", DType::F32, &[4], 64)],
-            outputs: vec![spec("y", DType::F32, &[4], 128)],
-            arena_size: 192,
-            dense_kernels: Vec::new(),
-        },
-        weights: Vec::new(),
-        text: code.to_bytes(),
-        kernels: Vec::new(),
-        relocs: Vec::new(),
-        schedule: Vec::new(),
-    }
+    let metadata = Metadata {
+        compiler_version: "kiln-test".into(),
+        target: format!("cuda-sm{sm}"),
+        options: String::new(),
+        source_sha256: [0; 32],
+        inputs: vec![spec("x", DType::F32, &[4], 64)],
+        outputs: vec![spec("y", DType::F32, &[4], 128)],
+        arena_size: 192,
+        dense_kernels: Vec::new(),
+    };
+    code.into_artifact(metadata, Vec::new())
 }
 
 #[test]

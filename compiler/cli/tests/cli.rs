@@ -855,7 +855,7 @@ fn calibrated_static_builds_smooth_and_correct_biases_unless_told_not_to() {
 /// shared memory without overflowing `u32`.
 #[test]
 fn inspect_adds_shared_memory_sizes_without_overflow() {
-    use kiln_runtime::format::{Arch, CudaCode, CudaKernel, Metadata};
+    use kiln_runtime::format::{CudaCode, CudaKernel, Metadata};
     let code = CudaCode {
         sm: 80,
         ptx: ".version 7.0\n".into(),
@@ -872,25 +872,17 @@ fn inspect_adds_shared_memory_sizes_without_overflow() {
         }],
         schedule: vec![0],
     };
-    let artifact = Artifact {
-        arch: Arch::Nvptx64,
-        features: CpuFeatures(80),
-        metadata: Metadata {
-            compiler_version: "kiln-test".into(),
-            target: "cuda-sm80".into(),
-            options: String::new(),
-            source_sha256: [0; 32],
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            arena_size: 16,
-            dense_kernels: Vec::new(),
-        },
-        weights: Vec::new(),
-        text: code.to_bytes(),
-        kernels: Vec::new(),
-        relocs: Vec::new(),
-        schedule: Vec::new(),
+    let metadata = Metadata {
+        compiler_version: "kiln-test".into(),
+        target: "cuda-sm80".into(),
+        options: String::new(),
+        source_sha256: [0; 32],
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        arena_size: 16,
+        dense_kernels: Vec::new(),
     };
+    let artifact = code.into_artifact(metadata, Vec::new());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cuda.kiln");
     std::fs::write(&path, artifact.to_bytes()).unwrap();

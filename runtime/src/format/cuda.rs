@@ -19,7 +19,7 @@
 //! compiler found ptxas (0 otherwise, with an empty cubin).
 
 use super::cursor::{Reader, Writer};
-use super::{FormatError, SectionKind};
+use super::{Arch, Artifact, CpuFeatures, FormatError, Metadata, SectionKind};
 
 /// The magic opening a [`CudaCode`].
 pub const CUDA_MAGIC: [u8; 8] = *b"KILNPTX\0";
@@ -90,6 +90,22 @@ impl CudaCode {
             w.u32(s);
         }
         w.0
+    }
+
+    /// The artifact that carries this code: architecture
+    /// [`Arch::Nvptx64`](super::Arch), the SM in the header's requirements
+    /// field, the code as TEXT, and empty RELOCS, KERNELS and SCHEDULE.
+    pub fn into_artifact(self, metadata: Metadata, weights: Vec<u8>) -> Artifact {
+        Artifact {
+            arch: Arch::Nvptx64,
+            features: CpuFeatures(u64::from(self.sm)),
+            metadata,
+            weights,
+            text: self.to_bytes(),
+            kernels: Vec::new(),
+            relocs: Vec::new(),
+            schedule: Vec::new(),
+        }
     }
 
     /// Decodes and checks a TEXT section: magic, lengths, every kernel's

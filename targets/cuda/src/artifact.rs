@@ -5,9 +5,7 @@
 //! the inputs, outputs and arena size. RELOCS, KERNELS and SCHEDULE stay
 //! empty: they describe CPU code.
 
-use kiln_runtime::format::{
-    Arch, Artifact, CpuFeatures, CudaCode, CudaKernel, DType as FDType, Metadata, TensorSpec,
-};
+use kiln_runtime::format::{Artifact, CudaCode, CudaKernel, DType as FDType, Metadata, TensorSpec};
 
 use crate::ptxas::Assembled;
 use crate::{CudaProgram, IoSpec};
@@ -70,23 +68,15 @@ pub fn to_artifact(
         schedule: (0..kernels.len() as u32).collect(),
         kernels,
     };
-    Artifact {
-        arch: Arch::Nvptx64,
-        features: CpuFeatures(u64::from(program.sm.sm)),
-        metadata: Metadata {
-            compiler_version: info.compiler_version,
-            target: format!("cuda-sm{}", program.sm.sm),
-            options: info.options,
-            source_sha256: info.source_sha256,
-            inputs: program.inputs.iter().map(spec).collect(),
-            outputs: program.outputs.iter().map(spec).collect(),
-            arena_size: program.arena_size,
-            dense_kernels: Vec::new(),
-        },
-        weights: program.weights.clone(),
-        text: code.to_bytes(),
-        kernels: Vec::new(),
-        relocs: Vec::new(),
-        schedule: Vec::new(),
-    }
+    let metadata = Metadata {
+        compiler_version: info.compiler_version,
+        target: format!("cuda-sm{}", program.sm.sm),
+        options: info.options,
+        source_sha256: info.source_sha256,
+        inputs: program.inputs.iter().map(spec).collect(),
+        outputs: program.outputs.iter().map(spec).collect(),
+        arena_size: program.arena_size,
+        dense_kernels: Vec::new(),
+    };
+    code.into_artifact(metadata, program.weights.clone())
 }
