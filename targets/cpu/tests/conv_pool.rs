@@ -193,10 +193,13 @@ fn pools_with_pads_strides_and_ceil_mode() {
         window([3, 3], [2, 2], [1, 1, 0, 0], [1, 1], true),
         window([2, 3], [1, 2], [1, 0, 1, 2], [2, 1], false),
         window([3, 2], [3, 1], [0, 1, 2, 1], [1, 2], true),
+        // Stride 2 along the row, four pixels at a time, with dilation.
+        window([3, 3], [2, 2], [1, 1, 1, 1], [1, 2], false),
+        window([1, 2], [1, 2], [0, 1, 0, 0], [1, 1], true),
     ];
     let mut seed = 300;
     for p in windows {
-        for x in [[1, 2, 7, 9], [2, 3, 8, 13]] {
+        for x in [[1, 2, 7, 9], [2, 3, 8, 13], [1, 2, 5, 41]] {
             for op in [
                 Op::MaxPool(p.clone()),
                 Op::AveragePool {
@@ -212,6 +215,32 @@ fn pools_with_pads_strides_and_ceil_mode() {
                 check_rand(&pool_graph(op, x), seed, 1e-6);
             }
         }
+    }
+}
+
+/// A NaN inside a max window is skipped, as in the reference evaluator
+/// (`v > max ? v : max`), on the four-pixel (stride 1 and 2) and the
+/// one-pixel paths alike; a window of only NaNs gives -inf.
+#[test]
+fn max_pool_skips_nan_taps_like_the_reference() {
+    let shape = [1, 1, 6, 13];
+    let values: Vec<f32> = (0..78)
+        .map(|i| {
+            if i % 5 == 2 || (26..39).contains(&i) {
+                f32::NAN
+            } else {
+                (i as f32 * 0.37).sin()
+            }
+        })
+        .collect();
+    let x = kiln_ir::Tensor::new(shape, kiln_ir::Data::F32(values)).unwrap();
+    for p in [
+        window([2, 2], [2, 2], [0, 0, 0, 0], [1, 1], false),
+        window([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], false),
+        window([1, 3], [1, 3], [0, 0, 0, 0], [1, 1], false),
+        window([1, 1], [1, 2], [0, 0, 0, 0], [1, 1], false),
+    ] {
+        common::check_with(&pool_graph(Op::MaxPool(p), shape), &[x.clone()], 0.0);
     }
 }
 

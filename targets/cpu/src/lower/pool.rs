@@ -6,8 +6,9 @@
 //! count of taps inside the padded input) is the same. Each segment is a
 //! loop whose body unrolls exactly its valid taps, so no bounds checks run.
 
-use cranelift_codegen::ir::types::{F32, F32X4};
-use cranelift_codegen::ir::{InstBuilder, Value};
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::types::{F32, F32X4, I8X16};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 use kiln_ir::Pool2d;
 
 use super::loops::{for_range, for_range_carry};
@@ -151,7 +152,11 @@ pub(crate) fn pool(kb: &mut Kb, cx: &NodeCx, p: &Pool2d, kind: Kind) -> Result<(
     // not in the divisor: the padded bound is pad_end.
     let segs_h = window_segments(oh, h, p.kernel[0], sh, pt, p.pads[2], dh);
     let segs_w = window_segments(ow, w, p.kernel[1], sw, pl, p.pads[3], dw);
-    let lanes = if sw == 1 { 4 } else { 1 };
+    // Four output pixels at a time where a row's taps for them are four
+    // consecutive floats (stride 1) or the even ones of seven (stride 2,
+    // the downsampling pools of most CNNs); other strides go pixel by
+    // pixel.
+    let lanes = if sw <= 2 { 4 } else { 1 };
     // Pixel bodies per column segment: a loop of `lanes` pixels, then the
     // remaining pixels one by one.
     let bodies = |s: &Seg| usize::from(s.len >= lanes) + s.len % lanes;
@@ -238,9 +243,13 @@ impl PoolPix<'_> {
             Kind::Avg(_) => kb.fconst(ty, 0.0),
         };
         for &t in self.taps {
-            let v = kb.load(ty, px, t);
+            let v = if vector && self.sw == 2 {
+                even_lanes(kb, px, t)
+            } else {
+                kb.load(ty, px, t)
+            };
             acc = match self.kind {
-                Kind::Max => kb.b.ins().fmax(acc, v),
+                Kind::Max => max_skipping_nan(kb, acc, v, vector),
                 Kind::Avg(_) => kb.b.ins().fadd(acc, v),
             };
         }
@@ -251,6 +260,38 @@ impl PoolPix<'_> {
         let py = kb.add_scaled(y_row, o_w, 4);
         kb.store(acc, py, 0);
     }
+}
+
+/// `v > acc ? v : acc`, lane by lane: a NaN tap is skipped, as in the
+/// reference evaluator (`compiler/ir/src/eval/pool.rs`). Written as the
+/// compare-and-select that x86-64 lowers to one `maxps`/`maxss`
+/// (`max(v, acc)` returns `acc` when either is NaN); Cranelift's `fmax`
+/// propagates NaN and takes six instructions.
+fn max_skipping_nan(kb: &mut Kb, acc: Value, v: Value, vector: bool) -> Value {
+    let greater = kb.b.ins().fcmp(FloatCC::LessThan, acc, v);
+    if vector {
+        let flags = MemFlagsData::new().with_endianness(Endianness::Little);
+        let mask = kb.b.ins().bitcast(F32X4, flags, greater);
+        kb.b.ins().bitselect(mask, v, acc)
+    } else {
+        kb.b.ins().select(greater, v, acc)
+    }
+}
+
+/// The floats at `p + off` + 0, 2, 4 and 6 elements: two loads of four
+/// (elements 0..4 and 3..7, so nothing past element 6 is read) and one
+/// `shufps` taking lanes 0 and 2 of the first and 1 and 3 of the second.
+fn even_lanes(kb: &mut Kb, p: Value, off: i64) -> Value {
+    let low = kb.load(I8X16, p, off);
+    let high = kb.load(I8X16, p, off + 12);
+    let lanes = [0u8, 2, 5, 7];
+    let bytes: Vec<u8> = (lanes.iter())
+        .flat_map(|&l| (0..4).map(move |b| l * 4 + b))
+        .collect();
+    let mask = kb.b.func.dfg.immediates.push(ConstantData::from(bytes));
+    let v = kb.b.ins().shuffle(low, high, mask);
+    let flags = MemFlagsData::new().with_endianness(Endianness::Little);
+    kb.b.ins().bitcast(F32X4, flags, v)
 }
 
 /// GlobalAveragePool / GlobalMaxPool: one reduction per (n, c) plane.
