@@ -96,3 +96,32 @@ fn a_malformed_cuda_section_is_a_format_error() {
     let e = CudaModel::from_bytes(&a.to_bytes()).unwrap_err();
     assert!(matches!(e, Error::Format(_)), "{e:?}");
 }
+
+/// `CudaModel::load_verified` checks the signature on the bytes it read
+/// before anything reaches the driver: an unsigned artifact and one whose
+/// signature is for other content are refused even without a GPU.
+#[cfg(feature = "signing")]
+#[test]
+fn cuda_artifacts_have_a_signed_load_path() {
+    use kiln_runtime::format::{read_header, signature_path, DetachedSignature};
+    use kiln_runtime::PublicKey;
+    let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let key = PublicKey::from_bytes(&key.verifying_key().to_bytes()).unwrap();
+    let dir = std::env::temp_dir().join(format!("kiln-cuda-signed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.kiln");
+    let bytes = copy_artifact(70).to_bytes();
+    std::fs::write(&path, &bytes).unwrap();
+    let err = CudaModel::load_verified(&path, &key).err().unwrap();
+    assert!(matches!(err, Error::Unsigned { .. }), "{err:?}");
+    let mut other = read_header(&bytes).unwrap().content_hash;
+    other[0] ^= 1;
+    let sig = DetachedSignature {
+        content_hash: other,
+        signature: [0; 64],
+    };
+    std::fs::write(signature_path(&path), sig.to_bytes()).unwrap();
+    let err = CudaModel::load_verified(&path, &key).err().unwrap();
+    assert!(matches!(err, Error::ModifiedAfterSigning { .. }), "{err:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
