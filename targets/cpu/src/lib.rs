@@ -180,6 +180,34 @@ fn scratch_sizes(
     Ok(sizes)
 }
 
+/// Appends the kernels of job `name` to `text` as its schedule steps.
+fn add_lowered(
+    text: &mut emit::Text,
+    name: &str,
+    lowered: lower::Lowered,
+    target: &isa::Target,
+) -> Result<(), CpuError> {
+    match lowered {
+        lower::Lowered::Clif(func) => text.add(name, *func, target)?,
+        lower::Lowered::Machine(tasks) => text.add_machine(name, &tasks),
+        lower::Lowered::Chain(code, tail) => text.add_chain(name, &code, tail, target)?,
+        lower::Lowered::ClifTasks(funcs) => text.add_tasks(name, funcs, target)?,
+        lower::Lowered::SplitChain(tasks, tail) => {
+            text.add_machine(name, &tasks);
+            let name = format!("{name}/tail");
+            match tail {
+                lower::SplitTail::Machine(codes) => text.add_machine(&name, &codes),
+                lower::SplitTail::Clif(funcs) => text.add_tasks(&name, funcs, target)?,
+            }
+        }
+        lower::Lowered::AfterIm2col(im2col, rest) => {
+            text.add_machine(&format!("{name}/im2col"), &im2col);
+            add_lowered(text, name, *rest, target)?;
+        }
+    }
+    Ok(())
+}
+
 /// Compiles `graph` for the CPU target `opts.target`.
 ///
 /// Shapes must be static (they are, in the IR). The result is deterministic:
@@ -217,20 +245,7 @@ pub fn compile(
                 message: "the kernel asked for more scratch than when its size was measured".into(),
             });
         }
-        match lowered {
-            lower::Lowered::Clif(func) => text.add(&name, *func, &target)?,
-            lower::Lowered::Machine(tasks) => text.add_machine(&name, &tasks),
-            lower::Lowered::Chain(code, tail) => text.add_chain(&name, &code, tail, &target)?,
-            lower::Lowered::ClifTasks(funcs) => text.add_tasks(&name, funcs, &target)?,
-            lower::Lowered::SplitChain(tasks, tail) => {
-                text.add_machine(&name, &tasks);
-                let name = format!("{name}/tail");
-                match tail {
-                    lower::SplitTail::Machine(codes) => text.add_machine(&name, &codes),
-                    lower::SplitTail::Clif(funcs) => text.add_tasks(&name, funcs, &target)?,
-                }
-            }
-        }
+        add_lowered(&mut text, &name, lowered, &target)?;
     }
     let (text, kernels, relocs, schedule) = text.finish();
     Ok(Artifact {

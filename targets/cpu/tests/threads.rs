@@ -360,6 +360,27 @@ fn implicit_gemm_conv_split_at_band_boundaries() {
 }
 
 #[test]
+fn im2col_conv_of_few_calls_builds_its_matrices_once() {
+    // 100 output channels over 3x3 windows go through im2col; one image
+    // (one GEMM call) or two, split for four threads: a first step of
+    // tasks fills the matrices by runs of input channels (37 does not
+    // divide among them; with two images a run crosses from one image's
+    // matrix into the next), then the GEMM tasks share them.
+    let mut rng = Rng::new(7);
+    for (batch, seed) in [(1, 18), (2, 19)] {
+        let g = conv_graph(&mut rng, [batch, 37, 15, 15], [100, 37, 3, 3], 1);
+        let split = artifact(&g, 4);
+        let im2col: Vec<&str> = (split.kernels.iter())
+            .map(|k| k.name.as_str())
+            .filter(|n| n.starts_with("conv/im2col"))
+            .collect();
+        assert!(im2col.len() > 1, "batch {batch}: {:?}", split.kernels);
+        assert!(split.schedule.len() >= 2);
+        check_split(&g, seed);
+    }
+}
+
+#[test]
 fn col2im_split_by_channels() {
     // ConvTranspose's scatter (2x2 blocks at stride 2): each task moves
     // the blocks of its channels.

@@ -70,6 +70,9 @@ pub(crate) fn lower(
 
 /// The code a dense candidate gave.
 pub(crate) struct Served {
+    /// The tasks of a step before the head's that build the im2col
+    /// matrices its tasks share (usually none).
+    pub im2col: Vec<Vec<u8>>,
     /// The tasks of the head's step.
     pub codes: Vec<Vec<u8>>,
     /// What is left of a fused program (see [`lower_fused`]).
@@ -147,13 +150,11 @@ enum HeadOutput {
 }
 
 /// The tasks' code of candidate `kernel` and the tail, its source located.
-fn finish(
-    kernel: &'static str,
-    (codes, src): (Vec<Vec<u8>>, Loc),
-    tail: Option<ElementwiseProgram>,
-) -> Served {
+fn finish(kernel: &'static str, parts: Parts, tail: Option<ElementwiseProgram>) -> Served {
+    let Parts { im2col, gemm, src } = parts;
     Served {
-        codes,
+        im2col,
+        codes: gemm,
         tail: tail.map(|program| Tail { program, src }),
         kernel,
     }
@@ -431,7 +432,12 @@ fn depthwise(
             part.assemble()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(finish(DEPTHWISE, (codes, src), tail))
+    let parts = Parts {
+        im2col: Vec::new(),
+        gemm: codes,
+        src,
+    };
+    Ok(finish(DEPTHWISE, parts, tail))
 }
 
 /// The f32 bytes of node `cx`'s output.
@@ -445,22 +451,42 @@ fn relocated(out: Loc, loc: Loc, to: Loc) -> Loc {
     to.moved(loc.offset as i64 - out.offset as i64)
 }
 
+/// The assembled tasks of a GEMM kernel.
+pub(crate) struct Parts {
+    /// A first step's tasks, which build the im2col matrices the GEMM
+    /// tasks share (see [`super::partition::stage_im2col`]); empty when
+    /// the GEMM tasks build their own.
+    pub im2col: Vec<Vec<u8>>,
+    /// The GEMM's tasks.
+    pub gemm: Vec<Vec<u8>>,
+    /// Where the f32 results are: the output, or the scratch that
+    /// [`HeadOutput::Scratch`] reserves.
+    pub src: Loc,
+}
+
 /// `spec` (the kernel of node `cx`) split into at most `tasks` kernels,
-/// each with scratch of its own for its im2col matrix and B panel,
-/// writing where `output` says, assembled; and where the f32 results are
-/// (the output, or the scratch that [`HeadOutput::Scratch`] reserves).
+/// each with scratch of its own for its im2col matrix and B panel (or,
+/// staged, after im2col tasks that fill one shared matrix), writing where
+/// `output` says, assembled.
 fn assemble_parts(
     cx: &NodeCx,
     spec: GemmSpec,
     scratch: &mut Scratch,
     tasks: usize,
     output: HeadOutput,
-) -> Attempt<(Vec<Vec<u8>>, Loc)> {
+) -> Attempt<Parts> {
+    let staged = super::partition::stage_im2col(&spec, tasks);
+    let (spec, shared_col) = match &staged {
+        Some(s) => (s.gemm.clone(), s.col_bytes),
+        None => (spec, 0),
+    };
     let parts = super::partition::split(spec, tasks);
     // Every task gets scratch of its own, since tasks run concurrently; the
-    // f32 results of a u8 kernel with a tail come first.
-    let staged = matches!(output, HeadOutput::Scratch);
-    let mut sizes: Vec<u64> = staged.then(|| f32_bytes(cx)).into_iter().collect();
+    // f32 results of a u8 kernel with a tail come first, then the im2col
+    // matrices that staged tasks share.
+    let f32_scratch = matches!(output, HeadOutput::Scratch);
+    let mut sizes: Vec<u64> = f32_scratch.then(|| f32_bytes(cx)).into_iter().collect();
+    sizes.extend(staged.is_some().then_some(shared_col));
     sizes.extend(parts.iter().flat_map(|p| {
         let (col, panel) = scratch_bytes(p);
         [col, panel]
@@ -470,8 +496,23 @@ fn assemble_parts(
     } else {
         Vec::new()
     };
-    let src = if staged { locs.remove(0) } else { cx.out };
-    let sizes = &sizes[usize::from(staged)..];
+    let src = if f32_scratch { locs.remove(0) } else { cx.out };
+    // Staged: the shared matrices, and the im2col tasks that fill them.
+    let mut im2col = Vec::new();
+    let shared = match staged {
+        Some(staged) => {
+            let col = locs.remove(0);
+            for mut kernel in staged.im2col {
+                for job in &mut kernel.jobs {
+                    job.1 = col.moved(job.1.offset as i64);
+                }
+                im2col.push(kernel.assemble()?);
+            }
+            Some(col)
+        }
+        None => None,
+    };
+    let sizes = &sizes[sizes.len() - 2 * parts.len()..];
     let mut codes = Vec::with_capacity(parts.len());
     for (t, mut part) in parts.into_iter().enumerate() {
         match output {
@@ -483,10 +524,11 @@ fn assemble_parts(
                 }
             }
         }
-        if sizes[2 * t] > 0 {
-            // B was addressed relative to the start of the scratch.
+        // B was addressed relative to the start of its scratch.
+        let col = shared.or((sizes[2 * t] > 0).then(|| locs[2 * t]));
+        if let Some(col) = col {
             for call in &mut part.calls {
-                call.b = locs[2 * t].moved(call.b.offset as i64);
+                call.b = col.moved(call.b.offset as i64);
             }
         }
         if sizes[2 * t + 1] > 0 {
@@ -494,7 +536,11 @@ fn assemble_parts(
         }
         codes.push(part.assemble()?);
     }
-    Ok((codes, src))
+    Ok(Parts {
+        im2col,
+        gemm: codes,
+        src,
+    })
 }
 
 /// Scratch bytes a GEMM kernel needs: its im2col matrix, and the panel into

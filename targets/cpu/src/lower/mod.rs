@@ -299,6 +299,9 @@ pub(crate) enum Lowered {
     /// Cranelift functions, each over one part of an elementwise node's
     /// output (see [`split_elementwise`]), as the tasks of one step.
     ClifTasks(Vec<Function>),
+    /// A step of microkernel tasks that build the im2col matrices a
+    /// convolution's GEMM tasks share, then the GEMM's kernels.
+    AfterIm2col(Vec<Vec<u8>>, Box<Lowered>),
 }
 
 /// The tasks of the second step of a [`Lowered::SplitChain`].
@@ -379,15 +382,36 @@ fn lower_dense(
     }
     .map_err(codegen)?;
     let Some(dense::Served {
-        codes: mut tasks,
+        im2col,
+        codes: tasks,
         tail,
         kernel,
     }) = served
     else {
         return Ok(None);
     };
+    let lowered = with_tail(plan, id, target, &cx, fused, tasks, tail)?;
+    Ok(Some(match im2col.is_empty() {
+        true => (lowered, kernel),
+        false => (Lowered::AfterIm2col(im2col, Box::new(lowered)), kernel),
+    }))
+}
+
+/// The kernels of dense node `id` whose head's tasks are `tasks`: those
+/// alone, or with the rest of a fused program that the head's store loop
+/// did not take (`tail`).
+fn with_tail(
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+    cx: &NodeCx,
+    fused: Option<&FusedKernel>,
+    mut tasks: Vec<Vec<u8>>,
+    tail: Option<dense::Tail>,
+) -> Result<Lowered, CpuError> {
+    let codegen = |e| microkernel_error(cx.node, e);
     let (Some(k), Some(dense::Tail { program, src })) = (fused, tail) else {
-        return Ok(Some((Lowered::Machine(tasks), kernel)));
+        return Ok(Lowered::Machine(tasks));
     };
     let first_extra = k.head().map_or(0, |h| h.inputs);
     // The tail as a headless kernel over the head's result: an AVX-512
@@ -401,7 +425,7 @@ fn lower_dense(
     };
     let src_ty = ValueType::new(DType::F32, cx.node.ty.shape.clone());
     let mut tail_cx = NodeCx {
-        graph,
+        graph: cx.graph,
         node: &tail,
         input_ids: vec![id],
         inputs: vec![(src, &src_ty)],
@@ -417,7 +441,7 @@ fn lower_dense(
         None => None,
     };
     let over = |kb: &mut Kb| {
-        fused::program_over(kb, &cx, &program, first_extra, (src, DType::F32));
+        fused::program_over(kb, cx, &program, first_extra, (src, DType::F32));
         Ok(())
     };
     if split {
@@ -428,13 +452,13 @@ fn lower_dense(
                 None => vec![build_function(target, over)?],
             }),
         };
-        return Ok(Some((Lowered::SplitChain(tasks, tail), kernel)));
+        return Ok(Lowered::SplitChain(tasks, tail));
     }
     let tail = match machine {
         Some(mut codes) => crate::emit::TailCode::Machine(codes.swap_remove(0)),
         None => crate::emit::TailCode::Clif(Box::new(build_function(target, over)?)),
     };
-    Ok(Some((Lowered::Chain(tasks.swap_remove(0), tail), kernel)))
+    Ok(Lowered::Chain(tasks.swap_remove(0), tail))
 }
 
 /// A microkernel that applies but could not be assembled: a compiler bug,

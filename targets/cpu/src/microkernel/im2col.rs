@@ -41,7 +41,7 @@ type CopyPixels<'a> =
     dyn FnMut(&mut CodeAssembler, usize, usize, i64) -> Result<(), MicrokernelError> + 'a;
 
 /// Geometry of one convolution's im2col.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Im2col {
     /// Input channels.
     pub cin: usize,
@@ -69,6 +69,47 @@ pub(crate) struct Im2col {
     /// the padding filled with the byte at `zero` (the activation's zero
     /// point); `None`: f32.
     pub quads: Option<Loc>,
+}
+
+/// A kernel that only builds im2col matrices, the first step of a
+/// convolution whose GEMM tasks then share them (see
+/// `partition::stage_im2col`): each job runs one of `routines` on the
+/// image at `src`, writing `col`.
+#[derive(Clone, Debug)]
+pub(crate) struct Im2colKernel {
+    /// The distinct routines the jobs run.
+    pub routines: Vec<Im2col>,
+    /// In order: the image (moved to the job's first channel), where its
+    /// rows of `col` start, and the routine.
+    pub jobs: Vec<(Loc, Loc, usize)>,
+}
+
+impl Im2colKernel {
+    /// Assembles the kernel (kernel ABI: arena in rdi, weights in rsi).
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let mut a = CodeAssembler::new(64)?;
+        let mut labels: Vec<CodeLabel> = self.routines.iter().map(|_| a.create_label()).collect();
+        // The routines clobber r12–r14, which the caller keeps.
+        for r in super::gemm::SAVED {
+            a.push(r)?;
+        }
+        for &(src, col, routine) in &self.jobs {
+            load_address(&mut a, r8, src)?;
+            load_address(&mut a, r9, col)?;
+            a.call(labels[routine])?;
+        }
+        for r in super::gemm::SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        for (routine, label) in self.routines.iter().zip(&mut labels) {
+            a.set_label(label)?;
+            routine.emit(&mut a)?;
+        }
+        Ok(a.assemble(0)?)
+    }
 }
 
 /// Source cursor, destination cursor, channel counter, row counter,
