@@ -145,9 +145,10 @@ struct CompileArgs {
     check: bool,
     /// CPU targets: split each large dense kernel into up to N tasks that
     /// a multi-threaded session (`kiln run/bench --threads`) runs at once;
-    /// 1 compiles for one thread.
-    #[arg(long, default_value_t = kiln_target_cpu::DEFAULT_THREADS, value_name = "N")]
-    threads: usize,
+    /// 1 compiles for one thread. Default: the cores of this machine (at
+    /// most 8) for `native`, 4 for a named target.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Target: native, x86_64-v3, x86_64-avx512, aarch64, or a CUDA GPU:
     /// cuda-sm70, cuda-sm75, cuda-sm80, cuda-sm86, cuda-sm89, cuda-sm90.
     #[arg(long, default_value = "native")]
@@ -648,10 +649,11 @@ fn print_pass_times(
 
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     let mut opts = compile_options(&a.model_args, &a.target)?;
-    if a.threads == 0 {
-        return Err(Failure::new(exit::USAGE, "--threads must be at least 1"));
-    }
-    opts.threads = a.threads;
+    opts.threads = match a.threads {
+        Some(0) => return Err(Failure::new(exit::USAGE, "--threads must be at least 1")),
+        Some(n) => n,
+        None => opts.target.default_threads(),
+    };
     if a.check {
         return cmd_preflight(&a, &opts);
     }
@@ -921,7 +923,9 @@ fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure>
     if m.verify_each {
         args.push("--verify-each".into());
     }
-    args.extend(["--threads".into(), a.threads.to_string().into()]);
+    if let Some(n) = a.threads {
+        args.extend(["--threads".into(), n.to_string().into()]);
+    }
     let threads = match std::env::var("RAYON_NUM_THREADS").as_deref() {
         Ok("1") => "3",
         _ => "1",
