@@ -286,6 +286,20 @@ fn matmul_with_wider_weights_split_by_columns() {
 }
 
 #[test]
+fn matrix_vector_product_split_by_its_weight_bytes() {
+    // One row against 1280 x 1000 weights (a classifier): 2.6 MFLOP,
+    // below the FLOPs a task is worth, but 5 MB of weights to stream,
+    // which two cores read at once.
+    let mut rng = Rng::new(8);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 1280]));
+    let w = constant(&mut g, &mut rng, "w", &[1280, 1000]);
+    let y = g.add_node(Op::MatMul, &[x, w], "mm").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 22);
+}
+
+#[test]
 fn matmul_split_by_rows_with_packed_a() {
     let mut rng = Rng::new(2);
     let mut g = Graph::new();

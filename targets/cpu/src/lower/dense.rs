@@ -410,7 +410,8 @@ fn depthwise(
         }
     }
     let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
-    let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+    let bytes = 4 * (cx.inputs[0].1.num_elements() + cx.node.ty.num_elements());
+    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
     let (output, tail) = head_output(fused, tail, weights);
     let src = match output {
         HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
@@ -1886,7 +1887,8 @@ fn implicit_conv(
     // The most rows dividing the height whose copy stays in L2, in at
     // least as many bands as tasks (threads split the kernel by bands).
     let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
-    let tasks = tasks.min(flops / super::partition::MIN_TASK_FLOPS).max(1);
+    let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
+    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
     let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
     let band = (1..=oh)
         .rev()

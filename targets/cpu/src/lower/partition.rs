@@ -26,8 +26,8 @@
 //! rebuilding B. Each task
 //! gets scratch of its own (the caller reserves it per task), so
 //! concurrent tasks never share a scratch panel. Kernels smaller than
-//! [`MIN_TASK_FLOPS`] per task stay whole: below that the hand-off to the
-//! workers costs more than it saves.
+//! [`MIN_TASK_FLOPS`] and [`MIN_TASK_BYTES`] per task stay whole: below
+//! that the hand-off to the workers costs more than it saves.
 
 use crate::microkernel::gemm::{ALayout, BLayout, Call, GemmSpec, Operand};
 use crate::microkernel::im2col::{Im2col, Im2colKernel};
@@ -39,6 +39,25 @@ use crate::plan::{Base, Loc};
 /// attention products of MiniLM-L3 and PP-OCRv4 rec's smaller
 /// convolutions gain from splitting at 4 M, not at 8 M).
 pub(crate) const MIN_TASK_FLOPS: usize = 4 << 20;
+
+/// The least operand traffic (bytes read and written) worth a task of its
+/// own: a kernel that streams more from memory than it computes (a
+/// matrix-vector product's weights, a depthwise convolution's channels)
+/// takes about 40 µs per MB on one core of this machine, as long as
+/// [`MIN_TASK_FLOPS`] take, and a second core streams at once
+/// (MobileNetV2's 1280 → 1000 classifier: 5 MB of weights for 2.6 MFLOP,
+/// 0.26 ms whole; the model at 224², two threads, `kiln bench --runs 50`:
+/// 5.2–5.5 ms with tasks by FLOPs alone, 4.6 ms with this).
+pub(crate) const MIN_TASK_BYTES: usize = 1 << 20;
+
+/// How many of `tasks` a kernel of `flops` operations over `bytes` of
+/// operands is worth: one per [`MIN_TASK_FLOPS`] or per
+/// [`MIN_TASK_BYTES`], whichever gives more, at least one.
+pub(crate) fn tasks_worth(tasks: usize, flops: usize, bytes: usize) -> usize {
+    tasks
+        .min((flops / MIN_TASK_FLOPS).max(bytes / MIN_TASK_BYTES))
+        .max(1)
+}
 
 /// `spec` as at most `tasks` independent kernels (see the module docs);
 /// one when splitting does not pay or does not apply.
@@ -117,11 +136,14 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
         .collect()
 }
 
-/// How many of `tasks` the work of `spec` is worth: one task per
-/// [`MIN_TASK_FLOPS`], at least one.
+/// How many of `tasks` the work of `spec` is worth ([`tasks_worth`] of
+/// its products and of its operands and output).
 fn worth_splitting(spec: &GemmSpec, tasks: usize) -> usize {
-    let flops = 2 * spec.m * spec.n * spec.k * spec.calls.len();
-    tasks.min(flops / MIN_TASK_FLOPS).max(1)
+    let (m, n, k, calls) = (spec.m, spec.n, spec.k, spec.calls.len());
+    let flops = 2 * m * n * k * calls;
+    let a = m * k * spec.elem.a_size() as usize;
+    let b = k * n * spec.elem.b_size() as usize;
+    tasks_worth(tasks, flops, calls * (a + b + m * n * 4))
 }
 
 /// An im2col convolution as two steps (see [`stage_im2col`]).
