@@ -273,7 +273,6 @@ impl CudaModel {
     /// Runs one inference: every declared input exactly once (any order);
     /// the outputs in declared order.
     pub fn run(&mut self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, Error> {
-        self.input_names.validate(&self.metadata.inputs, inputs)?;
         let stream = self.stream.clone();
         let copy_in = driver("copy inputs to the GPU");
         stream
@@ -282,14 +281,12 @@ impl CudaModel {
                 &mut self.arena.slice_mut(0..STATUS_BYTES),
             )
             .map_err(&copy_in)?;
-        for given in inputs {
-            // Found: validated above.
-            if let Some(i) = self.input_names.index(given.name) {
-                let start = self.metadata.inputs[i].arena_offset as usize;
-                let mut dst = self.arena.slice_mut(start..start + given.data.len());
-                stream.memcpy_htod(given.data, &mut dst).map_err(&copy_in)?;
-            }
-        }
+        let (names, specs, arena) = (&self.input_names, &self.metadata.inputs, &mut self.arena);
+        names.bind(specs, inputs, |i, given| {
+            let start = specs[i].arena_offset as usize;
+            let mut dst = arena.slice_mut(start..start + given.data.len());
+            stream.memcpy_htod(given.data, &mut dst).map_err(&copy_in)
+        })?;
         match &self.graph {
             Some(graph) => graph.launch().map_err(driver("launch the CUDA graph"))?,
             None => self.launch_schedule()?,

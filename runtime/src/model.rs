@@ -398,14 +398,10 @@ impl Program {
     /// the arena.
     fn bind_inputs(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
         let specs = &self.metadata.inputs;
-        self.input_names.validate(specs, inputs)?;
-        for given in inputs {
-            // Found: `validate` matched every given input by name.
-            if let Some(i) = self.input_names.index(given.name) {
-                self.input_slot(arena, i).copy_from_slice(given.data);
-            }
-        }
-        Ok(())
+        self.input_names.bind(specs, inputs, |i, given| {
+            self.input_slot(arena, i).copy_from_slice(given.data);
+            Ok(())
+        })
     }
 
     /// Errors unless `lens` are the byte sizes of the outputs.
@@ -586,12 +582,16 @@ impl InputNames {
         self.0.get(name).copied()
     }
 
-    /// Errors unless every declared input of `specs` is given exactly once,
-    /// by name, with its declared type and data length.
-    pub(crate) fn validate(
+    /// Matches each of `inputs` to its declared input in `specs` by name
+    /// (one lookup) and, once its type and data length are checked, hands
+    /// it to `bind` with the declared input's index; errors unless every
+    /// declared input is given exactly once. On an error `bind` may have
+    /// taken some of the inputs.
+    pub(crate) fn bind<'t>(
         &self,
         specs: &[TensorSpec],
-        inputs: &[TensorRef<'_>],
+        inputs: &[TensorRef<'t>],
+        mut bind: impl FnMut(usize, &TensorRef<'t>) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let words = specs.len().div_ceil(64);
         let mut on_stack = [0u64; STACK_INPUTS / 64];
@@ -615,6 +615,8 @@ impl InputNames {
                 return Err(Error::DuplicateInput(given.name.to_owned()));
             }
             seen[word] |= bit;
+            check_input(&specs[i], given)?;
+            bind(i, given)?;
         }
         if let Some(missing) =
             (specs.iter().enumerate()).find(|(i, _)| seen[i / 64] & (1 << (i % 64)) == 0)
@@ -623,12 +625,6 @@ impl InputNames {
                 name: missing.1.name.clone(),
                 expected: missing.1.type_string(),
             });
-        }
-        for given in inputs {
-            // Found: every name was matched above.
-            if let Some(i) = self.index(given.name) {
-                check_input(&specs[i], given)?;
-            }
         }
         Ok(())
     }
