@@ -551,9 +551,12 @@ fn kernel_count(a: &Artifact) -> usize {
     }
 }
 
+/// Writes `bytes` to `path`, all or nothing.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes)
-        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))
+    let io = |e: std::io::Error| Failure::new(exit::IO, format!("{}: {e}", path.display()));
+    kiln::output::write_atomically(path, io, |f| {
+        std::io::Write::write_all(f, bytes).map_err(io)
+    })
 }
 
 /// `kiln compile --check`: everything that blocks a compile, at once.
@@ -1100,13 +1103,19 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
 fn gather_inputs(specs: &[TensorSpec], args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     if let Some(npz) = &args.inputs_npz {
-        for t in npy::read_npz(npz)? {
+        let want = |name: &str| specs.iter().find(|s| s.name == name).map(|s| s.dtype);
+        for t in npy::read_npz(npz, want)? {
             given.insert(t.name.clone(), t);
         }
     }
     for s in &args.inputs {
         let (name, path) = parse_pair("--input", s)?;
-        given.insert(name.to_string(), npy::read_tensor(name, Path::new(path))?);
+        let path = Path::new(path);
+        let tensor = match specs.iter().find(|s| s.name == name) {
+            Some(spec) => npy::read_tensor_as(name, path, spec.dtype)?,
+            None => npy::read_tensor(name, path)?,
+        };
+        given.insert(name.to_string(), tensor);
     }
     if let Some(name) = given.keys().find(|n| !specs.iter().any(|s| &s.name == *n)) {
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -1213,7 +1222,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     if let Some(dir) = &a.check {
         for t in &outputs {
             let path = dir.join(format!("{}.npy", npy::sanitize_name(&t.name)));
-            let reference = npy::read_tensor(&t.name, &path)?;
+            let reference = npy::read_tensor_as(&t.name, &path, t.dtype)?;
             checks.push(compare(t, &reference));
         }
     }

@@ -410,7 +410,12 @@ pub fn read_calibration(
     let names: Vec<&str> = inputs.iter().map(|n| n.name.as_str()).collect();
     let mut samples = Vec::with_capacity(files.len());
     for file in &files {
-        let arrays = crate::npy::read_npz(file).map_err(|e| bad(file, e.to_string()))?;
+        // Raw (ml_dtypes) arrays read as the input they feed.
+        let want = |name: &str| {
+            let input = inputs.iter().find(|n| n.name == name)?;
+            kiln_runtime::DType::from_name(input.ty.dtype.name())
+        };
+        let arrays = crate::npy::read_npz(file, want).map_err(|e| bad(file, e.to_string()))?;
         if let Some(extra) = arrays.iter().find(|a| !names.contains(&a.name.as_str())) {
             return Err(bad(
                 file,

@@ -19,5 +19,6 @@
 pub mod compare;
 pub mod driver;
 pub mod npy;
+pub mod output;
 pub mod report_html;
 pub mod signing;

@@ -1,7 +1,7 @@
 //! The `kiln` command end to end: success paths, and every kind of bad
 //! input giving a clear message and its documented exit code.
 
-use kiln::npy::{read_tensor, write_tensor};
+use kiln::npy::{read_tensor, read_tensor_as, write_tensor};
 use kiln_runtime::format::{Artifact, CpuFeatures};
 use kiln_runtime::Tensor;
 use std::path::{Path, PathBuf};
@@ -249,7 +249,7 @@ fn run_input_errors_name_what_is_wrong() {
             &format!("input={}", wrong_dtype.display()),
         ],
         6,
-        &["f32[1,64]", "i64[1,64]"],
+        &["dtype.npy", "holds i64", "'input' is f32", "np.float32"],
     );
     let garbage = dir.path().join("garbage.npy");
     std::fs::write(&garbage, b"not numpy").unwrap();
@@ -893,4 +893,179 @@ fn inspect_adds_shared_memory_sizes_without_overflow() {
         "{}",
         o.stdout
     );
+}
+
+/// An ONNX model `y = Cast(x, to)` with `x` of ONNX element type `from`
+/// and shape `[4]`.
+fn cast_model(dir: &Path, from: i32, to: i32) -> PathBuf {
+    use kiln_onnx::pb::{self, tensor_shape_proto::dimension, type_proto};
+    use prost::Message;
+    let value = |name: &str, elem: i32| pb::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(pb::TensorShapeProto {
+                    dim: vec![pb::tensor_shape_proto::Dimension {
+                        value: Some(dimension::Value::DimValue(4)),
+                        ..Default::default()
+                    }],
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: 9,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 19,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: vec![pb::NodeProto {
+                op_type: "Cast".into(),
+                name: "cast".into(),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                attribute: vec![pb::AttributeProto {
+                    name: "to".into(),
+                    r#type: pb::attribute_proto::AttributeType::Int as i32,
+                    i: to as i64,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            input: vec![value("x", from)],
+            output: vec![value("y", to)],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = dir.join(format!("cast_{from}_{to}.onnx"));
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    path
+}
+
+/// Compiles `model` into `dir` and runs it on the `.npy` file `x`, writing
+/// its output to `dir/out`.
+fn compile_and_run(dir: &Path, model: &Path, x: &Path) -> Outcome {
+    let art = dir.join("cast.kiln");
+    let o = kiln(&[
+        "compile",
+        model.to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    kiln(&[
+        "run",
+        art.to_str().unwrap(),
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        dir.join("out").to_str().unwrap(),
+    ])
+}
+
+/// `bytes` as `[4]` of `dtype`, named `x`.
+fn raw_tensor(dtype: kiln_runtime::DType, bytes: Vec<u8>) -> Tensor {
+    Tensor {
+        name: "x".into(),
+        dtype,
+        shape: vec![4],
+        data: bytes,
+    }
+}
+
+#[test]
+fn half_precision_inputs_and_outputs_cross_the_cli() {
+    use kiln_runtime::DType;
+    const FLOAT: i32 = 1;
+    const FLOAT16: i32 = 10;
+    const BFLOAT16: i32 = 16;
+    // Values every type here holds exactly.
+    let values = [0.5f32, -1.25, 3.0, 96.0];
+    let f16_bits: Vec<u8> = (values.iter())
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    let bf16_bits: Vec<u8> = (values.iter())
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    let f32_out = |dir: &Path| {
+        let y = read_tensor_as("y", &dir.join("out/y.npy"), DType::F32).unwrap();
+        y.to_f32_vec().unwrap()
+    };
+
+    // float16 as numpy's `<f2`.
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    write_tensor(&x, &raw_tensor(DType::F16, f16_bits.clone())).unwrap();
+    assert!(String::from_utf8_lossy(&std::fs::read(&x).unwrap()).contains("'<f2'"));
+    let o = compile_and_run(dir.path(), &cast_model(dir.path(), FLOAT16, FLOAT), &x);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(f32_out(dir.path()), values);
+
+    // bfloat16 as the raw `V2` elements numpy saves for ml_dtypes.bfloat16,
+    // and as its bits in `<u2`.
+    let bits_u16: Vec<u16> = (bf16_bits.chunks(2))
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    for file in [
+        raw_tensor(DType::BF16, bf16_bits.clone()),
+        Tensor::from_slice("x", &[4], &bits_u16),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let x = dir.path().join("x.npy");
+        write_tensor(&x, &file).unwrap();
+        let model = cast_model(dir.path(), BFLOAT16, FLOAT);
+        let o = compile_and_run(dir.path(), &model, &x);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        assert_eq!(f32_out(dir.path()), values);
+    }
+
+    // A bfloat16 output is written as `|V2`, its bits unchanged.
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    write_tensor(&x, &Tensor::from_f32("x", &[4], &values)).unwrap();
+    let o = compile_and_run(dir.path(), &cast_model(dir.path(), FLOAT, BFLOAT16), &x);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let y = dir.path().join("out/y.npy");
+    assert!(String::from_utf8_lossy(&std::fs::read(&y).unwrap()).contains("V2'"));
+    let back = read_tensor_as("y", &y, DType::BF16).unwrap();
+    assert_eq!((back.dtype, back.data), (DType::BF16, bf16_bits));
+
+    // A file of another type names both types.
+    let o = compile_and_run(dir.path(), &cast_model(dir.path(), FLOAT16, FLOAT), &x);
+    assert_eq!(o.code, 6, "{}", o.stderr);
+    for needle in ["x.npy", "holds f32", "'x' is f16", "float16"] {
+        assert!(o.stderr.contains(needle), "{needle}: {}", o.stderr);
+    }
+}
+
+#[test]
+fn an_output_that_cannot_be_written_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = compile_mlp(dir.path());
+    let x = mlp_input(dir.path());
+    // The output's file name is taken by a directory: the rename fails.
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("logits.npy")).unwrap();
+    let o = kiln(&[
+        "run",
+        art.to_str().unwrap(),
+        "--input",
+        &format!("input={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_ne!(o.code, 0, "{}", o.stdout);
+    assert!(o.stderr.contains("logits.npy"), "{}", o.stderr);
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["logits.npy"], "only the directory that was there");
+    assert!(out.join("logits.npy").is_dir());
 }
