@@ -114,6 +114,23 @@ fn batched_matmul_with_packed_operands() {
 }
 
 #[test]
+fn batched_rows_over_shared_weights_fold_into_one_product() {
+    // Every batch entry multiplies the same B: one GEMM over all rows
+    // (an LSTM's input projection over its steps is the first case).
+    let mut rng = Rng::new(9);
+    let cases: [(&[usize], &[usize], bool, bool); 5] = [
+        (&[100, 1, 80], &[80, 64], false, true),
+        (&[2, 3, 5, 9], &[9, 17], false, true),
+        (&[4, 6, 10], &[1, 10, 7], false, true),
+        (&[5, 3, 12], &[12, 20], true, false),
+        (&[3, 2, 33], &[33, 18], false, false),
+    ];
+    for (i, (a, b, ca, cb)) in cases.into_iter().enumerate() {
+        check_rand(&matmul_graph(a, b, ca, cb, &mut rng), 250 + i as u64, 1e-5);
+    }
+}
+
+#[test]
 fn long_reduction_stays_accurate() {
     let mut rng = Rng::new(6);
     let g = matmul_graph(&[37, 515], &[515, 45], false, true, &mut rng);

@@ -380,7 +380,7 @@ fn candidates(
         None => None,
     };
     let (output, tail) = head_output(fused, tail, weights);
-    let spec = super::partition::in_row_bands(spec);
+    let spec = super::partition::in_row_bands(super::partition::batch_rows_folded(spec));
     let parts = assemble_parts(cx, spec, scratch, tasks, output)?;
     Ok(Some(finish(kernel, parts, tail)))
 }
@@ -1182,7 +1182,12 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
     // Bytes of one stored A element.
     let ea = aty.dtype.size_bytes();
     let a_packed = a_const.is_some() && b_const.is_none();
-    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
+    // Products of a shared B over a batch of A matrices become one GEMM
+    // over all their rows when the fused program allows
+    // (`partition::batch_rows_folded`): the tile is chosen for those rows.
+    let foldable = !a_packed && a_batch == batch.as_slice() && b_batch.iter().all(|&d| d == 1);
+    let rows = if foldable { count * m } else { m };
+    let blocking = Blocking::choose(rows, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
     let mats = |sh: &[usize]| sh.iter().product::<usize>();
     // Per-matrix byte sizes of each operand as the kernel reads it.
     let (a_layout, a_base, a_mat) = match (a_const, b_const) {
