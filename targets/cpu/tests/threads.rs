@@ -250,7 +250,7 @@ fn elementwise_kernels_split_along_their_first_non_unit_axis() {
     g.add_output("y", y);
     let split = artifact(&g, 4);
     assert!(
-        split.schedule.iter().filter(|s| s.tasks == 4).count() >= 5,
+        split.schedule.iter().filter(|s| s.tasks > 1).count() >= 5,
         "{:?}",
         split.schedule
     );
