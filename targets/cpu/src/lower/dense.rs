@@ -385,6 +385,13 @@ fn candidates(
     Ok(Some(finish(kernel, parts, tail)))
 }
 
+/// How many GEMM FLOPs one depthwise FLOP costs, for counting tasks: the
+/// depthwise kernel runs at 12–26 GFLOP/s on one core where the GEMMs
+/// that [`super::partition::MIN_TASK_FLOPS`] was measured on run at
+/// 100–150 (EfficientNet-B0's 5×5 depthwise convs on 14×14 with a SiLU:
+/// 6.6 MFLOP, 0.25 ms, one task; `kiln bench --profile`).
+const DEPTHWISE_FLOP_COST: usize = 4;
+
 /// A depthwise convolution as [`DepthwiseSpec`] tasks, taking what it can
 /// of a fused program in its store loop.
 fn depthwise(
@@ -411,7 +418,8 @@ fn depthwise(
     }
     let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
     let bytes = 4 * (cx.inputs[0].1.num_elements() + cx.node.ty.num_elements());
-    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
+    let work = DEPTHWISE_FLOP_COST * flops;
+    let tasks = super::partition::tasks_worth(tasks, work, bytes);
     let (output, tail) = head_output(fused, tail, weights);
     let src = match output {
         HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
