@@ -125,6 +125,16 @@ fn grouped_convolutions_run_a_gemm_per_group() {
                 .group(5),
             "im2col-gemm",
         ),
+        // Groups at stride 2 on a wide map (RegNet's strided 3x3): the
+        // implicit GEMM over column planes, each group reading its
+        // channels' planes, 2 images.
+        (
+            ConvCase::new([2, 12, 11, 70], 9, [3, 3])
+                .strides([2, 2])
+                .pads([1, 1, 1, 1])
+                .group(3),
+            "implicit-gemm",
+        ),
         // Two groups on a 1-wide map.
         (
             ConvCase::new([1, 6, 9, 1], 4, [3, 1]).group(2),
@@ -151,7 +161,8 @@ fn one_dimensional_convolutions_in_every_layout() {
         let along_h = ConvCase::new([1, 12, 300, 1], 20, [k, 1]).pads([pad, 0, pad, 0]);
         check_kernel(&along_h.graph(), "avx512/implicit-gemm", "N,C,L,1");
     }
-    // Strided and dilated (a WaveNet-like layer), 2 images, along H.
+    // Strided (one output row: im2col, see `dense::implicit_conv`) and
+    // dilated (a WaveNet-like layer), 2 images, along H.
     let strided = ConvCase::new([2, 8, 257, 1], 12, [5, 1])
         .strides([2, 1])
         .pads([2, 0, 2, 0]);
@@ -218,12 +229,35 @@ fn asymmetric_strided_and_stem_windows() {
             ConvCase::new([1, 32, 15, 15], 48, [1, 1]).strides([2, 2]),
             "im2col-gemm",
         ),
-        // A 7x7 stride-2 stem.
+        // A 7x7 stride-2 stem: the implicit GEMM over the input's even
+        // and odd column planes (im2col would write each pixel 49 times).
         (
             ConvCase::new([1, 3, 45, 45], 16, [7, 7])
                 .strides([2, 2])
                 .pads([3, 3, 3, 3]),
-            "im2col-gemm",
+            "implicit-gemm",
+        ),
+        // A 3x3 at stride 2 over two images with odd sizes, a 3x3 at W
+        // stride 3 (three planes) and a dilated one at W stride 2
+        // (dilation 2: every tap in the even plane).
+        (
+            ConvCase::new([2, 5, 19, 63], 12, [3, 3])
+                .strides([2, 2])
+                .pads([1, 1, 1, 1]),
+            "implicit-gemm",
+        ),
+        (
+            ConvCase::new([1, 8, 50, 100], 16, [3, 3])
+                .strides([3, 3])
+                .pads([1, 1, 1, 1]),
+            "implicit-gemm",
+        ),
+        (
+            ConvCase::new([1, 8, 30, 70], 16, [3, 3])
+                .strides([1, 2])
+                .dilations([2, 2])
+                .pads([2, 2, 2, 2]),
+            "implicit-gemm",
         ),
         // Dilated 3x3 (DeepLab).
         (

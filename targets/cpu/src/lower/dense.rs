@@ -1878,7 +1878,20 @@ fn implicit_conv(
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
     let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
-    require(c.strides[1] == 1, || format!("W stride {}", c.strides[1]))?;
+    let [sh, sw] = c.strides;
+    require(sw <= MAX_IMPLICIT_W_STRIDE, || {
+        format!("W stride {sw} > {MAX_IMPLICIT_W_STRIDE}")
+    })?;
+    require(kw > 1 || sw == 1, || {
+        format!("a window one column wide at W stride {sw}: im2col's copy is the same subsampling, and its GEMM spans the image")
+    })?;
+    // Measured on the sweep's strided 1-D convs (`bench/sweep.py`, one
+    // thread): Whisper's 512-channel k3/2 over 3000 frames took 17.1 ms
+    // through im2col and 19.3 ms through column planes, CANINE's k4/4
+    // 16.5 and 19.3 ms; 2-D stems and strided 3×3 convs gained 5–25%.
+    require(sw == 1 || oh > 1, || {
+        format!("one output row at W stride {sw}: im2col's rows read faster than the taps' column planes")
+    })?;
     require(kh * kw <= MAX_TAPS, || {
         format!("{kh}x{kw} taps; the kernel unrolls at most {MAX_TAPS}")
     })?;
@@ -1891,12 +1904,16 @@ fn implicit_conv(
         )
     })?;
     let elem = conv_gemm_elem(cx, c)?;
-    let [sh, _] = c.strides;
     let [dh, dw] = c.dilations;
-    let wp = c.pads[1] + w + c.pads[3];
+    // The padded columns a row reads, split into planes of `wp` columns
+    // each (plane p: padded columns p, p + sw, ...): a tap's output
+    // columns are then consecutive in one plane. A W stride of 1 is one
+    // plane, the padded row itself; only planes some tap reads are made.
+    let wp = ow + ((kw - 1) * dw) / sw;
+    let planes = sw.min((kw - 1) * dw + 1);
     // Padded input rows a band of `rows` output rows reads.
     let padded_rows = |rows: usize| (rows - 1) * sh + (kh - 1) * dh + 1;
-    let band_bytes = |rows: usize| (cin * padded_rows(rows) * wp * 4) as u64;
+    let band_bytes = |rows: usize| (cin * padded_rows(rows) * planes * wp * 4) as u64;
     // The most rows dividing the height whose copy stays in L2, in at
     // least as many bands as tasks (threads split the kernel by bands).
     let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
@@ -1919,20 +1936,22 @@ fn implicit_conv(
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let rows_p = padded_rows(band);
-    let channel = (rows_p * wp * 4) as i64;
-    // The band copy is a 1×1 "convolution" onto the padded grid: output
-    // row `r` of the copy is input row `r - pt`, zero outside the image.
-    // It copies every channel; each group's GEMMs read their channels.
+    let plane = (rows_p * wp * 4) as i64;
+    let channel = planes as i64 * plane;
+    // The band copy is a 1×planes "convolution" at W stride sw onto the
+    // padded grid: its tap p is plane p, whose output row `r`, column `q`
+    // is input row `r - pt`, column `q * sw + p - pl`, zero outside the
+    // image. It copies every channel; each group's GEMMs read theirs.
     let copy = |row0: usize| Im2col {
         cin,
         h,
         w,
         kh: 1,
-        kw: 1,
+        kw: planes,
         row0: row0 * sh,
         rows: rows_p,
         ow: wp,
-        strides: [1, 1],
+        strides: [1, sw],
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: [1, 1],
         quads: None,
@@ -1946,7 +1965,7 @@ fn implicit_conv(
             for r in 0..band {
                 for g in 0..groups.count {
                     let (b_off, y_off, a_off, c_off) =
-                        groups.offsets(g, rows_p * wp * 4, oh * ow * 4);
+                        groups.offsets(g, planes * rows_p * wp * 4, oh * ow * 4);
                     let first = r == 0 && g == 0;
                     calls.push(Call {
                         a: a_base.moved(a_off),
@@ -1971,7 +1990,9 @@ fn implicit_conv(
             kh,
             kw,
             row: (dh * wp * 4) as i64,
-            col: (dw * 4) as i64,
+            dilation: dw,
+            phases: sw,
+            phase: plane,
         },
         out_row: (oh * ow * 4) as i64,
         calls,
@@ -1990,6 +2011,10 @@ fn lane_fill(n: usize) -> f64 {
 /// row of 7 or 14 columns, the last stages of a ResNet, fills 44% or 88%
 /// of one vector; 23 columns fill 72% of two).
 const MIN_ROW_FILL: f64 = 0.7;
+
+/// Largest W stride of an implicit-GEMM convolution: its band copy
+/// splits each row into this many column planes.
+const MAX_IMPLICIT_W_STRIDE: usize = 8;
 
 /// Most taps of an implicit-GEMM convolution window (its k loop unrolls
 /// them).

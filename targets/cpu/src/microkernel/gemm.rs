@@ -157,8 +157,12 @@ pub(crate) enum BLayout {
     Packed,
     /// Read in place from an image (an implicit-GEMM convolution): k is
     /// `(channel, th, tw)` with the taps of a `kh × kw` window in row-major
-    /// order, and `B[k, j]` is at byte `base + c * channel + th * row +
-    /// tw * col + 4 * j`. The k loop runs over channels with the taps
+    /// order. The image's columns are split into `phases` planes (the W
+    /// stride; 1: the image as it is), plane `p` holding the columns `p,
+    /// p + phases, ...`, so that the output columns of one tap are
+    /// consecutive in one plane: with `t = tw * dilation`, `B[k, j]` is at
+    /// byte `base + c * channel + th * row + (t % phases) * phase + 4 *
+    /// (t / phases + j)`. The k loop runs over channels with the taps
     /// unrolled, so no im2col matrix is built.
     Taps {
         /// Bytes between channels.
@@ -169,8 +173,12 @@ pub(crate) enum BLayout {
         kw: usize,
         /// Bytes between kernel rows (dilation included).
         row: i64,
-        /// Bytes between kernel columns (dilation included).
-        col: i64,
+        /// The W dilation.
+        dilation: usize,
+        /// Column planes (the W stride).
+        phases: usize,
+        /// Bytes between column planes.
+        phase: i64,
     },
 }
 
@@ -179,9 +187,21 @@ impl BLayout {
     fn taps(self) -> Vec<i64> {
         match self {
             BLayout::Taps {
-                kh, kw, row, col, ..
+                kh,
+                kw,
+                row,
+                dilation,
+                phases,
+                phase,
+                ..
             } => (0..kh)
-                .flat_map(|th| (0..kw).map(move |tw| th as i64 * row + tw as i64 * col))
+                .flat_map(|th| {
+                    (0..kw).map(move |tw| {
+                        let t = tw * dilation;
+                        let (p, q) = ((t % phases) as i64, (t / phases) as i64);
+                        th as i64 * row + p * phase + F * q
+                    })
+                })
                 .collect(),
             _ => Vec::new(),
         }
