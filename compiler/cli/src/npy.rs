@@ -74,21 +74,10 @@ enum Elements {
 }
 
 /// Whether `d` is a type numpy has only through `ml_dtypes`, so that a file
-/// holds its elements raw.
+/// holds its elements raw: bfloat16 and the narrow storage types (one
+/// code per byte, `kiln_ir::DType::is_narrow`).
 fn needs_raw_bits(d: DType) -> bool {
-    matches!(
-        d,
-        DType::BF16
-            | DType::F8E4M3FN
-            | DType::F8E4M3FNUZ
-            | DType::F8E5M2
-            | DType::F8E5M2FNUZ
-            | DType::F4E2M1
-            | DType::I4
-            | DType::U4
-            | DType::I2
-            | DType::U2
-    )
+    d == DType::BF16 || kiln_ir::DType::from_name(d.name()).is_some_and(|d| d.is_narrow())
 }
 
 /// One element's bytes, whatever numpy type a file gives them (the reader
