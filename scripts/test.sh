@@ -34,3 +34,5 @@ cargo test --doc --workspace --locked
 # without CUDA and answers a typed error instead of panicking.
 cargo test -p kiln-runtime --features cuda --test cuda --locked
 bash scripts/c_example.sh
+# The Python package and its pytest suite.
+bash scripts/python.sh

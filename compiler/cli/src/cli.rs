@@ -1,10 +1,13 @@
-//! Argument parsing, subcommands, and rendering results and errors.
+//! The `kiln` command: argument parsing, subcommands, and rendering results
+//! and errors. In the library so that the Python binding (`python/`) runs
+//! the very same option checks and reports as the command line
+//! ([`compile_report`]).
 
+use crate::compare::compare;
+use crate::driver::{self, CompileOptions, DriverError, DumpIr};
+use crate::npy::{self, NpyError};
+use crate::signing;
 use clap::{Args, Parser, Subcommand};
-use kiln::compare::compare;
-use kiln::driver::{self, CompileOptions, DriverError, DumpIr};
-use kiln::npy::{self, NpyError};
-use kiln::signing;
 use kiln_onnx::OnnxError;
 use kiln_runtime::format::{self, Artifact, ArtifactView};
 use kiln_runtime::{DType, Model, PublicKey, Session, Tensor, TensorSpec};
@@ -314,9 +317,12 @@ struct BenchArgs {
 }
 
 /// A failure rendered for people, with its exit code.
-struct Failure {
-    code: i32,
-    message: String,
+#[derive(Debug)]
+pub struct Failure {
+    /// The process exit code ([`exit`]).
+    pub code: i32,
+    /// What went wrong, for people (printed after `error: `).
+    pub message: String,
 }
 
 impl Failure {
@@ -408,6 +414,7 @@ impl From<NpyError> for Failure {
     }
 }
 
+/// Runs the command line of this process; returns the exit code.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -554,7 +561,7 @@ fn kernel_count(a: &Artifact) -> usize {
 /// Writes `bytes` to `path`, all or nothing.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     let io = |e: std::io::Error| Failure::new(exit::IO, format!("{}: {e}", path.display()));
-    kiln::output::write_atomically(path, io, |f| {
+    crate::output::write_atomically(path, io, |f| {
         std::io::Write::write_all(f, bytes).map_err(io)
     })
 }
@@ -651,6 +658,46 @@ fn print_pass_times(
 }
 
 fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
+    if let Some(report) = compile_and_report(&a)? {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+/// `kiln compile ARGS --json` in process: parses `args` (the words after
+/// `kiln compile`) as the command line does, compiles, writes the artifact
+/// and what the flags ask for, and returns the report that `--json` prints.
+/// Fails as the command would, with its exit code and message. Refuses
+/// `--check` and `--verify-reproducible`, which need the `kiln` executable.
+pub fn compile_report<I, S>(args: I) -> Result<Value, Failure>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let words = ["kiln", "compile"].map(std::ffi::OsString::from);
+    let cli = Cli::try_parse_from(words.into_iter().chain(args.into_iter().map(Into::into)))
+        .map_err(|e| {
+            let text = e.render().to_string();
+            // The message without clap's own `error: ` (the caller adds it).
+            let text = text.strip_prefix("error: ").unwrap_or(&text);
+            Failure::new(exit::USAGE, text.trim_end())
+        })?;
+    let Command::Compile(mut a) = cli.command else {
+        unreachable!("the words start with `compile`");
+    };
+    if a.check || a.verify_reproducible {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--check and --verify-reproducible run only from the kiln command",
+        ));
+    }
+    a.json = true;
+    Ok(compile_and_report(&a)?.expect("--json makes a report"))
+}
+
+/// Compiles as `a` asks. With `--json`, returns the report without
+/// printing it; otherwise prints the summary for people and returns `None`.
+fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
     let mut opts = compile_options(&a.model_args, &a.target)?;
     opts.threads = match a.threads {
         Some(0) => return Err(Failure::new(exit::USAGE, "--threads must be at least 1")),
@@ -658,7 +705,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         None => opts.target.default_threads(),
     };
     if a.check {
-        return cmd_preflight(&a, &opts);
+        return cmd_preflight(a, &opts).map(|()| None);
     }
     let output = a
         .output
@@ -733,7 +780,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
         print_pass_times(&out.report, out.import_time, Some(out.codegen_time));
     }
     let reproducible = if a.verify_reproducible {
-        Some(verify_reproducible(&a, &out.bytes)?)
+        Some(verify_reproducible(a, &out.bytes)?)
     } else {
         None
     };
@@ -794,7 +841,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
     let precision_json = out.precision.as_ref().map(precision_json);
     if let (Some(path), Some(p), Some(outcome)) = (&a.report, &precision_json, &out.precision) {
         let text = if path.extension().is_some_and(|e| e == "html" || e == "htm") {
-            kiln::report_html::precision_html(&a.model.display().to_string(), outcome)
+            crate::report_html::precision_html(&a.model.display().to_string(), outcome)
         } else {
             serde_json::to_string_pretty(p).expect("JSON values serialize")
         };
@@ -821,9 +868,7 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
             .iter()
             .map(|p| json!({"name": p.name, "removed": p.stats.removed, "added": p.stats.added, "rewritten": p.stats.rewritten, "fused_nodes": p.stats.fused_nodes, "fused_kernels": p.stats.fused_kernels, "summary": p.stats.summary(), "nodes_after": p.nodes_after, "time_ms": p.time.as_secs_f64() * 1e3}))
             .collect();
-        println!(
-            "{}",
-            json!({
+        return Ok(Some(json!({
                 "output": output.display().to_string(),
                 "bytes": out.bytes.len(),
                 "target": meta.target,
@@ -851,34 +896,32 @@ fn cmd_compile(a: CompileArgs) -> Result<(), Failure> {
                 "signature": signature_path.as_ref().map(|p| p.display().to_string()),
                 "precision": precision_json,
                 "dense_kernels": dense_kernels_json(&meta.dense_kernels),
-            })
-        );
-    } else {
-        println!(
-            "compiled {} -> {} ({} bytes: {} kernels, {} B code, {} B weights, {} B arena) in {:.1} ms",
-            a.model.display(),
-            output.display(),
-            out.bytes.len(),
-            kernel_count(&out.artifact),
-            out.artifact.text.len(),
-            out.artifact.weights.len(),
-            meta.arena_size,
-            elapsed.as_secs_f64() * 1e3
-        );
-        if let Some(p) = &out.precision {
-            print_precision(p);
-        }
-        if let Some(path) = &signature_path {
-            println!("signed: {}", path.display());
-        }
-        if let Some(how) = &reproducible {
-            println!(
-                "reproducible: {how} gave identical bytes (content sha256 {})",
-                hex(&out.artifact.content_hash())
-            );
-        }
+        })));
     }
-    Ok(())
+    println!(
+        "compiled {} -> {} ({} bytes: {} kernels, {} B code, {} B weights, {} B arena) in {:.1} ms",
+        a.model.display(),
+        output.display(),
+        out.bytes.len(),
+        kernel_count(&out.artifact),
+        out.artifact.text.len(),
+        out.artifact.weights.len(),
+        meta.arena_size,
+        elapsed.as_secs_f64() * 1e3
+    );
+    if let Some(p) = &out.precision {
+        print_precision(p);
+    }
+    if let Some(path) = &signature_path {
+        println!("signed: {}", path.display());
+    }
+    if let Some(how) = &reproducible {
+        println!(
+            "reproducible: {how} gave identical bytes (content sha256 {})",
+            hex(&out.artifact.content_hash())
+        );
+    }
+    Ok(None)
 }
 
 /// `--verify-reproducible`: compiles the model again in a child process of

@@ -4,8 +4,11 @@
 //! (`kiln-onnx`), the pass pipeline (`kiln-passes`), code generation for the
 //! chosen target (`kiln-target-cpu`) and artifact serialization
 //! (`kiln-runtime`'s format). [`npy`] reads and writes `.npy`/`.npz`
-//! tensors for `kiln run`; [`signing`] makes keys and signs artifacts. The binary in `main.rs` only parses arguments
-//! and renders results and errors for people or, with `--json`, machines.
+//! tensors for `kiln run`; [`signing`] makes keys and signs artifacts.
+//! [`cli`] is the command line (argument parsing, subcommands, rendering
+//! for people or, with `--json`, machines); the binary in `main.rs` only
+//! calls it, and the Python binding (`python/`) compiles through
+//! [`cli::compile_report`].
 //!
 //! # Example
 //! ```no_run
@@ -16,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod compare;
 pub mod driver;
 pub mod npy;

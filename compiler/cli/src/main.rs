@@ -1,7 +1,5 @@
 //! The `kiln` command: compile, run, inspect and benchmark models.
 
-mod cli;
-
 fn main() {
     // Behave like other command-line tools when the reader of stdout goes
     // away (`kiln inspect m.kiln | head`): end quietly instead of panicking
@@ -12,5 +10,5 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    std::process::exit(cli::main());
+    std::process::exit(kiln::cli::main());
 }

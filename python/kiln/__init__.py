@@ -1,0 +1,392 @@
+"""Kiln: an ahead-of-time compiler for ONNX models, from Python.
+
+>>> import kiln, numpy as np
+>>> report = kiln.compile("model.onnx", "model.kiln")   # the CLI's --json report
+>>> model = kiln.load("model.kiln")
+>>> outputs = model.run({"x": np.zeros((1, 3, 224, 224), np.float32)})
+
+``compile`` runs the command line's own code in process: the same options,
+checks, messages and report as ``kiln compile --json``. ``load`` and ``run``
+use the runtime: a run borrows the input arrays in place (no copy when they
+are C-contiguous and of the model's dtype), writes into freshly allocated
+(or caller-given) output arrays, and releases the GIL while it executes.
+Every failure is a :class:`KilnError` subclass named for the ``kiln``
+command's exit code, with the command's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+import ml_dtypes
+import numpy as np
+
+from . import _kiln
+from ._kiln import (
+    CheckFailed,
+    FileError,
+    InputError,
+    InternalError,
+    InvalidArtifact,
+    InvalidModel,
+    KilnError,
+    UnsupportedModel,
+    UsageError,
+)
+
+__version__ = _kiln.__version__
+
+__all__ = [
+    "compile",
+    "load",
+    "load_bytes",
+    "Model",
+    "Session",
+    "TensorInfo",
+    "KilnError",
+    "InternalError",
+    "UsageError",
+    "InvalidModel",
+    "UnsupportedModel",
+    "InvalidArtifact",
+    "InputError",
+    "CheckFailed",
+    "FileError",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Kiln's dtype names and the numpy dtypes that hold them. The 8-, 4- and
+# 2-bit kinds and bfloat16 are ml_dtypes' types: one element per byte (the
+# code in its low bits), as Kiln's tensors hold them.
+_NUMPY_DTYPES: Dict[str, np.dtype] = {
+    name: np.dtype(t)
+    for name, t in [
+        ("f32", np.float32),
+        ("f16", np.float16),
+        ("bf16", ml_dtypes.bfloat16),
+        ("f64", np.float64),
+        ("i8", np.int8),
+        ("u8", np.uint8),
+        ("i16", np.int16),
+        ("i32", np.int32),
+        ("i64", np.int64),
+        ("bool", np.bool_),
+        ("u16", np.uint16),
+        ("u32", np.uint32),
+        ("u64", np.uint64),
+        ("f8e4m3fn", ml_dtypes.float8_e4m3fn),
+        ("f8e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
+        ("f8e5m2", ml_dtypes.float8_e5m2),
+        ("f8e5m2fnuz", ml_dtypes.float8_e5m2fnuz),
+        ("f4e2m1", ml_dtypes.float4_e2m1fn),
+        ("i4", ml_dtypes.int4),
+        ("u4", ml_dtypes.uint4),
+        ("i2", ml_dtypes.int2),
+        ("u2", ml_dtypes.uint2),
+    ]
+}
+_KILN_DTYPES: Dict[np.dtype, str] = {d: name for name, d in _NUMPY_DTYPES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """An input or output of a model."""
+
+    name: str
+    #: Kiln's name of the element type (``"f32"``, ``"bf16"``, ...).
+    kiln_dtype: str
+    #: The numpy dtype that holds it (ml_dtypes' for bfloat16 and the
+    #: 8-, 4- and 2-bit kinds).
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+
+    @classmethod
+    def _of(cls, spec: Tuple[str, str, Sequence[int]]) -> "TensorInfo":
+        name, kiln_dtype, shape = spec
+        return cls(name, kiln_dtype, _NUMPY_DTYPES[kiln_dtype], tuple(shape))
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    """The array's element bytes as a flat uint8 view (a copy only when it
+    is not C-contiguous)."""
+    a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8)
+
+
+class _Runner:
+    """What Model and Session share: input conversion and output arrays."""
+
+    _native: Any
+    _inputs: Dict[str, TensorInfo]
+    _outputs: Tuple[TensorInfo, ...]
+
+    @property
+    def inputs(self) -> Tuple[TensorInfo, ...]:
+        """The inputs, in declared order."""
+        return tuple(self._inputs.values())
+
+    @property
+    def outputs(self) -> Tuple[TensorInfo, ...]:
+        """The outputs, in declared order."""
+        return self._outputs
+
+    def _input_tuples(self, feeds: Mapping[str, Any]) -> list:
+        if not isinstance(feeds, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of input name to array, got {type(feeds).__name__}"
+            )
+        tuples = []
+        for name, value in feeds.items():
+            info = self._inputs.get(name)
+            if not isinstance(value, np.ndarray):
+                # Lists and scalars take the input's dtype; arrays must
+                # already have it (no silent conversion of real data).
+                value = np.asarray(value, dtype=info.dtype if info else None)
+            kiln_dtype = _KILN_DTYPES.get(value.dtype)
+            if kiln_dtype is None:
+                want = f"; the model wants {info.kiln_dtype}[{','.join(map(str, info.shape))}]" if info else ""
+                raise InputError(
+                    f"input '{name}': numpy dtype {value.dtype} has no Kiln dtype{want}"
+                )
+            tuples.append((str(name), kiln_dtype, list(value.shape), _flat_bytes(value)))
+        return tuples
+
+    def _output_arrays(self, out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+        if out is None:
+            return {o.name: np.empty(o.shape, o.dtype) for o in self._outputs}
+        arrays = {}
+        for o in self._outputs:
+            a = out.get(o.name)
+            if a is None:
+                arrays[o.name] = np.empty(o.shape, o.dtype)
+                continue
+            if (
+                not isinstance(a, np.ndarray)
+                or a.dtype != o.dtype
+                or a.shape != o.shape
+                or not a.flags.c_contiguous
+                or not a.flags.writeable
+            ):
+                raise InputError(
+                    f"out['{o.name}']: expected a writeable C-contiguous array of "
+                    f"{o.dtype}{list(o.shape)}, got "
+                    + (
+                        f"{a.dtype}{list(a.shape)}"
+                        if isinstance(a, np.ndarray)
+                        else type(a).__name__
+                    )
+                )
+            arrays[o.name] = a
+        return arrays
+
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        out: Optional[Mapping[str, np.ndarray]] = None,
+    ) -> Dict[str, np.ndarray]:
+        """Runs one inference.
+
+        ``inputs`` maps every input name to an array of the input's dtype
+        and shape (lists and scalars are converted to the input's dtype).
+        Returns the outputs by name, in declared order. With ``out``
+        (arrays of the outputs' dtype and shape, C-contiguous), writes into
+        those arrays instead of allocating. The GIL is released while the
+        run executes.
+        """
+        tuples = self._input_tuples(inputs)
+        outputs = self._output_arrays(out)
+        self._native.run_into(tuples, [_flat_bytes(a) for a in outputs.values()])
+        return outputs
+
+
+class Model(_Runner):
+    """A loaded artifact. Immutable and safe to share between threads:
+    concurrent :meth:`run` calls each get their own working memory."""
+
+    def __init__(self, native: Any):
+        self._native = native
+        self._inputs = {i.name: i for i in map(TensorInfo._of, native.inputs)}
+        self._outputs = tuple(map(TensorInfo._of, native.outputs))
+
+    @property
+    def target(self) -> str:
+        """The artifact's target (``x86_64-avx512``, ...)."""
+        return self._native.target
+
+    @property
+    def content_sha256(self) -> str:
+        """The SHA-256 of the artifact's content (what a signature signs)."""
+        return self._native.content_sha256
+
+    @property
+    def max_threads(self) -> int:
+        """The most threads a session of this model can use."""
+        return self._native.max_tasks
+
+    def session(self, threads: Optional[int] = None) -> "Session":
+        """A session for repeated runs: its own working memory and
+        ``threads`` threads (default: every core, at most
+        :attr:`max_threads`), kept until it is garbage-collected. A
+        session's runs allocate nothing but their output arrays (none with
+        ``out=``); one session runs one inference at a time."""
+        if threads is None:
+            threads = os.cpu_count() or 1
+        if not isinstance(threads, int) or threads < 1:
+            raise UsageError(f"threads must be a positive integer, got {threads!r}")
+        return Session(self, self._native.session(threads))
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{i.name}: {i.kiln_dtype}{list(i.shape)}" for i in self.inputs)
+        outs = ", ".join(f"{o.name}: {o.kiln_dtype}{list(o.shape)}" for o in self.outputs)
+        return f"<kiln.Model ({ins}) -> ({outs}) for {self.target}>"
+
+
+class Session(_Runner):
+    """Repeated runs of one model on its own threads and working memory
+    (see :meth:`Model.session`)."""
+
+    def __init__(self, model: Model, native: Any):
+        self._model = model
+        self._native = native
+        self._inputs = model._inputs
+        self._outputs = model._outputs
+
+    @property
+    def threads(self) -> int:
+        """Threads this session's runs use."""
+        return self._native.threads
+
+
+def load(path: PathLike, public_key: Optional[Union[PathLike, bytes]] = None) -> Model:
+    """Loads a ``.kiln`` artifact.
+
+    With ``public_key`` (a PEM file's path, or PEM text as ``bytes`` or a
+    string starting with ``-----BEGIN``), loads only an artifact whose
+    detached signature (``PATH.sig``, from ``kiln compile --sign``) was made
+    with the matching secret key, as ``kiln run --public-key`` does.
+    """
+    key_file = key_pem = None
+    if isinstance(public_key, bytes):
+        key_pem = public_key.decode("ascii", errors="replace")
+    elif isinstance(public_key, str) and public_key.lstrip().startswith("-----BEGIN"):
+        key_pem = public_key
+    elif public_key is not None:
+        key_file = os.fspath(public_key)
+    return Model(_kiln.Model.load(os.fspath(path), key_file, key_pem))
+
+
+def load_bytes(data: Union[bytes, bytearray, memoryview]) -> Model:
+    """Loads an artifact held in memory (for example, sent to a serving
+    replica on another machine). The bytes are checked exactly as a file's
+    are; a signed artifact's signature is checked by :func:`load` only."""
+    return Model(_kiln.Model.from_bytes(bytes(data)))
+
+
+def _shape_text(shape: Union[str, Sequence[int]]) -> str:
+    return shape if isinstance(shape, str) else "x".join(str(int(d)) for d in shape)
+
+
+def compile(
+    model: Union[PathLike, bytes, Any],
+    output: PathLike,
+    *,
+    target: str = "native",
+    input_shapes: Optional[Mapping[str, Union[str, Sequence[int]]]] = None,
+    dims: Optional[Mapping[str, int]] = None,
+    precision: Optional[str] = None,
+    quantize: Optional[str] = None,
+    calibrate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
+    threads: Optional[int] = None,
+    opt_level: int = 2,
+    observer: Optional[str] = None,
+    activation_type: Optional[str] = None,
+    keep_fp32: Optional[Union[str, Sequence[str]]] = None,
+    force: Optional[Mapping[str, Union[str, Sequence[str]]]] = None,
+    max_rel_error: Optional[float] = None,
+    bind_inputs: Optional[Mapping[str, Union[PathLike, np.ndarray]]] = None,
+    sign: Optional[PathLike] = None,
+    args: Sequence[str] = (),
+) -> Dict[str, Any]:
+    """Compiles an ONNX model into a ``.kiln`` artifact at ``output``.
+
+    ``model`` is a path, the model's bytes, or an ``onnx.ModelProto``. The
+    keywords are ``kiln compile``'s flags (``kiln compile --help`` says
+    what each accepts); ``args`` passes any other flags as written on the
+    command line. ``calibrate`` (with ``quantize="static"``) is a directory
+    of ``.npz`` samples or an iterable of ``{input name: array}`` samples.
+
+    Returns the report ``kiln compile --json`` prints, as Python objects.
+    Raises the :class:`KilnError` subclass of the command's exit code.
+    """
+    with tempfile.TemporaryDirectory(prefix="kiln-compile-") as scratch:
+        argv = [_model_path(model, scratch), "-o", os.fspath(output), "-O", str(opt_level)]
+        argv += ["--target", target]
+        for name, shape in (input_shapes or {}).items():
+            argv += ["--input-shape", f"{name}={_shape_text(shape)}"]
+        for name, value in (dims or {}).items():
+            argv += ["--dim", f"{name}={value}"]
+        for flag, value in [
+            ("--precision", precision),
+            ("--quantize", quantize),
+            ("--threads", threads),
+            ("--observer", observer),
+            ("--activation-type", activation_type),
+            ("--max-rel-error", max_rel_error),
+            ("--sign", sign),
+        ]:
+            if value is not None:
+                argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+        if keep_fp32 is not None:
+            argv += ["--keep-fp32", _patterns(keep_fp32)]
+        for prec, patterns in (force or {}).items():
+            argv += ["--force", f"{prec}={_patterns(patterns)}"]
+        for name, value in (bind_inputs or {}).items():
+            if isinstance(value, np.ndarray):
+                path = os.path.join(scratch, f"bind-{len(argv)}.npy")
+                np.save(path, value)
+                value = path
+            argv += ["--bind-input", f"{name}={os.fspath(value)}"]
+        if calibrate is not None:
+            argv += ["--calibrate", _calibration_dir(calibrate, scratch)]
+        argv += list(args)
+        return json.loads(_kiln.compile_report(argv))
+
+
+def _patterns(p: Union[str, Sequence[str]]) -> str:
+    return p if isinstance(p, str) else ",".join(p)
+
+
+def _model_path(model: Any, scratch: str) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        path = os.path.join(scratch, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(model)
+        return path
+    raise UsageError(
+        f"model must be a path, bytes or an onnx.ModelProto, got {type(model).__name__}"
+    )
+
+
+def _calibration_dir(calibrate: Any, scratch: str) -> str:
+    if isinstance(calibrate, (str, os.PathLike)):
+        return os.fspath(calibrate)
+    directory = os.path.join(scratch, "calibration")
+    os.mkdir(directory)
+    for i, sample in enumerate(calibrate):
+        if not isinstance(sample, Mapping):
+            raise UsageError(
+                f"calibrate: sample {i} is a {type(sample).__name__}, not a mapping of "
+                "input name to array"
+            )
+        # The driver reads the samples in name order.
+        np.savez(os.path.join(directory, f"sample-{i:08d}.npz"), **sample)
+    return directory

@@ -1,0 +1,260 @@
+"""The Python API beyond matching outputs: exceptions that mirror the
+command line's exit codes and messages, every dtype in and out, sessions,
+caller-given outputs, concurrent runs from many threads, calibration from
+Python samples and signed artifacts."""
+
+import json
+import os
+import subprocess
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kiln
+from conftest import FIXTURES, REPO, FP32_TOLERANCE, Fixture, rel_error
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+KILN_BIN = os.environ.get("KILN_BIN", str(REPO / "target" / "debug" / "kiln"))
+DIGITS = FIXTURES / "digits_cnn" / "model.onnx"
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    """The `kiln` command, for comparing its exit code and message."""
+    if not os.path.exists(KILN_BIN):
+        pytest.fail(f"the kiln command is not built at {KILN_BIN} (cargo build, or set KILN_BIN)")
+    return subprocess.run([KILN_BIN, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    path = tmp_path_factory.mktemp("digits") / "digits.kiln"
+    kiln.compile(DIGITS, path, dims={"batch": 4})
+    return path
+
+
+def cast_model(in_type, out_type, shape=(2, 3)) -> bytes:
+    """y = Cast(Cast(x, float) * 2 + 1, out_type): a model whose input and
+    output are of the given ONNX element types."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xf", "two"], ["m"]),
+        helper.make_node("Add", ["m", "one"], ["a"]),
+        helper.make_node("Cast", ["a"], ["y"], to=out_type),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cast",
+        [helper.make_tensor_value_info("x", in_type, list(shape))],
+        [helper.make_tensor_value_info("y", out_type, list(shape))],
+        [
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def test_model_describes_its_inputs_and_outputs(digits):
+    model = kiln.load(digits)
+    (x,) = model.inputs
+    assert (x.name, x.kiln_dtype, x.dtype, x.shape) == ("input", "f32", np.float32, (4, 1, 8, 8))
+    assert [(o.name, o.shape) for o in model.outputs] == [("logits", (4, 10)), ("probs", (4, 10))]
+    assert len(model.content_sha256) == 64
+    assert "input: f32[4, 1, 8, 8]" in repr(model)
+
+
+@pytest.mark.parametrize(
+    "in_type,out_type",
+    [
+        (TensorProto.FLOAT16, TensorProto.FLOAT16),
+        (TensorProto.BFLOAT16, TensorProto.BFLOAT16),
+        (TensorProto.FLOAT16, TensorProto.FLOAT),
+    ],
+)
+def test_half_precision_inputs_and_outputs_match_onnxruntime(in_type, out_type, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    onnx_bytes = cast_model(in_type, out_type)
+    artifact = tmp_path / "cast.kiln"
+    kiln.compile(onnx_bytes, artifact)
+    model = kiln.load(artifact)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(in_type))
+    if in_type == TensorProto.BFLOAT16:
+        dtype = np.dtype(ml_dtypes.bfloat16)
+    assert model.inputs[0].dtype == dtype
+    x = np.array([[0.5, -1.25, 3.0], [1e3, -0.0, 7.75]], dtype=np.float32).astype(dtype)
+    y = model.run({"x": x})["y"]
+    try:
+        session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+        (reference,) = session.run(None, {"x": x})
+    except Exception:  # onnxruntime lacks bfloat16 I/O on CPU: exact by hand
+        reference = (x.astype(np.float32) * 2 + 1).astype(y.dtype)
+    assert y.dtype == model.outputs[0].dtype
+    assert np.asarray(reference).astype(y.dtype).tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["f8e4m3fn", "f8e5m2", "i4", "u4"])
+def test_narrow_types_cross_as_ml_dtypes(dtype, tmp_path):
+    onnx_type = {
+        "f8e4m3fn": TensorProto.FLOAT8E4M3FN,
+        "f8e5m2": TensorProto.FLOAT8E5M2,
+        "i4": TensorProto.INT4,
+        "u4": TensorProto.UINT4,
+    }[dtype]
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["f"], ["y"], to=onnx_type)],
+        "narrow",
+        [helper.make_tensor_value_info("x", onnx_type, [4])],
+        [helper.make_tensor_value_info("y", onnx_type, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    artifact = tmp_path / "narrow.kiln"
+    kiln.compile(model, artifact)
+    m = kiln.load(artifact)
+    assert m.inputs[0].kiln_dtype == dtype
+    x = np.array([1, -2, 3, 0] if dtype != "u4" else [1, 2, 3, 0], dtype=np.float32).astype(m.inputs[0].dtype)
+    y = m.run({"x": x})["y"]
+    assert y.dtype == x.dtype and y.tobytes() == x.tobytes()
+
+
+def test_sessions_reuse_caller_outputs(digits):
+    model = kiln.load(digits)
+    x = np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32)
+    expected = model.run({"input": x})
+    session = model.session(threads=2)
+    assert 1 <= session.threads <= model.max_threads
+    out = {o.name: np.empty(o.shape, o.dtype) for o in model.outputs}
+    for _ in range(3):
+        got = session.run({"input": x}, out=out)
+        assert all(got[k] is out[k] for k in out)
+    for k in expected:
+        assert expected[k].tobytes() == out[k].tobytes()
+    # Lists take the input's dtype; a non-contiguous array is copied.
+    assert model.run({"input": x.tolist()})["logits"].tobytes() == expected["logits"].tobytes()
+    strided = np.asfortranarray(x)
+    assert model.run({"input": strided})["logits"].tobytes() == expected["logits"].tobytes()
+
+
+def test_runs_from_many_threads_agree(digits):
+    model = kiln.load(digits)
+    session = model.session(threads=2)
+    rng = np.random.default_rng(1)
+    xs = [rng.random((4, 1, 8, 8), dtype=np.float32) for _ in range(8)]
+    expected = [model.run({"input": x})["probs"] for x in xs]
+    failures = []
+
+    def worker(i):
+        for r in range(25):
+            runner = session if r % 2 else model
+            got = runner.run({"input": xs[i]})["probs"]
+            if got.tobytes() != expected[i].tobytes():
+                failures.append((i, r))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
+
+
+def test_compile_calibrates_from_python_samples(tmp_path):
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"]
+    samples = [{"input": images[i : i + 8]} for i in range(0, 64, 8)]
+    artifact = tmp_path / "int8.kiln"
+    report = kiln.compile(DIGITS, artifact, dims={"batch": 8}, quantize="static", calibrate=samples)
+    assert report["precision"] is not None
+    model = kiln.load(artifact)
+    x = images[64:72]
+    got = model.run({"input": x})["probs"]
+    reference = fixture.arrays("outputs")["probs"][64:72]
+    assert rel_error(got, reference) < 0.1
+    assert (got.argmax(1) == reference.argmax(1)).mean() >= 0.75
+
+
+def test_compile_report_is_the_cli_report(tmp_path):
+    report = kiln.compile(DIGITS, tmp_path / "a.kiln", dims={"batch": 2})
+    run = cli("compile", DIGITS, "-o", tmp_path / "b.kiln", "--dim", "batch=2", "--json")
+    assert run.returncode == 0, run.stderr
+    cli_report = json.loads(run.stdout)
+    assert set(report) == set(cli_report)
+    assert report["content_sha256"] == cli_report["content_sha256"]
+    assert (tmp_path / "a.kiln").read_bytes() == (tmp_path / "b.kiln").read_bytes()
+
+
+def test_signed_artifacts_need_the_matching_key(tmp_path):
+    key = tmp_path / "key.pem"
+    assert cli("keygen", key).returncode == 0
+    other = tmp_path / "other.pem"
+    assert cli("keygen", other).returncode == 0
+    artifact = tmp_path / "signed.kiln"
+    report = kiln.compile(DIGITS, artifact, dims={"batch": 1}, sign=key)
+    assert report["signature"] == str(artifact) + ".sig"
+    pub = tmp_path / "key.pem.pub"
+    kiln.load(artifact, public_key=pub)
+    kiln.load(artifact, public_key=pub.read_bytes())
+    with pytest.raises(kiln.InvalidArtifact):
+        kiln.load(artifact, public_key=tmp_path / "other.pem.pub")
+
+
+def bad_model(tmp_path):
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(b"\x08\x07this is not protobuf\xff\xff")
+    return path
+
+
+def bad_artifact(tmp_path):
+    path = tmp_path / "bad.kiln"
+    path.write_bytes(b"KILNART\x00" + b"\x00" * 64)
+    return path
+
+
+# Each bad-input class of the command line: the Python call, the same
+# command, and the exception the exit code maps to.
+BAD = [
+    ("unbound dim", lambda t: kiln.compile(DIGITS, t / "o.kiln"), lambda t: ["compile", DIGITS, "-o", t / "o.kiln"], kiln.UnsupportedModel),
+    ("bad precision", lambda t: kiln.compile(DIGITS, t / "o.kiln", precision="fp7"), lambda t: ["compile", DIGITS, "-o", t / "o.kiln", "--precision", "fp7"], kiln.UsageError),
+    ("missing model", lambda t: kiln.compile(t / "none.onnx", t / "o.kiln"), lambda t: ["compile", t / "none.onnx", "-o", t / "o.kiln"], kiln.FileError),
+    ("malformed model", lambda t: kiln.compile(bad_model(t), t / "o.kiln"), lambda t: ["compile", bad_model(t), "-o", t / "o.kiln"], kiln.InvalidModel),
+    ("invalid artifact", lambda t: kiln.load(bad_artifact(t)), lambda t: ["run", bad_artifact(t), "--random"], kiln.InvalidArtifact),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
+def test_failures_mirror_the_command_line(case, tmp_path):
+    _, call, argv, exception = case
+    with pytest.raises(exception) as raised:
+        call(tmp_path)
+    run = cli(*argv(tmp_path))
+    assert run.returncode == exception.exit_code == raised.value.exit_code
+    assert run.stderr.strip().splitlines()[-1] == f"error: {raised.value}".splitlines()[-1]
+    assert isinstance(raised.value, kiln.KilnError)
+    assert not (tmp_path / "o.kiln").exists()
+
+
+def test_bad_inputs_are_input_errors(digits):
+    model = kiln.load(digits)
+    x = np.zeros((4, 1, 8, 8), np.float32)
+    cases = [
+        ({}, "missing input 'input'"),
+        ({"input": x, "extra": x}, "unknown input 'extra'"),
+        ({"input": x[:2]}, "expected f32[4,1,8,8], given f32[2,1,8,8]"),
+        ({"input": x.astype(np.float64)}, "expected f32[4,1,8,8], given f64[4,1,8,8]"),
+        ({"input": x.astype(np.complex64)}, "numpy dtype complex64 has no Kiln dtype"),
+    ]
+    for feeds, message in cases:
+        with pytest.raises(kiln.InputError, match=message.replace("[", r"\[")):
+            model.run(feeds)
+    with pytest.raises(kiln.InputError, match="out"):
+        model.run({"input": x}, out={"probs": np.zeros(3)})
+    with pytest.raises(kiln.UsageError):
+        model.session(threads=0)
