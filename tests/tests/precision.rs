@@ -805,3 +805,80 @@ fn precision_plans_round_trip_apply_edits_and_refuse_other_models() {
         Err(PlanError::Malformed(m)) if m.contains("twice")
     ));
 }
+
+/// What a [`kiln::driver::Progress`] heard, one line per call.
+#[derive(Default)]
+struct Recorder(std::cell::RefCell<Vec<String>>);
+
+impl kiln::driver::Progress for Recorder {
+    fn begin(&self, stage: &str, total: Option<u64>) {
+        self.0.borrow_mut().push(format!("begin {stage} {total:?}"));
+    }
+    fn step(&self, note: &str) {
+        self.0.borrow_mut().push(format!("step {note}"));
+    }
+    fn end(&self) {
+        self.0.borrow_mut().push("end".into());
+    }
+}
+
+/// A calibrated int8 build with the error-driven fallback reports every
+/// long stage (the CLI draws them as bars on a terminal): import, the
+/// passes one by one, each calibration sample observed, each fallback
+/// round, code generation; every stage ends; and reporting changes nothing
+/// in the artifact.
+#[test]
+fn long_compile_stages_report_progress() {
+    let digits = Digits::load("digits_cnn");
+    let mut opts = with_precision(digits.base.clone(), Mode::Int8);
+    opts.static_activations = true;
+    opts.calibrate_random = 3;
+    // Unreachable: every dense layer is raised to fp32, one per round.
+    opts.max_rel_error = Some(0.0);
+    let recorder = Recorder::default();
+    let path = digits.fixture.model_path();
+    let heard = kiln::driver::compile_with_progress(&path, &opts, &recorder).unwrap();
+    let silent = compile(&path, &opts).unwrap();
+    assert_eq!(heard.bytes, silent.bytes);
+    let events = recorder.0.into_inner();
+    let begins: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.strip_prefix("begin "))
+        .collect();
+    assert_eq!(
+        begins,
+        [
+            "importing None",
+            &format!("optimizing Some({})", begins_total(&events, 1)),
+            "observing activations Some(3)",
+            "assigning precision on 3 samples None",
+            &format!("optimizing Some({})", begins_total(&events, 4)),
+            "generating code None",
+        ],
+        "{events:#?}"
+    );
+    let count = |p: &str| events.iter().filter(|e| e.starts_with(p)).count();
+    assert_eq!(count("begin"), count("end"), "{events:#?}");
+    assert_eq!(count("step sample"), 3, "{events:#?}");
+    // digits_cnn has three dense layers; all are raised, one per round.
+    assert_eq!(count("step 3 layer(s) raised to fp32"), 1, "{events:#?}");
+    assert!(
+        events.iter().any(|e| e == "step fold-constants"),
+        "{events:#?}"
+    );
+}
+
+/// The step count announced by the `n`-th `begin` (0-based) of `events`,
+/// checked against the steps that followed it.
+fn begins_total(events: &[String], n: usize) -> u64 {
+    let start = (events.iter().enumerate())
+        .filter(|(_, e)| e.starts_with("begin "))
+        .nth(n)
+        .map(|(i, _)| i)
+        .expect("stage");
+    let steps = events[start + 1..]
+        .iter()
+        .take_while(|e| e.starts_with("step "))
+        .count();
+    steps as u64
+}

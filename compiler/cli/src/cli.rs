@@ -771,7 +771,8 @@ fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
         };
     }
     let start = Instant::now();
-    let out = driver::compile(&a.model, &opts).map_err(|e| {
+    let bars = Bars::new(!a.json);
+    let out = driver::compile_with_progress(&a.model, &opts, &bars).map_err(|e| {
         let f = Failure::from(e);
         Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
     })?;
@@ -922,6 +923,71 @@ fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
         );
     }
     Ok(None)
+}
+
+/// Progress bars on stderr for long compile stages (`indicatif`), drawn
+/// only when stderr is a terminal and the output is for people: never with
+/// `--json`, never into a pipe or a file.
+struct Bars {
+    enabled: bool,
+    bar: std::cell::RefCell<Option<indicatif::ProgressBar>>,
+}
+
+impl Bars {
+    fn new(for_people: bool) -> Bars {
+        use std::io::IsTerminal;
+        Bars {
+            enabled: for_people && std::io::stderr().is_terminal(),
+            bar: std::cell::RefCell::new(None),
+        }
+    }
+}
+
+impl Drop for Bars {
+    /// A compile that fails mid-stage leaves no stale bar above its error.
+    fn drop(&mut self) {
+        driver::Progress::end(self);
+    }
+}
+
+impl driver::Progress for Bars {
+    fn begin(&self, stage: &str, total: Option<u64>) {
+        if !self.enabled {
+            return;
+        }
+        use indicatif::{ProgressBar, ProgressStyle};
+        let (bar, template) = match total {
+            Some(n) => (
+                ProgressBar::new(n),
+                "{prefix:>22} [{bar:30}] {pos}/{len} {wide_msg} {elapsed}",
+            ),
+            None => (
+                ProgressBar::new_spinner(),
+                "{prefix:>22} {spinner} {wide_msg} {elapsed}",
+            ),
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(stage.to_string());
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        if let Some(old) = self.bar.replace(Some(bar)) {
+            old.finish_and_clear();
+        }
+    }
+
+    fn step(&self, note: &str) {
+        if let Some(bar) = &*self.bar.borrow() {
+            bar.set_message(note.to_string());
+            bar.inc(1);
+        }
+    }
+
+    fn end(&self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// `--verify-reproducible`: compiles the model again in a child process of

@@ -239,6 +239,31 @@ impl CompileOptions {
     }
 }
 
+/// Where long compile work reports how far it got: the `kiln` command
+/// draws bars on a terminal (`cli.rs`), the library reports nowhere
+/// ([`Silent`]). Every method has an empty default.
+pub trait Progress {
+    /// A stage begins: `total` steps, or `None` for work of unknown length.
+    fn begin(&self, _stage: &str, _total: Option<u64>) {}
+    /// One more step of the current stage is done; `note` says which.
+    fn step(&self, _note: &str) {}
+    /// The current stage is done.
+    fn end(&self) {}
+}
+
+/// Reports nothing.
+pub struct Silent;
+
+impl Progress for Silent {}
+
+/// Runs `work` as one stage of unknown length.
+fn stage<T>(progress: &dyn Progress, name: &str, work: impl FnOnce() -> T) -> T {
+    progress.begin(name, None);
+    let result = work();
+    progress.end();
+    result
+}
+
 /// The result of a compilation.
 pub struct Compiled {
     /// The artifact.
@@ -549,9 +574,14 @@ fn assign_with_fallback(
     graph: &mut Graph,
     samples: &[Vec<kiln_ir::Tensor>],
     opts: &CompileOptions,
+    progress: &dyn Progress,
 ) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
     let random = opts.calibrate.is_none();
     let mut policy = opts.precision.clone();
+    progress.begin(
+        &format!("assigning precision on {} samples", samples.len()),
+        None,
+    );
     loop {
         let mut candidate = graph.clone();
         // Dynamic builds depend on their calibration samples only through
@@ -584,9 +614,14 @@ fn assign_with_fallback(
         };
         match raise {
             Some((node, why)) => {
+                progress.step(&format!(
+                    "{} layer(s) raised to fp32, last {node}",
+                    policy.fallback.len() + 1
+                ));
                 policy.fallback.insert(node, why);
             }
             None => {
+                progress.end();
                 *graph = candidate;
                 return Ok((record, outcome));
             }
@@ -648,6 +683,7 @@ pub fn activation_ranges(
     samples: &[Vec<kiln_ir::Tensor>],
     observer: kiln_passes::Observer,
     smoothing: &kiln_passes::Smoothing,
+    progress: &dyn Progress,
 ) -> Result<BTreeMap<String, (f32, f32)>, DriverError> {
     // Every value read as an activation, with the dense nodes reading it
     // and its divisors (shared by its readers) along their channel axis.
@@ -686,7 +722,8 @@ pub fn activation_ranges(
         let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         kept.extend([lo, hi]);
     };
-    for sample in samples {
+    progress.begin("observing activations", Some(samples.len() as u64));
+    for (i, sample) in samples.iter().enumerate() {
         for (&id, t) in graph.inputs().iter().zip(sample) {
             observe(id, t);
         }
@@ -696,7 +733,9 @@ pub fn activation_ranges(
                 source,
             }
         })?;
+        progress.step(&format!("sample {}", i + 1));
     }
+    progress.end();
     let mut ranges = BTreeMap::new();
     for (id, (names, _)) in readers {
         if let Some(values) = observed.get(&id) {
@@ -713,7 +752,7 @@ pub fn activation_ranges(
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let start = Instant::now();
     let graph = kiln_onnx::import(path, &opts.import)?;
-    optimize_graph(graph, start.elapsed(), opts)
+    optimize_graph(graph, start.elapsed(), opts, &Silent)
 }
 
 /// Runs the pass pipeline on an imported graph.
@@ -721,6 +760,7 @@ fn optimize_graph(
     mut graph: Graph,
     import_time: Duration,
     opts: &CompileOptions,
+    progress: &dyn Progress,
 ) -> Result<Optimized, DriverError> {
     let pm = match &opts.passes {
         Some(names) => {
@@ -794,18 +834,27 @@ fn optimize_graph(
             dumps.push((format!("{index:02}-{pass}.kir"), kiln_ir::text::print(g)));
         }
     };
-    let mut report = before.run_with(&mut graph, &pipeline, &mut record)?;
+    let optimizing = |pm: &PassManager| progress.begin("optimizing", Some(pm.names().len() as u64));
+    let mut after_pass = |pass: &str, g: &Graph| {
+        record(pass, g);
+        progress.step(pass);
+    };
+    optimizing(&before);
+    let mut report = before.run_with(&mut graph, &pipeline, &mut after_pass)?;
+    progress.end();
     let mut precision = None;
     if !opts.precision.is_identity() {
         let observed;
         let opts = if opts.static_activations || opts.smooth_alpha().is_some() {
             let mut o = opts.clone();
             if let Some(alpha) = opts.smooth_alpha() {
-                o.precision.smoothing = kiln_passes::smoothing_factors(&graph, &samples, alpha)
-                    .map_err(|source| PassError::Failed {
-                        pass: "assign-precision",
-                        source,
-                    })?;
+                o.precision.smoothing = stage(progress, "measuring smoothing", || {
+                    kiln_passes::smoothing_factors(&graph, &samples, alpha)
+                })
+                .map_err(|source| PassError::Failed {
+                    pass: "assign-precision",
+                    source,
+                })?;
             }
             if opts.static_activations {
                 o.precision.activation_ranges = Some(activation_ranges(
@@ -813,6 +862,7 @@ fn optimize_graph(
                     &samples,
                     opts.observer,
                     &o.precision.smoothing,
+                    progress,
                 )?);
             }
             observed = o;
@@ -820,12 +870,14 @@ fn optimize_graph(
         } else {
             opts
         };
-        let (pass, outcome) = assign_with_fallback(&mut graph, &samples, opts)?;
+        let (pass, outcome) = assign_with_fallback(&mut graph, &samples, opts, progress)?;
         report.passes.push(pass);
-        record("assign-precision", &graph);
+        after_pass("assign-precision", &graph);
         precision = Some(outcome);
     }
-    let rest = after.run_with(&mut graph, &pipeline, &mut record)?;
+    optimizing(&after);
+    let rest = after.run_with(&mut graph, &pipeline, &mut after_pass)?;
+    progress.end();
     report.passes.extend(rest.passes);
     Ok(Optimized {
         graph,
@@ -841,8 +893,17 @@ fn optimize_graph(
 /// The file is read once: the source hash recorded in the artifact is of
 /// the very bytes compiled.
 pub fn compile(path: &Path, opts: &CompileOptions) -> Result<Compiled, DriverError> {
+    compile_with_progress(path, opts, &Silent)
+}
+
+/// [`compile`], reporting each long stage to `progress`.
+pub fn compile_with_progress(
+    path: &Path,
+    opts: &CompileOptions,
+    progress: &dyn Progress,
+) -> Result<Compiled, DriverError> {
     let source = kiln_onnx::read_model_file(path)?;
-    compile_bytes(&source, kiln_onnx::model_dir(path), opts)
+    compile_source(&source, kiln_onnx::model_dir(path), opts, progress)
 }
 
 /// Compiles ONNX model bytes held in memory; external data is read from
@@ -853,10 +914,24 @@ pub fn compile_bytes(
     model_dir: Option<&Path>,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
+    compile_source(source, model_dir, opts, &Silent)
+}
+
+fn compile_source(
+    source: &[u8],
+    model_dir: Option<&Path>,
+    opts: &CompileOptions,
+    progress: &dyn Progress,
+) -> Result<Compiled, DriverError> {
     let start = Instant::now();
-    let model = kiln_onnx::decode_model(source)?;
-    let graph = kiln_onnx::import_model(&model, model_dir, &opts.import)?;
-    generate(source, optimize_graph(graph, start.elapsed(), opts)?, opts)
+    let graph = stage(progress, "importing", || {
+        let model = kiln_onnx::decode_model(source)?;
+        kiln_onnx::import_model(&model, model_dir, &opts.import)
+    })?;
+    let optimized = optimize_graph(graph, start.elapsed(), opts, progress)?;
+    stage(progress, "generating code", || {
+        generate(source, optimized, opts)
+    })
 }
 
 /// Code generation and serialization of an optimized graph compiled from

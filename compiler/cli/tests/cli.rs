@@ -1069,3 +1069,31 @@ fn an_output_that_cannot_be_written_leaves_no_file() {
     assert_eq!(left, ["logits.npy"], "only the directory that was there");
     assert!(out.join("logits.npy").is_dir());
 }
+
+/// Progress bars are for a person at a terminal: a calibrated build whose
+/// stderr is a pipe (as here, and in every build pipeline) writes none,
+/// with or without `--json`.
+#[test]
+fn no_progress_bars_into_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("m.kiln");
+    for json in [false, true] {
+        let mut args = vec!["compile", MLP, "--input-shape", "input=8x64", "-o"];
+        args.push(art.to_str().unwrap());
+        args.extend(["--quantize", "static", "--calibrate-random", "2"]);
+        if json {
+            args.push("--json");
+        }
+        let o = kiln(&args);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        for stage in [
+            "importing",
+            "optimizing",
+            "observing",
+            "generating code",
+            "\u{1b}[",
+        ] {
+            assert!(!o.stderr.contains(stage), "{stage:?} in {:?}", o.stderr);
+        }
+    }
+}
