@@ -97,3 +97,31 @@ fn zoo_models_match_onnxruntime() {
         failures.join("\n")
     );
 }
+
+/// Weights are stored once: a constant that kernels read only in their
+/// packed form is not also stored as it was, so every zoo model's weights
+/// section is about the size of its constants (packing pads panels to the
+/// kernels' widths, which costs most on these small random models with
+/// few channels).
+#[test]
+fn zoo_weights_are_stored_once() {
+    let mut report = Vec::new();
+    for name in ZOO {
+        let fixture = Fixture::load(&format!("zoo_{name}"));
+        let compiled = kiln::driver::compile(&fixture.model_path(), &fixture.compile_options())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let g = &compiled.graph;
+        let constants: usize = (g.node_ids())
+            .filter(|&id| matches!(g.node(id).op, kiln_ir::Op::Constant(_)))
+            .map(|id| g.node(id).ty.size_bytes())
+            .sum();
+        let stored = compiled.artifact.weights.len();
+        let ratio = stored as f64 / constants as f64;
+        println!(
+            "{name:<14} constants {constants:>9} B, weights section {stored:>9} B ({ratio:.3}x)"
+        );
+        report.push((name, ratio));
+    }
+    let over: Vec<_> = report.iter().filter(|(_, r)| *r > 1.25).collect();
+    assert!(over.is_empty(), "weights stored more than once? {over:?}");
+}

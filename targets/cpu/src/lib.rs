@@ -44,6 +44,8 @@
 //! ```
 #![deny(missing_docs)]
 
+use std::collections::HashSet;
+
 mod emit;
 mod isa;
 mod legalize;
@@ -165,19 +167,34 @@ pub enum CpuError {
 /// where values are), so that [`plan::plan`] can pack each job's scratch
 /// with the values live at its step instead of stacking one region for
 /// all of them on top of the arena.
+///
+/// Also returns the constants some kernel addresses: the others (weights
+/// that kernels read only in their packed form) are left out of the
+/// artifact.
 fn scratch_sizes(
     graph: &kiln_ir::Graph,
     order: &[kiln_ir::NodeId],
     target: &isa::Target,
-) -> Result<Vec<u64>, CpuError> {
-    let mut dry = plan::plan(graph, order, &[], plan::Weights::measuring())?;
+) -> Result<(Vec<u64>, HashSet<kiln_ir::NodeId>), CpuError> {
+    let mut dry = plan::plan(
+        graph,
+        order,
+        &[],
+        plan::Weights::measuring(),
+        plan::Constants::All,
+    )?;
     let mut sizes = Vec::with_capacity(dry.jobs.len());
+    let mut reads = Vec::new();
     for (k, job) in dry.jobs.clone().into_iter().enumerate() {
         dry.scratch_for(k);
-        lower::lower_job(graph, &mut dry, &job, target)?;
+        let (lowered, job_reads) =
+            plan::weight_reads(|| lower::lower_job(graph, &mut dry, &job, target));
+        lowered?;
+        reads.extend(job_reads);
         sizes.push(dry.scratch.bytes);
     }
-    Ok(sizes)
+    let read = dry.constants_at(graph, &reads);
+    Ok((sizes, read))
 }
 
 /// Appends the kernels of job `name` to `text` as its schedule steps.
@@ -232,13 +249,29 @@ pub fn compile(
             | kiln_runtime::format::CpuFeatures::AVX512BW;
     }
     let order = kiln_ir::schedule(graph)?;
-    let scratch = scratch_sizes(graph, &order, &target)?;
-    let mut plan = plan::plan(graph, &order, &scratch, plan::Weights::default())?;
+    let (scratch, read) = scratch_sizes(graph, &order, &target)?;
+    let mut plan = plan::plan(
+        graph,
+        &order,
+        &scratch,
+        plan::Weights::default(),
+        plan::Constants::Read(&read),
+    )?;
     let mut text = emit::Text::new(target.arch);
     for (k, job) in plan.jobs.clone().into_iter().enumerate() {
         let name = job.name(graph);
         plan.scratch_for(k);
-        let lowered = lower::lower_job(graph, &mut plan, &job, &target)?;
+        let (lowered, reads) =
+            plan::weight_reads(|| lower::lower_job(graph, &mut plan, &job, &target));
+        // Lowering is deterministic: a constant left out because the
+        // measuring lowering never addressed it is never addressed now.
+        if reads.iter().any(|&r| r >= plan::UNPLACED / 2) {
+            return Err(CpuError::Codegen {
+                node: name,
+                message: "the kernel addresses a constant that was left out of the weights (a Kiln bug: please report it)".into(),
+            });
+        }
+        let lowered = lowered?;
         if !plan.scratch_fits(k) {
             return Err(CpuError::Codegen {
                 node: name,

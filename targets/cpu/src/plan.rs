@@ -27,8 +27,9 @@
 
 use kiln_ir::arena as pack;
 
+use std::cell::RefCell;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use kiln_ir::{Graph, NodeId, Op};
@@ -145,6 +146,50 @@ impl Weights {
     }
 }
 
+/// Which constants a plan places in the weights blob.
+#[derive(Clone, Copy)]
+pub(crate) enum Constants<'a> {
+    /// Every constant (plans that measure).
+    All,
+    /// Only these, the constants some kernel addresses: a kernel that packs
+    /// its weights reads only its packed copy, so the original would be
+    /// stored for nothing. The others get the offset [`UNPLACED`].
+    Read(&'a HashSet<NodeId>),
+}
+
+/// The weights offset of a constant the blob leaves out: far beyond any
+/// blob, so that a kernel addressing it anyway is caught
+/// ([`weight_reads`]) instead of reading other weights.
+pub(crate) const UNPLACED: u64 = 1 << 60;
+
+thread_local! {
+    /// The weights offsets addressed by the kernel being lowered, while
+    /// [`weight_reads`] records them.
+    static WEIGHT_READS: RefCell<Option<Vec<u64>>> = const { RefCell::new(None) };
+}
+
+/// Notes that the kernel being lowered addresses `loc`. Every address a
+/// kernel forms goes through `Kb::ptr` (Cranelift) or
+/// `microkernel::base_register` (machine code), which call this.
+pub(crate) fn note_address(loc: Loc) {
+    if loc.base == Base::Weights {
+        WEIGHT_READS.with(|reads| {
+            if let Some(reads) = reads.borrow_mut().as_mut() {
+                reads.push(loc.offset);
+            }
+        });
+    }
+}
+
+/// Runs `lower` and returns, with its result, the weights offsets it
+/// addressed.
+pub(crate) fn weight_reads<T>(lower: impl FnOnce() -> T) -> (T, Vec<u64>) {
+    let outer = WEIGHT_READS.with(|r| r.replace(Some(Vec::new())));
+    let result = lower();
+    let reads = WEIGHT_READS.with(|r| r.replace(outer)).unwrap_or_default();
+    (result, reads)
+}
+
 /// The memory plan of a graph.
 pub(crate) struct Plan {
     /// Location of every node's value.
@@ -206,6 +251,34 @@ impl Scratch {
 }
 
 impl Plan {
+    /// The constants of `graph` whose bytes hold one of the weights
+    /// offsets `reads` (of a plan placing every constant).
+    pub(crate) fn constants_at(&self, graph: &Graph, reads: &[u64]) -> HashSet<NodeId> {
+        let mut ranges: Vec<(u64, u64, NodeId)> = (self.locs.iter())
+            .filter(|(&id, loc)| {
+                loc.base == Base::Weights && matches!(graph.node(id).op, Op::Constant(_))
+            })
+            .map(|(&id, loc)| {
+                let end = loc.offset + graph.node(id).ty.size_bytes() as u64;
+                (loc.offset, end, id)
+            })
+            // Empty constants share their offset with the next one; they
+            // are always placed (they cost nothing).
+            .filter(|&(start, end, _)| end > start)
+            .collect();
+        ranges.sort_unstable_by_key(|r| r.0);
+        let mut read = HashSet::new();
+        for &offset in reads {
+            let after = ranges.partition_point(|r| r.0 <= offset);
+            if let Some(&(_, end, id)) = after.checked_sub(1).map(|i| &ranges[i]) {
+                if offset < end {
+                    read.insert(id);
+                }
+            }
+        }
+        read
+    }
+
     /// Starts lowering job `k`: its scratch region, nothing reserved yet.
     pub(crate) fn scratch_for(&mut self, k: usize) {
         let (offset, _) = self.scratch_regions.get(k).copied().unwrap_or_default();
@@ -335,7 +408,7 @@ pub struct MemoryPlan {
 /// The arena plan [`compile`](crate::compile) would use for `graph`.
 pub fn memory_plan(graph: &Graph) -> Result<MemoryPlan, CpuError> {
     let order = kiln_ir::schedule(graph)?;
-    Ok(plan(graph, &order, &[], Weights::measuring())?.memory)
+    Ok(plan(graph, &order, &[], Weights::measuring(), Constants::All)?.memory)
 }
 
 /// Arena statistics of the plan [`compile`](crate::compile) would use for
@@ -453,6 +526,7 @@ pub(crate) fn plan(
     order: &[NodeId],
     scratch: &[u64],
     mut weights: Weights,
+    constants: Constants,
 ) -> Result<Plan, CpuError> {
     let mut locs: HashMap<NodeId, Loc> = HashMap::new();
     // Arena values; `val_of` maps every arena-resident node (aliases
@@ -508,11 +582,17 @@ pub(crate) fn plan(
                 val_of.insert(id, v);
             }
             Op::Constant(t) => {
-                let loc = Loc {
-                    base: Base::Weights,
-                    offset: weights.add(&t.data().to_le_bytes()),
+                let offset = match constants {
+                    Constants::Read(read) if !read.contains(&id) && bytes > 0 => UNPLACED,
+                    _ => weights.add(&t.data().to_le_bytes()),
                 };
-                locs.insert(id, loc);
+                locs.insert(
+                    id,
+                    Loc {
+                        base: Base::Weights,
+                        offset,
+                    },
+                );
             }
             Op::Reshape { .. }
                 if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>

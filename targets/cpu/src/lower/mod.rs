@@ -63,6 +63,7 @@ pub(crate) struct Kb<'a> {
 impl Kb<'_> {
     /// The address of `loc`.
     pub(crate) fn ptr(&mut self, loc: Loc) -> Value {
+        crate::plan::note_address(loc);
         let base = match loc.base {
             Base::Arena => self.arena,
             Base::Weights => self.weights,

@@ -71,6 +71,7 @@ pub(crate) fn imm32(v: i64, what: &'static str) -> Result<i32, MicrokernelError>
 /// arena base in rdi and the weights base in rsi.
 pub(crate) fn base_register(loc: crate::plan::Loc) -> iced_x86::code_asm::AsmRegister64 {
     use iced_x86::code_asm::{rdi, rsi};
+    crate::plan::note_address(loc);
     match loc.base {
         crate::plan::Base::Arena => rdi,
         crate::plan::Base::Weights => rsi,
