@@ -152,6 +152,19 @@ fn borrow_outputs<'a>(outputs: &'a mut [PyReadwriteArray1<'_, u8>]) -> PyResult<
         .collect()
 }
 
+/// Borrows a run's arrays in place and calls `run` on them with the GIL
+/// released.
+fn run_detached(
+    py: Python<'_>,
+    inputs: &[InputTuple<'_>],
+    outputs: &mut [PyReadwriteArray1<'_, u8>],
+    run: impl FnOnce(&[TensorRef<'_>], &mut [&mut [u8]]) -> Result<(), kiln_runtime::Error> + Send,
+) -> PyResult<()> {
+    let views = borrow_inputs(inputs)?;
+    let mut outs = borrow_outputs(outputs)?;
+    py.detach(|| run(&views, &mut outs)).map_err(runtime_err)
+}
+
 /// A loaded artifact (`kiln_runtime::Model`): immutable, shared by every
 /// Python thread.
 #[pyclass(frozen, module = "kiln._kiln")]
@@ -235,10 +248,9 @@ impl Model {
         inputs: Vec<InputTuple<'_>>,
         mut outputs: Vec<PyReadwriteArray1<'_, u8>>,
     ) -> PyResult<()> {
-        let views = borrow_inputs(&inputs)?;
-        let mut outs = borrow_outputs(&mut outputs)?;
-        py.detach(|| self.inner.run_into(&views, &mut outs))
-            .map_err(runtime_err)
+        run_detached(py, &inputs, &mut outputs, |views, outs| {
+            self.inner.run_into(views, outs)
+        })
     }
 
     /// A session of `threads` threads (clamped to `max_tasks`).
@@ -275,10 +287,9 @@ impl Session {
         inputs: Vec<InputTuple<'_>>,
         mut outputs: Vec<PyReadwriteArray1<'_, u8>>,
     ) -> PyResult<()> {
-        let views = borrow_inputs(&inputs)?;
-        let mut outs = borrow_outputs(&mut outputs)?;
-        py.detach(|| self.lock().run_into(&views, &mut outs))
-            .map_err(runtime_err)
+        run_detached(py, &inputs, &mut outputs, |views, outs| {
+            self.lock().run_into(views, outs)
+        })
     }
 }
 
