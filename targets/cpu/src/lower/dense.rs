@@ -1846,13 +1846,7 @@ fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias:
 /// pointer moves for it: bands whose taps fall alike share one routine.
 fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
     let key = geo.band_key();
-    let i = match routines.iter().position(|r| r.band_key() == key) {
-        Some(i) => i,
-        None => {
-            routines.push(geo);
-            routines.len() - 1
-        }
-    };
+    let i = super::intern(routines, geo, |r| r.band_key() == key);
     let shift = (geo.row0 - routines[i].row0) * geo.strides[0] * geo.w * geo.elem_bytes();
     (i, shift as i64)
 }

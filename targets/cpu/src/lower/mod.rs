@@ -497,10 +497,12 @@ fn lower_other(
         }
         .and_then(|instr| ElementwiseProgram::new(cx.inputs.len(), vec![instr]).ok())
         .and_then(|program| FusedKernel::new(None, program).ok());
-        let machine = match (&cx.node.op, &lone) {
+        let headless = match &cx.node.op {
+            Op::Fused(k) => Some(&**k),
+            _ => lone.as_ref(),
+        };
+        let machine = match (&cx.node.op, headless) {
             (_, Some(k)) => dense::lower_headless(&cx, k, &mut plan.weights, target.tasks)
-                .map(select::assembled_tasks),
-            (Op::Fused(k), _) => dense::lower_headless(&cx, k, &mut plan.weights, target.tasks)
                 .map(select::assembled_tasks),
             (Op::Softmax { .. }, _) => {
                 softmax::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
@@ -742,6 +744,19 @@ fn build_function(
     kb.b.seal_all_blocks();
     kb.b.finalize(target.isa.frontend_config());
     Ok(func)
+}
+
+/// The index in `items` of the first item that is `same` as `item`,
+/// which is appended when there is none (kernels share one routine per
+/// distinct geometry).
+pub(crate) fn intern<T>(items: &mut Vec<T>, item: T, same: impl Fn(&T) -> bool) -> usize {
+    match items.iter().position(same) {
+        Some(i) => i,
+        None => {
+            items.push(item);
+            items.len() - 1
+        }
+    }
 }
 
 fn node_cx<'g>(graph: &'g Graph, plan: &Plan, id: NodeId) -> NodeCx<'g> {

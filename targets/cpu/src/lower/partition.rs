@@ -213,13 +213,7 @@ pub(crate) fn stage_im2col(spec: &GemmSpec, tasks: usize) -> Option<Staged> {
                 cin: c1 - c0,
                 ..full
             };
-            let routine = match kernel.routines.iter().position(|&q| q == part) {
-                Some(q) => q,
-                None => {
-                    kernel.routines.push(part);
-                    kernel.routines.len() - 1
-                }
-            };
+            let routine = super::intern(&mut kernel.routines, part, |&q| q == part);
             let plane = (full.h * full.w * full.elem_bytes()) as i64;
             let rows = (full.kh * full.kw * full.row_bytes()) as i64;
             kernel.jobs.push((
