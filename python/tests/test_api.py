@@ -69,33 +69,77 @@ def test_model_describes_its_inputs_and_outputs(digits):
     assert "input: f32[4, 1, 8, 8]" in repr(model)
 
 
-@pytest.mark.parametrize(
-    "in_type,out_type",
-    [
-        (TensorProto.FLOAT16, TensorProto.FLOAT16),
-        (TensorProto.BFLOAT16, TensorProto.BFLOAT16),
-        (TensorProto.FLOAT16, TensorProto.FLOAT),
-    ],
-)
-def test_half_precision_inputs_and_outputs_match_onnxruntime(in_type, out_type, tmp_path):
+def onnxruntime_outputs(onnx_bytes: bytes, feeds: dict) -> list:
+    """onnxruntime's outputs, bfloat16 included (its numpy bridge has no
+    bfloat16: inputs go in as OrtValues, outputs come out as raw bytes)."""
+    import ctypes
+
     ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+    values = {
+        k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(v.view(np.uint16), TensorProto.BFLOAT16)
+        if v.dtype == ml_dtypes.bfloat16
+        else ort.OrtValue.ortvalue_from_numpy(v)
+        for k, v in feeds.items()
+    }
+    outputs = []
+    for value in session.run_with_ort_values(None, values):
+        if value.data_type() == "tensor(bfloat16)":
+            n = int(np.prod(value.shape()))
+            raw = (ctypes.c_uint16 * n).from_address(value.data_ptr())
+            outputs.append(np.array(raw, np.uint16).view(ml_dtypes.bfloat16).reshape(value.shape()))
+        else:
+            outputs.append(value.numpy())
+    return outputs
+
+
+HALF_MODELS = [
+    (TensorProto.FLOAT16, TensorProto.FLOAT16),
+    (TensorProto.BFLOAT16, TensorProto.BFLOAT16),
+    (TensorProto.FLOAT16, TensorProto.FLOAT),
+    (TensorProto.BFLOAT16, TensorProto.FLOAT),
+]
+
+
+def half_input(in_type) -> np.ndarray:
+    dtype = ml_dtypes.bfloat16 if in_type == TensorProto.BFLOAT16 else np.float16
+    return np.array([[0.5, -1.25, 3.0], [1e3, -0.0, 7.75]], dtype=np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("in_type,out_type", HALF_MODELS)
+def test_half_precision_inputs_and_outputs_match_onnxruntime(in_type, out_type, tmp_path):
     onnx_bytes = cast_model(in_type, out_type)
     artifact = tmp_path / "cast.kiln"
     kiln.compile(onnx_bytes, artifact)
     model = kiln.load(artifact)
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(in_type))
-    if in_type == TensorProto.BFLOAT16:
-        dtype = np.dtype(ml_dtypes.bfloat16)
-    assert model.inputs[0].dtype == dtype
-    x = np.array([[0.5, -1.25, 3.0], [1e3, -0.0, 7.75]], dtype=np.float32).astype(dtype)
+    x = half_input(in_type)
+    assert model.inputs[0].dtype == x.dtype
     y = model.run({"x": x})["y"]
-    try:
-        session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
-        (reference,) = session.run(None, {"x": x})
-    except Exception:  # onnxruntime lacks bfloat16 I/O on CPU: exact by hand
-        reference = (x.astype(np.float32) * 2 + 1).astype(y.dtype)
-    assert y.dtype == model.outputs[0].dtype
-    assert np.asarray(reference).astype(y.dtype).tobytes() == y.tobytes()
+    (reference,) = onnxruntime_outputs(onnx_bytes, {"x": x})
+    assert y.dtype == model.outputs[0].dtype == reference.dtype
+    assert y.tobytes() == reference.tobytes()
+
+
+@pytest.mark.parametrize("in_type,out_type", HALF_MODELS)
+def test_half_precision_files_through_kiln_run_match_onnxruntime(in_type, out_type, tmp_path):
+    """`kiln run` reads float16 as numpy's <f2 and bfloat16 as the raw
+    2-byte items ml_dtypes saves, and writes its outputs the same way."""
+    onnx_bytes = cast_model(in_type, out_type)
+    model_path = tmp_path / "cast.onnx"
+    model_path.write_bytes(onnx_bytes)
+    artifact = tmp_path / "cast.kiln"
+    run = cli("compile", model_path, "-o", artifact)
+    assert run.returncode == 0, run.stderr
+    x = half_input(in_type)
+    np.save(tmp_path / "x.npy", x)
+    run = cli("run", artifact, "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    y = np.load(tmp_path / "out" / "y.npy")
+    (reference,) = onnxruntime_outputs(onnx_bytes, {"x": x})
+    if y.dtype.kind == "V":  # ml_dtypes' raw items
+        y = y.view(reference.dtype)
+    assert y.dtype == reference.dtype and y.shape == reference.shape
+    assert y.tobytes() == reference.tobytes()
 
 
 @pytest.mark.parametrize("dtype", ["f8e4m3fn", "f8e5m2", "i4", "u4"])
