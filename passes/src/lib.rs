@@ -14,6 +14,8 @@
 //! assert_eq!(report.passes.len(), 2);
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
 
 mod assign_precision;
 mod bias_correction;

@@ -5,6 +5,9 @@
 //! Fixtures live in `fixtures/models/<name>/` (see `fixtures/README.md`).
 //! [`fuzz`] holds the bodies of the fuzz targets.
 
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
+
 pub mod conformance;
 pub mod fuzz;
 

@@ -18,6 +18,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod compare;

@@ -19,6 +19,8 @@
 //! kiln_ir::verify::verify(&g).unwrap();
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
 
 pub mod arena;
 pub mod cost;

@@ -43,6 +43,8 @@
 //! # Ok::<(), kiln_onnx::OnnxError>(())
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
 
 mod ctx;
 mod error;

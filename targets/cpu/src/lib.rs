@@ -43,6 +43,9 @@
 //! assert_eq!(artifact.kernels.len(), 1);
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md); the one
+// exception is the unit tests' kernel runner (`microkernel::exec`).
+#![deny(unsafe_code)]
 
 use std::collections::HashSet;
 

@@ -26,6 +26,8 @@
 //! assert!(program.ptx.contains(".target sm_80"));
 //! ```
 #![deny(missing_docs)]
+// `unsafe` lives in the runtime only (docs/architecture.md).
+#![forbid(unsafe_code)]
 
 pub mod artifact;
 mod lower;

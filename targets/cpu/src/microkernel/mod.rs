@@ -184,6 +184,7 @@ where
 /// Runs generated kernels in unit tests: copies code to an anonymous
 /// mapping, makes it executable and calls it with the kernel ABI.
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+#[allow(unsafe_code)]
 pub(crate) mod exec {
     /// Calls `code` as `fn(arena, weights) -> i32`.
     pub(crate) fn call_kernel(code: &[u8], arena: &mut [u8], weights: &[u8]) -> i32 {
