@@ -159,30 +159,39 @@ class _Runner:
     def _output_arrays(self, out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
         if out is None:
             return {o.name: np.empty(o.shape, o.dtype) for o in self._outputs}
+        if not isinstance(out, Mapping):
+            raise InputError(f"out must be a mapping of output name to array, got {type(out).__name__}")
         arrays = {}
         for o in self._outputs:
             a = out.get(o.name)
             if a is None:
                 arrays[o.name] = np.empty(o.shape, o.dtype)
                 continue
-            if (
-                not isinstance(a, np.ndarray)
-                or a.dtype != o.dtype
-                or a.shape != o.shape
-                or not a.flags.c_contiguous
-                or not a.flags.writeable
-            ):
-                raise InputError(
-                    f"out['{o.name}']: expected a writeable C-contiguous array of "
-                    f"{o.dtype}{list(o.shape)}, got "
-                    + (
-                        f"{a.dtype}{list(a.shape)}"
-                        if isinstance(a, np.ndarray)
-                        else type(a).__name__
-                    )
-                )
-            arrays[o.name] = a
+            want = f"{o.dtype}[{','.join(map(str, o.shape))}]"
+            if not isinstance(a, np.ndarray):
+                problem = f"a {type(a).__name__}"
+            elif a.dtype != o.dtype or a.shape != o.shape:
+                problem = f"{a.dtype}[{','.join(map(str, a.shape))}]"
+            elif not a.flags.c_contiguous:
+                problem = "not C-contiguous"
+            elif not a.flags.writeable:
+                problem = "read-only"
+            else:
+                arrays[o.name] = a
+                continue
+            raise InputError(
+                f"out['{o.name}']: expected a writeable C-contiguous array of {want}, got {problem}"
+            )
         return arrays
+
+    def _check_no_overlap(self, inputs: list, outputs: Dict[str, np.ndarray]) -> None:
+        # A kernel may write an output before it has read all of an input.
+        for name, out in outputs.items():
+            for in_name, _, _, data in inputs:
+                if np.may_share_memory(out, data):
+                    raise InputError(
+                        f"out['{name}'] shares memory with input '{in_name}': give an output array of its own"
+                    )
 
     def run(
         self,
@@ -200,6 +209,8 @@ class _Runner:
         """
         tuples = self._input_tuples(inputs)
         outputs = self._output_arrays(out)
+        if out is not None:
+            self._check_no_overlap(tuples, outputs)
         self._native.run_into(tuples, [_flat_bytes(a) for a in outputs.values()])
         return outputs
 

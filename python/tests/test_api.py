@@ -298,7 +298,25 @@ def test_bad_inputs_are_input_errors(digits):
     for feeds, message in cases:
         with pytest.raises(kiln.InputError, match=message.replace("[", r"\[")):
             model.run(feeds)
-    with pytest.raises(kiln.InputError, match="out"):
+    with pytest.raises(kiln.InputError, match=r"out\['probs'\]: .* got float64\[3\]"):
         model.run({"input": x}, out={"probs": np.zeros(3)})
+    read_only = np.zeros((4, 10), np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(kiln.InputError, match="got read-only"):
+        model.run({"input": x}, out={"probs": read_only})
+    with pytest.raises(kiln.InputError, match="out must be a mapping"):
+        model.run({"input": x}, out=[read_only])
+
+
+def test_outputs_may_not_overlap_inputs(tmp_path):
+    artifact = tmp_path / "cast.kiln"
+    kiln.compile(cast_model(TensorProto.FLOAT16, TensorProto.FLOAT16), artifact)
+    model = kiln.load(artifact)
+    x = np.ones((2, 3), np.float16)
+    with pytest.raises(kiln.InputError, match="shares memory with input 'x'"):
+        model.run({"x": x}, out={"y": x})
+    y = np.empty((2, 3), np.float16)
+    assert model.run({"x": x}, out={"y": y})["y"] is y
+    assert (y == 3).all()
     with pytest.raises(kiln.UsageError):
         model.session(threads=0)
