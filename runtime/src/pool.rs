@@ -65,8 +65,17 @@ struct Shared {
     active: AtomicUsize,
 }
 
-/// How long a thread spins before sleeping (see the module docs).
-const SPIN: Duration = Duration::from_micros(100);
+/// How long a thread spins before sleeping (see the module docs). Long
+/// enough to span a run of single-task steps (a squeeze-excite block's
+/// pooling and two small convolutions take 50–150 µs): with 100 µs the
+/// worker slept through them and the next split step paid its wake-up.
+/// 1 ms against 100 µs, 2 threads, p50 of 100 runs (`kiln bench --random
+/// --threads 2`, full-size zoo models, 2026-12-05): EfficientNet 8.68 →
+/// 8.19 ms, MobileNetV3 4.40–4.51 → 4.07–4.32 ms, MobileNetV2 4.40–4.42 →
+/// 4.22–4.35 ms, Inception 60.2–60.8 → 57.8–58.8 ms, ResNet-18 unchanged
+/// within noise. An idle session's workers spin at most this long after a
+/// run before they sleep.
+const SPIN: Duration = Duration::from_micros(1000);
 
 /// Spins until `ready` holds or [`SPIN`] has passed; whether it held.
 fn spin_until(ready: impl Fn() -> bool) -> bool {
