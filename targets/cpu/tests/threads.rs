@@ -394,6 +394,23 @@ fn im2col_conv_of_few_calls_builds_its_matrices_once() {
     }
 }
 
+/// Global pools over planes large enough to be worth a worker, split by
+/// channel (batch 1) and by batch: each task pools its own planes.
+#[test]
+fn global_pools_split_by_channels_and_by_batch() {
+    for (shape, op) in [
+        ([1, 96, 56, 56], Op::GlobalAveragePool),
+        ([1, 40, 28, 30], Op::GlobalMaxPool),
+        ([3, 24, 24, 24], Op::GlobalAveragePool),
+    ] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape));
+        let y = g.add_node(op, &[x], "pool").unwrap();
+        g.add_output("y", y);
+        check_split(&g, 18);
+    }
+}
+
 #[test]
 fn col2im_split_by_channels() {
     // ConvTranspose's scatter (2x2 blocks at stride 2): each task moves

@@ -541,7 +541,8 @@ const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
 
 /// An elementwise node (unary, binary, cast, a headless fused program,
 /// a layer norm over later axes, a Col2Im by channels, a Resize along an
-/// axis it keeps) as up to `target.tasks` functions,
+/// axis it keeps, a global pool by batch or channel) as up to
+/// `target.tasks` functions,
 /// each over a contiguous range of its output's first non-unit axis:
 /// every part is the same kernel on a smaller shape, its operands moved
 /// to the part's rows (operands broadcast along that axis stay whole;
@@ -567,9 +568,16 @@ fn split_elementwise(
         Op::Resize(r) => {
             cx.inputs.len() == 1 && r.resampled_taps(axis, cx.inputs[0].1.shape[axis]).is_none()
         }
+        // By batch or channel: each output element pools its own plane.
+        Op::GlobalAveragePool | Op::GlobalMaxPool => axis < 2,
         _ => false,
     };
-    if !splittable || cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
+    // A global pool's work is its input, not its one value per plane.
+    let elements = match cx.node.op {
+        Op::GlobalAveragePool | Op::GlobalMaxPool => cx.inputs[0].1.num_elements(),
+        _ => cx.node.ty.num_elements(),
+    };
+    if !splittable || elements < SPLIT_MIN_ELEMENTS {
         return Ok(None);
     }
     let rank = shape.len();
