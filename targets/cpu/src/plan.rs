@@ -118,11 +118,26 @@ impl Weights {
     /// Appends `data` (or finds an identical earlier entry) and returns its
     /// offset.
     pub(crate) fn add(&mut self, data: &[u8]) -> u64 {
-        if let Some(len) = &mut self.measuring {
-            let off = align(*len);
-            *len = off + data.len() as u64;
-            return off;
-        }
+        self.measure(data.len() as u64)
+            .unwrap_or_else(|| self.store(data))
+    }
+
+    /// [`Weights::add`] of the `len` bytes that `data` makes, made only
+    /// when the blob stores them (a measuring blob needs the length only).
+    pub(crate) fn add_with(&mut self, len: u64, data: impl FnOnce() -> Vec<u8>) -> u64 {
+        self.measure(len).unwrap_or_else(|| self.store(&data()))
+    }
+
+    /// A measuring blob's offset for `len` more bytes; `None` for a blob
+    /// that stores.
+    fn measure(&mut self, len: u64) -> Option<u64> {
+        let end = self.measuring.as_mut()?;
+        let off = align(*end);
+        *end = off + len;
+        Some(off)
+    }
+
+    fn store(&mut self, data: &[u8]) -> u64 {
         let mut h = DefaultHasher::new();
         data.hash(&mut h);
         let key = h.finish();
@@ -584,7 +599,7 @@ pub(crate) fn plan(
             Op::Constant(t) => {
                 let offset = match constants {
                     Constants::Read(read) if !read.contains(&id) && bytes > 0 => UNPLACED,
-                    _ => weights.add(&t.data().to_le_bytes()),
+                    _ => weights.add_with(bytes, || t.data().to_le_bytes()),
                 };
                 locs.insert(
                     id,
