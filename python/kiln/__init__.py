@@ -147,6 +147,11 @@ class _Runner:
                 # Lists and scalars take the input's dtype; arrays must
                 # already have it (no silent conversion of real data).
                 value = np.asarray(value, dtype=info.dtype if info else None)
+            elif info is not None and value.dtype.kind == "V" and value.dtype.itemsize == info.dtype.itemsize:
+                # ml_dtypes arrays (bfloat16, float8, int4) saved to .npy or
+                # .npz load back as raw items of their size: read them as
+                # the input's type, as `kiln run` does.
+                value = value.view(info.dtype)
             kiln_dtype = _KILN_DTYPES.get(value.dtype)
             if kiln_dtype is None:
                 want = f"; the model wants {info.kiln_dtype}[{','.join(map(str, info.shape))}]" if info else ""

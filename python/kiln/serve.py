@@ -49,22 +49,12 @@ class KilnServer:
     def __init__(self, artifact: bytes, threads: int = 1):
         self.model = kiln.load_bytes(artifact)
         self.session = self.model.session(threads=threads)
-        self._inputs = {i.name: i for i in self.model.inputs}
-
-    def _typed(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        # ml_dtypes arrays (bfloat16, float8, int4) cross .npz as raw bytes
-        # of their item size: view them as the input's type.
-        for name, array in arrays.items():
-            info = self._inputs.get(name)
-            if info is not None and array.dtype.kind == "V" and array.dtype.itemsize == info.dtype.itemsize:
-                arrays[name] = array.view(info.dtype)
-        return arrays
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import PlainTextResponse, Response
 
         try:
-            inputs = self._typed(decode(await request.body()))
+            inputs = decode(await request.body())
             outputs = await asyncio.to_thread(self.session.run, inputs)
         except kiln.InputError as e:
             return PlainTextResponse(f"error: {e}\n", status_code=400)

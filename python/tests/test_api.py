@@ -140,6 +140,10 @@ def test_half_precision_files_through_kiln_run_match_onnxruntime(in_type, out_ty
         y = y.view(reference.dtype)
     assert y.dtype == reference.dtype and y.shape == reference.shape
     assert y.tobytes() == reference.tobytes()
+    # The same file through Python: raw items read as the input's type.
+    loaded = np.load(tmp_path / "x.npy")
+    y = kiln.load(artifact).run({"x": loaded})["y"]
+    assert y.tobytes() == reference.tobytes()
 
 
 @pytest.mark.parametrize("dtype", ["f8e4m3fn", "f8e5m2", "i4", "u4"])
