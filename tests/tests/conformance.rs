@@ -649,11 +649,12 @@ fn onnx_node_conformance() {
         let version = onnx_version(&root);
         std::fs::write(conf.join("results.md"), results_md(&results, &version))
             .expect("write results.md");
-        std::fs::write(
-            repo_root().join("docs/operators.md"),
-            operators_md(&results, &version),
-        )
-        .expect("write docs/operators.md");
+        // The contrib-op section after the marker is `tests/tests/contrib.rs`'s.
+        kiln_tests::write_before_section(
+            &repo_root().join("docs/operators.md"),
+            kiln_tests::CONTRIB_SECTION_MARK,
+            &operators_md(&results, &version),
+        );
         println!(
             "conformance: blessed: {} passing cases written to {}; results.md and docs/operators.md regenerated",
             passing.len(),

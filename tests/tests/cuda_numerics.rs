@@ -69,7 +69,15 @@ fn fixture_models_match_the_reference_evaluator() {
         let g = kiln_onnx::import(&dir.join("model.onnx"), &opts).unwrap();
         let inputs = fixture_inputs(&dir, &meta);
         let start = std::time::Instant::now();
-        interp::check_against_reference(&g, &inputs);
+        // Fixtures with int8 layers (`"tolerance": "int8"`): a requantized
+        // value may land one step away when a float sum's last bits differ.
+        let rel = if meta["tolerance"].as_str() == Some("int8") {
+            3e-2
+        } else {
+            1e-4
+        };
+        let sm80 = kiln_target_cuda::SmArch::parse("sm80").unwrap();
+        interp::check_against_reference_within(sm80, &g, &inputs, rel);
         eprintln!("{}: {:.2} s", dir.display(), start.elapsed().as_secs_f64());
     }
 }

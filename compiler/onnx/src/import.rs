@@ -192,13 +192,7 @@ fn scan_graph(
         let hint = match ops::builder_in(&n.domain, &n.op_type) {
             Some(_) if default_domain => ops::precheck(n, default_opset, &is_used),
             Some(_) => None,
-            None if !default_domain => Some(match ops::domain_ops(&n.domain) {
-                [] => format!("ops of domain '{domain}' are not supported"),
-                known => format!(
-                    "of domain '{domain}', Kiln implements only {}",
-                    known.join(", ")
-                ),
-            }),
+            None if !default_domain => Some(ops::unknown_domain_op_hint(&domain)),
             None => Some(ops::missing_op_hint(&n.op_type)),
         };
         if let Some(hint) = hint {

@@ -115,10 +115,18 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
                 w.len()
             ));
         }
+        // Models with int8 layers (`"tolerance": "int8"`, the contrib
+        // fixtures onnxruntime quantized) differ by whole quantization
+        // steps: 3% of the output's scale, the bar of tests/tests/contrib.rs.
+        let atol = if meta["tolerance"].as_str() == Some("int8") {
+            3e-2 * w.iter().fold(0f64, |m, x| m.max(x.abs()))
+        } else {
+            1e-4
+        };
         let mut worst = (0.0f64, 0usize);
         for (i, (a, b)) in g.iter().zip(&w).enumerate() {
             let err = (a - b).abs();
-            let ok = err <= 1e-4 + 1e-4 * b.abs() || (a.is_nan() && b.is_nan());
+            let ok = err <= atol + 1e-4 * b.abs() || (a.is_nan() && b.is_nan());
             if !ok && err > worst.0 {
                 worst = (err, i);
             }

@@ -313,6 +313,25 @@ fn unsupported_op_names_op_node_domain_and_opset() {
 }
 
 #[test]
+fn uncovered_contrib_op_is_named_with_the_contrib_ops_kiln_has() {
+    let mut gqa = node("GroupQueryAttention", "gqa0", &["x"], &["y"]);
+    gqa.domain = "com.microsoft".into();
+    let mut m = model(vec![gqa], vec![f32_input("x", &[2])], &["y"], vec![]);
+    m.opset_import.push(OperatorSetIdProto {
+        domain: "com.microsoft".into(),
+        version: 1,
+    });
+    let msg = err(&m).to_string();
+    assert!(
+        msg.contains("'GroupQueryAttention' (domain 'com.microsoft', opset 1) at node 'gqa0'"),
+        "{msg}"
+    );
+    for known in ["Attention", "QLinearAdd", "SkipLayerNormalization"] {
+        assert!(msg.contains(known), "{msg}");
+    }
+}
+
+#[test]
 fn all_unsupported_ops_are_reported_together() {
     let mut custom = node("FancyOp", "f", &["h"], &["h2"]);
     custom.domain = "com.example".into();

@@ -251,7 +251,7 @@ fn import_nodes(ctx: &mut ImportCtx, body: &Body, args: &[Val], prefix: &str) ->
             let hint = if default_domain {
                 super::missing_op_hint(&n.op_type)
             } else {
-                format!("ops of domain '{}' are not supported", n.domain)
+                super::unknown_domain_op_hint(&n.domain)
             };
             ctx.unsupported(format!("{hint} (in a subgraph)"))
         })?;

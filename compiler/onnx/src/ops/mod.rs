@@ -11,6 +11,7 @@ use tract_onnx::pb::NodeProto;
 
 pub mod attention;
 pub mod constant;
+pub mod contrib;
 pub mod control;
 pub mod conv;
 pub mod detection;
@@ -39,8 +40,8 @@ pub mod tree;
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
 
 /// The ops Kiln implements in a non-default `domain` (for error hints).
-pub fn domain_ops(domain: &str) -> &'static [&'static str] {
-    match domain {
+pub fn domain_ops(domain: &str) -> Vec<&'static str> {
+    let names: &[&str] = match domain {
         "ai.onnx.preview" => &["FlexAttention"],
         "ai.onnx.ml" => &[
             "Binarizer",
@@ -49,7 +50,21 @@ pub fn domain_ops(domain: &str) -> &'static [&'static str] {
             "TreeEnsembleRegressor",
         ],
         "ai.onnx.preview.training" => &["Adagrad", "Momentum", "Adam"],
+        "com.microsoft" => return contrib::OPS.iter().map(|(n, _)| *n).collect(),
         _ => &[],
+    };
+    names.to_vec()
+}
+
+/// Why an op of non-default `domain` that Kiln lacks is unsupported: the
+/// ops it has in that domain, if any.
+pub fn unknown_domain_op_hint(domain: &str) -> String {
+    match domain_ops(domain).as_slice() {
+        [] => format!("ops of domain '{domain}' are not supported"),
+        known => format!(
+            "of domain '{domain}', Kiln implements only {}",
+            known.join(", ")
+        ),
     }
 }
 
@@ -75,6 +90,7 @@ pub fn builder_in(domain: &str, op_type: &str) -> Option<Builder> {
             "Adam" => Some(training::adam),
             _ => None,
         },
+        "com.microsoft" => contrib::builder(op_type),
         _ => None,
     }
 }
@@ -247,6 +263,9 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "RoiAlign" => sample::roi_align,
         "DeformConv" => sample::deform_conv,
         "AffineGrid" => sample::affine_grid,
+        // onnxruntime registers its RMS norm in the default domain; the
+        // transformer optimizer writes it for T5/LLaMA-style models.
+        "SimplifiedLayerNormalization" => norm::rms_norm,
         "RNN" => recurrent::rnn,
         "GRU" => recurrent::gru,
         "LSTM" => recurrent::lstm,

@@ -1,0 +1,547 @@
+//! The quantized contrib ops: onnxruntime's QOperator format
+//! (`QLinearAdd`, `QLinearMul`, `QLinearSigmoid`, `QLinearLeakyRelu`, the
+//! `QLinear` pools and `QLinearConcat`, `QGemm`), its dynamic quantization
+//! (`DynamicQuantizeMatMul`, `MatMulIntegerToFloat`, `DynamicQuantizeLSTM`)
+//! and the quantized transformer ops (`QAttention`,
+//! `QEmbedLayerNormalization`).
+//!
+//! The element-wise and pooling forms are the float op between
+//! `DequantizeLinear` and `QuantizeLinear` (onnxruntime computes them in
+//! float or from a lookup table built that way); the matrix products are
+//! exact i32 products (`MatMulInteger`) rescaled in f32, as onnxruntime's
+//! kernels do.
+
+use super::{attributes_except, float_attr, int_attr, standard, standard_one};
+use crate::ctx::{ImportCtx, Val};
+use crate::ops::elementwise::{self as e, cast_to, reshape_to, scalar};
+use crate::ops::{layout, one, pool, quant, recurrent};
+use crate::OnnxError;
+use kiln_ir::{BinaryOp, DType, Op};
+use tract_onnx::pb::NodeProto;
+
+type R = Result<Vec<Val>, OnnxError>;
+
+/// `DequantizeLinear(x, scale, zero_point)` (per tensor, or per axis 1).
+pub(super) fn dequantize(
+    ctx: &mut ImportCtx,
+    x: Val,
+    scale: Val,
+    zero: Option<Val>,
+) -> Result<Val, OnnxError> {
+    standard_one(
+        ctx,
+        quant::dequantize_linear,
+        "DequantizeLinear",
+        &[Some(x), Some(scale), zero],
+        vec![],
+    )
+}
+
+/// `QuantizeLinear(y, scale, zero_point)` to the zero point's type, or to
+/// `like` (the quantized input's type) when the zero point is absent, as
+/// onnxruntime reads a missing output zero point.
+fn quantize(
+    ctx: &mut ImportCtx,
+    y: Val,
+    scale: Val,
+    zero: Option<Val>,
+    like: DType,
+) -> Result<Val, OnnxError> {
+    let zero = zero.unwrap_or_else(|| scalar(ctx, like, 0.0, "y_zero_point_default"));
+    standard_one(
+        ctx,
+        quant::quantize_linear,
+        "QuantizeLinear",
+        &[Some(y), Some(scale), Some(zero)],
+        vec![],
+    )
+}
+
+/// Input `i` of `node` (the quantized tensor) and its scale and zero
+/// point at `i + 1`, `i + 2`, dequantized.
+fn dequantized_input(ctx: &mut ImportCtx, node: &NodeProto, i: usize) -> Result<Val, OnnxError> {
+    let x = ctx.input(node, i)?;
+    let s = ctx.input(node, i + 1)?;
+    let z = ctx.opt_input(node, i + 2);
+    dequantize(ctx, x, s, z)
+}
+
+/// `f(dequantized inputs)` requantized by the output scale and zero point
+/// at `out` (`out + 1`), of the first input's type.
+fn requantized(ctx: &mut ImportCtx, node: &NodeProto, y: Val, out: usize) -> R {
+    let like = ctx.ty(ctx.input(node, 0)?).dtype;
+    let s = ctx.input(node, out)?;
+    let z = ctx.opt_input(node, out + 1);
+    one(quantize(ctx, y, s, z, like)?)
+}
+
+/// `QLinearAdd` / `QLinearMul`: A, its scale and zero point, B, its scale
+/// and zero point, C's scale and zero point; numpy broadcasting.
+fn qlinear_binary(ctx: &mut ImportCtx, node: &NodeProto, build: super::Builder, op: &str) -> R {
+    let a = dequantized_input(ctx, node, 0)?;
+    let b = dequantized_input(ctx, node, 3)?;
+    let y = standard_one(ctx, build, op, &[Some(a), Some(b)], vec![])?;
+    requantized(ctx, node, y, 6)
+}
+
+/// `QLinearAdd`.
+pub fn qlinear_add(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    qlinear_binary(ctx, node, e::add, "Add")
+}
+
+/// `QLinearMul`.
+pub fn qlinear_mul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    qlinear_binary(ctx, node, e::mul, "Mul")
+}
+
+/// `QLinearSigmoid`: X, its scale and zero point, Y's scale and zero point.
+pub fn qlinear_sigmoid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = dequantized_input(ctx, node, 0)?;
+    let y = standard_one(ctx, e::sigmoid, "Sigmoid", &[Some(x)], vec![])?;
+    requantized(ctx, node, y, 3)
+}
+
+/// `QLinearLeakyRelu` (`alpha`, default 0.01).
+pub fn qlinear_leaky_relu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 0.01)?;
+    let x = dequantized_input(ctx, node, 0)?;
+    let y = standard_one(
+        ctx,
+        e::leaky_relu,
+        "LeakyRelu",
+        &[Some(x)],
+        vec![float_attr("alpha", alpha)],
+    )?;
+    requantized(ctx, node, y, 3)
+}
+
+/// `QLinearSoftmax`: X, X_scale, X_zero_point, Y_scale, Y_zero_point;
+/// `axis` read as the Softmax of opset `opset` (an attribute: the opset of
+/// the Softmax the quantizer replaced) reads it.
+pub fn qlinear_softmax(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let opset = ctx
+        .attr_i(node, "opset")?
+        .ok_or_else(|| ctx.bad_attr("opset", "is required (the replaced Softmax's opset)"))?;
+    let x = dequantized_input(ctx, node, 0)?;
+    let attrs = node
+        .attribute
+        .iter()
+        .filter(|a| a.name == "axis")
+        .cloned()
+        .collect();
+    let model_opset = std::mem::replace(&mut ctx.opset, opset);
+    let y = standard_one(ctx, e::softmax, "Softmax", &[Some(x)], attrs);
+    ctx.opset = model_opset;
+    requantized(ctx, node, y?, 3)
+}
+
+/// `x` laid out `[N, C, ...]` for a pool, and the permutation that takes
+/// the result back, when the contrib pool reads `channels_last` input.
+fn channels_first(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    x: Val,
+) -> Result<(Val, Option<Vec<usize>>), OnnxError> {
+    if ctx.attr_i_or(node, "channels_last", 0)? == 0 {
+        return Ok((x, None));
+    }
+    let rank = ctx.ty(x).shape.len();
+    if rank < 3 {
+        return Err(ctx.invalid(format!(
+            "channels_last input must have rank ≥ 3, got {}",
+            ctx.ty(x)
+        )));
+    }
+    // [N, spatial..., C] -> [N, C, spatial...] and back.
+    let to_first: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
+    let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
+    let t = ctx.op(
+        Op::Transpose {
+            perm: to_first.into_iter().collect(),
+        },
+        &[x],
+        Some("channels_first"),
+    )?;
+    Ok((t, Some(to_last)))
+}
+
+/// A pool of the dequantized input in `[N, C, ...]` layout, requantized.
+fn qlinear_pool(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    build: super::Builder,
+    op: &str,
+    keep: &[&str],
+) -> R {
+    let x = dequantized_input(ctx, node, 0)?;
+    let (x, back) = channels_first(ctx, node, x)?;
+    let attrs = node
+        .attribute
+        .iter()
+        .filter(|a| keep.contains(&a.name.as_str()))
+        .cloned()
+        .collect();
+    let mut y = standard_one(ctx, build, op, &[Some(x)], attrs)?;
+    if let Some(perm) = back {
+        y = ctx.op(
+            Op::Transpose {
+                perm: perm.into_iter().collect(),
+            },
+            &[y],
+            Some("channels_last"),
+        )?;
+    }
+    requantized(ctx, node, y, 3)
+}
+
+/// `QLinearAveragePool` (the `AveragePool` attributes, `channels_last`).
+pub fn qlinear_average_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    const POOL: &[&str] = &[
+        "auto_pad",
+        "ceil_mode",
+        "count_include_pad",
+        "kernel_shape",
+        "pads",
+        "strides",
+        "dilations",
+    ];
+    qlinear_pool(ctx, node, pool::average_pool, "AveragePool", POOL)
+}
+
+/// `QLinearGlobalAveragePool` (`channels_last`).
+pub fn qlinear_global_average_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    qlinear_pool(
+        ctx,
+        node,
+        pool::global_average_pool,
+        "GlobalAveragePool",
+        &[],
+    )
+}
+
+/// `QLinearConcat`: Y's scale and zero point, then (X, scale, zero point)
+/// per input; `axis`.
+pub fn qlinear_concat(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let n = node.input.len();
+    if n < 5 || !(n - 2).is_multiple_of(3) {
+        return Err(ctx.invalid(format!(
+            "QLinearConcat takes Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, got {n} inputs"
+        )));
+    }
+    let axis = ctx
+        .attr_i(node, "axis")?
+        .ok_or_else(|| ctx.bad_attr("axis", "is required"))?;
+    let mut parts = Vec::with_capacity((n - 2) / 3);
+    for i in (2..n).step_by(3) {
+        parts.push(Some(dequantized_input(ctx, node, i)?));
+    }
+    let like = ctx.ty(ctx.input(node, 2)?).dtype;
+    let y = standard_one(
+        ctx,
+        layout::concat,
+        "Concat",
+        &parts,
+        vec![int_attr("axis", axis)],
+    )?;
+    let s = ctx.input(node, 0)?;
+    let z = ctx.opt_input(node, 1);
+    one(quantize(ctx, y, s, z, like)?)
+}
+
+/// `MatMulInteger(a, b, a_zp, b_zp)` as f32, times `scale` (broadcasting
+/// against the product: a scalar or one per column), plus `bias`.
+fn scaled_integer_product(
+    ctx: &mut ImportCtx,
+    a: Val,
+    b: Val,
+    zeros: [Option<Val>; 2],
+    scale: Val,
+    bias: Option<Val>,
+) -> Result<Val, OnnxError> {
+    let [a_zero, b_zero] = zeros;
+    let p = standard_one(
+        ctx,
+        quant::matmul_integer,
+        "MatMulInteger",
+        &[Some(a), Some(b), a_zero, b_zero],
+        vec![],
+    )?;
+    let p = ctx.op(Op::Cast { to: DType::F32 }, &[p], Some("product_float"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[p, scale], Some("rescaled"))?;
+    match bias {
+        Some(b) => ctx.op(Op::Binary(BinaryOp::Add), &[y, b], Some("biased")),
+        None => Ok(y),
+    }
+}
+
+/// `a · b` of two f32 scales (a scalar or a vector each).
+fn scale_product(ctx: &mut ImportCtx, a: Val, b: Val, tag: &str) -> Result<Val, OnnxError> {
+    let a = cast_to(ctx, a, DType::F32, &format!("{tag}_a"))?;
+    let a = if ctx.ty(a).num_elements() == 1 {
+        reshape_to(ctx, a, &[], Some(&format!("{tag}_a_scalar")))?
+    } else {
+        a
+    };
+    let b = cast_to(ctx, b, DType::F32, &format!("{tag}_b"))?;
+    ctx.op(Op::Binary(BinaryOp::Mul), &[a, b], Some(tag))
+}
+
+/// `MatMulIntegerToFloat`: A, B, a_scale, b_scale, a_zero_point,
+/// b_zero_point, bias → `(A - a_zp) @ (B - b_zp) · a_scale · b_scale +
+/// bias` in f32.
+pub fn matmul_integer_to_float(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let b = ctx.input(node, 1)?;
+    let s = scale_product(ctx, ctx.input(node, 2)?, ctx.input(node, 3)?, "scale")?;
+    let zeros = [ctx.opt_input(node, 4), ctx.opt_input(node, 5)];
+    let bias = ctx.opt_input(node, 6);
+    one(scaled_integer_product(ctx, a, b, zeros, s, bias)?)
+}
+
+/// `DynamicQuantizeMatMul`: A (f32) quantized to u8 as
+/// `DynamicQuantizeLinear` does, times B (u8/i8) with b_scale and
+/// b_zero_point, plus bias, in f32.
+pub fn dynamic_quantize_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let b = ctx.input(node, 1)?;
+    let b_scale = ctx.input(node, 2)?;
+    let b_zero = ctx.opt_input(node, 3);
+    let bias = ctx.opt_input(node, 4);
+    let q = standard(
+        ctx,
+        quant::dynamic_quantize_linear,
+        "DynamicQuantizeLinear",
+        &[Some(a)],
+        vec![],
+        3,
+    )?;
+    let s = scale_product(ctx, q[1], b_scale, "scale")?;
+    one(scaled_integer_product(
+        ctx,
+        q[0],
+        b,
+        [Some(q[2]), b_zero],
+        s,
+        bias,
+    )?)
+}
+
+/// `QGemm`: A, a_scale, a_zero_point, B, b_scale, b_zero_point, C (an i32
+/// bias in units of `a_scale · b_scale`), y_scale, y_zero_point;
+/// `alpha`, `transA`, `transB`. `Y = alpha · a_scale · b_scale · ((A -
+/// a_zp) @ (B - b_zp) + C)`, requantized when y_scale is given, f32
+/// otherwise.
+pub fn qgemm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
+    let mut a = ctx.input(node, 0)?;
+    let mut b = ctx.input(node, 3)?;
+    let a_zero = ctx.opt_input(node, 2);
+    let mut b_zero = ctx.opt_input(node, 5);
+    let c = ctx.opt_input(node, 6);
+    for (flag, v, tag) in [
+        ("transA", &mut a, "a_transposed"),
+        ("transB", &mut b, "b_transposed"),
+    ] {
+        if ctx.attr_i_or(node, flag, 0)? != 0 {
+            if ctx.ty(*v).shape.len() != 2 {
+                return Err(ctx.invalid(format!("{flag} needs a matrix, got {}", ctx.ty(*v))));
+            }
+            *v = ctx.op(
+                Op::Transpose {
+                    perm: [1, 0].into_iter().collect(),
+                },
+                &[*v],
+                Some(tag),
+            )?;
+        }
+    }
+    if let Some(z) = b_zero {
+        // A per-column zero point of a transposed B still runs along N.
+        if ctx.ty(z).shape.len() > 1 {
+            b_zero = Some(reshape_to(
+                ctx,
+                z,
+                &[ctx.ty(z).num_elements()],
+                Some("b_zero_point_flat"),
+            )?);
+        }
+    }
+    let a_scale = ctx.input(node, 1)?;
+    let b_scale = ctx.input(node, 4)?;
+    let b_scale = if ctx.ty(b_scale).shape.len() > 1 {
+        reshape_to(
+            ctx,
+            b_scale,
+            &[ctx.ty(b_scale).num_elements()],
+            Some("b_scale_flat"),
+        )?
+    } else {
+        b_scale
+    };
+    let s = scale_product(ctx, a_scale, b_scale, "scale")?;
+    let s = if alpha == 1.0 {
+        s
+    } else {
+        let al = scalar(ctx, DType::F32, alpha as f64, "alpha");
+        ctx.op(Op::Binary(BinaryOp::Mul), &[s, al], Some("scale_alpha"))?
+    };
+    let p = standard_one(
+        ctx,
+        quant::matmul_integer,
+        "MatMulInteger",
+        &[Some(a), Some(b), a_zero, b_zero],
+        vec![],
+    )?;
+    let p = match c {
+        Some(c) => {
+            if ctx.ty(c).dtype != DType::I32 {
+                return Err(ctx.invalid(format!("C must be an i32 bias, got {}", ctx.ty(c))));
+            }
+            ctx.op(Op::Binary(BinaryOp::Add), &[p, c], Some("biased"))?
+        }
+        None => p,
+    };
+    let p = ctx.op(Op::Cast { to: DType::F32 }, &[p], Some("product_float"))?;
+    let y = ctx.op(Op::Binary(BinaryOp::Mul), &[p, s], Some("rescaled"))?;
+    match ctx.opt_input(node, 7) {
+        Some(ys) => {
+            let like = ctx.ty(ctx.input(node, 0)?).dtype;
+            let yz = ctx.opt_input(node, 8);
+            one(quantize(ctx, y, ys, yz, like)?)
+        }
+        None => one(y),
+    }
+}
+
+/// A per-direction quantization parameter of `DynamicQuantizeLSTM`
+/// (`[D]`, one per direction, or `[D, 4H]`, one per output column) viewed
+/// to broadcast against a `[D, K, 4H]` weight.
+fn per_direction(ctx: &mut ImportCtx, p: Val, d: usize, tag: &str) -> Result<Val, OnnxError> {
+    let t = ctx.ty(p).clone();
+    match t.shape.as_slice() {
+        [n] if *n == d => reshape_to(ctx, p, &[d, 1, 1], Some(tag)),
+        [n, cols] if *n == d => reshape_to(ctx, p, &[d, 1, *cols], Some(tag)),
+        _ if t.num_elements() == 1 => reshape_to(ctx, p, &[], Some(tag)),
+        _ => Err(ctx.invalid(format!(
+            "{tag} must be [num_directions] or [num_directions, 4·hidden_size], got {t}"
+        ))),
+    }
+}
+
+/// A `DynamicQuantizeLSTM` weight (`[D, K, 4H]`, u8/i8, with its scale and
+/// zero point) dequantized and transposed to the ONNX LSTM layout `[D, 4H,
+/// K]`.
+fn lstm_weight(
+    ctx: &mut ImportCtx,
+    w: Val,
+    scale: Val,
+    zero: Option<Val>,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let wt = ctx.ty(w).clone();
+    if wt.shape.len() != 3 || !matches!(wt.dtype, DType::U8 | DType::I8) {
+        return Err(ctx.invalid(format!(
+            "{tag} must be a u8/i8 [num_directions, K, 4·hidden_size], got {wt}"
+        )));
+    }
+    let d = wt.shape[0];
+    let wf = cast_to(ctx, w, DType::F32, &format!("{tag}_float"))?;
+    let wf = match zero {
+        Some(z) => {
+            let z = cast_to(ctx, z, DType::F32, &format!("{tag}_zero_point_float"))?;
+            let z = per_direction(ctx, z, d, &format!("{tag}_zero_point"))?;
+            ctx.op(
+                Op::Binary(BinaryOp::Sub),
+                &[wf, z],
+                Some(&format!("{tag}_centered")),
+            )?
+        }
+        None => wf,
+    };
+    let s = cast_to(ctx, scale, DType::F32, &format!("{tag}_scale_float"))?;
+    let s = per_direction(ctx, s, d, &format!("{tag}_scale"))?;
+    let deq = ctx.op(
+        Op::Binary(BinaryOp::Mul),
+        &[wf, s],
+        Some(&format!("{tag}_dequantized")),
+    )?;
+    ctx.op(
+        Op::Transpose {
+            perm: [0, 2, 1].into_iter().collect(),
+        },
+        &[deq],
+        Some(&format!("{tag}_onnx_layout")),
+    )
+}
+
+/// `DynamicQuantizeLSTM`: the ONNX LSTM (inputs X, W, R, B, sequence_lens,
+/// initial_h, initial_c, P; same attributes) with W `[D, input, 4H]` and R
+/// `[D, H, 4H]` quantized (W_scale, W_zero_point, R_scale, R_zero_point
+/// at 8-11). The IR runs it on the dequantized weights in f32, where
+/// onnxruntime also quantizes each step's input and hidden state; the
+/// difference is within the int8 tolerance.
+pub fn dynamic_quantize_lstm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let w = ctx.input(node, 1)?;
+    let r = ctx.input(node, 2)?;
+    let w = lstm_weight(ctx, w, ctx.input(node, 8)?, ctx.opt_input(node, 9), "W")?;
+    let r = lstm_weight(ctx, r, ctx.input(node, 10)?, ctx.opt_input(node, 11), "R")?;
+    let mut inputs: Vec<Option<Val>> = (0..8).map(|i| ctx.opt_input(node, i)).collect();
+    inputs[1] = Some(w);
+    inputs[2] = Some(r);
+    standard(
+        ctx,
+        recurrent::lstm,
+        "LSTM",
+        &inputs,
+        node.attribute.clone(),
+        node.output.len(),
+    )
+}
+
+/// `QAttention`: input (u8), weight (u8/i8 `[hidden, 3·hidden]`), bias,
+/// input_scale, weight_scale, mask_index, input_zero_point,
+/// weight_zero_point, past: the exact integer QKV product rescaled by
+/// `input_scale · weight_scale`, then [`super::transformer::attention_on`]
+/// as `Attention`.
+pub fn qattention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let x = ctx.input(node, 0)?;
+    let w = ctx.input(node, 1)?;
+    let bias = ctx.input(node, 2)?;
+    let s = scale_product(ctx, ctx.input(node, 3)?, ctx.input(node, 4)?, "scale")?;
+    let zeros = [ctx.opt_input(node, 6), ctx.opt_input(node, 7)];
+    let qkv = scaled_integer_product(ctx, x, w, zeros, s, Some(bias))?;
+    let mask = ctx.opt_input(node, 5);
+    let past = ctx.opt_input(node, 8);
+    super::transformer::attention_on(ctx, node, qkv, mask, past, None)
+}
+
+/// `QEmbedLayerNormalization`: `EmbedLayerNormalization` whose tables,
+/// gamma and beta are quantized. Inputs: input_ids, segment_ids, the
+/// word, position and segment tables, gamma, beta (u8), mask, then their
+/// five scales and five zero points.
+pub fn qembed_layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let mut params: Vec<Option<Val>> = Vec::with_capacity(8);
+    params.push(Some(ctx.input(node, 0)?));
+    params.push(ctx.opt_input(node, 1));
+    for (k, i) in (2..7).enumerate() {
+        let q = ctx.opt_input(node, i);
+        params.push(match q {
+            Some(q) => {
+                let s = ctx.input(node, 8 + k)?;
+                let z = ctx.opt_input(node, 13 + k);
+                Some(dequantize(ctx, q, s, z)?)
+            }
+            None => None,
+        });
+    }
+    params.push(ctx.opt_input(node, 7));
+    let attrs = attributes_except(node, &[]);
+    standard(
+        ctx,
+        super::transformer::embed_layer_norm,
+        "EmbedLayerNormalization",
+        &params,
+        attrs,
+        node.output.len(),
+    )
+}
