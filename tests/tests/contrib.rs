@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// fp32 bar: max abs error relative to the output's scale.
 const FP32_TOLERANCE: f64 = 1e-4;
-/// Models with int8 layers: onnxruntime rounds its activations to 8 bits
-/// where Kiln's compositions sometimes keep f32 (`DynamicQuantizeLSTM`), and
-/// one-LSB differences in requantization propagate; the bar of the
+/// Models with int8 layers: a value that lands on a rounding boundary of a
+/// requantization may round one step the other way when a float sum
+/// differs in its last bits, and the step propagates; the bar of the
 /// quantized real models (`tests/tests/real_models.rs`).
 const INT8_TOLERANCE: f64 = 3e-2;
 

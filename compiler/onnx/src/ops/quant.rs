@@ -206,6 +206,16 @@ pub fn quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// reference; outputs y, y_scale and y_zero_point.
 pub fn dynamic_quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
+    Ok(dynamic_quantize(ctx, x, "")?.to_vec())
+}
+
+/// [`dynamic_quantize_linear`] of `x`: `[y, y_scale, y_zero_point]`; the
+/// helper nodes' names start with `tag`.
+pub(crate) fn dynamic_quantize(
+    ctx: &mut ImportCtx,
+    x: Val,
+    tag: &str,
+) -> Result<[Val; 3], OnnxError> {
     let xt = ctx.ty(x).clone();
     if xt.dtype != DType::F32 {
         return Err(ctx.unsupported(format!("DynamicQuantizeLinear of {} input", xt.dtype)));
@@ -215,36 +225,92 @@ pub fn dynamic_quantize_linear(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         axes: (0..xt.shape.len()).collect(),
         keep_dims: false,
     };
-    let zero = scalar(ctx, DType::F32, 0.0, "zero");
-    let one_ = scalar(ctx, DType::F32, 1.0, "one");
-    let hi = ctx.op(all(ReduceOp::Max), &[x], Some("max"))?;
-    let hi = ctx.op(Op::Binary(BinaryOp::Max), &[hi, zero], Some("max0"))?;
-    let lo = ctx.op(all(ReduceOp::Min), &[x], Some("min"))?;
-    let lo = ctx.op(Op::Binary(BinaryOp::Min), &[lo, zero], Some("min0"))?;
-    let span = ctx.op(Op::Binary(BinaryOp::Sub), &[hi, lo], Some("span"))?;
-    let flat = ctx.op(Op::Compare(CompareOp::Equal), &[hi, lo], Some("flat"))?;
-    let span = ctx.op(Op::Where, &[flat, one_, span], Some("span_nonzero"))?;
-    let levels = scalar(ctx, DType::F32, 255.0, "levels");
-    let scale = ctx.op(Op::Binary(BinaryOp::Div), &[span, levels], Some("y_scale"))?;
-    let shift = ctx.op(Op::Binary(BinaryOp::Div), &[lo, scale], Some("min_scaled"))?;
+    let t = |s: &str| format!("{tag}{s}");
+    let zero = scalar(ctx, DType::F32, 0.0, &t("zero"));
+    let one_ = scalar(ctx, DType::F32, 1.0, &t("one"));
+    let hi = ctx.op(all(ReduceOp::Max), &[x], Some(&t("max")))?;
+    let hi = ctx.op(Op::Binary(BinaryOp::Max), &[hi, zero], Some(&t("max0")))?;
+    let lo = ctx.op(all(ReduceOp::Min), &[x], Some(&t("min")))?;
+    let lo = ctx.op(Op::Binary(BinaryOp::Min), &[lo, zero], Some(&t("min0")))?;
+    let span = ctx.op(Op::Binary(BinaryOp::Sub), &[hi, lo], Some(&t("span")))?;
+    let flat = ctx.op(Op::Compare(CompareOp::Equal), &[hi, lo], Some(&t("flat")))?;
+    let span = ctx.op(Op::Where, &[flat, one_, span], Some(&t("span_nonzero")))?;
+    let levels = scalar(ctx, DType::F32, 255.0, &t("levels"));
+    let scale = ctx.op(
+        Op::Binary(BinaryOp::Div),
+        &[span, levels],
+        Some(&t("y_scale")),
+    )?;
+    let shift = ctx.op(
+        Op::Binary(BinaryOp::Div),
+        &[lo, scale],
+        Some(&t("min_scaled")),
+    )?;
     let izp = ctx.op(
         Op::Binary(BinaryOp::Sub),
         &[zero, shift],
-        Some("zero_point_exact"),
+        Some(&t("zero_point_exact")),
     )?;
     let sat = UnaryOp::Clip {
         min: 0.0,
         max: 255.0,
     };
-    let zp = ctx.op(Op::Unary(sat), &[izp], Some("zero_point_clipped"))?;
-    let zp = ctx.op(Op::Unary(UnaryOp::Round), &[zp], Some("zero_point_float"))?;
-    let q = ctx.op(Op::Binary(BinaryOp::Div), &[x, scale], Some("scaled"))?;
-    let q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some("rounded"))?;
-    let q = ctx.op(Op::Binary(BinaryOp::Add), &[q, zp], Some("shifted"))?;
-    let q = ctx.op(Op::Unary(sat), &[q], Some("saturated"))?;
-    let y = ctx.op(Op::Cast { to: DType::U8 }, &[q], None)?;
-    let zp = ctx.op(Op::Cast { to: DType::U8 }, &[zp], Some("y_zero_point"))?;
-    Ok(vec![y, scale, zp])
+    let zp = ctx.op(Op::Unary(sat), &[izp], Some(&t("zero_point_clipped")))?;
+    let zp = ctx.op(
+        Op::Unary(UnaryOp::Round),
+        &[zp],
+        Some(&t("zero_point_float")),
+    )?;
+    let q = ctx.op(Op::Binary(BinaryOp::Div), &[x, scale], Some(&t("scaled")))?;
+    let q = ctx.op(Op::Unary(UnaryOp::Round), &[q], Some(&t("rounded")))?;
+    let q = ctx.op(Op::Binary(BinaryOp::Add), &[q, zp], Some(&t("shifted")))?;
+    let q = ctx.op(Op::Unary(sat), &[q], Some(&t("saturated")))?;
+    let y_name = t("y");
+    let y = ctx.op(
+        Op::Cast { to: DType::U8 },
+        &[q],
+        if tag.is_empty() { None } else { Some(&y_name) },
+    )?;
+    let zp = ctx.op(Op::Cast { to: DType::U8 }, &[zp], Some(&t("y_zero_point")))?;
+    Ok([y, scale, zp])
+}
+
+/// onnxruntime's dynamically quantized product (`DynamicQuantizeMatMul`,
+/// `DynamicQuantizeLSTM`): `a` (f32) quantized to u8 as
+/// [`dynamic_quantize`] does, times the 8-bit matrix `b` less `b_zero`
+/// exactly ([`integer_product`]), rescaled to f32 by `a`'s scale times
+/// `b_scale` (a scalar or one per column). Helper names start with `tag`.
+pub(crate) fn dynamic_quantized_matmul(
+    ctx: &mut ImportCtx,
+    a: Val,
+    b: Val,
+    b_scale: Val,
+    b_zero: Option<Val>,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let [q, a_scale, a_zero] = dynamic_quantize(ctx, a, &format!("{tag}a_"))?;
+    let p = integer_product(ctx, q, Some(a_zero), b, b_zero)?;
+    let p = ctx.op(
+        Op::Cast { to: DType::F32 },
+        &[p],
+        Some(&format!("{tag}product_float")),
+    )?;
+    let bs = cast_to(ctx, b_scale, DType::F32, &format!("{tag}b_scale_float"))?;
+    let bs = if ctx.ty(bs).num_elements() == 1 {
+        reshape_to(ctx, bs, &[], Some(&format!("{tag}b_scale_scalar")))?
+    } else {
+        bs
+    };
+    let s = ctx.op(
+        Op::Binary(BinaryOp::Mul),
+        &[a_scale, bs],
+        Some(&format!("{tag}scale")),
+    )?;
+    ctx.op(
+        Op::Binary(BinaryOp::Mul),
+        &[p, s],
+        Some(&format!("{tag}rescaled")),
+    )
 }
 
 /// Largest K for which an f32 dot product of 8-bit differences (each

@@ -4,6 +4,11 @@
 //! arithmetic. `sequence_lens` (constant or run-time) masks the steps past
 //! each batch entry's length: its state is held and its output is 0, which
 //! also makes the reverse direction start at the entry's last valid step.
+//!
+//! onnxruntime's `DynamicQuantizeLSTM` is the LSTM with 8-bit weights
+//! ([`QuantizedWeights`]): its projections quantize the input sequence
+//! (once) and the hidden state (every step) to u8 at run time and multiply
+//! them exactly by the weights, as onnxruntime's kernel does.
 
 use super::elementwise::{cast_to, reshape_to, scalar};
 use super::movement::slice_along;
@@ -41,6 +46,84 @@ impl Cell {
             Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
         }
     }
+}
+
+/// One 8-bit weight matrix of `DynamicQuantizeLSTM`: `[D, K, G·H]` (K by
+/// G·H per direction, the transpose of the ONNX layout) with its scale and
+/// zero point, `[D]` (per direction) or `[D, G·H]` (per output column).
+pub(crate) struct QuantizedMatrix {
+    pub q: Val,
+    pub scale: Val,
+    pub zero: Option<Val>,
+}
+
+/// The input (W) and recurrence (R) weights of `DynamicQuantizeLSTM`.
+pub(crate) struct QuantizedWeights {
+    pub w: QuantizedMatrix,
+    pub r: QuantizedMatrix,
+}
+
+/// One direction's weights as its projections read them.
+enum DirectionWeights {
+    /// `[input, G·H]` and `[H, G·H]` in the input's float type.
+    Float { wt: Val, rt: Val },
+    /// Direction `d` of the quantized matrices.
+    Quantized {
+        w: QuantizedMatrix,
+        r: QuantizedMatrix,
+    },
+}
+
+impl DirectionWeights {
+    /// `a @ W` (`hidden`: `a @ R`), `tag` naming the helper nodes.
+    fn project(
+        &self,
+        ctx: &mut ImportCtx,
+        a: Val,
+        hidden: bool,
+        tag: &str,
+    ) -> Result<Val, OnnxError> {
+        match self {
+            DirectionWeights::Float { wt, rt } => {
+                let m = if hidden { *rt } else { *wt };
+                ctx.dense_op(Op::MatMul, &[a, m], Some(tag))
+            }
+            DirectionWeights::Quantized { w, r } => {
+                let m = if hidden { r } else { w };
+                let tag = format!("{tag}_");
+                super::quant::dynamic_quantized_matmul(ctx, a, m.q, m.scale, m.zero, &tag)
+            }
+        }
+    }
+}
+
+/// Direction `d` of a quantized matrix: `[K, G·H]`, its scale and zero
+/// point a scalar or `[G·H]`.
+fn quantized_direction(
+    ctx: &mut ImportCtx,
+    m: &QuantizedMatrix,
+    d: usize,
+    tag: &str,
+) -> Result<QuantizedMatrix, OnnxError> {
+    let param = |ctx: &mut ImportCtx, p: Val, what: &str| -> Result<Val, OnnxError> {
+        let t = ctx.ty(p).clone();
+        match t.shape.len() {
+            0 => Ok(p),
+            1 | 2 => direction_of(ctx, p, d, &format!("{tag}_{what}")),
+            _ => Err(ctx.invalid(format!(
+                "{tag}_{what} must be [num_directions] or [num_directions, {}], got {t}",
+                ctx.ty(m.q).shape.get(2).copied().unwrap_or(0)
+            ))),
+        }
+    };
+    Ok(QuantizedMatrix {
+        q: direction_of(ctx, m.q, d, tag)?,
+        scale: param(ctx, m.scale, "scale")?,
+        zero: match m.zero {
+            Some(z) => Some(param(ctx, z, "zero_point")?),
+            None => None,
+        },
+    })
 }
 
 /// The activations of one direction, resolved to unary ops.
@@ -145,7 +228,12 @@ fn direction_of(ctx: &mut ImportCtx, p: Val, d: usize, tag: &str) -> Result<Val,
     reshape_to(ctx, one_dir, &s[1..], Some(&format!("{tag}_dir{d}_rows")))
 }
 
-fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
+fn recurrent(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    cell: Cell,
+    quantized: Option<QuantizedWeights>,
+) -> R {
     let x = ctx.input(node, 0)?;
     let w = ctx.input(node, 1)?;
     let r = ctx.input(node, 2)?;
@@ -213,13 +301,19 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
     {
         return Err(ctx.bad_attr("hidden_size", format!("{hidden} is too large")));
     }
-    for (p, name, want) in [
-        (w, "W", vec![nd, g * h, input]),
-        (r, "R", vec![nd, g * h, h]),
-    ] {
+    // The quantized weights are stored transposed, one [K, G·H] matrix
+    // per direction.
+    let (w_want, r_want) = match &quantized {
+        None => (vec![nd, g * h, input], vec![nd, g * h, h]),
+        Some(_) => (vec![nd, input, g * h], vec![nd, h, g * h]),
+    };
+    for (p, name, want) in [(w, "W", w_want), (r, "R", r_want)] {
         if ctx.ty(p).shape.as_slice() != want.as_slice() {
             return Err(ctx.invalid(format!("{name} is {}, expected {want:?}", ctx.ty(p))));
         }
+    }
+    if quantized.is_some() && (cell != Cell::Lstm || dt != DType::F32) {
+        return Err(ctx.unsupported("quantized weights on a cell other than an f32 LSTM"));
     }
     let clip = ctx.attr_f(node, "clip")?.filter(|&c| c > 0.0);
     let acts = activations(ctx, node, cell, nd)?;
@@ -252,24 +346,33 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
     let mut ycs = Vec::with_capacity(nd);
     for (d, &reverse) in dirs.iter().enumerate() {
         let tag = |s: &str| format!("d{d}_{s}");
-        let wd = direction_of(ctx, w, d, "W")?;
-        let rd = direction_of(ctx, r, d, "R")?;
-        let wt = ctx.op(
-            Op::Transpose {
-                perm: [1, 0].into_iter().collect(),
+        let weights = match &quantized {
+            Some(q) => DirectionWeights::Quantized {
+                w: quantized_direction(ctx, &q.w, d, "W")?,
+                r: quantized_direction(ctx, &q.r, d, "R")?,
             },
-            &[wd],
-            Some(&tag("W_t")),
-        )?;
-        let rt = ctx.op(
-            Op::Transpose {
-                perm: [1, 0].into_iter().collect(),
-            },
-            &[rd],
-            Some(&tag("R_t")),
-        )?;
+            None => {
+                let wd = direction_of(ctx, w, d, "W")?;
+                let rd = direction_of(ctx, r, d, "R")?;
+                let wt = ctx.op(
+                    Op::Transpose {
+                        perm: [1, 0].into_iter().collect(),
+                    },
+                    &[wd],
+                    Some(&tag("W_t")),
+                )?;
+                let rt = ctx.op(
+                    Op::Transpose {
+                        perm: [1, 0].into_iter().collect(),
+                    },
+                    &[rd],
+                    Some(&tag("R_t")),
+                )?;
+                DirectionWeights::Float { wt, rt }
+            }
+        };
         // Input projections of every step at once: [steps, batch, g·h].
-        let mut xw = ctx.dense_op(Op::MatMul, &[x, wt], Some(&tag("x_proj")))?;
+        let mut xw = weights.project(ctx, x, false, &tag("x_proj"))?;
         let mut rb_h = None;
         if let Some(b) = bias {
             let bd = direction_of(ctx, b, d, "B")?;
@@ -336,11 +439,14 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
             };
             let (h_new, c_new) = match cell {
                 Cell::Rnn => {
-                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
+                    let hr = weights.project(ctx, hs, true, &st("h_proj"))?;
                     let pre = add(ctx, xt, hr, &st("pre"))?;
                     (act(ctx, f[0], pre, clip, &st("h"))?, None)
                 }
                 Cell::Gru => {
+                    let DirectionWeights::Float { rt, .. } = weights else {
+                        return Err(ctx.unsupported("a GRU with quantized weights"));
+                    };
                     let rt_zr = slice_along(ctx, rt, 1, 0, 1, 2 * h, &st("R_zr"))?;
                     let rt_h = slice_along(ctx, rt, 1, 2 * h, 1, h, &st("R_h"))?;
                     let hr = ctx.dense_op(Op::MatMul, &[hs, rt_zr], Some(&st("h_proj_zr")))?;
@@ -370,7 +476,7 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
                     (add(ctx, cand, zd, &st("h"))?, None)
                 }
                 Cell::Lstm => {
-                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
+                    let hr = weights.project(ctx, hs, true, &st("h_proj"))?;
                     let pre = add(ctx, xt, hr, &st("pre"))?;
                     let mut pi = gate(ctx, pre, 0, "pre_i")?;
                     let mut po = gate(ctx, pre, 1, "pre_o")?;
@@ -466,16 +572,26 @@ fn recurrent(ctx: &mut ImportCtx, node: &NodeProto, cell: Cell) -> R {
 
 /// `RNN`.
 pub fn rnn(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    recurrent(ctx, node, Cell::Rnn)
+    recurrent(ctx, node, Cell::Rnn, None)
 }
 
 /// `GRU` (`linear_before_reset` applies the reset after the recurrence
 /// MatMul).
 pub fn gru(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    recurrent(ctx, node, Cell::Gru)
+    recurrent(ctx, node, Cell::Gru, None)
 }
 
 /// `LSTM` (peepholes supported; `input_forget` is not).
 pub fn lstm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    recurrent(ctx, node, Cell::Lstm)
+    recurrent(ctx, node, Cell::Lstm, None)
+}
+
+/// An LSTM node (the ONNX inputs and attributes) whose W and R are the
+/// 8-bit `weights` (`DynamicQuantizeLSTM`).
+pub(crate) fn lstm_with_quantized_weights(
+    ctx: &mut ImportCtx,
+    node: &NodeProto,
+    weights: QuantizedWeights,
+) -> R {
+    recurrent(ctx, node, Cell::Lstm, Some(weights))
 }

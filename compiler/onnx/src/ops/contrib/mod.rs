@@ -11,11 +11,12 @@
 //! attention family shares one core ([`transformer::attend`]) that ends in
 //! the ONNX `Attention` builder.
 //!
-//! Where onnxruntime computes in a lower precision than the composition
-//! (`DynamicQuantizeLSTM` quantizes each step's input and hidden state; the
-//! IR runs the LSTM on the dequantized weights in f32), the result is the
-//! more exact one and matches onnxruntime within the int8 tolerance
-//! (`tests/tests/contrib.rs`).
+//! The quantized ops keep onnxruntime's arithmetic, not just its intent:
+//! `DynamicQuantizeMatMul`, `QAttention` and `DynamicQuantizeLSTM` quantize
+//! their activations to u8 at run time as its kernels do (the LSTM its
+//! input once and its hidden state at every step) and multiply exactly by
+//! the 8-bit weights, so they match onnxruntime to float rounding rather
+//! than to the int8 tolerance (`tests/tests/contrib.rs`).
 
 mod fused;
 mod quant;

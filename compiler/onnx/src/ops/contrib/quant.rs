@@ -306,24 +306,11 @@ pub fn dynamic_quantize_matmul(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let b = ctx.input(node, 1)?;
     let b_scale = ctx.input(node, 2)?;
     let b_zero = ctx.opt_input(node, 3);
-    let bias = ctx.opt_input(node, 4);
-    let q = standard(
-        ctx,
-        quant::dynamic_quantize_linear,
-        "DynamicQuantizeLinear",
-        &[Some(a)],
-        vec![],
-        3,
-    )?;
-    let s = scale_product(ctx, q[1], b_scale, "scale")?;
-    one(scaled_integer_product(
-        ctx,
-        q[0],
-        b,
-        [Some(q[2]), b_zero],
-        s,
-        bias,
-    )?)
+    let y = quant::dynamic_quantized_matmul(ctx, a, b, b_scale, b_zero, "")?;
+    match ctx.opt_input(node, 4) {
+        Some(bias) => one(ctx.op(Op::Binary(BinaryOp::Add), &[y, bias], Some("biased"))?),
+        None => one(y),
+    }
 }
 
 /// `QGemm`: A, a_scale, a_zero_point, B, b_scale, b_zero_point, C (an i32
@@ -413,89 +400,26 @@ pub fn qgemm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
 }
 
-/// A per-direction quantization parameter of `DynamicQuantizeLSTM`
-/// (`[D]`, one per direction, or `[D, 4H]`, one per output column) viewed
-/// to broadcast against a `[D, K, 4H]` weight.
-fn per_direction(ctx: &mut ImportCtx, p: Val, d: usize, tag: &str) -> Result<Val, OnnxError> {
-    let t = ctx.ty(p).clone();
-    match t.shape.as_slice() {
-        [n] if *n == d => reshape_to(ctx, p, &[d, 1, 1], Some(tag)),
-        [n, cols] if *n == d => reshape_to(ctx, p, &[d, 1, *cols], Some(tag)),
-        _ if t.num_elements() == 1 => reshape_to(ctx, p, &[], Some(tag)),
-        _ => Err(ctx.invalid(format!(
-            "{tag} must be [num_directions] or [num_directions, 4·hidden_size], got {t}"
-        ))),
-    }
-}
-
-/// A `DynamicQuantizeLSTM` weight (`[D, K, 4H]`, u8/i8, with its scale and
-/// zero point) dequantized and transposed to the ONNX LSTM layout `[D, 4H,
-/// K]`.
-fn lstm_weight(
-    ctx: &mut ImportCtx,
-    w: Val,
-    scale: Val,
-    zero: Option<Val>,
-    tag: &str,
-) -> Result<Val, OnnxError> {
-    let wt = ctx.ty(w).clone();
-    if wt.shape.len() != 3 || !matches!(wt.dtype, DType::U8 | DType::I8) {
-        return Err(ctx.invalid(format!(
-            "{tag} must be a u8/i8 [num_directions, K, 4·hidden_size], got {wt}"
-        )));
-    }
-    let d = wt.shape[0];
-    let wf = cast_to(ctx, w, DType::F32, &format!("{tag}_float"))?;
-    let wf = match zero {
-        Some(z) => {
-            let z = cast_to(ctx, z, DType::F32, &format!("{tag}_zero_point_float"))?;
-            let z = per_direction(ctx, z, d, &format!("{tag}_zero_point"))?;
-            ctx.op(
-                Op::Binary(BinaryOp::Sub),
-                &[wf, z],
-                Some(&format!("{tag}_centered")),
-            )?
-        }
-        None => wf,
-    };
-    let s = cast_to(ctx, scale, DType::F32, &format!("{tag}_scale_float"))?;
-    let s = per_direction(ctx, s, d, &format!("{tag}_scale"))?;
-    let deq = ctx.op(
-        Op::Binary(BinaryOp::Mul),
-        &[wf, s],
-        Some(&format!("{tag}_dequantized")),
-    )?;
-    ctx.op(
-        Op::Transpose {
-            perm: [0, 2, 1].into_iter().collect(),
-        },
-        &[deq],
-        Some(&format!("{tag}_onnx_layout")),
-    )
-}
-
-/// `DynamicQuantizeLSTM`: the ONNX LSTM (inputs X, W, R, B, sequence_lens,
-/// initial_h, initial_c, P; same attributes) with W `[D, input, 4H]` and R
-/// `[D, H, 4H]` quantized (W_scale, W_zero_point, R_scale, R_zero_point
-/// at 8-11). The IR runs it on the dequantized weights in f32, where
-/// onnxruntime also quantizes each step's input and hidden state; the
-/// difference is within the int8 tolerance.
+/// `DynamicQuantizeLSTM`: the ONNX LSTM (inputs X, W, R, B,
+/// sequence_lens, initial_h, initial_c, P; same attributes) with W `[D,
+/// input, 4H]` and R `[D, H, 4H]` quantized (W_scale, W_zero_point,
+/// R_scale, R_zero_point at 8-11, each `[D]` or `[D, 4H]`). As in
+/// onnxruntime, the input sequence (once) and the hidden state (at every
+/// step) are quantized to u8 at run time and multiplied exactly by the
+/// 8-bit weights ([`recurrent::QuantizedWeights`]).
 pub fn dynamic_quantize_lstm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let w = ctx.input(node, 1)?;
-    let r = ctx.input(node, 2)?;
-    let w = lstm_weight(ctx, w, ctx.input(node, 8)?, ctx.opt_input(node, 9), "W")?;
-    let r = lstm_weight(ctx, r, ctx.input(node, 10)?, ctx.opt_input(node, 11), "R")?;
-    let mut inputs: Vec<Option<Val>> = (0..8).map(|i| ctx.opt_input(node, i)).collect();
-    inputs[1] = Some(w);
-    inputs[2] = Some(r);
-    standard(
-        ctx,
-        recurrent::lstm,
-        "LSTM",
-        &inputs,
-        node.attribute.clone(),
-        node.output.len(),
-    )
+    let matrix = |ctx: &ImportCtx, at: usize, scale_at: usize| -> Result<_, OnnxError> {
+        Ok(recurrent::QuantizedMatrix {
+            q: ctx.input(node, at)?,
+            scale: ctx.input(node, scale_at)?,
+            zero: ctx.opt_input(node, scale_at + 1),
+        })
+    };
+    let weights = recurrent::QuantizedWeights {
+        w: matrix(ctx, 1, 8)?,
+        r: matrix(ctx, 2, 10)?,
+    };
+    recurrent::lstm_with_quantized_weights(ctx, node, weights)
 }
 
 /// `QAttention`: input (u8), weight (u8/i8 `[hidden, 3·hidden]`), bias,
