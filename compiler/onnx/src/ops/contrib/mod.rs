@@ -34,6 +34,9 @@ pub const OPS: &[(&str, Builder)] = &[
     ("Attention", transformer::attention),
     ("BiasAdd", transformer::bias_add),
     ("BiasGelu", transformer::bias_gelu),
+    // The QDQ pair of `UseQDQContribOps` quantization: the ONNX ops'
+    // semantics (with 16-bit and 4-bit types) in onnxruntime's domain.
+    ("DequantizeLinear", crate::ops::quant::dequantize_linear),
     ("DynamicQuantizeLSTM", quant::dynamic_quantize_lstm),
     ("DynamicQuantizeMatMul", quant::dynamic_quantize_matmul),
     ("EmbedLayerNormalization", transformer::embed_layer_norm),
@@ -44,6 +47,7 @@ pub const OPS: &[(&str, Builder)] = &[
     ("Gelu", transformer::gelu),
     ("GemmFastGelu", transformer::gemm_fast_gelu),
     ("MatMulIntegerToFloat", quant::matmul_integer_to_float),
+    ("MatMulNBits", quant::matmul_nbits),
     ("MultiHeadAttention", transformer::multi_head_attention),
     ("QAttention", quant::qattention),
     ("QEmbedLayerNormalization", quant::qembed_layer_norm),
@@ -59,6 +63,7 @@ pub const OPS: &[(&str, Builder)] = &[
     ("QLinearMul", quant::qlinear_mul),
     ("QLinearSigmoid", quant::qlinear_sigmoid),
     ("QLinearSoftmax", quant::qlinear_softmax),
+    ("QuantizeLinear", crate::ops::quant::quantize_linear),
     ("QuickGelu", transformer::quick_gelu),
     ("RotaryEmbedding", transformer::rotary_embedding),
     ("SkipLayerNormalization", transformer::skip_layer_norm),

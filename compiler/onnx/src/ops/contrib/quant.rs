@@ -469,3 +469,110 @@ pub fn qembed_layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         node.output.len(),
     )
 }
+
+/// The `bits`-bit value at position `i` of bytes packed from the low bits
+/// up (`MatMulNBits` weights and zero points).
+fn unpacked(bytes: &[u8], i: usize, bits: usize) -> Option<u8> {
+    let byte = *bytes.get(i * bits / 8)?;
+    let mask = ((1u16 << bits) - 1) as u8;
+    Some((byte >> ((i * bits) % 8)) & mask)
+}
+
+/// `MatMulNBits`: A `[..., K]` times B^T, where B holds N rows of K values
+/// quantized to `bits` (2, 4 or 8) bits in blocks of `block_size` along K
+/// (`[N, blocks, block_size·bits/8]` u8, low bits first), with scales
+/// `[N, blocks]`, zero points packed the same way per block (default
+/// `2^(bits-1)`) or given unpacked in the scales' type, and a bias `[N]`.
+/// The weights are constants in every model onnxruntime's
+/// `MatMulNBitsQuantizer` writes: they are dequantized at import into the
+/// f32 `[K, N]` operand of an ordinary MatMul (weight-only quantization
+/// saves memory in onnxruntime; Kiln stores the f32 matrix).
+pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
+    let a = ctx.input(node, 0)?;
+    let required = |ctx: &ImportCtx, name: &str| -> Result<usize, OnnxError> {
+        match ctx.attr_i(node, name)? {
+            Some(v) if v > 0 => Ok(v as usize),
+            Some(v) => Err(ctx.bad_attr(name, format!("must be positive, got {v}"))),
+            None => Err(ctx.bad_attr(name, "is required")),
+        }
+    };
+    let (k, n, block) = (
+        required(ctx, "K")?,
+        required(ctx, "N")?,
+        required(ctx, "block_size")?,
+    );
+    let bits = ctx.attr_i_or(node, "bits", 4)?;
+    if !matches!(bits, 2 | 4 | 8) {
+        return Err(ctx.unsupported(format!("MatMulNBits with {bits}-bit weights (2, 4 and 8)")));
+    }
+    let bits = bits as usize;
+    if ctx.attr_i_or(node, "weight_prepacked", 0)? != 0 {
+        return Err(ctx.unsupported("prepacked MatMulNBits weights (an onnxruntime-internal layout)"));
+    }
+    if ctx.opt_input(node, 4).is_some() {
+        return Err(ctx.unsupported("g_idx (act-order column permutation)"));
+    }
+    if !(block * bits).is_multiple_of(8) {
+        return Err(ctx.bad_attr("block_size", format!("{block} values of {bits} bits are not whole bytes")));
+    }
+    let blocks = k.div_ceil(block);
+    let blob = block * bits / 8;
+    let b = ctx.const_input(node, 1)?;
+    let scales = ctx.const_input(node, 2)?;
+    let zeros = ctx.opt_const_input(node, 3)?;
+    let kiln_ir::Data::U8(qb) = b.data() else {
+        return Err(ctx.invalid(format!("B must be u8, got {}", b.dtype())));
+    };
+    if b.shape().as_slice() != [n, blocks, blob] {
+        return Err(ctx.invalid(format!(
+            "B is {:?}, expected [N, blocks, blob] = [{n}, {blocks}, {blob}]",
+            b.shape().as_slice()
+        )));
+    }
+    if scales.len() != n * blocks {
+        return Err(ctx.invalid(format!(
+            "scales has {} values, expected N·blocks = {}",
+            scales.len(),
+            n * blocks
+        )));
+    }
+    let scale = scales.to_f64_vec();
+    let default_zero = (1u32 << (bits - 1)) as f64;
+    let zero = |row: usize, blk: usize| -> Option<f64> {
+        match &zeros {
+            None => Some(default_zero),
+            Some(z) => match z.data() {
+                kiln_ir::Data::U8(zb) => {
+                    let stride = (blocks * bits).div_ceil(8);
+                    unpacked(zb.get(row * stride..)?, blk, bits).map(f64::from)
+                }
+                _ => (row * blocks + blk < z.len()).then(|| z.data().get_f64(row * blocks + blk)),
+            },
+        }
+    };
+    ctx.charge_generated((k * n * 4) as u64)?;
+    let mut w = vec![0f32; k * n];
+    for row in 0..n {
+        for blk in 0..blocks {
+            let s = scale[row * blocks + blk];
+            let z = zero(row, blk).ok_or_else(|| {
+                ctx.invalid(format!("zero_points are too short for N = {n} rows of {blocks} blocks"))
+            })?;
+            let bytes = &qb[(row * blocks + blk) * blob..(row * blocks + blk + 1) * blob];
+            for i in 0..block.min(k - blk * block) {
+                let q = unpacked(bytes, i, bits).expect("i < block fits the blob") as f64;
+                w[(blk * block + i) * n + row] = ((q - z) * s) as f32;
+            }
+        }
+    }
+    let t = kiln_ir::Tensor::new([k, n], kiln_ir::Data::F32(w)).expect("k·n values");
+    let name = format!("{}/weights_dequantized", ctx.node_name());
+    let wv = ctx.constant(t, name);
+    let dt = ctx.ty(a).dtype;
+    let wv = cast_to(ctx, wv, dt, "weights_cast")?;
+    let y = ctx.dense_op(Op::MatMul, &[a, wv], Some("product"))?;
+    match ctx.opt_input(node, 5) {
+        Some(bias) => one(ctx.op(Op::Binary(BinaryOp::Add), &[y, bias], Some("biased"))?),
+        None => one(y),
+    }
+}
