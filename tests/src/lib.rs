@@ -77,6 +77,14 @@ impl Fixture {
         names
     }
 
+    /// The names of the fixtures whose names start with `prefix`, sorted.
+    pub fn names_with_prefix(prefix: &str) -> Vec<String> {
+        Fixture::all_names()
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
     /// Compile options binding the fixture's input shapes.
     pub fn compile_options(&self) -> CompileOptions {
         let mut opts = CompileOptions::default();
@@ -182,6 +190,16 @@ pub fn real_models_root() -> Option<PathBuf> {
     );
     eprintln!("skipping: real models {missing:?} not fetched (fixtures/make_real.py)");
     None
+}
+
+/// Fails the calling test listing every failure, when there are any.
+pub fn assert_no_failures(failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Where `docs/operators.md`'s contrib-op section begins: the conformance

@@ -102,10 +102,7 @@ fn section(rows: &BTreeMap<String, OpRow>) -> String {
 }
 
 fn contrib_fixtures() -> Vec<String> {
-    Fixture::all_names()
-        .into_iter()
-        .filter(|n| n.starts_with("contrib_"))
-        .collect()
+    Fixture::names_with_prefix("contrib_")
 }
 
 #[test]
@@ -188,12 +185,7 @@ fn contrib_fixtures_match_onnxruntime_at_o0_and_o2() {
         );
         println!("contrib: blessed: docs/operators.md's contrib section regenerated");
     }
-    assert!(
-        failures.is_empty(),
-        "{} failure(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    kiln_tests::assert_no_failures(&failures);
 }
 
 /// Every contrib op Kiln imports is run by some fixture, or is listed in

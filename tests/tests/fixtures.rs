@@ -29,20 +29,12 @@ fn check_all(names: &[String]) {
             Err(e) => failures.push(e),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failure(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    kiln_tests::assert_no_failures(&failures);
 }
 
 #[test]
 fn op_fixtures_match_onnxruntime() {
-    let names: Vec<String> = Fixture::all_names()
-        .into_iter()
-        .filter(|n| n.starts_with("op_"))
-        .collect();
+    let names: Vec<String> = Fixture::names_with_prefix("op_");
     assert!(
         names.len() > 100,
         "expected the op fixtures, found {}",
@@ -63,10 +55,7 @@ fn nhwc_convnet_matches_onnxruntime() {
 /// base value), on held-out rows of the diabetes set.
 #[test]
 fn tree_ensembles_match_onnxruntime() {
-    let names: Vec<String> = Fixture::all_names()
-        .into_iter()
-        .filter(|n| n.starts_with("tree_"))
-        .collect();
+    let names: Vec<String> = Fixture::names_with_prefix("tree_");
     assert_eq!(names.len(), 2, "{names:?}");
     check_all(&names);
 }

@@ -21,7 +21,12 @@ use tract_onnx::pb::NodeProto;
 type R = Result<Vec<Val>, OnnxError>;
 
 /// `[B, S, H·D]` → `[B, H, S, D]`.
-fn split_heads(ctx: &mut ImportCtx, x: Val, heads: usize, tag: &str) -> Result<Val, OnnxError> {
+pub(crate) fn split_heads(
+    ctx: &mut ImportCtx,
+    x: Val,
+    heads: usize,
+    tag: &str,
+) -> Result<Val, OnnxError> {
     let s = ctx.ty(x).shape.clone();
     if heads == 0 || !s[2].is_multiple_of(heads) {
         return Err(ctx.invalid(format!(

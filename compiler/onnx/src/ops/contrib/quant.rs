@@ -248,6 +248,22 @@ pub fn qlinear_concat(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(quantize(ctx, y, s, z, like)?)
 }
 
+/// `MatMulInteger(a, b, a_zp, b_zp)`: the exact i32 product.
+fn integer_matmul(
+    ctx: &mut ImportCtx,
+    a: Val,
+    b: Val,
+    [a_zero, b_zero]: [Option<Val>; 2],
+) -> Result<Val, OnnxError> {
+    standard_one(
+        ctx,
+        quant::matmul_integer,
+        "MatMulInteger",
+        &[Some(a), Some(b), a_zero, b_zero],
+        vec![],
+    )
+}
+
 /// `MatMulInteger(a, b, a_zp, b_zp)` as f32, times `scale` (broadcasting
 /// against the product: a scalar or one per column), plus `bias`.
 fn scaled_integer_product(
@@ -258,14 +274,7 @@ fn scaled_integer_product(
     scale: Val,
     bias: Option<Val>,
 ) -> Result<Val, OnnxError> {
-    let [a_zero, b_zero] = zeros;
-    let p = standard_one(
-        ctx,
-        quant::matmul_integer,
-        "MatMulInteger",
-        &[Some(a), Some(b), a_zero, b_zero],
-        vec![],
-    )?;
+    let p = integer_matmul(ctx, a, b, zeros)?;
     let p = ctx.op(Op::Cast { to: DType::F32 }, &[p], Some("product_float"))?;
     let y = ctx.op(Op::Binary(BinaryOp::Mul), &[p, scale], Some("rescaled"))?;
     match bias {
@@ -372,13 +381,7 @@ pub fn qgemm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let al = scalar(ctx, DType::F32, alpha as f64, "alpha");
         ctx.op(Op::Binary(BinaryOp::Mul), &[s, al], Some("scale_alpha"))?
     };
-    let p = standard_one(
-        ctx,
-        quant::matmul_integer,
-        "MatMulInteger",
-        &[Some(a), Some(b), a_zero, b_zero],
-        vec![],
-    )?;
+    let p = integer_matmul(ctx, a, b, [a_zero, b_zero])?;
     let p = match c {
         Some(c) => {
             if ctx.ty(c).dtype != DType::I32 {
@@ -507,13 +510,18 @@ pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let bits = bits as usize;
     if ctx.attr_i_or(node, "weight_prepacked", 0)? != 0 {
-        return Err(ctx.unsupported("prepacked MatMulNBits weights (an onnxruntime-internal layout)"));
+        return Err(
+            ctx.unsupported("prepacked MatMulNBits weights (an onnxruntime-internal layout)")
+        );
     }
     if ctx.opt_input(node, 4).is_some() {
         return Err(ctx.unsupported("g_idx (act-order column permutation)"));
     }
     if !(block * bits).is_multiple_of(8) {
-        return Err(ctx.bad_attr("block_size", format!("{block} values of {bits} bits are not whole bytes")));
+        return Err(ctx.bad_attr(
+            "block_size",
+            format!("{block} values of {bits} bits are not whole bytes"),
+        ));
     }
     let blocks = k.div_ceil(block);
     let blob = block * bits / 8;
@@ -556,7 +564,9 @@ pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         for blk in 0..blocks {
             let s = scale[row * blocks + blk];
             let z = zero(row, blk).ok_or_else(|| {
-                ctx.invalid(format!("zero_points are too short for N = {n} rows of {blocks} blocks"))
+                ctx.invalid(format!(
+                    "zero_points are too short for N = {n} rows of {blocks} blocks"
+                ))
             })?;
             let bytes = &qb[(row * blocks + blk) * blob..(row * blocks + blk + 1) * blob];
             for i in 0..block.min(k - blk * block) {

@@ -25,28 +25,16 @@ fn add(ctx: &mut ImportCtx, a: Val, b: Val, tag: &str) -> Result<Val, OnnxError>
     ctx.op(Op::Binary(BinaryOp::Add), &[a, b], Some(tag))
 }
 
-/// `[B, S, N·H]` → `[B, N, S, H]`.
+/// `[B, S, N·H]` → `[B, N, S, H]` ([`attention::split_heads`], for a
+/// 3-D `x`).
 fn heads_first(ctx: &mut ImportCtx, x: Val, heads: usize, tag: &str) -> Result<Val, OnnxError> {
-    let s = ctx.ty(x).shape.clone();
-    if s.len() != 3 || heads == 0 || !s[2].is_multiple_of(heads) {
+    if ctx.ty(x).shape.len() != 3 {
         return Err(ctx.invalid(format!(
-            "{tag} {} does not split into {heads} heads (expected [batch, sequence, heads·head_size])",
+            "{tag} must be [batch, sequence, heads·head_size], got {}",
             ctx.ty(x)
         )));
     }
-    let v = reshape_to(
-        ctx,
-        x,
-        &[s[0], s[1], heads, s[2] / heads],
-        Some(&format!("{tag}_heads")),
-    )?;
-    ctx.op(
-        Op::Transpose {
-            perm: [0, 2, 1, 3].into_iter().collect(),
-        },
-        &[v],
-        Some(&format!("{tag}_bnsh")),
-    )
+    attention::split_heads(ctx, x, heads, tag)
 }
 
 /// `x[.., start..start + len]` along the last axis.
