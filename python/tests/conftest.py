@@ -14,6 +14,9 @@ REAL_MODELS = Path(os.environ.get("KILN_REAL_MODELS", REPO / "target" / "real-mo
 # fp32 bar of the Rust suite (tests/tests/fixtures.rs): max abs error
 # relative to the largest reference magnitude.
 FP32_TOLERANCE = 1e-4
+# Fixtures with int8 layers (meta.json "tolerance": "int8", the contrib
+# models onnxruntime quantized): tests/tests/contrib.rs's bar.
+INT8_TOLERANCE = 3e-2
 
 
 def rel_error(actual: np.ndarray, reference: np.ndarray) -> float:
@@ -40,6 +43,10 @@ class Fixture:
         self.dir = directory
         self.name = directory.name
         self.meta = json.loads((directory / "meta.json").read_text())
+
+    @property
+    def tolerance(self) -> float:
+        return INT8_TOLERANCE if self.meta.get("tolerance") == "int8" else FP32_TOLERANCE
 
     def compile_kwargs(self) -> dict:
         return {

@@ -32,7 +32,7 @@ def test_fixture_matches_onnxruntime_reference(name, tmp_path):
     assert list(outputs) == list(references)
     for out_name, reference in references.items():
         err = rel_error(outputs[out_name], reference)
-        assert err <= FP32_TOLERANCE, f"{name}: output {out_name}: rel error {err:.3e}"
+        assert err <= fixture.tolerance, f"{name}: output {out_name}: rel error {err:.3e}"
 
 
 @pytest.mark.parametrize("name", ["digits_cnn", "zoo_resnet18", "zoo_bert", "zoo_lstm"])

@@ -517,15 +517,20 @@ pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if ctx.opt_input(node, 4).is_some() {
         return Err(ctx.unsupported("g_idx (act-order column permutation)"));
     }
-    if !(block * bits).is_multiple_of(8) {
-        return Err(ctx.bad_attr(
-            "block_size",
-            format!("{block} values of {bits} bits are not whole bytes"),
-        ));
-    }
-    let blocks = k.div_ceil(block);
-    let blob = block * bits / 8;
     let b = ctx.const_input(node, 1)?;
+    // K, N and block_size are attributes: every size below is checked
+    // against B's actual shape before it sizes anything.
+    let blocks = k.div_ceil(block);
+    let blob = match block.checked_mul(bits) {
+        Some(b) if b.is_multiple_of(8) => b / 8,
+        Some(_) => {
+            return Err(ctx.bad_attr(
+                "block_size",
+                format!("{block} values of {bits} bits are not whole bytes"),
+            ))
+        }
+        None => return Err(ctx.bad_attr("block_size", format!("{block} is too large"))),
+    };
     let scales = ctx.const_input(node, 2)?;
     let zeros = ctx.opt_const_input(node, 3)?;
     let kiln_ir::Data::U8(qb) = b.data() else {
@@ -537,6 +542,7 @@ pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             b.shape().as_slice()
         )));
     }
+    // B holds n·blocks·blob bytes, so these products fit.
     if scales.len() != n * blocks {
         return Err(ctx.invalid(format!(
             "scales has {} values, expected N·blocks = {}",
@@ -558,7 +564,11 @@ pub fn matmul_nbits(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             },
         }
     };
-    ctx.charge_generated((k * n * 4) as u64)?;
+    let bytes = k
+        .checked_mul(n)
+        .and_then(|e| e.checked_mul(4))
+        .ok_or_else(|| ctx.bad_attr("K", format!("K·N = {k}·{n} f32 weights overflow")))?;
+    ctx.charge_generated(bytes as u64)?;
     let mut w = vec![0f32; k * n];
     for row in 0..n {
         for blk in 0..blocks {

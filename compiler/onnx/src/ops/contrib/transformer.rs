@@ -282,10 +282,10 @@ pub(super) fn attention_on(
         }
         None => [width / 3; 3],
     };
-    if sizes.iter().sum::<usize>() != width {
+    let needed = sizes.iter().try_fold(0usize, |acc, &s| acc.checked_add(s));
+    if needed != Some(width) {
         return Err(ctx.invalid(format!(
-            "the QKV projection is {width} wide, qkv_hidden_sizes {sizes:?} need {}",
-            sizes.iter().sum::<usize>()
+            "the QKV projection is {width} wide, qkv_hidden_sizes {sizes:?} do not add up to it"
         )));
     }
     let q = last_axis_slice(ctx, qkv, 0, sizes[0], "q")?;
