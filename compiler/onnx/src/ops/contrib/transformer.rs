@@ -7,7 +7,8 @@
 //! The attention ops share [`attend`]: onnxruntime's mask formats become
 //! one additive f32 bias (`mask_filter_value` where a key is masked, and
 //! where `unidirectional` hides a later key, as onnxruntime adds it), then
-//! the ONNX `Attention` builder (4-D heads, explicit scale) does the rest.
+//! `softmax(scale · Q Kᵀ + bias) V` in the form the `recognize` pass makes
+//! one `attention` kernel of.
 
 use super::{attributes_except, float_attr, int_attr, standard, standard_one, wants_output};
 use crate::ctx::{ImportCtx, Val};
@@ -200,28 +201,52 @@ pub(super) fn attend(
         });
     }
     let scale = a.scale.unwrap_or(1.0 / (head as f32).sqrt());
-    let (pk, pv) = match a.past {
-        Some((pk, pv)) => (Some(pk), Some(pv)),
-        None => (None, None),
-    };
-    let out = standard(
-        ctx,
-        attention::attention,
-        "Attention",
-        &[Some(q4), Some(k4), Some(v4), bias, pk, pv],
-        vec![float_attr("scale", scale)],
-        3,
+    // Half-precision models compute in f32 and round each output once,
+    // as the ONNX Attention builder does.
+    let io = ctx.ty(q4).dtype;
+    let wide = |ctx: &mut ImportCtx, v: Val, tag: &str| cast_to(ctx, v, DType::F32, tag);
+    let (q4, mut k_all, mut v_all) = (
+        wide(ctx, q4, "q_f32")?,
+        wide(ctx, k4, "k_f32")?,
+        wide(ctx, v4, "v_f32")?,
+    );
+    if let Some((pk, pv)) = a.past {
+        let pk = wide(ctx, pk, "past_key_f32")?;
+        let pv = wide(ctx, pv, "past_value_f32")?;
+        k_all = ctx.op(Op::Concat { axis: 2 }, &[pk, k_all], Some("present_key"))?;
+        v_all = ctx.op(Op::Concat { axis: 2 }, &[pv, v_all], Some("present_value"))?;
+    }
+    // softmax(scale · (Q @ Kᵀ) + bias) @ V, in the form the `recognize`
+    // pass turns into one `attention` kernel, as for exported attention.
+    let kt = ctx.op(
+        Op::Transpose {
+            perm: [0, 1, 3, 2].into_iter().collect(),
+        },
+        &[k_all],
+        Some("k_transposed"),
     )?;
+    let qk = ctx.dense_op(Op::MatMul, &[q4, kt], Some("qk"))?;
+    let s = scalar(ctx, DType::F32, scale as f64, "scale");
+    let mut scores = ctx.op(Op::Binary(BinaryOp::Mul), &[qk, s], Some("qk_scaled"))?;
+    if let Some(b) = bias {
+        scores = add(ctx, scores, b, "qk_masked")?;
+    }
+    let probs = ctx.op(Op::Softmax { axis: 3 }, &[scores], Some("probs"))?;
+    let y = ctx.dense_op(Op::MatMul, &[probs, v_all], Some("y_heads"))?;
     let y = ctx.op(
         Op::Transpose {
             perm: [0, 2, 1, 3].into_iter().collect(),
         },
-        &[out[0]],
+        &[y],
         Some("y_bsnh"),
     )?;
     let ys = ctx.ty(y).shape.clone();
-    let y = reshape_to(ctx, y, &[ys[0], ys[1], ys[2] * ys[3]], Some("y"))?;
-    Ok((y, out[1], out[2]))
+    let y = reshape_to(ctx, y, &[ys[0], ys[1], ys[2] * ys[3]], Some("y_wide"))?;
+    Ok((
+        cast_to(ctx, y, io, "y")?,
+        cast_to(ctx, k_all, io, "present_key_narrow")?,
+        cast_to(ctx, v_all, io, "present_value_narrow")?,
+    ))
 }
 
 /// The shared attributes of the attention ops.
