@@ -8,8 +8,9 @@
 //! ([`standard`]), so `QLinearAdd` is `QuantizeLinear(Add(DequantizeLinear
 //! (a), DequantizeLinear(b)))` and picks up the QDQ patterns the int8
 //! kernels take, `FusedConv` is `Conv` plus its activation, and the
-//! attention family shares one core ([`transformer::attend`]) that ends in
-//! the ONNX `Attention` builder.
+//! attention family shares one core ([`transformer::attend`]) that builds
+//! `softmax(scale · Q Kᵀ + bias) V` in the form the `recognize` pass fuses
+//! into one `attention` kernel.
 //!
 //! The quantized ops keep onnxruntime's arithmetic, not just its intent:
 //! `DynamicQuantizeMatMul`, `QAttention` and `DynamicQuantizeLSTM` quantize
