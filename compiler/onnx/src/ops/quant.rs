@@ -275,6 +275,24 @@ pub(crate) fn dynamic_quantize(
     Ok([y, scale, zp])
 }
 
+/// `a · b` in f32 of two quantization scales (each a scalar, a
+/// one-element tensor, made a scalar, or a vector), the node named `tag`.
+pub(crate) fn scale_product(
+    ctx: &mut ImportCtx,
+    a: Val,
+    b: Val,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let mut operands = [a, b];
+    for (v, side) in operands.iter_mut().zip(["a", "b"]) {
+        *v = cast_to(ctx, *v, DType::F32, &format!("{tag}_{side}"))?;
+        if ctx.ty(*v).num_elements() == 1 {
+            *v = reshape_to(ctx, *v, &[], Some(&format!("{tag}_{side}_scalar")))?;
+        }
+    }
+    ctx.op(Op::Binary(BinaryOp::Mul), &operands, Some(tag))
+}
+
 /// onnxruntime's dynamically quantized product (`DynamicQuantizeMatMul`,
 /// `DynamicQuantizeLSTM`): `a` (f32) quantized to u8 as
 /// [`dynamic_quantize`] does, times the 8-bit matrix `b` less `b_zero`
@@ -295,17 +313,7 @@ pub(crate) fn dynamic_quantized_matmul(
         &[p],
         Some(&format!("{tag}product_float")),
     )?;
-    let bs = cast_to(ctx, b_scale, DType::F32, &format!("{tag}b_scale_float"))?;
-    let bs = if ctx.ty(bs).num_elements() == 1 {
-        reshape_to(ctx, bs, &[], Some(&format!("{tag}b_scale_scalar")))?
-    } else {
-        bs
-    };
-    let s = ctx.op(
-        Op::Binary(BinaryOp::Mul),
-        &[a_scale, bs],
-        Some(&format!("{tag}scale")),
-    )?;
+    let s = scale_product(ctx, a_scale, b_scale, &format!("{tag}scale"))?;
     ctx.op(
         Op::Binary(BinaryOp::Mul),
         &[p, s],

@@ -11,7 +11,7 @@
 //! exact i32 products (`MatMulInteger`) rescaled in f32, as onnxruntime's
 //! kernels do.
 
-use super::{attributes_except, float_attr, int_attr, standard, standard_one};
+use super::{float_attr, int_attr, standard, standard_one};
 use crate::ctx::{ImportCtx, Val};
 use crate::ops::elementwise::{self as e, cast_to, reshape_to, scalar};
 use crate::ops::{layout, one, pool, quant, recurrent};
@@ -283,25 +283,13 @@ fn scaled_integer_product(
     }
 }
 
-/// `a · b` of two f32 scales (a scalar or a vector each).
-fn scale_product(ctx: &mut ImportCtx, a: Val, b: Val, tag: &str) -> Result<Val, OnnxError> {
-    let a = cast_to(ctx, a, DType::F32, &format!("{tag}_a"))?;
-    let a = if ctx.ty(a).num_elements() == 1 {
-        reshape_to(ctx, a, &[], Some(&format!("{tag}_a_scalar")))?
-    } else {
-        a
-    };
-    let b = cast_to(ctx, b, DType::F32, &format!("{tag}_b"))?;
-    ctx.op(Op::Binary(BinaryOp::Mul), &[a, b], Some(tag))
-}
-
 /// `MatMulIntegerToFloat`: A, B, a_scale, b_scale, a_zero_point,
 /// b_zero_point, bias → `(A - a_zp) @ (B - b_zp) · a_scale · b_scale +
 /// bias` in f32.
 pub fn matmul_integer_to_float(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let a = ctx.input(node, 0)?;
     let b = ctx.input(node, 1)?;
-    let s = scale_product(ctx, ctx.input(node, 2)?, ctx.input(node, 3)?, "scale")?;
+    let s = quant::scale_product(ctx, ctx.input(node, 2)?, ctx.input(node, 3)?, "scale")?;
     let zeros = [ctx.opt_input(node, 4), ctx.opt_input(node, 5)];
     let bias = ctx.opt_input(node, 6);
     one(scaled_integer_product(ctx, a, b, zeros, s, bias)?)
@@ -374,7 +362,7 @@ pub fn qgemm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     } else {
         b_scale
     };
-    let s = scale_product(ctx, a_scale, b_scale, "scale")?;
+    let s = quant::scale_product(ctx, a_scale, b_scale, "scale")?;
     let s = if alpha == 1.0 {
         s
     } else {
@@ -434,7 +422,7 @@ pub fn qattention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let w = ctx.input(node, 1)?;
     let bias = ctx.input(node, 2)?;
-    let s = scale_product(ctx, ctx.input(node, 3)?, ctx.input(node, 4)?, "scale")?;
+    let s = quant::scale_product(ctx, ctx.input(node, 3)?, ctx.input(node, 4)?, "scale")?;
     let zeros = [ctx.opt_input(node, 6), ctx.opt_input(node, 7)];
     let qkv = scaled_integer_product(ctx, x, w, zeros, s, Some(bias))?;
     let mask = ctx.opt_input(node, 5);
@@ -462,13 +450,12 @@ pub fn qembed_layer_norm(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         });
     }
     params.push(ctx.opt_input(node, 7));
-    let attrs = attributes_except(node, &[]);
     standard(
         ctx,
         super::transformer::embed_layer_norm,
         "EmbedLayerNormalization",
         &params,
-        attrs,
+        node.attribute.clone(),
         node.output.len(),
     )
 }

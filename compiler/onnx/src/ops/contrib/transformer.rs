@@ -84,12 +84,12 @@ fn mask_bias(
     filter: f32,
 ) -> Result<Option<Val>, OnnxError> {
     let mt = ctx.ty(mask).clone();
-    let m = cast_to(ctx, mask, DType::I64, "mask_i64")?;
     let shape = mt.shape.as_slice();
     if shape == [batch, 1] || shape == [1, 1] {
         // onnxruntime's "dummy" mask: nothing is masked.
         return Ok(None);
     }
+    let m = cast_to(ctx, mask, DType::I64, "mask_i64")?;
     let valid = if shape == [batch] || shape == [2 * batch] {
         let pos = ramp(ctx, total, 3, 4, DType::I64, "key_positions")?;
         let ends = if shape == [batch] {
