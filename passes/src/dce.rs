@@ -1,6 +1,6 @@
 //! `dce`: removes nodes whose values reach no graph output.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::Graph;
 
 /// Dead code elimination. Graph inputs stay even when unused: they are part

@@ -12,7 +12,7 @@
 //! `fold-batchnorm`, whose folded weights can be subnormal too. f16
 //! constants are left alone: an f16 subnormal widens to a normal f32.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use half::bf16;
 use kiln_ir::{Data, Graph, Op, Tensor};
 

@@ -2,7 +2,7 @@
 //! frontend gives BatchNormalization) folded into a preceding Conv, Gemm or
 //! MatMul.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, Tensor};
 
 /// Folds a chain of `mul`/`add`/`sub`/`div` by per-channel constants that

@@ -1,6 +1,6 @@
 //! `fold-constants`: evaluates nodes whose inputs are all constants.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::{Graph, Op};
 
 /// Replaces every node whose inputs are all constants by a constant holding

@@ -1,6 +1,6 @@
 //! `fuse`: producer–consumer fusion into [`Op::Fused`] kernels.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::{
     DType, DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Graph, Instr, IrError,
     NodeId, Op, Reg,

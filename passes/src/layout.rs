@@ -40,8 +40,8 @@
 //! so the epilogue joins the MatMul's store loop (`fuse`) instead of being
 //! a pass of its own over the upsampled image.
 
+use crate::pass::{Pass, PassError, PassStats};
 use crate::simplify::{remove_dead, Simplify};
-use crate::{Pass, PassError, PassStats};
 use kiln_ir::{Col2Im, Graph, Ints, IrError, NodeId, Op, Tensor};
 
 /// The pass (see the module documentation).

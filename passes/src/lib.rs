@@ -17,8 +17,6 @@
 // `unsafe` lives in the runtime only (docs/architecture.md).
 #![forbid(unsafe_code)]
 
-mod assign_precision;
-mod bias_correction;
 mod dce;
 mod flush_subnormals;
 mod fold_batchnorm;
@@ -26,32 +24,25 @@ mod fold_constants;
 mod fuse;
 mod layout;
 mod manager;
-mod precision_plan;
-mod precision_report;
-mod quantize;
+mod pass;
+pub mod precision;
 mod recognize;
 mod simplify;
-mod smooth;
 
-pub use assign_precision::{
-    is_embedding_lookup, is_precision_layer, AssignPrecision, Decision, Mode, Pattern, Policy,
-    PolicyError, Precision, Reason,
-};
-pub use bias_correction::{measure_bias_corrections, BiasCorrections};
 pub use dce::DeadCodeElimination;
 pub use flush_subnormals::FlushSubnormals;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use fuse::Fuse;
 pub use layout::Layout;
-pub use manager::{
-    Pass, PassError, PassManager, PassRecord, PassStats, PipelineOptions, PipelineReport,
-};
-pub use precision_plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
-pub use precision_report::{compare as compare_precision, AccuracyReport, LayerError};
-pub use quantize::{
-    observe, quantize_weights, u8_params, ActivationRange, ActivationType, Observer,
+pub use manager::{PassManager, PassRecord, PipelineOptions, PipelineReport};
+pub use pass::{Pass, PassError, PassStats};
+pub use precision::{
+    channel_axis, compare_precision, is_embedding_lookup, is_precision_layer,
+    measure_bias_corrections, observe, quantize_weights, smoothing_factors, structural_key,
+    u8_params, AccuracyReport, ActivationRange, ActivationType, AssignPrecision, BiasCorrections,
+    Decision, LayerError, Mode, Observer, Pattern, PlanEntry, PlanError, Policy, PolicyError,
+    Precision, PrecisionPlan, Reason, Smoothing,
 };
 pub use recognize::Recognize;
 pub use simplify::Simplify;
-pub use smooth::{channel_axis, smoothing_factors, Smoothing};

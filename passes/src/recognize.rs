@@ -4,7 +4,7 @@
 //! `attention`) that targets run as one kernel or inside a dense kernel's
 //! store loop.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::{BinaryOp, DType, Data, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
 
 /// Rewrites, on f32 values:

@@ -2,7 +2,7 @@
 //! casts, common subexpression elimination, and removal of what that leaves
 //! dead.
 
-use crate::{Pass, PassError, PassStats};
+use crate::pass::{Pass, PassError, PassStats};
 use kiln_ir::{BinaryOp, Graph, Ints, IrError, NodeId, Op, Tensor};
 use std::collections::HashMap;
 

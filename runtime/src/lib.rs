@@ -1,7 +1,7 @@
-//! `kiln-runtime`: loads and runs Kiln artifacts (`.kiln` files), and
-//! defines the artifact format that the compiler writes.
+//! `kiln-runtime`: loads and runs Kiln artifacts (`.kiln` files).
 //!
-//! The runtime depends on nothing of the compiler. Loading an artifact reads
+//! The runtime depends on the artifact schema (`kiln-format`, re-exported
+//! as [`format`](mod@format)) and on nothing of the compiler. Loading an artifact reads
 //! the file once into private memory, verifies the header, every section's SHA-256, all bounds and
 //! the CPU features the code needs, copies the machine code into anonymous
 //! pages, applies relocations (host `libm` functions come from a fixed
@@ -9,7 +9,8 @@
 //! allocated once per session; an inference in a session does not allocate
 //! (see [`Session::run_into`]).
 //!
-//! - [`format`](mod@format): the artifact format (writer and reader).
+//! - [`format`](mod@format): the artifact format (`kiln-format`: writer and
+//!   reader).
 //! - [`Model`]: load (shared, immutable) and run; [`Session`]: one arena,
 //!   for allocation-free runs on one thread.
 //! - [`capi`]: the C ABI declared in `include/kiln.h`.
@@ -58,7 +59,6 @@ mod code;
 pub mod cuda;
 mod error;
 mod file;
-pub mod format;
 mod host;
 mod memory;
 mod model;
@@ -67,6 +67,9 @@ mod reloc;
 #[cfg(feature = "signing")]
 mod signing;
 mod tensor;
+
+/// The artifact schema, `kiln-format`.
+pub use kiln_format as format;
 
 pub use error::{Error, KERNEL_INDEX_OUT_OF_RANGE};
 pub use file::{open_regular, read_regular};

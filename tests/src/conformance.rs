@@ -92,20 +92,6 @@ fn read_proto(path: &Path) -> Result<TensorProto, String> {
     TensorProto::decode(bytes.as_slice()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn runtime_dtype(d: kiln_ir::DType) -> kiln_runtime::DType {
-    *kiln_runtime::DType::ALL
-        .iter()
-        .find(|r| r.name() == d.name())
-        .unwrap_or_else(|| panic!("no runtime dtype for {d}"))
-}
-
-fn ir_dtype(d: kiln_runtime::DType) -> kiln_ir::DType {
-    *kiln_ir::DType::ALL
-        .iter()
-        .find(|r| r.name() == d.name())
-        .unwrap_or_else(|| panic!("no IR dtype for {d}"))
-}
-
 /// Reads the `prefix_*.pb` tensors of a data set, in index order.
 fn read_tensors(set: &Path, prefix: &str) -> Result<Vec<(String, kiln_ir::Tensor)>, String> {
     let mut out = Vec::new();
@@ -130,7 +116,7 @@ fn read_tensors(set: &Path, prefix: &str) -> Result<Vec<(String, kiln_ir::Tensor
 fn to_runtime(name: &str, t: &kiln_ir::Tensor) -> kiln_runtime::Tensor {
     kiln_runtime::Tensor {
         name: name.to_string(),
-        dtype: runtime_dtype(t.dtype()),
+        dtype: t.dtype(),
         shape: t.shape().iter().map(|&d| d as u64).collect(),
         data: t.data().to_le_bytes(),
     }
@@ -465,7 +451,7 @@ fn check_data_set<B: Backend>(
     }
     let mut errors = Vec::new();
     for (i, (o, (rname, r))) in outputs.iter().zip(&refs).enumerate() {
-        let Some(data) = kiln_ir::Data::from_le_bytes(ir_dtype(o.dtype), &o.data) else {
+        let Some(data) = kiln_ir::Data::from_le_bytes(o.dtype, &o.data) else {
             errors
                 .push(json!({"output": o.name, "mismatch": "output bytes do not match its dtype"}));
             continue;

@@ -86,7 +86,9 @@ fn passing_conformance_cases_assemble_and_match_the_reference() {
         // Cases with symbolic dims need shapes from their data files; the
         // CPU conformance runner covers those.
         let opts = CompileOptions {
-            cuda: Some(kiln_target_cuda::SmArch::parse("sm80").expect("sm80")),
+            target: kiln::target::Target::Cuda(
+                kiln_target_cuda::SmArch::parse("sm80").expect("sm80"),
+            ),
             ..CompileOptions::default()
         };
         let graph = match optimize(&model, &opts) {

@@ -117,7 +117,8 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
             (Mode::Int8, true),
         ] {
             let mut opts = fixture.compile_options();
-            opts.cuda = Some(kiln_target_cuda::SmArch::parse("sm80").unwrap());
+            opts.target =
+                kiln::target::Target::Cuda(kiln_target_cuda::SmArch::parse("sm80").unwrap());
             opts.precision = Policy {
                 mode,
                 ..Policy::default()
@@ -139,7 +140,8 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
                 continue;
             }
             checked += 1;
-            let program = kiln_target_cuda::compile(&g, opts.cuda.unwrap()).expect("compile");
+            let program =
+                kiln_target_cuda::compile(&g, opts.target.cuda().unwrap()).expect("compile");
             mma_kernels += program
                 .ptx
                 .split(".entry")

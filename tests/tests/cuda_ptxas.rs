@@ -42,7 +42,7 @@ fn every_fixture_kernel_assembles_for_every_sm() {
         let fixture = Fixture::load(name);
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();
-        opts.cuda = Some(SUPPORTED_SMS[0]);
+        opts.target = kiln::target::Target::Cuda(SUPPORTED_SMS[0]);
         let graph = match kiln::driver::optimize(&fixture.model_path(), &opts) {
             Ok(o) => o.graph,
             Err(e) => {
@@ -115,7 +115,7 @@ fn reduced_precision_kernels_assemble_for_every_sm() {
         let fixture = Fixture::load(name);
         for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
             let mut opts = fixture.compile_options();
-            opts.cuda = Some(SUPPORTED_SMS[0]);
+            opts.target = kiln::target::Target::Cuda(SUPPORTED_SMS[0]);
             opts.precision = Policy {
                 mode,
                 ..Policy::default()
@@ -152,7 +152,7 @@ fn real_model_kernels_assemble() {
         let fixture = Fixture::load_dir(&root.join(name));
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();
-        opts.cuda = Some(sms[0]);
+        opts.target = kiln::target::Target::Cuda(sms[0]);
         let graph = kiln::driver::optimize(&fixture.model_path(), &opts)
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .graph;

@@ -316,7 +316,7 @@ fn cuda_runs_bf16_dense_nodes_on_tensor_cores_from_sm80() {
     let fixture = Fixture::load("digits_mlp");
     for (sm, tensor_cores) in [("80", true), ("75", false)] {
         let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
-        opts.cuda = Some(kiln_target_cuda::SmArch::parse(sm).unwrap());
+        opts.target = kiln::target::Target::Cuda(kiln_target_cuda::SmArch::parse(sm).unwrap());
         let c = compile(&fixture.model_path(), &opts).unwrap();
         let view = kiln_runtime::format::ArtifactView::parse(&c.bytes).unwrap();
         let code = view.cuda_code().expect("a CUDA artifact").unwrap();

@@ -847,20 +847,6 @@ fn random_tensor(spec: &TensorSpec, rng: &mut Rng) -> Tensor {
     }
 }
 
-fn ir_dtype(d: DType) -> kiln_ir::DType {
-    *kiln_ir::DType::ALL
-        .iter()
-        .find(|r| r.name() == d.name())
-        .expect("runtime dtype has an IR dtype")
-}
-
-fn runtime_dtype(d: kiln_ir::DType) -> DType {
-    *DType::ALL
-        .iter()
-        .find(|r| r.name() == d.name())
-        .expect("IR dtype has a runtime dtype")
-}
-
 /// Writes the mutation into `root/model/model.onnx` (plus its files) and
 /// compiles, loads, runs and checks it. Errors are returned as outcomes;
 /// failures of the contract (mismatch, oversized arena) as `Err`.
@@ -932,7 +918,7 @@ fn exercise(m: &Mutation, root: &Path, rng: &mut Rng) -> Result<Outcome, String>
     let ir_inputs: Vec<kiln_ir::Tensor> = inputs
         .iter()
         .map(|t| {
-            let data = kiln_ir::Data::from_le_bytes(ir_dtype(t.dtype), &t.data).unwrap();
+            let data = kiln_ir::Data::from_le_bytes(t.dtype, &t.data).unwrap();
             let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
             kiln_ir::Tensor::new(&shape, data).unwrap()
         })
@@ -951,7 +937,7 @@ fn exercise(m: &Mutation, root: &Path, rng: &mut Rng) -> Result<Outcome, String>
     for (o, e) in outputs.iter().zip(&expected) {
         let reference = Tensor {
             name: o.name.clone(),
-            dtype: runtime_dtype(e.dtype()),
+            dtype: e.dtype(),
             shape: e.shape().iter().map(|&d| d as u64).collect(),
             data: e.data().to_le_bytes(),
         };

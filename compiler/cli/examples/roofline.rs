@@ -31,7 +31,6 @@ use std::time::Instant;
 
 use kiln_ir::{DType, Data, Graph, Op, Tensor, ValueType};
 use kiln_passes::{AssignPrecision, Mode, Policy};
-use kiln_runtime::format::DType as FDType;
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::microkernel::peak;
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -249,12 +248,7 @@ fn gemm_gflops(
         })
         .collect();
     let shape = input_shape.map(|d| d as u64);
-    let fdtype = match in_dtype {
-        DType::BF16 => FDType::BF16,
-        DType::U8 => FDType::U8,
-        _ => FDType::F32,
-    };
-    let inputs = [TensorRef::new("x", fdtype, &shape, &x_bytes)];
+    let inputs = [TensorRef::new("x", in_dtype, &shape, &x_bytes)];
     let mut out = vec![0u8; m * n * 4];
     let mut session = model.session().expect("session");
     let (mut whole, mut kernel) = (Vec::with_capacity(runs), Vec::with_capacity(runs));

@@ -7,9 +7,11 @@ use crate::compare::compare;
 use crate::driver::{self, CompileOptions, DriverError, DumpIr};
 use crate::npy::{self, NpyError};
 use crate::signing;
-use clap::{Args, Parser, Subcommand};
+use crate::target::Target;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kiln_format::{self as format, Artifact, ArtifactView};
 use kiln_onnx::OnnxError;
-use kiln_runtime::format::{self, Artifact, ArtifactView};
 use kiln_runtime::{DType, Model, PublicKey, Session, Tensor, TensorSpec};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -106,15 +108,15 @@ struct ModelArgs {
     /// (f16 weights, f32 math), int8 (as --quantize dynamic) or mixed (bf16
     /// except the first and last dense layer). Everything else stays fp32
     /// (docs/precision.md).
-    #[arg(long, default_value = "fp32", value_name = "PRECISION")]
-    precision: String,
+    #[arg(long, default_value = "fp32", value_name = "PRECISION", value_parser = listed::<kiln_passes::Mode>(["fp32", "bf16", "fp16", "int8", "mixed"].map(PossibleValue::new)))]
+    precision: kiln_passes::Mode,
     /// int8 MatMul/Gemm/ungrouped Conv (i8 weights per output column or
     /// channel, u8 or int8 activations per tensor (--activation-type),
     /// VNNI kernels that rescale in their store loop): `dynamic` computes
     /// activation ranges at run time; `static` observes them (min/max) on the calibration samples
     /// (--calibrate DIR; --calibrate-random only for tests).
-    #[arg(long, value_name = "static|dynamic")]
-    quantize: Option<String>,
+    #[arg(long, value_enum)]
+    quantize: Option<Quantize>,
     /// --quantize static: how the observed activation values become a
     /// range: minmax, percentile[=P] (default P 99.99) or entropy
     /// (TensorRT-style KL-divergence threshold).
@@ -122,8 +124,11 @@ struct ModelArgs {
     observer: String,
     /// int8 layers' activations: uint8 (asymmetric per tensor, zero point
     /// from the range) or int8 (symmetric per tensor, −127..127 around 0).
-    #[arg(long = "activation-type", value_name = "uint8|int8")]
-    activation_type: Option<String>,
+    #[arg(long = "activation-type", value_parser = listed::<kiln_passes::ActivationType>([
+        PossibleValue::new("uint8").alias("u8").help("asymmetric per tensor, zero point from the range"),
+        PossibleValue::new("int8").aliases(["s8", "i8"]).help("symmetric per tensor around 0"),
+    ]))]
+    activation_type: Option<kiln_passes::ActivationType>,
     /// Keep these nodes in fp32: op types or node-name globs,
     /// comma-separated (`Conv,/encoder/layer.0/*`).
     #[arg(long = "keep-fp32", value_name = "PATTERNS")]
@@ -281,6 +286,26 @@ struct InspectArgs {
     /// graph for Graphviz, nodes filled by precision.
     #[arg(long, value_enum, default_value_t = InspectFormat::Text)]
     format: InspectFormat,
+}
+
+/// `--quantize`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Quantize {
+    /// Activation ranges observed on calibration samples at compile time.
+    Static,
+    /// Activation ranges computed at run time.
+    Dynamic,
+}
+
+/// A parser for a flag whose values are `values` (listed by `--help`, and
+/// by the error for any other value) and parse into `T` with its `FromStr`,
+/// the one definition of their meaning.
+fn listed<T>(values: impl IntoIterator<Item = PossibleValue>) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Debug,
+{
+    PossibleValuesParser::new(values).map(|s| s.parse::<T>().expect("every listed value parses"))
 }
 
 /// `kiln inspect --format`.
@@ -450,21 +475,10 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), Failure>
 }
 
 fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Failure> {
-    let cuda = match target.strip_prefix("cuda-").or(target.strip_prefix("cuda")) {
-        Some(sm) => Some(
-            kiln_target_cuda::SmArch::parse(sm)
-                .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
-        ),
-        None => None,
-    };
     let mut opts = CompileOptions {
-        target: match cuda {
-            Some(_) => kiln_target_cpu::CpuTarget::Native,
-            None => target
-                .parse()
-                .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
-        },
-        cuda,
+        target: target
+            .parse()
+            .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
         opt_level: args.opt_level,
         passes: args.passes.clone(),
         verify_each: args.verify_each,
@@ -472,27 +486,15 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
     };
     let usage =
         |flag: &str, e: kiln_passes::PolicyError| Failure::new(exit::USAGE, format!("{flag}: {e}"));
-    opts.precision.mode = args
-        .precision
-        .parse()
-        .map_err(|e| usage("--precision", e))?;
-    if let Some(q) = &args.quantize {
-        if args.precision != "fp32" {
+    opts.precision.mode = args.precision;
+    if let Some(q) = args.quantize {
+        if args.precision != kiln_passes::Mode::Fp32 {
             return Err(Failure::new(
                 exit::USAGE,
                 "--quantize sets the precision to int8; use --force PRECISION=PATTERN for other layers",
             ));
         }
-        opts.static_activations = match q.as_str() {
-            "static" => true,
-            "dynamic" => false,
-            other => {
-                return Err(Failure::new(
-                    exit::USAGE,
-                    format!("--quantize: unknown mode '{other}'; use static or dynamic"),
-                ))
-            }
-        };
+        opts.static_activations = q == Quantize::Static;
         opts.precision.mode = kiln_passes::Mode::Int8;
     }
     opts.observer = args
@@ -505,10 +507,8 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
             "--observer applies to --quantize static only",
         ));
     }
-    if let Some(t) = &args.activation_type {
-        opts.precision.activation_type = t
-            .parse()
-            .map_err(|e: String| Failure::new(exit::USAGE, format!("--activation-type: {e}")))?;
+    if let Some(t) = args.activation_type {
+        opts.precision.activation_type = t;
     }
     if let Some(k) = &args.keep_fp32 {
         opts.precision.keep_fp32 =
@@ -551,8 +551,8 @@ fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Fai
 /// Kernels of an artifact: CPU functions, or the kernels of a CUDA
 /// artifact's PTX module.
 fn kernel_count(a: &Artifact) -> usize {
-    if a.arch == kiln_runtime::format::Arch::Nvptx64 {
-        kiln_runtime::format::CudaCode::parse(&a.text).map_or(0, |c| c.kernels.len())
+    if a.arch == kiln_format::Arch::Nvptx64 {
+        kiln_format::CudaCode::parse(&a.text).map_or(0, |c| c.kernels.len())
     } else {
         a.kernels.len()
     }
@@ -725,7 +725,7 @@ fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
             }
         },
     };
-    if a.dump_ptx.is_some() && opts.cuda.is_none() {
+    if a.dump_ptx.is_some() && opts.target.cuda().is_none() {
         return Err(Failure::new(
             exit::USAGE,
             "--dump-ptx needs a CUDA target (--target cuda-sm80, ...)",
@@ -821,7 +821,7 @@ fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
             );
         }
     }
-    if opts.cuda.is_some() && !a.json {
+    if opts.target.cuda().is_some() && !a.json {
         match &out.ptxas {
             Some(p) => eprintln!("cubin assembled with {}", p.display()),
             None => eprintln!(
@@ -864,9 +864,11 @@ fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
         // CPU targets: the arena plan of the values (`plan-memory`'s view:
         // planned bytes against their sum; the artifact's arena also holds
         // the kernels' scratch), planned again only for this report.
-        let memory = match opts.cuda {
-            None => Some(kiln_target_cpu::plan_stats(&out.graph).map_err(DriverError::from)?),
-            Some(_) => None,
+        let memory = match opts.target {
+            Target::Cpu(_) => {
+                Some(kiln_target_cpu::plan_stats(&out.graph).map_err(DriverError::from)?)
+            }
+            Target::Cuda(_) => None,
         };
         let passes: Vec<Value> = out
             .report
@@ -1066,7 +1068,7 @@ fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure>
     let second_bytes = second_bytes.map_err(|e| internal(format!("{}: {e}", second.display())))?;
     if let Some((offset, region)) = driver::first_difference(bytes, &second_bytes) {
         let hash = |b: &[u8]| {
-            kiln_runtime::format::read_header(b)
+            kiln_format::read_header(b)
                 .map(|h| hex(&h.content_hash))
                 .unwrap_or_else(|_| "unreadable".into())
         };
@@ -1269,13 +1271,11 @@ fn gather_inputs(specs: &[TensorSpec], args: &InputArgs) -> Result<Vec<Tensor>, 
 #[cfg(feature = "cuda")]
 fn is_cuda_artifact(path: &Path) -> bool {
     use std::io::Read;
-    let mut head = [0u8; 16];
+    let mut head = [0u8; kiln_format::PEEK_LEN];
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut head))
         .is_ok_and(|_| {
-            head[..8] == kiln_runtime::format::MAGIC
-                && u32::from_le_bytes([head[12], head[13], head[14], head[15]])
-                    == kiln_runtime::format::Arch::Nvptx64 as u32
+            kiln_format::peek(&head).is_some_and(|p| p.arch == Some(kiln_format::Arch::Nvptx64))
         })
 }
 
@@ -1410,12 +1410,11 @@ fn preview(t: &Tensor) -> String {
 
 fn is_artifact(path: &Path) -> bool {
     use std::io::Read;
-    let mut magic = [0u8; 8];
+    let mut head = [0u8; kiln_format::PEEK_LEN];
     // Not a plain open: a FIFO would block it.
     kiln_runtime::open_regular(path)
-        .and_then(|(mut f, _)| f.read_exact(&mut magic))
-        .map(|_| magic == kiln_runtime::format::MAGIC)
-        .unwrap_or(false)
+        .and_then(|(mut f, _)| f.read_exact(&mut head))
+        .is_ok_and(|_| kiln_format::peek(&head).is_some())
 }
 
 fn cmd_inspect(mut a: InspectArgs) -> Result<(), Failure> {
@@ -1595,7 +1594,7 @@ fn inspect_cuda_artifact(
     bytes: &[u8],
     version: u32,
     artifact: &Artifact,
-    code: &kiln_runtime::format::CudaCode,
+    code: &kiln_format::CudaCode,
 ) -> Result<(), Failure> {
     let hash = hex(&artifact.content_hash());
     let m = &artifact.metadata;
@@ -1817,7 +1816,7 @@ fn cmd_keygen(a: KeygenArgs) -> Result<(), Failure> {
 }
 
 /// The `input`/`output` lines of an artifact description.
-fn print_io(m: &kiln_runtime::format::Metadata) {
+fn print_io(m: &kiln_format::Metadata) {
     for (what, specs) in [("input ", &m.inputs), ("output", &m.outputs)] {
         for s in specs {
             println!(

@@ -26,9 +26,8 @@ impl Comparison {
 }
 
 fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
-    // The IR's element decoding (the two type enums share their names).
-    let dtype = kiln_ir::DType::from_name(t.dtype.name())?;
-    let data = kiln_ir::Data::from_le_bytes(dtype, &t.data)?;
+    // The IR's element decoding.
+    let data = kiln_ir::Data::from_le_bytes(t.dtype, &t.data)?;
     Some((0..data.len()).map(|i| data.get_f64(i)).collect())
 }
 

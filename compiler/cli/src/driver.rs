@@ -1,20 +1,20 @@
 //! The compile pipeline: import → passes → codegen → artifact bytes.
 
+use kiln_format::{Artifact, ArtifactInfo};
 use kiln_ir::{Graph, NodeId};
-use kiln_onnx::{ImportOptions, OnnxError};
+use kiln_onnx::ImportOptions;
 use kiln_passes::{
     AccuracyReport, AssignPrecision, Decision, LayerError, PassError, PassManager, PassRecord,
     PipelineOptions, PipelineReport, Policy, Precision, PrecisionPlan,
 };
-use kiln_runtime::format::Artifact;
-use kiln_target_cpu::{ArtifactInfo, CpuError, CpuOptions, CpuTarget};
-use kiln_target_cuda::{CudaError, SmArch};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use thiserror::Error;
+
+pub use crate::error::DriverError;
+use crate::target::{Generated, Target};
 
 /// Which IR dumps to write.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,11 +32,8 @@ pub enum DumpIr {
 /// the command line; recorded in the artifact (minus output locations).
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// Code generation target (ignored when [`CompileOptions::cuda`] is set).
-    pub target: CpuTarget,
-    /// Compile for this CUDA architecture instead of the CPU
-    /// (`--target cuda-sm80`).
-    pub cuda: Option<SmArch>,
+    /// Code generation target (`--target`).
+    pub target: Target,
     /// Shape bindings for the frontend.
     pub import: ImportOptions,
     /// Optimization level (`-O`).
@@ -111,8 +108,7 @@ pub const DEFAULT_MAX_ARENA_BYTES: u64 = 16 << 30;
 impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
-            target: CpuTarget::Native,
-            cuda: None,
+            target: Target::default(),
             import: ImportOptions::default(),
             opt_level: 2,
             passes: None,
@@ -158,12 +154,8 @@ impl CompileOptions {
     /// A canonical, deterministic rendering of the options, stored in the
     /// artifact so `kiln inspect` can show how it was built.
     pub fn canonical(&self) -> String {
-        let target = match self.cuda {
-            Some(sm) => format!("cuda-sm{}", sm.sm),
-            None => self.target.to_string(),
-        };
-        let mut s = format!("target={target} opt_level={}", self.opt_level);
-        if self.cuda.is_none() {
+        let mut s = format!("target={} opt_level={}", self.target, self.opt_level);
+        if self.target.backend().splits_kernels() {
             let _ = write!(s, " threads={}", self.threads);
         }
         if let Some(p) = &self.passes {
@@ -291,53 +283,6 @@ pub struct Compiled {
     pub codegen_time: Duration,
 }
 
-/// Errors of the driver; each wraps the failing stage's error.
-#[derive(Debug, Error)]
-pub enum DriverError {
-    /// Reading or importing the ONNX model failed.
-    #[error(transparent)]
-    Onnx(#[from] OnnxError),
-    /// The pass pipeline failed.
-    #[error(transparent)]
-    Pass(#[from] PassError),
-    /// Code generation failed.
-    #[error(transparent)]
-    Cpu(#[from] CpuError),
-    /// CUDA code generation (or ptxas) failed.
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// The compiled model needs a larger arena than
-    /// [`CompileOptions::max_arena_bytes`] allows.
-    #[error("the model needs a {arena_bytes}-byte arena, more than the limit of {limit} bytes (its shapes are too large)")]
-    ArenaTooLarge {
-        /// Arena bytes the artifact would need.
-        arena_bytes: u64,
-        /// The limit.
-        limit: u64,
-    },
-    /// Calibration data (`--calibrate DIR`) that does not fit the model,
-    /// found before any compile work is done.
-    #[error("calibration data {}: {message}", path.display())]
-    Calibration {
-        /// The directory or file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// An option combination that cannot work (`--max-rel-error` without
-    /// calibration samples).
-    #[error("{0}")]
-    Usage(String),
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-}
-
 /// What `assign-precision` decided and what it cost in accuracy.
 #[derive(Clone, Debug)]
 pub struct PrecisionOutcome {
@@ -438,7 +383,7 @@ pub fn read_calibration(
         // Raw (ml_dtypes) arrays read as the input they feed.
         let want = |name: &str| {
             let input = inputs.iter().find(|n| n.name == name)?;
-            kiln_runtime::DType::from_name(input.ty.dtype.name())
+            Some(input.ty.dtype)
         };
         let arrays = crate::npy::read_npz(file, want).map_err(|e| bad(file, e.to_string()))?;
         if let Some(extra) = arrays.iter().find(|a| !names.contains(&a.name.as_str())) {
@@ -769,15 +714,7 @@ fn optimize_graph(
         }
         None => PassManager::for_level(opts.opt_level)?,
     };
-    // The CUDA target lowers headless fused kernels only (it fuses unary
-    // epilogues into dense kernels in its own plan) and has no attention
-    // kernel.
-    let pm = if opts.cuda.is_some() {
-        pm.with_replaced(kiln_passes::Fuse::elementwise_only())
-            .with_replaced(kiln_passes::Recognize::without_attention())
-    } else {
-        pm
-    };
+    let pm = opts.target.backend().pipeline(pm);
     // Options that cannot work are refused before the calibration data is
     // read (an empty calibration directory is an error of its own).
     if opts.precision.activation_type != kiln_passes::ActivationType::default()
@@ -967,33 +904,8 @@ fn generate(
             });
         }
     }
-    let mut ptx_kernels = Vec::new();
-    let mut ptxas = None;
-    let artifact = match opts.cuda {
-        Some(sm) => {
-            let program = kiln_target_cuda::compile(&graph, sm)?;
-            ptx_kernels = program.kernel_modules();
-            ptxas = kiln_target_cuda::ptxas::find_ptxas();
-            let assembled = match &ptxas {
-                Some(p) => Some(kiln_target_cuda::ptxas::assemble(p, &program)?),
-                None => None,
-            };
-            let info = kiln_target_cuda::artifact::ArtifactInfo {
-                compiler_version: info.compiler_version,
-                options: info.options,
-                source_sha256: info.source_sha256,
-            };
-            kiln_target_cuda::artifact::to_artifact(&program, assembled.as_ref(), info)
-        }
-        None => {
-            let cpu = CpuOptions {
-                target: opts.target,
-                opt_level: 1,
-                threads: opts.threads,
-            };
-            kiln_target_cpu::compile(&graph, &cpu, info)?
-        }
-    };
+    let (artifact, Generated { ptx_kernels, ptxas }) =
+        opts.target.backend().generate(&graph, opts.threads, info)?;
     if artifact.metadata.arena_size > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
             arena_bytes: artifact.metadata.arena_size,
@@ -1020,54 +932,15 @@ fn generate(
 /// the padding between sections), as named by the first artifact's layout.
 /// `None` when the bytes are identical.
 pub fn first_difference(a: &[u8], b: &[u8]) -> Option<(u64, String)> {
-    use kiln_runtime::format::{read_header, SectionKind, HEADER_LEN, SECTION_ENTRY_LEN};
     let offset = match a.iter().zip(b).position(|(x, y)| x != y) {
         Some(i) => i,
         None if a.len() == b.len() => return None,
         None => a.len().min(b.len()),
     };
-    let table_end = HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN;
-    let region = if offset < HEADER_LEN {
-        let field = match offset {
-            0..8 => "magic",
-            8..12 => "version",
-            12..16 => "arch",
-            16..24 => "features",
-            24..28 => "section count",
-            28..32 => "reserved",
-            _ => "content hash",
-        };
-        format!("header ({field})")
-    } else if offset < table_end {
-        let i = (offset - HEADER_LEN) / SECTION_ENTRY_LEN;
-        format!(
-            "section table (entry {}: {})",
-            i,
-            SectionKind::ALL[i].name()
-        )
+    let region = if offset >= a.len() {
+        format!("end of file (lengths {} and {})", a.len(), b.len())
     } else {
-        match read_header(a) {
-            Ok(h) => h
-                .sections
-                .iter()
-                .find(|s| (s.offset..s.offset + s.length).contains(&(offset as u64)))
-                .map(|s| {
-                    format!(
-                        "section {} (+{} of {} bytes)",
-                        s.kind.name(),
-                        offset as u64 - s.offset,
-                        s.length
-                    )
-                })
-                .unwrap_or_else(|| {
-                    if offset >= a.len() || offset >= b.len() {
-                        format!("end of file (lengths {} and {})", a.len(), b.len())
-                    } else {
-                        "padding between sections".to_string()
-                    }
-                }),
-            Err(e) => format!("unparsable artifact ({e})"),
-        }
+        kiln_format::region_at(a, offset as u64)
     };
     Some((offset as u64, region))
 }

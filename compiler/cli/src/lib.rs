@@ -24,7 +24,9 @@
 pub mod cli;
 pub mod compare;
 pub mod driver;
+mod error;
 pub mod npy;
 pub mod output;
 pub mod report_html;
 pub mod signing;
+pub mod target;

@@ -75,9 +75,9 @@ enum Elements {
 
 /// Whether `d` is a type numpy has only through `ml_dtypes`, so that a file
 /// holds its elements raw: bfloat16 and the narrow storage types (one
-/// code per byte, `kiln_ir::DType::is_narrow`).
+/// code per byte, [`DType::is_narrow`]).
 fn needs_raw_bits(d: DType) -> bool {
-    d == DType::BF16 || kiln_ir::DType::from_name(d.name()).is_some_and(|d| d.is_narrow())
+    d == DType::BF16 || d.is_narrow()
 }
 
 /// One element's bytes, whatever numpy type a file gives them (the reader
@@ -332,9 +332,7 @@ pub fn to_ir_tensor(t: Tensor, path: &Path) -> Result<kiln_ir::Tensor, NpyError>
         path: path.display().to_string(),
         message: message.into(),
     };
-    let dtype = kiln_ir::DType::from_name(t.dtype.name())
-        .ok_or_else(|| malformed("its element type has no compiler equivalent"))?;
-    let data = kiln_ir::Data::from_le_bytes(dtype, &t.data)
+    let data = kiln_ir::Data::from_le_bytes(t.dtype, &t.data)
         .ok_or_else(|| malformed("its data is not a whole number of elements"))?;
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
     kiln_ir::Tensor::new(&shape, data)

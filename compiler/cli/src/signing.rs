@@ -11,7 +11,7 @@
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
 use ed25519_dalek::{Signer, SigningKey};
-use kiln_runtime::format::{read_header, signed_message, DetachedSignature, FormatError};
+use kiln_format::{read_header, signed_message, DetachedSignature, FormatError};
 use thiserror::Error;
 
 /// Why a key could not be made or used.

@@ -2,7 +2,7 @@
 //! input giving a clear message and its documented exit code.
 
 use kiln::npy::{read_tensor, read_tensor_as, write_tensor};
-use kiln_runtime::format::{Artifact, CpuFeatures};
+use kiln_format::{Artifact, CpuFeatures};
 use kiln_runtime::Tensor;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -740,10 +740,13 @@ fn quantize_builds_int8_layers_and_refuses_bad_combinations() {
     let o = kiln(&["inspect", art.to_str().unwrap()]);
     assert!(o.stdout.contains("activation_type=int8"), "{}", o.stdout);
     for (args, needle) in [
-        (&["--quantize", "fancy"][..], "unknown mode 'fancy'"),
+        (
+            &["--quantize", "fancy"][..],
+            "invalid value 'fancy' for '--quantize",
+        ),
         (
             &["--quantize", "dynamic", "--activation-type", "fp8"][..],
-            "unknown activation type 'fp8'",
+            "invalid value 'fp8' for '--activation-type",
         ),
         (
             &["--precision", "bf16", "--activation-type", "int8"][..],
@@ -855,7 +858,7 @@ fn calibrated_static_builds_smooth_and_correct_biases_unless_told_not_to() {
 /// shared memory without overflowing `u32`.
 #[test]
 fn inspect_adds_shared_memory_sizes_without_overflow() {
-    use kiln_runtime::format::{CudaCode, CudaKernel, Metadata};
+    use kiln_format::{CudaCode, CudaKernel, Metadata};
     let code = CudaCode {
         sm: 80,
         ptx: ".version 7.0\n".into(),
@@ -1095,5 +1098,21 @@ fn no_progress_bars_into_a_pipe() {
         ] {
             assert!(!o.stderr.contains(stage), "{stage:?} in {:?}", o.stderr);
         }
+    }
+}
+
+/// Every enumerated flag's values are listed by `--help`, from the same
+/// parser that accepts them.
+#[test]
+fn help_lists_the_values_of_enumerated_flags() {
+    let o = kiln(&["compile", "--help"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for listed in [
+        "[possible values: fp32, bf16, fp16, int8, mixed]",
+        "- static:",
+        "- dynamic:",
+        "- uint8: asymmetric per tensor",
+    ] {
+        assert!(o.stdout.contains(listed), "{listed} not in:\n{}", o.stdout);
     }
 }

@@ -118,7 +118,7 @@ fn inspect_prints_the_content_hash_compile_reports() {
     assert_eq!(hash.len(), 64);
 
     let bytes = std::fs::read(&artifact).unwrap();
-    let header = kiln_runtime::format::read_header(&bytes).unwrap();
+    let header = kiln_format::read_header(&bytes).unwrap();
     let hex: String = header
         .content_hash
         .iter()
@@ -160,10 +160,10 @@ fn first_difference_names_offset_and_section() {
     let path = std::env::temp_dir().join(format!("kiln-fd-{}.kiln", std::process::id()));
     let a = std::fs::read(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    let header = kiln_runtime::format::read_header(&a).unwrap();
+    let header = kiln_format::read_header(&a).unwrap();
     assert_eq!(kiln::driver::first_difference(&a, &a), None);
 
-    let weights = header.section(kiln_runtime::format::SectionKind::Weights);
+    let weights = header.section(kiln_format::SectionKind::Weights);
     let mut b = a.clone();
     b[weights.offset as usize + 5] ^= 1;
     let (offset, region) = kiln::driver::first_difference(&a, &b).unwrap();

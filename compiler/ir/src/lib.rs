@@ -35,18 +35,20 @@ mod op;
 mod schedule;
 mod tensor;
 pub mod text;
+mod value_type;
 pub mod verify;
 
 pub use dtype::DType;
 pub use error::IrError;
 pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Instr, Reg};
-pub use graph::{Graph, Node, NodeId, ValueType};
+pub use graph::{Graph, Node, NodeId};
 pub use op::{
     BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,
     NearestRounding, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
 };
 pub use schedule::{peak_live_bytes, schedule};
 pub use tensor::{Data, Tensor};
+pub use value_type::ValueType;
 
 /// A concrete tensor shape.
 pub type Shape = smallvec::SmallVec<[usize; 6]>;

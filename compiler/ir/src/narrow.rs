@@ -162,11 +162,6 @@ pub fn int_format(dtype: DType) -> Option<(u32, bool)> {
     }
 }
 
-/// Whether `dtype` is one of this module's types (one code per byte).
-pub fn is_narrow(dtype: DType) -> bool {
-    FloatFormat::of(dtype).is_some() || int_format(dtype).is_some()
-}
-
 /// Whether `dtype` is one of the narrow integer types (`i4`, `u4`, `i2`,
 /// `u2`).
 pub fn is_narrow_int(dtype: DType) -> bool {
@@ -251,6 +246,14 @@ pub fn encode_int(dtype: DType, v: i64) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_module_converts_exactly_the_narrow_types() {
+        for d in DType::ALL {
+            let here = FloatFormat::of(d).is_some() || int_format(d).is_some();
+            assert_eq!(here, d.is_narrow(), "{d}");
+        }
+    }
 
     const FLOATS: [DType; 5] = [
         DType::F8E4M3FN,

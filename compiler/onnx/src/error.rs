@@ -1,6 +1,7 @@
 //! Errors of the ONNX frontend.
 
 use std::fmt;
+use std::path::PathBuf;
 use thiserror::Error;
 
 /// One op the frontend cannot import, with where it is and what to do.
@@ -196,7 +197,7 @@ pub enum OnnxError {
         /// The tensor.
         tensor: String,
         /// What is wrong.
-        reason: crate::external::ExternalDataError,
+        reason: ExternalDataError,
     },
     /// A tensor declares more bytes than the limit or than the data present.
     #[error("tensor '{tensor}' declares {declared_bytes} bytes: {reason}")]
@@ -233,5 +234,78 @@ pub enum OnnxError {
         value: String,
         /// The ONNX type name.
         dtype: String,
+    },
+}
+
+/// Why external data was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ExternalDataError {
+    /// The tensor has no `location` entry.
+    #[error("no 'location' entry")]
+    NoLocation,
+    /// `offset` or `length` is not a number.
+    #[error("'{key}' is not a byte count: '{value}'")]
+    BadNumber {
+        /// `offset` or `length`.
+        key: String,
+        /// The value given.
+        value: String,
+    },
+    /// The location is absolute, empty or climbs out with `..`.
+    #[error("location '{0}' must be a relative path inside the model directory (absolute paths and '..' are refused)")]
+    Escapes(String),
+    /// A component of the location is hidden (starts with a dot).
+    #[error("location '{location}' has the hidden component '{component}': hidden files and directories are never read")]
+    Hidden {
+        /// The location.
+        location: String,
+        /// The hidden component.
+        component: String,
+    },
+    /// A component of the location is a symbolic link.
+    #[error("'{}' is a symbolic link: external data is read without following links (copy the file into the model directory)", .0.display())]
+    Symlink(PathBuf),
+    /// The location is not a regular file.
+    #[error("'{}' is {kind}, not a regular file", path.display())]
+    NotRegularFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is (`a named pipe (FIFO)`, `a directory`...).
+        kind: &'static str,
+    },
+    /// The model was not loaded from a file.
+    #[error(
+        "location '{0}' is relative to the model file, but the model was not loaded from a file"
+    )]
+    NoModelDirectory(String),
+    /// Opening or reading failed.
+    #[error("cannot {action} '{}': {source}", path.display())]
+    Io {
+        /// `open`, `read`...
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The `length` entry does not match the tensor.
+    #[error("'length' is {length} bytes but the tensor needs {needed}")]
+    Length {
+        /// The `length` entry.
+        length: u64,
+        /// The tensor's byte size.
+        needed: u64,
+    },
+    /// `offset` + the tensor's size is past the end of the file.
+    #[error("offset {offset} + {bytes} bytes is past the end of '{}' ({file_len} bytes)", path.display())]
+    PastEnd {
+        /// The `offset` entry.
+        offset: u64,
+        /// The tensor's byte size.
+        bytes: u64,
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        file_len: u64,
     },
 }

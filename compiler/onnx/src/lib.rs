@@ -55,8 +55,8 @@ mod summary;
 mod tensor;
 
 pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
-pub use error::{OnnxError, UnsupportedOp};
-pub use external::{ExternalData, ExternalDataError};
+pub use error::{ExternalDataError, OnnxError, UnsupportedOp};
+pub use external::ExternalData;
 pub use import::Preflight;
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};
 pub use tensor::{dtype_from_onnx, onnx_dtype_name, tensor_from_proto};

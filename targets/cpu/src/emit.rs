@@ -5,7 +5,7 @@ use cranelift_codegen::binemit::Reloc as CReloc;
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::{ExternalName, Function, LibCall};
 use cranelift_codegen::{print_errors, Context, FinalizedRelocTarget};
-use kiln_runtime::format::{Arch, HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
+use kiln_format::{Arch, HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
 
 use crate::isa::Target;
 use crate::CpuError;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cranelift_codegen::isa::{self, TargetIsa};
 use cranelift_codegen::settings::{self, Configurable};
-use kiln_runtime::format::{Arch, CpuFeatures};
+use kiln_format::{Arch, CpuFeatures};
 
 use crate::{CpuError, CpuOptions};
 

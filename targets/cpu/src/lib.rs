@@ -1,7 +1,7 @@
 //! `kiln-target-cpu`: Kiln's CPU code generator.
 //!
 //! [`compile`] turns a (shape-static) [`kiln_ir::Graph`] into a
-//! [`kiln_runtime::format::Artifact`]:
+//! [`kiln_format::Artifact`]:
 //!
 //! 1. **ISA** ([`CpuTarget`]): a fixed Cranelift ISA (x86-64 or AArch64) with
 //!    explicit feature flags; the same features are recorded in the artifact
@@ -59,7 +59,7 @@ mod plan;
 pub use isa::CpuTarget;
 pub use plan::{memory_plan, plan_stats, MemoryPlan, PlanStats, PlannedValue, Step, ValueKind};
 
-use kiln_runtime::format::{Artifact, Metadata};
+use kiln_format::{Artifact, Metadata};
 
 /// The default of [`CpuOptions::threads`]: dense kernels are split for up
 /// to four threads, which a session with fewer runs in turn.
@@ -87,16 +87,7 @@ impl Default for CpuOptions {
     }
 }
 
-/// Provenance recorded in the artifact's metadata.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ArtifactInfo {
-    /// Version of the compiler writing the artifact.
-    pub compiler_version: String,
-    /// Compile options, as text (shown by `kiln inspect`).
-    pub options: String,
-    /// SHA-256 of the source model.
-    pub source_sha256: [u8; 32],
-}
+pub use kiln_format::ArtifactInfo;
 
 /// Why a graph could not be compiled for the CPU.
 #[derive(Debug, thiserror::Error)]
@@ -241,15 +232,14 @@ pub fn compile(
     let graph = &*legalize::legalize(graph, &target)?;
     let mut features = target.features;
     if graph.node_ids().any(|id| legalize::is_bf16_dot(graph, id)) {
-        features |= kiln_runtime::format::CpuFeatures::AVX512BF16;
+        features |= kiln_format::CpuFeatures::AVX512BF16;
     }
     if target.vnni
         && graph
             .node_ids()
             .any(|id| graph.node(id).op.is_integer_product())
     {
-        features |= kiln_runtime::format::CpuFeatures::AVX512VNNI
-            | kiln_runtime::format::CpuFeatures::AVX512BW;
+        features |= kiln_format::CpuFeatures::AVX512VNNI | kiln_format::CpuFeatures::AVX512BW;
     }
     let order = kiln_ir::schedule(graph)?;
     let (scratch, read) = scratch_sizes(graph, &order, &target)?;

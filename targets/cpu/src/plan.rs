@@ -32,8 +32,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
+use kiln_format::TensorSpec;
 use kiln_ir::{Graph, NodeId, Op};
-use kiln_runtime::format::{DType as FDType, TensorSpec};
 
 use crate::CpuError;
 
@@ -228,7 +228,7 @@ pub(crate) struct Plan {
     pub scratch_regions: Vec<(u64, u64)>,
     /// How each dense node lowered so far was lowered (kernel selection,
     /// `lower::select`), in job order.
-    pub dense_kernels: Vec<kiln_runtime::format::DenseKernel>,
+    pub dense_kernels: Vec<kiln_format::DenseKernel>,
 }
 
 /// Scratch memory of one job's kernels (e.g. an im2col matrix): a region
@@ -434,13 +434,6 @@ pub fn plan_stats(graph: &Graph) -> Result<PlanStats, CpuError> {
 
 pub(crate) fn align(x: u64) -> u64 {
     pack::align(x)
-}
-
-/// The artifact's dtype for an IR dtype.
-pub(crate) fn format_dtype(d: kiln_ir::DType) -> FDType {
-    // The two enums share their names (the CPU target's
-    // `every_ir_dtype_has_an_artifact_dtype` test checks every one).
-    FDType::from_name(d.name()).expect("every IR element type has an artifact code")
 }
 
 /// A kernel before offsets are known.
@@ -826,7 +819,7 @@ pub(crate) fn plan(
         let ty = &graph.node(id).ty;
         TensorSpec {
             name: name.to_owned(),
-            dtype: format_dtype(ty.dtype),
+            dtype: ty.dtype,
             shape: ty.shape.iter().map(|&d| d as u64).collect(),
             arena_offset: offset,
         }

@@ -60,7 +60,7 @@ fn inputs(g: &Graph, seed: u64) -> Vec<Tensor> {
         .collect()
 }
 
-fn artifact(g: &Graph, target: CpuTarget, threads: usize) -> kiln_runtime::format::Artifact {
+fn artifact(g: &Graph, target: CpuTarget, threads: usize) -> kiln_format::Artifact {
     let opts = CpuOptions {
         target,
         opt_level: 2,
@@ -108,12 +108,7 @@ fn attention_tiles_cover_full_and_partial_blocks() {
     }
 }
 
-fn run(
-    g: &Graph,
-    artifact: &kiln_runtime::format::Artifact,
-    inputs: &[Tensor],
-    threads: usize,
-) -> Vec<u8> {
+fn run(g: &Graph, artifact: &kiln_format::Artifact, inputs: &[Tensor], threads: usize) -> Vec<u8> {
     let model = Model::from_bytes(&artifact.to_bytes()).unwrap();
     let names: Vec<String> = g.inputs().iter().map(|&i| g.node(i).name.clone()).collect();
     let shapes: Vec<Vec<u64>> = (inputs.iter())
@@ -121,14 +116,7 @@ fn run(
         .collect();
     let datas: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
     let refs: Vec<TensorRef> = (0..inputs.len())
-        .map(|i| {
-            TensorRef::new(
-                &names[i],
-                kiln_runtime::format::DType::F32,
-                &shapes[i],
-                &datas[i],
-            )
-        })
+        .map(|i| TensorRef::new(&names[i], kiln_format::DType::F32, &shapes[i], &datas[i]))
         .collect();
     let mut session = model.session_with_threads(threads).unwrap();
     session.run(&refs).unwrap().swap_remove(0).data

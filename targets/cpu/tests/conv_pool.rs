@@ -830,8 +830,7 @@ fn conv_integer_on_the_vnni_kernel() {
             opt_level: 2,
             threads: 1,
         };
-        let vnni_bw = kiln_runtime::format::CpuFeatures::AVX512VNNI
-            | kiln_runtime::format::CpuFeatures::AVX512BW;
+        let vnni_bw = kiln_format::CpuFeatures::AVX512VNNI | kiln_format::CpuFeatures::AVX512BW;
         for fused in [false, true] {
             let g = graph(fused);
             for target in [

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{check_rand, f32_tensor, Rng};
+use kiln_format::DenseKernel;
 use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
-use kiln_runtime::format::DenseKernel;
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
 /// A convolution's geometry.

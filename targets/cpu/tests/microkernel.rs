@@ -9,8 +9,8 @@
 mod common;
 
 use common::{check_rand, f32_tensor, has_zmm_fma, Rng};
+use kiln_format::Artifact;
 use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
-use kiln_runtime::format::Artifact;
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
 /// Ragged sizes around the tile edges (16-lane vectors, rows up to 14).

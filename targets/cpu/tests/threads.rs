@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{f32_tensor, fdtype, Rng};
+use common::{f32_tensor, Rng};
 use kiln_ir::{
     BinaryOp, Col2Im, Conv2d, CoordinateTransform, DType, Data, DenseHead, DenseOp,
     ElementwiseProgram, FusedKernel, FusedStore, Graph, Instr, NearestRounding, Op, Reg, Resize,
@@ -15,7 +15,7 @@ use kiln_ir::{
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
-fn artifact(g: &Graph, threads: usize) -> kiln_runtime::format::Artifact {
+fn artifact(g: &Graph, threads: usize) -> kiln_format::Artifact {
     let opts = CpuOptions {
         target: CpuTarget::Native,
         opt_level: 2,
@@ -32,7 +32,7 @@ fn run(model: &Model, g: &Graph, inputs: &[Tensor], threads: usize) -> Vec<Vec<u
         .collect();
     let datas: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
     let refs: Vec<TensorRef> = (0..inputs.len())
-        .map(|i| TensorRef::new(&names[i], fdtype(inputs[i].dtype()), &shapes[i], &datas[i]))
+        .map(|i| TensorRef::new(&names[i], inputs[i].dtype(), &shapes[i], &datas[i]))
         .collect();
     let mut session = model.session_with_threads(threads).expect("session");
     assert_eq!(session.threads(), threads);

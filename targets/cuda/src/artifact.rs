@@ -5,32 +5,17 @@
 //! the inputs, outputs and arena size. RELOCS, KERNELS and SCHEDULE stay
 //! empty: they describe CPU code.
 
-use kiln_runtime::format::{Artifact, CudaCode, CudaKernel, DType as FDType, Metadata, TensorSpec};
+use kiln_format::{Artifact, CudaCode, CudaKernel, Metadata, TensorSpec};
 
 use crate::ptxas::Assembled;
 use crate::{CudaProgram, IoSpec};
 
-/// Provenance recorded in the artifact's metadata.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ArtifactInfo {
-    /// Version of the compiler writing the artifact.
-    pub compiler_version: String,
-    /// Compile options, as text.
-    pub options: String,
-    /// SHA-256 of the source model.
-    pub source_sha256: [u8; 32],
-}
-
-fn format_dtype(d: kiln_ir::DType) -> FDType {
-    // The two enums share their names (the CPU target's
-    // `every_ir_dtype_has_an_artifact_dtype` test checks every one).
-    FDType::from_name(d.name()).expect("every IR element type has an artifact code")
-}
+pub use kiln_format::ArtifactInfo;
 
 fn spec(io: &IoSpec) -> TensorSpec {
     TensorSpec {
         name: io.name.clone(),
-        dtype: format_dtype(io.dtype),
+        dtype: io.dtype,
         shape: io.shape.iter().map(|&d| d as u64).collect(),
         arena_offset: io.arena_offset,
     }

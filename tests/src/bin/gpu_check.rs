@@ -155,7 +155,7 @@ impl Backend for Cuda {
     type Loaded = CudaModel;
     fn options(&self) -> CompileOptions {
         CompileOptions {
-            cuda: Some(self.sm),
+            target: kiln::target::Target::Cuda(self.sm),
             ..CompileOptions::default()
         }
     }
@@ -184,7 +184,7 @@ fn p50(model: &mut CudaModel, views: &[TensorRef<'_>], runs: usize) -> Result<f6
 
 fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> {
     let mut opts = fixture.compile_options();
-    opts.cuda = Some(sm);
+    opts.target = kiln::target::Target::Cuda(sm);
     opts.precision = kiln_passes::Policy {
         mode: args.precision,
         ..kiln_passes::Policy::default()

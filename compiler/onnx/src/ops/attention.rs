@@ -11,8 +11,8 @@
 //! 0.0044 from the exact (f64) result and a once-rounded result at most
 //! 0.0020 (half a unit).
 
-use super::elementwise::{cast_to, reshape_to, scalar};
-use super::index::{build_const, gen_const};
+use super::build::{build_const, gen_const};
+use super::build::{cast_to, reshape_to, scalar};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, ReduceOp, Tensor, UnaryOp};
@@ -299,7 +299,7 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     if let Some(np) = nonpad {
         let np = cast_to(ctx, np, DType::I64, "nonpad_len_i64")?;
         let np = reshape_to(ctx, np, &[batch, 1, 1, 1], Some("nonpad_len_view"))?;
-        let pos = super::index::ramp(ctx, kv_len, 3, 4, DType::I64, "key_positions")?;
+        let pos = super::build::ramp(ctx, kv_len, 3, 4, DType::I64, "key_positions")?;
         let valid = ctx.op(Op::Compare(CompareOp::Less), &[pos, np], Some("key_valid"))?;
         let pb = bias_from(ctx, valid, dt, "padding_bias")?;
         bias = Some(match bias {
@@ -390,7 +390,7 @@ pub fn attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// of each head rotate pairwise (halves, or even/odd with `interleaved`) by
 /// the cos/sin caches, gathered by `position_ids` when given.
 pub fn rotary_embedding(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    use super::movement::slice_along;
+    use super::build::slice_along;
     let x = ctx.input(node, 0)?;
     let cos = ctx.input(node, 1)?;
     let sin = ctx.input(node, 2)?;
@@ -656,7 +656,7 @@ pub fn linear_attention(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         None => build_const(ctx, &state_shape, f, "state0", |n| Data::zeros(f, n))?,
     };
     let step = |ctx: &mut ImportCtx, x: Val, t: usize, tag: &str| {
-        super::movement::slice_along(ctx, x, 2, t, 1, 1, &format!("{tag}{t}"))
+        super::build::slice_along(ctx, x, 2, t, 1, 1, &format!("{tag}{t}"))
     };
     let mut outs = Vec::with_capacity(steps);
     for t in 0..steps {

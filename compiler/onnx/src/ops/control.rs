@@ -23,8 +23,8 @@
 //! before a body is imported; constants a body re-creates in each iteration
 //! are charged to the generated-constant budget.
 
-use super::elementwise::reshape_to;
-use super::movement::slice_along;
+use super::build::reshape_to;
+use super::build::slice_along;
 use crate::ctx::{ImportCtx, Val};
 use crate::tensor::dtype_from_onnx;
 use crate::OnnxError;

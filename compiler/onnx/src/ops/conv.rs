@@ -1,188 +1,16 @@
-//! Convolution, transposed convolution, Col2Im and Resize/Upsample, and the
-//! window attributes (`strides`, `pads`, `auto_pad`,
-//! `dilations`) it shares with pooling. 1-D windows are lifted to 2-D by
-//! inserting an H axis of 1.
+//! Convolution, transposed convolution and Col2Im. The window attributes
+//! they share with pooling are in [`super::window`]; 1-D windows are lifted
+//! to 2-D by inserting an H axis of 1.
 
-use super::elementwise::{accumulate, reshape_to};
+use super::build::{accumulate, reshape_to};
 use super::one;
+use super::window::{conv_attrs, lift, positive_list, spatial_rank, window};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{
-    BinaryOp, Col2Im, Conv2d, CoordinateTransform, Data, NearestRounding, Op, Resize, ResizeMode,
-};
+use kiln_ir::{BinaryOp, Col2Im, Conv2d, Data, Op};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
-
-/// Resolved window attributes for `n` spatial axes.
-#[derive(Clone, Debug)]
-pub(crate) struct Window {
-    pub strides: Vec<usize>,
-    pub dilations: Vec<usize>,
-    pub pads_begin: Vec<usize>,
-    pub pads_end: Vec<usize>,
-}
-
-impl Window {
-    /// The 2-D form (`[top, left, bottom, right]` pads); a 1-D window gets
-    /// a neutral H axis, a 3-D one gives its (H, W) part (the depth is
-    /// unrolled by the 3-D decompositions).
-    pub fn to_2d(&self) -> ([usize; 2], [usize; 4], [usize; 2]) {
-        if self.strides.len() == 1 {
-            return (
-                [1, self.strides[0]],
-                [0, self.pads_begin[0], 0, self.pads_end[0]],
-                [1, self.dilations[0]],
-            );
-        }
-        let [h, w] = [self.strides.len() - 2, self.strides.len() - 1];
-        (
-            [self.strides[h], self.strides[w]],
-            [
-                self.pads_begin[h],
-                self.pads_begin[w],
-                self.pads_end[h],
-                self.pads_end[w],
-            ],
-            [self.dilations[h], self.dilations[w]],
-        )
-    }
-}
-
-fn positive_list(
-    ctx: &ImportCtx,
-    node: &NodeProto,
-    name: &str,
-    n: usize,
-) -> Result<Vec<usize>, OnnxError> {
-    match ctx.attr_ints(node, name)? {
-        None => Ok(vec![1; n]),
-        Some(v) if v.len() == n && v.iter().all(|&x| x > 0) => {
-            Ok(v.iter().map(|&x| x as usize).collect())
-        }
-        Some(v) => Err(ctx.bad_attr(name, format!("expected {n} positive values, got {v:?}"))),
-    }
-}
-
-/// Resolves strides, dilations and padding (including `auto_pad`) for a
-/// window of `kernel` over the spatial dims `input`.
-pub(crate) fn window(
-    ctx: &ImportCtx,
-    node: &NodeProto,
-    input: &[usize],
-    kernel: &[usize],
-) -> Result<Window, OnnxError> {
-    let n = input.len();
-    let strides = positive_list(ctx, node, "strides", n)?;
-    let dilations = if ctx.has_attr(node, "dilations") {
-        positive_list(ctx, node, "dilations", n)?
-    } else {
-        vec![1; n]
-    };
-    let auto_pad = ctx.attr_s(node, "auto_pad")?.unwrap_or_default();
-    let (pads_begin, pads_end) = match auto_pad.as_str() {
-        "" | "NOTSET" => match ctx.attr_ints(node, "pads")? {
-            None => (vec![0; n], vec![0; n]),
-            Some(p) if p.len() == 2 * n && p.iter().all(|&x| x >= 0) => (
-                p[..n].iter().map(|&x| x as usize).collect(),
-                p[n..].iter().map(|&x| x as usize).collect(),
-            ),
-            Some(p) => {
-                return Err(ctx.bad_attr(
-                    "pads",
-                    format!("expected {} non-negative values, got {p:?}", 2 * n),
-                ))
-            }
-        },
-        "VALID" => (vec![0; n], vec![0; n]),
-        "SAME_UPPER" | "SAME_LOWER" => {
-            let mut b = Vec::with_capacity(n);
-            let mut e = Vec::with_capacity(n);
-            for i in 0..n {
-                let out = input[i].div_ceil(strides[i]);
-                let span = (kernel[i].max(1) - 1) * dilations[i] + 1;
-                let total = ((out.max(1) - 1) * strides[i] + span).saturating_sub(input[i]);
-                let small = total / 2;
-                if auto_pad == "SAME_UPPER" {
-                    b.push(small);
-                    e.push(total - small);
-                } else {
-                    b.push(total - small);
-                    e.push(small);
-                }
-            }
-            (b, e)
-        }
-        other => return Err(ctx.bad_attr("auto_pad", format!("unknown value '{other}'"))),
-    };
-    Ok(Window {
-        strides,
-        dilations,
-        pads_begin,
-        pads_end,
-    })
-}
-
-/// Checks that `x` is 3-D or 4-D (1-D or 2-D windows); anything else is
-/// unsupported.
-pub(crate) fn spatial_rank(ctx: &ImportCtx, x: Val, what: &str) -> Result<usize, OnnxError> {
-    match ctx.ty(x).shape.len() {
-        3 => Ok(1),
-        4 => Ok(2),
-        r => Err(ctx.unsupported(format!(
-            "only 1-D and 2-D {what} are supported; the input has rank {r}"
-        ))),
-    }
-}
-
-/// Lifts a 3-D `[N, C, L]` value to `[N, C, 1, L]`.
-pub(crate) fn lift(ctx: &mut ImportCtx, x: Val, suffix: &str) -> Result<Val, OnnxError> {
-    let s = ctx.ty(x).shape.clone();
-    reshape_to(ctx, x, &[s[0], s[1], 1, s[2]], Some(suffix))
-}
-
-/// The 2-D IR attributes of a `Conv`-like node (`Conv`, `ConvInteger`,
-/// `QLinearConv`) with input X of shape `xs` (rank 3 or 4, checked by
-/// [`spatial_rank`]) and weights of shape `ws`: `kernel_shape` is optional
-/// and checked against W, `auto_pad` is resolved from the static shapes, a
-/// 1-D window gets a neutral H axis.
-pub(crate) fn conv_attrs(
-    ctx: &ImportCtx,
-    node: &NodeProto,
-    xs: &[usize],
-    ws: &[usize],
-) -> Result<Conv2d, OnnxError> {
-    let nsp = xs.len() - 2;
-    if ws.len() != xs.len() {
-        return Err(ctx.invalid(format!(
-            "W has rank {} but X has rank {}",
-            ws.len(),
-            xs.len()
-        )));
-    }
-    let kernel: Vec<usize> = ws[2..].to_vec();
-    if let Some(k) = ctx.attr_ints(node, "kernel_shape")? {
-        if k.len() != nsp || k.iter().zip(&kernel).any(|(&a, &b)| a != b as i64) {
-            return Err(ctx.bad_attr("kernel_shape", format!("{k:?} does not match W {ws:?}")));
-        }
-    }
-    let group = ctx.attr_i_or(node, "group", 1)?;
-    if group < 1 {
-        return Err(ctx.bad_attr("group", format!("must be positive, got {group}")));
-    }
-    let win = window(ctx, node, &xs[2..], &kernel)?;
-    let (strides, pads, dilations) = win.to_2d();
-    Ok(Conv2d {
-        strides,
-        pads,
-        dilations,
-        group: group as usize,
-    })
-}
-
-/// Most output positions along one axis of a `tf_crop_and_resize` (its
-/// extrapolation mask has one flag per position).
-const MAX_CROP_AXIS: usize = 1 << 24;
 
 /// `Conv` (2-D; 1-D through a reshape; 3-D as 2-D convolutions per depth
 /// tap, [`conv_3d`]).
@@ -273,7 +101,7 @@ fn conv_3d(
     };
     let (n, c) = (xs[0], xs[1]);
     let x = if pd0 + pd1 > 0 {
-        let zero = super::elementwise::scalar(ctx, ctx.ty(x).dtype, 0.0, "depth_pad_value");
+        let zero = super::build::scalar(ctx, ctx.ty(x).dtype, 0.0, "depth_pad_value");
         super::movement::pad_axis(ctx, x, 2, (pd0 as i64, pd1 as i64), "constant", zero)?
     } else {
         x
@@ -287,7 +115,7 @@ fn conv_3d(
     )?;
     let mut sum: Option<Val> = None;
     for t in 0..kd {
-        let slices = super::movement::slice_along(
+        let slices = super::build::slice_along(
             ctx,
             depth_major,
             1,
@@ -302,7 +130,7 @@ fn conv_3d(
             &[n * out_depth, c, xs[3], xs[4]],
             Some(&format!("depth_tap{t}_images")),
         )?;
-        let wt = super::movement::slice_along(ctx, w, 2, t, 1, 1, &format!("w_tap{t}"))?;
+        let wt = super::build::slice_along(ctx, w, 2, t, 1, 1, &format!("w_tap{t}"))?;
         let wt = reshape_to(
             ctx,
             wt,
@@ -380,7 +208,7 @@ pub fn causal_conv_with_state(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
         None => {
             let dt = ctx.ty(x).dtype;
-            super::index::build_const(ctx, &[batch, channels, k - 1], dt, "no_past", |n| {
+            super::build::build_const(ctx, &[batch, channels, k - 1], dt, "no_past", |n| {
                 Data::zeros(dt, n)
             })?
         }
@@ -407,7 +235,7 @@ pub fn causal_conv_with_state(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     } else {
         y
     };
-    let present = super::movement::slice_along(ctx, padded, 2, len, 1, k - 1, "present_state")?;
+    let present = super::build::slice_along(ctx, padded, 2, len, 1, k - 1, "present_state")?;
     Ok(vec![y, present])
 }
 
@@ -606,7 +434,7 @@ pub fn conv_transpose(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     for (i, &(before, after)) in extend.iter().enumerate() {
         if (before, after) != (0, 0) {
-            let zero = super::elementwise::scalar(ctx, ctx.ty(y).dtype, 0.0, "extension_zero");
+            let zero = super::build::scalar(ctx, ctx.ty(y).dtype, 0.0, "extension_zero");
             let range = (before as i64, after as i64);
             y = super::movement::pad_axis(ctx, y, 2 + i, range, "constant", zero)?;
         }
@@ -678,10 +506,10 @@ fn col2im_3d(
     )?;
     let plane = c * h * w;
     let dtype = ctx.ty(cols).dtype;
-    let zero = super::elementwise::scalar(ctx, dtype, 0.0, "col2im_zero");
+    let zero = super::build::scalar(ctx, dtype, 0.0, "col2im_zero");
     let mut sum: Option<Val> = None;
     for t in 0..kd {
-        let tap = super::movement::slice_along(ctx, view, 2, t, 1, 1, &format!("tap{t}"))?;
+        let tap = super::build::slice_along(ctx, view, 2, t, 1, 1, &format!("tap{t}"))?;
         let tap = ctx.op(
             Op::Transpose {
                 perm: [0, 4, 1, 2, 3, 5].into_iter().collect(),
@@ -834,289 +662,6 @@ pub fn col2im(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             strides: [strides[0], strides[1]],
             dilations: [dilations[0], dilations[1]],
             pads: [pads[0], pads[1]],
-        }),
-        &[x],
-        None,
-    )?)
-}
-
-/// `Resize` (opsets 10–19). Scales or sizes must be known at compile time
-/// (and the roi of `tf_crop_and_resize`). Antialiasing (opset 18) widens
-/// the Linear and Cubic filters when downsampling (`Resize::taps`).
-pub fn resize(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let x = ctx.input(node, 0)?;
-    let in_shape = ctx.ty(x).shape.clone();
-    let rank = in_shape.len();
-    if ctx.opset < 11 {
-        let scales = ctx.const_input(node, 1)?.to_f64_vec();
-        let mode = ctx
-            .attr_s(node, "mode")?
-            .unwrap_or_else(|| "nearest".into());
-        return resample_legacy(ctx, x, &scales, &mode);
-    }
-    let coord = match ctx
-        .attr_s(node, "coordinate_transformation_mode")?
-        .as_deref()
-        .unwrap_or("half_pixel")
-    {
-        "half_pixel" => CoordinateTransform::HalfPixel,
-        "half_pixel_symmetric" => CoordinateTransform::HalfPixelSymmetric,
-        "pytorch_half_pixel" => CoordinateTransform::PytorchHalfPixel,
-        "align_corners" => CoordinateTransform::AlignCorners,
-        "asymmetric" => CoordinateTransform::Asymmetric,
-        "tf_crop_and_resize" => CoordinateTransform::TfCropAndResize,
-        other => {
-            return Err(ctx.bad_attr(
-                "coordinate_transformation_mode",
-                format!("unknown value '{other}'"),
-            ))
-        }
-    };
-    let mode = match ctx.attr_s(node, "mode")?.as_deref().unwrap_or("nearest") {
-        "nearest" => ResizeMode::Nearest(
-            match ctx
-                .attr_s(node, "nearest_mode")?
-                .as_deref()
-                .unwrap_or("round_prefer_floor")
-            {
-                "round_prefer_floor" => NearestRounding::RoundPreferFloor,
-                "round_prefer_ceil" => NearestRounding::RoundPreferCeil,
-                "floor" => NearestRounding::Floor,
-                "ceil" => NearestRounding::Ceil,
-                other => {
-                    return Err(ctx.bad_attr("nearest_mode", format!("unknown value '{other}'")))
-                }
-            },
-        ),
-        "linear" => ResizeMode::Linear,
-        "cubic" => ResizeMode::Cubic {
-            a: ctx.attr_f_or(node, "cubic_coeff_a", -0.75)?,
-            exclude_outside: ctx.attr_i_or(node, "exclude_outside", 0)? != 0,
-        },
-        other => return Err(ctx.bad_attr("mode", format!("unknown value '{other}'"))),
-    };
-    let antialias = ctx.attr_i_or(node, "antialias", 0)? != 0;
-    if antialias && matches!(mode, ResizeMode::Nearest(_)) {
-        return Err(ctx.bad_attr("antialias", "applies to the linear and cubic modes only"));
-    }
-    // The axes the scales/sizes address (opset 18), all by default.
-    let axes: Vec<usize> = match ctx.attr_ints(node, "axes")? {
-        None => (0..rank).collect(),
-        Some(a) => a
-            .iter()
-            .map(|&v| ctx.axis("axes", v, rank))
-            .collect::<Result<_, _>>()?,
-    };
-    let scales_in = ctx.opt_const_input(node, 2)?.filter(|t| !t.is_empty());
-    let sizes_in = ctx.opt_const_input(node, 3)?.filter(|t| !t.is_empty());
-    let mut scales: Vec<f64> = vec![1.0; rank];
-    let mut shape: Vec<usize> = in_shape.to_vec();
-    match (scales_in, sizes_in) {
-        (Some(s), None) => {
-            let s = s.to_f64_vec();
-            if s.len() != axes.len() || s.iter().any(|&v| !(v.is_finite() && v > 0.0)) {
-                return Err(ctx.bad_attr(
-                    "scales",
-                    format!("{s:?} must be {} positive values", axes.len()),
-                ));
-            }
-            for (&a, &v) in axes.iter().zip(&s) {
-                // Scales are float32 in the model; the coordinate math uses them as given.
-                scales[a] = v as f32 as f64;
-                shape[a] = (in_shape[a] as f64 * scales[a]).floor() as usize;
-            }
-        }
-        (None, Some(z)) => {
-            let z = z.to_i64_vec();
-            if z.len() != axes.len() || z.iter().any(|&v| v <= 0) {
-                return Err(ctx.bad_attr(
-                    "sizes",
-                    format!("{z:?} must be {} positive sizes", axes.len()),
-                ));
-            }
-            let policy = ctx
-                .attr_s(node, "keep_aspect_ratio_policy")?
-                .unwrap_or_else(|| "stretch".into());
-            let ratio = |a: usize, v: i64| v as f64 / in_shape[a] as f64;
-            let kept = match policy.as_str() {
-                "stretch" => None,
-                "not_larger" => Some(
-                    axes.iter()
-                        .zip(&z)
-                        .map(|(&a, &v)| ratio(a, v))
-                        .fold(f64::INFINITY, f64::min),
-                ),
-                "not_smaller" => Some(
-                    axes.iter()
-                        .zip(&z)
-                        .map(|(&a, &v)| ratio(a, v))
-                        .fold(0.0, f64::max),
-                ),
-                other => {
-                    return Err(ctx.bad_attr(
-                        "keep_aspect_ratio_policy",
-                        format!("unknown value '{other}'"),
-                    ))
-                }
-            };
-            for (&a, &v) in axes.iter().zip(&z) {
-                match kept {
-                    None => {
-                        shape[a] = v as usize;
-                        scales[a] = ratio(a, v) as f32 as f64;
-                    }
-                    Some(r) => {
-                        scales[a] = r as f32 as f64;
-                        shape[a] = (r * in_shape[a] as f64).round() as usize;
-                    }
-                }
-            }
-        }
-        _ => {
-            return Err(
-                ctx.invalid("Resize needs exactly one of scales and sizes, known at compile time")
-            )
-        }
-    }
-    if shape.contains(&0) {
-        return Err(ctx.invalid(format!("the output shape {shape:?} has an empty axis")));
-    }
-    // tf_crop_and_resize: the region of interest, `[starts.., ends..]` over
-    // the addressed axes (others keep [0, 1]).
-    let mut roi: Vec<[f32; 2]> = Vec::new();
-    if coord == CoordinateTransform::TfCropAndResize {
-        let given = ctx
-            .opt_const_input(node, 1)?
-            .map(|t| t.to_f64_vec())
-            .unwrap_or_default();
-        if given.len() != 2 * axes.len() {
-            return Err(ctx.invalid(format!(
-                "tf_crop_and_resize needs a constant roi of {} values, got {}",
-                2 * axes.len(),
-                given.len()
-            )));
-        }
-        roi = (0..rank).map(|_| [0.0, 1.0]).collect();
-        for (i, &a) in axes.iter().enumerate() {
-            roi[a] = [given[i] as f32, given[axes.len() + i] as f32];
-        }
-    }
-    let resize = Resize {
-        shape: shape.iter().copied().collect(),
-        scales: scales.into_iter().map(|s| s as f32).collect(),
-        mode,
-        coord,
-        antialias,
-        roi: roi.into_iter().collect(),
-    };
-    // Outputs whose source is outside the input take extrapolation_value:
-    // a constant mask per axis, or'ed, and a where. The masks are built
-    // here, one flag per output index, so their length is checked first
-    // (a hostile model may ask for 2^40 outputs along an axis).
-    let crop = resize.coord == CoordinateTransform::TfCropAndResize;
-    if let Some(&len) = (resize.shape.iter()).find(|&&d| crop && d > MAX_CROP_AXIS) {
-        return Err(ctx.invalid(format!(
-            "tf_crop_and_resize to an axis of {len} positions (Kiln builds a mask per axis of at most {MAX_CROP_AXIS})"
-        )));
-    }
-    // Only tf_crop_and_resize extrapolates.
-    let outside: Vec<Vec<bool>> = match crop {
-        true => (0..rank)
-            .map(|a| resize.outside_roi(a, in_shape[a]))
-            .collect(),
-        false => Vec::new(),
-    };
-    if outside.iter().all(|o| o.iter().all(|&b| !b)) {
-        return one(ctx.op(Op::Resize(resize), &[x], None)?);
-    }
-    let y = ctx.op(Op::Resize(resize), &[x], Some("cropped"))?;
-    let mut mask: Option<Val> = None;
-    for (a, flags) in outside.iter().enumerate() {
-        if flags.iter().all(|&b| !b) {
-            continue;
-        }
-        let mut dims = vec![1; rank];
-        dims[a] = flags.len();
-        let t = kiln_ir::Tensor::new(dims, kiln_ir::Data::Bool(flags.clone())).expect("flags");
-        let m = super::index::gen_const(ctx, t, &format!("outside{a}"))?;
-        mask = Some(accumulate(
-            ctx,
-            mask,
-            Op::Logical(kiln_ir::LogicalOp::Or),
-            m,
-            &format!("outside_to{a}"),
-        )?);
-    }
-    let dtype = ctx.ty(y).dtype;
-    let value = ctx.attr_f_or(node, "extrapolation_value", 0.0)? as f64;
-    let value = super::elementwise::scalar(ctx, dtype, value, "extrapolation_value");
-    one(ctx.op(
-        Op::Where,
-        &[mask.expect("an axis is outside"), value, y],
-        None,
-    )?)
-}
-
-/// `Upsample` (opsets 7–9; deprecated in 10).
-pub fn upsample(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let x = ctx.input(node, 0)?;
-    let scales: Vec<f64> = if ctx.opset >= 9 {
-        ctx.const_input(node, 1)?.to_f64_vec()
-    } else {
-        ctx.attr_floats(node, "scales")?
-            .ok_or_else(|| ctx.bad_attr("scales", "is required"))?
-            .iter()
-            .map(|&s| s as f64)
-            .collect()
-    };
-    let mode = ctx
-        .attr_s(node, "mode")?
-        .unwrap_or_else(|| "nearest".into());
-    resample_legacy(ctx, x, &scales, &mode)
-}
-
-/// Upsample and opset-10 Resize: asymmetric coordinates; nearest rounds
-/// down when enlarging and up when shrinking (onnxruntime's behaviour).
-fn resample_legacy(ctx: &mut ImportCtx, x: Val, scales: &[f64], mode: &str) -> R {
-    let in_shape = ctx.ty(x).shape.clone();
-    if scales.len() != in_shape.len() || scales.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
-        return Err(ctx.bad_attr(
-            "scales",
-            format!("{scales:?} must be {} positive values", in_shape.len()),
-        ));
-    }
-    let mode = match mode {
-        "nearest" => {
-            let rounding = if scales.iter().all(|&s| s >= 1.0) {
-                NearestRounding::Floor
-            } else if scales.iter().all(|&s| s <= 1.0) {
-                NearestRounding::Ceil
-            } else {
-                return Err(ctx
-                    .unsupported("nearest resampling that enlarges some axes and shrinks others"));
-            };
-            ResizeMode::Nearest(rounding)
-        }
-        "linear" | "bilinear" => ResizeMode::Linear,
-        other => return Err(ctx.bad_attr("mode", format!("unknown value '{other}'"))),
-    };
-    let scales: Vec<f32> = scales.iter().map(|&s| s as f32).collect();
-    let shape: Vec<usize> = in_shape
-        .iter()
-        .zip(&scales)
-        .map(|(&n, &s)| (n as f64 * s as f64).floor() as usize)
-        .collect();
-    if shape.contains(&0) {
-        return Err(ctx.invalid(format!("the output shape {shape:?} has an empty axis")));
-    }
-    one(ctx.op(
-        Op::Resize(Resize {
-            shape: shape.into_iter().collect(),
-            scales: scales.into_iter().collect(),
-            mode,
-            coord: CoordinateTransform::Asymmetric,
-            antialias: false,
-            roi: Default::default(),
         }),
         &[x],
         None,

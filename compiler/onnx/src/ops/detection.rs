@@ -6,7 +6,7 @@
 //! with it; compiling the network up to the scores and running the
 //! suppression in the application is the usual way around.
 
-use super::index::gen_const;
+use super::build::gen_const;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{Data, Tensor};

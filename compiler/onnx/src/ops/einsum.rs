@@ -5,8 +5,8 @@
 //! MatMul over `[batch.., left, contracted] @ [batch.., contracted, right]`.
 //! Ellipses become fresh letters, right-aligned across operands.
 
-use super::elementwise::reshape_to;
-use super::index::gen_const;
+use super::build::gen_const;
+use super::build::reshape_to;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;

@@ -1,53 +1,14 @@
 //! Elementwise ops: binary arithmetic (with legacy broadcasting), variadic
 //! Max/Min/Sum/Mean, unary activations, Clip and Softmax.
 
+use super::build::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, Tensor, UnaryOp};
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
-
-/// A scalar constant of type `dtype`.
-pub(crate) fn scalar(ctx: &mut ImportCtx, dtype: DType, x: f64, name: &str) -> Val {
-    let t = Tensor::new([], Data::from_f64s(dtype, std::iter::once(x))).expect("scalar");
-    let name = format!("{}/{name}", ctx.node_name());
-    ctx.constant(t, name)
-}
-
-/// Reshapes `v` to `shape` (no node when it already has that shape). With
-/// `suffix` `None` the reshape is the ONNX node's own output.
-pub(crate) fn reshape_to(
-    ctx: &mut ImportCtx,
-    v: Val,
-    shape: &[usize],
-    suffix: Option<&str>,
-) -> Result<Val, OnnxError> {
-    if ctx.ty(v).shape.as_slice() == shape {
-        return Ok(v);
-    }
-    ctx.op(
-        Op::Reshape {
-            shape: shape.iter().copied().collect(),
-        },
-        &[v],
-        suffix,
-    )
-}
-
-/// Casts `v` to `dtype` (no node when it already has that type).
-pub(crate) fn cast_to(
-    ctx: &mut ImportCtx,
-    v: Val,
-    dtype: DType,
-    suffix: &str,
-) -> Result<Val, OnnxError> {
-    if ctx.ty(v).dtype == dtype {
-        return Ok(v);
-    }
-    ctx.op(Op::Cast { to: dtype }, &[v], Some(suffix))
-}
 
 fn binary(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> R {
     let (a, mut b) = binary_operands(ctx, node)?;
@@ -106,22 +67,6 @@ pub fn div(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// `Pow`.
 pub fn pow(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     binary(ctx, node, BinaryOp::Pow)
-}
-
-/// Folds a variadic op into a chain of binary ops.
-/// `acc op x` named `suffix`, or `x` itself when nothing is accumulated
-/// yet: how decompositions fold a run of values into one.
-pub(crate) fn accumulate(
-    ctx: &mut ImportCtx,
-    acc: Option<Val>,
-    op: Op,
-    x: Val,
-    suffix: &str,
-) -> Result<Val, OnnxError> {
-    match acc {
-        None => Ok(x),
-        Some(a) => ctx.op(op, &[a, x], Some(suffix)),
-    }
 }
 
 fn chain(ctx: &mut ImportCtx, node: &NodeProto, op: BinaryOp) -> Result<Val, OnnxError> {
@@ -437,7 +382,7 @@ pub fn is_inf(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         None => {
             // Neither sign detected: all false.
             let shape = ctx.ty(x).shape.clone();
-            one(super::index::build_const(
+            one(super::build::build_const(
                 ctx,
                 &shape,
                 DType::Bool,

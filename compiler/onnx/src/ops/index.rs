@@ -5,7 +5,8 @@
 //! then one `Gather` on the flattened data) and `CumSum` (a product with a
 //! triangular 0/1 mask, summed).
 
-use super::elementwise::{cast_to, reshape_to};
+use super::build::{build_const, gen_const, int_scalar, ramp};
+use super::build::{cast_to, reshape_to};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -13,58 +14,6 @@ use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, Tensor, Valu
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
-
-/// A constant the current node creates, named `{node}/{suffix}`.
-pub(crate) fn gen_const(ctx: &mut ImportCtx, t: Tensor, suffix: &str) -> Result<Val, OnnxError> {
-    let name = format!("{}/{suffix}", ctx.node_name());
-    ctx.generated_constant(t, name)
-}
-
-/// A constant of `shape` and `dtype` the current node creates, named
-/// `{node}/{suffix}`, its data made by `data` from the element count only
-/// after the generated-constant budget has been charged: `shape` comes from
-/// the model, so it may claim far more memory than the machine has.
-pub(crate) fn build_const(
-    ctx: &mut ImportCtx,
-    shape: &[usize],
-    dtype: DType,
-    suffix: &str,
-    data: impl FnOnce(usize) -> Data,
-) -> Result<Val, OnnxError> {
-    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    let bytes = n.and_then(|n| n.checked_mul(dtype.size_bytes()));
-    ctx.charge_generated(bytes.map_or(u64::MAX, |b| b as u64))?;
-    let n = n.expect("charged, so it fits");
-    let t = Tensor::new(shape, data(n)).expect("n elements");
-    let name = format!("{}/{suffix}", ctx.node_name());
-    Ok(ctx.constant(t, name))
-}
-
-/// `0, 1, .., n-1` of `dtype` laid along `axis` of a rank-`rank` tensor whose
-/// other dims are 1, so it broadcasts against a tensor of that rank.
-pub(crate) fn ramp(
-    ctx: &mut ImportCtx,
-    n: usize,
-    axis: usize,
-    rank: usize,
-    dtype: DType,
-    suffix: &str,
-) -> Result<Val, OnnxError> {
-    let mut shape = vec![1; rank];
-    shape[axis] = n;
-    build_const(ctx, &shape, dtype, suffix, |n| {
-        Data::from_i64s(dtype, 0..n as i64)
-    })
-}
-
-/// An i64 scalar constant.
-pub(crate) fn int_scalar(ctx: &mut ImportCtx, x: i64, suffix: &str) -> Result<Val, OnnxError> {
-    gen_const(
-        ctx,
-        Tensor::new([], Data::I64(vec![x])).expect("scalar"),
-        suffix,
-    )
-}
 
 /// `v` as i64 with negative entries shifted up by `bound` (which broadcasts
 /// against `v`), the ONNX convention for indices counted from the end.

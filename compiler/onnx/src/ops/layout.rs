@@ -1,7 +1,7 @@
 //! Data movement: `Flatten`, `Reshape`, `Transpose`, `Concat`, `Identity`,
 //! `Dropout`, `Gather`, `Slice`, `Squeeze`, `Unsqueeze`, `Cast`, `Expand`.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
+use super::build::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
 use crate::tensor::{dtype_from_onnx_name, dtype_or_err};
@@ -154,7 +154,7 @@ pub fn dropout(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     // The mask of an inference-mode Dropout keeps everything.
     let shape = ctx.ty(x).shape.clone();
-    let mask = super::index::build_const(ctx, &shape, DType::Bool, "mask", |n| {
+    let mask = super::build::build_const(ctx, &shape, DType::Bool, "mask", |n| {
         Data::Bool(vec![true; n])
     })?;
     Ok(vec![x, mask])

@@ -53,8 +53,9 @@ const MAX_DET_ORDER: usize = 64;
 /// row's multiples from the rows below (a zero pivot leaves them: the
 /// determinant is then 0). Computed in f32 (f64 for f64 input).
 pub fn det(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    use super::elementwise::{cast_to, reshape_to, scalar};
-    use super::index::{arg_extreme, ramp};
+    use super::build::ramp;
+    use super::build::{cast_to, reshape_to, scalar};
+    use super::index::arg_extreme;
     use kiln_ir::{BinaryOp, CompareOp, DType, LogicalOp, UnaryOp};
     let x = ctx.input(node, 0)?;
     let xt = ctx.ty(x).clone();
@@ -99,9 +100,9 @@ pub fn det(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let below = scalar(ctx, dt, -1.0, "excluded");
     for k in 0..n {
         let tag = |s: &str| format!("step{k}_{s}");
-        let kv = super::index::int_scalar(ctx, k as i64, &tag("k"))?;
+        let kv = super::build::int_scalar(ctx, k as i64, &tag("k"))?;
         // The pivot row: the largest |a[i, k]| for i ≥ k.
-        let col = super::movement::slice_along(ctx, a, 2, k, 1, 1, &tag("col"))?;
+        let col = super::build::slice_along(ctx, a, 2, k, 1, 1, &tag("col"))?;
         let col = reshape_to(ctx, col, &[b, n], Some(&tag("col_flat")))?;
         let mag = ctx.op(Op::Unary(UnaryOp::Abs), &[col], Some(&tag("magnitude")))?;
         let eligible = cmp(
@@ -130,15 +131,15 @@ pub fn det(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         a = ctx.op(Op::MatMul, &[perm, a], Some(&tag("pivoted")))?;
         let same = cmp(ctx, CompareOp::Equal, p, kv, &tag("no_swap"))?;
         let sign = ctx.op(Op::Where, &[same, one_, minus], Some(&tag("sign")))?;
-        let pivot = super::movement::slice_along(ctx, a, 1, k, 1, 1, &tag("pivot_row_values"))?;
-        let piv = super::movement::slice_along(ctx, pivot, 2, k, 1, 1, &tag("pivot"))?;
+        let pivot = super::build::slice_along(ctx, a, 1, k, 1, 1, &tag("pivot_row_values"))?;
+        let piv = super::build::slice_along(ctx, pivot, 2, k, 1, 1, &tag("pivot"))?;
         let signed = bin(ctx, BinaryOp::Mul, piv, sign, &tag("signed_pivot"))?;
         det = bin(ctx, BinaryOp::Mul, det, signed, &tag("det"))?;
         if k + 1 == n {
             break;
         }
         // Rows below k lose their multiple of the pivot row.
-        let col = super::movement::slice_along(ctx, a, 2, k, 1, 1, &tag("pivoted_col"))?;
+        let col = super::build::slice_along(ctx, a, 2, k, 1, 1, &tag("pivoted_col"))?;
         let zero_pivot = cmp(ctx, CompareOp::Equal, piv, zero, &tag("pivot_zero"))?;
         let nonzero = ctx.op(Op::Not, &[zero_pivot], Some(&tag("pivot_nonzero")))?;
         let under = cmp(ctx, CompareOp::Greater, rows, kv, &tag("below"))?;
@@ -149,7 +150,7 @@ pub fn det(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         a = bin(ctx, BinaryOp::Sub, a, update, &tag("reduced"))?;
     }
     let det = if n == 0 {
-        super::index::build_const(ctx, &[b], dt, "empty_det", |len| {
+        super::build::build_const(ctx, &[b], dt, "empty_det", |len| {
             kiln_ir::Data::from_f64s(dt, std::iter::repeat_n(1.0, len))
         })?
     } else {

@@ -4,8 +4,10 @@
 //! contribute 0, class weights are gathered per target, and `mean` divides
 //! by the summed weights.
 
-use super::elementwise::{cast_to, log_softmax_along, reshape_to, scalar};
-use super::index::{gather_along, int_scalar};
+use super::build::int_scalar;
+use super::build::{cast_to, reshape_to, scalar};
+use super::elementwise::log_softmax_along;
+use super::index::gather_along;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Ints, Op, ReduceOp, UnaryOp};

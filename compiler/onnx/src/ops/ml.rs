@@ -1,7 +1,7 @@
 //! The `ai.onnx.ml` ops Kiln imports: `Binarizer` and
 //! `ArrayFeatureExtractor`.
 
-use super::elementwise::{reshape_to, scalar};
+use super::build::{reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;

@@ -10,6 +10,7 @@ use crate::OnnxError;
 use tract_onnx::pb::NodeProto;
 
 pub mod attention;
+pub mod build;
 pub mod constant;
 pub mod contrib;
 pub mod control;
@@ -29,12 +30,14 @@ pub mod pool;
 pub mod quant;
 pub mod recurrent;
 pub mod reduce;
+pub mod resize;
 pub mod sample;
 pub mod scatter;
 pub mod signal;
 pub mod text;
 pub mod training;
 pub mod tree;
+pub mod window;
 
 /// Builds the IR for one ONNX node; returns the values of its leading outputs.
 pub type Builder = fn(&mut ImportCtx, &NodeProto) -> Result<Vec<Val>, OnnxError>;
@@ -163,8 +166,8 @@ pub fn builder(op_type: &str) -> Option<Builder> {
         "QLinearMatMul" => quant::qlinear_matmul,
         "ConvInteger" => quant::conv_integer,
         "QLinearConv" => quant::qlinear_conv,
-        "Resize" => conv::resize,
-        "Upsample" => conv::upsample,
+        "Resize" => resize::resize,
+        "Upsample" => resize::upsample,
         "ConvTranspose" => conv::conv_transpose,
         "Col2Im" => conv::col2im,
         "Softmax" => e::softmax,

@@ -4,44 +4,16 @@
 //! `DepthToSpace`/`SpaceToDepth` (Reshape → Transpose → Reshape) and
 //! `Trilu` (a constant mask and Where).
 
-use super::elementwise::{cast_to, reshape_to};
-use super::index::gen_const;
+use super::build::gen_const;
+use super::build::slice_along;
+use super::build::{cast_to, reshape_to};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{CompareOp, DType, Data, Op, SliceAxis, Tensor};
+use kiln_ir::{CompareOp, DType, Data, Op, Tensor};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
-
-/// `x[start .. start + len]` (by `step`) along `axis`, every other axis whole.
-pub(crate) fn slice_along(
-    ctx: &mut ImportCtx,
-    x: Val,
-    axis: usize,
-    start: usize,
-    step: i64,
-    len: usize,
-    suffix: &str,
-) -> Result<Val, OnnxError> {
-    let shape = ctx.ty(x).shape.clone();
-    let axes = shape
-        .iter()
-        .enumerate()
-        .map(|(a, &d)| {
-            if a == axis {
-                SliceAxis { start, step, len }
-            } else {
-                SliceAxis {
-                    start: 0,
-                    step: 1,
-                    len: d,
-                }
-            }
-        })
-        .collect();
-    ctx.op(Op::Slice { axes }, &[x], Some(suffix))
-}
 
 /// `Split` into `node.output.len()` parts: sizes from the `split` attribute
 /// (before opset 13) or input (13+; opset 1 also took it as input), else

@@ -2,7 +2,7 @@
 //! b` with `a = scale / sqrt(var + eps)` and `b = B - mean * a`) and
 //! `LayerNormalization`.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
+use super::build::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -312,7 +312,7 @@ fn grouped_norm(
         }
     }
     let v = reshape_to(ctx, x, &[n, groups, rest], Some("groups"))?;
-    let ones = super::index::build_const(ctx, &[rest], xt.dtype, "unit_scale", |n| {
+    let ones = super::build::build_const(ctx, &[rest], xt.dtype, "unit_scale", |n| {
         Data::from_f64s(xt.dtype, std::iter::repeat_n(1.0, n))
     })?;
     let normed = ctx.op(
@@ -438,7 +438,7 @@ pub fn lrn(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let mut s = xt.shape.to_vec();
         s[1] = n;
         let z = Tensor::new(&s, Data::zeros(xt.dtype, s.iter().product())).expect("zeros");
-        super::index::gen_const(ctx, z, tag)
+        super::build::gen_const(ctx, z, tag)
     };
     if lo > 0 {
         parts.push(zeros(ctx, lo, "pad_lo")?);
@@ -454,7 +454,7 @@ pub fn lrn(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     };
     let mut sum: Option<Val> = None;
     for i in 0..size {
-        let s = super::movement::slice_along(ctx, padded, 1, i, 1, c, &format!("window{i}"))?;
+        let s = super::build::slice_along(ctx, padded, 1, i, 1, c, &format!("window{i}"))?;
         sum = Some(match sum {
             None => s,
             Some(p) => ctx.op(Op::Binary(BinaryOp::Add), &[p, s], Some(&format!("sum{i}")))?,

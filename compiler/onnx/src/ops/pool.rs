@@ -1,9 +1,9 @@
 //! Pooling: `MaxPool`, `AveragePool` (2-D; 1-D through a reshape; 3-D as
 //! per-slice 2-D pools combined along the depth) and the global pools.
 
-use super::conv::{lift, spatial_rank, window};
-use super::elementwise::{reshape_to, scalar};
+use super::build::{reshape_to, scalar};
 use super::one;
+use super::window::{lift, spatial_rank, window};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, DType, Data, Op, Pool2d, UnaryOp};
@@ -149,8 +149,7 @@ fn pool_3d(
         }
         let mut acc: Option<Val> = None;
         for &d in &valid {
-            let slice =
-                super::movement::slice_along(ctx, pooled, 2, d, 1, 1, &format!("d{od}_{d}"))?;
+            let slice = super::build::slice_along(ctx, pooled, 2, d, 1, 1, &format!("d{od}_{d}"))?;
             acc = Some(match acc {
                 None => slice,
                 Some(a) => ctx.op(combine.clone(), &[a, slice], Some(&format!("d{od}_acc{d}")))?,
@@ -194,7 +193,7 @@ pub fn max_pool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     // 8- and 16-bit integers are exact in f32, and the max of exact values
     // is one of them: pooled in f32, cast back.
-    let wide = super::elementwise::cast_to(ctx, x, DType::F32, "wide")?;
+    let wide = super::build::cast_to(ctx, x, DType::F32, "wide")?;
     let y = pool_of(ctx, node, wide, Op::MaxPool, Some("pooled"))?;
     one(ctx.op(Op::Cast { to: dt }, &[y[0]], None)?)
 }
@@ -299,11 +298,11 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let total: usize = inferred.iter().product();
     let n = xt.num_elements();
-    let zeros = super::index::build_const(ctx, &[total, 1], xt.dtype, "zeros", |n| {
+    let zeros = super::build::build_const(ctx, &[total, 1], xt.dtype, "zeros", |n| {
         kiln_ir::Data::zeros(xt.dtype, n)
     })?;
     let updates = reshape_to(ctx, x, &[n, 1], Some("updates"))?;
-    let positions = super::elementwise::cast_to(ctx, indices, DType::I64, "positions")?;
+    let positions = super::build::cast_to(ctx, indices, DType::I64, "positions")?;
     let positions = reshape_to(ctx, positions, &[n], Some("flat_positions"))?;
     let mut y = super::scatter::scatter_rows(ctx, zeros, positions, updates, "none", &inferred)?;
     if ctx.opt_input(node, 2).is_some() {
@@ -316,7 +315,7 @@ pub fn max_unpool(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let rank = inferred.len();
         let zero = kiln_ir::Tensor::new(vec![1; rank], kiln_ir::Data::zeros(xt.dtype, 1))
             .expect("one zero");
-        let zero = super::index::gen_const(ctx, zero, "zero")?;
+        let zero = super::build::gen_const(ctx, zero, "zero")?;
         for axis in 2..rank {
             let extra = shape[axis] - inferred[axis] as i64;
             y = super::movement::pad_axis(ctx, y, axis, (0, extra), "constant", zero)?;
@@ -370,7 +369,7 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
         Data::from_f64s(xt.dtype, [f64::NEG_INFINITY].into_iter()),
     )
     .expect("one value");
-    let lowest = super::index::gen_const(ctx, lowest, "lowest")?;
+    let lowest = super::build::gen_const(ctx, lowest, "lowest")?;
     let outputs = [oh, ow];
     let mut padded = x;
     for (d, &k) in kernel.iter().enumerate() {
@@ -393,7 +392,7 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
     } else {
         (w as i64, 1)
     };
-    let plane = super::index::build_const(ctx, &[n, c, 1, 1], DType::I64, "plane_base", |len| {
+    let plane = super::build::build_const(ctx, &[n, c, 1, 1], DType::I64, "plane_base", |len| {
         Data::I64((0..len as i64).map(|p| p * (h * w) as i64).collect())
     })?;
     // Per axis `d` and kernel tap `k`: the tap's value at every output
@@ -403,7 +402,7 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
     let along = |ctx: &mut ImportCtx, v: Val, d: usize, k: usize, tag: &str| {
         let start = k * win.dilations[d];
         let step = win.strides[d];
-        let value = super::movement::slice_along(
+        let value = super::build::slice_along(
             ctx,
             v,
             2 + d,
@@ -414,7 +413,7 @@ fn max_pool_with_indices(ctx: &mut ImportCtx, node: &NodeProto, x: Val) -> R {
         )?;
         let mut shape = [1, 1, 1, 1];
         shape[2 + d] = outputs[d];
-        let index = super::index::build_const(
+        let index = super::build::build_const(
             ctx,
             &shape,
             DType::I64,

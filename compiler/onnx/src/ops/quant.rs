@@ -5,9 +5,9 @@
 //! the input. The integer products (`MatMulInteger`, `ConvInteger` and
 //! their `QLinear` forms) are exact i32 sums.
 
-use super::conv::{conv_attrs, lift, spatial_rank};
-use super::elementwise::{cast_to, reshape_to, scalar};
+use super::build::{cast_to, reshape_to, scalar};
 use super::one;
+use super::window::{conv_attrs, lift, spatial_rank};
 use crate::ctx::{Dequantized, ImportCtx, Val};
 use crate::tensor::dtype_or_err;
 use crate::OnnxError;
@@ -407,24 +407,8 @@ fn int_matmul(
             (af, bf)
         } else {
             (
-                super::movement::slice_along(
-                    ctx,
-                    af,
-                    ar - 1,
-                    start,
-                    1,
-                    len,
-                    &format!("a_k{chunk}"),
-                )?,
-                super::movement::slice_along(
-                    ctx,
-                    bf,
-                    br - 2,
-                    start,
-                    1,
-                    len,
-                    &format!("b_k{chunk}"),
-                )?,
+                super::build::slice_along(ctx, af, ar - 1, start, 1, len, &format!("a_k{chunk}"))?,
+                super::build::slice_along(ctx, bf, br - 2, start, 1, len, &format!("b_k{chunk}"))?,
             )
         };
         let p = ctx.op(Op::MatMul, &[ac, bc], Some(&format!("product{chunk}")))?;
@@ -775,13 +759,13 @@ fn int_conv(
             let len = per.min(cg - start);
             let tag = |s: &str| format!("{s}{chunk}");
             let xc = match x5 {
-                None => super::movement::slice_along(ctx, xf, 1, start, 1, len, &tag("x_c"))?,
+                None => super::build::slice_along(ctx, xf, 1, start, 1, len, &tag("x_c"))?,
                 Some(x5) => {
-                    let s = super::movement::slice_along(ctx, x5, 2, start, 1, len, &tag("x_c"))?;
+                    let s = super::build::slice_along(ctx, x5, 2, start, 1, len, &tag("x_c"))?;
                     reshape_to(ctx, s, &[n, g * len, h, wd], Some(&tag("x_c_flat")))?
                 }
             };
-            let wc = super::movement::slice_along(ctx, wf, 1, start, 1, len, &tag("w_c"))?;
+            let wc = super::build::slice_along(ctx, wf, 1, start, 1, len, &tag("w_c"))?;
             let p = ctx.op(conv.clone(), &[xc, wc], Some(&tag("conv")))?;
             acc = Some(add_exact_chunk(ctx, acc, p, &tag("conv"), chunk)?);
         }

@@ -10,8 +10,8 @@
 //! (once) and the hidden state (every step) to u8 at run time and multiply
 //! them exactly by the weights, as onnxruntime's kernel does.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
-use super::movement::slice_along;
+use super::build::slice_along;
+use super::build::{cast_to, reshape_to, scalar};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Op, UnaryOp};
@@ -337,7 +337,7 @@ fn recurrent(
         }
         None => None,
     };
-    let zero_state = super::index::build_const(ctx, &[batch, h], dt, "zero_state", |n| {
+    let zero_state = super::build::build_const(ctx, &[batch, h], dt, "zero_state", |n| {
         kiln_ir::Data::zeros(dt, n)
     })?;
 
@@ -383,7 +383,7 @@ fn recurrent(
             if lbr {
                 // GRU's hidden-gate recurrence bias goes inside the reset.
                 let rb_zr = slice_along(ctx, rb, 0, 0, 1, 2 * h, &tag("Rb_zr"))?;
-                let zero_h = super::index::build_const(ctx, &[h], dt, &tag("Rb_h_zero"), |n| {
+                let zero_h = super::build::build_const(ctx, &[h], dt, &tag("Rb_h_zero"), |n| {
                     kiln_ir::Data::zeros(dt, n)
                 })?;
                 let rb_zr = ctx.op(

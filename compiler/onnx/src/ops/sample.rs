@@ -6,9 +6,10 @@
 //! Taps outside the image read 0 with zeros padding, the clamped or
 //! reflected pixel otherwise.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
-use super::index::{build_const, gather_along};
-use super::movement::slice_along;
+use super::build::build_const;
+use super::build::slice_along;
+use super::build::{cast_to, reshape_to, scalar};
+use super::index::gather_along;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
@@ -340,7 +341,7 @@ pub fn grid_sample(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         for ax in (0..nd).rev() {
             let t = &axes_taps[ax][rest % axes_taps[ax].len()];
             rest /= axes_taps[ax].len();
-            let st = super::index::int_scalar(ctx, strides[ax] as i64, &o.name("stride"))?;
+            let st = super::build::int_scalar(ctx, strides[ax] as i64, &o.name("stride"))?;
             let part = ctx.op(
                 Op::Binary(BinaryOp::Mul),
                 &[t.index, st],
@@ -519,7 +520,7 @@ fn roi_axis(
     let h = sel(ctx, o, valid, h, zero)?;
     // One-hot rows: [R, S, 1] against the pixel ramp [1, 1, size].
     let shape = ctx.ty(coord).shape.clone();
-    let pixels = super::index::ramp(ctx, size, 2, 3, DType::F32, &o.name("pixels"))?;
+    let pixels = super::build::ramp(ctx, size, 2, 3, DType::F32, &o.name("pixels"))?;
     let mut row = |ctx: &mut ImportCtx, tap: Val, weight: Val| -> Result<Val, OnnxError> {
         let tap = reshape_to(ctx, tap, &[shape[0], shape[1], 1], Some(&o.name("tap")))?;
         let weight = reshape_to(
@@ -743,7 +744,7 @@ pub fn deform_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "DeformConv of X {xt}, W {wt}, offset {ot}: only 2-D float convolutions"
         )));
     }
-    let c = super::conv::conv_attrs(ctx, node, &xt.shape, &wt.shape)?;
+    let c = super::window::conv_attrs(ctx, node, &xt.shape, &wt.shape)?;
     let (n, ch, h, wd) = (xt.shape[0], xt.shape[1], xt.shape[2], xt.shape[3]);
     let (oc, cg, kh, kw) = (wt.shape[0], wt.shape[1], wt.shape[2], wt.shape[3]);
     let groups = c.group;
@@ -845,7 +846,7 @@ pub fn deform_conv(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let plane = build_const(ctx, &[n, og, 1, 1], DType::I64, &o.name("plane"), |len| {
         kiln_ir::Data::I64((0..len).map(|e| (e * h * wd) as i64).collect())
     })?;
-    let width = super::index::int_scalar(ctx, wd as i64, &o.name("width"))?;
+    let width = super::build::int_scalar(ctx, wd as i64, &o.name("width"))?;
     let mut columns: Option<Val> = None;
     for ty in &axis_taps[0] {
         for tx in &axis_taps[1] {

@@ -12,10 +12,9 @@
 //! of shape bookkeeping and cache updates, not large tensors; larger ones are
 //! refused as unsupported.
 
-use super::elementwise::{cast_to, reshape_to};
-use super::index::{
-    build_const, elements_flat_index, gen_const, int_scalar, ramp, strides, wrap_negative,
-};
+use super::build::{build_const, gen_const, int_scalar, ramp};
+use super::build::{cast_to, reshape_to};
+use super::index::{elements_flat_index, strides, wrap_negative};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;

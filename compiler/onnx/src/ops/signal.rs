@@ -9,9 +9,10 @@
 //! is what the compiled code does best. f16/bf16 signals are transformed
 //! in f32 and rounded once.
 
-use super::elementwise::{cast_to, reshape_to};
-use super::index::{build_const, gen_const};
-use super::movement::{pad_axis, slice_along};
+use super::build::slice_along;
+use super::build::{build_const, gen_const};
+use super::build::{cast_to, reshape_to};
+use super::movement::pad_axis;
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::tensor::dtype_or_err;

@@ -1,8 +1,8 @@
 //! Text features: `TfIdfVectorizer` on integer tokens.
 
-use super::elementwise::{accumulate, cast_to, reshape_to, scalar};
-use super::index::build_const;
-use super::movement::slice_along;
+use super::build::build_const;
+use super::build::slice_along;
+use super::build::{accumulate, cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;

@@ -7,7 +7,7 @@
 //! `n` tensors of each kind (`X…`, `G…`, state…) and returns `n` of each
 //! updated kind (`X_new…`, state_new…).
 
-use super::elementwise::{cast_to, scalar};
+use super::build::{cast_to, scalar};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Op, UnaryOp};

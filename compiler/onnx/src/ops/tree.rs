@@ -12,7 +12,7 @@
 //! weights is gathered and reduced over the trees. Every step is an
 //! ordinary IR op, so the ensemble compiles for every target.
 
-use super::elementwise::{cast_to, reshape_to, scalar};
+use super::build::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;

@@ -20,12 +20,15 @@ use super::select::{decline, require, Attempt, Miss, OrDecline, Trail};
 use super::NodeCx;
 use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
 use crate::microkernel::elementwise::ElementwiseSpec;
+use crate::microkernel::epilogue::{EpilogueOp, EpilogueStep, Operand};
 use crate::microkernel::gemm::{
-    epilogue_fits, pack_a, pack_a_half, pack_a_quads, pack_b, pack_b_half, pack_b_pairs,
-    pack_b_quads, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
-    EpilogueOp, EpilogueStep, GemmSpec, Half, Operand, MAX_MR,
+    epilogue_fits, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
+    GemmSpec, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
+use crate::microkernel::pack::{
+    pack_a, pack_a_half, pack_a_quads, pack_b, pack_b_half, pack_b_pairs, pack_b_quads, Half,
+};
 use crate::microkernel::MicrokernelError;
 use crate::plan::{Base, Loc, Scratch, Weights};
 

@@ -9,8 +9,8 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value};
+use kiln_format::HostFn;
 use kiln_ir::{BinaryOp, DType, UnaryOp};
-use kiln_runtime::format::HostFn;
 
 use super::loops::{collapse, for_range, nest};
 use super::{math, scalar_type, strides, vector_type, Kb, NodeCx};

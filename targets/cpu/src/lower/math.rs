@@ -10,7 +10,7 @@
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::types::{F32, F64, I32, I32X4, I64};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
-use kiln_runtime::format::HostFn;
+use kiln_format::HostFn;
 
 use super::Kb;
 

@@ -31,10 +31,10 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use kiln_format::HostFn;
 use kiln_ir::{
     DType, ElementwiseProgram, FusedKernel, Graph, Instr, Node, NodeId, Op, Reg, ValueType,
 };
-use kiln_runtime::format::HostFn;
 
 use crate::emit::HOST_NAMESPACE;
 use crate::isa::Target;

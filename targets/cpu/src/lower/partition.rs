@@ -29,7 +29,8 @@
 //! [`MIN_TASK_FLOPS`] and [`MIN_TASK_BYTES`] per task stay whole: below
 //! that the hand-off to the workers costs more than it saves.
 
-use crate::microkernel::gemm::{ALayout, BLayout, Call, GemmSpec, Operand};
+use crate::microkernel::epilogue::Operand;
+use crate::microkernel::gemm::{ALayout, BLayout, Call, GemmSpec};
 use crate::microkernel::im2col::{Im2col, Im2colKernel};
 use crate::plan::{Base, Loc};
 

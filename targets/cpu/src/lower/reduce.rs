@@ -9,8 +9,8 @@
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_format::HostFn;
 use kiln_ir::{DType, ReduceOp};
-use kiln_runtime::format::HostFn;
 
 use super::elementwise::{int_range, narrow, widen};
 use super::loops::{collapse, for_range_carry, nest};

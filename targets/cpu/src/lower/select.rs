@@ -12,7 +12,7 @@
 //! candidate that applies but cannot assemble its code is a compiler bug:
 //! that is an error ([`Miss::Failed`]), never a silent fallback.
 
-use kiln_runtime::format::{Declined, DenseKernel};
+use kiln_format::{Declined, DenseKernel};
 
 use crate::microkernel::MicrokernelError;
 

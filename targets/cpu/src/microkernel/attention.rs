@@ -7,9 +7,10 @@
 
 use iced_x86::code_asm::*;
 
-use super::gemm::{Call, GemmSpec, SAVED};
+use super::gemm::{Call, GemmSpec};
 use super::softmax::SoftmaxSpec;
 use super::MicrokernelError;
+use super::SAVED;
 
 /// One attention kernel (one task: some of the heads).
 #[derive(Clone, Debug)]

@@ -14,7 +14,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, Operand};
+use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, Operand};
 use super::{imm32, load_address, MicrokernelError, Store};
 use crate::plan::Loc;
 

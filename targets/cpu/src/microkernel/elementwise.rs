@@ -12,7 +12,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::gemm::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
+use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
 use super::{base_register, imm32, MicrokernelError, Store};
 use crate::plan::Loc;
 

@@ -9,9 +9,9 @@
 //!
 //! **Operands.** A is read with broadcasts, so any strides work
 //! ([`ALayout::Strided`]), or from panels packed at compile time
-//! ([`ALayout::Packed`], [`pack_a`]). B is read as vectors along j, so it is
+//! ([`ALayout::Packed`], [`pack_a`](super::pack::pack_a)). B is read as vectors along j, so it is
 //! either row-contiguous ([`BLayout::Strided`]) or packed into panels
-//! ([`BLayout::Packed`], [`pack_b`]).
+//! ([`BLayout::Packed`], [`pack_b`](super::pack::pack_b)).
 //!
 //! **Loops.** j tiles outside, i tiles inside (a B panel is reused by every
 //! row tile), K innermost and unrolled by [`K_UNROLL`] with displacements as
@@ -20,7 +20,9 @@
 //! read or written; a partial last row tile is generated separately.
 //!
 //! **Epilogue** (in the store loop): `* alpha`, `+ beta * C` (C broadcast
-//! per row, per column, scalar or full), then Relu or Clip.
+//! per row, per column, scalar or full), then Relu or Clip, then an
+//! epilogue program ([`super::epilogue`]). Operands are packed by
+//! [`super::pack`].
 //!
 //! **Calls.** One kernel can run several GEMMs of the same shape (batched
 //! MatMul, the images of a batch): the entry code loads each call's operand
@@ -28,7 +30,10 @@
 
 use iced_x86::code_asm::*;
 
+use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
 use super::im2col::Im2col;
+use super::pack::Half;
+use super::SAVED;
 use super::{base_register, imm32, load_address, MicrokernelError, Store};
 use crate::plan::Loc;
 
@@ -141,7 +146,7 @@ pub(crate) enum ALayout {
         /// Bytes between k steps.
         col: i64,
     },
-    /// Panels of `mr` rows written by [`pack_a`].
+    /// Panels of `mr` rows written by [`pack_a`](super::pack::pack_a).
     Packed,
 }
 
@@ -153,7 +158,7 @@ pub(crate) enum BLayout {
         /// Bytes between k steps.
         row: i64,
     },
-    /// Panels of `16 * nv` columns written by [`pack_b`].
+    /// Panels of `16 * nv` columns written by [`pack_b`](super::pack::pack_b).
     Packed,
     /// Read in place from an image (an implicit-GEMM convolution): k is
     /// `(channel, th, tw)` with the taps of a `kh × kw` window in row-major
@@ -208,40 +213,31 @@ impl BLayout {
     }
 }
 
-/// A 16-bit float storage type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Half {
-    /// bfloat16: widened by a 16-bit shift.
-    Bf16,
-    /// IEEE binary16: widened by `vcvtph2ps` (F16C / AVX-512F).
-    F16,
-}
-
 /// The element types the kernel reads. Accumulation is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Elem {
     /// f32 operands, `vfmadd231ps`.
     F32,
     /// A bf16 and contiguous along k ([`ALayout::Strided`] with `col` 2),
-    /// B bf16 pairs along k ([`pack_b_pairs`]): each `vdpbf16ps` takes a
+    /// B bf16 pairs along k ([`pack_b_pairs`](super::pack::pack_b_pairs)): each `vdpbf16ps` takes a
     /// broadcast (A[i,k], A[i,k+1]) dword and 16 columns of (B[k,j],
     /// B[k+1,j]) pairs, two multiply-adds per lane into f32 accumulators.
     Bf16Dot,
-    /// A f32; B packed 16-bit ([`pack_b_half`]), widened to f32 as it is
+    /// A f32; B packed 16-bit ([`pack_b_half`](super::pack::pack_b_half)), widened to f32 as it is
     /// loaded; f32 FMAs.
     WidenB(Half),
-    /// A packed 16-bit ([`pack_a_half`]), each element broadcast and
+    /// A packed 16-bit ([`pack_a_half`](super::pack::pack_a_half)), each element broadcast and
     /// widened; B f32; f32 FMAs.
     WidenA(Half),
     /// int8 dot products (AVX512-VNNI): A u8 and contiguous along k
     /// ([`ALayout::Strided`] with `col` 1), B i8 quads along k
-    /// ([`pack_b_quads`]); each `vpdpbusd` takes a broadcast dword of four
+    /// ([`pack_b_quads`](super::pack::pack_b_quads)); each `vpdpbusd` takes a broadcast dword of four
     /// A bytes and 16 columns of four B bytes, four multiply-adds per lane
     /// into i32 accumulators. The output is i32; the epilogue subtracts
     /// `u8_zero * column_sum(B)` (see [`GemmSpec::u8_zero`]).
     U8I8Dot,
     /// int8 dot products with the signed operand on the left: A i8 packed
-    /// in panels of quads along k ([`pack_a_quads`]), each dword broadcast
+    /// in panels of quads along k ([`pack_a_quads`](super::pack::pack_a_quads)), each dword broadcast
     /// from memory; B u8 quads along k, 16 columns per vector, strided (an
     /// int8 convolution's quad im2col, rows padded to whole vectors). The
     /// output is i32; the epilogue subtracts `u8_zero * C[i]`, C being A's
@@ -289,130 +285,6 @@ impl Elem {
     }
 }
 
-/// The bits of `x` as a 16-bit float, rounded to nearest even.
-pub(crate) fn half_bits(x: f32, h: Half) -> u16 {
-    match h {
-        Half::Bf16 => half::bf16::from_f32(x).to_bits(),
-        Half::F16 => half::f16::from_f32(x).to_bits(),
-    }
-}
-
-/// [`pack_a`] with 16-bit elements (`a` already holds the stored values,
-/// so the conversion is exact).
-pub(crate) fn pack_a_half(
-    a: &[f32],
-    m: usize,
-    k: usize,
-    a_row: usize,
-    a_col: usize,
-    mr: usize,
-    h: Half,
-) -> Vec<u8> {
-    let panels = m.div_ceil(mr);
-    let mut out = Vec::with_capacity(panels * mr * k * 2);
-    for p in 0..panels {
-        for kk in 0..k {
-            for r in 0..mr {
-                let i = p * mr + r;
-                let v = if i < m {
-                    a[i * a_row + kk * a_col]
-                } else {
-                    0.0
-                };
-                out.extend_from_slice(&half_bits(v, h).to_le_bytes());
-            }
-        }
-    }
-    out
-}
-
-/// [`pack_b`] with 16-bit elements: B's panels are A's panels of Bᵀ
-/// (columns as rows), so [`pack_a_half`] with the strides swapped.
-pub(crate) fn pack_b_half(
-    b: &[f32],
-    k: usize,
-    n: usize,
-    b_row: usize,
-    b_col: usize,
-    nr: usize,
-    h: Half,
-) -> Vec<u8> {
-    pack_a_half(b, n, k, b_col, b_row, nr, h)
-}
-
-/// Packs `b` (`B[k, j]` at `b[k * b_row + j * b_col]`) in groups of
-/// `group` consecutive k per column for the dot-product kernels: panel `q`
-/// holds columns `q*nr..` as `ceil(K/group)` rows of `nr` groups, each
-/// element written by `emit`, `zero` past `n` and past `K`.
-fn pack_b_groups<T: Copy>(
-    b: &[T],
-    (k, n): (usize, usize),
-    (b_row, b_col): (usize, usize),
-    nr: usize,
-    group: usize,
-    zero: T,
-    emit: impl Fn(&mut Vec<u8>, T),
-) -> Vec<u8> {
-    let panels = n.div_ceil(nr);
-    let rows = k.div_ceil(group);
-    let mut out = Vec::new();
-    for q in 0..panels {
-        for t in 0..rows {
-            for c in 0..nr {
-                let j = q * nr + c;
-                for kk in group * t..group * (t + 1) {
-                    let v = if j < n && kk < k {
-                        b[kk * b_row + j * b_col]
-                    } else {
-                        zero
-                    };
-                    emit(&mut out, v);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Packs `b` as bf16 pairs along k for [`Elem::Bf16Dot`]: panel `q` holds
-/// columns `q*nr..` as `ceil(K/2)` rows of `nr` dwords (B[2t, j],
-/// B[2t+1, j]), zero past `n` and past `K`.
-pub(crate) fn pack_b_pairs(
-    b: &[f32],
-    k: usize,
-    n: usize,
-    b_row: usize,
-    b_col: usize,
-    nr: usize,
-) -> Vec<u8> {
-    pack_b_groups(b, (k, n), (b_row, b_col), nr, 2, 0.0, |out, v| {
-        out.extend_from_slice(&half_bits(v, Half::Bf16).to_le_bytes())
-    })
-}
-
-/// Packs i8 `b` as quads along k for [`Elem::U8I8Dot`]: panel `q` holds
-/// columns `q*nr..` as `ceil(K/4)` rows of `nr` dwords (B[4t..4t+4, j]),
-/// zero past `n` and past `K`.
-pub(crate) fn pack_b_quads(
-    b: &[i8],
-    k: usize,
-    n: usize,
-    b_row: usize,
-    b_col: usize,
-    nr: usize,
-) -> Vec<u8> {
-    pack_b_groups(b, (k, n), (b_row, b_col), nr, 4, 0, |out, v| {
-        out.push(v as u8)
-    })
-}
-
-/// Packs i8 `a` (`m × k`, row-major, k a multiple of 4) for
-/// [`Elem::I8U8Dot`]: panel `p` holds rows `p*mr..` as `k/4` groups of `mr`
-/// dwords (A[i, 4t..4t+4]), zero past `m`.
-pub(crate) fn pack_a_quads(a: &[i8], m: usize, k: usize, mr: usize) -> Vec<u8> {
-    pack_b_groups(a, (k, m), (1, k), mr, 4, 0, |out, v| out.push(v as u8))
-}
-
 /// The elementwise activation applied in the store loop (a fused kernel's
 /// Relu or Clip, see `lower::dense::absorb`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -439,103 +311,6 @@ pub(crate) struct CLayout {
     pub per_column: bool,
     /// Scale of C.
     pub beta: f32,
-}
-
-/// An operand of an [`EpilogueStep`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Operand {
-    /// A value of the epilogue program: slot 0 is the output element after
-    /// alpha, C and the activation; step results are slots after it.
-    Slot(usize),
-    /// One f32 broadcast over the output (a constant, a scalar input).
-    Scalar(Loc),
-    /// One f32 per output row, at `loc + 4 * row`, broadcast along it (a
-    /// per-channel scale of a convolution).
-    PerRow(Loc),
-    /// One f32 per output element, at `loc` plus the element's byte
-    /// offset: a full-size operand of an elementwise kernel
-    /// (`microkernel::elementwise`; a GEMM or depthwise store loop has no
-    /// element offset to read one with).
-    Full(Loc),
-    /// One f32 per column of an elementwise kernel's rows or of a GEMM's
-    /// output, at `loc` plus the element's byte offset within its row (a
-    /// bias or an int8 rescale along the last axis).
-    PerColumn(Loc),
-}
-
-/// Arithmetic of an [`EpilogueStep`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum EpilogueOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    /// `max(a, b)` as `vmaxps` (b when either is NaN): only where that is
-    /// the rule of the op it implements (Relu and Clip against a constant
-    /// b, LeakyRelu's `max(x, αx)`, Erf's clamp with x as b).
-    Max,
-    /// `min(a, b)` as `vminps`, under the same condition.
-    Min,
-    /// `a` rounded to the nearest integer, ties to even (`vrndscaleps`
-    /// with immediate 0: ONNX Round); `b` is `a` and unused.
-    RoundEven,
-    /// `a · 2^floor(b)` (`vscalefps`): the `2^n` factor of `exp`, with
-    /// `b` an integer already.
-    Scale,
-}
-
-/// One instruction of an epilogue program: `slot[dst] = op(a, b)`, on
-/// every output vector in the store loop, after the activation. `dst` is
-/// the next slot; `a` and `b` read earlier slots or memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct EpilogueStep {
-    pub op: EpilogueOp,
-    pub a: Operand,
-    pub b: Operand,
-}
-
-/// Where each slot of an epilogue program lives: an index into the free
-/// registers of a tile (0: the accumulator itself), per step the register
-/// of its result. `None` when more than `free` registers would be live.
-pub(crate) fn allocate_slots(steps: &[EpilogueStep], free: usize) -> Option<Vec<usize>> {
-    let slots = steps.len() + 1;
-    let mut last_use = vec![0usize; slots];
-    for (i, st) in steps.iter().enumerate() {
-        for o in [st.a, st.b] {
-            if let Operand::Slot(k) = o {
-                last_use[k] = i + 1;
-            }
-        }
-    }
-    // The result is stored after the last step.
-    last_use[slots - 1] = steps.len() + 1;
-    let mut home = vec![0usize; slots];
-    let mut busy = vec![false; free];
-    busy[0] = true;
-    for (i, st) in steps.iter().enumerate() {
-        let step = i + 1;
-        // A memory first operand is loaded into the result register
-        // first, so that register may not be the second operand's.
-        let keep = match (st.a, st.b) {
-            (Operand::Slot(_), _) => None,
-            (_, Operand::Slot(k)) => Some(home[k]),
-            _ => None,
-        };
-        for o in [st.a, st.b] {
-            if let Operand::Slot(k) = o {
-                if last_use[k] == step {
-                    busy[home[k]] = false;
-                }
-            }
-        }
-        let r = (0..free).find(|&r| !busy[r] && Some(r) != keep)?;
-        busy[r] = true;
-        home[step] = r;
-        if last_use[step] <= step {
-            busy[r] = false;
-        }
-    }
-    Some(home)
 }
 
 /// Whether `steps` fits the store loop of tiles of `blocking`.
@@ -617,49 +392,6 @@ pub(crate) struct GemmSpec {
     pub store: Store,
 }
 
-/// Packs row-major `a` (`A[i, k]` at `a[i * a_row + k * a_col]`, in
-/// elements) into panels of `mr` rows: panel `p` holds rows `p*mr..` as
-/// `K` groups of `mr` values (zero past `m`).
-pub(crate) fn pack_a(
-    a: &[f32],
-    m: usize,
-    k: usize,
-    a_row: usize,
-    a_col: usize,
-    mr: usize,
-) -> Vec<u8> {
-    let panels = m.div_ceil(mr);
-    let mut out = Vec::with_capacity(panels * mr * k * 4);
-    for p in 0..panels {
-        for kk in 0..k {
-            for r in 0..mr {
-                let i = p * mr + r;
-                let v = if i < m {
-                    a[i * a_row + kk * a_col]
-                } else {
-                    0.0
-                };
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-    }
-    out
-}
-
-/// Packs `b` (`B[k, j]` at `b[k * b_row + j * b_col]`, in elements) into
-/// panels of `nr` columns: panel `q` holds columns `q*nr..` as `K` rows of
-/// `nr` values (zero past `n`). That is [`pack_a`] of `Bᵀ`.
-pub(crate) fn pack_b(
-    b: &[f32],
-    k: usize,
-    n: usize,
-    b_row: usize,
-    b_col: usize,
-    nr: usize,
-) -> Vec<u8> {
-    pack_a(b, n, k, b_col, b_row, nr)
-}
-
 const ZMM: [AsmRegisterZmm; 32] = [
     zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
     zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
@@ -687,8 +419,6 @@ const CONST: AsmRegister32 = r15d;
 const ABC_Y: AsmRegisterYmm = ymm31;
 /// The low quarter of the broadcast register, for the masked int8 tail.
 const ABC_X: AsmRegisterXmm = xmm31;
-/// Callee-saved registers the body uses.
-pub(crate) const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
 /// Bytes of one column tile of B over a K chunk (its "sliver") that
 /// should stay in L1 while every row tile of the chunk re-reads it (the
@@ -1597,122 +1327,10 @@ fn tile_offset(
     Ok(())
 }
 
-/// Where the elements of [`Operand::Full`] operands are: the register
-/// holding the current vector's byte offset, and whether only the lanes of
-/// `k1` are inside the tensor (a tail: loads are masked, and arithmetic on
-/// a memory operand is masked so the lanes outside never fault).
-#[derive(Clone, Copy)]
-pub(crate) struct FullAccess {
-    pub offset: AsmRegister64,
-    /// The vector's byte offset within its row ([`Operand::PerColumn`]).
-    pub column: AsmRegister64,
-    pub masked: bool,
-}
-
-/// Emits `program` on one output vector of row `row` past the row whose
-/// byte offset into per-row operands is in `index` (slot `k` in
-/// `regs[home[k]]`, slot 0 being the vector); returns the result register.
-/// `full` says where [`Operand::Full`] operands are read (`None`: the
-/// program has none).
-pub(crate) fn run_epilogue(
-    a: &mut CodeAssembler,
-    program: &[EpilogueStep],
-    home: &[usize],
-    regs: &[AsmRegisterZmm],
-    (index, row): (AsmRegister64, usize),
-    full: Option<FullAccess>,
-) -> Result<AsmRegisterZmm, MicrokernelError> {
-    // An operand's address: its base register, the index register it is
-    // offset by (the row offset, the element offset or none), the
-    // displacement and whether it is one value per element.
-    type Address = (AsmRegister64, Option<AsmRegister64>, i32, bool);
-    let address = |o: Operand| -> Result<Option<Address>, MicrokernelError> {
-        let (loc, by, per_element) = match o {
-            Operand::Slot(_) => return Ok(None),
-            Operand::Scalar(loc) => (loc, None, false),
-            Operand::PerRow(loc) => (loc, Some(index), false),
-            Operand::Full(loc) | Operand::PerColumn(loc) => match full {
-                Some(f) if matches!(o, Operand::Full(_)) => (loc, Some(f.offset), true),
-                Some(f) => (loc, Some(f.column), true),
-                None => {
-                    return Err(MicrokernelError::Layout(
-                        "a full-size operand outside an elementwise kernel".into(),
-                    ))
-                }
-            },
-        };
-        let base = base_register(loc);
-        let row_off = if matches!(o, Operand::PerRow(_)) {
-            4 * row as i64
-        } else {
-            0
-        };
-        let disp = imm32(loc.offset as i64 + row_off, "epilogue operand")?;
-        Ok(Some((base, by, disp, per_element)))
-    };
-    let masked = full.is_some_and(|f| f.masked);
-    for (i, st) in program.iter().enumerate() {
-        let dst = regs[home[i + 1]];
-        let first = match st.a {
-            Operand::Slot(k) => regs[home[k]],
-            o => {
-                let (base, by, disp, per_element) = address(o)?.expect("a memory operand");
-                match (per_element, by) {
-                    (true, Some(r)) if masked => {
-                        a.vmovups(dst.k1().z(), zmmword_ptr(base + r + disp))?
-                    }
-                    (true, Some(r)) => a.vmovups(dst, zmmword_ptr(base + r + disp))?,
-                    (_, Some(r)) => a.vbroadcastss(dst, dword_ptr(base + r + disp))?,
-                    (_, None) => a.vbroadcastss(dst, dword_ptr(base + disp))?,
-                }
-                dst
-            }
-        };
-        // Masked when a full-size memory operand may reach past the tensor.
-        let out = if masked { dst.k1().z() } else { dst };
-        if st.op == EpilogueOp::RoundEven {
-            a.vrndscaleps(out, first, 0)?;
-            continue;
-        }
-        let second = match st.b {
-            Operand::Slot(k) => {
-                let second = regs[home[k]];
-                match st.op {
-                    EpilogueOp::Add => a.vaddps(out, first, second)?,
-                    EpilogueOp::Sub => a.vsubps(out, first, second)?,
-                    EpilogueOp::Mul => a.vmulps(out, first, second)?,
-                    EpilogueOp::Div => a.vdivps(out, first, second)?,
-                    EpilogueOp::Max => a.vmaxps(out, first, second)?,
-                    EpilogueOp::Min => a.vminps(out, first, second)?,
-                    EpilogueOp::Scale => a.vscalefps(out, first, second)?,
-                    EpilogueOp::RoundEven => unreachable!("handled above"),
-                }
-                continue;
-            }
-            o => address(o)?.expect("a non-slot operand is in memory"),
-        };
-        let m = match second {
-            (base, Some(r), disp, true) => zmmword_ptr(base + r + disp),
-            (base, Some(r), disp, false) => dword_bcst(base + r + disp),
-            (base, None, disp, _) => dword_bcst(base + disp),
-        };
-        match st.op {
-            EpilogueOp::Add => a.vaddps(out, first, m)?,
-            EpilogueOp::Sub => a.vsubps(out, first, m)?,
-            EpilogueOp::Mul => a.vmulps(out, first, m)?,
-            EpilogueOp::Div => a.vdivps(out, first, m)?,
-            EpilogueOp::Max => a.vmaxps(out, first, m)?,
-            EpilogueOp::Min => a.vminps(out, first, m)?,
-            EpilogueOp::Scale => a.vscalefps(out, first, m)?,
-            EpilogueOp::RoundEven => unreachable!("handled above"),
-        }
-    }
-    Ok(regs[home[program.len()]])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::microkernel::pack::*;
     use crate::plan::Base;
 
     #[test]

@@ -90,7 +90,7 @@ impl Im2colKernel {
         let mut a = CodeAssembler::new(64)?;
         let mut labels: Vec<CodeLabel> = self.routines.iter().map(|_| a.create_label()).collect();
         // The routines clobber r12–r14, which the caller keeps.
-        for r in super::gemm::SAVED {
+        for r in super::SAVED {
             a.push(r)?;
         }
         for &(src, col, routine) in &self.jobs {
@@ -98,7 +98,7 @@ impl Im2colKernel {
             load_address(&mut a, r9, col)?;
             a.call(labels[routine])?;
         }
-        for r in super::gemm::SAVED.iter().rev() {
+        for r in super::SAVED.iter().rev() {
             a.pop(*r)?;
         }
         a.vzeroupper()?;

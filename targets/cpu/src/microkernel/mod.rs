@@ -11,6 +11,9 @@
 //! - [`gemm`]: fp32 GEMM with a register-blocked zmm tile, operands read
 //!   strided or from panels packed at compile time, edge tiles masked, and
 //!   an epilogue (alpha, bias or `C`, activation) in the store loop.
+//! - [`pack`]: the operand panels the GEMMs read, packed at compile time.
+//! - [`epilogue`]: the elementwise program every store loop can run (GEMM,
+//!   depthwise, elementwise kernels) and its register allocation.
 //! - [`depthwise`]: depthwise convolution with pixels along W in zmm
 //!   vectors and padding handled by load masks.
 //! - [`im2col`]: the column matrix of a k×k convolution, written to arena
@@ -33,9 +36,11 @@
 pub(crate) mod attention;
 pub(crate) mod depthwise;
 pub(crate) mod elementwise;
+pub(crate) mod epilogue;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod narrow;
+pub(crate) mod pack;
 pub mod peak;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
@@ -61,6 +66,13 @@ impl From<iced_x86::IcedError> for MicrokernelError {
         MicrokernelError::Assembler(e.to_string())
     }
 }
+
+/// Callee-saved registers (System V) that the microkernel bodies use and
+/// save around their calls.
+pub(crate) const SAVED: [iced_x86::code_asm::AsmRegister64; 6] = {
+    use iced_x86::code_asm::{r12, r13, r14, r15, rbp, rbx};
+    [rbx, rbp, r12, r13, r14, r15]
+};
 
 /// `v` as a 32-bit displacement or immediate.
 pub(crate) fn imm32(v: i64, what: &'static str) -> Result<i32, MicrokernelError> {

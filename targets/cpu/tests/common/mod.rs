@@ -2,8 +2,8 @@
 //! load → run, and comparison with the IR reference evaluator.
 #![allow(dead_code)]
 
+use kiln_format::Artifact;
 use kiln_ir::{DType, Data, Graph, Tensor};
-use kiln_runtime::format::{Artifact, DType as FDType};
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
@@ -53,10 +53,6 @@ pub fn f32_tensor(rng: &mut Rng, shape: &[usize]) -> Tensor {
     rand_tensor(rng, DType::F32, shape)
 }
 
-pub fn fdtype(d: DType) -> FDType {
-    FDType::from_name(d.name()).unwrap()
-}
-
 /// Compiles for the host, serializes, loads and runs.
 pub fn compile_run(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, kiln_runtime::Error> {
     compile_run_for(g, inputs, CpuTarget::Native)
@@ -92,7 +88,7 @@ pub fn compile_run_for(
         .collect();
     let datas: Vec<Vec<u8>> = inputs.iter().map(|t| t.data().to_le_bytes()).collect();
     let refs: Vec<TensorRef> = (0..inputs.len())
-        .map(|i| TensorRef::new(&names[i], fdtype(inputs[i].dtype()), &shapes[i], &datas[i]))
+        .map(|i| TensorRef::new(&names[i], inputs[i].dtype(), &shapes[i], &datas[i]))
         .collect();
     let outs = model.run(&refs)?;
     Ok(g.outputs()

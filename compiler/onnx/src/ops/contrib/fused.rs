@@ -4,7 +4,8 @@
 
 use super::{attributes_except, standard_one};
 use crate::ctx::{ImportCtx, Val};
-use crate::ops::elementwise::{scalar, silu};
+use crate::ops::build::scalar;
+use crate::ops::elementwise::silu;
 use crate::ops::{conv, linalg, one};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, Op, UnaryOp};

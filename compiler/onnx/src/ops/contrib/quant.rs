@@ -13,7 +13,8 @@
 
 use super::{float_attr, int_attr, standard, standard_one};
 use crate::ctx::{ImportCtx, Val};
-use crate::ops::elementwise::{self as e, cast_to, reshape_to, scalar};
+use crate::ops::build::{cast_to, reshape_to, scalar};
+use crate::ops::elementwise::{self as e};
 use crate::ops::{layout, one, pool, quant, recurrent};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, DType, Op};

@@ -12,8 +12,9 @@
 
 use super::{attributes_except, float_attr, int_attr, standard, standard_one, wants_output};
 use crate::ctx::{ImportCtx, Val};
-use crate::ops::elementwise::{cast_to, reshape_to, scalar, silu};
-use crate::ops::index::{build_const, ramp};
+use crate::ops::build::{build_const, ramp};
+use crate::ops::build::{cast_to, reshape_to, scalar};
+use crate::ops::elementwise::silu;
 use crate::ops::{attention, norm, one};
 use crate::OnnxError;
 use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, UnaryOp};
@@ -47,7 +48,7 @@ fn last_axis_slice(
     tag: &str,
 ) -> Result<Val, OnnxError> {
     let axis = ctx.ty(x).shape.len() - 1;
-    crate::ops::movement::slice_along(ctx, x, axis, start, 1, len, tag)
+    crate::ops::build::slice_along(ctx, x, axis, start, 1, len, tag)
 }
 
 /// What [`attend`] needs besides Q, K and V.
@@ -95,7 +96,7 @@ fn mask_bias(
         let ends = if shape == [batch] {
             m
         } else {
-            crate::ops::movement::slice_along(ctx, m, 0, 0, 1, batch, "mask_ends")?
+            crate::ops::build::slice_along(ctx, m, 0, 0, 1, batch, "mask_ends")?
         };
         let ends = reshape_to(ctx, ends, &[batch, 1, 1, 1], Some("mask_ends_view"))?;
         let before_end = ctx.op(
@@ -106,8 +107,7 @@ fn mask_bias(
         if shape == [batch] {
             before_end
         } else {
-            let starts =
-                crate::ops::movement::slice_along(ctx, m, 0, batch, 1, batch, "mask_starts")?;
+            let starts = crate::ops::build::slice_along(ctx, m, 0, batch, 1, batch, "mask_starts")?;
             let starts = reshape_to(ctx, starts, &[batch, 1, 1, 1], Some("mask_starts_view"))?;
             let after = ctx.op(
                 Op::Compare(CompareOp::GreaterOrEqual),
@@ -325,7 +325,7 @@ pub(super) fn attention_on(
             )));
         }
         let one_of = |ctx: &mut ImportCtx, i: usize, tag: &str| -> Result<Val, OnnxError> {
-            let s = crate::ops::movement::slice_along(ctx, p, 0, i, 1, 1, tag)?;
+            let s = crate::ops::build::slice_along(ctx, p, 0, i, 1, 1, tag)?;
             reshape_to(ctx, s, &ps[1..], Some(&format!("{tag}_view")))
         };
         a.past = Some((one_of(ctx, 0, "past_key")?, one_of(ctx, 1, "past_value")?));

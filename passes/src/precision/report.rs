@@ -4,7 +4,7 @@
 //! rounded where they are stored, f32 accumulation) on the same inputs,
 //! and every dense node and graph output is compared by node name.
 
-use crate::{Decision, Precision};
+use super::types::{Decision, Precision};
 use kiln_ir::{DType, Graph, IrError, NodeId, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -90,7 +90,7 @@ fn dense_by_name(g: &Graph) -> BTreeMap<String, NodeId> {
     g.node_ids()
         .filter(|&id| {
             let n = g.node(id);
-            (crate::is_precision_layer(&n.op) || crate::is_embedding_lookup(g, id))
+            (super::types::is_precision_layer(&n.op) || super::types::is_embedding_lookup(g, id))
                 && n.ty.dtype == DType::F32
         })
         .map(|id| (g.node(id).name.clone(), id))

@@ -10,8 +10,8 @@
 //!
 //! The format is in `docs/precision.md`.
 
-use crate::assign_precision::{is_precision_layer, Decision, Precision};
-use crate::precision_report::AccuracyReport;
+use super::report::AccuracyReport;
+use super::types::{is_precision_layer, Decision, Precision};
 use kiln_ir::{Graph, NodeId};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};

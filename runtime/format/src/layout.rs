@@ -1,10 +1,9 @@
 //! The fixed header and the section table.
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
 
 use super::cursor::Writer;
+use super::section::SectionKind;
 use super::{Arch, CpuFeatures, FormatError, FORMAT_VERSION, MAGIC};
 
 /// Length of the fixed header in bytes.
@@ -16,56 +15,6 @@ pub const SECTION_ENTRY_LEN: usize = 56;
 pub const SECTION_ALIGN: u64 = 64;
 /// Byte range of the content hash inside the header.
 const HASH_RANGE: std::ops::Range<usize> = 32..64;
-
-/// Kind of a section (`u32` on disk). In format v1 every kind appears exactly
-/// once, in this order.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SectionKind {
-    /// Compiler version, target, options, inputs, outputs, arena size,
-    /// the dense kernels chosen (version 3).
-    Meta = 1,
-    /// Packed weights, read by kernels through their `weights` argument.
-    Weights = 2,
-    /// Machine code of all kernels.
-    Text = 3,
-    /// Relocations applied to TEXT at load time.
-    Relocs = 4,
-    /// Kernel table: name and range in TEXT.
-    Kernels = 5,
-    /// The ordered kernel calls of one inference.
-    Schedule = 6,
-}
-
-impl SectionKind {
-    /// All kinds, in file order.
-    pub const ALL: [SectionKind; 6] = [
-        SectionKind::Meta,
-        SectionKind::Weights,
-        SectionKind::Text,
-        SectionKind::Relocs,
-        SectionKind::Kernels,
-        SectionKind::Schedule,
-    ];
-
-    /// Upper-case name, as in messages (`"TEXT"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            SectionKind::Meta => "META",
-            SectionKind::Weights => "WEIGHTS",
-            SectionKind::Text => "TEXT",
-            SectionKind::Relocs => "RELOCS",
-            SectionKind::Kernels => "KERNELS",
-            SectionKind::Schedule => "SCHEDULE",
-        }
-    }
-}
-
-impl fmt::Display for SectionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// One entry of the section table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -294,4 +243,81 @@ fn read_table(file: &[u8], table_end: usize) -> Result<Vec<SectionEntry>, Format
         )));
     }
     Ok(sections)
+}
+
+/// The header's fields: byte range and name, in file order.
+const HEADER_FIELDS: [(std::ops::Range<usize>, &str); 7] = [
+    (0..8, "magic"),
+    (8..12, "version"),
+    (12..16, "arch"),
+    (16..24, "features"),
+    (24..28, "section count"),
+    (28..32, "reserved"),
+    (HASH_RANGE, "content hash"),
+];
+
+/// How many leading bytes [`peek`] reads.
+pub const PEEK_LEN: usize = 16;
+
+/// What the first [`PEEK_LEN`] bytes of a file say, before anything is
+/// validated: enough to pick a loader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peek {
+    /// The format version field.
+    pub version: u32,
+    /// The architecture field, `None` for a code this crate does not know.
+    pub arch: Option<Arch>,
+}
+
+/// Reads the magic, version and architecture fields from the start of a
+/// file; `None` when `prefix` is shorter than [`PEEK_LEN`] or does not start
+/// with [`MAGIC`]. Nothing else is checked: [`read_header`] and
+/// [`crate::ArtifactView::parse`] validate the file.
+pub fn peek(prefix: &[u8]) -> Option<Peek> {
+    if prefix.len() < PEEK_LEN || prefix[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    Some(Peek {
+        version: le_u32(prefix, 8),
+        arch: Arch::from_u32(le_u32(prefix, 12)),
+    })
+}
+
+/// Names the part of the artifact `file` that holds byte `offset`: a header
+/// field, a section-table entry, a section (with the offset inside it), the
+/// padding between sections, or the end of the file. For messages such as
+/// "two builds first differ at ...".
+pub fn region_at(file: &[u8], offset: u64) -> String {
+    let table_end = (HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN) as u64;
+    if offset >= file.len() as u64 {
+        return format!("end of file ({} bytes)", file.len());
+    }
+    if let Some((_, field)) = HEADER_FIELDS
+        .iter()
+        .find(|(range, _)| range.contains(&(offset as usize)))
+    {
+        return format!("header ({field})");
+    }
+    if offset < table_end {
+        let i = (offset as usize - HEADER_LEN) / SECTION_ENTRY_LEN;
+        return format!("section table (entry {i}: {})", SectionKind::ALL[i].name());
+    }
+    match read_header(file) {
+        Ok(h) => h
+            .sections
+            .iter()
+            .find(|s| (s.offset..s.offset + s.length).contains(&offset))
+            .map_or_else(
+                || "padding between sections".to_string(),
+                |s| {
+                    format!(
+                        "section {} (+{} of {} bytes)",
+                        s.kind.name(),
+                        offset - s.offset,
+                        s.length
+                    )
+                },
+            ),
+        Err(e) => format!("unparsable artifact ({e})"),
+    }
 }

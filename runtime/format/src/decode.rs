@@ -286,7 +286,7 @@ pub(crate) fn schedule(
 #[cfg(test)]
 mod tests {
     use super::schedule;
-    use crate::format::cursor::Writer;
+    use crate::cursor::Writer;
 
     #[test]
     fn version_1_schedules_have_one_task_per_step() {

@@ -1,6 +1,9 @@
-//! The Kiln artifact format (`.kiln`), version 1: the one definition shared by
-//! the compiler's writer ([`Artifact::to_bytes`]) and the runtime's reader
-//! ([`Artifact::parse`], [`ArtifactView::parse`]).
+//! `kiln-format`: the Kiln artifact format (`.kiln`, version
+//! [`FORMAT_VERSION`]), the one definition shared by the compiler's writer
+//! ([`Artifact::to_bytes`]) and the runtime's reader ([`Artifact::parse`],
+//! [`ArtifactView::parse`]). It depends on nothing
+//! heavier than `sha2` and `thiserror`: the compiler's targets build
+//! artifacts with it without linking the runtime.
 //!
 //! The byte layout is specified in `docs/artifact-format.md`. In short: a
 //! 64-byte header (magic, version, architecture, CPU features, section
@@ -9,6 +12,9 @@
 //! at a multiple of 64 bytes. All integers are little-endian. The encoding is
 //! canonical: equal artifacts give identical bytes, and every byte of a file
 //! is covered by a checksum or a must-be-zero rule.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod code;
 mod cpu;
@@ -21,6 +27,7 @@ mod encode;
 mod error;
 mod layout;
 mod meta;
+mod section;
 mod signature;
 
 pub use code::{HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
@@ -29,9 +36,11 @@ pub use cuda::{CudaCode, CudaKernel, CUDA_MAGIC};
 pub use dtype::DType;
 pub use error::FormatError;
 pub use layout::{
-    read_header, Header, SectionEntry, SectionKind, HEADER_LEN, SECTION_ALIGN, SECTION_ENTRY_LEN,
+    peek, read_header, region_at, Header, Peek, SectionEntry, HEADER_LEN, PEEK_LEN, SECTION_ALIGN,
+    SECTION_ENTRY_LEN,
 };
-pub use meta::{type_string, Declined, DenseKernel, Metadata, TensorSpec};
+pub use meta::{type_string, ArtifactInfo, Declined, DenseKernel, Metadata, TensorSpec};
+pub use section::SectionKind;
 pub use signature::{
     signature_path, signed_message, DetachedSignature, SignatureFileError, SIGNATURE_FILE_LEN,
     SIGNATURE_MAGIC,

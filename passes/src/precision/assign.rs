@@ -8,326 +8,21 @@
 //! (Softmax, normalizations, reductions, exp/log/pow, elementwise ops, the
 //! graph outputs) keeps computing in f32.
 
-use crate::precision_plan::PrecisionPlan;
-use crate::quantize::{
-    quantize_conv, quantize_dense, ActivationRange, ActivationType, Calibrated, ConvInt8Form,
-    Int8Form,
+use super::policy::{Mode, Policy};
+use super::quantize::{
+    quantize_conv, quantize_dense, ActivationRange, Calibrated, ConvInt8Form, Int8Form,
 };
-use crate::{Pass, PassError, PassStats};
+use super::types::{is_embedding_lookup, is_precision_layer, Decision, Precision, Reason};
+use crate::pass::{Pass, PassError, PassStats};
 use half::{bf16, f16};
 use kiln_ir::{DType, Data, Graph, IrError, NodeId, Op, Tensor};
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
-use thiserror::Error;
-
-/// The precision a dense op runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Precision {
-    /// f32 storage and math.
-    Fp32,
-    /// bf16 weights and activations, `vdpbf16ps` with f32 accumulation
-    /// (Conv: bf16 weights, f32 activations).
-    Bf16,
-    /// f16 weights (storage), widened in the kernel; f32 activations and
-    /// math.
-    Fp16,
-    /// int8: i8 weights per output column, u8 activations per tensor
-    /// (calibrated or computed per run), i32 accumulation, f32 rescale
-    /// (`crate::quantize`).
-    Int8,
-}
-
-impl Precision {
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16 => "bf16",
-            Precision::Fp16 => "fp16",
-            Precision::Int8 => "int8",
-        }
-    }
-
-    /// The weight storage type.
-    pub fn dtype(self) -> DType {
-        match self {
-            Precision::Fp32 => DType::F32,
-            Precision::Bf16 => DType::BF16,
-            Precision::Fp16 => DType::F16,
-            Precision::Int8 => DType::I8,
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Precision {
-    type Err = PolicyError;
-    fn from_str(s: &str) -> Result<Self, PolicyError> {
-        match s {
-            "fp32" => Ok(Precision::Fp32),
-            "bf16" => Ok(Precision::Bf16),
-            "fp16" => Ok(Precision::Fp16),
-            "int8" => Ok(Precision::Int8),
-            other => Err(PolicyError::UnknownPrecision(other.to_string())),
-        }
-    }
-}
-
-/// The `--precision` mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Nothing changes (the default).
-    #[default]
-    Fp32,
-    /// Every eligible dense op in bf16.
-    Bf16,
-    /// Every eligible dense op with f16 weights.
-    Fp16,
-    /// bf16, except the first and the last dense op of the graph (the
-    /// layer reading the raw input and the one producing the logits).
-    Mixed,
-    /// Every eligible MatMul/Gemm in int8 (`--quantize`).
-    Int8,
-}
-
-impl Mode {
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Fp32 => "fp32",
-            Mode::Bf16 => "bf16",
-            Mode::Fp16 => "fp16",
-            Mode::Mixed => "mixed",
-            Mode::Int8 => "int8",
-        }
-    }
-}
-
-impl FromStr for Mode {
-    type Err = PolicyError;
-    fn from_str(s: &str) -> Result<Self, PolicyError> {
-        match s {
-            "fp32" => Ok(Mode::Fp32),
-            "bf16" => Ok(Mode::Bf16),
-            "fp16" => Ok(Mode::Fp16),
-            "mixed" => Ok(Mode::Mixed),
-            "int8" => Ok(Mode::Int8),
-            other => Err(PolicyError::UnknownPrecision(other.to_string())),
-        }
-    }
-}
-
-/// Bad `--precision`, `--keep-fp32` or `--force` arguments.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum PolicyError {
-    /// Not one of the precision names.
-    #[error(
-        "unknown precision '{0}'; use fp32, fp16, bf16, int8 or mixed (mixed only for --precision)"
-    )]
-    UnknownPrecision(String),
-    /// `--force` without `=`.
-    #[error("--force takes PRECISION=PATTERN[,PATTERN...], got '{0}'")]
-    BadForce(String),
-    /// An empty pattern in a list.
-    #[error("empty pattern in '{0}'")]
-    EmptyPattern(String),
-}
-
-/// Which nodes a pattern names: an op type (`MatMul`, `Conv`, compared
-/// without case, ONNX or IR spelling) or a node name, where `*` matches any
-/// run of characters and `?` one character.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pattern(String);
-
-impl Pattern {
-    /// Parses a comma-separated list.
-    pub fn list(s: &str) -> Result<Vec<Pattern>, PolicyError> {
-        s.split(',')
-            .map(|p| {
-                let p = p.trim();
-                if p.is_empty() {
-                    Err(PolicyError::EmptyPattern(s.to_string()))
-                } else {
-                    Ok(Pattern(p.to_string()))
-                }
-            })
-            .collect()
-    }
-
-    /// Whether the pattern names a node with this op and name.
-    pub fn matches(&self, op: &Op, name: &str) -> bool {
-        self.0.eq_ignore_ascii_case(op.name()) || glob(self.0.as_bytes(), name.as_bytes())
-    }
-}
-
-impl fmt::Display for Pattern {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-fn glob(p: &[u8], s: &[u8]) -> bool {
-    match (p.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
-        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
-        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
-        _ => false,
-    }
-}
-
-/// The precision policy: a mode and per-node overrides.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Policy {
-    /// `--precision`.
-    pub mode: Mode,
-    /// `--keep-fp32`: nodes that stay f32 whatever else says.
-    pub keep_fp32: Vec<Pattern>,
-    /// `--force PRECISION=PATTERN`, in command-line order (a later one wins).
-    pub force: Vec<(Precision, Vec<Pattern>)>,
-    /// Nodes (by name) the error-driven fallback (`--max-rel-error`) raised
-    /// to fp32, with the measurement that made it; wins over everything
-    /// but an ineligible op.
-    pub fallback: BTreeMap<String, String>,
-    /// `--plan FILE`: every dense node's precision, checked against the
-    /// graph (wins over the mode and the patterns; the fallback still
-    /// applies).
-    pub plan: Option<PrecisionPlan>,
-    /// int8 activations (`--quantize static`): the calibrated range of
-    /// each int8 node's activation input, by node name. `None`: ranges
-    /// are computed at run time (`--quantize dynamic`); a node missing
-    /// from the map is quantized dynamically too.
-    pub activation_ranges: Option<BTreeMap<String, (f32, f32)>>,
-    /// int8 activations: asymmetric u8 or symmetric int8
-    /// (`--activation-type`).
-    pub activation_type: ActivationType,
-    /// int8 layers' bias corrections (measured by
-    /// [`crate::measure_bias_corrections`]), added to their biases per
-    /// output channel, by node name; empty: none.
-    pub bias_corrections: crate::BiasCorrections,
-    /// int8 layers' activation smoothing (`--smooth`, measured by
-    /// [`crate::smoothing_factors`]): per input channel divisors of the
-    /// activation, multiplied into the weights, by node name; the
-    /// activation ranges are then those of the smoothed activations.
-    pub smoothing: crate::Smoothing,
-}
-
-impl Policy {
-    /// Parses one `--force PRECISION=PATTERN[,PATTERN...]` argument.
-    pub fn parse_force(s: &str) -> Result<(Precision, Vec<Pattern>), PolicyError> {
-        let (p, pats) = s
-            .split_once('=')
-            .ok_or_else(|| PolicyError::BadForce(s.to_string()))?;
-        Ok((p.parse()?, Pattern::list(pats)?))
-    }
-
-    /// Whether the policy can change a graph (`fp32` with no `--force`
-    /// cannot).
-    pub fn is_identity(&self) -> bool {
-        self.mode == Mode::Fp32
-            && self.force.iter().all(|(p, _)| *p == Precision::Fp32)
-            && self
-                .plan
-                .as_ref()
-                .is_none_or(|plan| plan.entries.iter().all(|e| e.precision == Precision::Fp32))
-    }
-
-    /// Whether the policy can put a layer in int8 (the mode, a `--force`
-    /// or a plan entry).
-    pub fn may_quantize(&self) -> bool {
-        self.mode == Mode::Int8
-            || self.force.iter().any(|(p, _)| *p == Precision::Int8)
-            || (self.plan.as_ref())
-                .is_some_and(|plan| plan.entries.iter().any(|e| e.precision == Precision::Int8))
-    }
-}
-
-/// Why a dense node got its precision (recorded in the report).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// The `--precision` mode.
-    Mode,
-    /// `mixed` keeps the first and last dense layer in f32.
-    MixedEdge,
-    /// A `--keep-fp32` pattern.
-    KeepFp32(String),
-    /// A `--force` pattern.
-    Force(String),
-    /// The `--plan` file.
-    Plan,
-    /// The op or its operands have no reduced-precision kernel form.
-    NotEligible(&'static str),
-    /// `--max-rel-error`: raised to fp32 because the graph outputs missed
-    /// the bound (the measurement that chose it).
-    ErrorFallback(String),
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reason::Mode => f.write_str("precision mode"),
-            Reason::MixedEdge => f.write_str("mixed: first/last dense layer stays fp32"),
-            Reason::KeepFp32(p) => write!(f, "--keep-fp32 {p}"),
-            Reason::Force(p) => write!(f, "--force {p}"),
-            Reason::Plan => f.write_str("--plan"),
-            Reason::NotEligible(why) => write!(f, "stays fp32: {why}"),
-            Reason::ErrorFallback(why) => write!(f, "raised to fp32 by --max-rel-error: {why}"),
-        }
-    }
-}
-
-/// One dense node's decision.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// Node (ONNX) name.
-    pub node: String,
-    /// IR op name.
-    pub op: &'static str,
-    /// The precision it runs in.
-    pub precision: Precision,
-    /// Why.
-    pub reason: Reason,
-}
 
 /// The pass. Its decisions are recorded in [`AssignPrecision::decisions`]
 /// by [`AssignPrecision::assign`].
 pub struct AssignPrecision {
     /// The policy.
     pub policy: Policy,
-}
-
-/// Whether `assign-precision` decides the precision of `op`: the dense ops
-/// (MatMul, Gemm, Conv), whatever their operands.
-pub fn is_precision_layer(op: &Op) -> bool {
-    matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_))
-}
-
-/// Fewest elements of a constant table whose lookups `assign-precision`
-/// stores in the reduced precision (a word-embedding table; smaller tables
-/// of a few values are not worth the conversion).
-pub const MIN_EMBEDDING_ELEMENTS: usize = 1 << 16;
-
-/// Whether node `id` looks rows up in an embedding table: `Gather` along
-/// axis 0 of a constant f32 matrix of at least [`MIN_EMBEDDING_ELEMENTS`]
-/// by indices computed at run time. Its table is stored in the mode's
-/// precision (int8: symmetric per row) and the rows it gathers are widened
-/// to f32.
-pub fn is_embedding_lookup(graph: &Graph, id: NodeId) -> bool {
-    let node = graph.node(id);
-    let inputs = graph.inputs_of(id);
-    matches!(node.op, Op::Gather { axis: 0 })
-        && node.ty.dtype == DType::F32
-        && inputs.len() == 2
-        && graph.constant(inputs[1]).is_none()
-        && graph.constant(inputs[0]).is_some_and(|t| {
-            t.dtype() == DType::F32 && t.shape().len() == 2 && t.len() >= MIN_EMBEDDING_ELEMENTS
-        })
 }
 
 /// Which operand of a dense op is the constant weight, and which the
@@ -580,7 +275,7 @@ fn store_table(graph: &mut Graph, id: NodeId, precision: Precision) -> Result<us
     let gather = Op::Gather { axis: 0 };
     let y = if precision == Precision::Int8 {
         let values = t.to_f32_vec();
-        let (q, scales) = crate::quantize::quantize_rows(&values, rows, cols);
+        let (q, scales) = super::quantize::quantize_rows(&values, rows, cols);
         let q = Tensor::new([rows, cols], Data::I8(q)).expect("element count");
         let scales = Tensor::new([rows, 1], Data::F32(scales)).expect("element count");
         let q = graph.add_const(format!("{name}/table_int8"), q);
@@ -710,6 +405,7 @@ impl Pass for AssignPrecision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::precision::{Pattern, PolicyError};
     use kiln_ir::{UnaryOp, ValueType};
 
     fn mlp() -> (Graph, NodeId, NodeId) {

@@ -63,6 +63,18 @@ impl fmt::Display for TensorSpec {
     }
 }
 
+/// Provenance a compiler target records in the artifact's [`Metadata`]:
+/// the same for every target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArtifactInfo {
+    /// Version of the compiler writing the artifact.
+    pub compiler_version: String,
+    /// Compile options, as text (shown by `kiln inspect`).
+    pub options: String,
+    /// SHA-256 of the source model.
+    pub source_sha256: [u8; 32],
+}
+
 /// Everything about the model that is not code or weights.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Metadata {

@@ -16,8 +16,8 @@
 //! correction is measured on inputs that already carry the corrections
 //! upstream, in one evaluation.
 
-use crate::precision_report::matched_layers;
-use crate::smooth::channel_axis;
+use super::report::matched_layers;
+use super::smooth::channel_axis;
 use kiln_ir::{Data, Graph, IrError, NodeId, Tensor};
 use std::collections::{BTreeMap, HashMap};
 
@@ -52,7 +52,7 @@ pub fn measure_bias_corrections(
         .iter()
         .filter_map(|name| {
             let &(r, q) = matched.get(name)?;
-            if !crate::is_precision_layer(&reference.node(r).op) {
+            if !super::types::is_precision_layer(&reference.node(r).op) {
                 return None;
             }
             let shape = &reference.node(r).ty.shape;

@@ -178,7 +178,7 @@ mod tests {
         CudaCode {
             sm: 80,
             ptx: ".version 7.0\n".into(),
-            cubin: crate::format::elf::tests::tiny_cubin(),
+            cubin: crate::elf::tests::tiny_cubin(),
             kernels: vec![CudaKernel {
                 name: "k0".into(),
                 node: "relu".into(),

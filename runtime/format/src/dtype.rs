@@ -1,10 +1,12 @@
-//! Element types of tensors in an artifact.
+//! Element types: the one vocabulary of the compiler's IR (`kiln_ir::DType`
+//! re-exports this type) and of the artifact.
 
 use std::fmt;
 
-/// Element type of a tensor; the on-disk code is the `u8` discriminant.
+/// Element type of a tensor; the on-disk code is the `u8` discriminant, and
+/// the order (`Ord`) is the code order.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     /// IEEE 754 binary32.
     F32 = 1,
@@ -101,6 +103,51 @@ impl DType {
         }
     }
 
+    /// Whether the type is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// Whether the type is a (signed or unsigned) integer type of 8 bits or
+    /// more.
+    pub fn is_int(self) -> bool {
+        matches!(
+            self,
+            DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::I32
+                | DType::I64
+                | DType::U16
+                | DType::U32
+                | DType::U64
+        )
+    }
+
+    /// Whether the type is an unsigned integer type (`u8` to `u64`).
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    }
+
+    /// Whether the type is a storage-only type of one code per byte (the 8-
+    /// and 4-bit floats, the 4- and 2-bit integers; the compiler's
+    /// `kiln_ir::narrow` converts them). Such types are neither
+    /// [`DType::is_float`] nor [`DType::is_int`].
+    pub fn is_narrow(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN
+                | DType::F8E4M3FNUZ
+                | DType::F8E5M2
+                | DType::F8E5M2FNUZ
+                | DType::F4E2M1
+                | DType::I4
+                | DType::U4
+                | DType::I2
+                | DType::U2
+        )
+    }
+
     /// Lower-case name as used in messages and the IR text format (`"f32"`).
     pub fn name(self) -> &'static str {
         match self {
@@ -164,5 +211,18 @@ mod tests {
         assert_eq!(DType::Bool as u8, 10);
         assert_eq!(DType::U64 as u8, 13);
         assert_eq!(DType::U2 as u8, 22);
+    }
+
+    #[test]
+    fn every_type_is_exactly_one_kind() {
+        for d in DType::ALL {
+            let kinds = [d.is_float(), d.is_int(), d.is_narrow(), d == DType::Bool];
+            assert_eq!(kinds.iter().filter(|&&k| k).count(), 1, "{d}");
+            assert!(!d.is_unsigned() || d.is_int(), "{d}");
+        }
+        assert!(
+            DType::ALL.windows(2).all(|w| w[0] < w[1]),
+            "ALL is in code order"
+        );
     }
 }

@@ -88,7 +88,7 @@ pub fn smoothing_factors(
     let mut readers: HashMap<NodeId, (Vec<String>, Vec<f32>, usize)> = HashMap::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if !crate::is_precision_layer(&node.op) {
+        if !super::types::is_precision_layer(&node.op) {
             continue;
         }
         let Some(w_max) = weight_channel_max(graph, id) else {

@@ -1,0 +1,166 @@
+//! The precision [`Policy`]: what the user asked for (the `--precision`
+//! mode, `--keep-fp32`, `--force`, `--plan`, `--activation-type`) and the
+//! data the driver measured for it (activation ranges, smoothing divisors,
+//! bias shifts, error fallbacks), which the pass reads. Separating the
+//! measured data into a type of its own is still open (issue 25).
+
+use super::plan::PrecisionPlan;
+use super::quantize::ActivationType;
+use super::types::{PolicyError, Precision};
+use kiln_ir::Op;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// The `--precision` mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Nothing changes (the default).
+    #[default]
+    Fp32,
+    /// Every eligible dense op in bf16.
+    Bf16,
+    /// Every eligible dense op with f16 weights.
+    Fp16,
+    /// bf16, except the first and the last dense op of the graph (the
+    /// layer reading the raw input and the one producing the logits).
+    Mixed,
+    /// Every eligible MatMul/Gemm in int8 (`--quantize`).
+    Int8,
+}
+
+impl Mode {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fp32 => "fp32",
+            Mode::Bf16 => "bf16",
+            Mode::Fp16 => "fp16",
+            Mode::Mixed => "mixed",
+            Mode::Int8 => "int8",
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        match s {
+            "fp32" => Ok(Mode::Fp32),
+            "bf16" => Ok(Mode::Bf16),
+            "fp16" => Ok(Mode::Fp16),
+            "mixed" => Ok(Mode::Mixed),
+            "int8" => Ok(Mode::Int8),
+            other => Err(PolicyError::UnknownPrecision(other.to_string())),
+        }
+    }
+}
+
+/// Which nodes a pattern names: an op type (`MatMul`, `Conv`, compared
+/// without case, ONNX or IR spelling) or a node name, where `*` matches any
+/// run of characters and `?` one character.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    /// Parses a comma-separated list.
+    pub fn list(s: &str) -> Result<Vec<Pattern>, PolicyError> {
+        s.split(',')
+            .map(|p| {
+                let p = p.trim();
+                if p.is_empty() {
+                    Err(PolicyError::EmptyPattern(s.to_string()))
+                } else {
+                    Ok(Pattern(p.to_string()))
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the pattern names a node with this op and name.
+    pub fn matches(&self, op: &Op, name: &str) -> bool {
+        self.0.eq_ignore_ascii_case(op.name()) || glob(self.0.as_bytes(), name.as_bytes())
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    match (p.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
+        _ => false,
+    }
+}
+
+/// The precision policy: a mode and per-node overrides.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Policy {
+    /// `--precision`.
+    pub mode: Mode,
+    /// `--keep-fp32`: nodes that stay f32 whatever else says.
+    pub keep_fp32: Vec<Pattern>,
+    /// `--force PRECISION=PATTERN`, in command-line order (a later one wins).
+    pub force: Vec<(Precision, Vec<Pattern>)>,
+    /// Nodes (by name) the error-driven fallback (`--max-rel-error`) raised
+    /// to fp32, with the measurement that made it; wins over everything
+    /// but an ineligible op.
+    pub fallback: BTreeMap<String, String>,
+    /// `--plan FILE`: every dense node's precision, checked against the
+    /// graph (wins over the mode and the patterns; the fallback still
+    /// applies).
+    pub plan: Option<PrecisionPlan>,
+    /// int8 activations (`--quantize static`): the calibrated range of
+    /// each int8 node's activation input, by node name. `None`: ranges
+    /// are computed at run time (`--quantize dynamic`); a node missing
+    /// from the map is quantized dynamically too.
+    pub activation_ranges: Option<BTreeMap<String, (f32, f32)>>,
+    /// int8 activations: asymmetric u8 or symmetric int8
+    /// (`--activation-type`).
+    pub activation_type: ActivationType,
+    /// int8 layers' bias corrections (measured by
+    /// [`super::bias_correction::measure_bias_corrections`]), added to their biases per
+    /// output channel, by node name; empty: none.
+    pub bias_corrections: super::bias_correction::BiasCorrections,
+    /// int8 layers' activation smoothing (`--smooth`, measured by
+    /// [`super::smooth::smoothing_factors`]): per input channel divisors of the
+    /// activation, multiplied into the weights, by node name; the
+    /// activation ranges are then those of the smoothed activations.
+    pub smoothing: super::smooth::Smoothing,
+}
+
+impl Policy {
+    /// Parses one `--force PRECISION=PATTERN[,PATTERN...]` argument.
+    pub fn parse_force(s: &str) -> Result<(Precision, Vec<Pattern>), PolicyError> {
+        let (p, pats) = s
+            .split_once('=')
+            .ok_or_else(|| PolicyError::BadForce(s.to_string()))?;
+        Ok((p.parse()?, Pattern::list(pats)?))
+    }
+
+    /// Whether the policy can change a graph (`fp32` with no `--force`
+    /// cannot).
+    pub fn is_identity(&self) -> bool {
+        self.mode == Mode::Fp32
+            && self.force.iter().all(|(p, _)| *p == Precision::Fp32)
+            && self
+                .plan
+                .as_ref()
+                .is_none_or(|plan| plan.entries.iter().all(|e| e.precision == Precision::Fp32))
+    }
+
+    /// Whether the policy can put a layer in int8 (the mode, a `--force`
+    /// or a plan entry).
+    pub fn may_quantize(&self) -> bool {
+        self.mode == Mode::Int8
+            || self.force.iter().any(|(p, _)| *p == Precision::Int8)
+            || (self.plan.as_ref())
+                .is_some_and(|plan| plan.entries.iter().any(|e| e.precision == Precision::Int8))
+    }
+}
