@@ -241,8 +241,8 @@ unsafe fn count(m: *const KilnModel, side: Side) -> usize {
 /// # Safety
 /// `m` must be NULL or a live model.
 unsafe fn name(m: *const KilnModel, side: Side, i: usize) -> *const c_char {
-    // SAFETY: per the contract.
     guard(std::ptr::null(), || {
+        // SAFETY: `m` is NULL or a live model, per this function's contract.
         unsafe { spec(m, side, i) }.map_or(std::ptr::null(), |(_, n)| n.as_ptr())
     })
 }
@@ -250,8 +250,8 @@ unsafe fn name(m: *const KilnModel, side: Side, i: usize) -> *const c_char {
 /// # Safety
 /// `m` must be NULL or a live model.
 unsafe fn dtype(m: *const KilnModel, side: Side, i: usize) -> c_int {
-    // SAFETY: per the contract.
     guard(0, || {
+        // SAFETY: `m` is NULL or a live model, per this function's contract.
         unsafe { spec(m, side, i) }.map_or(0, |(s, _)| c_int::from(s.dtype as u8))
     })
 }
@@ -259,8 +259,8 @@ unsafe fn dtype(m: *const KilnModel, side: Side, i: usize) -> c_int {
 /// # Safety
 /// `m` must be NULL or a live model.
 unsafe fn rank(m: *const KilnModel, side: Side, i: usize) -> i64 {
-    // SAFETY: per the contract.
     guard(-1, || {
+        // SAFETY: `m` is NULL or a live model, per this function's contract.
         unsafe { spec(m, side, i) }.map_or(-1, |(s, _)| s.shape.len() as i64)
     })
 }
@@ -288,8 +288,8 @@ unsafe fn dims(m: *const KilnModel, side: Side, i: usize, out: *mut u64) -> c_in
 /// # Safety
 /// `m` must be NULL or a live model.
 unsafe fn byte_size(m: *const KilnModel, side: Side, i: usize) -> i64 {
-    // SAFETY: per the contract.
     guard(-1, || {
+        // SAFETY: `m` is NULL or a live model, per this function's contract.
         unsafe { spec(m, side, i) }.map_or(-1, |(s, _)| s.byte_len() as i64)
     })
 }

@@ -52,6 +52,8 @@
 //! # Ok::<(), kiln_runtime::Error>(())
 //! ```
 #![deny(missing_docs)]
+// Every `unsafe` block says why it is sound (docs/architecture.md).
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod capi;
 mod code;

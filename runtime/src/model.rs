@@ -458,18 +458,21 @@ impl Program {
         let weights = self.weights.as_ptr();
         for (i, step) in self.steps.iter().enumerate() {
             let tasks = &self.kernel_entries[step.clone()];
-            // SAFETY: the entries point into `self._code`, which is alive;
-            // the arena and weights are the buffers the artifact was
-            // compiled against (sizes validated at load). Kernels only read
-            // the weights, so concurrent runs over separate arenas share
-            // them safely, and the tasks of one step are independent by the
-            // format's definition (see `format::Step`). What the code does
-            // is the artifact's responsibility (see the type's docs).
+            // Why the calls below are sound: the entries point into
+            // `self._code`, which is alive; the arena and weights are the
+            // buffers the artifact was compiled against (sizes validated at
+            // load). Kernels only read the weights, so concurrent runs over
+            // separate arenas share them safely, and the tasks of one step
+            // are independent by the format's definition (see
+            // `format::Step`). What the code does is the artifact's
+            // responsibility (see the type's docs).
             let start = step_times.is_some().then(std::time::Instant::now);
             let code = match pool {
+                // SAFETY: see above; the pool runs each task once.
                 Some(pool) if tasks.len() > 1 => unsafe { pool.run(tasks, arena, weights) },
                 _ => tasks
                     .iter()
+                    // SAFETY: see above.
                     .map(|entry| unsafe { entry(arena, weights) })
                     .find(|&c| c != 0)
                     .unwrap_or(0),

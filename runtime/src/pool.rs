@@ -303,12 +303,17 @@ mod tests {
         let counter = std::sync::atomic::AtomicU64::new(0);
         let arena = &counter as *const _ as *mut u8;
         let tasks: Vec<KernelFn> = vec![add_one; 5];
+        // SAFETY (every `pool.run` below): the tasks only touch the atomic
+        // counter the "arena" points to, and read no weights.
         for _ in 0..200 {
+            // SAFETY: see above.
             assert_eq!(unsafe { pool.run(&tasks, arena, std::ptr::null()) }, 0);
         }
         assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 1000);
         let mixed: Vec<KernelFn> = vec![add_one, fail, add_one];
+        // SAFETY: see above.
         assert_eq!(unsafe { pool.run(&mixed, arena, std::ptr::null()) }, 7);
+        // SAFETY: see above.
         assert_eq!(unsafe { pool.run(&tasks, arena, std::ptr::null()) }, 0);
     }
 }

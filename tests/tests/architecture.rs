@@ -160,6 +160,22 @@ fn dependencies_point_from_the_cli_to_the_ir() {
             &["kiln-onnx", "kiln-target-cpu", "kiln-runtime", "kiln"],
         ),
     ];
+    // Test helpers never ship.
+    for krate in [
+        "kiln",
+        "kiln-runtime",
+        "kiln-format",
+        "kiln-ir",
+        "kiln-onnx",
+        "kiln-passes",
+        "kiln-target-cpu",
+        "kiln-target-cuda",
+    ] {
+        assert!(
+            !closure(&graph, krate).contains("kiln-test-kit"),
+            "{krate} needs kiln-test-kit"
+        );
+    }
     for (krate, never) in forbidden {
         let needs = closure(&graph, krate);
         let bad: Vec<_> = never.iter().filter(|c| needs.contains(**c)).collect();

@@ -11,8 +11,7 @@
 //! refuses (e.g. Gather indices out of range, an unsigned division by
 //! zero) are only assembled.
 
-#[path = "../../targets/cuda/tests/interp/mod.rs"]
-mod interp;
+use kiln_test_kit::ptx_interp as interp;
 
 use kiln::driver::{optimize, CompileOptions};
 use kiln_ir::{DType, Data, Tensor};

@@ -1,9 +1,8 @@
 //! Every fixture model's CUDA kernels, executed by the PTX interpreter of
-//! `targets/cuda/tests/interp` (no GPU), against the IR reference
+//! `kiln_test_kit::ptx_interp` (no GPU), against the IR reference
 //! evaluator on the fixture's committed inputs.
 
-#[path = "../../targets/cuda/tests/interp/mod.rs"]
-mod interp;
+use kiln_test_kit::ptx_interp as interp;
 
 use kiln_ir::{DType, Data, Tensor};
 

@@ -1,20 +1,20 @@
 //! The compile pipeline: import → passes → codegen → artifact bytes.
 
 use kiln_format::{Artifact, ArtifactInfo};
-use kiln_ir::{Graph, NodeId};
+use kiln_ir::Graph;
 use kiln_onnx::ImportOptions;
 use kiln_passes::{
-    AccuracyReport, AssignPrecision, Decision, LayerError, PassError, PassManager, PassRecord,
-    PipelineOptions, PipelineReport, Policy, Precision, PrecisionPlan,
+    Activations, AssignPrecision, BiasCorrection, PassManager, PipelineOptions, PipelineReport,
+    Policy, Samples,
 };
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use crate::error::DriverError;
 use crate::target::{Generated, Target};
+pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
 
 /// Which IR dumps to write.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -231,23 +231,6 @@ impl CompileOptions {
     }
 }
 
-/// Where long compile work reports how far it got: the `kiln` command
-/// draws bars on a terminal (`cli.rs`), the library reports nowhere
-/// ([`Silent`]). Every method has an empty default.
-pub trait Progress {
-    /// A stage begins: `total` steps, or `None` for work of unknown length.
-    fn begin(&self, _stage: &str, _total: Option<u64>) {}
-    /// One more step of the current stage is done; `note` says which.
-    fn step(&self, _note: &str) {}
-    /// The current stage is done.
-    fn end(&self) {}
-}
-
-/// Reports nothing.
-pub struct Silent;
-
-impl Progress for Silent {}
-
 /// Runs `work` as one stage of unknown length.
 fn stage<T>(progress: &dyn Progress, name: &str, work: impl FnOnce() -> T) -> T {
     progress.begin(name, None);
@@ -283,21 +266,6 @@ pub struct Compiled {
     pub codegen_time: Duration,
 }
 
-/// What `assign-precision` decided and what it cost in accuracy.
-#[derive(Clone, Debug)]
-pub struct PrecisionOutcome {
-    /// Every dense node's precision and the reason.
-    pub decisions: Vec<Decision>,
-    /// Errors against the f32 graph (`None` with `--calibrate-random 0`).
-    pub report: Option<AccuracyReport>,
-    /// The decisions as a plan file (`--emit-plan`).
-    pub plan: PrecisionPlan,
-    /// The int8 layers' activation smoothing divisors (`--smooth`).
-    pub smoothing: kiln_passes::Smoothing,
-    /// The int8 layers' bias corrections.
-    pub bias_corrections: kiln_passes::BiasCorrections,
-}
-
 /// An imported and optimized graph, before code generation.
 pub struct Optimized {
     /// The final IR.
@@ -310,41 +278,6 @@ pub struct Optimized {
     pub import_time: Duration,
     /// The precision outcome of a reduced-precision build.
     pub precision: Option<PrecisionOutcome>,
-}
-
-/// Deterministic calibration inputs for `graph` (SplitMix64 per sample):
-/// floats uniform in [-1, 1), integers 1 (a valid token id, mask value and
-/// index for every model Kiln has seen), booleans true.
-pub fn random_samples(graph: &Graph, count: usize) -> Vec<Vec<kiln_ir::Tensor>> {
-    use kiln_ir::{DType, Data, Tensor};
-    (0..count)
-        .map(|sample| {
-            graph
-                .inputs()
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    let ty = &graph.node(id).ty;
-                    let n = ty.num_elements();
-                    let mut state = (sample as u64 * 1_000_003 + i as u64) ^ 0x9E37_79B9_7F4A_7C15;
-                    let mut unit = move || {
-                        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                        let mut z = state;
-                        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-                    };
-                    let data = match ty.dtype {
-                        DType::F32 => Data::F32((0..n).map(|_| unit() as f32).collect()),
-                        DType::F64 => Data::F64((0..n).map(|_| unit()).collect()),
-                        DType::Bool => Data::Bool(vec![true; n]),
-                        d => Data::from_i64s(d, std::iter::repeat_n(1, n)),
-                    };
-                    Tensor::new(&ty.shape, data).expect("element count")
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// Reads the calibration samples in `dir` for `graph`'s inputs: every
@@ -434,265 +367,6 @@ pub fn read_calibration(
     Ok(samples)
 }
 
-/// Runs `assign-precision` on `graph` (the f32 graph after the pipeline)
-/// and compares it with the f32 graph on `samples`. With `correct_biases`
-/// and real (not `random`) samples, the int8 layers' bias corrections are
-/// measured on the first assignment and the assignment redone with them
-/// (`kiln_passes::measure_bias_corrections`).
-pub fn assign_precision(
-    graph: &mut Graph,
-    policy: &Policy,
-    samples: &[Vec<kiln_ir::Tensor>],
-    random: bool,
-    correct_biases: bool,
-) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
-    let reference = graph.clone();
-    let mut pass = AssignPrecision {
-        policy: policy.clone(),
-    };
-    let start = std::time::Instant::now();
-    let (mut stats, mut decisions) = pass.assign(graph)?;
-    let int8: Vec<String> = (decisions.iter())
-        .filter(|d| d.precision == Precision::Int8)
-        .map(|d| d.node.clone())
-        .collect();
-    if correct_biases && !random && !samples.is_empty() && !int8.is_empty() {
-        pass.policy.bias_corrections = kiln_passes::measure_bias_corrections(
-            &reference, graph, &int8, samples,
-        )
-        .map_err(|source| PassError::Failed {
-            pass: "assign-precision",
-            source,
-        })?;
-        *graph = reference.clone();
-        (stats, decisions) = pass.assign(graph)?;
-    }
-    let time = start.elapsed();
-    kiln_ir::verify::verify(graph).map_err(|source| PassError::Verify {
-        pass: "assign-precision",
-        source,
-    })?;
-    let report = if samples.is_empty() {
-        None
-    } else {
-        Some(
-            kiln_passes::compare_precision(&reference, graph, &decisions, samples, random)
-                .map_err(|source| PassError::Failed {
-                    pass: "assign-precision",
-                    source,
-                })?,
-        )
-    };
-    let record = PassRecord {
-        name: "assign-precision",
-        stats,
-        time,
-        nodes_after: graph.node_count(),
-    };
-    let plan = PrecisionPlan::from_decisions(&reference, &decisions, report.as_ref()).map_err(
-        |source| PassError::Failed {
-            pass: "assign-precision",
-            source,
-        },
-    )?;
-    Ok((
-        record,
-        PrecisionOutcome {
-            smoothing: (pass.policy.smoothing.into_iter())
-                .filter(|(name, _)| int8.contains(name))
-                .collect(),
-            bias_corrections: pass.policy.bias_corrections,
-            decisions,
-            report,
-            plan,
-        },
-    ))
-}
-
-/// `assign-precision` with the error-driven fallback: without
-/// `--max-rel-error` one assignment; with it, while the worst graph output
-/// misses the bound, the reduced-precision layer with the largest error in
-/// the last report is raised to fp32 (recorded as
-/// [`kiln_passes::Reason::ErrorFallback`]) and the assignment redone on the
-/// f32 graph. Ends when the bound is met or every layer is fp32.
-fn assign_with_fallback(
-    graph: &mut Graph,
-    samples: &[Vec<kiln_ir::Tensor>],
-    opts: &CompileOptions,
-    progress: &dyn Progress,
-) -> Result<(PassRecord, PrecisionOutcome), DriverError> {
-    let random = opts.calibrate.is_none();
-    let mut policy = opts.precision.clone();
-    progress.begin(
-        &format!("assigning precision on {} samples", samples.len()),
-        None,
-    );
-    loop {
-        let mut candidate = graph.clone();
-        // Dynamic builds depend on their calibration samples only through
-        // the report (and `--smooth`, asked for explicitly).
-        let correct_biases = opts.bias_correction && opts.static_activations;
-        let (record, outcome) =
-            assign_precision(&mut candidate, &policy, samples, random, correct_biases)?;
-        let raise = match (opts.max_rel_error, &outcome.report) {
-            (Some(bound), Some(report)) => {
-                let worst = report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max);
-                let introduced = introduced_errors(graph, report);
-                let layer = introduced
-                    .iter()
-                    .filter(|(l, _)| {
-                        l.precision != Precision::Fp32 && !policy.fallback.contains_key(&l.node)
-                    })
-                    .max_by(|a, b| a.1.total_cmp(&b.1));
-                match layer {
-                    Some((l, added)) if worst > bound => Some((
-                        l.node.clone(),
-                        format!(
-                            "it added the most error ({added:.3e}; {:.3e} at its output) while the graph output error was {worst:.3e} > {bound:e}",
-                            l.rel_l2
-                        ),
-                    )),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        match raise {
-            Some((node, why)) => {
-                progress.step(&format!(
-                    "{} layer(s) raised to fp32, last {node}",
-                    policy.fallback.len() + 1
-                ));
-                policy.fallback.insert(node, why);
-            }
-            None => {
-                progress.end();
-                *graph = candidate;
-                return Ok((record, outcome));
-            }
-        }
-    }
-}
-
-/// Each measured layer with the error it adds: its relative L2 error
-/// minus the largest error among the nearest dense layers it reads from
-/// (errors accumulate along the network, so the layer nearest the output
-/// would otherwise always look worst).
-fn introduced_errors<'r>(graph: &Graph, report: &'r AccuracyReport) -> Vec<(&'r LayerError, f64)> {
-    let dense = |id: kiln_ir::NodeId| kiln_passes::is_precision_layer(&graph.node(id).op);
-    let by_name: std::collections::HashMap<&str, kiln_ir::NodeId> = graph
-        .node_ids()
-        .filter(|&id| dense(id))
-        .map(|id| (graph.node(id).name.as_str(), id))
-        .collect();
-    let error_of: std::collections::HashMap<kiln_ir::NodeId, f64> = report
-        .layers
-        .iter()
-        .filter_map(|l| Some((*by_name.get(l.node.as_str())?, l.rel_l2)))
-        .collect();
-    report
-        .layers
-        .iter()
-        .map(|l| {
-            let Some(&start) = by_name.get(l.node.as_str()) else {
-                return (l, l.rel_l2);
-            };
-            let mut upstream = 0.0f64;
-            let mut seen = std::collections::HashSet::new();
-            let mut stack = graph.inputs_of(start);
-            while let Some(id) = stack.pop() {
-                if !seen.insert(id) {
-                    continue;
-                }
-                match error_of.get(&id) {
-                    Some(&e) => upstream = upstream.max(e),
-                    None => stack.extend(graph.inputs_of(id)),
-                }
-            }
-            (l, l.rel_l2 - upstream)
-        })
-        .collect()
-}
-
-/// Most values of one activation kept for an observer: a larger tensor is
-/// sampled with a stride (every sample contributes its share).
-const MAX_OBSERVED_VALUES: usize = 1 << 22;
-
-/// The activation ranges of `--quantize static`: every MatMul/Gemm's left
-/// operand and every Conv's input observed over `samples` and reduced to a
-/// range by `observer`, by node name. An activation smoothed for its
-/// layers (`smoothing`, see [`kiln_passes::smoothing_factors`]) is
-/// observed divided by their divisors, as it is quantized.
-pub fn activation_ranges(
-    graph: &Graph,
-    samples: &[Vec<kiln_ir::Tensor>],
-    observer: kiln_passes::Observer,
-    smoothing: &kiln_passes::Smoothing,
-    progress: &dyn Progress,
-) -> Result<BTreeMap<String, (f32, f32)>, DriverError> {
-    // Every value read as an activation, with the dense nodes reading it
-    // and its divisors (shared by its readers) along their channel axis.
-    type Divisors<'s> = Option<(&'s [f32], usize)>;
-    let mut readers: HashMap<NodeId, (Vec<String>, Divisors)> = HashMap::new();
-    for id in graph.node_ids() {
-        let node = graph.node(id);
-        if kiln_passes::is_precision_layer(&node.op) {
-            let x = graph.inputs_of(id)[0];
-            let rank = graph.node(x).ty.shape.len();
-            let divisors = (smoothing.get(&node.name))
-                .map(|m| (m.as_slice(), kiln_passes::channel_axis(&node.op, rank)));
-            let entry = readers.entry(x).or_default();
-            entry.0.push(node.name.clone());
-            entry.1 = entry.1.or(divisors);
-        }
-    }
-    let mut observed: HashMap<NodeId, Vec<f32>> = HashMap::new();
-    let per_sample = MAX_OBSERVED_VALUES / samples.len().max(1);
-    let mut observe = |id: NodeId, t: &kiln_ir::Tensor| {
-        let Some((_, divisors)) = readers.get(&id) else {
-            return;
-        };
-        let mut v = t.to_f32_vec();
-        if let Some((m, axis)) = divisors {
-            let inner: usize = t.shape().iter().skip(axis + 1).product();
-            for (i, x) in v.iter_mut().enumerate() {
-                *x /= m[(i / inner) % m.len()];
-            }
-        }
-        let stride = v.len().div_ceil(per_sample.max(1)).max(1);
-        let kept = observed.entry(id).or_default();
-        kept.extend(v.iter().step_by(stride));
-        // The extremes always count, whatever the stride skipped.
-        let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
-        let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        kept.extend([lo, hi]);
-    };
-    progress.begin("observing activations", Some(samples.len() as u64));
-    for (i, sample) in samples.iter().enumerate() {
-        for (&id, t) in graph.inputs().iter().zip(sample) {
-            observe(id, t);
-        }
-        kiln_ir::eval::eval_graph_with(graph, sample, &mut observe).map_err(|source| {
-            PassError::Failed {
-                pass: "assign-precision",
-                source,
-            }
-        })?;
-        progress.step(&format!("sample {}", i + 1));
-    }
-    progress.end();
-    let mut ranges = BTreeMap::new();
-    for (id, (names, _)) in readers {
-        if let Some(values) = observed.get(&id) {
-            let range = kiln_passes::observe(values, observer);
-            for name in names {
-                ranges.insert(name, range);
-            }
-        }
-    }
-    Ok(ranges)
-}
-
 /// Imports the model at `path` and runs the pass pipeline on it.
 pub fn optimize(path: &Path, opts: &CompileOptions) -> Result<Optimized, DriverError> {
     let start = Instant::now();
@@ -742,7 +416,7 @@ fn optimize_graph(
     } else {
         match &opts.calibrate {
             Some(dir) => read_calibration(dir, &graph)?,
-            None => random_samples(&graph, opts.calibrate_random),
+            None => kiln_passes::random_samples(&graph, opts.calibrate_random),
         }
     };
     let mut dumps = Vec::new();
@@ -781,35 +455,29 @@ fn optimize_graph(
     progress.end();
     let mut precision = None;
     if !opts.precision.is_identity() {
-        let observed;
-        let opts = if opts.static_activations || opts.smooth_alpha().is_some() {
-            let mut o = opts.clone();
-            if let Some(alpha) = opts.smooth_alpha() {
-                o.precision.smoothing = stage(progress, "measuring smoothing", || {
-                    kiln_passes::smoothing_factors(&graph, &samples, alpha)
-                })
-                .map_err(|source| PassError::Failed {
-                    pass: "assign-precision",
-                    source,
-                })?;
-            }
-            if opts.static_activations {
-                o.precision.activation_ranges = Some(activation_ranges(
-                    &graph,
-                    &samples,
-                    opts.observer,
-                    &o.precision.smoothing,
-                    progress,
-                )?);
-            }
-            observed = o;
-            &observed
-        } else {
-            opts
+        let request = kiln_passes::Request {
+            policy: &opts.precision,
+            samples: match opts.calibrate {
+                Some(_) => Samples::Calibration(&samples),
+                None => Samples::Random(&samples),
+            },
+            activations: match opts.static_activations {
+                true => Activations::Static(opts.observer),
+                false => Activations::Dynamic,
+            },
+            smooth_alpha: opts.smooth_alpha(),
+            // Dynamic builds depend on their calibration samples only
+            // through the report (and `--smooth`, asked for explicitly).
+            bias_correction: match opts.bias_correction && opts.static_activations {
+                true => BiasCorrection::Measure,
+                false => BiasCorrection::Off,
+            },
+            max_rel_error: opts.max_rel_error,
         };
-        let (pass, outcome) = assign_with_fallback(&mut graph, &samples, opts, progress)?;
+        let (pass, outcome) =
+            kiln_passes::precision::calibrate::assign(&mut graph, &request, progress)?;
         report.passes.push(pass);
-        after_pass("assign-precision", &graph);
+        after_pass(AssignPrecision::NAME, &graph);
         precision = Some(outcome);
     }
     optimizing(&after);

@@ -49,11 +49,14 @@ fn operands(graph: &Graph, id: NodeId) -> Result<(usize, Option<usize>), &'stati
 }
 
 impl AssignPrecision {
+    /// The pass's name (`--passes`, reports, IR dumps).
+    pub const NAME: &'static str = "assign-precision";
+
     /// The precision of every dense node by the policy, in topological
     /// order.
     pub fn decide(&self, graph: &Graph) -> Result<Vec<(NodeId, Decision)>, PassError> {
         let failed = |source| PassError::Failed {
-            pass: "assign-precision",
+            pass: Self::NAME,
             source,
         };
         let planned = match &self.policy.plan {
@@ -140,7 +143,7 @@ impl AssignPrecision {
     /// Runs the pass and returns its decisions.
     pub fn assign(&self, graph: &mut Graph) -> Result<(PassStats, Vec<Decision>), PassError> {
         let failed = |source| PassError::Failed {
-            pass: "assign-precision",
+            pass: Self::NAME,
             source,
         };
         let mut stats = PassStats::default();
@@ -394,7 +397,7 @@ fn convert(t: &Tensor, dtype: DType) -> Tensor {
 
 impl Pass for AssignPrecision {
     fn name(&self) -> &'static str {
-        "assign-precision"
+        Self::NAME
     }
 
     fn run(&self, graph: &mut Graph) -> Result<PassStats, PassError> {

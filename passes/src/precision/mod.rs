@@ -8,9 +8,13 @@
 //! - [`policy`]: what was asked for; [`quantize`], [`smooth`],
 //!   [`bias_correction`]: the int8 rewrites and the measurements they use.
 //! - [`assign`]: the `assign-precision` pass, which applies a policy.
+//! - [`calibrate`]: the measurements on sample inputs and the fallback
+//!   loop around the pass: the driver's one entry point,
+//!   [`calibrate::assign`].
 
 pub mod assign;
 pub mod bias_correction;
+pub mod calibrate;
 pub mod plan;
 pub mod policy;
 pub mod quantize;
@@ -20,6 +24,10 @@ pub mod types;
 
 pub use assign::AssignPrecision;
 pub use bias_correction::{measure_bias_corrections, BiasCorrections};
+pub use calibrate::{
+    activation_ranges, random_samples, Activations, BiasCorrection, PrecisionOutcome, Progress,
+    Request, Samples, Silent,
+};
 pub use plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use policy::{Mode, Pattern, Policy};
 pub use quantize::{

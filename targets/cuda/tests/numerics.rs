@@ -2,7 +2,7 @@
 //! PTX executed by a small interpreter (`interp/`), and the outputs
 //! compared with the IR reference evaluator (`kiln_ir::eval`).
 
-mod interp;
+use kiln_test_kit::ptx_interp as interp;
 
 use kiln_ir::{
     BinaryOp, BitwiseOp, CompareOp, Conv2d, DType, Data, Graph, LogicalOp, NodeId, Op, Pool2d,

@@ -1,0 +1,10 @@
+//! `kiln-test-kit`: helpers the test suites of several crates share, as a
+//! crate instead of `#[path]` includes, so each is compiled once and has
+//! one definition. Dev-only: no shipped crate depends on it.
+//!
+//! - [`ptx_interp`]: the PTX interpreter that runs the CUDA target's
+//!   kernels on a machine without a GPU and checks them against the IR's
+//!   reference evaluator.
+#![forbid(unsafe_code)]
+
+pub mod ptx_interp;
