@@ -159,8 +159,8 @@ struct CompileArgs {
     threads: Option<usize>,
     /// Target: native, x86_64-v3, x86_64-avx512, aarch64, or a CUDA GPU:
     /// cuda-sm70, cuda-sm75, cuda-sm80, cuda-sm86, cuda-sm89, cuda-sm90.
-    #[arg(long, default_value = "native")]
-    target: String,
+    #[arg(long, default_value = "native", value_parser = clap::value_parser!(Target))]
+    target: Target,
     #[command(flatten)]
     model_args: ModelArgs,
     /// CUDA targets: write each kernel's PTX (a standalone module) to
@@ -474,11 +474,9 @@ fn parse_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), Failure>
         .ok_or_else(|| Failure::new(exit::USAGE, format!("{flag} expects NAME=VALUE, got '{s}'")))
 }
 
-fn compile_options(args: &ModelArgs, target: &str) -> Result<CompileOptions, Failure> {
+fn compile_options(args: &ModelArgs, target: Target) -> Result<CompileOptions, Failure> {
     let mut opts = CompileOptions {
-        target: target
-            .parse()
-            .map_err(|e| Failure::new(exit::USAGE, format!("--target: {e}")))?,
+        target,
         opt_level: args.opt_level,
         passes: args.passes.clone(),
         verify_each: args.verify_each,
@@ -698,7 +696,7 @@ where
 /// Compiles as `a` asks. With `--json`, returns the report without
 /// printing it; otherwise prints the summary for people and returns `None`.
 fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failure> {
-    let mut opts = compile_options(&a.model_args, &a.target)?;
+    let mut opts = compile_options(&a.model_args, a.target)?;
     opts.threads = match a.threads {
         Some(0) => return Err(Failure::new(exit::USAGE, "--threads must be at least 1")),
         Some(n) => n,
@@ -1024,7 +1022,7 @@ fn verify_reproducible(a: &CompileArgs, bytes: &[u8]) -> Result<String, Failure>
         "-o".into(),
         second.clone().into(),
         "--target".into(),
-        a.target.clone().into(),
+        a.target.to_string().into(),
         format!("-O{}", m.opt_level).into(),
     ];
     for s in &m.input_shapes {
@@ -1672,7 +1670,7 @@ fn inspect_cuda_artifact(
 fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     let proto = kiln_onnx::load_model(&a.path).map_err(|e| Failure::from(DriverError::from(e)))?;
     let summary = kiln_onnx::summarize(&proto);
-    let opts = compile_options(&a.model_args, "native")?;
+    let opts = compile_options(&a.model_args, Target::default())?;
     let optimized = driver::optimize(&a.path, &opts);
     if let (Ok(o), true) = (&optimized, a.model_args.time_passes) {
         print_pass_times(&o.report, o.import_time, None);
