@@ -41,9 +41,9 @@ pub use precision::{
     activation_ranges, channel_axis, compare_precision, is_embedding_lookup, is_precision_layer,
     measure_bias_corrections, observe, quantize_weights, random_samples, smoothing_factors,
     structural_key, u8_params, AccuracyReport, ActivationRange, ActivationType, Activations,
-    AssignPrecision, BiasCorrection, BiasCorrections, Decision, LayerError, Mode, Observer,
-    Pattern, PlanEntry, PlanError, Policy, PolicyError, Precision, PrecisionOutcome, PrecisionPlan,
-    Progress, Reason, Request, Samples, Silent, Smoothing,
+    AssignPrecision, BiasCorrection, BiasCorrections, Decision, LayerError, Measured, Mode,
+    Observer, Pattern, PlanEntry, PlanError, Policy, PolicyError, Precision, PrecisionOutcome,
+    PrecisionPlan, Progress, Reason, Request, Samples, Silent, Smoothing,
 };
 pub use recognize::Recognize;
 pub use simplify::Simplify;

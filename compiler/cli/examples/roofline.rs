@@ -230,6 +230,7 @@ fn gemm_gflops(
                 mode,
                 ..Policy::default()
             },
+            ..AssignPrecision::default()
         };
         pass.assign(&mut g).expect("assign-precision");
     }

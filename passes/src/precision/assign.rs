@@ -8,6 +8,7 @@
 //! (Softmax, normalizations, reductions, exp/log/pow, elementwise ops, the
 //! graph outputs) keeps computing in f32.
 
+use super::measured::Measured;
 use super::policy::{Mode, Policy};
 use super::quantize::{
     quantize_conv, quantize_dense, ActivationRange, Calibrated, ConvInt8Form, Int8Form,
@@ -20,9 +21,12 @@ use std::collections::BTreeMap;
 
 /// The pass. Its decisions are recorded in [`AssignPrecision::decisions`]
 /// by [`AssignPrecision::assign`].
+#[derive(Clone, Debug, Default)]
 pub struct AssignPrecision {
-    /// The policy.
+    /// What the user asked for.
     pub policy: Policy,
+    /// What was measured for it on calibration samples.
+    pub measured: Measured,
 }
 
 /// Which operand of a dense op is the constant weight, and which the
@@ -114,7 +118,7 @@ impl AssignPrecision {
                 decision.precision = *p;
                 decision.reason = Reason::Plan;
             }
-            if let Some(why) = self.policy.fallback.get(&node.name) {
+            if let Some(why) = self.measured.fallback.get(&node.name) {
                 decision.precision = Precision::Fp32;
                 decision.reason = Reason::ErrorFallback(why.clone());
             }
@@ -170,7 +174,7 @@ impl AssignPrecision {
             if d.precision == Precision::Int8 {
                 let inputs = graph.inputs_of(*id);
                 let range = match self
-                    .policy
+                    .measured
                     .activation_ranges
                     .as_ref()
                     .and_then(|r| r.get(&d.node))
@@ -180,8 +184,9 @@ impl AssignPrecision {
                 };
                 let activation = (range, self.policy.activation_type);
                 let calibrated = Calibrated {
-                    smoothing: self.policy.smoothing.get(&d.node).map(Vec::as_slice),
-                    bias_correction: (self.policy.bias_corrections.get(&d.node)).map(Vec::as_slice),
+                    smoothing: self.measured.smoothing.get(&d.node).map(Vec::as_slice),
+                    bias_correction: (self.measured.bias_corrections.get(&d.node))
+                        .map(Vec::as_slice),
                 };
                 let form = int8_form(graph, *id, (w_slot, act_slot)).expect("decide checked");
                 let added = match form {
@@ -431,6 +436,7 @@ mod tests {
                 mode,
                 ..Policy::default()
             },
+            ..Default::default()
         }
     }
 
@@ -469,6 +475,7 @@ mod tests {
                 force: vec![Policy::parse_force("fp16=/fc1/MatMul").unwrap()],
                 ..Policy::default()
             },
+            ..Default::default()
         };
         let (_, d) = p.assign(&mut g).unwrap();
         assert_eq!(d[0].precision, Precision::Fp16);
@@ -574,6 +581,7 @@ mod tests {
                 keep_fp32: Pattern::list("Gather").unwrap(),
                 ..Policy::default()
             },
+            ..Default::default()
         };
         keep.assign(&mut q).unwrap();
         assert!(stored(&q, DType::F32) && !stored(&q, DType::I8));

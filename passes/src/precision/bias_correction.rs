@@ -117,7 +117,7 @@ pub fn measure_bias_corrections(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AssignPrecision, Mode, Policy};
+    use crate::{AssignPrecision, Measured, Mode, Policy};
     use kiln_ir::{DType, Op, UnaryOp, ValueType};
 
     /// x [4, 3] -> fc1 [3, 4] -> relu -> fc2 [4, 2].
@@ -179,32 +179,36 @@ mod tests {
                 vec![Tensor::new([4, 3], Data::F32(v)).unwrap()]
             })
             .collect();
-        let mut policy = Policy {
+        let policy = Policy {
             mode: Mode::Int8,
+            ..Policy::default()
+        };
+        let mut measured = Measured {
             activation_ranges: Some(BTreeMap::from([
                 ("fc1".to_string(), (-60.0, 60.0)),
                 ("fc2".to_string(), (-60.0, 60.0)),
             ])),
-            ..Policy::default()
+            ..Measured::default()
         };
-        let assign = |policy: &Policy| {
+        let assign = |measured: &Measured| {
             let mut g = reference.clone();
             (AssignPrecision {
                 policy: policy.clone(),
+                measured: measured.clone(),
             })
             .assign(&mut g)
             .unwrap();
             g
         };
-        let plain = assign(&policy);
+        let plain = assign(&measured);
         let before = mean_errors(&reference, &plain, &samples);
         assert!(before.iter().all(|&e| e > 1e-2), "{before:?}");
         let layers = ["fc1".to_string(), "fc2".to_string()];
-        policy.bias_corrections =
+        measured.bias_corrections =
             measure_bias_corrections(&reference, &plain, &layers, &samples).unwrap();
-        assert_eq!(policy.bias_corrections.len(), 2);
-        assert_eq!(policy.bias_corrections["fc2"].len(), 2);
-        let corrected = assign(&policy);
+        assert_eq!(measured.bias_corrections.len(), 2);
+        assert_eq!(measured.bias_corrections["fc2"].len(), 2);
+        let corrected = assign(&measured);
         let after = mean_errors(&reference, &corrected, &samples);
         assert!(
             after.iter().all(|&e| e < 1e-5),

@@ -8,6 +8,7 @@
 
 use super::assign::AssignPrecision;
 use super::bias_correction::{measure_bias_corrections, BiasCorrections};
+use super::measured::Measured;
 use super::plan::PrecisionPlan;
 use super::policy::Policy;
 use super::quantize::Observer;
@@ -91,26 +92,26 @@ pub fn assign(
     progress: &dyn Progress,
 ) -> Result<(PassRecord, PrecisionOutcome), PassError> {
     let samples = request.samples.tensors();
-    let mut policy = request.policy.clone();
+    let mut measured = Measured::default();
     if let Some(alpha) = request.smooth_alpha {
         progress.begin("measuring smoothing", None);
         let smoothing = smoothing_factors(graph, samples, alpha);
         progress.end();
-        policy.smoothing = smoothing.map_err(|source| PassError::Failed {
+        measured.smoothing = smoothing.map_err(|source| PassError::Failed {
             pass: AssignPrecision::NAME,
             source,
         })?;
     }
     if let Activations::Static(observer) = request.activations {
-        policy.activation_ranges = Some(activation_ranges(
+        measured.activation_ranges = Some(activation_ranges(
             graph,
             samples,
             observer,
-            &policy.smoothing,
+            &measured.smoothing,
             progress,
         )?);
     }
-    assign_with_fallback(graph, &policy, request, progress)
+    assign_with_fallback(graph, measured, request, progress)
 }
 
 /// Where long compile work reports how far it got: the `kiln` command
@@ -186,15 +187,13 @@ pub fn random_samples(graph: &Graph, count: usize) -> Vec<Vec<Tensor>> {
 /// the assignment redone with them ([`measure_bias_corrections`]).
 fn assign_once(
     graph: &mut Graph,
-    policy: &Policy,
+    pass: AssignPrecision,
     samples: Samples,
     bias_correction: BiasCorrection,
 ) -> Result<(PassRecord, PrecisionOutcome), PassError> {
     let (samples, random) = (samples.tensors(), samples.is_random());
     let reference = graph.clone();
-    let mut pass = AssignPrecision {
-        policy: policy.clone(),
-    };
+    let mut pass = pass;
     let start = std::time::Instant::now();
     let (mut stats, mut decisions) = pass.assign(graph)?;
     let int8: Vec<String> = (decisions.iter())
@@ -206,10 +205,12 @@ fn assign_once(
         && !samples.is_empty()
         && !int8.is_empty()
     {
-        pass.policy.bias_corrections = measure_bias_corrections(&reference, graph, &int8, samples)
-            .map_err(|source| PassError::Failed {
-                pass: AssignPrecision::NAME,
-                source,
+        pass.measured.bias_corrections =
+            measure_bias_corrections(&reference, graph, &int8, samples).map_err(|source| {
+                PassError::Failed {
+                    pass: AssignPrecision::NAME,
+                    source,
+                }
             })?;
         *graph = reference.clone();
         (stats, decisions) = pass.assign(graph)?;
@@ -246,10 +247,10 @@ fn assign_once(
     Ok((
         record,
         PrecisionOutcome {
-            smoothing: (pass.policy.smoothing.into_iter())
+            smoothing: (pass.measured.smoothing.into_iter())
                 .filter(|(name, _)| int8.contains(name))
                 .collect(),
-            bias_corrections: pass.policy.bias_corrections,
+            bias_corrections: pass.measured.bias_corrections,
             decisions,
             report,
             plan,
@@ -265,21 +266,24 @@ fn assign_once(
 /// Ends when the bound is met or every layer is fp32.
 fn assign_with_fallback(
     graph: &mut Graph,
-    policy: &Policy,
+    mut measured: Measured,
     request: &Request,
     progress: &dyn Progress,
 ) -> Result<(PassRecord, PrecisionOutcome), PassError> {
     let samples = request.samples.tensors();
-    let mut policy = policy.clone();
     progress.begin(
         &format!("assigning precision on {} samples", samples.len()),
         None,
     );
     loop {
         let mut candidate = graph.clone();
+        let pass = AssignPrecision {
+            policy: request.policy.clone(),
+            measured: measured.clone(),
+        };
         let (record, outcome) = assign_once(
             &mut candidate,
-            &policy,
+            pass,
             request.samples,
             request.bias_correction,
         )?;
@@ -290,7 +294,7 @@ fn assign_with_fallback(
                 let layer = introduced
                     .iter()
                     .filter(|(l, _)| {
-                        l.precision != Precision::Fp32 && !policy.fallback.contains_key(&l.node)
+                        l.precision != Precision::Fp32 && !measured.fallback.contains_key(&l.node)
                     })
                     .max_by(|a, b| a.1.total_cmp(&b.1));
                 match layer {
@@ -310,9 +314,9 @@ fn assign_with_fallback(
             Some((node, why)) => {
                 progress.step(&format!(
                     "{} layer(s) raised to fp32, last {node}",
-                    policy.fallback.len() + 1
+                    measured.fallback.len() + 1
                 ));
-                policy.fallback.insert(node, why);
+                measured.fallback.insert(node, why);
             }
             None => {
                 progress.end();

@@ -5,7 +5,8 @@
 //!   are decided); depends on nothing here.
 //! - [`report`]: per-layer error of a reduced-precision graph against the
 //!   f32 one; [`plan`]: the per-node plan file (`--emit-plan`, `--plan`).
-//! - [`policy`]: what was asked for; [`quantize`], [`smooth`],
+//! - [`policy`]: what was asked for; [`measured`]: what was measured for
+//!   it on calibration samples; [`quantize`], [`smooth`],
 //!   [`bias_correction`]: the int8 rewrites and the measurements they use.
 //! - [`assign`]: the `assign-precision` pass, which applies a policy.
 //! - [`calibrate`]: the measurements on sample inputs and the fallback
@@ -15,6 +16,7 @@
 pub mod assign;
 pub mod bias_correction;
 pub mod calibrate;
+pub mod measured;
 pub mod plan;
 pub mod policy;
 pub mod quantize;
@@ -28,6 +30,7 @@ pub use calibrate::{
     activation_ranges, random_samples, Activations, BiasCorrection, PrecisionOutcome, Progress,
     Request, Samples, Silent,
 };
+pub use measured::Measured;
 pub use plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use policy::{Mode, Pattern, Policy};
 pub use quantize::{

@@ -1,14 +1,11 @@
 //! The precision [`Policy`]: what the user asked for (the `--precision`
-//! mode, `--keep-fp32`, `--force`, `--plan`, `--activation-type`) and the
-//! data the driver measured for it (activation ranges, smoothing divisors,
-//! bias shifts, error fallbacks), which the pass reads. Separating the
-//! measured data into a type of its own is still open (issue 25).
+//! mode, `--keep-fp32`, `--force`, `--plan`, `--activation-type`). What is
+//! measured for it on calibration samples is [`super::measured::Measured`].
 
 use super::plan::PrecisionPlan;
 use super::quantize::ActivationType;
 use super::types::{PolicyError, Precision};
 use kiln_ir::Op;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -108,31 +105,13 @@ pub struct Policy {
     pub keep_fp32: Vec<Pattern>,
     /// `--force PRECISION=PATTERN`, in command-line order (a later one wins).
     pub force: Vec<(Precision, Vec<Pattern>)>,
-    /// Nodes (by name) the error-driven fallback (`--max-rel-error`) raised
-    /// to fp32, with the measurement that made it; wins over everything
-    /// but an ineligible op.
-    pub fallback: BTreeMap<String, String>,
     /// `--plan FILE`: every dense node's precision, checked against the
-    /// graph (wins over the mode and the patterns; the fallback still
-    /// applies).
+    /// graph (wins over the mode and the patterns; the error fallback,
+    /// [`super::measured::Measured::fallback`], still applies).
     pub plan: Option<PrecisionPlan>,
-    /// int8 activations (`--quantize static`): the calibrated range of
-    /// each int8 node's activation input, by node name. `None`: ranges
-    /// are computed at run time (`--quantize dynamic`); a node missing
-    /// from the map is quantized dynamically too.
-    pub activation_ranges: Option<BTreeMap<String, (f32, f32)>>,
     /// int8 activations: asymmetric u8 or symmetric int8
     /// (`--activation-type`).
     pub activation_type: ActivationType,
-    /// int8 layers' bias corrections (measured by
-    /// [`super::bias_correction::measure_bias_corrections`]), added to their biases per
-    /// output channel, by node name; empty: none.
-    pub bias_corrections: super::bias_correction::BiasCorrections,
-    /// int8 layers' activation smoothing (`--smooth`, measured by
-    /// [`super::smooth::smoothing_factors`]): per input channel divisors of the
-    /// activation, multiplied into the weights, by node name; the
-    /// activation ranges are then those of the smoothed activations.
-    pub smoothing: super::smooth::Smoothing,
 }
 
 impl Policy {

@@ -218,6 +218,7 @@ mod tests {
                 mode: Mode::Bf16,
                 ..Policy::default()
             },
+            ..Default::default()
         };
         let (_, decisions) = pass.assign(&mut low).unwrap();
         let xs: Vec<f32> = (0..32)

@@ -196,7 +196,7 @@ mod tests {
     /// closer to the f32 one, with a static range and with a dynamic one.
     #[test]
     fn smoothing_gives_small_channels_their_levels() {
-        use crate::{AssignPrecision, Mode, Policy};
+        use crate::{AssignPrecision, Measured, Mode, Policy};
         let (rows, k, n) = (16, 4, 2);
         let x: Vec<f32> = (0..rows * k)
             .map(|i| {
@@ -233,12 +233,15 @@ mod tests {
             let mut q = g.clone();
             let policy = Policy {
                 mode: Mode::Int8,
+                ..Policy::default()
+            };
+            let measured = Measured {
                 activation_ranges: (!dynamic)
                     .then(|| BTreeMap::from([("mm".to_string(), (lo, hi))])),
                 smoothing,
-                ..Policy::default()
+                ..Measured::default()
             };
-            AssignPrecision { policy }.assign(&mut q).unwrap();
+            AssignPrecision { policy, measured }.assign(&mut q).unwrap();
             let y = kiln_ir::eval::eval_graph(&q, &sample).unwrap()[0].to_f32_vec();
             let diff: f32 = y.iter().zip(&exact).map(|(a, b)| (a - b) * (a - b)).sum();
             (diff / exact.iter().map(|b| b * b).sum::<f32>()).sqrt()
