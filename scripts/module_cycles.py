@@ -18,7 +18,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CRATES = ["compiler/ir", "compiler/onnx", "compiler/cli", "passes", "targets/cpu",
+CRATES = ["compiler/ir", "compiler/onnx", "compiler/driver", "compiler/cli", "passes", "targets/cpu",
           "targets/cuda", "runtime", "runtime/format", "tests", "tests/kit", "python"]
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 GROUP_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{")

@@ -10,7 +10,7 @@
 //! from graph inputs (a Reshape target, Pad amounts) is compiled per data
 //! set with those inputs bound, as `kiln compile --bind-input` does.
 
-use kiln::driver::{compile, CompileOptions, DriverError};
+use kiln_driver::{compile, CompileOptions, DriverError};
 use kiln_onnx::pb::{self, type_proto, ModelProto, TensorProto};
 use prost::Message;
 use serde_json::{json, Value};

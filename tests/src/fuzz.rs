@@ -7,7 +7,7 @@
 //! a panic, a hang or an unbounded allocation is a bug. See
 //! `docs/robustness.md`.
 
-use kiln::driver::{compile_bytes, CompileOptions};
+use kiln_driver::{compile_bytes, CompileOptions};
 use kiln_runtime::format::{Artifact, HEADER_LEN, SECTION_ENTRY_LEN};
 use kiln_runtime::{Model, Tensor};
 use sha2::{Digest, Sha256};

@@ -11,8 +11,8 @@
 pub mod conformance;
 pub mod fuzz;
 
-use kiln::compare::{compare, Comparison};
-use kiln::driver::{compile, CompileOptions};
+use kiln_driver::compare::{compare, Comparison};
+use kiln_driver::{compile, CompileOptions};
 use kiln_runtime::{Model, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -109,7 +109,7 @@ impl Fixture {
         if let Some(bound) = self.meta["bind_inputs"].as_object() {
             for (name, file) in bound {
                 let path = self.dir.join(file.as_str().expect("file"));
-                let value = kiln::npy::read_ir_tensor(&path)
+                let value = kiln_driver::npy::read_ir_tensor(&path)
                     .unwrap_or_else(|e| panic!("{}: {e}", self.name));
                 opts.import.input_values.insert(name.clone(), value);
             }
@@ -137,7 +137,7 @@ impl Fixture {
             .map(|io| {
                 let name = io["name"].as_str().expect("name");
                 let file = io["file"].as_str().expect("file");
-                kiln::npy::read_tensor(name, &self.dir.join(file))
+                kiln_driver::npy::read_tensor(name, &self.dir.join(file))
                     .unwrap_or_else(|e| panic!("{}: {e}", self.name))
             })
             .collect()

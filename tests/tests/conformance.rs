@@ -16,7 +16,7 @@
 //!   units in the last place) for bf16 outputs as in the ONNX runner; NaN
 //!   equals NaN);
 //! - `unsupported`: the compiler refused the model with a typed error
-//!   (`kiln::driver::DriverError`), or the case has non-tensor inputs or
+//!   (`kiln_driver::DriverError`), or the case has non-tensor inputs or
 //!   outputs (sequences, optionals, maps);
 //! - `fail`: it compiled but gave a wrong answer, or the runtime refused it;
 //! - `crash`: the child panicked, died on a signal or timed out.

@@ -155,7 +155,7 @@ fn contrib_fixtures_match_onnxruntime_at_o0_and_o2() {
                 continue;
             }
             for (o, r) in outputs.iter().zip(&references) {
-                let c = kiln::compare::compare(o, r);
+                let c = kiln_driver::compare::compare(o, r);
                 println!(
                     "{name:<40} {level:>3} {:<18} {:>12.3e} {:>10.3e} {bar:>9.0e}",
                     c.name, c.max_abs_error, c.rel_error

@@ -13,7 +13,7 @@
 
 use kiln_test_kit::ptx_interp as interp;
 
-use kiln::driver::{optimize, CompileOptions};
+use kiln_driver::{optimize, CompileOptions};
 use kiln_ir::{DType, Data, Tensor};
 use kiln_target_cuda::{CudaError, SmArch};
 use kiln_tests::repo_root;
@@ -85,7 +85,7 @@ fn passing_conformance_cases_assemble_and_match_the_reference() {
         // Cases with symbolic dims need shapes from their data files; the
         // CPU conformance runner covers those.
         let opts = CompileOptions {
-            target: kiln::target::Target::Cuda(
+            target: kiln_driver::target::Target::Cuda(
                 kiln_target_cuda::SmArch::parse("sm80").expect("sm80"),
             ),
             ..CompileOptions::default()

@@ -108,7 +108,8 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
         // A calibrated static int8 build: smoothed activations (one
         // divisor per channel in the quantization) and corrected biases.
         let calibration = tempfile::tempdir().unwrap();
-        kiln::npy::write_npz(&calibration.path().join("inputs.npz"), &fixture.inputs()).unwrap();
+        kiln_driver::npy::write_npz(&calibration.path().join("inputs.npz"), &fixture.inputs())
+            .unwrap();
         for (mode, calibrated) in [
             (Mode::Bf16, false),
             (Mode::Fp16, false),
@@ -117,7 +118,7 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
         ] {
             let mut opts = fixture.compile_options();
             opts.target =
-                kiln::target::Target::Cuda(kiln_target_cuda::SmArch::parse("sm80").unwrap());
+                kiln_driver::target::Target::Cuda(kiln_target_cuda::SmArch::parse("sm80").unwrap());
             opts.precision = Policy {
                 mode,
                 ..Policy::default()
@@ -127,7 +128,7 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
                 opts.static_activations = true;
                 opts.calibrate = Some(calibration.path().to_path_buf());
             }
-            let g = kiln::driver::optimize(&fixture.model_path(), &opts)
+            let g = kiln_driver::optimize(&fixture.model_path(), &opts)
                 .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
                 .graph;
             let reduced = g.node_ids().any(|id| {

@@ -42,8 +42,8 @@ fn every_fixture_kernel_assembles_for_every_sm() {
         let fixture = Fixture::load(name);
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();
-        opts.target = kiln::target::Target::Cuda(SUPPORTED_SMS[0]);
-        let graph = match kiln::driver::optimize(&fixture.model_path(), &opts) {
+        opts.target = kiln_driver::target::Target::Cuda(SUPPORTED_SMS[0]);
+        let graph = match kiln_driver::optimize(&fixture.model_path(), &opts) {
             Ok(o) => o.graph,
             Err(e) => {
                 failures.push(format!("{name}: import: {e}"));
@@ -115,13 +115,13 @@ fn reduced_precision_kernels_assemble_for_every_sm() {
         let fixture = Fixture::load(name);
         for mode in [Mode::Bf16, Mode::Fp16, Mode::Int8] {
             let mut opts = fixture.compile_options();
-            opts.target = kiln::target::Target::Cuda(SUPPORTED_SMS[0]);
+            opts.target = kiln_driver::target::Target::Cuda(SUPPORTED_SMS[0]);
             opts.precision = Policy {
                 mode,
                 ..Policy::default()
             };
             opts.calibrate_random = 0;
-            let graph = kiln::driver::optimize(&fixture.model_path(), &opts)
+            let graph = kiln_driver::optimize(&fixture.model_path(), &opts)
                 .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"))
                 .graph;
             for sm in SUPPORTED_SMS {
@@ -152,8 +152,8 @@ fn real_model_kernels_assemble() {
         let fixture = Fixture::load_dir(&root.join(name));
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();
-        opts.target = kiln::target::Target::Cuda(sms[0]);
-        let graph = kiln::driver::optimize(&fixture.model_path(), &opts)
+        opts.target = kiln_driver::target::Target::Cuda(sms[0]);
+        let graph = kiln_driver::optimize(&fixture.model_path(), &opts)
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .graph;
         for sm in sms {
@@ -182,7 +182,7 @@ fn a_rejected_kernel_is_reported_with_its_node() {
     // can fail.
     let ptxas = ptxas();
     let fixture = Fixture::load("op_relu");
-    let graph = kiln::driver::optimize(&fixture.model_path(), &fixture.compile_options())
+    let graph = kiln_driver::optimize(&fixture.model_path(), &fixture.compile_options())
         .expect("import")
         .graph;
     let sm = SmArch::parse("sm80").expect("sm80");

@@ -69,13 +69,13 @@ fn check_accuracy(name: &str) {
     check_all(&[name.to_string()]);
     let fixture = Fixture::load(name);
     let acc = &fixture.meta["accuracy"];
-    let images = kiln::npy::read_tensor(
+    let images = kiln_driver::npy::read_tensor(
         acc["input"].as_str().unwrap(),
         &fixture.dir.join(acc["images"].as_str().unwrap()),
     )
     .unwrap();
     let labels =
-        kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
+        kiln_driver::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
             .unwrap();
     let labels = labels.to_i64_vec().expect("i64 labels");
     let mut opts = fixture.compile_options();

@@ -2,7 +2,7 @@
 //! crashed or hung Kiln, kept as regression tests: each must now give a
 //! typed error or a correct result, quickly.
 
-use kiln::driver::{compile_bytes, DriverError};
+use kiln_driver::{compile_bytes, DriverError};
 use kiln_onnx::pb::attribute_proto::AttributeType;
 use kiln_onnx::pb::tensor_shape_proto::{dimension, Dimension};
 use kiln_onnx::pb::{

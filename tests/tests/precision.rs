@@ -13,7 +13,7 @@
 //!   within one point with a quarter of the weights, its kernels match the
 //!   evaluator, MiniLM-L3's embeddings keep cosine ≥ 0.99.
 
-use kiln::driver::{compile, CompileOptions};
+use kiln_driver::{compile, CompileOptions};
 use kiln_passes::{Mode, Policy};
 use kiln_runtime::Tensor;
 use kiln_tests::{argmax_rows, repo_root, run_artifact, Fixture};
@@ -62,7 +62,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// final graph.
 fn check_kernels_against_eval(
     name: &str,
-    compiled: &kiln::driver::Compiled,
+    compiled: &kiln_driver::Compiled,
     inputs: &[Tensor],
 ) -> Vec<Tensor> {
     let outputs = run_artifact(&compiled.bytes, inputs).unwrap();
@@ -92,16 +92,18 @@ impl Digits {
     fn load(name: &str) -> Digits {
         let fixture = Fixture::load(name);
         let acc = &fixture.meta["accuracy"];
-        let images = kiln::npy::read_tensor(
+        let images = kiln_driver::npy::read_tensor(
             acc["input"].as_str().unwrap(),
             &fixture.dir.join(acc["images"].as_str().unwrap()),
         )
         .unwrap();
-        let labels =
-            kiln::npy::read_tensor("labels", &fixture.dir.join(acc["labels"].as_str().unwrap()))
-                .unwrap()
-                .to_i64_vec()
-                .unwrap();
+        let labels = kiln_driver::npy::read_tensor(
+            "labels",
+            &fixture.dir.join(acc["labels"].as_str().unwrap()),
+        )
+        .unwrap()
+        .to_i64_vec()
+        .unwrap();
         let mut base = fixture.compile_options();
         base.import.input_shapes.insert(
             images.name.clone(),
@@ -188,12 +190,12 @@ fn digits_int8(name: &str) {
     // the static path and its accuracy, not how a calibration set
     // generalizes.
     let calibration = tempfile::tempdir().unwrap();
-    kiln::npy::write_npz(
+    kiln_driver::npy::write_npz(
         &calibration.path().join("test_set.npz"),
         std::slice::from_ref(images),
     )
     .unwrap();
-    use kiln::driver::Smooth;
+    use kiln_driver::Smooth;
     use kiln_passes::{ActivationType, Observer};
     use ActivationType::{Int8, Uint8};
     // (static ranges, observer, activation type, smoothing)
@@ -316,7 +318,8 @@ fn cuda_runs_bf16_dense_nodes_on_tensor_cores_from_sm80() {
     let fixture = Fixture::load("digits_mlp");
     for (sm, tensor_cores) in [("80", true), ("75", false)] {
         let mut opts = with_precision(fixture.compile_options(), Mode::Bf16);
-        opts.target = kiln::target::Target::Cuda(kiln_target_cuda::SmArch::parse(sm).unwrap());
+        opts.target =
+            kiln_driver::target::Target::Cuda(kiln_target_cuda::SmArch::parse(sm).unwrap());
         let c = compile(&fixture.model_path(), &opts).unwrap();
         let view = kiln_runtime::format::ArtifactView::parse(&c.bytes).unwrap();
         let code = view.cuda_code().expect("a CUDA artifact").unwrap();
@@ -467,7 +470,7 @@ const CALIBRATION_LINES: usize = 8;
 /// 180° (the cls model's other class).
 fn text_lines(file: &str, input: &str) -> (Vec<Tensor>, Vec<Tensor>) {
     let path = repo_root().join(format!("fixtures/text_lines/{file}.npy"));
-    let lines = kiln::npy::read_tensor(input, &path).unwrap();
+    let lines = kiln_driver::npy::read_tensor(input, &path).unwrap();
     let pixels: Vec<u8> = lines.to_vec().expect("uint8 text lines");
     let (n, h, w) = (lines.shape[0], lines.shape[1], lines.shape[2]);
     let plane = (h * w) as usize;
@@ -522,7 +525,7 @@ fn ppocr_int8_static_keeps_argmax() {
         }
         for (i, t) in samples.into_iter().enumerate() {
             let path = calibration.path().join(format!("line{i:02}.npz"));
-            kiln::npy::write_npz(&path, &[t]).unwrap();
+            kiln_driver::npy::write_npz(&path, &[t]).unwrap();
         }
         let mut tests = test_upright;
         if name == "ppocr_cls" {
@@ -550,7 +553,7 @@ fn ppocr_int8_static_keeps_argmax() {
             assert!(read * 3 >= rows, "rec fp32 reads {read} of {rows} steps");
         }
         // (the smoothing, the agreement it must reach)
-        use kiln::driver::Smooth;
+        use kiln_driver::Smooth;
         let builds: &[(Smooth, f64)] = match name {
             "ppocr_cls" => &[(Smooth::Auto, 0.99)],
             _ => &[(Smooth::Off, 0.98), (Smooth::Auto, 0.99)],
@@ -589,7 +592,8 @@ fn ppocr_int8_static_keeps_argmax() {
 /// files cut from its test set (8 images each).
 fn mlp_with_calibration(samples: usize) -> (Fixture, CompileOptions, tempfile::TempDir) {
     let fixture = Fixture::load("digits_mlp");
-    let images = kiln::npy::read_tensor("input", &fixture.dir.join("inputs/input.npy")).unwrap();
+    let images =
+        kiln_driver::npy::read_tensor("input", &fixture.dir.join("inputs/input.npy")).unwrap();
     let pixels = images.to_f32_vec().unwrap();
     let mut base = fixture.compile_options();
     base.import.input_shapes.insert("input".into(), vec![8, 64]);
@@ -597,7 +601,7 @@ fn mlp_with_calibration(samples: usize) -> (Fixture, CompileOptions, tempfile::T
     for s in 0..samples {
         let rows = &pixels[s * 8 * 64..(s + 1) * 8 * 64];
         let t = Tensor::from_f32("input", &[8, 64], rows);
-        kiln::npy::write_npz(&dir.path().join(format!("sample{s:02}.npz")), &[t]).unwrap();
+        kiln_driver::npy::write_npz(&dir.path().join(format!("sample{s:02}.npz")), &[t]).unwrap();
     }
     (fixture, base, dir)
 }
@@ -615,7 +619,7 @@ fn calibration_directories_are_checked_before_any_work() {
     let refused = |files: &[(&str, Vec<Tensor>)], needles: &[&str]| {
         let bad = tempfile::tempdir().unwrap();
         for (name, tensors) in files {
-            kiln::npy::write_npz(&bad.path().join(name), tensors).unwrap();
+            kiln_driver::npy::write_npz(&bad.path().join(name), tensors).unwrap();
         }
         let mut o = opts.clone();
         o.calibrate = Some(bad.path().to_path_buf());
@@ -623,7 +627,7 @@ fn calibration_directories_are_checked_before_any_work() {
             panic!("bad calibration data {files:?} was accepted")
         };
         assert!(
-            matches!(e, kiln::driver::DriverError::Calibration { .. }),
+            matches!(e, kiln_driver::DriverError::Calibration { .. }),
             "{e:?}"
         );
         for n in needles {
@@ -673,11 +677,11 @@ fn max_rel_error_raises_layers_until_the_outputs_meet_it() {
     let (fixture, base, dir) = mlp_with_calibration(4);
     let mut opts = with_precision(base, Mode::Fp16);
     opts.calibrate = Some(dir.path().to_path_buf());
-    let worst_output = |c: &kiln::driver::Compiled| {
+    let worst_output = |c: &kiln_driver::Compiled| {
         let report = c.precision.as_ref().unwrap().report.as_ref().unwrap();
         report.outputs.iter().map(|o| o.rel_l2).fold(0.0, f64::max)
     };
-    let raised = |c: &kiln::driver::Compiled| {
+    let raised = |c: &kiln_driver::Compiled| {
         c.precision
             .as_ref()
             .unwrap()
@@ -718,7 +722,7 @@ fn max_rel_error_raises_layers_until_the_outputs_meet_it() {
     opts.calibrate_random = 0;
     assert!(matches!(
         compile(&fixture.model_path(), &opts),
-        Err(kiln::driver::DriverError::Usage(_))
+        Err(kiln_driver::DriverError::Usage(_))
     ));
 }
 
@@ -770,7 +774,7 @@ fn precision_plans_round_trip_apply_edits_and_refuse_other_models() {
         let mut o = o.clone();
         o.precision.plan = Some(plan);
         match compile(model, &o) {
-            Err(kiln::driver::DriverError::Pass(PassError::Plan(e))) => e,
+            Err(kiln_driver::DriverError::Pass(PassError::Plan(e))) => e,
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("a bad plan was accepted"),
         }
@@ -806,11 +810,11 @@ fn precision_plans_round_trip_apply_edits_and_refuse_other_models() {
     ));
 }
 
-/// What a [`kiln::driver::Progress`] heard, one line per call.
+/// What a [`kiln_driver::Progress`] heard, one line per call.
 #[derive(Default)]
 struct Recorder(std::cell::RefCell<Vec<String>>);
 
-impl kiln::driver::Progress for Recorder {
+impl kiln_driver::Progress for Recorder {
     fn begin(&self, stage: &str, total: Option<u64>) {
         self.0.borrow_mut().push(format!("begin {stage} {total:?}"));
     }
@@ -837,7 +841,7 @@ fn long_compile_stages_report_progress() {
     opts.max_rel_error = Some(0.0);
     let recorder = Recorder::default();
     let path = digits.fixture.model_path();
-    let heard = kiln::driver::compile_with_progress(&path, &opts, &recorder).unwrap();
+    let heard = kiln_driver::compile_with_progress(&path, &opts, &recorder).unwrap();
     let silent = compile(&path, &opts).unwrap();
     assert_eq!(heard.bytes, silent.bytes);
     let events = recorder.0.into_inner();

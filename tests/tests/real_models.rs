@@ -47,7 +47,7 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
     let mut failures = Vec::new();
     for name in QUANTIZED_REAL_MODELS {
         let fixture = Fixture::load_dir(&root.join(name));
-        let compiled = kiln::driver::compile(&fixture.model_path(), &fixture.compile_options())
+        let compiled = kiln_driver::compile(&fixture.model_path(), &fixture.compile_options())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // MiniLM: every weight MatMul (3 layers × 6) is an integer
         // product; PP-OCRv4 rec: its 24 ungrouped convolutions and 9
@@ -68,7 +68,7 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
             QDQ_CNN_TOLERANCE
         };
         for (o, r) in outputs.iter().zip(&references) {
-            let c = kiln::compare::compare(o, r);
+            let c = kiln_driver::compare::compare(o, r);
             println!(
                 "{name} {:<22} max abs err {:.3e}, rel err {:.3e}",
                 c.name, c.max_abs_error, c.rel_error
@@ -124,7 +124,7 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
             };
             assert_eq!(outputs.len(), references.len(), "{name}: output count");
             for (o, r) in outputs.iter().zip(&references) {
-                let c = kiln::compare::compare(o, r);
+                let c = kiln_driver::compare::compare(o, r);
                 println!(
                     "{name:<12} {level:>4} {compile_ms:>8.0}ms {:<22} {:>12.3e} {:>10.3e}",
                     c.name, c.max_abs_error, c.rel_error

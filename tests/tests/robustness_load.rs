@@ -9,7 +9,7 @@
 //! `KILN_LOAD_RUNS=<n>` sets the total number of runs (default 10,000); see
 //! `docs/robustness.md`.
 
-use kiln::compare::compare;
+use kiln_driver::compare::compare;
 use kiln_runtime::{Model, Session, Tensor};
 use kiln_tests::Fixture;
 use std::sync::{Arc, Barrier};

@@ -6,7 +6,7 @@
 //! corrupt an attribute, truncate raw data, point external data outside the
 //! model directory, remove a node, dangle an input, ...), re-encoded and
 //! written into a fresh temporary directory, and compiled with
-//! `kiln::driver::compile`. Every mutation must give `Ok` or a typed error,
+//! `kiln_driver::compile`. Every mutation must give `Ok` or a typed error,
 //! never a panic. When it compiles, the artifact must load and run on random
 //! inputs of the declared shapes, and its outputs must match the reference
 //! evaluator (`kiln_ir::eval::eval_graph`) on the imported graph.
@@ -21,8 +21,8 @@
 //! `KILN_MUTATIONS_ROUNDS=<n>` repeats the randomized mutations n times per
 //! fixture (default 1). See `docs/robustness.md`.
 
-use kiln::compare::compare;
-use kiln::driver::{compile, CompileOptions, DriverError};
+use kiln_driver::compare::compare;
+use kiln_driver::{compile, CompileOptions, DriverError};
 use kiln_onnx::pb::{
     self, tensor_shape_proto::dimension::Value as DimValue, type_proto::Value as TypeValue,
     ModelProto, StringStringEntryProto, TensorProto,

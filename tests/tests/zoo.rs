@@ -108,7 +108,7 @@ fn zoo_weights_are_stored_once() {
     let mut report = Vec::new();
     for name in ZOO {
         let fixture = Fixture::load(&format!("zoo_{name}"));
-        let compiled = kiln::driver::compile(&fixture.model_path(), &fixture.compile_options())
+        let compiled = kiln_driver::compile(&fixture.model_path(), &fixture.compile_options())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let g = &compiled.graph;
         let constants: usize = (g.node_ids())

@@ -161,12 +161,12 @@ fn first_difference_names_offset_and_section() {
     let a = std::fs::read(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     let header = kiln_format::read_header(&a).unwrap();
-    assert_eq!(kiln::driver::first_difference(&a, &a), None);
+    assert_eq!(kiln_driver::first_difference(&a, &a), None);
 
     let weights = header.section(kiln_format::SectionKind::Weights);
     let mut b = a.clone();
     b[weights.offset as usize + 5] ^= 1;
-    let (offset, region) = kiln::driver::first_difference(&a, &b).unwrap();
+    let (offset, region) = kiln_driver::first_difference(&a, &b).unwrap();
     assert_eq!(offset, weights.offset + 5);
     assert!(
         region.contains("WEIGHTS") && region.contains("+5"),
@@ -175,11 +175,70 @@ fn first_difference_names_offset_and_section() {
 
     let mut c = a.clone();
     c[40] ^= 1;
-    let (offset, region) = kiln::driver::first_difference(&a, &c).unwrap();
+    let (offset, region) = kiln_driver::first_difference(&a, &c).unwrap();
     assert_eq!(offset, 40);
     assert!(region.contains("content hash"), "{region}");
 
-    let (offset, region) = kiln::driver::first_difference(&a, &a[..a.len() - 1]).unwrap();
+    let (offset, region) = kiln_driver::first_difference(&a, &a[..a.len() - 1]).unwrap();
     assert_eq!(offset as usize, a.len() - 1);
     assert!(region.contains("SCHEDULE"), "{region}");
+}
+
+/// The second build repeats every flag that decides the artifact, not only
+/// the shapes: a calibrated static int8 build with smoothing, an fp32
+/// pattern and relative paths (the second build runs in another working
+/// directory) verifies, and its options are the first build's.
+#[test]
+fn verify_reproducible_repeats_precision_and_calibration_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = repo().join("fixtures/models/digits_mlp");
+    let images = kiln_driver::npy::read_tensor("input", &mlp.join("inputs/input.npy"))
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    std::fs::create_dir(dir.path().join("calibration")).unwrap();
+    for (i, rows) in images.chunks(8 * 64).take(2).enumerate() {
+        let t = kiln_runtime::Tensor::from_f32("input", &[8, 64], rows);
+        let path = dir.path().join(format!("calibration/s{i}.npz"));
+        kiln_driver::npy::write_npz(&path, &[t]).unwrap();
+    }
+    std::fs::copy(mlp.join("model.onnx"), dir.path().join("mlp.onnx")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .current_dir(dir.path())
+        .args([
+            "compile",
+            "mlp.onnx",
+            "-o",
+            "mlp.kiln",
+            "--input-shape=input=8x64",
+        ])
+        .args(["--quantize", "static", "--calibrate", "calibration"])
+        .args(["--smooth=0.25", "--observer", "percentile=99.9"])
+        .args(["--activation-type", "s8", "-O1", "--threads", "2"])
+        .arg("--verify-reproducible")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("reproducible: "),
+        "{}: {stdout}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bytes = std::fs::read(dir.path().join("mlp.kiln")).unwrap();
+    let options = kiln_format::ArtifactView::parse(&bytes)
+        .unwrap()
+        .into_artifact()
+        .metadata
+        .options;
+    for part in [
+        "opt_level=1",
+        "threads=2",
+        "precision=int8",
+        "quantize=static observer=percentile=99.9",
+        "activation_type=int8",
+        "smooth=0.25",
+    ] {
+        assert!(options.contains(part), "{part} not in {options}");
+    }
 }

@@ -64,12 +64,8 @@ impl Pattern {
     pub fn list(s: &str) -> Result<Vec<Pattern>, PolicyError> {
         s.split(',')
             .map(|p| {
-                let p = p.trim();
-                if p.is_empty() {
-                    Err(PolicyError::EmptyPattern(s.to_string()))
-                } else {
-                    Ok(Pattern(p.to_string()))
-                }
+                p.parse()
+                    .map_err(|_| PolicyError::EmptyPattern(s.to_string()))
             })
             .collect()
     }
@@ -77,6 +73,17 @@ impl Pattern {
     /// Whether the pattern names a node with this op and name.
     pub fn matches(&self, op: &Op, name: &str) -> bool {
         self.0.eq_ignore_ascii_case(op.name()) || glob(self.0.as_bytes(), name.as_bytes())
+    }
+}
+
+impl FromStr for Pattern {
+    type Err = PolicyError;
+    /// One pattern, without the spaces around it; an empty one is an error.
+    fn from_str(s: &str) -> Result<Pattern, PolicyError> {
+        match s.trim() {
+            "" => Err(PolicyError::EmptyPattern(s.to_string())),
+            p => Ok(Pattern(p.to_string())),
+        }
     }
 }
 

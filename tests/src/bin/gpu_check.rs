@@ -41,8 +41,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln::compare::compare;
-use kiln::driver::CompileOptions;
+use kiln_driver::compare::compare;
+use kiln_driver::CompileOptions;
 use kiln_runtime::cuda::CudaModel;
 use kiln_runtime::{Tensor, TensorRef};
 use kiln_target_cuda::{SmArch, SUPPORTED_SMS};
@@ -155,7 +155,7 @@ impl Backend for Cuda {
     type Loaded = CudaModel;
     fn options(&self) -> CompileOptions {
         CompileOptions {
-            target: kiln::target::Target::Cuda(self.sm),
+            target: kiln_driver::target::Target::Cuda(self.sm),
             ..CompileOptions::default()
         }
     }
@@ -184,7 +184,7 @@ fn p50(model: &mut CudaModel, views: &[TensorRef<'_>], runs: usize) -> Result<f6
 
 fn check(fixture: &Fixture, sm: SmArch, args: &Args) -> Result<Checked, String> {
     let mut opts = fixture.compile_options();
-    opts.target = kiln::target::Target::Cuda(sm);
+    opts.target = kiln_driver::target::Target::Cuda(sm);
     opts.precision = kiln_passes::Policy {
         mode: args.precision,
         ..kiln_passes::Policy::default()

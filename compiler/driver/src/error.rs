@@ -25,7 +25,7 @@ pub enum DriverError {
     #[error(transparent)]
     Cuda(#[from] CudaError),
     /// The compiled model needs a larger arena than
-    /// [`crate::driver::CompileOptions::max_arena_bytes`] allows.
+    /// [`crate::CompileOptions::max_arena_bytes`] allows.
     #[error("the model needs a {arena_bytes}-byte arena, more than the limit of {limit} bytes (its shapes are too large)")]
     ArenaTooLarge {
         /// Arena bytes the artifact would need.

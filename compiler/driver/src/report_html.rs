@@ -4,7 +4,7 @@
 //! layers in network order with their precision, the reason, and their
 //! errors. No scripts, no external files: inline CSS and SVG only.
 
-use crate::driver::PrecisionOutcome;
+use kiln_passes::PrecisionOutcome;
 use kiln_passes::{LayerError, Precision};
 use std::fmt::Write as _;
 

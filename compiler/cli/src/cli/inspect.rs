@@ -1,0 +1,345 @@
+//! `kiln inspect`: what an ONNX model holds and what Kiln makes of it
+//! (its IR after the passes, or the graph for Graphviz), or what an
+//! artifact holds (CPU or CUDA).
+
+use super::compile::print_pass_times;
+use super::options::{compile_options, ModelArgs};
+use super::{exit, Failure};
+use clap::Args;
+use kiln_driver::report::{artifact_json, hex};
+use kiln_driver::{self as driver, DriverError, Target};
+use kiln_format::{self as format, Artifact, ArtifactView};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub(super) struct InspectArgs {
+    /// An ONNX model or a .kiln artifact.
+    path: PathBuf,
+    #[command(flatten)]
+    model_args: ModelArgs,
+    /// Print a machine-readable description (same as --format json).
+    #[arg(long)]
+    json: bool,
+    /// Output format: text, json, or (ONNX models) dot: the optimized
+    /// graph for Graphviz, nodes filled by precision.
+    #[arg(long, value_enum, default_value_t = InspectFormat::Text)]
+    format: InspectFormat,
+}
+
+/// `kiln inspect --format`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum InspectFormat {
+    Text,
+    Json,
+    Dot,
+}
+
+fn is_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; kiln_format::PEEK_LEN];
+    // Not a plain open: a FIFO would block it.
+    kiln_runtime::open_regular(path)
+        .and_then(|(mut f, _)| f.read_exact(&mut head))
+        .is_ok_and(|_| kiln_format::peek(&head).is_some())
+}
+
+pub(super) fn cmd_inspect(mut a: InspectArgs) -> Result<(), Failure> {
+    a.json |= a.format == InspectFormat::Json;
+    if is_artifact(&a.path) {
+        if a.format == InspectFormat::Dot {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--format dot renders an ONNX model's optimized graph, not an artifact",
+            ));
+        }
+        inspect_artifact(&a)
+    } else {
+        inspect_model(&a)
+    }
+}
+
+/// `kiln inspect`'s listing of the dense kernels chosen.
+fn print_dense_kernels(kernels: &[format::DenseKernel]) {
+    if kernels.is_empty() {
+        return;
+    }
+    println!("  dense kernels (node, op, MFLOP, kernel; candidates that declined):");
+    for k in kernels {
+        println!(
+            "    {:<32} {:<8} {:>10.2}  {}",
+            k.node,
+            k.op,
+            k.flops as f64 / 1e6,
+            k.kernel
+        );
+        for d in &k.declined {
+            println!("      {} declined: {}", d.kernel, d.reason);
+        }
+    }
+}
+
+/// The first lines of `kiln inspect` on an artifact of format `version`.
+fn print_artifact_header(path: &Path, bytes: usize, version: u32, hash: &str) {
+    println!("artifact {} ({bytes} bytes)", path.display());
+    println!("  format version {version}, content sha256 {hash}");
+}
+
+fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
+    let bytes = kiln_runtime::read_regular(&a.path, u64::MAX)
+        .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
+    let view =
+        ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let version = view.header.version;
+    let cuda = view
+        .cuda_code()
+        .transpose()
+        .map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
+    let artifact: Artifact = view.into_artifact();
+    if let Some(code) = cuda {
+        return inspect_cuda_artifact(a, &bytes, version, &artifact, &code);
+    }
+    let hash = hex(&artifact.content_hash());
+    let m = &artifact.metadata;
+    let features = artifact.features.names();
+    if a.json {
+        let kernels: Vec<Value> = artifact
+            .kernels
+            .iter()
+            .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
+            .collect();
+        let mut v = artifact_json(&artifact, version);
+        v["arch"] = json!(format!("{:?}", artifact.arch));
+        v["features"] = json!(features);
+        v["code_bytes"] = json!(artifact.text.len());
+        v["relocations"] = json!(artifact.relocs.len());
+        v["kernels"] = json!(kernels);
+        v["schedule_steps"] = json!(artifact.schedule.len());
+        println!("{v}");
+        return Ok(());
+    }
+    print_artifact_header(&a.path, bytes.len(), version, &hash);
+    println!(
+        "  arch {:?}, requires CPU features: {}",
+        artifact.arch,
+        features.join(" ")
+    );
+    println!("  built by {} with: {}", m.compiler_version, m.options);
+    println!("  source model sha256 {}", hex(&m.source_sha256));
+    print_io(m);
+    println!(
+        "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
+        artifact.weights.len(),
+        artifact.text.len(),
+        artifact.kernels.len(),
+        artifact.relocs.len(),
+        artifact.schedule.len(),
+        m.arena_size
+    );
+    println!("  kernels:");
+    for (i, k) in artifact.kernels.iter().enumerate() {
+        println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
+    }
+    print_dense_kernels(&m.dense_kernels);
+    Ok(())
+}
+
+/// `kiln inspect` of a CUDA artifact: the SM, I/O, and every kernel with
+/// its launch plan and the registers / spills / static shared memory ptxas
+/// reported (when the compiler found ptxas).
+fn inspect_cuda_artifact(
+    a: &InspectArgs,
+    bytes: &[u8],
+    version: u32,
+    artifact: &Artifact,
+    code: &kiln_format::CudaCode,
+) -> Result<(), Failure> {
+    let hash = hex(&artifact.content_hash());
+    let m = &artifact.metadata;
+    let assembled = !code.cubin.is_empty();
+    if a.json {
+        let kernels: Vec<Value> = code
+            .kernels
+            .iter()
+            .map(|k| {
+                json!({
+                    "name": k.name, "node": k.node, "grid": k.grid, "block": k.block,
+                    "dynamic_shared_bytes": k.shared_bytes,
+                    "registers": assembled.then_some(k.registers),
+                    "spill_bytes": assembled.then_some(k.spill_bytes),
+                    "static_shared_bytes": assembled.then_some(k.static_shared_bytes),
+                })
+            })
+            .collect();
+        let mut v = artifact_json(artifact, version);
+        v["arch"] = json!("nvptx64");
+        v["sm"] = json!(code.sm);
+        v["ptx_bytes"] = json!(code.ptx.len());
+        v["cubin_bytes"] = json!(code.cubin.len());
+        v["kernels"] = json!(kernels);
+        v["schedule_steps"] = json!(code.schedule.len());
+        println!("{v}");
+        return Ok(());
+    }
+    print_artifact_header(&a.path, bytes.len(), version, &hash);
+    println!("  CUDA sm_{} (target {})", code.sm, m.target);
+    println!("  built by {} with: {}", m.compiler_version, m.options);
+    print_io(m);
+    println!(
+        "  sections: weights {} B, PTX {} B, cubin {} B, {} kernels, schedule {} steps, device arena {} B",
+        artifact.weights.len(),
+        code.ptx.len(),
+        code.cubin.len(),
+        code.kernels.len(),
+        code.schedule.len(),
+        m.arena_size
+    );
+    if !assembled {
+        println!("  (no cubin: ptxas was not found at compile time, registers unknown)");
+    }
+    println!(
+        "  {:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  node",
+        "#", "kernel", "grid", "block", "smem", "regs", "spill"
+    );
+    for (i, k) in code.kernels.iter().enumerate() {
+        let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+        let regs = if assembled {
+            k.registers.to_string()
+        } else {
+            "?".into()
+        };
+        let spill = if assembled {
+            k.spill_bytes.to_string()
+        } else {
+            "?".into()
+        };
+        println!(
+            "  {i:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  {}",
+            k.name,
+            dims(k.grid),
+            dims(k.block),
+            u64::from(k.shared_bytes) + u64::from(k.static_shared_bytes),
+            regs,
+            spill,
+            k.node
+        );
+    }
+    Ok(())
+}
+
+fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
+    let proto = kiln_onnx::load_model(&a.path).map_err(|e| Failure::from(DriverError::from(e)))?;
+    let summary = kiln_onnx::summarize(&proto);
+    let opts = compile_options(&a.model_args, Target::default())?;
+    let optimized = driver::optimize(&a.path, &opts);
+    if let (Ok(o), true) = (&optimized, a.model_args.time_passes) {
+        print_pass_times(&o.report, o.import_time, None);
+    }
+    if a.format == InspectFormat::Dot {
+        let o = optimized.map_err(|e| {
+            let f = Failure::from(e);
+            Failure::new(f.code, format!("{}: {}", a.path.display(), f.message))
+        })?;
+        print!("{}", kiln_ir::text::dot(&o.graph));
+        return Ok(());
+    }
+    let ir = optimized.map(|o| {
+        (
+            kiln_ir::text::print(&o.graph),
+            kiln_ir::cost::dense_flops(&o.graph),
+        )
+    });
+    let dims = |dims: &[kiln_onnx::DimSummary]| -> String {
+        dims.iter()
+            .map(|d| match d {
+                kiln_onnx::DimSummary::Known(n) => n.to_string(),
+                kiln_onnx::DimSummary::Symbolic(s) => s.clone(),
+                kiln_onnx::DimSummary::Unknown => "?".to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if a.json {
+        let io = |list: &[kiln_onnx::IoSummary]| -> Value {
+            Value::Array(
+                list.iter()
+                    .map(|i| json!({"name": i.name, "dtype": i.dtype, "dims": dims(&i.dims)}))
+                    .collect(),
+            )
+        };
+        let (ir_text, dense_flops, ir_error) = match &ir {
+            Ok((t, flops)) => (Some(t.clone()), Some(*flops), None),
+            Err(e) => (None, None, Some(e.to_string())),
+        };
+        println!(
+            "{}",
+            json!({
+                "kind": "onnx",
+                "ir_version": summary.ir_version,
+                "opsets": summary.opsets.iter().map(|(d, v)| json!({"domain": d, "version": v})).collect::<Vec<_>>(),
+                "producer": summary.producer,
+                "inputs": io(&summary.inputs),
+                "outputs": io(&summary.outputs),
+                "op_histogram": summary.op_histogram,
+                "initializers": summary.initializer_count,
+                "initializer_bytes": summary.initializer_bytes,
+                "ir": ir_text,
+                "dense_flops": dense_flops,
+                "ir_error": ir_error,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "model {} (ir_version {}, producer '{}')",
+        a.path.display(),
+        summary.ir_version,
+        summary.producer
+    );
+    let opsets: Vec<String> = summary
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{}:{v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
+    println!("  opsets: {}", opsets.join(" "));
+    for i in &summary.inputs {
+        println!("  input  {}: {}[{}]", i.name, i.dtype, dims(&i.dims));
+    }
+    for o in &summary.outputs {
+        println!("  output {}: {}[{}]", o.name, o.dtype, dims(&o.dims));
+    }
+    println!(
+        "  initializers: {} ({} bytes)",
+        summary.initializer_count, summary.initializer_bytes
+    );
+    println!("  ops:");
+    for (op, n) in &summary.op_histogram {
+        println!("    {n:>5}  {op}");
+    }
+    match ir {
+        Ok((text, flops)) => {
+            println!(
+                "  dense FLOPs (MatMul, Gemm, Conv; a multiply-add is 2): {flops} ({:.3} GFLOP)",
+                flops as f64 / 1e9
+            );
+            println!("IR after -O{}:", opts.opt_level);
+            print!("{text}");
+        }
+        Err(e) => println!("IR not shown: {e}"),
+    }
+    Ok(())
+}
+
+/// The `input`/`output` lines of an artifact description.
+fn print_io(m: &kiln_format::Metadata) {
+    for (what, specs) in [("input ", &m.inputs), ("output", &m.outputs)] {
+        for s in specs {
+            println!(
+                "  {what} {}: {} @ arena+{}",
+                s.name,
+                s.type_string(),
+                s.arena_offset
+            );
+        }
+    }
+}

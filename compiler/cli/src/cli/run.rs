@@ -1,0 +1,175 @@
+//! `kiln run`: one run of an artifact on given or random inputs, its
+//! outputs written as `.npy` and checked against references.
+
+use super::inputs::{gather_inputs, session_threads, InputArgs};
+use super::{exit, Failure};
+use clap::Args;
+use kiln_driver::compare::compare;
+use kiln_driver::npy;
+use kiln_runtime::{DType, Model, PublicKey, Tensor};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub(super) struct RunArgs {
+    /// The artifact.
+    artifact: PathBuf,
+    #[command(flatten)]
+    inputs: InputArgs,
+    /// Write each output to DIR/<output name>.npy.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Compare outputs with DIR/<output name>.npy references.
+    #[arg(long, value_name = "DIR")]
+    check: Option<PathBuf>,
+    /// Tolerance of --check: max abs error relative to the output's scale.
+    #[arg(long, default_value_t = 1e-4)]
+    tolerance: f64,
+    /// Threads of the run (default: every core, up to the most tasks the
+    /// artifact's steps have).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Refuse the artifact unless ARTIFACT.sig is a valid signature by this
+    /// Ed25519 public key (PEM, from `kiln keygen` or `openssl pkey -pubout`).
+    #[arg(long, value_name = "PEM")]
+    public_key: Option<PathBuf>,
+    /// Print a machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Whether the file at `path` is a Kiln artifact for architecture nvptx64
+/// (the header's arch field, bytes 12..16); the loader validates the rest.
+#[cfg(feature = "cuda")]
+fn is_cuda_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; kiln_format::PEEK_LEN];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|_| {
+            kiln_format::peek(&head).is_some_and(|p| p.arch == Some(kiln_format::Arch::Nvptx64))
+        })
+}
+
+/// Loads `path` and runs it once: on the GPU for a CUDA artifact (with the
+/// `cuda` feature), else with the CPU runtime (which refuses CUDA artifacts
+/// with a clear error).
+fn load_and_run(
+    path: &Path,
+    args: &InputArgs,
+    public_key: Option<&Path>,
+    threads: Option<usize>,
+) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
+    #[cfg(feature = "cuda")]
+    if is_cuda_artifact(path) {
+        if public_key.is_some() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--public-key is not supported for CUDA artifacts yet",
+            ));
+        }
+        let mut model = kiln_runtime::cuda::CudaModel::load(path)?;
+        let inputs = gather_inputs(model.inputs(), args)?;
+        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let start = Instant::now();
+        let outputs = model.run(&views)?;
+        return Ok((outputs, start.elapsed()));
+    }
+    let model = match public_key {
+        Some(key) => Model::load_verified(path, &PublicKey::from_pem_file(key)?)?,
+        None => Model::load(path)?,
+    };
+    let inputs = gather_inputs(model.inputs(), args)?;
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let mut session = model.session_with_threads(session_threads(&model, threads))?;
+    let start = Instant::now();
+    let outputs = session.run(&views)?;
+    Ok((outputs, start.elapsed()))
+}
+
+pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let (outputs, latency) =
+        load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref(), a.threads)?;
+    if let Some(dir) = &a.output_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
+        for t in &outputs {
+            npy::write_tensor(&dir.join(format!("{}.npy", npy::sanitize_name(&t.name))), t)?;
+        }
+    }
+    let mut checks = Vec::new();
+    if let Some(dir) = &a.check {
+        for t in &outputs {
+            let path = dir.join(format!("{}.npy", npy::sanitize_name(&t.name)));
+            let reference = npy::read_tensor_as(&t.name, &path, t.dtype)?;
+            checks.push(compare(t, &reference));
+        }
+    }
+    let failed = checks.iter().filter(|c| !c.passes(a.tolerance)).count();
+    if a.json {
+        let outs: Vec<Value> = outputs
+            .iter()
+            .map(|t| json!({"name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape}))
+            .collect();
+        let checks: Vec<Value> = checks
+            .iter()
+            .map(|c| json!({"name": c.name, "max_abs_error": c.max_abs_error, "rel_error": c.rel_error, "passed": c.passes(a.tolerance), "mismatch": c.mismatch}))
+            .collect();
+        println!(
+            "{}",
+            json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks})
+        );
+    } else {
+        for t in &outputs {
+            println!("{}: {}{}", t.name, t.type_string(), preview(t));
+        }
+        for c in &checks {
+            let verdict = if c.passes(a.tolerance) {
+                "ok"
+            } else {
+                "FAILED"
+            };
+            match &c.mismatch {
+                Some(m) => println!("check {}: FAILED ({m})", c.name),
+                None => println!(
+                    "check {}: {verdict} (max abs error {:.3e}, {:.3e} of output scale {:.3e}; tolerance {:.1e})",
+                    c.name, c.max_abs_error, c.rel_error, c.scale, a.tolerance
+                ),
+            }
+        }
+        println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
+    }
+    if failed > 0 {
+        return Err(Failure::new(
+            exit::CHECK_FAILED,
+            format!(
+                "{failed} output(s) differ from the reference beyond tolerance {:e}",
+                a.tolerance
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn preview(t: &Tensor) -> String {
+    let values: Option<Vec<String>> = match t.dtype {
+        DType::F32 => t
+            .to_vec::<f32>()
+            .map(|v| v.iter().take(8).map(|x| format!("{x:.6}")).collect()),
+        DType::I64 => t
+            .to_vec::<i64>()
+            .map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        DType::I32 => t
+            .to_vec::<i32>()
+            .map(|v| v.iter().take(8).map(|x| x.to_string()).collect()),
+        _ => None,
+    };
+    match values {
+        Some(v) => {
+            let n: u64 = t.shape.iter().product();
+            format!(" [{}{}]", v.join(", "), if n > 8 { ", ..." } else { "" })
+        }
+        None => String::new(),
+    }
+}

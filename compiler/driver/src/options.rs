@@ -1,0 +1,287 @@
+//! What decides what a compilation produces ([`CompileOptions`]), checked
+//! once ([`CompileOptions::validate`]) and recorded in the artifact
+//! ([`CompileOptions::canonical`]).
+
+use crate::error::DriverError;
+use crate::target::Target;
+use kiln_onnx::ImportOptions;
+use kiln_passes::{ActivationType, Observer, Policy};
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Which IR dumps to write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DumpIr {
+    /// No dumps.
+    #[default]
+    None,
+    /// The imported graph and the graph after every pass.
+    All,
+    /// The graph after one named pass (`import` for the imported graph).
+    After(String),
+}
+
+impl FromStr for DumpIr {
+    type Err = String;
+    /// `all`, `import` or `after=PASS` (`--dump-ir`).
+    fn from_str(s: &str) -> Result<DumpIr, String> {
+        match s {
+            "all" => Ok(DumpIr::All),
+            "import" => Ok(DumpIr::After("import".into())),
+            _ => match s.strip_prefix("after=") {
+                Some(pass) if !pass.is_empty() => Ok(DumpIr::After(pass.to_string())),
+                _ => Err(format!("expected all, import or after=PASS, got '{s}'")),
+            },
+        }
+    }
+}
+
+/// Everything that decides what `kiln compile` produces. Built once from
+/// the command line; recorded in the artifact (minus output locations).
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Code generation target (`--target`).
+    pub target: Target,
+    /// Shape bindings for the frontend.
+    pub import: ImportOptions,
+    /// Optimization level (`-O`).
+    pub opt_level: u8,
+    /// Explicit pass list (`--passes`), overriding the level's pipeline.
+    pub passes: Option<Vec<String>>,
+    /// Verify the graph after every pass.
+    pub verify_each: bool,
+    /// IR dumps to produce.
+    pub dump_ir: DumpIr,
+    /// The largest arena (inputs, outputs, activations) an artifact may
+    /// need; a larger one is [`DriverError::ArenaTooLarge`]. It bounds what a
+    /// small model claiming huge shapes makes the runtime allocate.
+    /// Default [`DEFAULT_MAX_ARENA_BYTES`].
+    pub max_arena_bytes: u64,
+    /// CPU targets: the most tasks a dense kernel is split into for
+    /// multi-threaded sessions (`--threads`; 1: no split).
+    pub threads: usize,
+    /// Precision policy (`--precision`, `--keep-fp32`, `--force`); the
+    /// default (fp32) leaves the graph untouched.
+    pub precision: Policy,
+    /// Random input samples on which a reduced-precision build is compared
+    /// with the f32 graph for the accuracy report (`--calibrate-random`;
+    /// 0: no report).
+    pub calibrate_random: usize,
+    /// Real calibration samples (`--calibrate DIR`, see
+    /// [`read_calibration`]); they replace the random ones.
+    pub calibrate: Option<PathBuf>,
+    /// Error-driven fallback (`--max-rel-error E`): while a graph output's
+    /// relative L2 error on the calibration samples exceeds `E`, the
+    /// reduced-precision layer with the largest error is raised to fp32.
+    pub max_rel_error: Option<f64>,
+    /// int8 layers quantize their activations with ranges observed on the
+    /// calibration samples (`--quantize static`, min/max observer);
+    /// otherwise per run (`--quantize dynamic`).
+    pub static_activations: bool,
+    /// How `--quantize static` makes a range of the observed values
+    /// (`--observer`).
+    pub observer: Observer,
+    /// Static int8 layers' biases are corrected by their mean output error
+    /// on the calibration samples (`--calibrate DIR` only: random samples
+    /// would teach the wrong shift; dynamic builds keep an artifact that
+    /// does not depend on the samples; `--no-bias-correction` turns it
+    /// off).
+    pub bias_correction: bool,
+    /// Per-channel smoothing of int8 layers' activations (`--smooth`, see
+    /// [`kiln_passes::smoothing_factors`]), measured on the calibration
+    /// samples.
+    pub smooth: Smooth,
+}
+
+/// Whether int8 activations are smoothed, and how strongly (`--smooth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Smooth {
+    /// α = [`DEFAULT_SMOOTH_ALPHA`] for static builds calibrated on real
+    /// samples (`--quantize static --calibrate DIR`); none otherwise.
+    #[default]
+    Auto,
+    /// Not smoothed (`--smooth off`).
+    Off,
+    /// Migration strength α in [0, 1] (`--smooth α`).
+    Alpha(f32),
+}
+
+impl FromStr for Smooth {
+    type Err = String;
+    /// `off` or α in [0, 1] (`--smooth`).
+    fn from_str(s: &str) -> Result<Smooth, String> {
+        match (s, s.parse::<f32>()) {
+            ("off", _) => Ok(Smooth::Off),
+            (_, Ok(alpha)) if (0.0..=1.0).contains(&alpha) => Ok(Smooth::Alpha(alpha)),
+            _ => Err(format!("'{s}' is neither off nor a number in [0, 1]")),
+        }
+    }
+}
+
+/// The smoothing strength of calibrated static builds (SmoothQuant's
+/// default; measured in `docs/precision.md`).
+pub const DEFAULT_SMOOTH_ALPHA: f32 = 0.5;
+
+/// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
+pub const DEFAULT_MAX_ARENA_BYTES: u64 = 16 << 30;
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            target: Target::default(),
+            import: ImportOptions::default(),
+            opt_level: 2,
+            passes: None,
+            verify_each: false,
+            dump_ir: DumpIr::None,
+            max_arena_bytes: DEFAULT_MAX_ARENA_BYTES,
+            threads: kiln_target_cpu::DEFAULT_THREADS,
+            precision: Policy::default(),
+            calibrate_random: 1,
+            calibrate: None,
+            max_rel_error: None,
+            static_activations: false,
+            observer: Observer::MinMax,
+            bias_correction: true,
+            smooth: Smooth::Auto,
+        }
+    }
+}
+
+/// The first 8 bytes of the SHA-256 of `data`, in hex: names data that
+/// decides the artifact (bound input values, a plan file) in the options
+/// text.
+fn digest_prefix(data: &[u8]) -> String {
+    Sha256::digest(data)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl CompileOptions {
+    /// Refuses options that cannot work together, before any work: the one
+    /// place these checks live (the command line, the Python binding and
+    /// library users all reach it through [`crate::compile`]). Each rule
+    /// names the flag it is about.
+    pub fn validate(&self) -> Result<(), DriverError> {
+        let p = &self.precision;
+        let has_samples =
+            !p.is_identity() && (self.calibrate.is_some() || self.calibrate_random > 0);
+        let rules: [(bool, &str); 5] = [
+            (self.threads == 0, "--threads must be at least 1"),
+            (
+                self.observer != Observer::MinMax && !self.static_activations,
+                "--observer applies to --quantize static only",
+            ),
+            (
+                p.activation_type != ActivationType::default() && !p.may_quantize(),
+                "--activation-type applies to int8 layers (--quantize, --precision int8, --force int8=..., --plan with int8 entries)",
+            ),
+            (
+                matches!(self.smooth, Smooth::Alpha(_)) && !(has_samples && p.may_quantize()),
+                "--smooth needs int8 layers (--quantize, --force int8=...) and calibration samples (--calibrate DIR)",
+            ),
+            (
+                self.max_rel_error.is_some() && !has_samples,
+                "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision",
+            ),
+        ];
+        match rules.iter().find(|(broken, _)| *broken) {
+            Some((_, why)) => Err(DriverError::Usage((*why).into())),
+            None => Ok(()),
+        }
+    }
+
+    /// The smoothing strength this build uses, if any.
+    pub fn smooth_alpha(&self) -> Option<f32> {
+        match self.smooth {
+            Smooth::Auto => (self.static_activations
+                && self.calibrate.is_some()
+                && self.precision.may_quantize())
+            .then_some(DEFAULT_SMOOTH_ALPHA),
+            Smooth::Off => None,
+            Smooth::Alpha(alpha) => Some(alpha),
+        }
+    }
+
+    /// A canonical, deterministic rendering of the options, stored in the
+    /// artifact so `kiln inspect` can show how it was built.
+    pub fn canonical(&self) -> String {
+        let mut s = format!("target={} opt_level={}", self.target, self.opt_level);
+        if self.target.backend().splits_kernels() {
+            let _ = write!(s, " threads={}", self.threads);
+        }
+        if let Some(p) = &self.passes {
+            let _ = write!(s, " passes={}", p.join(","));
+        }
+        for (name, dims) in &self.import.input_shapes {
+            let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+            let _ = write!(s, " input_shape={name}={}", dims.join("x"));
+        }
+        for (name, v) in &self.import.dims {
+            let _ = write!(s, " dim={name}={v}");
+        }
+        for (name, t) in &self.import.input_values {
+            let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+            let _ = write!(
+                s,
+                " bind_input={name}={}[{}]sha256:{}",
+                t.dtype(),
+                dims.join("x"),
+                digest_prefix(&t.data().to_le_bytes())
+            );
+        }
+        // fp32 builds keep the options text (and so the artifact bytes)
+        // they had before precision assignment existed.
+        let p = &self.precision;
+        if !p.is_identity() {
+            let _ = write!(s, " precision={}", p.mode.name());
+            if self.static_activations {
+                let _ = write!(s, " quantize=static observer={}", self.observer);
+            }
+            // The default keeps the options text of builds made before
+            // the choice existed.
+            if p.activation_type != ActivationType::Uint8 {
+                let _ = write!(s, " activation_type={}", p.activation_type);
+            }
+            let list = |v: &[kiln_passes::Pattern]| {
+                v.iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            if !p.keep_fp32.is_empty() {
+                let _ = write!(s, " keep_fp32={}", list(&p.keep_fp32));
+            }
+            for (prec, pats) in &p.force {
+                let _ = write!(s, " force={prec}={}", list(pats));
+            }
+            if let Some(plan) = &p.plan {
+                let _ = write!(
+                    s,
+                    " plan={}nodes:sha256:{}",
+                    plan.entries.len(),
+                    digest_prefix(plan.to_json().as_bytes())
+                );
+            }
+            if let Some(e) = self.max_rel_error {
+                let _ = write!(s, " max_rel_error={e}");
+            }
+            if !self.bias_correction && p.may_quantize() {
+                s.push_str(" bias_correction=off");
+            }
+            match self.smooth_alpha() {
+                Some(alpha) => {
+                    let _ = write!(s, " smooth={alpha}");
+                }
+                None if self.smooth == Smooth::Off && p.may_quantize() => {
+                    s.push_str(" smooth=off");
+                }
+                None => {}
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,169 @@
+//! A compilation and an artifact as JSON (`kiln compile --json`, `kiln
+//! inspect --json`, the precision report, the Python binding) and the
+//! warnings about dense ops that missed the microkernels.
+
+use crate::{DriverError, Target};
+use kiln_format::{self as format, Artifact, TensorSpec};
+use kiln_ir::Graph;
+use kiln_passes::PrecisionOutcome;
+use serde_json::{json, Value};
+
+/// Kernels of an artifact: CPU functions, or the kernels of a CUDA
+/// artifact's PTX module.
+pub fn kernel_count(a: &Artifact) -> usize {
+    if a.arch == kiln_format::Arch::Nvptx64 {
+        kiln_format::CudaCode::parse(&a.text).map_or(0, |c| c.kernels.len())
+    } else {
+        a.kernels.len()
+    }
+}
+
+/// Tensor specs (inputs or outputs) as JSON: name, dtype, shape.
+pub fn specs_json(specs: &[TensorSpec]) -> Value {
+    Value::Array(
+        specs
+            .iter()
+            .map(|s| json!({"name": s.name, "dtype": s.dtype.to_string(), "shape": s.shape}))
+            .collect(),
+    )
+}
+
+/// One layer's error against fp32 as JSON.
+pub fn layer_json(l: &kiln_passes::LayerError) -> Value {
+    json!({"node": l.node, "op": l.op, "precision": l.precision.name(), "rel_l2": l.rel_l2, "cosine": l.cosine, "max_abs": l.max_abs})
+}
+
+/// The precision decisions and accuracy report as JSON (`--json`,
+/// `--report`).
+pub fn precision_json(p: &PrecisionOutcome) -> Value {
+    let decisions: Vec<Value> = p
+        .decisions
+        .iter()
+        .map(|d| {
+            let mut v = json!({"node": d.node, "op": d.op, "precision": d.precision.name(), "reason": d.reason.to_string()});
+            if let Some(m) = p.smoothing.get(&d.node) {
+                let (lo, hi) = min_max(m);
+                v["smoothing_divisors"] = json!({"channels": m.len(), "min": lo, "max": hi});
+            }
+            if let Some(c) = p.bias_corrections.get(&d.node) {
+                v["bias_correction_max_abs"] = json!(largest_abs(c));
+            }
+            v
+        })
+        .collect();
+    let report = p.report.as_ref().map(|r| {
+        json!({
+            "samples": r.samples,
+            "random_inputs": r.random,
+            "outputs": r.outputs.iter().map(layer_json).collect::<Vec<_>>(),
+            "layers_worst_first": r.layers.iter().map(layer_json).collect::<Vec<_>>(),
+        })
+    });
+    json!({"decisions": decisions, "report": report})
+}
+
+/// The smallest and largest value of `v` (∞ and −∞ when empty).
+pub fn min_max(v: &[f32]) -> (f32, f32) {
+    (v.iter()).fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+        (lo.min(x), hi.max(x))
+    })
+}
+
+/// The largest magnitude in `v` (0 when empty).
+pub fn largest_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+/// The `kiln inspect --json` fields every artifact has, CPU or CUDA.
+pub fn artifact_json(artifact: &Artifact, version: u32) -> Value {
+    let m = &artifact.metadata;
+    json!({
+        "kind": "artifact",
+        "format_version": version,
+        "content_sha256": hex(&artifact.content_hash()),
+        "compiler": m.compiler_version,
+        "target": m.target,
+        "options": m.options,
+        "source_sha256": hex(&m.source_sha256),
+        "inputs": specs_json(&m.inputs),
+        "outputs": specs_json(&m.outputs),
+        "arena_bytes": m.arena_size,
+        "weights_bytes": artifact.weights.len(),
+        "dense_kernels": dense_kernels_json(&m.dense_kernels),
+    })
+}
+
+/// The kernel chosen for each dense node, with the candidates that
+/// declined before it and why.
+pub fn dense_kernels_json(kernels: &[format::DenseKernel]) -> Value {
+    let rows: Vec<Value> = kernels
+        .iter()
+        .map(|k| {
+            let declined: Vec<Value> = (k.declined.iter())
+                .map(|d| json!({"kernel": d.kernel, "reason": d.reason}))
+                .collect();
+            json!({
+                "node": k.node,
+                "op": k.op,
+                "kernel": k.kernel,
+                "flops": k.flops,
+                "generic": k.is_generic(),
+                "declined": declined,
+            })
+        })
+        .collect();
+    json!(rows)
+}
+
+/// Dense ops of at least this many FLOPs on the generic kernel get a
+/// warning from `kiln compile`.
+pub const GENERIC_WARN_FLOPS: u64 = 1_000_000;
+
+/// One line per dense node of at least [`GENERIC_WARN_FLOPS`] that an
+/// x86-64 build runs on the generic kernel: the node, its cost and why
+/// each microkernel declined.
+pub fn generic_dense_warnings(artifact: &Artifact) -> Vec<String> {
+    if artifact.arch != format::Arch::X86_64 {
+        return Vec::new();
+    }
+    (artifact.metadata.dense_kernels.iter())
+        .filter(|k| k.is_generic() && k.flops >= GENERIC_WARN_FLOPS)
+        .map(|k| {
+            let why: Vec<String> = (k.declined.iter())
+                .map(|d| format!("{}: {}", d.kernel, d.reason))
+                .collect();
+            format!(
+                "warning: node '{}' ({}, {:.1} MFLOP) runs on the generic kernel, not a microkernel: {}",
+                k.node,
+                k.op,
+                k.flops as f64 / 1e6,
+                why.join("; ")
+            )
+        })
+        .collect()
+}
+
+/// Lowercase hex of `bytes` (digests in reports).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// CPU targets: the arena plan of `graph`'s values as JSON (`plan-memory`'s
+/// view: planned bytes against their sum; the artifact's arena also holds
+/// the kernels' scratch), planned again only for this report. `None` for
+/// CUDA targets.
+pub fn memory_json(target: Target, graph: &Graph) -> Result<Option<Value>, DriverError> {
+    let m = match target {
+        Target::Cpu(_) => kiln_target_cpu::plan_stats(graph)?,
+        Target::Cuda(_) => return Ok(None),
+    };
+    Ok(Some(json!({
+        "planned_bytes": m.arena_bytes,
+        "peak_live_bytes": m.peak_live_bytes,
+        "sum_of_values_bytes": m.total_bytes,
+        "values": m.values,
+        "buffers": m.buffers,
+        "in_place": m.in_place,
+        "aliases": m.aliases,
+    })))
+}
