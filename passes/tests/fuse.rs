@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_equivalent, run_pass};
+use common::{assert_equivalent, run_pass, Rng};
 use kiln_ir::text::{print_with, PrintOptions};
 use kiln_ir::{BinaryOp, Conv2d, DType, FusedStore, Graph, NodeId, Op, Tensor, UnaryOp, ValueType};
 use kiln_passes::{Fuse, Pass, PassManager, PipelineOptions};
@@ -263,29 +263,11 @@ fn digits_cnn_after_o2() {
     insta::assert_snapshot!("digits_cnn_o2", kiln_ir::text::print(&after));
 }
 
-/// splitmix64, for the random graphs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn tensor(&mut self, shape: &[usize]) -> Tensor {
-        let n: usize = shape.iter().product();
-        let v = (0..n)
-            .map(|_| ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32)
-            .collect();
-        Tensor::new(shape, kiln_ir::Data::F32(v)).unwrap()
-    }
+/// A random f32 tensor with values in [-2, 2).
+fn random_tensor(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|_| rng.f64(-2.0, 2.0) as f32).collect();
+    Tensor::new(shape, kiln_ir::Data::F32(v)).unwrap()
 }
 
 const UNARY: [UnaryOp; 10] = [
@@ -329,10 +311,10 @@ fn random_graph(rng: &mut Rng) -> Graph {
     let (mut cur, shape): (NodeId, Vec<usize>) = match rng.below(4) {
         0 => {
             let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 5, 4]));
-            let w = g.add_const("w", rng.tensor(&[4, 3, 3, 3]));
+            let w = g.add_const("w", random_tensor(rng, &[4, 3, 3, 3]));
             let mut ins = vec![x, w];
             if rng.below(2) == 0 {
-                ins.push(g.add_const("b", rng.tensor(&[4])));
+                ins.push(g.add_const("b", random_tensor(rng, &[4])));
             }
             let conv = Conv2d {
                 strides: [1, 1],
@@ -347,7 +329,7 @@ fn random_graph(rng: &mut Rng) -> Graph {
         }
         1 => {
             let x = g.add_input("x", ValueType::new(DType::F32, [2, 3, 6]));
-            let w = g.add_const("w", rng.tensor(&[6, 5]));
+            let w = g.add_const("w", random_tensor(rng, &[6, 5]));
             (
                 g.add_node(Op::MatMul, &[x, w], "mm").unwrap(),
                 vec![2, 3, 5],
@@ -355,8 +337,8 @@ fn random_graph(rng: &mut Rng) -> Graph {
         }
         2 => {
             let x = g.add_input("x", ValueType::new(DType::F32, [3, 6]));
-            let w = g.add_const("w", rng.tensor(&[5, 6]));
-            let c = g.add_const("c", rng.tensor(&[5]));
+            let w = g.add_const("w", random_tensor(rng, &[5, 6]));
+            let c = g.add_const("c", random_tensor(rng, &[5]));
             let op = Op::Gemm {
                 alpha: 0.5,
                 beta: 2.0,
@@ -381,7 +363,7 @@ fn random_graph(rng: &mut Rng) -> Graph {
             let s = sub_shape(rng, &shape);
             let other = match rng.below(3) {
                 0 => cur,
-                1 => g.add_const(format!("k{step}"), rng.tensor(&s)),
+                1 => g.add_const(format!("k{step}"), random_tensor(rng, &s)),
                 _ => {
                     extra_inputs += 1;
                     g.add_input(format!("in{extra_inputs}"), ValueType::new(DType::F32, s))
@@ -409,7 +391,7 @@ fn random_graph(rng: &mut Rng) -> Graph {
 
 #[test]
 fn random_graphs_evaluate_the_same_after_fusion() {
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut fused = 0;
     for case in 0..200 {
         let before = random_graph(&mut rng);

@@ -34,7 +34,7 @@ use cudarc::driver::{
 };
 
 use crate::file::read_private;
-use crate::format::{ArtifactView, Metadata, TensorSpec};
+use crate::format::{ArtifactView, Code, Metadata, TensorSpec};
 use crate::model::InputNames;
 use crate::{Error, Tensor, TensorRef, KERNEL_INDEX_OUT_OF_RANGE};
 
@@ -151,9 +151,9 @@ impl CudaModel {
     /// Validates a CUDA artifact held in memory and loads it on GPU 0.
     pub fn from_bytes(bytes: &[u8]) -> Result<CudaModel, Error> {
         let view = ArtifactView::parse(bytes)?;
-        let code = match view.cuda_code() {
-            Some(code) => code?,
-            None => {
+        let code = match view.code()? {
+            Code::Cuda(code) => code,
+            Code::Machine { .. } => {
                 return Err(Error::NotCudaArtifact {
                     arch: view.header.arch,
                 })

@@ -31,15 +31,8 @@ fn data_dir() -> PathBuf {
 /// code of a narrow type).
 fn random(d: DType, shape: &[usize], seed: u64) -> Option<Tensor> {
     let n: usize = shape.iter().product();
-    let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
-    let v: Vec<f64> = (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64) * 4.0 - 2.0
-        })
-        .collect();
+    let mut rng = kiln_test_kit::Rng::new(seed);
+    let v: Vec<f64> = (0..n).map(|_| rng.f64(-2.0, 2.0)).collect();
     let data = match d {
         DType::Bool => Data::Bool(v.iter().map(|&x| x > 0.0).collect()),
         d if d.is_int() => Data::from_i64s(d, v.iter().map(|&x| (x * 5.0) as i64)),

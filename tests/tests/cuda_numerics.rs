@@ -163,13 +163,8 @@ fn reduced_precision_fixtures_match_the_reference_evaluator() {
 /// both operands and zero points matters).
 fn bytes_tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
-    let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
-    let v = (0..n).map(|_| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 56) as i64 - 128
-    });
+    let mut rng = kiln_test_kit::Rng::new(seed);
+    let v = (0..n).map(|_| rng.int(-128, 127));
     Tensor::new(shape, Data::from_i64s(d, v)).unwrap()
 }
 

@@ -146,6 +146,23 @@ fn huge_strides_are_refused_not_overflowed() {
     );
 }
 
+/// Found by the smoke run (onnx_compile, a ConvInteger with a mutated
+/// `group` of 2^62): the channel check multiplied the group by C/group and
+/// overflowed. A group that cannot divide W's output channels is now an
+/// attribute error, before any product.
+#[test]
+fn a_group_larger_than_the_output_channels_is_an_attribute_error() {
+    let group = AttributeProto {
+        name: "group".into(),
+        r#type: AttributeType::Int as i32,
+        i: 1 << 62,
+        ..Default::default()
+    };
+    let (err, _) = compile_err(&conv_model_with(&[1, 4, 8, 8], &[4, 1, 3, 3], vec![group]));
+    assert!(matches!(err, DriverError::Onnx(_)), "{err:?}");
+    assert!(err.to_string().contains("cannot divide"), "{err}");
+}
+
 /// Every input the fuzzers saved (`tests/fuzz-regressions/<target>-<hash>`,
 /// copied from `target/fuzz-smoke-crashes/` or `fuzz/artifacts/`) runs
 /// through its target again without a panic, quickly.

@@ -14,6 +14,7 @@
 
 use kiln_onnx::pb::ModelProto;
 use kiln_runtime::format::Artifact;
+use kiln_test_kit::Rng;
 use kiln_tests::{fuzz, repo_root, Fixture};
 use prost::Message;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -24,24 +25,6 @@ use std::time::{Duration, Instant};
 const PEAK_RSS_LIMIT: u64 = 2 << 30;
 /// An input slower than this is reported as a hang.
 const SLOW_INPUT: Duration = Duration::from_secs(20);
-
-/// xorshift64*: small, seedable, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 /// Values that break size arithmetic.
 const INTERESTING_I64: [i64; 10] = [
@@ -95,7 +78,7 @@ fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
         }
         _ => {
             let at = rng.below(len + 1);
-            let byte = rng.next() as u8;
+            let byte = rng.next_u64() as u8;
             data.insert(at, byte);
         }
     }
@@ -489,7 +472,7 @@ fn fuzz_targets_smoke_run() {
             }
         }
         let seeds_accepted = tally.accepted;
-        let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15 ^ target.name.len() as u64);
+        let mut rng = Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15 ^ target.name.len() as u64);
         let deadline = Instant::now() + Duration::from_secs(seconds);
         while Instant::now() < deadline && failures.len() < 10 {
             let mut input = rng.pick(&target.seeds).clone();

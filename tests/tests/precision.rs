@@ -322,7 +322,9 @@ fn cuda_runs_bf16_dense_nodes_on_tensor_cores_from_sm80() {
             kiln_driver::target::Target::Cuda(kiln_target_cuda::SmArch::parse(sm).unwrap());
         let c = compile(&fixture.model_path(), &opts).unwrap();
         let view = kiln_runtime::format::ArtifactView::parse(&c.bytes).unwrap();
-        let code = view.cuda_code().expect("a CUDA artifact").unwrap();
+        let kiln_runtime::format::Code::Cuda(code) = view.code().unwrap() else {
+            panic!("a CUDA artifact");
+        };
         assert_eq!(
             code.ptx
                 .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),

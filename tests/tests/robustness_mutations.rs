@@ -29,6 +29,7 @@ use kiln_onnx::pb::{
 };
 use kiln_onnx::ImportOptions;
 use kiln_runtime::{DType, Model, Tensor, TensorSpec};
+use kiln_test_kit::Rng;
 use kiln_tests::Fixture;
 use prost::Message;
 use std::collections::BTreeMap;
@@ -61,29 +62,6 @@ const FIXTURES: &[&str] = &[
     "op_batchnorm_opset9",
     "op_clip_opset13",
 ];
-
-/// SplitMix64: deterministic choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-    }
-}
 
 /// What a mutation must give.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -829,11 +807,11 @@ fn random_tensor(spec: &TensorSpec, rng: &mut Rng) -> Tensor {
             Tensor::from_slice(&spec.name, &spec.shape, &v)
         }
         DType::I64 => {
-            let v: Vec<i64> = (0..n).map(|_| (rng.next() % 2) as i64).collect();
+            let v: Vec<i64> = (0..n).map(|_| (rng.next_u64() % 2) as i64).collect();
             Tensor::from_slice(&spec.name, &spec.shape, &v)
         }
         DType::I32 => {
-            let v: Vec<i32> = (0..n).map(|_| (rng.next() % 2) as i32).collect();
+            let v: Vec<i32> = (0..n).map(|_| (rng.next_u64() % 2) as i32).collect();
             Tensor::from_slice(&spec.name, &spec.shape, &v)
         }
         dtype => Tensor {
@@ -841,7 +819,7 @@ fn random_tensor(spec: &TensorSpec, rng: &mut Rng) -> Tensor {
             dtype,
             shape: spec.shape.clone(),
             data: (0..n * dtype.size_bytes())
-                .map(|_| (rng.next() % 2) as u8)
+                .map(|_| (rng.next_u64() % 2) as u8)
                 .collect(),
         },
     }
@@ -963,7 +941,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn mutated_fixture_models_compile_or_fail_with_typed_errors() {
     let seed = env_u64("KILN_MUTATIONS_SEED", 0x6b69_6c6e);
     let rounds = env_u64("KILN_MUTATIONS_ROUNDS", 1);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut mutations = Vec::new();
     for round in 0..rounds {
         for name in FIXTURES {
@@ -984,7 +962,7 @@ fn mutated_fixture_models_compile_or_fail_with_typed_errors() {
     let start = std::time::Instant::now();
     for (i, m) in mutations.iter().enumerate() {
         let root = tempfile::tempdir().unwrap();
-        let mut case_rng = Rng(seed ^ (i as u64).wrapping_mul(0x1234_5678_9abc_def1));
+        let mut case_rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x1234_5678_9abc_def1));
         let result = catch_unwind(AssertUnwindSafe(|| exercise(m, root.path(), &mut case_rng)));
         let row = table.entry(m.kind).or_default();
         match result {

@@ -3,19 +3,15 @@
 //! warnings about dense ops that missed the microkernels.
 
 use crate::{DriverError, Target};
-use kiln_format::{self as format, Artifact, TensorSpec};
+use kiln_format::{self as format, Artifact, ArtifactView, Code, TensorSpec};
 use kiln_ir::Graph;
 use kiln_passes::PrecisionOutcome;
 use serde_json::{json, Value};
 
 /// Kernels of an artifact: CPU functions, or the kernels of a CUDA
-/// artifact's PTX module.
+/// artifact's modules (0 when they do not decode).
 pub fn kernel_count(a: &Artifact) -> usize {
-    if a.arch == kiln_format::Arch::Nvptx64 {
-        kiln_format::CudaCode::parse(&a.text).map_or(0, |c| c.kernels.len())
-    } else {
-        a.kernels.len()
-    }
+    a.code().map_or(0, |c| c.kernel_count())
 }
 
 /// Tensor specs (inputs or outputs) as JSON: name, dtype, shape.
@@ -74,13 +70,16 @@ pub fn largest_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
 
-/// The `kiln inspect --json` fields every artifact has, CPU or CUDA.
-pub fn artifact_json(artifact: &Artifact, version: u32) -> Value {
-    let m = &artifact.metadata;
-    json!({
+/// `kiln inspect --json` of an artifact: what every artifact has, then
+/// what its code holds (machine code: arch, CPU features, functions,
+/// relocations, steps; CUDA: SM, PTX and cubin sizes, kernels with their
+/// launch plan and ptxas's registers, launches).
+pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
+    let m = &view.metadata;
+    let mut v = json!({
         "kind": "artifact",
-        "format_version": version,
-        "content_sha256": hex(&artifact.content_hash()),
+        "format_version": view.header.version,
+        "content_sha256": hex(&view.header.content_hash),
         "compiler": m.compiler_version,
         "target": m.target,
         "options": m.options,
@@ -88,9 +87,48 @@ pub fn artifact_json(artifact: &Artifact, version: u32) -> Value {
         "inputs": specs_json(&m.inputs),
         "outputs": specs_json(&m.outputs),
         "arena_bytes": m.arena_size,
-        "weights_bytes": artifact.weights.len(),
+        "weights_bytes": view.weights.len(),
         "dense_kernels": dense_kernels_json(&m.dense_kernels),
-    })
+    });
+    match code {
+        Code::Machine {
+            text,
+            kernels,
+            relocs,
+            schedule,
+        } => {
+            let kernels: Vec<Value> = (kernels.iter())
+                .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
+                .collect();
+            v["arch"] = json!(format!("{:?}", view.header.arch));
+            v["features"] = json!(view.header.features.names());
+            v["code_bytes"] = json!(text.len());
+            v["relocations"] = json!(relocs.len());
+            v["kernels"] = json!(kernels);
+            v["schedule_steps"] = json!(schedule.len());
+        }
+        Code::Cuda(code) => {
+            let assembled = !code.cubin.is_empty();
+            let kernels: Vec<Value> = (code.kernels.iter())
+                .map(|k| {
+                    json!({
+                        "name": k.name, "node": k.node, "grid": k.grid, "block": k.block,
+                        "dynamic_shared_bytes": k.shared_bytes,
+                        "registers": assembled.then_some(k.registers),
+                        "spill_bytes": assembled.then_some(k.spill_bytes),
+                        "static_shared_bytes": assembled.then_some(k.static_shared_bytes),
+                    })
+                })
+                .collect();
+            v["arch"] = json!("nvptx64");
+            v["sm"] = json!(code.sm);
+            v["ptx_bytes"] = json!(code.ptx.len());
+            v["cubin_bytes"] = json!(code.cubin.len());
+            v["kernels"] = json!(kernels);
+            v["schedule_steps"] = json!(code.schedule.len());
+        }
+    }
+    v
 }
 
 /// The kernel chosen for each dense node, with the candidates that

@@ -1884,15 +1884,8 @@ fn int_input(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
 
 /// `n` deterministic pseudo-random bytes.
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (s >> 56) as u8
-        })
-        .collect()
+    let mut rng = kiln_test_kit::Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() >> 56) as u8).collect()
 }
 
 /// The direct integer convolution of centered values: X `[n, c, h, w]`,

@@ -266,3 +266,45 @@ mod tests {
         assert_eq!(HostFn::from_u32(0), None);
     }
 }
+
+/// What an artifact's TEXT section holds, decided by the header's
+/// architecture: machine code with the KERNELS, RELOCS and SCHEDULE tables
+/// that describe it, or CUDA modules that carry their own kernel table and
+/// schedule (those three sections are then empty). Reading TEXT through
+/// this type is the one way to tell them apart, so no reader can take PTX
+/// for machine code or the reverse. (Why this is not a section kind of its
+/// own: `docs/artifact-format.md`, "TEXT".)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Code<'a> {
+    /// x86-64 or aarch64 machine code.
+    Machine {
+        /// The TEXT section, before relocation.
+        text: &'a [u8],
+        /// Functions in TEXT.
+        kernels: &'a [KernelEntry],
+        /// Patches applied to TEXT at load time.
+        relocs: &'a [Reloc],
+        /// Kernel calls of one inference, in order.
+        schedule: &'a [Step],
+    },
+    /// PTX (and a cubin) for an NVIDIA GPU, decoded and checked.
+    Cuda(crate::CudaCode),
+}
+
+impl Code<'_> {
+    /// The kernels the code holds: CPU functions or CUDA kernels.
+    pub fn kernel_count(&self) -> usize {
+        match self {
+            Code::Machine { kernels, .. } => kernels.len(),
+            Code::Cuda(code) => code.kernels.len(),
+        }
+    }
+
+    /// Steps of one inference: CPU schedule steps or CUDA launches.
+    pub fn step_count(&self) -> usize {
+        match self {
+            Code::Machine { schedule, .. } => schedule.len(),
+            Code::Cuda(code) => code.schedule.len(),
+        }
+    }
+}

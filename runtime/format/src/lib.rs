@@ -30,7 +30,7 @@ mod meta;
 mod section;
 mod signature;
 
-pub use code::{HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
+pub use code::{Code, HostFn, KernelEntry, Reloc, RelocKind, RelocTarget, Step};
 pub use cpu::{Arch, CpuFeatures};
 pub use cuda::{CudaCode, CudaKernel, CUDA_MAGIC};
 pub use dtype::DType;
@@ -77,6 +77,18 @@ pub struct Artifact {
 }
 
 impl Artifact {
+    /// What TEXT holds (machine code or CUDA modules, by
+    /// [`Artifact::arch`]), CUDA modules decoded and checked.
+    pub fn code(&self) -> Result<Code<'_>, FormatError> {
+        code_of(
+            self.arch,
+            &self.text,
+            &self.kernels,
+            &self.relocs,
+            &self.schedule,
+        )
+    }
+
     /// Encodes the artifact. The same artifact always gives the same bytes.
     ///
     /// The result is valid for [`Artifact::parse`] when the tables are
@@ -197,10 +209,16 @@ impl<'a> ArtifactView<'a> {
         })
     }
 
-    /// The CUDA code of a CUDA artifact (architecture
-    /// [`Arch::Nvptx64`]), decoded and checked; `None` for a CPU artifact.
-    pub fn cuda_code(&self) -> Option<Result<CudaCode, FormatError>> {
-        (self.header.arch == Arch::Nvptx64).then(|| CudaCode::parse(self.text))
+    /// What TEXT holds (machine code or CUDA modules, by the header's
+    /// architecture), CUDA modules decoded and checked.
+    pub fn code(&self) -> Result<Code<'_>, FormatError> {
+        code_of(
+            self.header.arch,
+            self.text,
+            &self.kernels,
+            &self.relocs,
+            &self.schedule,
+        )
     }
 
     /// An owned copy.
@@ -215,5 +233,24 @@ impl<'a> ArtifactView<'a> {
             relocs: self.relocs,
             schedule: self.schedule,
         }
+    }
+}
+
+/// The one place that decides what TEXT holds.
+fn code_of<'a>(
+    arch: Arch,
+    text: &'a [u8],
+    kernels: &'a [KernelEntry],
+    relocs: &'a [Reloc],
+    schedule: &'a [Step],
+) -> Result<Code<'a>, FormatError> {
+    match arch {
+        Arch::Nvptx64 => CudaCode::parse(text).map(Code::Cuda),
+        Arch::X86_64 | Arch::Aarch64 => Ok(Code::Machine {
+            text,
+            kernels,
+            relocs,
+            schedule,
+        }),
     }
 }

@@ -13,17 +13,8 @@ use smallvec::smallvec;
 
 /// Deterministic pseudo-random values in [-2, 2).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
+    let mut rng = kiln_test_kit::Rng::new(seed);
+    (0..n).map(|_| rng.f64(-2.0, 2.0) as f32).collect()
 }
 
 fn tensor(d: DType, shape: &[usize], seed: u64) -> Tensor {

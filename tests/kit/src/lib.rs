@@ -5,6 +5,11 @@
 //! - [`ptx_interp`]: the PTX interpreter that runs the CUDA target's
 //!   kernels on a machine without a GPU and checks them against the IR's
 //!   reference evaluator.
+//! - [`rng::Rng`]: the seeded generator (SplitMix64) every suite draws its
+//!   random graphs, tensors and mutations from.
 #![forbid(unsafe_code)]
 
 pub mod ptx_interp;
+pub mod rng;
+
+pub use rng::Rng;

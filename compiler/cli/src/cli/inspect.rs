@@ -8,7 +8,7 @@ use super::{exit, Failure};
 use clap::Args;
 use kiln_driver::report::{artifact_json, hex};
 use kiln_driver::{self as driver, DriverError, Target};
-use kiln_format::{self as format, Artifact, ArtifactView};
+use kiln_format::{self as format, ArtifactView, Code};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -79,120 +79,74 @@ fn print_dense_kernels(kernels: &[format::DenseKernel]) {
     }
 }
 
-/// The first lines of `kiln inspect` on an artifact of format `version`.
-fn print_artifact_header(path: &Path, bytes: usize, version: u32, hash: &str) {
-    println!("artifact {} ({bytes} bytes)", path.display());
-    println!("  format version {version}, content sha256 {hash}");
-}
-
+/// `kiln inspect` of an artifact: what every artifact has, then what its
+/// code holds (machine code or CUDA modules, [`Code`]).
 fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     let bytes = kiln_runtime::read_regular(&a.path, u64::MAX)
         .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", a.path.display())))?;
-    let view =
-        ArtifactView::parse(&bytes).map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
-    let version = view.header.version;
-    let cuda = view
-        .cuda_code()
-        .transpose()
-        .map_err(|e| Failure::new(exit::BAD_ARTIFACT, e.to_string()))?;
-    let artifact: Artifact = view.into_artifact();
-    if let Some(code) = cuda {
-        return inspect_cuda_artifact(a, &bytes, version, &artifact, &code);
-    }
-    let hash = hex(&artifact.content_hash());
-    let m = &artifact.metadata;
-    let features = artifact.features.names();
+    let bad = |e: format::FormatError| Failure::new(exit::BAD_ARTIFACT, e.to_string());
+    let view = ArtifactView::parse(&bytes).map_err(bad)?;
+    let code = view.code().map_err(bad)?;
     if a.json {
-        let kernels: Vec<Value> = artifact
-            .kernels
-            .iter()
-            .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
-            .collect();
-        let mut v = artifact_json(&artifact, version);
-        v["arch"] = json!(format!("{:?}", artifact.arch));
-        v["features"] = json!(features);
-        v["code_bytes"] = json!(artifact.text.len());
-        v["relocations"] = json!(artifact.relocs.len());
-        v["kernels"] = json!(kernels);
-        v["schedule_steps"] = json!(artifact.schedule.len());
-        println!("{v}");
+        println!("{}", artifact_json(&view, &code));
         return Ok(());
     }
-    print_artifact_header(&a.path, bytes.len(), version, &hash);
+    let m = &view.metadata;
+    println!("artifact {} ({} bytes)", a.path.display(), bytes.len());
     println!(
-        "  arch {:?}, requires CPU features: {}",
-        artifact.arch,
-        features.join(" ")
+        "  format version {}, content sha256 {}",
+        view.header.version,
+        hex(&view.header.content_hash)
     );
+    match &code {
+        Code::Machine { .. } => println!(
+            "  arch {:?}, requires CPU features: {}",
+            view.header.arch,
+            view.header.features.names().join(" ")
+        ),
+        Code::Cuda(c) => println!("  CUDA sm_{} (target {})", c.sm, m.target),
+    }
     println!("  built by {} with: {}", m.compiler_version, m.options);
     println!("  source model sha256 {}", hex(&m.source_sha256));
     print_io(m);
-    println!(
-        "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
-        artifact.weights.len(),
-        artifact.text.len(),
-        artifact.kernels.len(),
-        artifact.relocs.len(),
-        artifact.schedule.len(),
-        m.arena_size
-    );
-    println!("  kernels:");
-    for (i, k) in artifact.kernels.iter().enumerate() {
-        println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
+    match &code {
+        Code::Machine {
+            text,
+            kernels,
+            relocs,
+            schedule,
+        } => {
+            println!(
+                "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
+                view.weights.len(),
+                text.len(),
+                kernels.len(),
+                relocs.len(),
+                schedule.len(),
+                m.arena_size
+            );
+            println!("  kernels:");
+            for (i, k) in kernels.iter().enumerate() {
+                println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
+            }
+            print_dense_kernels(&m.dense_kernels);
+        }
+        Code::Cuda(code) => print_cuda_kernels(view.weights.len(), m.arena_size, code),
     }
-    print_dense_kernels(&m.dense_kernels);
     Ok(())
 }
 
-/// `kiln inspect` of a CUDA artifact: the SM, I/O, and every kernel with
-/// its launch plan and the registers / spills / static shared memory ptxas
-/// reported (when the compiler found ptxas).
-fn inspect_cuda_artifact(
-    a: &InspectArgs,
-    bytes: &[u8],
-    version: u32,
-    artifact: &Artifact,
-    code: &kiln_format::CudaCode,
-) -> Result<(), Failure> {
-    let hash = hex(&artifact.content_hash());
-    let m = &artifact.metadata;
+/// A CUDA artifact's modules: every kernel with its launch plan and the
+/// registers / spills / static shared memory ptxas reported (when the
+/// compiler found ptxas).
+fn print_cuda_kernels(weights: usize, arena: u64, code: &format::CudaCode) {
     let assembled = !code.cubin.is_empty();
-    if a.json {
-        let kernels: Vec<Value> = code
-            .kernels
-            .iter()
-            .map(|k| {
-                json!({
-                    "name": k.name, "node": k.node, "grid": k.grid, "block": k.block,
-                    "dynamic_shared_bytes": k.shared_bytes,
-                    "registers": assembled.then_some(k.registers),
-                    "spill_bytes": assembled.then_some(k.spill_bytes),
-                    "static_shared_bytes": assembled.then_some(k.static_shared_bytes),
-                })
-            })
-            .collect();
-        let mut v = artifact_json(artifact, version);
-        v["arch"] = json!("nvptx64");
-        v["sm"] = json!(code.sm);
-        v["ptx_bytes"] = json!(code.ptx.len());
-        v["cubin_bytes"] = json!(code.cubin.len());
-        v["kernels"] = json!(kernels);
-        v["schedule_steps"] = json!(code.schedule.len());
-        println!("{v}");
-        return Ok(());
-    }
-    print_artifact_header(&a.path, bytes.len(), version, &hash);
-    println!("  CUDA sm_{} (target {})", code.sm, m.target);
-    println!("  built by {} with: {}", m.compiler_version, m.options);
-    print_io(m);
     println!(
-        "  sections: weights {} B, PTX {} B, cubin {} B, {} kernels, schedule {} steps, device arena {} B",
-        artifact.weights.len(),
+        "  sections: weights {weights} B, PTX {} B, cubin {} B, {} kernels, schedule {} steps, device arena {arena} B",
         code.ptx.len(),
         code.cubin.len(),
         code.kernels.len(),
         code.schedule.len(),
-        m.arena_size
     );
     if !assembled {
         println!("  (no cubin: ptxas was not found at compile time, registers unknown)");
@@ -201,30 +155,23 @@ fn inspect_cuda_artifact(
         "  {:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  node",
         "#", "kernel", "grid", "block", "smem", "regs", "spill"
     );
+    let known = |n: u32| match assembled {
+        true => n.to_string(),
+        false => "?".into(),
+    };
     for (i, k) in code.kernels.iter().enumerate() {
         let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
-        let regs = if assembled {
-            k.registers.to_string()
-        } else {
-            "?".into()
-        };
-        let spill = if assembled {
-            k.spill_bytes.to_string()
-        } else {
-            "?".into()
-        };
         println!(
             "  {i:<5} {:<32} {:>16} {:>12} {:>6} {:>5} {:>6}  {}",
             k.name,
             dims(k.grid),
             dims(k.block),
             u64::from(k.shared_bytes) + u64::from(k.static_shared_bytes),
-            regs,
-            spill,
+            known(k.registers),
+            known(k.spill_bytes),
             k.node
         );
     }
-    Ok(())
 }
 
 fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {

@@ -164,6 +164,17 @@ pub(crate) fn conv_attrs(
     if group < 1 {
         return Err(ctx.bad_attr("group", format!("must be positive, got {group}")));
     }
+    // W's first dim (output channels) is a multiple of the group count, so
+    // a larger one cannot fit (and products with it could overflow).
+    if group as u64 > ws[0].max(1) as u64 {
+        return Err(ctx.bad_attr(
+            "group",
+            format!(
+                "{group} groups cannot divide W {ws:?}'s {} output channels",
+                ws[0]
+            ),
+        ));
+    }
     let win = window(ctx, node, &xs[2..], &kernel)?;
     let (strides, pads, dilations) = win.to_2d();
     Ok(Conv2d {

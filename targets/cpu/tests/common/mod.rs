@@ -7,33 +7,7 @@ use kiln_ir::{DType, Data, Graph, Tensor};
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
 
-/// splitmix64.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    pub fn f64(&mut self, lo: f64, hi: f64) -> f64 {
-        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + u * (hi - lo)
-    }
-
-    /// Uniform integer in `[lo, hi]`.
-    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
-    }
-}
+pub use kiln_test_kit::Rng;
 
 /// A random tensor: floats in [-3, 3), ints in [-20, 20] (u8 in [0, 40]),
 /// bools 50/50.
