@@ -37,6 +37,7 @@ mod tensor;
 pub mod text;
 mod value_type;
 pub mod verify;
+mod vocab;
 
 pub use dtype::DType;
 pub use error::IrError;
@@ -49,6 +50,7 @@ pub use op::{
 pub use schedule::{peak_live_bytes, schedule};
 pub use tensor::{Data, Tensor};
 pub use value_type::ValueType;
+pub use vocab::{Attribute, AttributeReader, AttributeType};
 
 /// A concrete tensor shape.
 pub type Shape = smallvec::SmallVec<[usize; 6]>;

@@ -5,128 +5,65 @@
 //! time (auto_pad, Reshape targets, Slice bounds, Clip limits given as
 //! inputs, Shape results), so every attribute here is concrete.
 
+use crate::vocab::{op_family, op_table};
 use crate::DType;
 use smallvec::SmallVec;
 
 /// A list of small integers (axes, pads, strides).
 pub type Ints = SmallVec<[usize; 4]>;
 
-/// Elementwise operations with one input and one output of the same shape.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[allow(missing_docs)]
-pub enum UnaryOp {
-    Relu,
-    LeakyRelu {
-        alpha: f32,
-    },
-    Sigmoid,
-    Tanh,
-    HardSigmoid {
-        alpha: f32,
-        beta: f32,
-    },
-    HardSwish,
-    Clip {
-        min: f32,
-        max: f32,
-    },
-    Neg,
-    Abs,
-    Sqrt,
-    Exp,
-    Log,
-    Reciprocal,
-    Floor,
-    Ceil,
-    /// Round half to even.
-    Round,
-    /// -1, 0 or 1 (NaN stays NaN).
-    Sign,
-    Erf,
-    /// GELU: `x/2 · (1 + erf(x/√2))`, or its tanh approximation.
-    Gelu {
-        tanh: bool,
-    },
-    Elu {
-        alpha: f32,
-    },
-    Selu {
-        alpha: f32,
-        gamma: f32,
-    },
-    Celu {
-        alpha: f32,
-    },
-    Softplus,
-    Softsign,
-    /// `x · tanh(softplus(x))`.
-    Mish,
-    ThresholdedRelu {
-        alpha: f32,
-    },
-    /// `x - bias` above `lambd`, `x + bias` below `-lambd`, else 0.
-    Shrink {
-        bias: f32,
-        lambd: f32,
-    },
-    Sin,
-    Cos,
-    Tan,
-    Asin,
-    Acos,
-    Atan,
-    Sinh,
-    Cosh,
-    Asinh,
-    Acosh,
-    Atanh,
+op_family! {
+    /// Elementwise operations with one input and one output of the same shape.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    #[allow(missing_docs)]
+    pub enum UnaryOp {
+        Relu => "relu",
+        LeakyRelu { alpha: f32 = 0.01 } => "leaky_relu",
+        Sigmoid => "sigmoid",
+        Tanh => "tanh",
+        HardSigmoid { alpha: f32 = 0.2, beta: f32 = 0.5 } => "hard_sigmoid",
+        HardSwish => "hard_swish",
+        Clip { min: f32 = f32::NEG_INFINITY, max: f32 = f32::INFINITY } => "clip",
+        Neg => "neg",
+        Abs => "abs",
+        Sqrt => "sqrt",
+        Exp => "exp",
+        Log => "log",
+        Reciprocal => "reciprocal",
+        Floor => "floor",
+        Ceil => "ceil",
+        /// Round half to even.
+        Round => "round",
+        /// -1, 0 or 1 (NaN stays NaN).
+        Sign => "sign",
+        Erf => "erf",
+        /// GELU: `x/2 · (1 + erf(x/√2))`, or its tanh approximation.
+        Gelu { tanh: bool = false } => "gelu",
+        Elu { alpha: f32 = 1.0 } => "elu",
+        Selu { alpha: f32 = 1.673_263_2, gamma: f32 = 1.050_701 } => "selu",
+        Celu { alpha: f32 = 1.0 } => "celu",
+        Softplus => "softplus",
+        Softsign => "softsign",
+        /// `x · tanh(softplus(x))`.
+        Mish => "mish",
+        ThresholdedRelu { alpha: f32 = 1.0 } => "thresholded_relu",
+        /// `x - bias` above `lambd`, `x + bias` below `-lambd`, else 0.
+        Shrink { bias: f32 = 0.0, lambd: f32 = 0.5 } => "shrink",
+        Sin => "sin",
+        Cos => "cos",
+        Tan => "tan",
+        Asin => "asin",
+        Acos => "acos",
+        Atan => "atan",
+        Sinh => "sinh",
+        Cosh => "cosh",
+        Asinh => "asinh",
+        Acosh => "acosh",
+        Atanh => "atanh",
+    }
 }
 
 impl UnaryOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            UnaryOp::Relu => "relu",
-            UnaryOp::LeakyRelu { .. } => "leaky_relu",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::HardSigmoid { .. } => "hard_sigmoid",
-            UnaryOp::HardSwish => "hard_swish",
-            UnaryOp::Clip { .. } => "clip",
-            UnaryOp::Neg => "neg",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Reciprocal => "reciprocal",
-            UnaryOp::Floor => "floor",
-            UnaryOp::Ceil => "ceil",
-            UnaryOp::Round => "round",
-            UnaryOp::Sign => "sign",
-            UnaryOp::Erf => "erf",
-            UnaryOp::Gelu { .. } => "gelu",
-            UnaryOp::Elu { .. } => "elu",
-            UnaryOp::Selu { .. } => "selu",
-            UnaryOp::Celu { .. } => "celu",
-            UnaryOp::Softplus => "softplus",
-            UnaryOp::Softsign => "softsign",
-            UnaryOp::Mish => "mish",
-            UnaryOp::ThresholdedRelu { .. } => "thresholded_relu",
-            UnaryOp::Shrink { .. } => "shrink",
-            UnaryOp::Sin => "sin",
-            UnaryOp::Cos => "cos",
-            UnaryOp::Tan => "tan",
-            UnaryOp::Asin => "asin",
-            UnaryOp::Acos => "acos",
-            UnaryOp::Atan => "atan",
-            UnaryOp::Sinh => "sinh",
-            UnaryOp::Cosh => "cosh",
-            UnaryOp::Asinh => "asinh",
-            UnaryOp::Acosh => "acosh",
-            UnaryOp::Atanh => "atanh",
-        }
-    }
-
     /// Whether the op is defined on integer inputs too (otherwise float only).
     pub fn accepts_int(&self) -> bool {
         matches!(
@@ -343,42 +280,28 @@ mod erf_tests {
     }
 }
 
-/// Elementwise operations with two inputs, numpy-style broadcasting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Max,
-    Min,
-    /// Integer remainder with the sign of the divisor (ONNX `Mod`, fmod=0).
-    Mod,
-    /// Remainder with the sign of the dividend (C `fmod`; ONNX `Mod`, fmod=1).
-    Fmod,
-    /// `a < 0 ? a * b : a` (ONNX `PRelu`, slope `b`).
-    PRelu,
+op_family! {
+    /// Elementwise operations with two inputs, numpy-style broadcasting.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(missing_docs)]
+    pub enum BinaryOp {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        Div => "div",
+        Pow => "pow",
+        Max => "max",
+        Min => "min",
+        /// Integer remainder with the sign of the divisor (ONNX `Mod`, fmod=0).
+        Mod => "mod",
+        /// Remainder with the sign of the dividend (C `fmod`; ONNX `Mod`, fmod=1).
+        Fmod => "fmod",
+        /// `a < 0 ? a * b : a` (ONNX `PRelu`, slope `b`).
+        PRelu => "prelu",
+    }
 }
 
 impl BinaryOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Max => "max",
-            BinaryOp::Min => "min",
-            BinaryOp::Mod => "mod",
-            BinaryOp::Fmod => "fmod",
-            BinaryOp::PRelu => "prelu",
-        }
-    }
-
     /// Scalar float semantics.
     pub fn apply_f64(&self, a: f64, b: f64) -> f64 {
         match self {
@@ -456,29 +379,20 @@ impl BinaryOp {
     }
 }
 
-/// Elementwise comparisons with broadcasting; the output is `bool`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum CompareOp {
-    Equal,
-    Less,
-    Greater,
-    LessOrEqual,
-    GreaterOrEqual,
+op_family! {
+    /// Elementwise comparisons with broadcasting; the output is `bool`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(missing_docs)]
+    pub enum CompareOp {
+        Equal => "equal",
+        Less => "less",
+        Greater => "greater",
+        LessOrEqual => "less_or_equal",
+        GreaterOrEqual => "greater_or_equal",
+    }
 }
 
 impl CompareOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            CompareOp::Equal => "equal",
-            CompareOp::Less => "less",
-            CompareOp::Greater => "greater",
-            CompareOp::LessOrEqual => "less_or_equal",
-            CompareOp::GreaterOrEqual => "greater_or_equal",
-        }
-    }
-
     /// Scalar semantics on any ordered values (IEEE for floats: every
     /// comparison with NaN is false).
     pub fn apply<T: PartialOrd>(&self, a: T, b: T) -> bool {
@@ -492,25 +406,18 @@ impl CompareOp {
     }
 }
 
-/// Elementwise boolean operations with broadcasting (`bool` in and out).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum LogicalOp {
-    And,
-    Or,
-    Xor,
+op_family! {
+    /// Elementwise boolean operations with broadcasting (`bool` in and out).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(missing_docs)]
+    pub enum LogicalOp {
+        And => "and",
+        Or => "or",
+        Xor => "xor",
+    }
 }
 
 impl LogicalOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            LogicalOp::And => "and",
-            LogicalOp::Or => "or",
-            LogicalOp::Xor => "xor",
-        }
-    }
-
     /// Scalar semantics.
     pub fn apply(&self, a: bool, b: bool) -> bool {
         match self {
@@ -521,34 +428,25 @@ impl LogicalOp {
     }
 }
 
-/// Bitwise operations on integers with numpy broadcasting (same type in
-/// and out, every integer type). Shifts follow numpy's `left_shift` /
-/// `right_shift` (the ONNX `BitShift` reference): bits shifted out are
-/// dropped, a right shift of a signed value is arithmetic, and an amount
-/// out of range (negative, or the bit width or more) gives 0, or -1 for a
-/// right shift of a negative value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum BitwiseOp {
-    And,
-    Or,
-    Xor,
-    ShiftLeft,
-    ShiftRight,
+op_family! {
+    /// Bitwise operations on integers with numpy broadcasting (same type in
+    /// and out, every integer type). Shifts follow numpy's `left_shift` /
+    /// `right_shift` (the ONNX `BitShift` reference): bits shifted out are
+    /// dropped, a right shift of a signed value is arithmetic, and an amount
+    /// out of range (negative, or the bit width or more) gives 0, or -1 for a
+    /// right shift of a negative value.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(missing_docs)]
+    pub enum BitwiseOp {
+        And => "bitwise_and",
+        Or => "bitwise_or",
+        Xor => "bitwise_xor",
+        ShiftLeft => "shift_left",
+        ShiftRight => "shift_right",
+    }
 }
 
 impl BitwiseOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            BitwiseOp::And => "bitwise_and",
-            BitwiseOp::Or => "bitwise_or",
-            BitwiseOp::Xor => "bitwise_xor",
-            BitwiseOp::ShiftLeft => "shift_left",
-            BitwiseOp::ShiftRight => "shift_right",
-        }
-    }
-
     /// Whether the op is a shift.
     pub fn is_shift(&self) -> bool {
         matches!(self, BitwiseOp::ShiftLeft | BitwiseOp::ShiftRight)
@@ -573,53 +471,26 @@ impl BitwiseOp {
     }
 }
 
-/// Reductions over a set of axes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum ReduceOp {
-    Sum,
-    Mean,
-    Max,
-    Min,
-    Prod,
-    L1,
-    L2,
-    LogSum,
-    LogSumExp,
-    SumSquare,
+op_family! {
+    /// Reductions over a set of axes (their attributes, `axes` and
+    /// `keep_dims`, are [`Op::Reduce`]'s).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(missing_docs)]
+    pub enum ReduceOp {
+        Sum => "reduce_sum",
+        Mean => "reduce_mean",
+        Max => "reduce_max",
+        Min => "reduce_min",
+        Prod => "reduce_prod",
+        L1 => "reduce_l1",
+        L2 => "reduce_l2",
+        LogSum => "reduce_log_sum",
+        LogSumExp => "reduce_log_sum_exp",
+        SumSquare => "reduce_sum_square",
+    }
 }
 
 impl ReduceOp {
-    /// Text-format name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "reduce_sum",
-            ReduceOp::Mean => "reduce_mean",
-            ReduceOp::Max => "reduce_max",
-            ReduceOp::Min => "reduce_min",
-            ReduceOp::Prod => "reduce_prod",
-            ReduceOp::L1 => "reduce_l1",
-            ReduceOp::L2 => "reduce_l2",
-            ReduceOp::LogSum => "reduce_log_sum",
-            ReduceOp::LogSumExp => "reduce_log_sum_exp",
-            ReduceOp::SumSquare => "reduce_sum_square",
-        }
-    }
-
-    /// Every reduction, in text-format order.
-    pub const ALL: [ReduceOp; 10] = [
-        ReduceOp::Sum,
-        ReduceOp::Mean,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::Prod,
-        ReduceOp::L1,
-        ReduceOp::L2,
-        ReduceOp::LogSum,
-        ReduceOp::LogSumExp,
-        ReduceOp::SumSquare,
-    ];
-
     /// Whether the op is defined on integer inputs too (otherwise float only).
     pub fn accepts_int(&self) -> bool {
         matches!(
@@ -1190,46 +1061,6 @@ impl Op {
         }
     }
 
-    /// Text-format name of the op.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::Input { .. } => "input",
-            Op::Constant(_) => "const",
-            Op::Unary(u) => u.name(),
-            Op::Binary(b) => b.name(),
-            Op::MatMul => "matmul",
-            Op::MatMulInteger => "matmul_integer",
-            Op::Gemm { .. } => "gemm",
-            Op::Conv(_) => "conv",
-            Op::ConvInteger(_) => "conv_integer",
-            Op::MaxPool(_) => "max_pool",
-            Op::AveragePool { .. } => "average_pool",
-            Op::GlobalAveragePool => "global_average_pool",
-            Op::GlobalMaxPool => "global_max_pool",
-            Op::Softmax { .. } => "softmax",
-            Op::Attention { .. } => "attention",
-            Op::Reshape { .. } => "reshape",
-            Op::Transpose { .. } => "transpose",
-            Op::Concat { .. } => "concat",
-            Op::Gather { .. } => "gather",
-            Op::Slice { .. } => "slice",
-            Op::Cast { .. } => "cast",
-            Op::Bitcast { .. } => "bitcast",
-            Op::Compare(c) => c.name(),
-            Op::Logical(l) => l.name(),
-            Op::Not => "not",
-            Op::Bitwise(b) => b.name(),
-            Op::BitwiseNot => "bitwise_not",
-            Op::Where => "where",
-            Op::Reduce { op, .. } => op.name(),
-            Op::Expand { .. } => "expand",
-            Op::LayerNorm { .. } => "layer_norm",
-            Op::Resize(_) => "resize",
-            Op::Col2Im(_) => "col2im",
-            Op::Fused(_) => "fused",
-        }
-    }
-
     /// The number of inputs the op takes, as an inclusive range.
     pub fn arity(&self) -> (usize, usize) {
         match self {
@@ -1248,5 +1079,46 @@ impl Op {
             Op::Fused(k) => (k.num_inputs(), k.num_inputs()),
             _ => (1, 1),
         }
+    }
+}
+
+op_table! {
+    families {
+        Unary.0: UnaryOp [],
+        Binary.0: BinaryOp [],
+        Compare.0: CompareOp [],
+        Logical.0: LogicalOp [],
+        Bitwise.0: BitwiseOp [],
+        Reduce.op: ReduceOp [axes, keep_dims],
+    }
+    ops {
+        Input => "input" [index],
+        Constant => "const" [],
+        MatMul => "matmul" [],
+        MatMulInteger => "matmul_integer" [],
+        Gemm => "gemm" [alpha, beta, trans_a, trans_b],
+        Conv => "conv" [strides, pads, dilations, group],
+        ConvInteger => "conv_integer" [strides, pads, dilations, group],
+        MaxPool => "max_pool" [kernel, strides, pads, dilations, ceil_mode],
+        AveragePool => "average_pool" [kernel, strides, pads, dilations, ceil_mode, count_include_pad],
+        GlobalAveragePool => "global_average_pool" [],
+        GlobalMaxPool => "global_max_pool" [],
+        Softmax => "softmax" [axis],
+        Attention => "attention" [scale],
+        Reshape => "reshape" [shape],
+        Transpose => "transpose" [perm],
+        Concat => "concat" [axis],
+        Gather => "gather" [axis],
+        Slice => "slice" [axes],
+        Cast => "cast" [to],
+        Bitcast => "bitcast" [to],
+        Not => "not" [],
+        BitwiseNot => "bitwise_not" [],
+        Where => "where" [],
+        Expand => "expand" [shape],
+        LayerNorm => "layer_norm" [axis, epsilon],
+        Resize => "resize" [shape, scales, coord, mode, nearest, cubic_a, exclude_outside],
+        Col2Im => "col2im" [grid, image, block, strides, dilations, pads],
+        Fused => "fused" [head, head_inputs, store, body, alpha, beta, trans_a, trans_b, strides, pads, dilations, group],
     }
 }

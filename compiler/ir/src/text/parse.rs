@@ -7,8 +7,8 @@ use crate::op::{
     Col2Im, Conv2d, CoordinateTransform, NearestRounding, Pool2d, Resize, ResizeMode, SliceAxis,
 };
 use crate::{
-    BinaryOp, BitwiseOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp, NodeId, Op,
-    ReduceOp, Shape, Tensor, UnaryOp, ValueType,
+    AttributeReader, BinaryOp, BitwiseOp, CompareOp, DType, Data, Graph, Ints, IrError, LogicalOp,
+    NodeId, Op, ReduceOp, Shape, Tensor, UnaryOp, ValueType,
 };
 use half::{bf16, f16};
 use smallvec::SmallVec;
@@ -298,7 +298,7 @@ impl Parser {
         let declared = self.ty()?;
         self.expect_punct('=', "after the value's type")?;
         let (op_name, op_line) = self.expect_ident("an op name")?;
-        if op_name == "input" || !OPS.iter().any(|(n, _)| *n == op_name) {
+        if op_name == "input" || !Op::vocabulary().iter().any(|(n, _)| *n == op_name) {
             // Report an unknown op before anything about its operands.
             return Err(build_op(&op_name, op_line, vec![]).expect_err("unknown op"));
         }
@@ -894,152 +894,6 @@ impl Attrs {
     }
 }
 
-/// Every op name of the text format with its attributes (for the unknown-op
-/// and unknown-attribute messages).
-const OPS: &[(&str, &[&str])] = &[
-    ("relu", &[]),
-    ("leaky_relu", &["alpha"]),
-    ("sigmoid", &[]),
-    ("tanh", &[]),
-    ("hard_sigmoid", &["alpha", "beta"]),
-    ("hard_swish", &[]),
-    ("clip", &["min", "max"]),
-    ("neg", &[]),
-    ("abs", &[]),
-    ("sqrt", &[]),
-    ("exp", &[]),
-    ("log", &[]),
-    ("reciprocal", &[]),
-    ("floor", &[]),
-    ("ceil", &[]),
-    ("add", &[]),
-    ("sub", &[]),
-    ("mul", &[]),
-    ("div", &[]),
-    ("pow", &[]),
-    ("max", &[]),
-    ("min", &[]),
-    ("matmul", &[]),
-    ("matmul_integer", &[]),
-    ("gemm", &["alpha", "beta", "trans_a", "trans_b"]),
-    ("conv", &["strides", "pads", "dilations", "group"]),
-    ("conv_integer", &["strides", "pads", "dilations", "group"]),
-    (
-        "max_pool",
-        &["kernel", "strides", "pads", "dilations", "ceil_mode"],
-    ),
-    (
-        "average_pool",
-        &[
-            "kernel",
-            "strides",
-            "pads",
-            "dilations",
-            "ceil_mode",
-            "count_include_pad",
-        ],
-    ),
-    ("global_average_pool", &[]),
-    ("global_max_pool", &[]),
-    ("softmax", &["axis"]),
-    ("attention", &["scale"]),
-    ("reshape", &["shape"]),
-    ("transpose", &["perm"]),
-    ("concat", &["axis"]),
-    ("gather", &["axis"]),
-    ("slice", &["axes"]),
-    ("cast", &["to"]),
-    ("bitcast", &["to"]),
-    ("equal", &[]),
-    ("less", &[]),
-    ("greater", &[]),
-    ("less_or_equal", &[]),
-    ("greater_or_equal", &[]),
-    ("and", &[]),
-    ("or", &[]),
-    ("xor", &[]),
-    ("not", &[]),
-    ("bitwise_and", &[]),
-    ("bitwise_or", &[]),
-    ("bitwise_xor", &[]),
-    ("shift_left", &[]),
-    ("shift_right", &[]),
-    ("bitwise_not", &[]),
-    ("where", &[]),
-    ("reduce_sum", &["axes", "keep_dims"]),
-    ("reduce_mean", &["axes", "keep_dims"]),
-    ("reduce_max", &["axes", "keep_dims"]),
-    ("reduce_min", &["axes", "keep_dims"]),
-    ("reduce_prod", &["axes", "keep_dims"]),
-    ("reduce_l1", &["axes", "keep_dims"]),
-    ("reduce_l2", &["axes", "keep_dims"]),
-    ("reduce_log_sum", &["axes", "keep_dims"]),
-    ("reduce_log_sum_exp", &["axes", "keep_dims"]),
-    ("reduce_sum_square", &["axes", "keep_dims"]),
-    ("round", &[]),
-    ("sign", &[]),
-    ("erf", &[]),
-    ("gelu", &["tanh"]),
-    ("elu", &["alpha"]),
-    ("selu", &["alpha", "gamma"]),
-    ("celu", &["alpha"]),
-    ("softplus", &[]),
-    ("softsign", &[]),
-    ("mish", &[]),
-    ("thresholded_relu", &["alpha"]),
-    ("shrink", &["bias", "lambd"]),
-    ("sin", &[]),
-    ("cos", &[]),
-    ("tan", &[]),
-    ("asin", &[]),
-    ("acos", &[]),
-    ("atan", &[]),
-    ("sinh", &[]),
-    ("cosh", &[]),
-    ("asinh", &[]),
-    ("acosh", &[]),
-    ("atanh", &[]),
-    ("mod", &[]),
-    ("fmod", &[]),
-    ("prelu", &[]),
-    ("expand", &["shape"]),
-    ("layer_norm", &["axis", "epsilon"]),
-    (
-        "resize",
-        &[
-            "shape",
-            "scales",
-            "coord",
-            "mode",
-            "nearest",
-            "cubic_a",
-            "exclude_outside",
-        ],
-    ),
-    (
-        "col2im",
-        &["grid", "image", "block", "strides", "dilations", "pads"],
-    ),
-    (
-        "fused",
-        &[
-            "head",
-            "head_inputs",
-            "store",
-            "body",
-            "alpha",
-            "beta",
-            "trans_a",
-            "trans_b",
-            "strides",
-            "pads",
-            "dilations",
-            "group",
-        ],
-    ),
-    ("const", &[]),
-];
-
 /// A fused kernel's body: `op(reg, ...) {attrs}, ...` with registers
 /// `x<i>` (program input `i`) and `t<j>` (instruction `j`'s result). The
 /// program has as many inputs as the highest `x` index read, plus one.
@@ -1134,195 +988,105 @@ fn build_op(
         line,
         items,
     };
-    let op = match name {
-        "relu" => Op::Unary(UnaryOp::Relu),
-        "leaky_relu" => Op::Unary(UnaryOp::LeakyRelu {
-            alpha: a.optional("alpha", 0.01, Attrs::f32)?,
-        }),
-        "sigmoid" => Op::Unary(UnaryOp::Sigmoid),
-        "tanh" => Op::Unary(UnaryOp::Tanh),
-        "hard_sigmoid" => Op::Unary(UnaryOp::HardSigmoid {
-            alpha: a.optional("alpha", 0.2, Attrs::f32)?,
-            beta: a.optional("beta", 0.5, Attrs::f32)?,
-        }),
-        "hard_swish" => Op::Unary(UnaryOp::HardSwish),
-        "clip" => Op::Unary(UnaryOp::Clip {
-            min: a.optional("min", f32::NEG_INFINITY, Attrs::f32)?,
-            max: a.optional("max", f32::INFINITY, Attrs::f32)?,
-        }),
-        "neg" => Op::Unary(UnaryOp::Neg),
-        "abs" => Op::Unary(UnaryOp::Abs),
-        "sqrt" => Op::Unary(UnaryOp::Sqrt),
-        "exp" => Op::Unary(UnaryOp::Exp),
-        "log" => Op::Unary(UnaryOp::Log),
-        "reciprocal" => Op::Unary(UnaryOp::Reciprocal),
-        "floor" => Op::Unary(UnaryOp::Floor),
-        "ceil" => Op::Unary(UnaryOp::Ceil),
-        "round" => Op::Unary(UnaryOp::Round),
-        "sign" => Op::Unary(UnaryOp::Sign),
-        "erf" => Op::Unary(UnaryOp::Erf),
-        "gelu" => Op::Unary(UnaryOp::Gelu {
-            tanh: a.optional("tanh", false, Attrs::bool)?,
-        }),
-        "elu" => Op::Unary(UnaryOp::Elu {
-            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
-        }),
-        "selu" => Op::Unary(UnaryOp::Selu {
-            alpha: a.optional("alpha", 1.673_263_2, Attrs::f32)?,
-            gamma: a.optional("gamma", 1.050_701, Attrs::f32)?,
-        }),
-        "celu" => Op::Unary(UnaryOp::Celu {
-            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
-        }),
-        "softplus" => Op::Unary(UnaryOp::Softplus),
-        "softsign" => Op::Unary(UnaryOp::Softsign),
-        "mish" => Op::Unary(UnaryOp::Mish),
-        "thresholded_relu" => Op::Unary(UnaryOp::ThresholdedRelu {
-            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
-        }),
-        "shrink" => Op::Unary(UnaryOp::Shrink {
-            bias: a.optional("bias", 0.0, Attrs::f32)?,
-            lambd: a.optional("lambd", 0.5, Attrs::f32)?,
-        }),
-        "sin" => Op::Unary(UnaryOp::Sin),
-        "cos" => Op::Unary(UnaryOp::Cos),
-        "tan" => Op::Unary(UnaryOp::Tan),
-        "asin" => Op::Unary(UnaryOp::Asin),
-        "acos" => Op::Unary(UnaryOp::Acos),
-        "atan" => Op::Unary(UnaryOp::Atan),
-        "sinh" => Op::Unary(UnaryOp::Sinh),
-        "cosh" => Op::Unary(UnaryOp::Cosh),
-        "asinh" => Op::Unary(UnaryOp::Asinh),
-        "acosh" => Op::Unary(UnaryOp::Acosh),
-        "atanh" => Op::Unary(UnaryOp::Atanh),
-        "mod" => Op::Binary(BinaryOp::Mod),
-        "fmod" => Op::Binary(BinaryOp::Fmod),
-        "prelu" => Op::Binary(BinaryOp::PRelu),
-        "expand" => Op::Expand {
-            shape: a.required("shape", Attrs::ints)?,
-        },
-        "attention" => Op::Attention {
-            scale: a.required("scale", Attrs::f32)?,
-        },
-        "layer_norm" => Op::LayerNorm {
-            axis: a.required("axis", Attrs::usize)?,
-            epsilon: a.optional("epsilon", 1e-5, Attrs::f32)?,
-        },
-        "resize" => Op::Resize(a.resize()?),
-        "col2im" => Op::Col2Im(Col2Im {
-            grid: a.required("grid", Attrs::array::<2>)?,
-            image: a.required("image", Attrs::array::<2>)?,
-            block: a.required("block", Attrs::array::<2>)?,
-            strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
-            dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
-            pads: a.optional("pads", [0, 0], Attrs::array::<2>)?,
-        }),
-        "fused" => a.fused()?,
-        "add" => Op::Binary(BinaryOp::Add),
-        "sub" => Op::Binary(BinaryOp::Sub),
-        "mul" => Op::Binary(BinaryOp::Mul),
-        "div" => Op::Binary(BinaryOp::Div),
-        "pow" => Op::Binary(BinaryOp::Pow),
-        "max" => Op::Binary(BinaryOp::Max),
-        "min" => Op::Binary(BinaryOp::Min),
-        "matmul" => Op::MatMul,
-        "matmul_integer" => Op::MatMulInteger,
-        "gemm" => Op::Gemm {
-            alpha: a.optional("alpha", 1.0, Attrs::f32)?,
-            beta: a.optional("beta", 1.0, Attrs::f32)?,
-            trans_a: a.optional("trans_a", false, Attrs::bool)?,
-            trans_b: a.optional("trans_b", false, Attrs::bool)?,
-        },
-        "conv" | "conv_integer" => {
-            let c = Conv2d {
-                strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
-                pads: a.optional("pads", [0; 4], Attrs::array::<4>)?,
-                dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
-                group: a.optional("group", 1, Attrs::usize)?,
-            };
-            if name == "conv" {
-                Op::Conv(c)
-            } else {
-                Op::ConvInteger(c)
+    let op =
+        if let Some(op) = family_op(name, &mut a)? {
+            op
+        } else {
+            match name {
+                "expand" => Op::Expand {
+                    shape: a.required("shape", Attrs::ints)?,
+                },
+                "attention" => Op::Attention {
+                    scale: a.required("scale", Attrs::f32)?,
+                },
+                "layer_norm" => Op::LayerNorm {
+                    axis: a.required("axis", Attrs::usize)?,
+                    epsilon: a.optional("epsilon", 1e-5, Attrs::f32)?,
+                },
+                "resize" => Op::Resize(a.resize()?),
+                "col2im" => Op::Col2Im(Col2Im {
+                    grid: a.required("grid", Attrs::array::<2>)?,
+                    image: a.required("image", Attrs::array::<2>)?,
+                    block: a.required("block", Attrs::array::<2>)?,
+                    strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
+                    dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
+                    pads: a.optional("pads", [0, 0], Attrs::array::<2>)?,
+                }),
+                "fused" => a.fused()?,
+                "matmul" => Op::MatMul,
+                "matmul_integer" => Op::MatMulInteger,
+                "gemm" => Op::Gemm {
+                    alpha: a.optional("alpha", 1.0, Attrs::f32)?,
+                    beta: a.optional("beta", 1.0, Attrs::f32)?,
+                    trans_a: a.optional("trans_a", false, Attrs::bool)?,
+                    trans_b: a.optional("trans_b", false, Attrs::bool)?,
+                },
+                "conv" | "conv_integer" => {
+                    let c = Conv2d {
+                        strides: a.optional("strides", [1, 1], Attrs::array::<2>)?,
+                        pads: a.optional("pads", [0; 4], Attrs::array::<4>)?,
+                        dilations: a.optional("dilations", [1, 1], Attrs::array::<2>)?,
+                        group: a.optional("group", 1, Attrs::usize)?,
+                    };
+                    if name == "conv" {
+                        Op::Conv(c)
+                    } else {
+                        Op::ConvInteger(c)
+                    }
+                }
+                "max_pool" => Op::MaxPool(a.pool()?),
+                "average_pool" => Op::AveragePool {
+                    pool: a.pool()?,
+                    count_include_pad: a.optional("count_include_pad", false, Attrs::bool)?,
+                },
+                "global_average_pool" => Op::GlobalAveragePool,
+                "global_max_pool" => Op::GlobalMaxPool,
+                "softmax" => Op::Softmax {
+                    axis: a.required("axis", Attrs::usize)?,
+                },
+                "reshape" => Op::Reshape {
+                    shape: a.required("shape", Attrs::ints)?,
+                },
+                "transpose" => Op::Transpose {
+                    perm: a.required("perm", Attrs::ints)?,
+                },
+                "concat" => Op::Concat {
+                    axis: a.required("axis", Attrs::usize)?,
+                },
+                "gather" => Op::Gather {
+                    axis: a.optional("axis", 0, Attrs::usize)?,
+                },
+                "slice" => Op::Slice {
+                    axes: a.required("axes", Attrs::slice_axes)?,
+                },
+                "cast" => Op::Cast {
+                    to: a.required("to", Attrs::dtype)?,
+                },
+                "bitcast" => Op::Bitcast {
+                    to: a.required("to", Attrs::dtype)?,
+                },
+                "not" => Op::Not,
+                "bitwise_not" => Op::BitwiseNot,
+                "where" => Op::Where,
+                "input" => return Err(err(
+                    line,
+                    "graph inputs are declared in the `graph(...)` header, not as `input` nodes",
+                )),
+                other => {
+                    let names: Vec<&str> = Op::vocabulary()
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .filter(|&n| n != "input")
+                        .collect();
+                    return Err(err(
+                        line,
+                        format!("unknown op `{other}` (known ops: {})", names.join(", ")),
+                    ));
+                }
             }
-        }
-        "max_pool" => Op::MaxPool(a.pool()?),
-        "average_pool" => Op::AveragePool {
-            pool: a.pool()?,
-            count_include_pad: a.optional("count_include_pad", false, Attrs::bool)?,
-        },
-        "global_average_pool" => Op::GlobalAveragePool,
-        "global_max_pool" => Op::GlobalMaxPool,
-        "softmax" => Op::Softmax {
-            axis: a.required("axis", Attrs::usize)?,
-        },
-        "reshape" => Op::Reshape {
-            shape: a.required("shape", Attrs::ints)?,
-        },
-        "transpose" => Op::Transpose {
-            perm: a.required("perm", Attrs::ints)?,
-        },
-        "concat" => Op::Concat {
-            axis: a.required("axis", Attrs::usize)?,
-        },
-        "gather" => Op::Gather {
-            axis: a.optional("axis", 0, Attrs::usize)?,
-        },
-        "slice" => Op::Slice {
-            axes: a.required("axes", Attrs::slice_axes)?,
-        },
-        "cast" => Op::Cast {
-            to: a.required("to", Attrs::dtype)?,
-        },
-        "bitcast" => Op::Bitcast {
-            to: a.required("to", Attrs::dtype)?,
-        },
-        "equal" => Op::Compare(CompareOp::Equal),
-        "less" => Op::Compare(CompareOp::Less),
-        "greater" => Op::Compare(CompareOp::Greater),
-        "less_or_equal" => Op::Compare(CompareOp::LessOrEqual),
-        "greater_or_equal" => Op::Compare(CompareOp::GreaterOrEqual),
-        "and" => Op::Logical(LogicalOp::And),
-        "or" => Op::Logical(LogicalOp::Or),
-        "xor" => Op::Logical(LogicalOp::Xor),
-        "not" => Op::Not,
-        "bitwise_and" => Op::Bitwise(BitwiseOp::And),
-        "bitwise_or" => Op::Bitwise(BitwiseOp::Or),
-        "bitwise_xor" => Op::Bitwise(BitwiseOp::Xor),
-        "shift_left" => Op::Bitwise(BitwiseOp::ShiftLeft),
-        "shift_right" => Op::Bitwise(BitwiseOp::ShiftRight),
-        "bitwise_not" => Op::BitwiseNot,
-        "where" => Op::Where,
-        r if r.starts_with("reduce_") && ReduceOp::ALL.iter().any(|o| o.name() == r) => {
-            Op::Reduce {
-                op: *ReduceOp::ALL
-                    .iter()
-                    .find(|o| o.name() == r)
-                    .expect("checked"),
-                axes: a.required("axes", Attrs::ints)?,
-                keep_dims: a.optional("keep_dims", true, Attrs::bool)?,
-            }
-        }
-        "input" => {
-            return Err(err(
-                line,
-                "graph inputs are declared in the `graph(...)` header, not as `input` nodes",
-            ))
-        }
-        other => {
-            let names: Vec<&str> = OPS.iter().map(|(n, _)| *n).collect();
-            return Err(err(
-                line,
-                format!("unknown op `{other}` (known ops: {})", names.join(", ")),
-            ));
-        }
-    };
+        };
     if let Some((attr, _, attr_line)) = a.items.first() {
-        let known = OPS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, attrs)| *attrs)
-            .unwrap_or(&[]);
+        let known = op.attribute_names();
         let message = if known.is_empty() {
             format!("{name} has no attributes, got `{attr}`")
         } else {
@@ -1334,4 +1098,41 @@ fn build_op(
         return Err(err(*attr_line, message));
     }
     Ok(op)
+}
+
+/// The family op `name` with its attributes, `None` when `name` names no
+/// family op.
+fn family_op(name: &str, a: &mut Attrs) -> Result<Option<Op>, IrError> {
+    Ok(Some(if let Some(op) = UnaryOp::from_name(name) {
+        Op::Unary(op.read_attributes(a)?)
+    } else if let Some(op) = BinaryOp::from_name(name) {
+        Op::Binary(op.read_attributes(a)?)
+    } else if let Some(op) = CompareOp::from_name(name) {
+        Op::Compare(op.read_attributes(a)?)
+    } else if let Some(op) = LogicalOp::from_name(name) {
+        Op::Logical(op.read_attributes(a)?)
+    } else if let Some(op) = BitwiseOp::from_name(name) {
+        Op::Bitwise(op.read_attributes(a)?)
+    } else if let Some(op) = ReduceOp::from_name(name) {
+        Op::Reduce {
+            op: op.read_attributes(a)?,
+            axes: a.required("axes", Attrs::ints)?,
+            keep_dims: a.optional("keep_dims", true, Attrs::bool)?,
+        }
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// The text's attributes of a family op, read by the family's table.
+impl AttributeReader for Attrs {
+    type Error = IrError;
+
+    fn read_f32(&mut self, name: &'static str, default: f32) -> Result<f32, IrError> {
+        self.optional(name, default, Attrs::f32)
+    }
+
+    fn read_bool(&mut self, name: &'static str, default: bool) -> Result<bool, IrError> {
+        self.optional(name, default, Attrs::bool)
+    }
 }

@@ -2,7 +2,7 @@
 
 use super::{PrintOptions, DENSE_LIMIT};
 use crate::op::{Conv2d, Pool2d, ResizeMode};
-use crate::{Data, Graph, NodeId, Op, Tensor, UnaryOp};
+use crate::{Attribute, Data, Graph, NodeId, Op, Tensor};
 use half::{bf16, f16};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -79,44 +79,19 @@ pub(super) fn print_graph(g: &Graph, opts: &PrintOptions) -> String {
 pub(super) fn attributes(op: &Op) -> Vec<String> {
     match op {
         Op::Input { index } => vec![format!("index={index}")],
+        Op::Unary(op) => family_attributes(op.attributes()),
+        Op::Binary(op) => family_attributes(op.attributes()),
+        Op::Compare(op) => family_attributes(op.attributes()),
+        Op::Logical(op) => family_attributes(op.attributes()),
+        Op::Bitwise(op) => family_attributes(op.attributes()),
         Op::Constant(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Logical(_)
         | Op::Not
-        | Op::Bitwise(_)
         | Op::BitwiseNot
         | Op::Where
         | Op::MatMul
         | Op::MatMulInteger
         | Op::GlobalAveragePool
         | Op::GlobalMaxPool => vec![],
-        Op::Unary(u) => match *u {
-            UnaryOp::LeakyRelu { alpha } => vec![format!("alpha={}", fmt_f32(alpha))],
-            UnaryOp::HardSigmoid { alpha, beta } => vec![
-                format!("alpha={}", fmt_f32(alpha)),
-                format!("beta={}", fmt_f32(beta)),
-            ],
-            UnaryOp::Clip { min, max } => vec![
-                format!("min={}", fmt_f32(min)),
-                format!("max={}", fmt_f32(max)),
-            ],
-            UnaryOp::Gelu { tanh } => vec![format!("tanh={tanh}")],
-            UnaryOp::Elu { alpha }
-            | UnaryOp::Celu { alpha }
-            | UnaryOp::ThresholdedRelu { alpha } => {
-                vec![format!("alpha={}", fmt_f32(alpha))]
-            }
-            UnaryOp::Selu { alpha, gamma } => vec![
-                format!("alpha={}", fmt_f32(alpha)),
-                format!("gamma={}", fmt_f32(gamma)),
-            ],
-            UnaryOp::Shrink { bias, lambd } => vec![
-                format!("bias={}", fmt_f32(bias)),
-                format!("lambd={}", fmt_f32(lambd)),
-            ],
-            _ => vec![],
-        },
         Op::Gemm {
             alpha,
             beta,
@@ -168,11 +143,15 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
         }
         Op::Cast { to } | Op::Bitcast { to } => vec![format!("to={to}")],
         Op::Reduce {
-            axes, keep_dims, ..
-        } => vec![
-            format!("axes={}", ints(axes)),
-            format!("keep_dims={keep_dims}"),
-        ],
+            op,
+            axes,
+            keep_dims,
+        } => {
+            let mut attrs = family_attributes(op.attributes());
+            attrs.push(format!("axes={}", ints(axes)));
+            attrs.push(format!("keep_dims={keep_dims}"));
+            attrs
+        }
         Op::Attention { scale } => vec![format!("scale={}", fmt_f32(*scale))],
         Op::LayerNorm { axis, epsilon } => {
             vec![
@@ -231,6 +210,17 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             format!("pads={}", ints(&c.pads)),
         ],
     }
+}
+
+/// A family op's attributes as its table gives them.
+fn family_attributes(attrs: Vec<(&str, Attribute)>) -> Vec<String> {
+    attrs
+        .into_iter()
+        .map(|(name, value)| match value {
+            Attribute::F32(x) => format!("{name}={}", fmt_f32(x)),
+            Attribute::Bool(b) => format!("{name}={b}"),
+        })
+        .collect()
 }
 
 fn pool_attributes(p: &Pool2d) -> Vec<String> {

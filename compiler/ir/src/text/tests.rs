@@ -963,3 +963,56 @@ fn round_trip_resize_with_antialias_and_roi() {
         "{text}"
     );
 }
+
+/// The family tables name, print and parse every family op: written
+/// without attributes, an op parses to its table defaults, prints the
+/// attributes the table lists and parses back from the print.
+#[test]
+fn every_family_op_parses_from_its_name_and_round_trips() {
+    let header = "graph(%0: f32[2,3] \"x\", %1: f32[2,3] \"y\") {\n";
+    let family_ops = UnaryOp::ALL
+        .map(Op::Unary)
+        .into_iter()
+        .chain(BinaryOp::ALL.map(Op::Binary))
+        .chain(CompareOp::ALL.map(Op::Compare));
+    for op in family_ops {
+        let args = if op.arity().0 == 1 { "%0" } else { "%0, %1" };
+        let out = if matches!(op, Op::Compare(_)) {
+            "bool"
+        } else {
+            "f32"
+        };
+        let text = format!(
+            "{header}  %2: {out}[2,3] = {}({args})\n  return %2 \"z\"\n}}\n",
+            op.name()
+        );
+        let g = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let parsed = &g.node(g.outputs()[0].1).op;
+        assert!(same_op(parsed, &op), "{} parses to {parsed:?}", op.name());
+        let printed: Vec<String> = super::op_attributes(&op)
+            .into_iter()
+            .map(|a| a.split('=').next().unwrap().to_string())
+            .collect();
+        assert_eq!(printed, op.attribute_names(), "{}", op.name());
+        round_trip(&g);
+    }
+}
+
+/// Every name of the vocabulary but `input` (declared in the header) is
+/// an op the parser knows.
+#[test]
+fn the_parser_knows_every_op_of_the_vocabulary() {
+    let header = "graph(%0: f32[2,3] \"x\") {\n";
+    for (name, _) in Op::vocabulary() {
+        let text = format!("{header}  %1: f32[2,3] = {name}(%0)\n  return %1\n}}\n");
+        let message = parse(&text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            message.contains("unknown op") || message.contains("graph inputs are declared"),
+            name == "input",
+            "{name}: {message}"
+        );
+    }
+}
