@@ -5,7 +5,7 @@ use super::build::{cast_to, reshape_to, scalar};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, LogicalOp, Op, UnaryOp};
+use kiln_ir::{AttributeReader, BinaryOp, CompareOp, DType, Data, LogicalOp, Op, UnaryOp};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -172,39 +172,64 @@ pub fn gelu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     unary(ctx, node, UnaryOp::Gelu { tanh })
 }
 
-/// `Elu` (alpha 1).
+/// A node's attributes as a unary op's table reads them.
+struct NodeAttributes<'a, 'm> {
+    ctx: &'a ImportCtx<'m>,
+    node: &'a NodeProto,
+}
+
+impl AttributeReader for NodeAttributes<'_, '_> {
+    type Error = OnnxError;
+
+    fn read_f32(&mut self, name: &'static str, default: f32) -> Result<f32, OnnxError> {
+        self.ctx.attr_f_or(self.node, name, default)
+    }
+
+    fn read_bool(&mut self, name: &'static str, default: bool) -> Result<bool, OnnxError> {
+        Ok(self.ctx.attr_i_or(self.node, name, default as i64)? != 0)
+    }
+}
+
+/// The IR unary op `name` (text format), its attributes read from the
+/// node: for the ops that come here the ONNX attributes are the IR's, with
+/// the same names and defaults (the table of [`UnaryOp`]).
+fn unary_op_named(ctx: &ImportCtx, node: &NodeProto, name: &str) -> Result<UnaryOp, OnnxError> {
+    UnaryOp::from_name(name)
+        .expect("an IR unary op")
+        .read_attributes(&mut NodeAttributes { ctx, node })
+}
+
+/// `Elu`.
 pub fn elu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
-    unary(ctx, node, UnaryOp::Elu { alpha })
+    let op = unary_op_named(ctx, node, "elu")?;
+    unary(ctx, node, op)
 }
 
 /// `Selu` (the defaults are the self-normalizing constants).
 pub fn selu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 1.673_263_2)?;
-    let gamma = ctx.attr_f_or(node, "gamma", 1.050_701)?;
-    unary(ctx, node, UnaryOp::Selu { alpha, gamma })
+    let op = unary_op_named(ctx, node, "selu")?;
+    unary(ctx, node, op)
 }
 
-/// `Celu` (alpha 1).
+/// `Celu` (alpha not 0).
 pub fn celu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
-    if alpha == 0.0 {
+    let op = unary_op_named(ctx, node, "celu")?;
+    if op == (UnaryOp::Celu { alpha: 0.0 }) {
         return Err(ctx.bad_attr("alpha", "must not be 0"));
     }
-    unary(ctx, node, UnaryOp::Celu { alpha })
+    unary(ctx, node, op)
 }
 
-/// `ThresholdedRelu` (alpha 1).
+/// `ThresholdedRelu`.
 pub fn thresholded_relu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 1.0)?;
-    unary(ctx, node, UnaryOp::ThresholdedRelu { alpha })
+    let op = unary_op_named(ctx, node, "thresholded_relu")?;
+    unary(ctx, node, op)
 }
 
-/// `Shrink` (bias 0, lambd 0.5).
+/// `Shrink`.
 pub fn shrink(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let bias = ctx.attr_f_or(node, "bias", 0.0)?;
-    let lambd = ctx.attr_f_or(node, "lambd", 0.5)?;
-    unary(ctx, node, UnaryOp::Shrink { bias, lambd })
+    let op = unary_op_named(ctx, node, "shrink")?;
+    unary(ctx, node, op)
 }
 
 /// `Mod`: `fmod=1` is C's fmod (the dividend's sign), `fmod=0` takes the
@@ -253,17 +278,16 @@ pub fn prelu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     one(ctx.op(Op::Binary(BinaryOp::PRelu), &[x, slope], None)?)
 }
 
-/// `LeakyRelu` (alpha defaults to 0.01).
+/// `LeakyRelu`.
 pub fn leaky_relu(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 0.01)?;
-    unary(ctx, node, UnaryOp::LeakyRelu { alpha })
+    let op = unary_op_named(ctx, node, "leaky_relu")?;
+    unary(ctx, node, op)
 }
 
-/// `HardSigmoid` (alpha 0.2, beta 0.5 by default).
+/// `HardSigmoid`.
 pub fn hard_sigmoid(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let alpha = ctx.attr_f_or(node, "alpha", 0.2)?;
-    let beta = ctx.attr_f_or(node, "beta", 0.5)?;
-    unary(ctx, node, UnaryOp::HardSigmoid { alpha, beta })
+    let op = unary_op_named(ctx, node, "hard_sigmoid")?;
+    unary(ctx, node, op)
 }
 
 /// `Clip`: limits are attributes before opset 11 and optional constant
