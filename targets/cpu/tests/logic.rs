@@ -5,13 +5,8 @@ mod common;
 use common::{check, check_rand, rand_tensor, Rng};
 use kiln_ir::{BitwiseOp, CompareOp, DType, Data, Graph, LogicalOp, Op, Tensor, ValueType};
 
-const COMPARE: [CompareOp; 5] = [
-    CompareOp::Equal,
-    CompareOp::Less,
-    CompareOp::Greater,
-    CompareOp::LessOrEqual,
-    CompareOp::GreaterOrEqual,
-];
+/// Every comparison of the IR.
+const COMPARE: [CompareOp; 5] = CompareOp::ALL;
 
 fn binary_graph(op: Op, dtype: DType, a: &[usize], b: &[usize]) -> Graph {
     let mut g = Graph::new();
