@@ -171,19 +171,13 @@ fn casts_compares_logic_where() {
     ] {
         run1(from, &[4, 9], Op::Cast { to });
     }
-    for op in [
-        CompareOp::Equal,
-        CompareOp::Less,
-        CompareOp::Greater,
-        CompareOp::LessOrEqual,
-        CompareOp::GreaterOrEqual,
-    ] {
+    for op in CompareOp::ALL {
         let (g, i) = graph2(DType::F32, &[3, 4], DType::F32, &[4], Op::Compare(op));
         check(&g, &i);
         let (g, i) = graph2(DType::I64, &[3, 4], DType::I64, &[3, 1], Op::Compare(op));
         check(&g, &i);
     }
-    for op in [LogicalOp::And, LogicalOp::Or, LogicalOp::Xor] {
+    for op in LogicalOp::ALL {
         let (g, i) = graph2(DType::Bool, &[2, 5], DType::Bool, &[5], Op::Logical(op));
         check(&g, &i);
     }
@@ -436,14 +430,7 @@ fn u64_has_unsigned_semantics() {
         BinaryOp::Min,
     ]
     .map(|op| (Op::Binary(op), &b));
-    let compare = [
-        CompareOp::Equal,
-        CompareOp::Less,
-        CompareOp::Greater,
-        CompareOp::LessOrEqual,
-        CompareOp::GreaterOrEqual,
-    ]
-    .map(|op| (Op::Compare(op), &b));
+    let compare = CompareOp::ALL.map(|op| (Op::Compare(op), &b));
     let bitwise = [
         BitwiseOp::And,
         BitwiseOp::Or,
