@@ -150,3 +150,22 @@ impl Policy {
                 .is_some_and(|plan| plan.entries.iter().any(|e| e.precision == Precision::Int8))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::Op;
+
+    #[test]
+    fn patterns_match_op_types_and_globs() {
+        let p = Pattern::list("Softmax, /encoder/layer.0/*").unwrap();
+        assert!(p[0].matches(&Op::Softmax { axis: 1 }, "x"));
+        assert!(p[1].matches(&Op::MatMul, "/encoder/layer.0/attention/MatMul"));
+        assert!(!p[1].matches(&Op::MatMul, "/encoder/layer.1/attention/MatMul"));
+        assert_eq!(
+            Policy::parse_force("int4=x"),
+            Err(PolicyError::UnknownPrecision("int4".into()))
+        );
+        assert!(Pattern::list("a,,b").is_err());
+    }
+}
