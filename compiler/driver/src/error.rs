@@ -55,3 +55,52 @@ pub enum DriverError {
         source: std::io::Error,
     },
 }
+
+/// What kind of failure a [`DriverError`] is, for a front end to report
+/// (the `kiln` command's exit codes): the one classification of every
+/// stage's errors, so no front end matches on the stages' own types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The model is unreadable or malformed.
+    BadModel,
+    /// The model needs something Kiln does not support (an op, a dtype, an
+    /// opset, an unbound dim, a shape past a limit).
+    Unsupported,
+    /// The options or their values cannot work.
+    Usage,
+    /// Calibration data does not fit the model.
+    BadInput,
+    /// A file could not be read or written (or a tool, ptxas, run).
+    Io,
+    /// A Kiln bug: a pass or an assembler failed on valid input.
+    Internal,
+}
+
+impl DriverError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DriverError::Onnx(o) => match o {
+                OnnxError::Io { .. } => ErrorKind::Io,
+                OnnxError::Unsupported(_)
+                | OnnxError::UnboundDim { .. }
+                | OnnxError::UnsupportedDType { .. }
+                | OnnxError::UnsupportedOpset { .. } => ErrorKind::Unsupported,
+                OnnxError::InputValue { .. } => ErrorKind::Usage,
+                _ => ErrorKind::BadModel,
+            },
+            DriverError::Pass(
+                PassError::UnknownPass { .. } | PassError::UnknownLevel(_) | PassError::Plan(_),
+            ) => ErrorKind::Usage,
+            DriverError::Pass(_) => ErrorKind::Internal,
+            DriverError::Cpu(_) | DriverError::ArenaTooLarge { .. } => ErrorKind::Unsupported,
+            DriverError::Cuda(CudaError::UnsupportedSm(_)) => ErrorKind::Usage,
+            DriverError::Cuda(CudaError::Ptxas(_)) => ErrorKind::Io,
+            DriverError::Cuda(CudaError::PtxasRejected { .. }) => ErrorKind::Internal,
+            DriverError::Cuda(_) => ErrorKind::Unsupported,
+            DriverError::Io { .. } => ErrorKind::Io,
+            DriverError::Calibration { .. } => ErrorKind::BadInput,
+            DriverError::Usage(_) => ErrorKind::Usage,
+        }
+    }
+}

@@ -33,7 +33,7 @@ pub mod report_html;
 pub mod signing;
 pub mod target;
 
-pub use error::DriverError;
+pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
 pub use options::{CompileOptions, DumpIr, Smooth, DEFAULT_MAX_ARENA_BYTES, DEFAULT_SMOOTH_ALPHA};
 pub use pipeline::{

@@ -22,8 +22,7 @@ use compile::CompileArgs;
 use inspect::InspectArgs;
 use keygen::KeygenArgs;
 use kiln_driver::npy::NpyError;
-use kiln_driver::DriverError;
-use kiln_onnx::OnnxError;
+use kiln_driver::{DriverError, ErrorKind};
 use run::RunArgs;
 use std::path::Path;
 
@@ -94,28 +93,13 @@ impl Failure {
 
 impl From<DriverError> for Failure {
     fn from(e: DriverError) -> Failure {
-        let code = match &e {
-            DriverError::Onnx(o) => match o {
-                OnnxError::Io { .. } => exit::IO,
-                OnnxError::Unsupported(_)
-                | OnnxError::UnboundDim { .. }
-                | OnnxError::UnsupportedDType { .. }
-                | OnnxError::UnsupportedOpset { .. } => exit::UNSUPPORTED,
-                OnnxError::InputValue { .. } => exit::USAGE,
-                _ => exit::BAD_MODEL,
-            },
-            DriverError::Pass(kiln_passes::PassError::UnknownPass { .. })
-            | DriverError::Pass(kiln_passes::PassError::UnknownLevel(_)) => exit::USAGE,
-            DriverError::Pass(kiln_passes::PassError::Plan(_)) => exit::USAGE,
-            DriverError::Pass(_) => exit::INTERNAL,
-            DriverError::Cpu(_) | DriverError::ArenaTooLarge { .. } => exit::UNSUPPORTED,
-            DriverError::Cuda(kiln_target_cuda::CudaError::UnsupportedSm(_)) => exit::USAGE,
-            DriverError::Cuda(kiln_target_cuda::CudaError::Ptxas(_)) => exit::IO,
-            DriverError::Cuda(kiln_target_cuda::CudaError::PtxasRejected { .. }) => exit::INTERNAL,
-            DriverError::Cuda(_) => exit::UNSUPPORTED,
-            DriverError::Io { .. } => exit::IO,
-            DriverError::Calibration { .. } => exit::BAD_INPUT,
-            DriverError::Usage(_) => exit::USAGE,
+        let code = match e.kind() {
+            ErrorKind::BadModel => exit::BAD_MODEL,
+            ErrorKind::Unsupported => exit::UNSUPPORTED,
+            ErrorKind::Usage => exit::USAGE,
+            ErrorKind::BadInput => exit::BAD_INPUT,
+            ErrorKind::Io => exit::IO,
+            ErrorKind::Internal => exit::INTERNAL,
         };
         Failure::new(code, e.to_string())
     }
