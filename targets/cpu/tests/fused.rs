@@ -605,6 +605,48 @@ fn per_column_operands_run_in_the_store_loop() {
     }
 }
 
+/// A convolution with one output pixel per image (a squeeze-excite 1×1 on
+/// a pooled map, a classifier conv whose window covers its input) runs as
+/// a fully connected GEMM, channels as columns: its per-channel operands
+/// (bias in the head, a per-channel scale in the program, a per-image
+/// shift) and hard-sigmoid still run in the store loop, on odd channel
+/// counts, 1 and 3 images.
+#[test]
+fn fully_connected_convolutions_keep_per_channel_epilogues() {
+    for (x, w) in [
+        (vec![1, 37, 1, 1], vec![21, 37, 1, 1]),
+        (vec![3, 40, 1, 1], vec![130, 40, 1, 1]),
+        (vec![3, 5, 7, 7], vec![19, 5, 7, 7]),
+    ] {
+        let (n, oc) = (x[0], w[0]);
+        let g = fused_graph(
+            Some((
+                conv(0, 1),
+                vec![
+                    Arg::Input(x.clone()),
+                    Arg::Const(w.clone()),
+                    Arg::Const(vec![oc]),
+                ],
+            )),
+            vec![Arg::Const(vec![1, oc, 1, 1]), Arg::Const(vec![n, 1, 1, 1])],
+            vec![
+                Instr::Binary(BinaryOp::Mul, r(0), r(1)),
+                Instr::Binary(BinaryOp::Add, r(3), r(2)),
+                Instr::Unary(
+                    UnaryOp::HardSigmoid {
+                        alpha: 0.2,
+                        beta: 0.5,
+                    },
+                    r(4),
+                ),
+            ],
+            41,
+        );
+        check(&g, 41);
+        assert!(!has_program_tail(&g), "{x:?} * {w:?}");
+    }
+}
+
 #[test]
 fn programs_the_store_loop_cannot_hold_keep_a_tail() {
     // A tanh has no step form: it stays a Cranelift tail.

@@ -97,6 +97,42 @@ fn check_kernel(g: &Graph, kernel: &str, what: &str) {
     }
 }
 
+/// One output pixel per image: a fully connected layer (images as rows,
+/// channels as columns), not a GEMM whose one column wastes 15 of 16
+/// lanes; a padded or grouped one declines to the other GEMMs.
+#[test]
+fn convolutions_with_one_output_pixel_run_as_fully_connected_layers() {
+    let cases = [
+        // Squeeze-excite 1x1 on a pooled map, odd channels, 3 images.
+        (
+            ConvCase::new([3, 37, 1, 1], 21, [1, 1]),
+            "fully-connected-gemm",
+        ),
+        // A classifier written as a 7x7 conv over a 7x7 map, 2 images.
+        (
+            ConvCase::new([2, 5, 7, 7], 19, [7, 7]),
+            "fully-connected-gemm",
+        ),
+        // Strides do not matter for one output pixel.
+        (
+            ConvCase::new([1, 8, 3, 3], 17, [3, 3]).strides([2, 2]),
+            "fully-connected-gemm",
+        ),
+        // Padded: the window does not read the input alone.
+        (
+            ConvCase::new([1, 8, 1, 1], 17, [3, 3]).pads([1, 1, 1, 1]),
+            "implicit-gemm",
+        ),
+    ];
+    for (case, kernel) in cases {
+        check_kernel(
+            &case.graph(),
+            &format!("avx512/{kernel}"),
+            &format!("{case:?}"),
+        );
+    }
+}
+
 #[test]
 fn grouped_convolutions_run_a_gemm_per_group() {
     let cases = [
@@ -325,13 +361,14 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     assert_eq!(
         tried,
         [
+            "avx512/fully-connected-gemm",
             "avx512/pointwise-gemm",
             "avx512/implicit-gemm",
             "avx512/im2col-gemm"
         ]
     );
     assert!(
-        k.declined[1..]
+        k.declined[2..]
             .iter()
             .all(|d| d.reason == "the weights are not a constant"),
         "{:?}",
