@@ -411,7 +411,11 @@ fn depthwise_graph(case: DepthwiseCase, bias: bool, rng: &mut Rng) -> Graph {
 fn depthwise_conv_with_masked_borders() {
     let mut rng = Rng::new(12);
     let mut seed = 900;
-    let cases: [DepthwiseCase; 9] = [
+    // Maps of one and two 16-pixel vectors split their taps over four and
+    // two accumulators (ConvNeXt's 7×7 window on 7×7), three do not.
+    let cases: [DepthwiseCase; 11] = [
+        ([1, 9, 7, 7], 1, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+        ([1, 3, 14, 47], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
         ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),
         ([1, 5, 3, 37], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
         ([2, 3, 7, 150], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),

@@ -21,6 +21,11 @@ use crate::plan::Loc;
 /// Most 16-pixel vectors accumulated together.
 const MAX_TILES: usize = 8;
 
+/// Independent accumulators a row's FMAs need: each FMA also loads an
+/// input vector and a weight, so two loads per cycle allow one FMA per
+/// cycle, which four chains of latency 4 sustain.
+const CHAINS: usize = 4;
+
 /// Registers: image/output bases, group pointers, counters, row cursors.
 const X_G: AsmRegister64 = r10;
 const OUT_G: AsmRegister64 = r11;
@@ -278,19 +283,30 @@ impl DepthwiseSpec {
         let mut v0 = 0;
         while v0 < vectors {
             let n = (vectors - v0).min(MAX_TILES);
-            let acc = |t: usize| ZMM[t];
+            // Fewer tiles than independent FMA chains wanted (a map at
+            // most 48 wide): each tile's taps rotate over `chains`
+            // accumulators, summed before the store, so a row is not one
+            // dependent chain of kh·kw FMAs (a 7×7 map's 7×7 window: 49
+            // FMAs at 4 cycles each).
+            let chains = (CHAINS / n).max(1);
+            let acc = |t: usize, c: usize| ZMM[t + n * c];
             let xr = |t: usize| ZMM[MAX_TILES + t];
             for t in 0..n {
-                if self.bias.is_some() {
-                    a.vbroadcastss(acc(t), dword_ptr(B_G + imm32(b_off, "bias")?))?;
-                } else {
-                    a.vpxord(acc(t), acc(t), acc(t))?;
+                for c in 0..chains {
+                    if c == 0 && self.bias.is_some() {
+                        a.vbroadcastss(acc(t, c), dword_ptr(B_G + imm32(b_off, "bias")?))?;
+                    } else {
+                        a.vpxord(acc(t, c), acc(t, c), acc(t, c))?;
+                    }
                 }
             }
+            let mut tap = 0;
             for &th in &seg.taps {
                 let row = (th * dil_h) as i64 * w4;
                 for tw in 0..self.kw {
                     let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
+                    let c = tap % chains;
+                    tap += 1;
                     for t in 0..n {
                         let ow0 = (v0 + t) * 16;
                         let sw = self.stride_w;
@@ -325,8 +341,13 @@ impl DepthwiseSpec {
                         if sw == 2 {
                             a.vpermt2ps(regs[0], EVEN, regs[1])?;
                         }
-                        a.vfmadd231ps(acc(t), xr(t), dword_bcst(W_G + wdisp))?;
+                        a.vfmadd231ps(acc(t, c), xr(t), dword_bcst(W_G + wdisp))?;
                     }
+                }
+            }
+            for t in 0..n {
+                for c in 1..chains {
+                    a.vaddps(acc(t, 0), acc(t, 0), acc(t, c))?;
                 }
             }
             for t in 0..n {
@@ -334,9 +355,9 @@ impl DepthwiseSpec {
                 let lanes = (self.ow - ow0).min(16);
                 let disp = imm32((ow0 * self.store.bytes()) as i64, "output pixel")?;
                 let x = if self.epilogue.is_empty() {
-                    acc(t)
+                    acc(t, 0)
                 } else {
-                    let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(t))
+                    let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(t, 0))
                         .chain(free.iter().copied())
                         .collect();
                     run_epilogue(a, &self.epilogue, &home, &regs, (CHANNEL, j), None)?
