@@ -498,9 +498,11 @@ fn text_lines(file: &str, input: &str) -> (Vec<Tensor>, Vec<Tensor>) {
 ///
 /// Both meet it with every eligible layer in int8, as a calibrated static
 /// build comes by default: activations smoothed (α 0.5) and biases
-/// corrected. rec agrees on 636 of 640 steps; with smoothing off 628
-/// (checked here at 0.98 so it cannot fall below its measured level), and
-/// 629 with neither; the flips left are steps where fp32's two best
+/// corrected. rec agrees on 636 of 640 steps; with smoothing off 626
+/// (checked here at 0.975: 628 before the depthwise kernel split its
+/// taps over several accumulators, a change of f32 summation order that
+/// moved two near-tied steps), and 629 with neither; the flips left are
+/// steps where fp32's two best
 /// classes (mostly blank against space) are within 0.42 of each other
 /// (`docs/precision.md`).
 #[test]
@@ -558,7 +560,7 @@ fn ppocr_int8_static_keeps_argmax() {
         use kiln_driver::Smooth;
         let builds: &[(Smooth, f64)] = match name {
             "ppocr_cls" => &[(Smooth::Auto, 0.99)],
-            _ => &[(Smooth::Off, 0.98), (Smooth::Auto, 0.99)],
+            _ => &[(Smooth::Off, 0.975), (Smooth::Auto, 0.99)],
         };
         for &(smooth, bar) in builds {
             let mut opts = with_precision(fixture.compile_options(), Mode::Int8);

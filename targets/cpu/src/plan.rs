@@ -602,8 +602,16 @@ pub(crate) fn plan(
                     },
                 );
             }
+            // A Reshape shares its input's buffer, a graph output's too
+            // (a 1-D convolution lifted to 2-D and reshaped back as the
+            // model's output copied 6.5 MB after its kernel): the output
+            // keeps the value live to the end through the alias. Not when
+            // the input is a graph input or output itself (two tensors of
+            // the interface would share bytes).
             Op::Reshape { .. }
-                if !graph.is_output(id) && !graph.is_output(graph.inputs_of(id)[0]) =>
+                if !graph.is_output(graph.inputs_of(id)[0])
+                    && !(graph.is_output(id)
+                        && matches!(graph.node(graph.inputs_of(id)[0]).op, Op::Input { .. })) =>
             {
                 let input = graph.inputs_of(id)[0];
                 match val_of.get(&input) {

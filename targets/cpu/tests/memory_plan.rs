@@ -473,6 +473,31 @@ fn reshape_alias_extends_liveness() {
     ));
 }
 
+/// A graph output that reshapes a computed value shares its buffer (no
+/// copy kernel), and the value stays live to the end: a later op cannot
+/// write over it in place. A reshape of a graph input stays a copy.
+#[test]
+fn output_reshapes_alias_the_value_they_reshape() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [4, 6]));
+    let a = g.add_node(Op::Unary(UnaryOp::Relu), &[x], "a").unwrap();
+    let flat = Op::Reshape {
+        shape: Ints::from_slice(&[24]),
+    };
+    let v = g.add_node(flat.clone(), &[a], "v").unwrap();
+    let b = g.add_node(Op::Unary(UnaryOp::Exp), &[a], "b").unwrap();
+    let x_flat = g.add_node(flat, &[x], "x_flat").unwrap();
+    g.add_output("v", v);
+    g.add_output("b", b);
+    g.add_output("x_flat", x_flat);
+    let p = check_graph(&g, 13);
+    let get = |name: &str| p.values.iter().find(|v| v.name == name).unwrap().clone();
+    assert!(matches!(get("v").kind, ValueKind::Alias { .. }));
+    assert_eq!(get("v").offset, get("a").offset);
+    assert_ne!(get("b").offset, get("a").offset);
+    assert!(matches!(get("x_flat").kind, ValueKind::Kernel { .. }));
+}
+
 #[test]
 fn outputs_inputs_and_copies() {
     // Inputs and constants as outputs, a repeated output, an unused input.
