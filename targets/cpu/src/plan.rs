@@ -526,6 +526,19 @@ fn too_large(graph: &Graph, id: NodeId) -> CpuError {
     }
 }
 
+/// Whether Reshape `id` shares its input's buffer. A graph output's does
+/// too (a 1-D convolution lifted to 2-D and reshaped back as the model's
+/// output copied 6.5 MB after its kernel): the output keeps the value live
+/// to the end through the alias. Not when the input is itself an output,
+/// or a graph input reshaped into an output: two tensors of the interface
+/// would share bytes.
+fn reshape_aliases(graph: &Graph, id: NodeId) -> bool {
+    let input = graph.inputs_of(id)[0];
+    let interface_shared = graph.is_output(input)
+        || (graph.is_output(id) && matches!(graph.node(input).op, Op::Input { .. }));
+    !interface_shared
+}
+
 /// The plan of `graph` run in `order` (a topological order), with `scratch[k]` bytes of scratch
 /// for job `k` (live during its step only; missing entries need none),
 /// placing the constants in `weights` (empty).
@@ -602,17 +615,7 @@ pub(crate) fn plan(
                     },
                 );
             }
-            // A Reshape shares its input's buffer, a graph output's too
-            // (a 1-D convolution lifted to 2-D and reshaped back as the
-            // model's output copied 6.5 MB after its kernel): the output
-            // keeps the value live to the end through the alias. Not when
-            // the input is a graph input or output itself (two tensors of
-            // the interface would share bytes).
-            Op::Reshape { .. }
-                if !graph.is_output(graph.inputs_of(id)[0])
-                    && !(graph.is_output(id)
-                        && matches!(graph.node(graph.inputs_of(id)[0]).op, Op::Input { .. })) =>
-            {
+            Op::Reshape { .. } if reshape_aliases(graph, id) => {
                 let input = graph.inputs_of(id)[0];
                 match val_of.get(&input) {
                     Some(&v) => {
