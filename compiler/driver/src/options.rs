@@ -285,3 +285,59 @@ impl CompileOptions {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_passes::Mode;
+
+    /// Each rule refuses what it names, and a build that needs none of
+    /// them passes.
+    #[test]
+    fn validate_refuses_each_combination_that_cannot_work() {
+        let usage = |o: &CompileOptions| match o.validate() {
+            Err(DriverError::Usage(m)) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        };
+        let base = CompileOptions::default();
+        assert!(base.validate().is_ok());
+        let mut o = base.clone();
+        o.threads = 0;
+        assert!(usage(&o).contains("--threads"));
+        let mut o = base.clone();
+        o.observer = Observer::Entropy;
+        assert!(usage(&o).contains("--observer"));
+        let mut o = base.clone();
+        o.precision.activation_type = ActivationType::Int8;
+        assert!(usage(&o).contains("--activation-type"));
+        let mut o = base.clone();
+        o.precision.mode = Mode::Bf16;
+        o.smooth = Smooth::Alpha(0.5);
+        assert!(usage(&o).contains("--smooth"));
+        let mut o = base.clone();
+        o.max_rel_error = Some(0.1);
+        assert!(usage(&o).contains("--max-rel-error"));
+        // The same options where they apply.
+        let mut o = base;
+        o.precision.mode = Mode::Int8;
+        o.static_activations = true;
+        o.observer = Observer::Entropy;
+        o.precision.activation_type = ActivationType::Int8;
+        o.smooth = Smooth::Alpha(0.5);
+        o.max_rel_error = Some(0.1);
+        assert!(o.validate().is_ok());
+    }
+
+    #[test]
+    fn smooth_and_dump_ir_parse_their_flag_values() {
+        assert_eq!("off".parse::<Smooth>(), Ok(Smooth::Off));
+        assert_eq!("0.25".parse::<Smooth>(), Ok(Smooth::Alpha(0.25)));
+        assert!("1.5".parse::<Smooth>().is_err());
+        assert_eq!("all".parse::<DumpIr>(), Ok(DumpIr::All));
+        assert_eq!(
+            "after=fuse".parse::<DumpIr>(),
+            Ok(DumpIr::After("fuse".into()))
+        );
+        assert!("after=".parse::<DumpIr>().is_err());
+    }
+}
