@@ -727,7 +727,10 @@ fn epilogue_steps(
             Some(Operand::PerRow(loc))
         } else if !matches!(h.op, DenseOp::Conv(_) | DenseOp::ConvInteger(_)) || low > 2 {
             // One value per GEMM column: contiguous along the column dims
-            // (size-1 dims aside), constant along the others.
+            // (size-1 dims aside), constant along the others. A
+            // convolution's columns are its pixels (`low` 2: the GEMM and
+            // depthwise store loops read no per-pixel operand), except a
+            // fully connected one's, which are its channels (`low` 3).
             let per_column = (0..shape.len()).all(|d| match d > row_dim {
                 true => shape[d] == 1 || es[d] == shape[d + 1..].iter().product::<usize>() as i64,
                 false => es[d] == 0,

@@ -283,8 +283,8 @@ impl DepthwiseSpec {
         let mut v0 = 0;
         while v0 < vectors {
             let n = (vectors - v0).min(MAX_TILES);
-            // Fewer tiles than independent FMA chains wanted (a map at
-            // most 48 wide): each tile's taps rotate over `chains`
+            // Fewer tiles than independent FMA chains wanted (one or two:
+            // a map at most 32 wide): each tile's taps rotate over `chains`
             // accumulators, summed before the store, so a row is not one
             // dependent chain of kh·kw FMAs (a 7×7 map's 7×7 window: 49
             // FMAs at 4 cycles each).
