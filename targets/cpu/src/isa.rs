@@ -94,6 +94,9 @@ pub(crate) struct Target {
     /// Whether the dense ops use the AVX-512 microkernels (x86-64 with
     /// AVX-512F).
     pub avx512: bool,
+    /// Whether the dense ops without AVX-512 use the AVX2 + FMA GEMM
+    /// microkernels (x86-64 with both; `x86_64-v3`).
+    pub avx2: bool,
     /// The most tasks a dense kernel is split into.
     pub tasks: usize,
     /// Whether bf16 dot products (`vdpbf16ps`) may be used: AVX-512 plus
@@ -219,6 +222,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         Arch::Nvptx64 => false,
     };
     let avx512 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX512F);
+    let avx2 = arch == Arch::X86_64 && features.contains(CpuFeatures::AVX2 | CpuFeatures::FMA);
     let bf16 = avx512
         && opts.target == CpuTarget::Native
         && CpuFeatures::detect_host().contains(CpuFeatures::AVX512BF16);
@@ -231,6 +235,7 @@ pub(crate) fn build(opts: &CpuOptions) -> Result<Target, CpuError> {
         features,
         fma,
         avx512,
+        avx2,
         tasks: opts.threads.max(1),
         bf16,
         vnni,

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{check_rand, f32_tensor, has_zmm_fma, Rng};
+use common::{check_for, check_rand, f32_tensor, has_zmm_fma, Rng};
 use kiln_format::Artifact;
 use kiln_ir::{Conv2d, DType, Graph, Op, ValueType};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -47,7 +47,107 @@ fn avx512_target_emits_zmm_gemm_and_v3_does_not() {
     let mut rng = Rng::new(1);
     let g = matmul_graph(&[5, 33], &[33, 17], false, true, &mut rng);
     assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
-    assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
+    let v3 = compile_for(&g, CpuTarget::X86_64V3);
+    assert!(!has_zmm_fma(&v3));
+    assert_eq!(v3.metadata.dense_kernels[0].kernel, "avx2/gemm");
+}
+
+/// Whether this host runs `x86_64-v3` code (AVX2 and FMA).
+fn host_runs_v3() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `g` compiled for `x86_64-v3` has every dense node on an AVX2 GEMM
+/// (`kernel`), and on a host that runs it matches the reference.
+fn check_avx2(g: &Graph, kernel: &str, seed: u64) {
+    let v3 = compile_for(g, CpuTarget::X86_64V3);
+    for k in &v3.metadata.dense_kernels {
+        assert_eq!(k.kernel, kernel, "{k:?}");
+    }
+    if !host_runs_v3() {
+        return;
+    }
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<_> = (g.inputs().iter())
+        .map(|&i| f32_tensor(&mut rng, &g.node(i).ty.shape))
+        .collect();
+    check_for(g, &inputs, 2e-5, CpuTarget::X86_64V3);
+}
+
+/// The AVX2 GEMM (8-lane ymm tiles, edges under a `vmaskmovps` mask):
+/// ragged shapes around the 8-column vectors, packed and strided
+/// operands, batched and row-folded products, Gemm's transposes, scales
+/// and C layouts, a strided B copied through a panel, a reduction long
+/// enough to run in K chunks, and 1x1 / fully connected convolutions.
+#[test]
+fn avx2_gemms_match_the_reference() {
+    let mut rng = Rng::new(40);
+    let mut seed = 4000;
+    let mut next = || {
+        seed += 1;
+        seed
+    };
+    for m in [1, 2, 7, 13] {
+        for n in [1, 7, 8, 9, 23, 33, 70] {
+            for (k, ca, cb) in [(1, false, true), (5, false, false), (19, true, false)] {
+                let g = matmul_graph(&[m, k], &[k, n], ca, cb, &mut rng);
+                check_avx2(&g, "avx2/gemm", next());
+            }
+        }
+    }
+    for (a, b, ca, cb) in [
+        (&[3, 7, 20][..], &[20, 19][..], false, true),
+        (&[2, 3, 5, 9], &[3, 9, 17], false, true),
+        (&[3, 15, 5], &[3, 5, 2], false, false),
+        (&[17], &[17, 40], false, true),
+        (&[100, 37], &[37, 50], false, false),
+        (&[37, 1500], &[1500, 45], false, true),
+        (&[64, 700], &[700, 300], false, true),
+    ] {
+        check_avx2(&matmul_graph(a, b, ca, cb, &mut rng), "avx2/gemm", next());
+    }
+    let shape = (9, 13, 21);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for c in [None, Some(&[21][..]), Some(&[9, 1][..]), Some(&[9, 21][..])] {
+            // A run-time B with trans_b has no contiguous columns (no
+            // microkernel reads it).
+            for (ca, cb) in [(false, true), (true, false)]
+                .into_iter()
+                .filter(|&(_, cb)| cb || !tb)
+            {
+                let g = gemm_graph(shape, ta, tb, c, ca, cb, 0.5, -1.5, &mut rng);
+                check_avx2(&g, "avx2/gemm", next());
+            }
+        }
+    }
+    for (x, oc) in [
+        ([1, 16, 6, 6], 24),
+        ([2, 5, 3, 11], 9),
+        ([1, 40, 14, 14], 130),
+    ] {
+        for bias in [false, true] {
+            let g = pointwise_graph(x, oc, bias, &mut rng);
+            check_avx2(&g, "avx2/pointwise-gemm", next());
+        }
+    }
+    let g = conv_graph(
+        [3, 20, 4, 4],
+        33,
+        [4, 4],
+        [1, 1],
+        [0; 4],
+        [1, 1],
+        true,
+        &mut rng,
+    );
+    check_avx2(&g, "avx2/fully-connected-gemm", next());
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -23,7 +23,7 @@ use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::epilogue::{EpilogueOp, EpilogueStep, Operand};
 use crate::microkernel::gemm::{
     epilogue_fits, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
-    GemmSpec, MAX_MR,
+    GemmSpec, Vector, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::microkernel::pack::{
@@ -65,10 +65,20 @@ pub(crate) fn lower(
     cx: &NodeCx,
     weights: &mut Weights,
     scratch: &mut Scratch,
-    tasks: usize,
+    machine: Machine,
     trail: &mut Trail,
 ) -> Result<Option<Served>, MicrokernelError> {
-    lower_with(cx, weights, scratch, None, tasks, trail)
+    lower_with(cx, weights, scratch, None, machine, trail)
+}
+
+/// What the dense candidates build for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Machine {
+    /// The vector registers of the GEMM kernels (only zmm serves the
+    /// depthwise, implicit-GEMM, im2col and int8 kernels).
+    pub vector: Vector,
+    /// The most tasks a kernel is split into.
+    pub tasks: usize,
 }
 
 /// The code a dense candidate gave.
@@ -103,7 +113,7 @@ pub(crate) fn lower_fused(
     k: &FusedKernel,
     weights: &mut Weights,
     scratch: &mut Scratch,
-    tasks: usize,
+    machine: Machine,
     trail: &mut Trail,
 ) -> Result<Option<Served>, MicrokernelError> {
     let Some(h) = k.head() else {
@@ -111,7 +121,7 @@ pub(crate) fn lower_fused(
     };
     let node = super::fused::head_node(cx, &h.op);
     let hcx = super::fused::head_cx(cx, &node, h.inputs);
-    lower_with(&hcx, weights, scratch, Some((cx, k)), tasks, trail)
+    lower_with(&hcx, weights, scratch, Some((cx, k)), machine, trail)
 }
 
 /// Where the tasks of a head write, once its store loop has taken what it
@@ -172,15 +182,15 @@ fn lower_with(
     weights: &mut Weights,
     scratch: &mut Scratch,
     fused: Option<(&NodeCx, &FusedKernel)>,
-    tasks: usize,
+    machine: Machine,
     trail: &mut Trail,
 ) -> Result<Option<Served>, MicrokernelError> {
     // Conditions every candidate of the op shares decline as its family.
     let family = match &cx.node.op {
         Op::MatMulInteger => INT8_GEMM,
         Op::ConvInteger(_) => INT8_IM2COL,
-        Op::Conv(_) => "avx512/conv",
-        _ => GEMM,
+        Op::Conv(_) => on(machine.vector, CONV),
+        _ => on(machine.vector, GEMM),
     };
     // A 1-D convolution along H is run along W (same bytes).
     let transposed = along_w(cx);
@@ -201,7 +211,7 @@ fn lower_with(
         }
         None => cx,
     };
-    match candidates(cx, weights, scratch, fused, tasks, trail) {
+    match candidates(cx, weights, scratch, fused, machine, trail) {
         Ok(served) => Ok(served),
         Err(Miss::Declined(why)) => {
             trail.declined(family, why);
@@ -250,15 +260,58 @@ fn along_w(cx: &NodeCx) -> Option<(Node, ValueType, ValueType)> {
     Some((node, swapped(x), swapped(w)))
 }
 
-/// Candidate names: `isa/kernel`.
+/// Candidate names: `isa/kernel`, named for zmm (see [`on`]).
 const GEMM: &str = "avx512/gemm";
+const CONV: &str = "avx512/conv";
 const INT8_GEMM: &str = "avx512-vnni/gemm";
 const INT8_IM2COL: &str = "avx512-vnni/im2col-gemm";
 const DEPTHWISE: &str = "avx512/depthwise";
 const FULLY_CONNECTED: &str = "avx512/fully-connected-gemm";
+const POINTWISE: &str = "avx512/pointwise-gemm";
+const IMPLICIT: &str = "avx512/implicit-gemm";
+const IM2COL: &str = "avx512/im2col-gemm";
+
+/// The name of the float candidates on ymm registers.
+const YMM_NAMES: [(&str, &str); 7] = [
+    (GEMM, "avx2/gemm"),
+    (CONV, "avx2/conv"),
+    (DEPTHWISE, "avx2/depthwise"),
+    (FULLY_CONNECTED, "avx2/fully-connected-gemm"),
+    (POINTWISE, "avx2/pointwise-gemm"),
+    (IMPLICIT, "avx2/implicit-gemm"),
+    (IM2COL, "avx2/im2col-gemm"),
+];
+
+/// Candidate `name` (a zmm name) built from `vector`'s registers.
+fn on(vector: Vector, name: &'static str) -> &'static str {
+    match vector {
+        Vector::Zmm => name,
+        Vector::Ymm => YMM_NAMES
+            .iter()
+            .find(|(zmm, _)| *zmm == name)
+            .map_or(name, |(_, ymm)| ymm),
+    }
+}
+
+/// Declines a candidate that has no ymm form on a ymm machine.
+fn zmm_only(vector: Vector) -> Attempt<()> {
+    require(vector == Vector::Zmm, || {
+        "built for AVX-512 only (the AVX2 kernels are the GEMMs of MatMul, Gemm and 1x1 \
+         convolutions)"
+            .into()
+    })
+}
+
+/// Declines operands other than f32 on a ymm machine (the AVX2 GEMM reads
+/// f32 only).
+fn f32_on(vector: Vector, elem: Elem) -> Attempt<()> {
+    require(vector == Vector::Zmm || elem == Elem::F32, || {
+        format!("the operands are {elem:?}; the AVX2 kernel reads f32")
+    })
+}
 
 /// A GEMM-based convolution candidate.
-type ConvGemm = fn(&NodeCx, &mut Weights, &Conv2d, usize) -> Attempt<GemmSpec>;
+type ConvGemm = fn(&NodeCx, &mut Weights, &Conv2d, Machine) -> Attempt<GemmSpec>;
 
 /// The GEMM convolutions in the order they are tried: a window that
 /// covers the whole input (one output pixel: a squeeze-excite 1×1 on a
@@ -269,9 +322,9 @@ type ConvGemm = fn(&NodeCx, &mut Weights, &Conv2d, usize) -> Attempt<GemmSpec>;
 /// the most but serves any window and stride.
 const CONV_GEMMS: [(&str, ConvGemm); 4] = [
     (FULLY_CONNECTED, fully_connected_conv),
-    ("avx512/pointwise-gemm", pointwise_conv),
-    ("avx512/implicit-gemm", implicit_conv),
-    ("avx512/im2col-gemm", im2col_conv),
+    (POINTWISE, pointwise_conv),
+    (IMPLICIT, implicit_conv),
+    (IM2COL, im2col_conv),
 ];
 
 /// [`CONV_GEMMS`] in the order that suits convolution `cx`: an implicit
@@ -307,9 +360,16 @@ fn candidates(
     weights: &mut Weights,
     scratch: &mut Scratch,
     fused: Option<(&NodeCx, &FusedKernel)>,
-    tasks: usize,
+    machine: Machine,
     trail: &mut Trail,
 ) -> Attempt<Option<Served>> {
+    let Machine { vector, tasks } = machine;
+    if cx.node.op.is_integer_product() {
+        zmm_only(vector)?;
+    }
+    if vector == Vector::Ymm && fused.is_some_and(|(_, k)| k.store() != FusedStore::F32) {
+        return decline("the kernel stores u8; the AVX2 store loop writes f32 only");
+    }
     let integer = match &cx.node.op {
         Op::MatMulInteger => Some((INT8_GEMM, integer_matmul(cx, weights)?)),
         Op::ConvInteger(c) => Some((INT8_IM2COL, integer_conv(cx, weights, c)?)),
@@ -355,23 +415,32 @@ fn candidates(
         }
     }
     let (kernel, spec) = match &cx.node.op {
-        Op::MatMul => (GEMM, matmul(cx, weights)?),
+        Op::MatMul => (GEMM, matmul(cx, weights, vector)?),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => (GEMM, gemm(cx, weights, *alpha, *beta, *trans_a, *trans_b)?),
+        } => (
+            GEMM,
+            gemm(cx, weights, vector, *alpha, *beta, (*trans_a, *trans_b))?,
+        ),
         Op::Conv(c) => {
             if c.group > 1 {
-                let served = depthwise(cx, c, weights, scratch, fused, tasks);
-                if let Some(served) = trail.attempt(DEPTHWISE, served)? {
+                let served = zmm_only(vector)
+                    .and_then(|()| depthwise(cx, c, weights, scratch, fused, tasks));
+                if let Some(served) = trail.attempt(on(vector, DEPTHWISE), served)? {
                     return Ok(Some(served));
                 }
             }
             let mut chosen = None;
             for (name, candidate) in conv_gemms(cx, c) {
-                if let Some(spec) = trail.attempt(name, candidate(cx, weights, c, tasks))? {
+                let spec = match name {
+                    IMPLICIT | IM2COL => zmm_only(vector),
+                    _ => Ok(()),
+                }
+                .and_then(|()| candidate(cx, weights, c, machine));
+                if let Some(spec) = trail.attempt(on(vector, name), spec)? {
                     chosen = Some((name, spec));
                     break;
                 }
@@ -395,10 +464,13 @@ fn candidates(
         Some((fcx, k)) => absorb(fcx, k, &mut spec, weights, low),
         None => None,
     };
+    if let Some(why) = spec.ymm_declines() {
+        return decline(why);
+    }
     let (output, tail) = head_output(fused, tail, weights);
     let spec = super::partition::in_row_bands(super::partition::batch_rows_folded(spec));
     let parts = assemble_parts(cx, spec, scratch, tasks, output)?;
-    Ok(Some(finish(kernel, parts, tail)))
+    Ok(Some(finish(on(vector, kernel), parts, tail)))
 }
 
 /// How many GEMM FLOPs one depthwise FLOP costs, for counting tasks: the
@@ -1192,7 +1264,7 @@ fn dot(idx: &[usize], strides: &[i64]) -> i64 {
 }
 
 /// numpy MatMul, batch dims broadcast; a constant operand is packed.
-fn matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
+fn matmul(cx: &NodeCx, weights: &mut Weights, vector: Vector) -> Attempt<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (bloc, bty) = cx.inputs[1];
     let shape = super::linalg::MatMulShape::of(&aty.shape, &bty.shape)
@@ -1206,6 +1278,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
     require(k > 0, || "the reduction is empty".into())?;
     let elem = product_elem(aty.dtype, bty.dtype)
         .or_decline(|| format!("no kernel multiplies {} by {}", aty.dtype, bty.dtype))?;
+    f32_on(vector, elem)?;
     let b_const = float_constant(cx.graph, cx.input_ids[1]);
     require(elem == Elem::F32 || b_const.is_some(), || {
         "a 16-bit B must be a constant packed at compile time".into()
@@ -1220,7 +1293,8 @@ fn matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
     // (`partition::batch_rows_folded`): the tile is chosen for those rows.
     let foldable = !a_packed && a_batch == batch.as_slice() && b_batch.iter().all(|&d| d == 1);
     let rows = if foldable { count * m } else { m };
-    let blocking = Blocking::choose(rows, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
+    let max_rows = if a_packed { packed_a_rows(k) } else { MAX_MR };
+    let blocking = Blocking::choose_for(vector, rows, n, max_rows);
     let mats = |sh: &[usize]| sh.iter().product::<usize>();
     // Per-matrix byte sizes of each operand as the kernel reads it.
     let (a_layout, a_base, a_mat) = match (a_const, b_const) {
@@ -1384,10 +1458,10 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
 fn gemm(
     cx: &NodeCx,
     weights: &mut Weights,
+    vector: Vector,
     alpha: f32,
     beta: f32,
-    trans_a: bool,
-    trans_b: bool,
+    (trans_a, trans_b): (bool, bool),
 ) -> Attempt<GemmSpec> {
     let (aloc, aty) = cx.inputs[0];
     let (bloc, _) = cx.inputs[1];
@@ -1404,6 +1478,7 @@ fn gemm(
     let bdt = cx.inputs[1].1.dtype;
     let elem = product_elem(aty.dtype, bdt)
         .or_decline(|| format!("no kernel multiplies {} by {bdt}", aty.dtype))?;
+    f32_on(vector, elem)?;
     let b_const = float_constant(cx.graph, cx.input_ids[1]);
     require(elem == Elem::F32 || b_const.is_some(), || {
         "a 16-bit B must be a constant packed at compile time".into()
@@ -1416,7 +1491,8 @@ fn gemm(
     let a_const = f32_constant(cx.graph, cx.input_ids[0]).filter(|_| elem == Elem::F32);
     let ea = aty.dtype.size_bytes();
     let a_packed = a_const.is_some() && b_const.is_none();
-    let blocking = Blocking::choose(m, n, if a_packed { packed_a_rows(k) } else { MAX_MR });
+    let max_rows = if a_packed { packed_a_rows(k) } else { MAX_MR };
+    let blocking = Blocking::choose_for(vector, m, n, max_rows);
     let (b, b_base) = match b_const {
         Some(v) => {
             let bytes = pack_b_for(elem, v, k, n, b_row, b_col, blocking.nr());
@@ -1575,7 +1651,7 @@ fn fully_connected_conv(
     cx: &NodeCx,
     weights: &mut Weights,
     c: &Conv2d,
-    _tasks: usize,
+    machine: Machine,
 ) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
@@ -1593,11 +1669,12 @@ fn fully_connected_conv(
     let elem = conv_elem(xty.dtype, wty.dtype)
         .and(product_elem(xty.dtype, wty.dtype))
         .or_decline(|| format!("no kernel convolves {} by {}", xty.dtype, wty.dtype))?;
+    f32_on(machine.vector, elem)?;
     let wv = float_constant(cx.graph, cx.input_ids[1])
         .or_decline(|| "the weights are not a constant".into())?;
     let k = wty.shape[1] * kh * kw;
     require(k > 0, || "the window is empty".into())?;
-    let blocking = Blocking::choose(batch, oc, MAX_MR);
+    let blocking = Blocking::choose_for(machine.vector, batch, oc, MAX_MR);
     let packed = pack_b_for(elem, &wv, k, oc, 1, k, blocking.nr());
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let ea = xty.dtype.size_bytes() as i64;
@@ -1630,7 +1707,7 @@ fn pointwise_conv(
     cx: &NodeCx,
     weights: &mut Weights,
     c: &Conv2d,
-    _tasks: usize,
+    machine: Machine,
 ) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
@@ -1643,9 +1720,10 @@ fn pointwise_conv(
         "the convolution is strided or padded".into()
     })?;
     let elem = conv_gemm_elem(cx, c)?;
+    f32_on(machine.vector, elem)?;
     let p = h * w;
     let cin_g = cin / c.group;
-    let blocking = Blocking::choose(oc / c.group, p, packed_a_rows(cin_g));
+    let blocking = Blocking::choose_for(machine.vector, oc / c.group, p, packed_a_rows(cin_g));
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let mut calls = Vec::with_capacity(batch * groups.count);
@@ -1676,7 +1754,12 @@ fn pointwise_conv(
 /// output rows when large), then `Y[oc, p] = bias[oc] + W[oc, :] @ col[:,
 /// p]` (OIHW weights are already `[OC, Cin*kh*kw]` in the row order of
 /// `col`).
-fn im2col_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d, _tasks: usize) -> Attempt<GemmSpec> {
+fn im2col_conv(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    _machine: Machine,
+) -> Attempt<GemmSpec> {
     let (_, wty) = cx.inputs[1];
     let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
@@ -1950,7 +2033,7 @@ fn implicit_conv(
     cx: &NodeCx,
     weights: &mut Weights,
     c: &Conv2d,
-    tasks: usize,
+    Machine { tasks, .. }: Machine,
 ) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];

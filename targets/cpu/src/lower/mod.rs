@@ -38,6 +38,7 @@ use kiln_ir::{
 
 use crate::emit::HOST_NAMESPACE;
 use crate::isa::Target;
+use crate::microkernel::gemm::Vector;
 use crate::plan::{Base, Job, Loc, Plan, Scratch, Weights};
 use crate::CpuError;
 
@@ -363,11 +364,20 @@ fn lower_dense(
     target: &Target,
     trail: &mut select::Trail,
 ) -> Result<Option<(Lowered, &'static str)>, CpuError> {
-    if !target.avx512 {
-        let why = "the target has no AVX-512 (the AVX2 and NEON targets run dense ops as Cranelift loops)";
-        trail.declined("avx512", why);
-        return Ok(None);
-    }
+    let vector = match (target.avx512, target.avx2) {
+        (true, _) => Vector::Zmm,
+        (false, true) => Vector::Ymm,
+        (false, false) => {
+            let why = "the target has neither AVX-512 nor AVX2 (NEON targets run dense ops as \
+                       Cranelift loops)";
+            trail.declined("avx2", why);
+            return Ok(None);
+        }
+    };
+    let machine = dense::Machine {
+        vector,
+        tasks: target.tasks,
+    };
     let cx = node_cx(graph, plan, id);
     let codegen = |e| microkernel_error(cx.node, e);
     if cx.node.op.is_integer_product() && !target.vnni {
@@ -380,8 +390,8 @@ fn lower_dense(
     };
     let (weights, scratch) = (&mut plan.weights, &mut plan.scratch);
     let served = match fused {
-        Some(k) => dense::lower_fused(&cx, k, weights, scratch, target.tasks, trail),
-        None => dense::lower(&cx, weights, scratch, target.tasks, trail),
+        Some(k) => dense::lower_fused(&cx, k, weights, scratch, machine, trail),
+        None => dense::lower(&cx, weights, scratch, machine, trail),
     }
     .map_err(codegen)?;
     let Some(dense::Served {
@@ -438,8 +448,11 @@ fn with_tail(
     tail_cx.inputs.extend(&cx.inputs[first_extra..]);
     let split = tasks.len() > 1;
     let tail_tasks = if split { target.tasks } else { 1 };
-    let machine = match dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks)
-    {
+    let headless = target
+        .avx512
+        .then(|| dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks))
+        .flatten();
+    let machine = match headless {
         Some(parts) => select::assembled_tasks(parts).map_err(codegen)?,
         None => None,
     };

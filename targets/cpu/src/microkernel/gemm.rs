@@ -37,6 +37,8 @@ use super::SAVED;
 use super::{base_register, imm32, load_address, MicrokernelError, Store};
 use crate::plan::Loc;
 
+mod ymm;
+
 /// K steps per unrolled loop iteration.
 pub(crate) const K_UNROLL: usize = 4;
 
@@ -72,19 +74,56 @@ const MIN_PANEL_ROWS: usize = 6;
 /// Most zmm vectors per tile row.
 const MAX_NV: usize = 8;
 
+/// The vector registers a GEMM kernel is built from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Vector {
+    /// AVX-512: 32 zmm registers of 16 f32, edge lanes under `k1`.
+    Zmm,
+    /// AVX2 + FMA (VEX encoding, `x86_64-v3`): 16 ymm registers of 8 f32,
+    /// edge lanes under a mask register for `vmaskmovps` (see [`ymm`]).
+    Ymm,
+}
+
+impl Vector {
+    /// f32 lanes per register.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Vector::Zmm => 16,
+            Vector::Ymm => 8,
+        }
+    }
+
+    /// Registers a tile's accumulators and B vectors may take: all but the
+    /// A broadcast register (and for ymm the edge mask, which AVX2 keeps in
+    /// a vector register).
+    fn tile_registers(self) -> usize {
+        match self {
+            Vector::Zmm => 31,
+            Vector::Ymm => 14,
+        }
+    }
+}
+
 /// The register tile of one GEMM shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Blocking {
     /// Rows of a full tile.
     pub mr: usize,
-    /// zmm vectors (16 columns each) of a full tile.
+    /// Vectors (of [`Vector::lanes`] columns each) of a full tile.
     pub nv: usize,
+    /// The registers.
+    pub vector: Vector,
 }
 
 impl Blocking {
     /// Columns of a full tile.
     pub(crate) fn nr(self) -> usize {
-        self.nv * 16
+        self.nv * self.vector.lanes()
+    }
+
+    /// [`Blocking::choose_for`] with zmm registers.
+    pub(crate) fn choose(m: usize, n: usize, max_rows: usize) -> Blocking {
+        Blocking::choose_for(Vector::Zmm, m, n, max_rows)
     }
 
     /// The cheapest tile for an `m × n` output by the cost model: the sum
@@ -92,31 +131,34 @@ impl Blocking {
     /// FMA and two load pipes, four cycles of FMA latency per accumulator
     /// chain). Rows are balanced over the row tiles; tiles have at most
     /// `max_rows` rows.
-    pub(crate) fn choose(m: usize, n: usize, max_rows: usize) -> Blocking {
+    pub(crate) fn choose_for(vector: Vector, m: usize, n: usize, max_rows: usize) -> Blocking {
         let cycles = |mr: usize, nv: usize| -> f64 {
             let fma = (mr * nv) as f64 / 2.0;
             let loads = (mr + nv) as f64 / 2.0;
             fma.max(loads).max(4.0)
         };
-        let nv_cap = n.div_ceil(16).clamp(1, MAX_NV);
-        let mut best = (f64::INFINITY, Blocking { mr: 1, nv: 1 });
+        let lanes = vector.lanes();
+        let registers = vector.tile_registers();
+        let nv_cap = n.div_ceil(lanes).clamp(1, MAX_NV.min(registers / 2));
+        let tile = |mr, nv| Blocking { mr, nv, vector };
+        let mut best = (f64::INFINITY, tile(1, 1));
         for nv in 1..=nv_cap {
             // `max_rows` keeps a packed A panel in L1 while the column
             // tiles re-read it; one column tile reads it once, so its
             // rows are bounded by the registers alone (a narrow output
             // of many channels, the last stages of a CNN, would otherwise
             // run one row per tile: one FMA per k step).
-            let rows_cap = if n <= nv * 16 { MAX_MR } else { max_rows };
-            let mr_cap = ((31 - nv) / nv)
+            let rows_cap = if n <= nv * lanes { MAX_MR } else { max_rows };
+            let mr_cap = ((registers - nv) / nv)
                 .min(rows_cap.clamp(1, MAX_MR))
                 .min(m.max(1));
             for mr_max in 1..=mr_cap {
                 let tiles_i = m.max(1).div_ceil(mr_max);
                 let mr = m.max(1).div_ceil(tiles_i);
-                let nr = nv * 16;
+                let nr = nv * lanes;
                 let (full_i, rem_i) = (m / mr, m % mr);
                 let (full_j, rem_j) = (n / nr, n % nr);
-                let nv_edge = rem_j.div_ceil(16);
+                let nv_edge = rem_j.div_ceil(lanes);
                 let mut cost = 0.0;
                 for (rows, count_i) in [(mr, full_i), (rem_i, usize::from(rem_i > 0))] {
                     for (vecs, count_j) in [(nv, full_j), (nv_edge, usize::from(rem_j > 0))] {
@@ -128,7 +170,7 @@ impl Blocking {
                 // On ties prefer the larger tile (fewer loop overheads).
                 let tie = (cost - best.0).abs() < 1e-9 && mr * nv > best.1.mr * best.1.nv;
                 if cost < best.0 - 1e-9 || tie {
-                    best = (cost, Blocking { mr, nv });
+                    best = (cost, tile(mr, nv));
                 }
             }
         }
@@ -314,8 +356,10 @@ pub(crate) struct CLayout {
 }
 
 /// Whether `steps` fits the store loop of tiles of `blocking`.
+/// The ymm store loop runs no program (see [`ymm`]).
 pub(crate) fn epilogue_fits(steps: &[EpilogueStep], blocking: Blocking) -> bool {
-    allocate_slots(steps, 1 + 32 - blocking.mr * blocking.nv).is_some()
+    blocking.vector == Vector::Zmm
+        && allocate_slots(steps, 1 + 32 - blocking.mr * blocking.nv).is_some()
 }
 
 /// Operand addresses of one GEMM of a kernel.
@@ -454,6 +498,9 @@ struct KChunks {
     last: usize,
 }
 
+/// One k step of a tile: `step(a, ak, bk, odd)` (see [`GemmSpec::k_loop`]).
+type KStep<'a> = dyn Fn(&mut CodeAssembler, i64, i64, bool) -> Result<(), MicrokernelError> + 'a;
+
 /// One pass of the row tiles over a K range: where its accumulators
 /// start and where they go.
 #[derive(Clone, Copy, Debug)]
@@ -495,7 +542,7 @@ impl GemmSpec {
     }
 
     fn geometry(&self) -> Geometry {
-        let Blocking { mr, nv } = self.blocking;
+        let Blocking { mr, .. } = self.blocking;
         let (ea, eb) = (self.elem.a_size(), self.elem.b_size());
         // Dot products step over k groups: a dword of A, a dword per B
         // column.
@@ -509,7 +556,7 @@ impl GemmSpec {
                 ea * pair * mr as i64 * steps,
             ),
         };
-        let nr = (nv * 16) as i64;
+        let nr = self.blocking.nr() as i64;
         let (b_k, b_tile, b_pack_row) = match (self.b, self.b_panel) {
             (BLayout::Strided { row }, None) => (row, F * nr, None),
             (BLayout::Strided { row }, Some(_)) => (F * nr, F * nr, Some(row)),
@@ -536,13 +583,13 @@ impl GemmSpec {
     /// travel to L3 and back once per chunk, so its chunks only keep a row
     /// tile's A in L1 and a column tile's B in L2, and only when K is long.
     fn k_chunks(&self) -> Option<KChunks> {
-        let Blocking { mr, nv } = self.blocking;
+        let Blocking { mr, .. } = self.blocking;
         let float = matches!(self.elem, Elem::F32 | Elem::WidenA(_) | Elem::WidenB(_));
         if !float || !matches!(self.store, Store::F32) {
             return None;
         }
         let (ea, eb) = (self.elem.a_size() as usize, self.elem.b_size() as usize);
-        let nr = nv * 16;
+        let nr = self.blocking.nr();
         let out_fits = self.m * self.n * self.store.bytes() <= L2_OUTPUT_BYTES;
         let most = if out_fits {
             let b_limit = (self.m > mr).then(|| L1_SLIVER_BYTES / (nr * eb));
@@ -628,8 +675,14 @@ impl GemmSpec {
 
     /// Whether the element types can read the operand layouts.
     pub(crate) fn check_operands(&self) -> Result<(), MicrokernelError> {
-        let Blocking { mr, nv } = self.blocking;
-        assert!(mr >= 1 && nv >= 1 && mr * nv + nv < 32, "tile too large");
+        let Blocking { mr, nv, vector } = self.blocking;
+        assert!(
+            mr >= 1 && nv >= 1 && mr * nv + nv <= vector.tile_registers(),
+            "tile too large"
+        );
+        if let Some(why) = self.ymm_declines() {
+            return Err(MicrokernelError::Layout(why));
+        }
         let taps = self.b.taps();
         let operands_fit = match self.elem {
             _ if !taps.is_empty() => {
@@ -796,15 +849,10 @@ impl GemmSpec {
             a.jnz(top)?;
         }
         if rem_j > 0 {
-            let lanes = rem_j % 16;
-            let mask = if lanes == 0 {
-                0xffff
-            } else {
-                (1u32 << lanes) - 1
-            };
-            a.mov(CONST, mask)?;
-            a.kmovw(k1, CONST)?;
-            let (nv, partial) = (rem_j.div_ceil(16), lanes != 0);
+            let width = self.blocking.vector.lanes();
+            let lanes = rem_j % width;
+            self.edge_mask(a, lanes)?;
+            let (nv, partial) = (rem_j.div_ceil(width), lanes != 0);
             self.pack_panel(a, g, nv, partial, pack_rows)?;
             let first_col = TileStart::Fixed(full_j * nr);
             self.row_sweep(a, g, nv, Some(partial), first_col, pass)?;
@@ -816,6 +864,22 @@ impl GemmSpec {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Sets the mask of the last column tile's last vector: its first
+    /// `lanes` lanes (all when 0).
+    fn edge_mask(&self, a: &mut CodeAssembler, lanes: usize) -> Result<(), MicrokernelError> {
+        if self.blocking.vector == Vector::Ymm {
+            return ymm::edge_mask(a, lanes);
+        }
+        let mask = if lanes == 0 {
+            0xffff
+        } else {
+            (1u32 << lanes) - 1
+        };
+        a.mov(CONST, mask)?;
+        a.kmovw(k1, CONST)?;
         Ok(())
     }
 
@@ -835,6 +899,9 @@ impl GemmSpec {
         };
         if rows == 0 {
             return Ok(());
+        }
+        if self.blocking.vector == Vector::Ymm {
+            return ymm::pack_panel(a, (row, g.b_k), nv, partial, rows);
         }
         let mut top = a.create_label();
         a.mov(A_K, B_TILE)?;
@@ -913,6 +980,9 @@ impl GemmSpec {
         (first_row, first_col): (TileStart, TileStart),
         pass: Pass,
     ) -> Result<(), MicrokernelError> {
+        if self.blocking.vector == Vector::Ymm {
+            return self.ymm_tile(a, g, (rows, nv), partial, pass);
+        }
         let acc = |r: usize, v: usize| ZMM[r * nv + v];
         let breg = |v: usize| ZMM[rows * nv + v];
         let abc = ZMM[31];
@@ -1029,6 +1099,36 @@ impl GemmSpec {
                 }
                 Ok(())
             };
+        self.k_loop(a, g, pass, &step)?;
+        if !pass.finish {
+            for r in 0..rows {
+                for v in 0..nv {
+                    Store::F32.vector(a, sums_at(r, v)?, acc(r, v), partial && v == nv - 1)?;
+                }
+            }
+            return Ok(());
+        }
+        if elem.integer() {
+            self.epilogue_int(a, rows, nv, partial, first_row, &acc)?;
+            if !self.to_f32 {
+                return Ok(());
+            }
+        }
+        self.epilogue(a, (rows, nv), partial, (first_row, first_col), &acc)
+    }
+
+    /// The k loop of one tile at A_TILE / B_TILE (or the panel): `step(a,
+    /// ak, bk, odd)` issues one k step with A at A_K + `ak` and B at B_K +
+    /// `bk`, `odd` for the last step of a dot product over a K that is not
+    /// a multiple of its group. The loop is unrolled by [`K_UNROLL`] (or
+    /// by the taps of one channel).
+    fn k_loop(
+        &self,
+        a: &mut CodeAssembler,
+        g: &Geometry,
+        pass: Pass,
+        step: &KStep<'_>,
+    ) -> Result<(), MicrokernelError> {
         a.mov(A_K, A_TILE)?;
         a.mov(
             B_K,
@@ -1039,7 +1139,7 @@ impl GemmSpec {
             },
         )?;
         let taps = self.b.taps();
-        let odd_tail = tail_len != 0;
+        let odd_tail = !self.k.is_multiple_of(self.elem.group());
         let steps = pass.steps - usize::from(odd_tail);
         // Taps: one loop iteration per channel, its taps unrolled.
         let (unroll, b_unroll) = if taps.is_empty() {
@@ -1076,21 +1176,7 @@ impl GemmSpec {
         if odd_tail {
             step(a, g.a_k * rest as i64, b_disp(rest), true)?;
         }
-        if !pass.finish {
-            for r in 0..rows {
-                for v in 0..nv {
-                    Store::F32.vector(a, sums_at(r, v)?, acc(r, v), partial && v == nv - 1)?;
-                }
-            }
-            return Ok(());
-        }
-        if elem.integer() {
-            self.epilogue_int(a, rows, nv, partial, first_row, &acc)?;
-            if !self.to_f32 {
-                return Ok(());
-            }
-        }
-        self.epilogue(a, (rows, nv), partial, (first_row, first_col), &acc)
+        Ok(())
     }
 
     /// The zero-point correction of the int8 kernels, in i32: `acc -
