@@ -17,6 +17,7 @@
 //! `KILN_REQUIRE_REAL_MODELS=1` (set by `scripts/test.sh`) demands them.
 
 use kiln_tests::{real_models_root, run_artifact, Fixture, QUANTIZED_REAL_MODELS, REAL_MODELS};
+use kiln_driver::target::Target;
 use std::time::Instant;
 
 /// The fp32 bar: max abs error relative to the output's scale.
@@ -89,6 +90,22 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The builds every real model is checked in: -O0 and -O2 for this host,
+/// and -O2 for x86_64-v3 (the AVX2 microkernels).
+const LEVELS_AND_TARGETS: [(u8, &str); 3] = [(0, "native"), (2, "native"), (2, "x86_64-v3")];
+
+/// Whether this host runs x86_64-v3 code (AVX2 and FMA).
+fn host_runs_v3() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[test]
 fn real_models_match_onnxruntime_at_o0_and_o2() {
     let Some(root) = real_models_root() else {
@@ -103,14 +120,18 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
         let fixture = Fixture::load_dir(&root.join(name));
         let inputs = fixture.inputs();
         let references = fixture.reference_outputs();
-        for level in [0u8, 2] {
+        for (level, cpu) in LEVELS_AND_TARGETS {
+            if cpu == "x86_64-v3" && !host_runs_v3() {
+                continue;
+            }
             let mut opts = fixture.compile_options();
             opts.opt_level = level;
+            opts.target = cpu.parse::<Target>().expect("a CPU target");
             let start = Instant::now();
             let bytes = match fixture.compile_with(&opts) {
                 Ok(b) => b,
                 Err(e) => {
-                    failures.push(format!("-O{level}: {e}"));
+                    failures.push(format!("{name} -O{level} {cpu}: {e}"));
                     continue;
                 }
             };
@@ -118,7 +139,7 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
             let outputs = match run_artifact(&bytes, &inputs) {
                 Ok(o) => o,
                 Err(e) => {
-                    failures.push(format!("{name} -O{level}: {e}"));
+                    failures.push(format!("{name} -O{level} {cpu}: {e}"));
                     continue;
                 }
             };
@@ -126,11 +147,14 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
             for (o, r) in outputs.iter().zip(&references) {
                 let c = kiln_driver::compare::compare(o, r);
                 println!(
-                    "{name:<12} {level:>4} {compile_ms:>8.0}ms {:<22} {:>12.3e} {:>10.3e}",
+                    "{name:<12} {level:>4} {compile_ms:>8.0}ms {:<22} {:>12.3e} {:>10.3e} {cpu}",
                     c.name, c.max_abs_error, c.rel_error
                 );
                 if !c.passes(FP32_TOLERANCE) {
-                    failures.push(format!("{name} -O{level}: output '{}': {c:?}", c.name));
+                    failures.push(format!(
+                        "{name} -O{level} {cpu}: output '{}': {c:?}",
+                        c.name
+                    ));
                 }
             }
         }
