@@ -16,8 +16,8 @@
 //! Without the fetched models the test says so and passes, unless
 //! `KILN_REQUIRE_REAL_MODELS=1` (set by `scripts/test.sh`) demands them.
 
-use kiln_tests::{real_models_root, run_artifact, Fixture, QUANTIZED_REAL_MODELS, REAL_MODELS};
 use kiln_driver::target::Target;
+use kiln_tests::{real_models_root, run_artifact, Fixture, QUANTIZED_REAL_MODELS, REAL_MODELS};
 use std::time::Instant;
 
 /// The fp32 bar: max abs error relative to the output's scale.

@@ -435,11 +435,7 @@ fn candidates(
             }
             let mut chosen = None;
             for (name, candidate) in conv_gemms(cx, c) {
-                let spec = match name {
-                    IMPLICIT | IM2COL => zmm_only(vector),
-                    _ => Ok(()),
-                }
-                .and_then(|()| candidate(cx, weights, c, machine));
+                let spec = candidate(cx, weights, c, machine);
                 if let Some(spec) = trail.attempt(on(vector, name), spec)? {
                     chosen = Some((name, spec));
                     break;
@@ -1758,15 +1754,16 @@ fn im2col_conv(
     cx: &NodeCx,
     weights: &mut Weights,
     c: &Conv2d,
-    _machine: Machine,
+    machine: Machine,
 ) -> Attempt<GemmSpec> {
     let (_, wty) = cx.inputs[1];
     let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
     let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
     let elem = conv_gemm_elem(cx, c)?;
+    f32_on(machine.vector, elem)?;
     let full = Im2col {
         cin: cin_g,
-        ..whole_image_im2col(cx, c, None)
+        ..whole_image_im2col(cx, c, None, machine.vector)
     };
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
@@ -1774,7 +1771,7 @@ fn im2col_conv(
         too_much_scratch(first.col_bytes())
     })?;
     let (k, p) = (cin_g * kh * kw, band * ow);
-    let blocking = Blocking::choose(oc / c.group, p, packed_a_rows(k));
+    let blocking = Blocking::choose_for(machine.vector, oc / c.group, p, packed_a_rows(k));
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     // `lower` points B at the im2col matrix once scratch is reserved.
@@ -1837,7 +1834,7 @@ fn integer_conv(cx: &NodeCx, weights: &mut Weights, c: &Conv2d) -> Attempt<GemmS
         }
     }
     let zero = cx.inputs[2].0;
-    let full = whole_image_im2col(cx, c, Some(zero));
+    let full = whole_image_im2col(cx, c, Some(zero), Vector::Zmm);
     let band = im2col_band(&full);
     let first = Im2col { rows: band, ..full };
     require(first.col_bytes() <= MAX_SCRATCH / 2, || {
@@ -1956,7 +1953,7 @@ fn banded_calls(
 
 /// The im2col of one whole image of convolution `cx` (f32, or quads
 /// padded with the zero point at `quads`).
-fn whole_image_im2col(cx: &NodeCx, c: &Conv2d, quads: Option<Loc>) -> Im2col {
+fn whole_image_im2col(cx: &NodeCx, c: &Conv2d, quads: Option<Loc>, vector: Vector) -> Im2col {
     let (x, w, y) = (
         &cx.inputs[0].1.shape,
         &cx.inputs[1].1.shape,
@@ -1975,6 +1972,7 @@ fn whole_image_im2col(cx: &NodeCx, c: &Conv2d, quads: Option<Loc>) -> Im2col {
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: c.dilations,
         quads,
+        vector,
     }
 }
 
@@ -2033,7 +2031,7 @@ fn implicit_conv(
     cx: &NodeCx,
     weights: &mut Weights,
     c: &Conv2d,
-    Machine { tasks, .. }: Machine,
+    Machine { tasks, vector }: Machine,
 ) -> Attempt<GemmSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (_, wty) = cx.inputs[1];
@@ -2066,6 +2064,7 @@ fn implicit_conv(
         )
     })?;
     let elem = conv_gemm_elem(cx, c)?;
+    f32_on(vector, elem)?;
     let [dh, dw] = c.dilations;
     // The padded columns a row reads, split into planes of `wp` columns
     // each (plane p: padded columns p, p + sw, ...): a tap's output
@@ -2094,7 +2093,7 @@ fn implicit_conv(
     let calls_wanted = batch * oh * c.group;
     require(calls_wanted <= MAX_CALLS, || too_many_calls(calls_wanted))?;
     let k = cin_g * kh * kw;
-    let blocking = Blocking::choose(oc / c.group, ow, packed_a_rows(k));
+    let blocking = Blocking::choose_for(vector, oc / c.group, ow, packed_a_rows(k));
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let rows_p = padded_rows(band);
@@ -2117,6 +2116,7 @@ fn implicit_conv(
         pad_tl: [c.pads[0], c.pads[1]],
         dilations: [1, 1],
         quads: None,
+        vector,
     };
     let mut routines: Vec<Im2col> = Vec::new();
     let mut calls = Vec::new();

@@ -32,8 +32,11 @@
 
 use iced_x86::code_asm::*;
 
+use super::gemm::Vector;
 use super::{imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
+
+mod ymm;
 
 /// Emits the copy of `len` pixels of one `col` row at element `at`, the
 /// first from input column `iw0` (SRC points at it).
@@ -69,6 +72,8 @@ pub(crate) struct Im2col {
     /// the padding filled with the byte at `zero` (the activation's zero
     /// point); `None`: f32.
     pub quads: Option<Loc>,
+    /// The registers of the copies (ymm: f32 only, see [`ymm`]).
+    pub vector: Vector,
 }
 
 /// A kernel that only builds im2col matrices, the first step of a
@@ -218,10 +223,15 @@ impl Im2col {
         let row_bytes = self.row_bytes() as i64;
         let sw = self.strides[1];
         let mut lane_table = a.create_label();
-        if sw != 1 {
-            a.vmovdqu32(STRIDED_LANES, zmmword_ptr(lane_table))?;
+        match self.vector {
+            Vector::Zmm => {
+                if sw != 1 {
+                    a.vmovdqu32(STRIDED_LANES, zmmword_ptr(lane_table))?;
+                }
+                a.vpxord(zmm0, zmm0, zmm0)?;
+            }
+            Vector::Ymm => ymm::start(a, sw != 1, lane_table)?,
         }
-        a.vpxord(zmm0, zmm0, zmm0)?;
         a.mov(X_CH, r8)?;
         a.mov(COL_CH, r9)?;
         a.mov(CH, self.cin as u64)?;
@@ -415,6 +425,9 @@ impl Im2col {
     /// `len` copies of zmm0's element (0.0, or the zero-point quad) at DST
     /// + `at` elements.
     fn zeros(&self, a: &mut CodeAssembler, at: usize, len: usize) -> Result<(), MicrokernelError> {
+        if self.vector == Vector::Ymm {
+            return ymm::zeros(a, at, len);
+        }
         let mut o = 0;
         while o < len {
             let lanes = (len - o).min(16);
@@ -439,6 +452,9 @@ impl Im2col {
         len: usize,
         stride: usize,
     ) -> Result<(), MicrokernelError> {
+        if self.vector == Vector::Ymm {
+            return ymm::copy(a, at, len, stride);
+        }
         if stride != 1 {
             // 16 output columns at a time: for stride 2 two loads of the 32
             // input columns they span (masked to the last one read) and a

@@ -11,14 +11,13 @@
 //! - **Store loop.** `* alpha`, `+ beta * C` and Relu or Clip; a fused
 //!   program's rest runs after the kernel (`epilogue_fits` is false for
 //!   ymm), and only f32 is stored. [`GemmSpec::ymm_declines`] names what
-//!   else the tile does not read (16-bit and int8 operands, B in place
-//!   from an image, im2col).
+//!   else the tile does not read (16-bit and int8 operands).
 
 use iced_x86::code_asm::*;
 
 use super::{
-    imm32, Activation, BLayout, Elem, GemmSpec, Geometry, MicrokernelError, Pass, Store, Vector,
-    A_K, B_K, B_TILE, CONST, C_TILE, K_COUNT, OUT_TILE, PANEL,
+    imm32, Activation, Elem, GemmSpec, Geometry, MicrokernelError, Pass, Store, Vector, A_K, B_K,
+    B_TILE, CONST, C_TILE, K_COUNT, OUT_TILE, PANEL,
 };
 
 const YMM: [AsmRegisterYmm; 16] = [
@@ -136,10 +135,6 @@ impl GemmSpec {
                 "the operands are {:?}; the AVX2 kernel reads f32",
                 self.elem
             )
-        } else if matches!(self.b, BLayout::Taps { .. }) {
-            "the AVX2 kernel does not read B in place from an image".into()
-        } else if !self.im2col.is_empty() {
-            "the AVX2 kernel has no im2col routine".into()
         } else if !self.epilogue.is_empty() {
             "the AVX2 store loop runs no epilogue program".into()
         } else if self.store != Store::F32 {
