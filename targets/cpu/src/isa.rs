@@ -111,6 +111,19 @@ pub(crate) struct Target {
     pub vnni: bool,
 }
 
+impl Target {
+    /// The vector registers of the microkernels: zmm with AVX-512, ymm
+    /// with AVX2 + FMA, none otherwise (aarch64: Cranelift only).
+    pub(crate) fn vector(&self) -> Option<crate::microkernel::gemm::Vector> {
+        use crate::microkernel::gemm::Vector;
+        match (self.avx512, self.avx2) {
+            (true, _) => Some(Vector::Zmm),
+            (false, true) => Some(Vector::Ymm),
+            (false, false) => None,
+        }
+    }
+}
+
 /// x86 features Kiln maps to Cranelift flags, with the flag name.
 const X86_FLAGS: [(CpuFeatures, &str); 14] = [
     (CpuFeatures::SSE3, "has_sse3"),

@@ -898,8 +898,9 @@ pub(crate) fn program_steps(
     Some(b.steps)
 }
 
-/// A fused node without a head (`cx`, kernel `k`) as AVX-512 elementwise
-/// kernels (up to `tasks`), when its program has a step form and every
+/// A fused node without a head (`cx`, kernel `k`) as elementwise kernels
+/// on `machine`'s registers (up to its tasks; ymm: f32 stores only), when
+/// its program has a step form and every
 /// input is f32 of the output's shape (slot 0: the first input), one value,
 /// one value per index of the last axis (a bias), or one value per index of
 /// one axis with only unit axes before it (a per-channel operand of a
@@ -909,11 +910,14 @@ pub(crate) fn lower_headless<'a>(
     cx: &'a NodeCx,
     k: &FusedKernel,
     weights: &mut Weights,
-    tasks: usize,
+    Machine { vector, tasks }: Machine,
 ) -> Option<impl Iterator<Item = Result<Vec<u8>, MicrokernelError>> + 'a> {
     let shape = &cx.node.ty.shape;
     let n = cx.node.ty.num_elements();
     if k.head().is_some() || cx.node.ty.dtype != k.store().dtype() || n == 0 {
+        return None;
+    }
+    if vector == Vector::Ymm && k.store() != FusedStore::F32 {
         return None;
     }
     // The axis whose index is the row, for per-row operands; whether an
@@ -967,7 +971,7 @@ pub(crate) fn lower_headless<'a>(
             }
         }
     }
-    if !ElementwiseSpec::fits(&steps) {
+    if !ElementwiseSpec::fits(&steps, vector) {
         return None;
     }
     let (rows, row_period, cols) = match (row_axis, per_column) {
@@ -988,6 +992,7 @@ pub(crate) fn lower_headless<'a>(
         steps,
         out: cx.out,
         store: crate::microkernel::Store::F32,
+        vector,
     };
     let zero = (k.store() != FusedStore::F32).then(|| f32_zero(weights));
     // Large enough that a task is worth its wake-up (as split_elementwise).

@@ -364,15 +364,11 @@ fn lower_dense(
     target: &Target,
     trail: &mut select::Trail,
 ) -> Result<Option<(Lowered, &'static str)>, CpuError> {
-    let vector = match (target.avx512, target.avx2) {
-        (true, _) => Vector::Zmm,
-        (false, true) => Vector::Ymm,
-        (false, false) => {
-            let why = "the target has neither AVX-512 nor AVX2 (NEON targets run dense ops as \
-                       Cranelift loops)";
-            trail.declined("avx2", why);
-            return Ok(None);
-        }
+    let Some(vector) = target.vector() else {
+        let why = "the target has neither AVX-512 nor AVX2 (NEON targets run dense ops as \
+                   Cranelift loops)";
+        trail.declined("avx2", why);
+        return Ok(None);
     };
     let machine = dense::Machine {
         vector,
@@ -427,8 +423,8 @@ fn with_tail(
         return Ok(Lowered::Machine(tasks));
     };
     let first_extra = k.head().map_or(0, |h| h.inputs);
-    // The tail as a headless kernel over the head's result: an AVX-512
-    // elementwise kernel when its program has the step form, else
+    // The tail as a headless kernel over the head's result: an AVX-512 or
+    // AVX2 elementwise kernel when its program has the step form, else
     // Cranelift.
     let tail_kernel = FusedKernel::new(None, program.clone())?.with_store(k.store());
     let tail = Node {
@@ -448,10 +444,13 @@ fn with_tail(
     tail_cx.inputs.extend(&cx.inputs[first_extra..]);
     let split = tasks.len() > 1;
     let tail_tasks = if split { target.tasks } else { 1 };
-    let headless = target
-        .avx512
-        .then(|| dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, tail_tasks))
-        .flatten();
+    let headless = target.vector().and_then(|vector| {
+        let machine = dense::Machine {
+            vector,
+            tasks: tail_tasks,
+        };
+        dense::lower_headless(&tail_cx, &tail_kernel, &mut plan.weights, machine)
+    });
     let machine = match headless {
         Some(parts) => select::assembled_tasks(parts).map_err(codegen)?,
         None => None,
@@ -496,7 +495,7 @@ fn lower_other(
     target: &Target,
 ) -> Result<Lowered, CpuError> {
     let job = Job::Node(id);
-    if target.avx512 {
+    if let Some(vector) = target.vector() {
         let cx = node_cx(graph, plan, id);
         let codegen = |e| microkernel_error(cx.node, e);
         // A lone unary or binary op runs as a one-instruction program on
@@ -514,9 +513,16 @@ fn lower_other(
             Op::Fused(k) => Some(&**k),
             _ => lone.as_ref(),
         };
+        let machine = dense::Machine {
+            vector,
+            tasks: target.tasks,
+        };
+        let zmm = vector == Vector::Zmm;
         let machine = match (&cx.node.op, headless) {
-            (_, Some(k)) => dense::lower_headless(&cx, k, &mut plan.weights, target.tasks)
+            (_, Some(k)) => dense::lower_headless(&cx, k, &mut plan.weights, machine)
                 .map(select::assembled_tasks),
+            // The kernels below have no ymm form.
+            _ if !zmm => None,
             (Op::Softmax { .. }, _) => {
                 softmax::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
             }

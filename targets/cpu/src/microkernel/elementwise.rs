@@ -1,7 +1,7 @@
-//! AVX-512 elementwise kernels: a fused node without a dense head (a chain
-//! of `+ − × ÷`, max/min and the activations made of them, as
-//! [`EpilogueStep`]s) over `rows × cols` contiguous f32 elements, 16 lanes
-//! at a time with a masked tail per row.
+//! AVX-512 and AVX2 elementwise kernels: a fused node without a dense head
+//! (a chain of `+ − × ÷`, max/min and the activations made of them, as
+//! [`EpilogueStep`]s) over `rows × cols` contiguous f32 elements, 16 (zmm)
+//! or 8 (ymm) lanes at a time with a masked tail per row.
 //!
 //! The program is the same one GEMM store loops run ([`run_epilogue`]):
 //! slot 0 is the first input's vector, other inputs are full-size tensors
@@ -13,7 +13,8 @@
 use iced_x86::code_asm::*;
 
 use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
-use super::{base_register, imm32, MicrokernelError, Store};
+use super::gemm::Vector;
+use super::{base_register, imm32, ymm, MicrokernelError, Store};
 use crate::plan::Loc;
 
 /// One elementwise kernel.
@@ -35,8 +36,11 @@ pub(crate) struct ElementwiseSpec {
     pub steps: Vec<EpilogueStep>,
     /// The output, `rows × cols` elements stored as `store` says.
     pub out: Loc,
-    /// How the result is stored (u8: see [`ElementwiseSpec::narrowed`]).
+    /// How the result is stored (u8: see [`ElementwiseSpec::narrowed`];
+    /// zmm only).
     pub store: Store,
+    /// The registers.
+    pub vector: Vector,
 }
 
 /// The element byte offset, the per-row byte offset, the byte offset
@@ -48,6 +52,10 @@ const ROWS: AsmRegister64 = rcx;
 const VECS: AsmRegister64 = r8;
 /// The byte offset of the element in a u8 output.
 const OUT_BYTE: AsmRegister64 = r10;
+
+/// The ymm registers the program's slots live in: ymm13 and ymm14 are
+/// the temporaries of [`ymm::run_epilogue`], ymm15 its mask.
+const YMM_SLOTS: usize = 13;
 
 /// Registers the program's slots live in.
 const REGS: [AsmRegisterZmm; 30] = [
@@ -66,9 +74,9 @@ impl ElementwiseSpec {
         self
     }
 
-    /// Whether the program's live values fit the registers.
-    pub(crate) fn fits(steps: &[EpilogueStep]) -> bool {
-        allocate_slots(steps, REGS.len()).is_some()
+    /// Whether the program's live values fit `vector`'s registers.
+    pub(crate) fn fits(steps: &[EpilogueStep], vector: Vector) -> bool {
+        allocate_slots(steps, slots(vector)).is_some()
     }
 
     /// The kernel as up to `tasks` kernels over consecutive rows, or over
@@ -87,12 +95,13 @@ impl ElementwiseSpec {
         if self.rows != 1 {
             return vec![self.clone()];
         }
-        let vectors = self.cols.div_ceil(16);
+        let lanes = self.vector.lanes();
+        let vectors = self.cols.div_ceil(lanes);
         let tasks = tasks.min(vectors);
         (0..tasks)
             .map(|t| {
-                let first = (vectors * t / tasks) * 16;
-                let end = ((vectors * (t + 1) / tasks) * 16).min(self.cols);
+                let first = (vectors * t / tasks) * lanes;
+                let end = ((vectors * (t + 1) / tasks) * lanes).min(self.cols);
                 self.part(1, end - first, first * 4, 0)
             })
             .collect()
@@ -133,19 +142,31 @@ impl ElementwiseSpec {
                 .collect(),
             out: self.out.moved(elem_bytes as i64),
             store: self.store,
+            vector: self.vector,
         }
     }
 
     /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
-        let home = allocate_slots(&self.steps, REGS.len())
+        let home = allocate_slots(&self.steps, slots(self.vector))
             .ok_or_else(|| MicrokernelError::Layout("too many live values".into()))?;
+        if self.vector == Vector::Ymm && self.store != Store::F32 {
+            return Err(MicrokernelError::Layout(
+                "the AVX2 elementwise kernel stores f32 only".into(),
+            ));
+        }
+        let lanes = self.vector.lanes();
         let mut a = CodeAssembler::new(64)?;
         if self.rows > 0 && self.cols > 0 {
-            let (vectors, tail) = (self.cols / 16, self.cols % 16);
+            let (vectors, tail) = (self.cols / lanes, self.cols % lanes);
             if tail > 0 {
-                a.mov(eax, (1u32 << tail) - 1)?;
-                a.kmovw(k1, eax)?;
+                match self.vector {
+                    Vector::Zmm => {
+                        a.mov(eax, (1u32 << tail) - 1)?;
+                        a.kmovw(k1, eax)?;
+                    }
+                    Vector::Ymm => ymm::edge_mask(&mut a, tail)?,
+                }
             }
             a.xor(ELEM, ELEM)?;
             a.mov(ROW, 4 * self.first_row as u64)?;
@@ -162,11 +183,11 @@ impl ElementwiseSpec {
                 a.mov(VECS, vectors as u64)?;
                 a.set_label(&mut top)?;
                 self.vector(&mut a, &home, false)?;
-                a.add(ELEM, 64)?;
+                a.add(ELEM, 4 * lanes as i32)?;
                 if narrow {
                     a.add(OUT_BYTE, 16)?;
                 }
-                a.add(COL, 64)?;
+                a.add(COL, 4 * lanes as i32)?;
                 a.dec(VECS)?;
                 a.jnz(top)?;
             }
@@ -201,20 +222,28 @@ impl ElementwiseSpec {
         home: &[usize],
         masked: bool,
     ) -> Result<(), MicrokernelError> {
-        let input = zmmword_ptr(
-            base_register(self.input) + ELEM + imm32(self.input.offset as i64, "input")?,
-        );
+        let full = FullAccess {
+            offset: ELEM,
+            column: COL,
+            masked,
+        };
+        let at = base_register(self.input) + ELEM + imm32(self.input.offset as i64, "input")?;
+        if self.vector == Vector::Ymm {
+            let regs = &ymm::YMM[..YMM_SLOTS];
+            ymm::load(a, regs[home[0]], at, masked)?;
+            let temps = [ymm::YMM[YMM_SLOTS], ymm::YMM[YMM_SLOTS + 1]];
+            let program = (home, regs);
+            let result = ymm::run_epilogue(a, &self.steps, program, (ROW, 0), Some(full), temps)?;
+            let out = base_register(self.out) + ELEM + imm32(self.out.offset as i64, "output")?;
+            return ymm::store(a, out, result, masked);
+        }
+        let input = zmmword_ptr(at);
         let slot0 = REGS[home[0]];
         if masked {
             a.vmovups(slot0.k1().z(), input)?;
         } else {
             a.vmovups(slot0, input)?;
         }
-        let full = FullAccess {
-            offset: ELEM,
-            column: COL,
-            masked,
-        };
         let result = run_epilogue(a, &self.steps, home, &REGS, (ROW, 0), Some(full))?;
         let index = match self.store {
             Store::F32 => ELEM,
@@ -223,5 +252,13 @@ impl ElementwiseSpec {
         let disp = imm32(self.out.offset as i64, "output")?;
         self.store
             .vector(a, base_register(self.out) + index + disp, result, masked)
+    }
+}
+
+/// Registers the program's slots may take on `vector`.
+fn slots(vector: Vector) -> usize {
+    match vector {
+        Vector::Zmm => REGS.len(),
+        Vector::Ymm => YMM_SLOTS,
     }
 }

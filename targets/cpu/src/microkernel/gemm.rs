@@ -871,7 +871,7 @@ impl GemmSpec {
     /// `lanes` lanes (all when 0).
     fn edge_mask(&self, a: &mut CodeAssembler, lanes: usize) -> Result<(), MicrokernelError> {
         if self.blocking.vector == Vector::Ymm {
-            return ymm::edge_mask(a, lanes);
+            return super::ymm::edge_mask(a, lanes);
         }
         let mask = if lanes == 0 {
             0xffff

@@ -44,6 +44,7 @@ pub(crate) mod pack;
 pub mod peak;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+pub(crate) mod ymm;
 
 /// Why a microkernel could not be generated for a shape. The caller falls
 /// back to the Cranelift kernel.

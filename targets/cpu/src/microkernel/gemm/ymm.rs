@@ -15,44 +15,18 @@
 
 use iced_x86::code_asm::*;
 
+use crate::microkernel::ymm::{load, splat, store, BYTES, MASK, YMM};
+
 use super::{
     imm32, Activation, Elem, GemmSpec, Geometry, MicrokernelError, Pass, Store, Vector, A_K, B_K,
     B_TILE, CONST, C_TILE, K_COUNT, OUT_TILE, PANEL,
 };
 
-const YMM: [AsmRegisterYmm; 16] = [
-    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14,
-    ymm15,
-];
-
-/// The low halves of [`YMM`], for `vmovd`.
-const XMM: [AsmRegisterXmm; 16] = [
-    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14,
-    xmm15,
-];
-
 /// The A broadcast (and a constant in the store loop).
 const ABC: usize = 14;
 
-/// The lanes of the last column tile's last vector, for `vmaskmovps`.
-const MASK: AsmRegisterYmm = ymm15;
-
 /// Bytes of one ymm vector.
-const VEC: i64 = 32;
-
-/// [`MASK`] = the first `lanes` lanes set (all when 0), built on the stack
-/// (the kernel has no constant pool).
-pub(super) fn edge_mask(a: &mut CodeAssembler, lanes: usize) -> Result<(), MicrokernelError> {
-    let lanes = if lanes == 0 { 8 } else { lanes };
-    a.sub(rsp, VEC as i32)?;
-    for lane in 0..8 {
-        let bits = if lane < lanes { -1 } else { 0 };
-        a.mov(dword_ptr(rsp + 4 * lane as i32), bits)?;
-    }
-    a.vmovdqu(MASK, ymmword_ptr(rsp))?;
-    a.add(rsp, VEC as i32)?;
-    Ok(())
-}
+const VEC: i64 = BYTES;
 
 /// Copies `rows` k rows of the column tile at B_TILE (`nv` vectors, the
 /// last under [`MASK`] when `partial`; `row` bytes apart) into the panel
@@ -82,44 +56,6 @@ pub(super) fn pack_panel(
     a.add(B_K, imm32(panel_row, "panel row")?)?;
     a.dec(K_COUNT)?;
     a.jnz(top)?;
-    Ok(())
-}
-
-/// Loads `x` from `at`, under [`MASK`] when `masked`.
-fn load(
-    a: &mut CodeAssembler,
-    x: AsmRegisterYmm,
-    at: AsmMemoryOperand,
-    masked: bool,
-) -> Result<(), MicrokernelError> {
-    if masked {
-        a.vmaskmovps(x, MASK, ymmword_ptr(at))?;
-    } else {
-        a.vmovups(x, ymmword_ptr(at))?;
-    }
-    Ok(())
-}
-
-/// Stores `x` at `at`, under [`MASK`] when `masked`.
-fn store(
-    a: &mut CodeAssembler,
-    at: AsmMemoryOperand,
-    x: AsmRegisterYmm,
-    masked: bool,
-) -> Result<(), MicrokernelError> {
-    if masked {
-        a.vmaskmovps(ymmword_ptr(at), MASK, x)?;
-    } else {
-        a.vmovups(ymmword_ptr(at), x)?;
-    }
-    Ok(())
-}
-
-/// `reg` = `v` in every lane.
-fn splat(a: &mut CodeAssembler, reg: usize, v: f32) -> Result<(), MicrokernelError> {
-    a.mov(CONST, v.to_bits())?;
-    a.vmovd(XMM[reg], CONST)?;
-    a.vbroadcastss(YMM[reg], XMM[reg])?;
     Ok(())
 }
 
@@ -204,7 +140,7 @@ impl GemmSpec {
             for v in 0..nv {
                 let x = acc(r, v);
                 if self.alpha != 1.0 {
-                    splat(a, konst, self.alpha)?;
+                    splat(a, konst, self.alpha, CONST)?;
                     a.vmulps(x, x, YMM[konst])?;
                 }
                 if let Some(c) = self.c {
@@ -218,7 +154,7 @@ impl GemmSpec {
                     if c.beta == 1.0 {
                         a.vaddps(x, x, cval)?;
                     } else {
-                        splat(a, konst, c.beta)?;
+                        splat(a, konst, c.beta, CONST)?;
                         a.vfmadd231ps(x, cval, YMM[konst])?;
                     }
                 }
@@ -229,9 +165,9 @@ impl GemmSpec {
                         a.vmaxps(x, x, YMM[konst])?;
                     }
                     Activation::Clip { lo, hi } => {
-                        splat(a, konst, lo)?;
+                        splat(a, konst, lo, CONST)?;
                         a.vmaxps(x, x, YMM[konst])?;
-                        splat(a, konst, hi)?;
+                        splat(a, konst, hi, CONST)?;
                         a.vminps(x, x, YMM[konst])?;
                     }
                 }
