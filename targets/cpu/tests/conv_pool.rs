@@ -277,8 +277,8 @@ fn softmax_on_every_axis() {
 
 #[test]
 fn softmax_rows_of_every_length_and_range() {
-    // Innermost-axis softmax (the AVX-512 kernel on such hosts): full and
-    // masked 16-lane chunks, one to many rows, values spread wide enough
+    // Innermost-axis softmax (the AVX-512 kernel on such hosts, and the
+    // AVX2 kernel): full and masked 16-lane (8-lane) chunks, one to many rows, values spread wide enough
     // to underflow exp, masked-out entries (-inf, -1e30) as attention
     // masks write them, and rows split over threads.
     let mut rng = Rng::new(77);
@@ -300,7 +300,11 @@ fn softmax_rows_of_every_length_and_range() {
             })
             .collect();
         let x = kiln_ir::Tensor::new([rows, len], kiln_ir::Data::F32(v)).unwrap();
-        common::check_with(&g, &[x], 0.0);
+        common::check_with(&g, std::slice::from_ref(&x), 0.0);
+        // The AVX2 kernel: 8-lane chunks and a vmaskmovps tail.
+        if std::arch::is_x86_feature_detected!("avx2") {
+            common::check_for(&g, &[x], 0.0, kiln_target_cpu::CpuTarget::X86_64V3);
+        }
     }
 }
 
@@ -308,7 +312,7 @@ fn softmax_rows_of_every_length_and_range() {
 fn softmax_flushes_probabilities_below_the_normal_range_to_zero() {
     // Producing a subnormal costs a microcode assist per instruction, and
     // the masked columns of an attention row are most of the row: both
-    // softmax kernels (AVX-512 on such hosts, Cranelift on x86-64-v3)
+    // softmax kernels (AVX-512 on such hosts, AVX2 on x86-64-v3)
     // write 0 where `e^(x - max)` leaves the normal range, which is within
     // 2e-38 of the reference.
     let (rows, len) = (4, 40);

@@ -10,6 +10,7 @@
 
 use cranelift_codegen::ir::InstBuilder;
 
+use super::dense::Machine;
 use super::elementwise::broadcast_strides;
 use super::linalg::{emit, Gemm};
 use super::loops::{collapse, for_range, nest};
@@ -118,14 +119,14 @@ pub(crate) fn attention(
     Ok(())
 }
 
-/// The AVX-512 kernel of attention node `cx` as up to `tasks` tasks (the
-/// heads split between them, each task with scores scratch of its own), or
-/// `None` when it does not apply.
-pub(crate) fn lower_avx512(
+/// The microkernel of attention node `cx` as up to `machine.tasks` tasks
+/// (the heads split between them, each task with scores scratch of its
+/// own), or `None` when it does not apply.
+pub(crate) fn lower_microkernel(
     cx: &NodeCx,
     scale: f32,
     scratch: &mut Scratch,
-    tasks: usize,
+    Machine { vector, tasks }: Machine,
 ) -> Option<Vec<Result<Vec<u8>, crate::microkernel::MicrokernelError>>> {
     let sh = Shape::of(cx).ok()?;
     let (m, k, n, d) = (sh.m, sh.k, sh.n, sh.d);
@@ -142,7 +143,7 @@ pub(crate) fn lower_avx512(
             n,
             k,
             elem: Elem::F32,
-            blocking: Blocking::choose(m, n, MAX_MR),
+            blocking: Blocking::choose_for(vector, m, n, MAX_MR),
             a: ALayout::Strided {
                 row: (a_row * 4) as i64,
                 col: 4,
@@ -216,6 +217,7 @@ pub(crate) fn lower_avx512(
                     len: n,
                     x: s,
                     y: s,
+                    vector,
                 },
                 context: context.clone(),
                 heads: calls,

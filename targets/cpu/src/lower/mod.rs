@@ -521,20 +521,20 @@ fn lower_other(
         let machine = match (&cx.node.op, headless) {
             (_, Some(k)) => dense::lower_headless(&cx, k, &mut plan.weights, machine)
                 .map(select::assembled_tasks),
+            (Op::Softmax { .. }, _) => {
+                softmax::lower_microkernel(&cx, machine).map(select::assembled_tasks)
+            }
+            (Op::Attention { scale }, _) => {
+                attention::lower_microkernel(&cx, *scale, &mut plan.scratch, machine)
+                    .map(select::assembled_tasks)
+            }
             // The kernels below have no ymm form.
             _ if !zmm => None,
-            (Op::Softmax { .. }, _) => {
-                softmax::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
-            }
             (Op::Reduce { .. }, _) => {
                 reduce::lower_avx512(&cx).map(|code| select::assembled_tasks([code]))
             }
             (Op::Cast { .. }, _) => {
                 elementwise::narrow_avx512(&cx, target.tasks).map(select::assembled_tasks)
-            }
-            (Op::Attention { scale }, _) => {
-                attention::lower_avx512(&cx, *scale, &mut plan.scratch, target.tasks)
-                    .map(select::assembled_tasks)
             }
             _ => None,
         };

@@ -1,6 +1,6 @@
 //! Softmax along any axis: max, `exp(x - max)` with its sum, then division.
 //!
-//! On AVX-512 targets a softmax over the innermost axis is the
+//! On AVX-512 and AVX2 targets a softmax over the innermost axis is the
 //! [`microkernel::softmax`](crate::microkernel::softmax) kernel, split by
 //! rows over threads like the GEMMs; everything else is the Cranelift
 //! kernel below.
@@ -16,17 +16,18 @@ use cranelift_codegen::ir::{InstBuilder, Type, Value};
 
 use kiln_ir::{DType, Op};
 
+use super::dense::Machine;
 use super::loops::{for_range, for_range_carry};
 use super::pool::reduce;
 use super::{math, Kb, NodeCx};
 use crate::microkernel::softmax::SoftmaxSpec;
 use crate::CpuError;
 
-/// The AVX-512 kernel of softmax node `cx` as up to `tasks` tasks, or
-/// `None` when it does not apply (not f32, the axis not innermost).
-pub(crate) fn lower_avx512(
+/// The microkernel of softmax node `cx` as up to `machine.tasks` tasks,
+/// or `None` when it does not apply (not f32, the axis not innermost).
+pub(crate) fn lower_microkernel(
     cx: &NodeCx,
-    tasks: usize,
+    Machine { vector, tasks }: Machine,
 ) -> Option<Vec<Result<Vec<u8>, crate::microkernel::MicrokernelError>>> {
     let Op::Softmax { axis } = cx.node.op else {
         return None;
@@ -46,6 +47,7 @@ pub(crate) fn lower_avx512(
         len,
         x: cx.inputs[0].0,
         y: cx.out,
+        vector,
     };
     Some(
         spec.split(tasks)

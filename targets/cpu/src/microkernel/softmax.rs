@@ -1,4 +1,4 @@
-//! AVX-512 softmax over contiguous rows (the axis innermost, as in every
+//! AVX-512 (and AVX2, see [`ymm`]) softmax over contiguous rows (the axis innermost, as in every
 //! attention block): per row a max pass, an `exp(x - max)` pass that stores
 //! and sums, and a division pass, 16 lanes at a time with a masked tail.
 //!
@@ -16,9 +16,12 @@
 
 use iced_x86::code_asm::*;
 
+use super::gemm::Vector;
 use super::{imm32, load_address, MicrokernelError};
 use crate::lower::math::{EXP_NORMAL_LOWEST, EXP_POLY, LN2_HI, LN2_LO};
 use crate::plan::Loc;
+
+mod ymm;
 
 /// One softmax kernel: `rows` rows of `len` contiguous f32 values.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +34,8 @@ pub(crate) struct SoftmaxSpec {
     pub x: Loc,
     /// The output's first row.
     pub y: Loc,
+    /// The registers (ymm: see [`ymm`]).
+    pub vector: Vector,
 }
 
 /// Row cursors, the row counter and the chunk cursor/counter.
@@ -73,6 +78,7 @@ impl SoftmaxSpec {
                         offset: self.y.offset + shift,
                         ..self.y
                     },
+                    vector: self.vector,
                 }
             })
             .collect()
@@ -91,8 +97,12 @@ impl SoftmaxSpec {
     }
 
     /// The softmax inline (no `ret`): it clobbers rax, rcx, rdx, r8, r9,
-    /// k1, zmm0–zmm3 and zmm16–zmm27. `x == y` works in place.
+    /// k1, zmm0–zmm3 and zmm16–zmm27 (ymm: see [`SoftmaxSpec::emit_ymm`]).
+    /// `x == y` works in place.
     pub(crate) fn emit(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
+        if self.rows > 0 && self.len > 0 && self.vector == Vector::Ymm {
+            return self.emit_ymm(a);
+        }
         if self.rows > 0 && self.len > 0 {
             self.constants(a)?;
             self.body(a)?;
