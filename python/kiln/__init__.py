@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -256,6 +256,25 @@ class Model(_Runner):
             raise UsageError(f"threads must be a positive integer, got {threads!r}")
         return Session(self, self._native.session(threads))
 
+    def verify(self, raise_on_failure: bool = True) -> List[Dict[str, Any]]:
+        """Runs the artifact's golden self-test (``kiln compile --golden``)
+        on this machine: every stored input set, every output against the
+        source model's value. Returns one dict per set and output (``set``,
+        ``output``, ``max_abs_error``, ``scale``, ``rel_error``,
+        ``tolerance``, ``passed``, ``mismatch``); raises
+        :class:`CheckFailed` naming the outputs beyond tolerance unless
+        ``raise_on_failure`` is false, and :class:`UsageError` for an
+        artifact without a self-test."""
+        keys = ("set", "output", "max_abs_error", "scale", "rel_error", "tolerance", "passed", "mismatch")
+        checks = [dict(zip(keys, c)) for c in self._native.verify()]
+        failed = [f"'{c['output']}' (set {c['set']})" for c in checks if not c["passed"]]
+        if failed and raise_on_failure:
+            raise CheckFailed(
+                f"{len(failed)} of {len(checks)} golden outputs beyond tolerance on this machine: "
+                + ", ".join(failed)
+            )
+        return checks
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{i.name}: {i.kiln_dtype}{list(i.shape)}" for i in self.inputs)
         outs = ", ".join(f"{o.name}: {o.kiln_dtype}{list(o.shape)}" for o in self.outputs)
@@ -326,6 +345,8 @@ def compile(
     max_rel_error: Optional[float] = None,
     bind_inputs: Optional[Mapping[str, Union[PathLike, np.ndarray]]] = None,
     sign: Optional[PathLike] = None,
+    golden: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
+    golden_tolerance: Optional[float] = None,
     args: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Compiles an ONNX model into a ``.kiln`` artifact at ``output``.
@@ -334,7 +355,8 @@ def compile(
     keywords are ``kiln compile``'s flags (``kiln compile --help`` says
     what each accepts); ``args`` passes any other flags as written on the
     command line. ``calibrate`` (with ``quantize="static"``) is a directory
-    of ``.npz`` samples or an iterable of ``{input name: array}`` samples.
+    of ``.npz`` samples or an iterable of ``{input name: array}`` samples;
+    ``golden`` (the self-test :meth:`Model.verify` runs) takes the same.
 
     Returns the report ``kiln compile --json`` prints, as Python objects.
     Raises the :class:`KilnError` subclass of the command's exit code.
@@ -354,6 +376,7 @@ def compile(
             ("--activation-type", activation_type),
             ("--max-rel-error", max_rel_error),
             ("--sign", sign),
+            ("--golden-tolerance", golden_tolerance),
         ]:
             if value is not None:
                 argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
@@ -369,6 +392,8 @@ def compile(
             argv += ["--bind-input", f"{name}={os.fspath(value)}"]
         if calibrate is not None:
             argv += ["--calibrate", _calibration_dir(calibrate, scratch)]
+        if golden is not None:
+            argv += ["--golden", _calibration_dir(golden, scratch, "golden")]
         argv += list(args)
         return json.loads(_kiln.compile_report(argv))
 
@@ -392,15 +417,18 @@ def _model_path(model: Any, scratch: str) -> str:
     )
 
 
-def _calibration_dir(calibrate: Any, scratch: str) -> str:
+def _calibration_dir(calibrate: Any, scratch: str, flag: str = "calibrate") -> str:
+    """A directory of ``.npz`` samples: ``calibrate`` itself when it is a
+    path, else its ``{input name: array}`` samples written under
+    ``scratch`` (``flag`` names the keyword in errors)."""
     if isinstance(calibrate, (str, os.PathLike)):
         return os.fspath(calibrate)
-    directory = os.path.join(scratch, "calibration")
+    directory = os.path.join(scratch, flag)
     os.mkdir(directory)
     for i, sample in enumerate(calibrate):
         if not isinstance(sample, Mapping):
             raise UsageError(
-                f"calibrate: sample {i} is a {type(sample).__name__}, not a mapping of "
+                f"{flag}: sample {i} is a {type(sample).__name__}, not a mapping of "
                 "input name to array"
             )
         # The driver reads the samples in name order.

@@ -114,6 +114,9 @@ fn compile_report(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
 /// One input or output: (name, dtype name, shape).
 type SpecTuple = (String, &'static str, Vec<u64>);
 
+/// One golden check of `Model.verify`.
+type VerifyTuple = (usize, String, f64, f64, f64, f64, bool, Option<String>);
+
 fn spec_tuples(specs: &[TensorSpec]) -> Vec<SpecTuple> {
     specs
         .iter()
@@ -251,6 +254,28 @@ impl Model {
         run_detached(py, &inputs, &mut outputs, |views, outs| {
             self.inner.run_into(views, outs)
         })
+    }
+
+    /// The golden self-test (`Model::verify`): per set and output (set,
+    /// output, max abs error, scale, error relative to the scale,
+    /// tolerance, passed, mismatch or None).
+    fn verify(&self, py: Python<'_>) -> PyResult<Vec<VerifyTuple>> {
+        let report = py.detach(|| self.inner.verify()).map_err(runtime_err)?;
+        Ok((report.checks.iter())
+            .map(|c| {
+                let m = &c.comparison;
+                (
+                    c.set,
+                    m.name.clone(),
+                    m.max_abs_error,
+                    m.scale,
+                    m.rel_error,
+                    c.tolerance,
+                    c.passed(),
+                    m.mismatch.clone(),
+                )
+            })
+            .collect())
     }
 
     /// A session of `threads` threads (clamped to `max_tasks`).

@@ -324,3 +324,32 @@ def test_outputs_may_not_overlap_inputs(tmp_path):
     assert (y == 3).all()
     with pytest.raises(kiln.UsageError):
         model.session(threads=0)
+
+
+def test_golden_self_test_runs_from_python(tmp_path):
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"]
+    sets = [{"input": images[i : i + 4]} for i in (0, 4)]
+    artifact = tmp_path / "golden.kiln"
+    report = kiln.compile(DIGITS, artifact, dims={"batch": 4}, golden=sets)
+    assert report["golden"]["tolerances"] == {"logits": 1e-4, "probs": 1e-4}
+    model = kiln.load(artifact)
+    checks = model.verify()
+    assert [(c["set"], c["output"], c["passed"]) for c in checks] == [
+        (0, "logits", True),
+        (0, "probs", True),
+        (1, "logits", True),
+        (1, "probs", True),
+    ]
+    assert cli("verify", artifact).returncode == 0
+    # int8 at a tolerance of 0: every output is beyond it, by name.
+    strict = tmp_path / "strict.kiln"
+    kiln.compile(DIGITS, strict, dims={"batch": 4}, quantize="dynamic", golden=sets, golden_tolerance=0.0)
+    with pytest.raises(kiln.CheckFailed, match=r"golden outputs beyond tolerance on this machine: 'logits' \(set 0\)"):
+        kiln.load(strict).verify()
+    assert not all(c["passed"] for c in kiln.load(strict).verify(raise_on_failure=False))
+    assert cli("verify", strict).returncode == 7
+    plain = tmp_path / "plain.kiln"
+    kiln.compile(DIGITS, plain, dims={"batch": 4})
+    with pytest.raises(kiln.UsageError, match="has no golden self-test"):
+        kiln.load(plain).verify()

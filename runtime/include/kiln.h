@@ -108,6 +108,16 @@ int64_t kiln_model_output_byte_size(const KilnModel *m, size_t i);
  * arena. */
 int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *outputs);
 
+/* Result of kiln_model_verify: a golden output is beyond its tolerance. */
+#define KILN_VERIFY_FAILED 5
+
+/* Runs the artifact's golden self-test (kiln compile --golden) on this
+ * machine: every stored input set, every output against the source model's
+ * value and its tolerance. Returns KILN_OK, KILN_VERIFY_FAILED (see
+ * kiln_last_error() for the outputs), KILN_ERROR_ARGUMENT for an artifact
+ * without a self-test, or a run's KILN_ERROR_* code. */
+int kiln_model_verify(const KilnModel *m);
+
 /* A session: an arena of the model's size, allocated here. Returns NULL on
  * failure; see kiln_last_error(). The session keeps the model's code and
  * weights alive, so it may be freed after the model. */

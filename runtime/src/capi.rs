@@ -28,6 +28,9 @@ pub const KILN_ERROR_KERNEL: c_int = 2;
 pub const KILN_ERROR_INTERNAL: c_int = 3;
 /// `kiln_model_run` result: a temporary arena could not be allocated.
 pub const KILN_ERROR_OUT_OF_MEMORY: c_int = 4;
+/// `kiln_model_verify` result: an output of a golden set is beyond its
+/// tolerance on this machine.
+pub const KILN_VERIFY_FAILED: c_int = 5;
 
 /// A loaded model, opaque to C.
 pub struct KilnModel {
@@ -493,6 +496,48 @@ pub unsafe extern "C" fn kiln_session_run(
         let (program, arena, pool) = s.session.parts();
         // SAFETY: per the contract.
         report(unsafe { run("kiln_session_run", program, arena, pool, inputs, outputs) })
+    })
+}
+
+/// Runs the artifact's golden self-test (`kiln compile --golden`) on this
+/// machine. Returns `KILN_OK` when every output of every set is within its
+/// tolerance, `KILN_VERIFY_FAILED` when one is not ([`kiln_last_error`]
+/// names the outputs), `KILN_ERROR_ARGUMENT` for a NULL model or an
+/// artifact without a self-test, or the code of a run's error.
+///
+/// # Safety
+/// `m` must be NULL or a live model.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_verify(m: *const KilnModel) -> c_int {
+    guard(KILN_ERROR_INTERNAL, || {
+        // SAFETY: per the contract.
+        let Some(m) = (unsafe { m.as_ref() }) else {
+            return report(Err(arg_error("kiln_model_verify", "model is NULL")));
+        };
+        let result = match m.model.verify() {
+            Ok(r) if r.passed() => Ok(()),
+            Ok(r) => {
+                let failed: Vec<String> = (r.failures())
+                    .map(|c| {
+                        format!(
+                            "'{}' (set {}: {:.3e} of its scale, tolerance {:.1e})",
+                            c.comparison.name, c.set, c.comparison.rel_error, c.tolerance
+                        )
+                    })
+                    .collect();
+                let message = format!(
+                    "kiln_model_verify: golden outputs beyond tolerance: {}",
+                    failed.join(", ")
+                );
+                Err((KILN_VERIFY_FAILED, message))
+            }
+            Err(e @ Error::NoGolden) => Err(arg_error("kiln_model_verify", &e.to_string())),
+            Err(e @ Error::Kernel { .. }) => {
+                Err((KILN_ERROR_KERNEL, format!("kiln_model_verify: {e}")))
+            }
+            Err(e) => Err((KILN_ERROR_ARGUMENT, format!("kiln_model_verify: {e}"))),
+        };
+        report(result)
     })
 }
 

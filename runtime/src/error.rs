@@ -190,6 +190,20 @@ pub enum Error {
     /// `load_verified`: the signature does not verify with the public key.
     #[error("the artifact's signature does not verify with the given public key (it was signed with another key, or the signature is forged)")]
     BadSignature,
+    /// [`Model::verify`](crate::Model::verify) on an artifact without a
+    /// self-test.
+    #[error("the artifact has no golden self-test (compile it with `kiln compile --golden FILE.npz|DIR`)")]
+    NoGolden,
+    /// A golden set lacks an expected value or a tolerance for an output
+    /// the model produces (an artifact whose GOLDEN section does not match
+    /// its outputs).
+    #[error("golden set {set} has no expected value or tolerance for output '{output}'")]
+    GoldenOutput {
+        /// The set's index.
+        set: usize,
+        /// The output.
+        output: String,
+    },
     /// A public key that is not a valid Ed25519 key (or not PEM).
     #[error("invalid public key: {0}")]
     InvalidPublicKey(String),

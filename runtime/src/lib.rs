@@ -14,6 +14,8 @@
 //! - [`Model`]: load (shared, immutable) and run; [`Session`]: one arena,
 //!   for allocation-free runs on one thread.
 //! - [`capi`]: the C ABI declared in `include/kiln.h`.
+//! - [`Model::verify`]: the artifact's golden self-test on this machine;
+//!   [`compare`]: the output metric it and `kiln run --check` use.
 //! - `PublicKey` and `Model::load_verified` (feature `signing`, default):
 //!   refuse artifacts not signed by your pipeline (`docs/security.md`).
 //!
@@ -57,10 +59,12 @@
 
 pub mod capi;
 mod code;
+pub mod compare;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
 mod file;
+mod golden;
 mod host;
 mod memory;
 mod model;
@@ -76,6 +80,7 @@ pub use kiln_format as format;
 pub use error::{Error, KERNEL_INDEX_OUT_OF_RANGE};
 pub use file::{open_regular, read_regular};
 pub use format::{DType, TensorSpec};
+pub use golden::{GoldenCheck, VerifyReport};
 pub use model::{Model, Session, MAX_SESSION_THREADS};
 #[cfg(feature = "signing")]
 pub use signing::PublicKey;

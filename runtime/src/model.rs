@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use crate::code::{CodeMemory, KernelFn};
 use crate::file::read_private;
 use crate::format::{
-    read_header, Arch, ArtifactView, CpuFeatures, Header, Metadata, SectionKind, TensorSpec,
+    read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata, SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
@@ -67,6 +67,8 @@ pub(crate) struct Program {
     input_names: InputNames,
     /// Keeps the mapping that `task_entries` point into alive.
     _code: CodeMemory,
+    /// The self-test (a copy of the GOLDEN section; empty when none).
+    golden: Golden<'static>,
     /// Read-only: kernels receive it as `*const u8`.
     weights: Weights,
 }
@@ -146,8 +148,10 @@ impl Model {
             header,
             metadata,
             schedule,
+            golden,
             ..
         } = view;
+        let golden = golden.into_owned();
         let model = move |weights| Model {
             program: Arc::new(Program {
                 metadata,
@@ -158,11 +162,26 @@ impl Model {
                 kernel_entries,
                 input_names,
                 _code: code,
+                golden,
                 weights,
             }),
             cached_arena: Mutex::new(Some(arena)),
         };
         Ok((model, range))
+    }
+
+    /// Runs the artifact's golden self-test on this machine: every input
+    /// set stored by `kiln compile --golden`, every output compared with
+    /// the source model's value against the output's tolerance. `Ok` with
+    /// the per-output checks (see [`VerifyReport::passed`](crate::VerifyReport::passed)),
+    /// or [`Error::NoGolden`] for an artifact compiled without one.
+    pub fn verify(&self) -> Result<crate::VerifyReport, Error> {
+        crate::golden::verify(&self.program.golden, |inputs| self.run(inputs))
+    }
+
+    /// The artifact's golden self-test (empty when it has none).
+    pub fn golden(&self) -> &Golden<'static> {
+        &self.program.golden
     }
 
     /// The model's inputs, in declared order.

@@ -97,7 +97,7 @@ fn newer_version() {
     );
     assert_eq!(
         err.to_string(),
-        "artifact format version 7 is newer than this runtime supports (3)"
+        "artifact format version 7 is newer than this runtime supports (4)"
     );
 }
 
@@ -113,9 +113,11 @@ fn truncated_file() {
     let bytes = rich_artifact().to_bytes();
     let err = parse_err(&bytes[..bytes.len() - 1]);
     assert!(matches!(err, FormatError::Truncated(_)), "{err:?}");
+    // The last section is GOLDEN, empty here: the file ends with the
+    // padding after SCHEDULE.
     assert!(
         err.to_string()
-            .starts_with("artifact is truncated: section SCHEDULE"),
+            .starts_with("artifact is truncated: section GOLDEN"),
         "{err}"
     );
     let err = parse_err(&bytes[..20]);
@@ -403,5 +405,88 @@ fn absurd_counts_are_refused_without_allocating() {
         &bytes,
         SectionKind::Relocs,
         "relocation count is 4294967295",
+    );
+}
+
+/// `v4` (an artifact without a self-test) rewritten as format version 3:
+/// six sections, the table 64 bytes shorter, every section as many bytes
+/// earlier, the content hash recomputed.
+fn as_version_3(v4: &[u8]) -> Vec<u8> {
+    let header = read_header(v4).unwrap();
+    assert_eq!(header.sections[6].length, 0, "a v3 file has no GOLDEN");
+    let first = |sections: usize| (HEADER_LEN + sections * SECTION_ENTRY_LEN).next_multiple_of(64);
+    let shift = (first(7) - first(6)) as u64;
+    let mut out = v4[..HEADER_LEN].to_vec();
+    out[8..12].copy_from_slice(&3u32.to_le_bytes());
+    out[24..28].copy_from_slice(&6u32.to_le_bytes());
+    for i in 0..6 {
+        let mut entry = v4[entry_at(SectionKind::ALL[i])..][..SECTION_ENTRY_LEN].to_vec();
+        let offset = u64::from_le_bytes(entry[8..16].try_into().unwrap()) - shift;
+        entry[8..16].copy_from_slice(&offset.to_le_bytes());
+        out.extend(entry);
+    }
+    out.resize(first(6), 0);
+    // A v3 file ends with SCHEDULE, without the padding before GOLDEN.
+    let schedule = &header.sections[5];
+    out.extend_from_slice(&v4[first(7)..(schedule.offset + schedule.length) as usize]);
+    let mut h = sha2::Sha256::default();
+    use sha2::Digest;
+    h.update(&out[..32]);
+    h.update(&out[64..HEADER_LEN + 6 * SECTION_ENTRY_LEN]);
+    let hash: [u8; 32] = h.finalize().into();
+    out[32..64].copy_from_slice(&hash);
+    out
+}
+
+#[test]
+fn version_3_files_without_a_golden_section_still_load() {
+    let a = rich_artifact();
+    let v3 = as_version_3(&a.to_bytes());
+    let view = ArtifactView::parse(&v3).unwrap();
+    assert_eq!(view.header.version, 3);
+    assert_eq!(view.header.sections.len(), 6);
+    assert!(view.header.get(SectionKind::Golden).is_none());
+    assert!(view.golden.is_empty());
+    assert_eq!(view.into_artifact(), a);
+    // A v3 file that claims seven sections is refused.
+    let mut bad = v3.clone();
+    bad[24..28].copy_from_slice(&7u32.to_le_bytes());
+    assert!(parse_err(&bad)
+        .to_string()
+        .contains("format version 3 has 6"));
+}
+
+#[test]
+fn the_golden_section_round_trips_and_is_checksummed() {
+    use kiln_runtime::format::{Golden, GoldenSet, GoldenTensor, Tolerance};
+    use std::borrow::Cow;
+    let t = |name: &str, v: &[f32]| GoldenTensor {
+        name: name.into(),
+        dtype: DType::F32,
+        shape: vec![v.len() as u64],
+        data: Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
+    let a = Artifact {
+        golden: Golden {
+            sets: vec![GoldenSet {
+                inputs: vec![t("x", &[1.0, 2.0])],
+                outputs: vec![t("y", &[1.0, 2.0])],
+            }],
+            tolerances: vec![Tolerance {
+                output: "y".into(),
+                max_rel_error: 1e-4,
+            }],
+        },
+        ..copy_model()
+    };
+    let bytes = a.to_bytes();
+    assert_eq!(Artifact::parse(&bytes).unwrap(), a);
+    let range = section_range(&bytes, SectionKind::Golden);
+    assert!(!range.is_empty());
+    let mut bad = bytes.clone();
+    bad[range.end - 1] ^= 1;
+    assert_eq!(
+        parse_err(&bad),
+        FormatError::SectionChecksum(SectionKind::Golden)
     );
 }

@@ -57,7 +57,8 @@ fn wrong_arch() {
 #[test]
 fn format_errors_pass_through() {
     let mut bytes = copy_model().to_bytes();
-    *bytes.last_mut().unwrap() ^= 1;
+    let schedule = kiln_format::read_header(&bytes).unwrap().sections[5].clone();
+    bytes[(schedule.offset + schedule.length - 1) as usize] ^= 1;
     let err = load_err(&bytes);
     assert_eq!(err.to_string(), "checksum mismatch in section SCHEDULE");
 }
@@ -371,5 +372,76 @@ mod x86_64 {
             .join()
             .unwrap();
         assert_eq!(spec.byte_len(), 8);
+    }
+}
+
+/// [`copy_model`] (`y = x`) with golden sets whose expected `y` is
+/// `expected(x)` and tolerance 1e-4.
+#[cfg(target_arch = "x86_64")]
+fn with_golden(expected: impl Fn(f32) -> f32) -> kiln_runtime::format::Artifact {
+    use kiln_runtime::format::{Golden, GoldenSet, GoldenTensor, Tolerance};
+    let t = |name: &str, v: &[f32]| GoldenTensor {
+        name: name.into(),
+        dtype: DType::F32,
+        shape: vec![2],
+        data: std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
+    let set = |x: [f32; 2]| GoldenSet {
+        inputs: vec![t("x", &x)],
+        outputs: vec![t("y", &x.map(&expected))],
+    };
+    kiln_runtime::format::Artifact {
+        golden: Golden {
+            sets: vec![set([1.0, -2.0]), set([0.5, 4.0])],
+            tolerances: vec![Tolerance {
+                output: "y".into(),
+                max_rel_error: 1e-4,
+            }],
+        },
+        ..copy_model()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn verify_runs_every_golden_set_against_its_tolerance() {
+    let model = Model::from_bytes(&with_golden(|x| x).to_bytes()).unwrap();
+    let report = model.verify().unwrap();
+    assert!(report.passed(), "{report:?}");
+    assert_eq!(report.checks.len(), 2);
+    assert_eq!(report.checks[1].set, 1);
+    // Expected values the model does not give: both sets fail, by name.
+    let model = Model::from_bytes(&with_golden(|x| x * 1.001).to_bytes()).unwrap();
+    let report = model.verify().unwrap();
+    assert!(!report.passed());
+    let failed: Vec<(usize, &str)> = (report.failures())
+        .map(|c| (c.set, c.comparison.name.as_str()))
+        .collect();
+    assert_eq!(failed, [(0, "y"), (1, "y")]);
+    assert!((report.checks[0].comparison.rel_error - 1e-3).abs() < 1e-6);
+    // Without a self-test.
+    let model = Model::from_bytes(&copy_model().to_bytes()).unwrap();
+    let err = model.verify().unwrap_err();
+    assert!(matches!(err, Error::NoGolden), "{err}");
+    // Capi: the same answers as codes.
+    use kiln_runtime::capi::*;
+    for (artifact, code) in [
+        (with_golden(|x| x), KILN_OK),
+        (with_golden(|x| x + 1.0), KILN_VERIFY_FAILED),
+        (copy_model(), KILN_ERROR_ARGUMENT),
+    ] {
+        let path =
+            std::env::temp_dir().join(format!("kiln-verify-{}-{code}.kiln", std::process::id()));
+        std::fs::write(&path, artifact.to_bytes()).unwrap();
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string; the model is freed once.
+        unsafe {
+            let m = kiln_model_load(c_path.as_ptr());
+            assert!(!m.is_null());
+            assert_eq!(kiln_model_verify(m), code);
+            kiln_model_free(m);
+            assert_eq!(kiln_model_verify(std::ptr::null()), KILN_ERROR_ARGUMENT);
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -93,6 +93,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", kiln_last_error());
         return 1;
     }
+    /* The artifact's golden self-test (kiln compile --golden), when it has
+     * one: its stored inputs, checked against the source model's outputs. */
+    int verified = kiln_model_verify(m);
+    if (verified == KILN_OK) {
+        printf("golden self-test: every output within tolerance\n");
+    } else if (verified == KILN_VERIFY_FAILED) {
+        fprintf(stderr, "error: %s\n", kiln_last_error());
+        kiln_model_free(m);
+        return 1;
+    }
     size_t n_in = kiln_model_num_inputs(m), n_out = kiln_model_num_outputs(m);
     void **inputs = calloc(n_in + 1, sizeof *inputs);
     void **outputs = calloc(n_out + 1, sizeof *outputs);

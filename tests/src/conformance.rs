@@ -83,6 +83,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Io { .. } => "io".to_string(),
         DriverError::ArenaTooLarge { .. } => "arena_too_large".to_string(),
         DriverError::Calibration { .. } => "calibration".to_string(),
+        DriverError::Golden { .. } => "golden".to_string(),
         DriverError::Usage(_) => "usage".to_string(),
     }
 }

@@ -42,6 +42,15 @@ pub enum DriverError {
         /// What is wrong.
         message: String,
     },
+    /// Golden input sets (`--golden`) that do not fit the model, or that
+    /// the reference evaluator cannot run.
+    #[error("golden inputs {}: {message}", path.display())]
+    Golden {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// An option combination that cannot work (`--max-rel-error` without
     /// calibration samples).
     #[error("{0}")]
@@ -99,7 +108,7 @@ impl DriverError {
             DriverError::Cuda(CudaError::PtxasRejected { .. }) => ErrorKind::Internal,
             DriverError::Cuda(_) => ErrorKind::Unsupported,
             DriverError::Io { .. } => ErrorKind::Io,
-            DriverError::Calibration { .. } => ErrorKind::BadInput,
+            DriverError::Calibration { .. } | DriverError::Golden { .. } => ErrorKind::BadInput,
             DriverError::Usage(_) => ErrorKind::Usage,
         }
     }

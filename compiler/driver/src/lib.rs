@@ -24,18 +24,23 @@
 
 pub mod compare;
 mod error;
+pub mod golden;
 pub mod npy;
 mod options;
 pub mod output;
 mod pipeline;
 pub mod report;
 pub mod report_html;
+mod samples;
 pub mod signing;
 pub mod target;
 
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
-pub use options::{CompileOptions, DumpIr, Smooth, DEFAULT_MAX_ARENA_BYTES, DEFAULT_SMOOTH_ALPHA};
+pub use options::{
+    CompileOptions, DumpIr, Smooth, DEFAULT_MAX_ARENA_BYTES, DEFAULT_SMOOTH_ALPHA,
+    GOLDEN_TOLERANCES,
+};
 pub use pipeline::{
     compile, compile_bytes, compile_with_progress, first_difference, optimize, read_calibration,
     Compiled, Optimized,

@@ -5,7 +5,7 @@
 use crate::error::DriverError;
 use crate::target::Target;
 use kiln_onnx::ImportOptions;
-use kiln_passes::{ActivationType, Observer, Policy};
+use kiln_passes::{ActivationType, Mode, Observer, Policy, Precision};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -93,6 +93,12 @@ pub struct CompileOptions {
     /// [`kiln_passes::smoothing_factors`]), measured on the calibration
     /// samples.
     pub smooth: Smooth,
+    /// The golden self-test's input sets (`--golden FILE.npz|DIR`, see
+    /// [`crate::golden`]); `None`: the artifact has none.
+    pub golden: Option<PathBuf>,
+    /// The self-test's tolerance for every output (`--golden-tolerance`);
+    /// `None`: by the build's precision ([`CompileOptions::golden_tolerance`]).
+    pub golden_tolerance: Option<f64>,
 }
 
 /// Whether int8 activations are smoothed, and how strongly (`--smooth`).
@@ -146,9 +152,25 @@ impl Default for CompileOptions {
             observer: Observer::MinMax,
             bias_correction: true,
             smooth: Smooth::Auto,
+            golden: None,
+            golden_tolerance: None,
         }
     }
 }
+
+/// The golden self-test's default tolerance per precision: the largest
+/// error of an output relative to its scale, against the source model
+/// evaluated in f32. A build takes the entry of its least precise layer
+/// (the `--precision` mode and every `--force`); order: most precise first.
+/// fp32 is `kiln run --check`'s default; the others leave room for what
+/// the precision costs on real models (docs/precision.md: bf16 and int8
+/// outputs of the real models stay within 2e-2 and 1e-1).
+pub const GOLDEN_TOLERANCES: [(Precision, f64); 4] = [
+    (Precision::Fp32, 1e-4),
+    (Precision::Fp16, 1e-2),
+    (Precision::Bf16, 5e-2),
+    (Precision::Int8, 0.15),
+];
 
 /// The first 8 bytes of the SHA-256 of `data`, in hex: names data that
 /// decides the artifact (bound input values, a plan file) in the options
@@ -192,6 +214,27 @@ impl CompileOptions {
             Some((_, why)) => Err(DriverError::Usage((*why).into())),
             None => Ok(()),
         }
+    }
+
+    /// The golden self-test's tolerance: `--golden-tolerance`, or the
+    /// [`GOLDEN_TOLERANCES`] entry of the least precise layer the policy
+    /// asks for (its `--precision` mode and every `--force`; a `--plan`'s
+    /// entries are not read: give `--golden-tolerance` with one).
+    pub fn golden_tolerance(&self) -> f64 {
+        if let Some(t) = self.golden_tolerance {
+            return t;
+        }
+        let mode = match self.precision.mode {
+            Mode::Fp32 => Precision::Fp32,
+            Mode::Fp16 => Precision::Fp16,
+            Mode::Bf16 | Mode::Mixed => Precision::Bf16,
+            Mode::Int8 => Precision::Int8,
+        };
+        let rank = |p: Precision| GOLDEN_TOLERANCES.iter().position(|(q, _)| *q == p);
+        let loosest = (self.precision.force.iter())
+            .map(|(p, _)| rank(*p))
+            .fold(rank(mode), |a, b| a.max(b));
+        loosest.map_or(GOLDEN_TOLERANCES[0].1, |i| GOLDEN_TOLERANCES[i].1)
     }
 
     /// The smoothing strength this build uses, if any.
@@ -289,7 +332,6 @@ impl CompileOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_passes::Mode;
 
     /// Each rule refuses what it names, and a build that needs none of
     /// them passes.

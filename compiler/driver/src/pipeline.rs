@@ -2,6 +2,7 @@
 
 use crate::error::DriverError;
 use crate::options::{CompileOptions, DumpIr};
+use crate::samples::{npz_files, read_sample};
 use crate::target::Generated;
 use kiln_format::{Artifact, ArtifactInfo};
 use kiln_ir::Graph;
@@ -61,6 +62,9 @@ pub struct Optimized {
     pub import_time: Duration,
     /// The precision outcome of a reduced-precision build.
     pub precision: Option<PrecisionOutcome>,
+    /// The golden self-test, computed on the source graph before any pass
+    /// (empty without `--golden`).
+    pub golden: kiln_format::Golden<'static>,
 }
 
 /// Reads the calibration samples in `dir` for `graph`'s inputs: every
@@ -77,77 +81,17 @@ pub fn read_calibration(
         path: path.to_path_buf(),
         message,
     };
-    let entries = std::fs::read_dir(dir).map_err(|source| DriverError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "npz"))
-        .collect();
-    files.sort();
+    let files = npz_files(dir)?;
     if files.is_empty() {
         return Err(bad(
             dir,
             "no .npz files (one per sample, one array per model input)".into(),
         ));
     }
-    let inputs: Vec<&kiln_ir::Node> = graph.inputs().iter().map(|&i| graph.node(i)).collect();
-    let names: Vec<&str> = inputs.iter().map(|n| n.name.as_str()).collect();
-    let mut samples = Vec::with_capacity(files.len());
-    for file in &files {
-        // Raw (ml_dtypes) arrays read as the input they feed.
-        let want = |name: &str| {
-            let input = inputs.iter().find(|n| n.name == name)?;
-            Some(input.ty.dtype)
-        };
-        let arrays = crate::npy::read_npz(file, want).map_err(|e| bad(file, e.to_string()))?;
-        if let Some(extra) = arrays.iter().find(|a| !names.contains(&a.name.as_str())) {
-            return Err(bad(
-                file,
-                format!(
-                    "array '{}' is not a model input (inputs: {})",
-                    extra.name,
-                    names.join(", ")
-                ),
-            ));
-        }
-        let mut sample = Vec::with_capacity(inputs.len());
-        for input in &inputs {
-            let array = arrays
-                .iter()
-                .find(|a| a.name == input.name)
-                .ok_or_else(|| bad(file, format!("no array for input '{}'", input.name)))?;
-            let t = crate::npy::to_ir_tensor(array.clone(), file)
-                .map_err(|e| bad(file, e.to_string()))?;
-            if t.dtype() != input.ty.dtype || t.shape() != &input.ty.shape {
-                return Err(bad(
-                    file,
-                    format!(
-                        "array '{}' is {}{:?}, the model input is {}",
-                        input.name,
-                        t.dtype(),
-                        t.shape().as_slice(),
-                        input.ty
-                    ),
-                ));
-            }
-            if t.dtype().is_float() {
-                if let Some(i) = t.to_f64_vec().iter().position(|v| !v.is_finite()) {
-                    return Err(bad(
-                        file,
-                        format!(
-                            "array '{}' has a non-finite value at flat index {i}",
-                            input.name
-                        ),
-                    ));
-                }
-            }
-            sample.push(t);
-        }
-        samples.push(sample);
-    }
-    Ok(samples)
+    files
+        .iter()
+        .map(|file| read_sample(file, graph).map_err(|m| bad(file, m)))
+        .collect()
 }
 
 /// Imports the model at `path` and runs the pass pipeline on it.
@@ -175,7 +119,14 @@ fn optimize_graph(
     // Options that cannot work are refused before the calibration data is
     // read (an empty calibration directory is an error of its own).
     opts.validate()?;
-    // Calibration data is checked against the model before any work.
+    // The golden outputs are the source model's, before any pass; golden
+    // and calibration data are checked against the model before any work.
+    let golden = match opts.golden {
+        Some(_) => stage(progress, "computing golden outputs", || {
+            crate::golden::build(&graph, opts)
+        })?,
+        None => kiln_format::Golden::default(),
+    };
     let samples = if opts.precision.is_identity() {
         Vec::new()
     } else {
@@ -255,6 +206,7 @@ fn optimize_graph(
         dumps,
         import_time,
         precision,
+        golden,
     })
 }
 
@@ -318,6 +270,7 @@ fn generate(
         dumps,
         import_time,
         precision,
+        golden,
     } = optimized;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
@@ -337,8 +290,9 @@ fn generate(
             });
         }
     }
-    let (artifact, Generated { ptx_kernels, ptxas }) =
+    let (mut artifact, Generated { ptx_kernels, ptxas }) =
         opts.target.backend().generate(&graph, opts.threads, info)?;
+    artifact.golden = golden;
     if artifact.metadata.arena_size > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
             arena_bytes: artifact.metadata.arena_size,

@@ -89,6 +89,7 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
         "arena_bytes": m.arena_size,
         "weights_bytes": view.weights.len(),
         "dense_kernels": dense_kernels_json(&m.dense_kernels),
+        "golden": golden_json(&view.golden),
     });
     match code {
         Code::Machine {
@@ -129,6 +130,47 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
         }
     }
     v
+}
+
+/// The golden self-test: per set its inputs' and outputs' types, and the
+/// tolerance per output; `null` when the artifact has none.
+pub fn golden_json(g: &format::Golden<'_>) -> Value {
+    if g.is_empty() {
+        return Value::Null;
+    }
+    let types = |ts: &[format::GoldenTensor<'_>]| -> Value {
+        ts.iter()
+            .map(|t| json!({"name": t.name, "type": t.type_string()}))
+            .collect()
+    };
+    let sets: Vec<Value> = (g.sets.iter())
+        .map(|s| json!({"inputs": types(&s.inputs), "outputs": types(&s.outputs)}))
+        .collect();
+    let tolerances: serde_json::Map<String, Value> = (g.tolerances.iter())
+        .map(|t| (t.output.clone(), json!(t.max_rel_error)))
+        .collect();
+    json!({"sets": sets, "tolerances": tolerances})
+}
+
+/// One line for people: how many golden sets and their tolerances, or
+/// `None` when the artifact has none.
+pub fn golden_summary(g: &format::Golden<'_>) -> Option<String> {
+    if g.is_empty() {
+        return None;
+    }
+    let mut tolerances: Vec<f64> = g.tolerances.iter().map(|t| t.max_rel_error).collect();
+    tolerances.dedup();
+    let tolerance = match tolerances.as_slice() {
+        [t] => format!("tolerance {t:e} of each output's scale"),
+        _ => (g.tolerances.iter())
+            .map(|t| format!("{} {:e}", t.output, t.max_rel_error))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    Some(format!(
+        "golden self-test: {} input set(s), {tolerance} (run it with `kiln verify`)",
+        g.sets.len()
+    ))
 }
 
 /// The kernel chosen for each dense node, with the candidates that

@@ -105,6 +105,7 @@ impl CudaCode {
             kernels: Vec::new(),
             relocs: Vec::new(),
             schedule: Vec::new(),
+            golden: crate::Golden::default(),
         }
     }
 

@@ -57,9 +57,21 @@ pub struct Header {
 
 impl Header {
     /// The table entry for `kind`.
+    ///
+    /// # Panics
+    /// For [`SectionKind::Golden`] in a file older than format version 4
+    /// (see [`Header::get`]); every other kind is in every version.
     pub fn section(&self, kind: SectionKind) -> &SectionEntry {
-        // `read_header` guarantees one entry per kind, in `ALL` order.
-        &self.sections[kind as usize - 1]
+        self.get(kind)
+            .unwrap_or_else(|| panic!("format version {} has no {kind} section", self.version))
+    }
+
+    /// The table entry for `kind`, `None` when the file's version has no
+    /// such section.
+    pub fn get(&self, kind: SectionKind) -> Option<&SectionEntry> {
+        // `read_header` guarantees one entry per kind of the version, in
+        // `ALL` order.
+        self.sections.get(kind as usize - 1)
     }
 }
 
@@ -68,9 +80,9 @@ pub(crate) fn align_up(n: u64) -> Option<u64> {
     Some(n.checked_add(SECTION_ALIGN - 1)? / SECTION_ALIGN * SECTION_ALIGN)
 }
 
-/// Offset of the first section.
-pub(crate) fn first_section_offset() -> u64 {
-    let table_end = HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN;
+/// Offset of the first section of a file of `sections` sections.
+pub(crate) fn first_section_offset(sections: usize) -> u64 {
+    let table_end = HEADER_LEN + sections * SECTION_ENTRY_LEN;
     table_end.next_multiple_of(SECTION_ALIGN as usize) as u64
 }
 
@@ -80,7 +92,7 @@ pub(crate) fn first_section_offset() -> u64 {
 pub(crate) fn write_header(
     arch: Arch,
     features: CpuFeatures,
-    payloads: &[&[u8]; 6],
+    payloads: &[&[u8]; SectionKind::ALL.len()],
 ) -> (Vec<u8>, [u8; 32]) {
     let mut w = Writer::default();
     w.bytes(&MAGIC);
@@ -90,7 +102,7 @@ pub(crate) fn write_header(
     w.u32(payloads.len() as u32);
     w.u32(0); // reserved
     w.bytes(&[0; 32]); // content hash, filled in below
-    let mut offset = first_section_offset();
+    let mut offset = first_section_offset(payloads.len());
     for (kind, payload) in SectionKind::ALL.into_iter().zip(payloads) {
         w.u32(kind as u32);
         w.u32(0); // reserved
@@ -101,7 +113,7 @@ pub(crate) fn write_header(
     }
     let hash = content_hash_of(&w.0);
     w.0[HASH_RANGE].copy_from_slice(&hash);
-    w.0.resize(first_section_offset() as usize, 0);
+    w.0.resize(first_section_offset(payloads.len()) as usize, 0);
     (w.0, hash)
 }
 
@@ -147,10 +159,11 @@ pub fn read_header(file: &[u8]) -> Result<Header, FormatError> {
         });
     }
     let count = le_u32(file, 24) as usize;
-    if count != SectionKind::ALL.len() {
+    let kinds = SectionKind::of_version(version);
+    if count != kinds.len() {
         return Err(FormatError::SectionTable(format!(
-            "{count} sections, format version {FORMAT_VERSION} has {}",
-            SectionKind::ALL.len()
+            "{count} sections, format version {version} has {}",
+            kinds.len()
         )));
     }
     let table_end = HEADER_LEN + count * SECTION_ENTRY_LEN;
@@ -174,7 +187,7 @@ pub fn read_header(file: &[u8]) -> Result<Header, FormatError> {
             "reserved header field is not zero".into(),
         ));
     }
-    let sections = read_table(file, table_end)?;
+    let sections = read_table(file, table_end, kinds)?;
     Ok(Header {
         version,
         arch,
@@ -184,11 +197,15 @@ pub fn read_header(file: &[u8]) -> Result<Header, FormatError> {
     })
 }
 
-fn read_table(file: &[u8], table_end: usize) -> Result<Vec<SectionEntry>, FormatError> {
+fn read_table(
+    file: &[u8],
+    table_end: usize,
+    kinds: &[SectionKind],
+) -> Result<Vec<SectionEntry>, FormatError> {
     let file_len = file.len() as u64;
-    let mut sections = Vec::with_capacity(SectionKind::ALL.len());
+    let mut sections = Vec::with_capacity(kinds.len());
     let mut prev_end = table_end as u64;
-    for (i, expected) in SectionKind::ALL.into_iter().enumerate() {
+    for (i, &expected) in kinds.iter().enumerate() {
         let at = HEADER_LEN + i * SECTION_ENTRY_LEN;
         let kind_code = le_u32(file, at);
         if kind_code != expected as u32 {
@@ -288,7 +305,11 @@ pub fn peek(prefix: &[u8]) -> Option<Peek> {
 /// padding between sections, or the end of the file. For messages such as
 /// "two builds first differ at ...".
 pub fn region_at(file: &[u8], offset: u64) -> String {
-    let table_end = (HEADER_LEN + SectionKind::ALL.len() * SECTION_ENTRY_LEN) as u64;
+    let kinds = match file.get(8..12) {
+        Some(v) => SectionKind::of_version(le_u32(v, 0)),
+        None => &SectionKind::ALL,
+    };
+    let table_end = (HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
     if offset >= file.len() as u64 {
         return format!("end of file ({} bytes)", file.len());
     }
@@ -300,7 +321,7 @@ pub fn region_at(file: &[u8], offset: u64) -> String {
     }
     if offset < table_end {
         let i = (offset as usize - HEADER_LEN) / SECTION_ENTRY_LEN;
-        return format!("section table (entry {i}: {})", SectionKind::ALL[i].name());
+        return format!("section table (entry {i}: {})", kinds[i].name());
     }
     match read_header(file) {
         Ok(h) => h

@@ -7,8 +7,9 @@
 //!
 //! The byte layout is specified in `docs/artifact-format.md`. In short: a
 //! 64-byte header (magic, version, architecture, CPU features, section
-//! count, content hash), a table of six sections with a SHA-256 each, then
-//! the sections META, WEIGHTS, TEXT, RELOCS, KERNELS, SCHEDULE, each starting
+//! count, content hash), a table of seven sections with a SHA-256 each, then
+//! the sections META, WEIGHTS, TEXT, RELOCS, KERNELS, SCHEDULE, GOLDEN (the
+//! self-test; versions 1–3 end at SCHEDULE), each starting
 //! at a multiple of 64 bytes. All integers are little-endian. The encoding is
 //! canonical: equal artifacts give identical bytes, and every byte of a file
 //! is covered by a checksum or a must-be-zero rule.
@@ -25,6 +26,7 @@ mod dtype;
 mod elf;
 mod encode;
 mod error;
+mod golden;
 mod layout;
 mod meta;
 mod section;
@@ -35,6 +37,7 @@ pub use cpu::{Arch, CpuFeatures};
 pub use cuda::{CudaCode, CudaKernel, CUDA_MAGIC};
 pub use dtype::DType;
 pub use error::FormatError;
+pub use golden::{Golden, GoldenSet, GoldenTensor, Tolerance};
 pub use layout::{
     peek, read_header, region_at, Header, Peek, SectionEntry, HEADER_LEN, PEEK_LEN, SECTION_ALIGN,
     SECTION_ENTRY_LEN,
@@ -52,7 +55,7 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 8] = *b"KILNART\0";
 
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// A complete artifact, owned. Built by a compiler target and written with
 /// [`Artifact::to_bytes`]; read back with [`Artifact::parse`].
@@ -74,6 +77,8 @@ pub struct Artifact {
     pub relocs: Vec<Reloc>,
     /// Kernel calls of one inference, in order.
     pub schedule: Vec<Step>,
+    /// The self-test (empty when the artifact has none).
+    pub golden: Golden<'static>,
 }
 
 impl Artifact {
@@ -128,6 +133,7 @@ impl Artifact {
             relocs: encode::relocs(&self.relocs),
             kernels: encode::kernels(&self.kernels),
             schedule: encode::schedule(&self.schedule),
+            golden: golden::encode(&self.golden),
         }
     }
 }
@@ -138,11 +144,12 @@ struct EncodedSections {
     relocs: Vec<u8>,
     kernels: Vec<u8>,
     schedule: Vec<u8>,
+    golden: Vec<u8>,
 }
 
 impl EncodedSections {
     /// All section payloads in file order.
-    fn payloads<'a>(&'a self, a: &'a Artifact) -> [&'a [u8]; 6] {
+    fn payloads<'a>(&'a self, a: &'a Artifact) -> [&'a [u8]; SectionKind::ALL.len()] {
         [
             &self.meta,
             &a.weights,
@@ -150,6 +157,7 @@ impl EncodedSections {
             &self.relocs,
             &self.kernels,
             &self.schedule,
+            &self.golden,
         ]
     }
 }
@@ -172,6 +180,9 @@ pub struct ArtifactView<'a> {
     pub relocs: Vec<Reloc>,
     /// Kernel calls of one inference, in order.
     pub schedule: Vec<Step>,
+    /// The self-test, its tensors borrowed from the file (empty when the
+    /// artifact has none, and for files older than format version 4).
+    pub golden: Golden<'a>,
 }
 
 impl<'a> ArtifactView<'a> {
@@ -198,6 +209,10 @@ impl<'a> ArtifactView<'a> {
             header.version,
         )?;
         let weights = section(SectionKind::Weights);
+        let golden = match header.get(SectionKind::Golden) {
+            Some(s) => golden::decode(s.bytes(bytes))?,
+            None => Golden::default(),
+        };
         Ok(ArtifactView {
             header,
             metadata,
@@ -206,6 +221,7 @@ impl<'a> ArtifactView<'a> {
             kernels,
             relocs,
             schedule,
+            golden,
         })
     }
 
@@ -232,6 +248,7 @@ impl<'a> ArtifactView<'a> {
             kernels: self.kernels,
             relocs: self.relocs,
             schedule: self.schedule,
+            golden: self.golden.into_owned(),
         }
     }
 }

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-/// Kind of a section (`u32` on disk). In format v1 every kind appears exactly
-/// once, in this order.
+/// Kind of a section (`u32` on disk). Every kind of a file's format version
+/// ([`SectionKind::of_version`]) appears exactly once, in this order.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SectionKind {
@@ -20,18 +20,32 @@ pub enum SectionKind {
     Kernels = 5,
     /// The ordered kernel calls of one inference.
     Schedule = 6,
+    /// The self-test: golden inputs, expected outputs, tolerances (format
+    /// version 4; empty when the artifact has none).
+    Golden = 7,
 }
 
 impl SectionKind {
-    /// All kinds, in file order.
-    pub const ALL: [SectionKind; 6] = [
+    /// All kinds, in file order (format version 4).
+    pub const ALL: [SectionKind; 7] = [
         SectionKind::Meta,
         SectionKind::Weights,
         SectionKind::Text,
         SectionKind::Relocs,
         SectionKind::Kernels,
         SectionKind::Schedule,
+        SectionKind::Golden,
     ];
+
+    /// The kinds a file of format `version` holds, in order: versions 1 to 3
+    /// end with SCHEDULE, version 4 adds GOLDEN.
+    pub fn of_version(version: u32) -> &'static [SectionKind] {
+        if version >= 4 {
+            &SectionKind::ALL
+        } else {
+            &SectionKind::ALL[..6]
+        }
+    }
 
     /// Upper-case name, as in messages (`"TEXT"`).
     pub fn name(self) -> &'static str {
@@ -42,6 +56,7 @@ impl SectionKind {
             SectionKind::Relocs => "RELOCS",
             SectionKind::Kernels => "KERNELS",
             SectionKind::Schedule => "SCHEDULE",
+            SectionKind::Golden => "GOLDEN",
         }
     }
 }

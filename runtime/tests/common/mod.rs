@@ -88,6 +88,7 @@ pub fn single_kernel(text: &[u8], inputs: Vec<TensorSpec>, outputs: Vec<TensorSp
         kernels: vec![kernel("k0", 0, text.len())],
         relocs: Vec::new(),
         schedule: vec![step(0, "/node0")],
+        golden: Default::default(),
     }
 }
 

@@ -114,8 +114,8 @@ pub(crate) struct Target {
 impl Target {
     /// The vector registers of the microkernels: zmm with AVX-512, ymm
     /// with AVX2 + FMA, none otherwise (aarch64: Cranelift only).
-    pub(crate) fn vector(&self) -> Option<crate::microkernel::gemm::Vector> {
-        use crate::microkernel::gemm::Vector;
+    pub(crate) fn vector(&self) -> Option<crate::microkernel::Vector> {
+        use crate::microkernel::Vector;
         match (self.avx512, self.avx2) {
             (true, _) => Some(Vector::Zmm),
             (false, true) => Some(Vector::Ymm),

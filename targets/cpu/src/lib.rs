@@ -292,5 +292,6 @@ pub fn compile(
         kernels,
         relocs,
         schedule,
+        golden: Default::default(),
     })
 }

@@ -89,6 +89,17 @@ pub(super) struct CompileArgs {
     /// otherwise; `off` turns it off.
     #[arg(long, value_name = "ALPHA|off", value_parser = clap::value_parser!(Smooth))]
     smooth: Option<Smooth>,
+    /// Store a golden self-test in the artifact: the input sets of FILE.npz
+    /// (one set) or DIR (one .npz per set; an array per model input, its
+    /// name, dtype and shape), with the outputs the source model gives for
+    /// them. `kiln verify ARTIFACT` checks them on the machine at hand.
+    #[arg(long, value_name = "FILE.npz|DIR")]
+    golden: Option<PathBuf>,
+    /// The self-test's tolerance for every output: the largest error
+    /// relative to the output's scale. Default by the build's precision:
+    /// fp32 1e-4, fp16 1e-2, bf16 5e-2, int8 0.15.
+    #[arg(long, value_name = "T", value_parser = non_negative, requires = "golden")]
+    golden_tolerance: Option<f64>,
     /// Write the final per-node precision plan (JSON: precision, reason and
     /// measured error per dense node, keyed by name and structure).
     #[arg(long, value_name = "FILE")]
@@ -268,6 +279,8 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     opts.max_rel_error = a.max_rel_error;
     opts.bias_correction = !a.no_bias_correction;
     opts.smooth = a.smooth.unwrap_or_default();
+    opts.golden = a.golden.clone();
+    opts.golden_tolerance = a.golden_tolerance;
     if let Some(path) = &a.plan {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", path.display())))?;
@@ -414,6 +427,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "signature": signature_path.as_ref().map(|p| p.display().to_string()),
                 "precision": precision_json,
                 "dense_kernels": dense_kernels_json(&meta.dense_kernels),
+                "golden": driver::report::golden_json(&out.artifact.golden),
         })));
     }
     println!(
@@ -429,6 +443,9 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     );
     if let Some(p) = &out.precision {
         print_precision(p);
+    }
+    if let Some(line) = driver::report::golden_summary(&out.artifact.golden) {
+        println!("{line}");
     }
     if let Some(path) = &signature_path {
         println!("signed: {}", path.display());
@@ -594,7 +611,7 @@ const OUTPUT_ONLY: [&str; 12] = [
 
 /// Flags whose values are paths (`--bind-input`'s after `NAME=`): made
 /// absolute, as the second build runs in another working directory.
-const PATH_VALUED: [&str; 3] = ["calibrate", "plan", "bind_inputs"];
+const PATH_VALUED: [&str; 4] = ["calibrate", "plan", "bind_inputs", "golden"];
 
 /// The flags given on the command line (not defaults) that decide the
 /// artifact, as `--long=VALUE` words (`-OVALUE` for a flag with no long

@@ -109,6 +109,9 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     println!("  built by {} with: {}", m.compiler_version, m.options);
     println!("  source model sha256 {}", hex(&m.source_sha256));
     print_io(m);
+    if let Some(line) = kiln_driver::report::golden_summary(&view.golden) {
+        println!("  {line}");
+    }
     match &code {
         Code::Machine {
             text,

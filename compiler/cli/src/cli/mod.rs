@@ -12,6 +12,7 @@ mod inspect;
 mod keygen;
 mod options;
 mod run;
+mod verify;
 
 pub use compile::compile_report;
 
@@ -25,6 +26,7 @@ use kiln_driver::npy::NpyError;
 use kiln_driver::{DriverError, ErrorKind};
 use run::RunArgs;
 use std::path::Path;
+use verify::VerifyArgs;
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -42,7 +44,7 @@ pub mod exit {
     pub const BAD_ARTIFACT: i32 = 5;
     /// Inputs given to `run`/`bench` are wrong.
     pub const BAD_INPUT: i32 = 6;
-    /// `run --check` found outputs outside tolerance.
+    /// `run --check` or `verify` found outputs outside tolerance.
     pub const CHECK_FAILED: i32 = 7;
     /// A file could not be read or written.
     pub const IO: i32 = 8;
@@ -71,6 +73,9 @@ enum Command {
     Bench(BenchArgs),
     /// Make an Ed25519 key pair for signing artifacts (`compile --sign`).
     Keygen(KeygenArgs),
+    /// Run the artifact's golden self-test (`compile --golden`) on this
+    /// machine: exit 0, or 7 when an output is beyond its tolerance.
+    Verify(VerifyArgs),
 }
 
 /// A failure rendered for people, with its exit code.
@@ -126,7 +131,10 @@ impl From<kiln_runtime::Error> for Failure {
             | E::Unsigned { .. }
             | E::SignatureFile { .. }
             | E::ModifiedAfterSigning { .. }
-            | E::BadSignature => exit::BAD_ARTIFACT,
+            | E::BadSignature
+            | E::GoldenOutput { .. } => exit::BAD_ARTIFACT,
+            // `kiln verify` of an artifact compiled without `--golden`.
+            E::NoGolden => exit::USAGE,
             #[cfg(feature = "cuda")]
             E::NoCudaDriver
             | E::NotCudaArtifact { .. }
@@ -183,6 +191,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => inspect::cmd_inspect(a),
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Keygen(a) => keygen::cmd_keygen(a),
+        Command::Verify(a) => verify::cmd_verify(a),
     };
     match result {
         Ok(()) => exit::OK,

@@ -4,7 +4,7 @@
 use super::inputs::{gather_inputs, session_threads, InputArgs};
 use super::{exit, Failure};
 use clap::Args;
-use kiln_driver::compare::compare;
+use kiln_driver::compare::{compare, Comparison};
 use kiln_driver::npy;
 use kiln_runtime::{DType, Model, PublicKey, Tensor};
 use serde_json::{json, Value};
@@ -125,18 +125,7 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             println!("{}: {}{}", t.name, t.type_string(), preview(t));
         }
         for c in &checks {
-            let verdict = if c.passes(a.tolerance) {
-                "ok"
-            } else {
-                "FAILED"
-            };
-            match &c.mismatch {
-                Some(m) => println!("check {}: FAILED ({m})", c.name),
-                None => println!(
-                    "check {}: {verdict} (max abs error {:.3e}, {:.3e} of output scale {:.3e}; tolerance {:.1e})",
-                    c.name, c.max_abs_error, c.rel_error, c.scale, a.tolerance
-                ),
-            }
+            println!("check {}", check_line(c, a.tolerance));
         }
         println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
     }
@@ -150,6 +139,19 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+/// `NAME: ok (max abs error ..., ... of output scale ...; tolerance ...)`,
+/// or `NAME: FAILED (...)`: one compared output, for people.
+pub(super) fn check_line(c: &Comparison, tolerance: f64) -> String {
+    let verdict = if c.passes(tolerance) { "ok" } else { "FAILED" };
+    match &c.mismatch {
+        Some(m) => format!("{}: FAILED ({m})", c.name),
+        None => format!(
+            "{}: {verdict} (max abs error {:.3e}, {:.3e} of output scale {:.3e}; tolerance {:.1e})",
+            c.name, c.max_abs_error, c.rel_error, c.scale, tolerance
+        ),
+    }
 }
 
 fn preview(t: &Tensor) -> String {

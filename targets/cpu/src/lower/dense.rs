@@ -23,13 +23,13 @@ use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::epilogue::{EpilogueOp, EpilogueStep, Operand};
 use crate::microkernel::gemm::{
     epilogue_fits, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
-    GemmSpec, Vector, MAX_MR,
+    GemmSpec, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::microkernel::pack::{
     pack_a, pack_a_half, pack_a_quads, pack_b, pack_b_half, pack_b_pairs, pack_b_quads, Half,
 };
-use crate::microkernel::MicrokernelError;
+use crate::microkernel::{MicrokernelError, Vector};
 use crate::plan::{Base, Loc, Scratch, Weights};
 
 /// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,

@@ -38,7 +38,7 @@ use kiln_ir::{
 
 use crate::emit::HOST_NAMESPACE;
 use crate::isa::Target;
-use crate::microkernel::gemm::Vector;
+use crate::microkernel::Vector;
 use crate::plan::{Base, Job, Loc, Plan, Scratch, Weights};
 use crate::CpuError;
 

@@ -13,7 +13,7 @@
 use iced_x86::code_asm::*;
 
 use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Operand};
-use super::gemm::Vector;
+use super::Vector;
 use super::{base_register, imm32, ymm, MicrokernelError, Store};
 use crate::plan::Loc;
 

@@ -34,7 +34,7 @@ use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, FullAccess, Op
 use super::im2col::Im2col;
 use super::pack::Half;
 use super::SAVED;
-use super::{base_register, imm32, load_address, MicrokernelError, Store};
+use super::{base_register, imm32, load_address, MicrokernelError, Store, Vector};
 use crate::plan::Loc;
 
 mod ymm;
@@ -74,33 +74,13 @@ const MIN_PANEL_ROWS: usize = 6;
 /// Most zmm vectors per tile row.
 const MAX_NV: usize = 8;
 
-/// The vector registers a GEMM kernel is built from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Vector {
-    /// AVX-512: 32 zmm registers of 16 f32, edge lanes under `k1`.
-    Zmm,
-    /// AVX2 + FMA (VEX encoding, `x86_64-v3`): 16 ymm registers of 8 f32,
-    /// edge lanes under a mask register for `vmaskmovps` (see [`ymm`]).
-    Ymm,
-}
-
-impl Vector {
-    /// f32 lanes per register.
-    pub(crate) fn lanes(self) -> usize {
-        match self {
-            Vector::Zmm => 16,
-            Vector::Ymm => 8,
-        }
-    }
-
-    /// Registers a tile's accumulators and B vectors may take: all but the
-    /// A broadcast register (and for ymm the edge mask, which AVX2 keeps in
-    /// a vector register).
-    fn tile_registers(self) -> usize {
-        match self {
-            Vector::Zmm => 31,
-            Vector::Ymm => 14,
-        }
+/// Registers a tile's accumulators and B vectors may take: all but the A
+/// broadcast register (and for ymm the edge mask, which AVX2 keeps in a
+/// vector register).
+fn tile_registers(vector: Vector) -> usize {
+    match vector {
+        Vector::Zmm => 31,
+        Vector::Ymm => 14,
     }
 }
 
@@ -138,7 +118,7 @@ impl Blocking {
             fma.max(loads).max(4.0)
         };
         let lanes = vector.lanes();
-        let registers = vector.tile_registers();
+        let registers = tile_registers(vector);
         let nv_cap = n.div_ceil(lanes).clamp(1, MAX_NV.min(registers / 2));
         let tile = |mr, nv| Blocking { mr, nv, vector };
         let mut best = (f64::INFINITY, tile(1, 1));
@@ -677,7 +657,7 @@ impl GemmSpec {
     pub(crate) fn check_operands(&self) -> Result<(), MicrokernelError> {
         let Blocking { mr, nv, vector } = self.blocking;
         assert!(
-            mr >= 1 && nv >= 1 && mr * nv + nv <= vector.tile_registers(),
+            mr >= 1 && nv >= 1 && mr * nv + nv <= tile_registers(vector),
             "tile too large"
         );
         if let Some(why) = self.ymm_declines() {

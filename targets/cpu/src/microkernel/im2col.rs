@@ -32,7 +32,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::gemm::Vector;
+use super::Vector;
 use super::{imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
 

@@ -46,6 +46,26 @@ pub(crate) mod reduce;
 pub(crate) mod softmax;
 pub(crate) mod ymm;
 
+/// The vector registers a GEMM kernel is built from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Vector {
+    /// AVX-512: 32 zmm registers of 16 f32, edge lanes under `k1`.
+    Zmm,
+    /// AVX2 + FMA (VEX encoding, `x86_64-v3`): 16 ymm registers of 8 f32,
+    /// edge lanes under a mask register for `vmaskmovps` (see [`ymm`]).
+    Ymm,
+}
+
+impl Vector {
+    /// f32 lanes per register.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Vector::Zmm => 16,
+            Vector::Ymm => 8,
+        }
+    }
+}
+
 /// Why a microkernel could not be generated for a shape. The caller falls
 /// back to the Cranelift kernel.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::gemm::Vector;
+use super::Vector;
 use super::{imm32, load_address, MicrokernelError};
 use crate::lower::math::{EXP_NORMAL_LOWEST, EXP_POLY, LN2_HI, LN2_LO};
 use crate::plan::Loc;

@@ -1,0 +1,92 @@
+//! The golden self-test an artifact carries (`kiln compile --golden`): input
+//! sets read like calibration samples, the outputs the *source* model gives
+//! for them (the reference evaluator, before any pass), and one tolerance
+//! per output ([`CompileOptions::golden_tolerance`]). `kiln verify` and
+//! `Model::verify` run them on the machine at hand.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use kiln_format::{Golden, GoldenSet, GoldenTensor, Tolerance};
+use kiln_ir::Graph;
+
+use crate::error::DriverError;
+use crate::options::CompileOptions;
+use crate::samples::{npz_files, read_sample};
+
+/// The golden input sets at `path`: one set for a `.npz` file, one per
+/// `.npz` file (in name order) for a directory; each with one array per
+/// graph input, of its exact dtype and shape.
+pub fn read_sets(path: &Path, graph: &Graph) -> Result<Vec<Vec<kiln_ir::Tensor>>, DriverError> {
+    let bad = |path: &Path, message: String| DriverError::Golden {
+        path: path.to_path_buf(),
+        message,
+    };
+    let files: Vec<PathBuf> = if path.is_dir() {
+        npz_files(path)?
+    } else {
+        vec![path.to_path_buf()]
+    };
+    if files.is_empty() {
+        return Err(bad(
+            path,
+            "no .npz files (one per input set, one array per model input)".into(),
+        ));
+    }
+    files
+        .iter()
+        .map(|file| read_sample(file, graph).map_err(|m| bad(file, m)))
+        .collect()
+}
+
+/// The GOLDEN section for `graph` (the imported source graph) and the
+/// input sets of `opts.golden`; empty without one.
+pub fn build(graph: &Graph, opts: &CompileOptions) -> Result<Golden<'static>, DriverError> {
+    let Some(path) = &opts.golden else {
+        return Ok(Golden::default());
+    };
+    let tolerance = opts.golden_tolerance();
+    if !(tolerance.is_finite() && tolerance >= 0.0) {
+        return Err(DriverError::Usage(format!(
+            "--golden-tolerance {tolerance} must be a finite number of at least 0"
+        )));
+    }
+    let sets = read_sets(path, graph)?;
+    let inputs: Vec<&str> = graph
+        .inputs()
+        .iter()
+        .map(|&i| graph.node(i).name.as_str())
+        .collect();
+    let outputs: Vec<&str> = graph.outputs().iter().map(|(n, _)| n.as_str()).collect();
+    let mut golden = Golden {
+        sets: Vec::with_capacity(sets.len()),
+        tolerances: (outputs.iter())
+            .map(|o| Tolerance {
+                output: (*o).to_owned(),
+                max_rel_error: tolerance,
+            })
+            .collect(),
+    };
+    for (i, set) in sets.iter().enumerate() {
+        let expected = kiln_ir::eval::eval_graph(graph, set).map_err(|e| DriverError::Golden {
+            path: path.clone(),
+            message: format!("set {i}: the reference evaluator failed: {e}"),
+        })?;
+        golden.sets.push(GoldenSet {
+            inputs: tensors(&inputs, set),
+            outputs: tensors(&outputs, &expected),
+        });
+    }
+    Ok(golden)
+}
+
+fn tensors(names: &[&str], values: &[kiln_ir::Tensor]) -> Vec<GoldenTensor<'static>> {
+    (names.iter().zip(values))
+        .map(|(name, t)| GoldenTensor {
+            name: (*name).to_owned(),
+            dtype: t.dtype(),
+            shape: t.shape().iter().map(|&d| d as u64).collect(),
+            data: Cow::Owned(t.data().to_le_bytes()),
+        })
+        .collect()
+}
