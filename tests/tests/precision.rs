@@ -656,7 +656,7 @@ fn calibration_directories_are_checked_before_any_work() {
             "b.npz",
             vec![Tensor::from_f32("input", &[4, 64], &[0.5; 256])],
         )],
-        &["b.npz", "'input'", "[4, 64]", "f32[8,64]"],
+        &["b.npz", "'input'", "f32[4,64]", "f32[8,64]"],
     );
     refused(
         &[(

@@ -150,7 +150,9 @@ fn bad_artifacts_are_rejected_before_running() {
 
     check("truncated.kiln", bytes[..bytes.len() / 2].to_vec(), &[]);
     let mut flipped = bytes.clone();
-    let last = flipped.len() - 1;
+    // The last byte of SCHEDULE (the file ends with GOLDEN, empty here).
+    let schedule = kiln_format::read_header(&bytes).unwrap().sections[5].clone();
+    let last = (schedule.offset + schedule.length - 1) as usize;
     flipped[last] ^= 0x01;
     check("flipped.kiln", flipped, &["checksum"]);
     let mut magic = bytes.clone();
