@@ -38,12 +38,13 @@ pub use layout::Layout;
 pub use manager::{PassManager, PassRecord, PipelineOptions, PipelineReport};
 pub use pass::{Pass, PassError, PassStats};
 pub use precision::{
-    activation_ranges, channel_axis, compare_precision, is_embedding_lookup, is_precision_layer,
-    measure_bias_corrections, observe, quantize_weights, random_samples, smoothing_factors,
-    structural_key, u8_params, AccuracyReport, ActivationRange, ActivationType, Activations,
-    AssignPrecision, BiasCorrection, BiasCorrections, Decision, LayerError, Measured, Mode,
-    Observer, Pattern, PlanEntry, PlanError, Policy, PolicyError, Precision, PrecisionOutcome,
-    PrecisionPlan, Progress, Reason, Request, Samples, Silent, Smoothing,
+    activation_ranges, channel_axis, compare_precision, coverage, is_embedding_lookup,
+    is_precision_layer, measure_bias_corrections, observe, quantize_weights, random_samples,
+    smoothing_factors, structural_key, u8_params, AccuracyReport, ActivationRange, ActivationType,
+    Activations, AssignPrecision, BiasCorrection, BiasCorrections, Coverage, Decision,
+    LayerCoverage, LayerError, Measured, Mode, Observer, OutputAgreement, Pattern, PlanEntry,
+    PlanError, Policy, PolicyError, Precision, PrecisionOutcome, PrecisionPlan, Progress, Reason,
+    Request, Samples, Silent, Smoothing,
 };
 pub use recognize::Recognize;
 pub use simplify::Simplify;

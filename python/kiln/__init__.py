@@ -347,6 +347,8 @@ def compile(
     sign: Optional[PathLike] = None,
     golden: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
     golden_tolerance: Optional[float] = None,
+    validate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
+    coverage_warn: Optional[float] = None,
     args: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Compiles an ONNX model into a ``.kiln`` artifact at ``output``.
@@ -356,7 +358,9 @@ def compile(
     what each accepts); ``args`` passes any other flags as written on the
     command line. ``calibrate`` (with ``quantize="static"``) is a directory
     of ``.npz`` samples or an iterable of ``{input name: array}`` samples;
-    ``golden`` (the self-test :meth:`Model.verify` runs) takes the same.
+    ``golden`` (the self-test :meth:`Model.verify` runs) and ``validate``
+    (held-out samples for the calibration coverage report, in the result's
+    ``"coverage"``; ``coverage_warn`` in percent) take the same.
 
     Returns the report ``kiln compile --json`` prints, as Python objects.
     Raises the :class:`KilnError` subclass of the command's exit code.
@@ -377,6 +381,7 @@ def compile(
             ("--max-rel-error", max_rel_error),
             ("--sign", sign),
             ("--golden-tolerance", golden_tolerance),
+            ("--coverage-warn", coverage_warn),
         ]:
             if value is not None:
                 argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
@@ -394,6 +399,8 @@ def compile(
             argv += ["--calibrate", _calibration_dir(calibrate, scratch)]
         if golden is not None:
             argv += ["--golden", _calibration_dir(golden, scratch, "golden")]
+        if validate is not None:
+            argv += ["--validate", _calibration_dir(validate, scratch, "validate")]
         argv += list(args)
         return json.loads(_kiln.compile_report(argv))
 

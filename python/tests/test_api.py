@@ -353,3 +353,16 @@ def test_golden_self_test_runs_from_python(tmp_path):
     kiln.compile(DIGITS, plain, dims={"batch": 4})
     with pytest.raises(kiln.UsageError, match="has no golden self-test"):
         kiln.load(plain).verify()
+
+
+def test_calibration_coverage_from_python(tmp_path):
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"]
+    narrow = [{"input": images[i : i + 8] * 0.05} for i in range(0, 32, 8)]
+    held_out = [{"input": images[i : i + 8]} for i in range(200, 232, 8)]
+    report = kiln.compile(
+        DIGITS, tmp_path / "c.kiln", dims={"batch": 8}, quantize="static", calibrate=narrow, validate=held_out
+    )
+    layers = report["coverage"]["layers"]
+    assert layers[0]["warning"] and layers[0]["clipped_share"] > 0.1
+    assert layers[0]["samples"], layers[0]

@@ -38,11 +38,11 @@ pub mod target;
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
 pub use options::{
-    CompileOptions, DumpIr, Smooth, DEFAULT_MAX_ARENA_BYTES, DEFAULT_SMOOTH_ALPHA,
-    GOLDEN_TOLERANCES,
+    CompileOptions, DumpIr, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
+    DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES,
 };
 pub use pipeline::{
     compile, compile_bytes, compile_with_progress, first_difference, optimize, read_calibration,
-    Compiled, Optimized,
+    Compiled, Optimized, Validated,
 };
 pub use target::Target;

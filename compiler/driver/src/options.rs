@@ -96,6 +96,13 @@ pub struct CompileOptions {
     /// The golden self-test's input sets (`--golden FILE.npz|DIR`, see
     /// [`crate::golden`]); `None`: the artifact has none.
     pub golden: Option<PathBuf>,
+    /// Held-out samples (`--validate DIR`, read like `--calibrate`'s): a
+    /// static int8 build reports how well its calibrated activation
+    /// ranges cover them ([`kiln_passes::coverage`]).
+    pub validate: Option<PathBuf>,
+    /// The clipped share above which a layer's coverage gets a warning
+    /// (`--coverage-warn`, a fraction; default [`DEFAULT_COVERAGE_WARN`]).
+    pub coverage_warn: f64,
     /// The self-test's tolerance for every output (`--golden-tolerance`);
     /// `None`: by the build's precision ([`CompileOptions::golden_tolerance`]).
     pub golden_tolerance: Option<f64>,
@@ -154,9 +161,15 @@ impl Default for CompileOptions {
             smooth: Smooth::Auto,
             golden: None,
             golden_tolerance: None,
+            validate: None,
+            coverage_warn: DEFAULT_COVERAGE_WARN,
         }
     }
 }
+
+/// Default of [`CompileOptions::coverage_warn`]: 0.1% of a layer's
+/// activation values outside its calibrated range.
+pub const DEFAULT_COVERAGE_WARN: f64 = 1e-3;
 
 /// The golden self-test's default tolerance per precision: the largest
 /// error of an output relative to its scale, against the source model
@@ -191,7 +204,7 @@ impl CompileOptions {
         let p = &self.precision;
         let has_samples =
             !p.is_identity() && (self.calibrate.is_some() || self.calibrate_random > 0);
-        let rules: [(bool, &str); 5] = [
+        let rules: [(bool, &str); 6] = [
             (self.threads == 0, "--threads must be at least 1"),
             (
                 self.observer != Observer::MinMax && !self.static_activations,
@@ -204,6 +217,11 @@ impl CompileOptions {
             (
                 matches!(self.smooth, Smooth::Alpha(_)) && !(has_samples && p.may_quantize()),
                 "--smooth needs int8 layers (--quantize, --force int8=...) and calibration samples (--calibrate DIR)",
+            ),
+            (
+                self.validate.is_some()
+                    && !(self.static_activations && self.calibrate.is_some() && p.may_quantize()),
+                "--validate needs a static int8 build calibrated on real samples (--quantize static --calibrate DIR)",
             ),
             (
                 self.max_rel_error.is_some() && !has_samples,

@@ -38,6 +38,8 @@ pub struct Compiled {
     /// The precision decisions and accuracy report of a reduced-precision
     /// build.
     pub precision: Option<PrecisionOutcome>,
+    /// Calibration coverage on the `--validate` samples.
+    pub coverage: Option<Validated>,
     /// CUDA compilations: every kernel as a standalone PTX module (kernel
     /// name, text), for `--dump-ptx`. Empty for CPU targets.
     pub ptx_kernels: Vec<(String, String)>,
@@ -65,6 +67,17 @@ pub struct Optimized {
     /// The golden self-test, computed on the source graph before any pass
     /// (empty without `--golden`).
     pub golden: kiln_format::Golden<'static>,
+    /// Calibration coverage on the `--validate` samples.
+    pub coverage: Option<Validated>,
+}
+
+/// A static int8 build's calibration coverage on held-out samples.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// The report.
+    pub coverage: kiln_passes::Coverage,
+    /// The held-out sample files, by sample index.
+    pub files: Vec<PathBuf>,
 }
 
 /// Reads the calibration samples in `dir` for `graph`'s inputs: every
@@ -135,6 +148,10 @@ fn optimize_graph(
             None => kiln_passes::random_samples(&graph, opts.calibrate_random),
         }
     };
+    let held_out = match &opts.validate {
+        Some(dir) => Some((read_calibration(dir, &graph)?, npz_files(dir)?)),
+        None => None,
+    };
     let mut dumps = Vec::new();
     let wants = |pass: &str| match &opts.dump_ir {
         DumpIr::None => false,
@@ -170,6 +187,7 @@ fn optimize_graph(
     let mut report = before.run_with(&mut graph, &pipeline, &mut after_pass)?;
     progress.end();
     let mut precision = None;
+    let mut validated = None;
     if !opts.precision.is_identity() {
         let request = kiln_passes::Request {
             policy: &opts.precision,
@@ -190,8 +208,22 @@ fn optimize_graph(
             },
             max_rel_error: opts.max_rel_error,
         };
+        // The f32 graph the ranges were calibrated on, for the coverage.
+        let reference = held_out.as_ref().map(|_| graph.clone());
         let (pass, outcome) =
             kiln_passes::precision::calibrate::assign(&mut graph, &request, progress)?;
+        if let (Some(reference), Some((validation, files))) = (reference, held_out) {
+            let measured = stage(progress, "measuring calibration coverage", || {
+                kiln_passes::coverage(&reference, &graph, &outcome, &validation)
+            });
+            let coverage = measured.map_err(|source| {
+                DriverError::Pass(kiln_passes::PassError::Failed {
+                    pass: AssignPrecision::NAME,
+                    source,
+                })
+            })?;
+            validated = Some(Validated { coverage, files });
+        }
         report.passes.push(pass);
         after_pass(AssignPrecision::NAME, &graph);
         precision = Some(outcome);
@@ -207,6 +239,7 @@ fn optimize_graph(
         import_time,
         precision,
         golden,
+        coverage: validated,
     })
 }
 
@@ -271,6 +304,7 @@ fn generate(
         import_time,
         precision,
         golden,
+        coverage,
     } = optimized;
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
@@ -307,6 +341,7 @@ fn generate(
         report,
         dumps,
         precision,
+        coverage,
         ptx_kernels,
         ptxas,
         import_time,

@@ -247,3 +247,72 @@ pub fn memory_json(target: Target, graph: &Graph) -> Result<Option<Value>, Drive
         "aliases": m.aliases,
     })))
 }
+
+/// The file name of held-out sample `i` (its index when unknown).
+pub(crate) fn sample_name(v: &crate::Validated, i: usize) -> String {
+    (v.files.get(i))
+        .and_then(|f| f.file_name())
+        .map_or_else(|| format!("#{i}"), |n| n.to_string_lossy().into_owned())
+}
+
+/// Calibration coverage (`--validate`) as JSON: per static int8 layer its
+/// range, clipped share, largest overshoot, the samples that clipped and
+/// whether it is over `warn`; per output its agreement with fp32.
+pub fn coverage_json(v: &crate::Validated, warn: f64) -> Value {
+    let layers: Vec<Value> = (v.coverage.layers.iter())
+        .map(|l| {
+            let samples: Vec<String> = l.samples.iter().map(|&i| sample_name(v, i)).collect();
+            json!({
+                "node": l.node, "range": [l.range.0, l.range.1], "values": l.values,
+                "clipped": l.clipped, "clipped_share": l.clipped_share(),
+                "max_overshoot": l.max_overshoot, "samples": samples,
+                "warning": l.clipped_share() > warn,
+            })
+        })
+        .collect();
+    let outputs: Vec<Value> = (v.coverage.outputs.iter())
+        .map(|o| json!({"output": o.output, "rel_l2": o.rel_l2, "cosine": o.cosine, "argmax_agreement": o.argmax_agreement}))
+        .collect();
+    json!({"samples": v.coverage.samples, "warn_share": warn, "layers": layers, "outputs": outputs})
+}
+
+/// One warning line per static int8 layer whose clipped share on the
+/// held-out samples is over `warn`, naming it and the samples that caused
+/// it.
+pub fn coverage_warnings(v: &crate::Validated, warn: f64) -> Vec<String> {
+    (v.coverage.layers.iter())
+        .filter(|l| l.clipped_share() > warn)
+        .map(|l| {
+            let samples: Vec<String> = l.samples.iter().map(|&i| sample_name(v, i)).collect();
+            format!(
+                "warning: int8 layer '{}': {:.3}% of its activation values on the held-out samples fall outside the calibrated range [{:.4}, {:.4}] and are clipped (largest overshoot {:.4}; samples {}): add such inputs to --calibrate",
+                l.node,
+                100.0 * l.clipped_share(),
+                l.range.0,
+                l.range.1,
+                l.max_overshoot,
+                samples.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// One line per graph output: the int8 build against fp32 on the held-out
+/// samples.
+pub fn coverage_summary(v: &crate::Validated) -> Vec<String> {
+    let mut lines = vec![format!(
+        "calibration coverage on {} held-out sample(s): {} int8 layer(s) measured",
+        v.coverage.samples,
+        v.coverage.layers.len()
+    )];
+    for o in &v.coverage.outputs {
+        let argmax = o.argmax_agreement.map_or(String::new(), |a| {
+            format!(", argmax agreement {:.2}%", 100.0 * a)
+        });
+        lines.push(format!(
+            "  output {}: rel L2 {:.3e}, cosine {:.6}{argmax} (int8 against fp32)",
+            o.output, o.rel_l2, o.cosine
+        ));
+    }
+    lines
+}

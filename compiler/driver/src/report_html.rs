@@ -42,8 +42,13 @@ fn color(p: Precision) -> &'static str {
     }
 }
 
-/// The page for the build of `model`.
-pub fn precision_html(model: &str, p: &PrecisionOutcome) -> String {
+/// The page for the build of `model`; with `coverage` (`--validate`, and
+/// the clipped share that warns), its table beside the error chart.
+pub fn precision_html(
+    model: &str,
+    p: &PrecisionOutcome,
+    coverage: Option<(&crate::Validated, f64)>,
+) -> String {
     let mut h = String::new();
     let _ = write!(
         h,
@@ -81,8 +86,61 @@ pub fn precision_html(model: &str, p: &PrecisionOutcome) -> String {
     }
     h.push_str("</table>\n<h2>Error along the network</h2>\n");
     h.push_str(&plot(p, &r.layers));
+    if let Some((v, warn)) = coverage {
+        h.push_str(&coverage_table(v, warn));
+    }
     h.push_str(&decisions_table(p, Some(&r.layers)));
     h.push_str("</body></html>\n");
+    h
+}
+
+/// The calibration coverage on the held-out samples: per output the int8
+/// build against fp32, per int8 layer its clipped share (rows over `warn`
+/// highlighted), largest overshoot and the samples that clipped.
+fn coverage_table(v: &crate::Validated, warn: f64) -> String {
+    let c = &v.coverage;
+    let mut h = format!(
+        "<h2>Calibration coverage</h2>\n<p>{} held-out sample(s) (<code>--validate</code>) run \
+         through the fp32 graph: the share of each int8 layer's activation values outside \
+         its calibrated range (clipped); rows over {:.3}% are highlighted.</p>\n\
+         <table><tr><th>output</th><th>rel. L2</th><th>cosine</th><th>argmax agreement</th></tr>\n",
+        c.samples,
+        100.0 * warn
+    );
+    for o in &c.outputs {
+        let argmax = o
+            .argmax_agreement
+            .map_or("–".to_string(), |a| format!("{:.2}%", 100.0 * a));
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=n>{:.3e}</td><td class=n>{:.6}</td><td class=n>{argmax}</td></tr>",
+            escape(&o.output),
+            o.rel_l2,
+            o.cosine
+        );
+    }
+    h.push_str("</table>\n<table><tr><th>int8 layer</th><th>range</th><th>clipped</th><th>largest overshoot</th><th>samples</th></tr>\n");
+    for l in &c.layers {
+        let class = if l.clipped_share() > warn {
+            "worst"
+        } else {
+            ""
+        };
+        let samples: Vec<String> = (l.samples.iter())
+            .map(|&i| escape(&crate::report::sample_name(v, i)))
+            .collect();
+        let _ = writeln!(
+            h,
+            "<tr class=\"{class}\"><td>{}</td><td class=n>[{:.4}, {:.4}]</td><td class=n>{:.3}%</td><td class=n>{:.4}</td><td>{}</td></tr>",
+            escape(&l.node),
+            l.range.0,
+            l.range.1,
+            100.0 * l.clipped_share(),
+            l.max_overshoot,
+            samples.join(", ")
+        );
+    }
+    h.push_str("</table>\n");
     h
 }
 

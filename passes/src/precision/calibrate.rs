@@ -144,6 +144,9 @@ pub struct PrecisionOutcome {
     pub smoothing: Smoothing,
     /// The int8 layers' bias corrections.
     pub bias_corrections: BiasCorrections,
+    /// The static int8 layers' calibrated activation ranges, by node name
+    /// (empty for dynamic int8 and the float precisions).
+    pub activation_ranges: BTreeMap<String, (f32, f32)>,
 }
 
 /// Deterministic calibration inputs for `graph` (SplitMix64 per sample):
@@ -251,6 +254,9 @@ fn assign_once(
                 .filter(|(name, _)| int8.contains(name))
                 .collect(),
             bias_corrections: pass.measured.bias_corrections,
+            activation_ranges: (pass.measured.activation_ranges.into_iter().flatten())
+                .filter(|(name, _)| int8.contains(name))
+                .collect(),
             decisions,
             report,
             plan,

@@ -12,10 +12,13 @@
 //! - [`calibrate`]: the measurements on sample inputs and the fallback
 //!   loop around the pass: the driver's one entry point,
 //!   [`calibrate::assign`].
+//! - [`coverage`]: how well a static build's calibrated ranges cover a
+//!   held-out set (`--validate`).
 
 pub mod assign;
 pub mod bias_correction;
 pub mod calibrate;
+pub mod coverage;
 pub mod measured;
 pub mod plan;
 pub mod policy;
@@ -30,6 +33,7 @@ pub use calibrate::{
     activation_ranges, random_samples, Activations, BiasCorrection, PrecisionOutcome, Progress,
     Request, Samples, Silent,
 };
+pub use coverage::{coverage, Coverage, LayerCoverage, OutputAgreement};
 pub use measured::Measured;
 pub use plan::{structural_key, PlanEntry, PlanError, PrecisionPlan};
 pub use policy::{Mode, Pattern, Policy};

@@ -40,8 +40,9 @@ pub struct AccuracyReport {
     pub outputs: Vec<LayerError>,
 }
 
+/// Sums for the relative L2 error and cosine of `y` against a reference.
 #[derive(Default)]
-struct Acc {
+pub(crate) struct Acc {
     diff2: f64,
     ref2: f64,
     y2: f64,
@@ -50,7 +51,7 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, reference: &[f32], y: &[f32]) {
+    pub(crate) fn add(&mut self, reference: &[f32], y: &[f32]) {
         for (&r, &v) in reference.iter().zip(y) {
             let (r, v) = (r as f64, v as f64);
             self.diff2 += (v - r) * (v - r);
@@ -61,7 +62,12 @@ impl Acc {
         }
     }
 
-    fn finish(&self, node: String, op: &'static str, precision: Precision) -> LayerError {
+    pub(crate) fn finish(
+        &self,
+        node: String,
+        op: &'static str,
+        precision: Precision,
+    ) -> LayerError {
         let rel_l2 = if self.ref2 > 0.0 {
             (self.diff2 / self.ref2).sqrt()
         } else {

@@ -71,6 +71,17 @@ pub(super) struct CompileArgs {
     /// dtype and shape), checked before any work.
     #[arg(long, value_name = "DIR")]
     calibrate: Option<PathBuf>,
+    /// Static int8 builds: held-out samples (like --calibrate's) on which
+    /// to report how well the calibrated activation ranges cover them: per
+    /// int8 layer the share of values clipped and the largest overshoot,
+    /// per output the int8 build against fp32 (rel. L2, cosine, argmax
+    /// agreement).
+    #[arg(long, value_name = "DIR")]
+    validate: Option<PathBuf>,
+    /// With --validate: warn about a layer whose clipped share is over this
+    /// many percent of its activation values.
+    #[arg(long, value_name = "PERCENT", default_value_t = 0.1, value_parser = non_negative, requires = "validate")]
+    coverage_warn: f64,
     /// Error-driven fallback: while a graph output's relative L2 error on
     /// the calibration samples exceeds E, raise the reduced-precision layer
     /// with the largest error to fp32 (listed in the report).
@@ -280,6 +291,8 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     opts.bias_correction = !a.no_bias_correction;
     opts.smooth = a.smooth.unwrap_or_default();
     opts.golden = a.golden.clone();
+    opts.validate = a.validate.clone();
+    opts.coverage_warn = a.coverage_warn / 100.0;
     opts.golden_tolerance = a.golden_tolerance;
     if let Some(path) = &a.plan {
         let text = std::fs::read_to_string(path)
@@ -386,7 +399,8 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     let precision_json = out.precision.as_ref().map(precision_json);
     if let (Some(path), Some(p), Some(outcome)) = (&a.report, &precision_json, &out.precision) {
         let text = if path.extension().is_some_and(|e| e == "html" || e == "htm") {
-            driver::report_html::precision_html(&a.model.display().to_string(), outcome)
+            let coverage = out.coverage.as_ref().map(|v| (v, opts.coverage_warn));
+            driver::report_html::precision_html(&a.model.display().to_string(), outcome, coverage)
         } else {
             serde_json::to_string_pretty(p).expect("JSON values serialize")
         };
@@ -398,6 +412,11 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     let meta = &out.artifact.metadata;
     for line in generic_dense_warnings(&out.artifact) {
         eprintln!("{line}");
+    }
+    if let Some(v) = &out.coverage {
+        for line in driver::report::coverage_warnings(v, opts.coverage_warn) {
+            eprintln!("{line}");
+        }
     }
     if a.json {
         let memory = memory_json(opts.target, &out.graph)?;
@@ -428,6 +447,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "precision": precision_json,
                 "dense_kernels": dense_kernels_json(&meta.dense_kernels),
                 "golden": driver::report::golden_json(&out.artifact.golden),
+                "coverage": out.coverage.as_ref().map(|v| driver::report::coverage_json(v, opts.coverage_warn)),
         })));
     }
     println!(
@@ -443,6 +463,11 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     );
     if let Some(p) = &out.precision {
         print_precision(p);
+    }
+    if let Some(v) = &out.coverage {
+        for line in driver::report::coverage_summary(v) {
+            println!("{line}");
+        }
     }
     if let Some(line) = driver::report::golden_summary(&out.artifact.golden) {
         println!("{line}");
@@ -611,7 +636,7 @@ const OUTPUT_ONLY: [&str; 12] = [
 
 /// Flags whose values are paths (`--bind-input`'s after `NAME=`): made
 /// absolute, as the second build runs in another working directory.
-const PATH_VALUED: [&str; 4] = ["calibrate", "plan", "bind_inputs", "golden"];
+const PATH_VALUED: [&str; 5] = ["calibrate", "plan", "bind_inputs", "golden", "validate"];
 
 /// The flags given on the command line (not defaults) that decide the
 /// artifact, as `--long=VALUE` words (`-OVALUE` for a flag with no long
