@@ -8,28 +8,11 @@ use kiln_format::{Artifact, SectionKind};
 use kiln_runtime::Tensor;
 use kiln_test_kit::Rng;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+mod common;
+
+use common::kiln;
 const MLP: &str = "fixtures/models/digits_mlp/model.onnx";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `kiln`; returns (exit code, stdout + stderr).
-fn kiln(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("kiln runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().expect("exit code"), text)
-}
 
 /// `sets` .npz files of one random `input: f32[4,64]` each, in `dir`.
 fn golden_dir(dir: &Path, sets: usize, name: &str, shape: &[u64]) -> PathBuf {

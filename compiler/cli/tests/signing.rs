@@ -2,27 +2,9 @@
 //! end: a signed artifact runs; an unsigned one, one signed with another
 //! key and one modified after signing are refused with exit code 5.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `kiln`; returns (exit code, stdout + stderr).
-fn kiln(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("kiln runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().expect("exit code"), text)
-}
+use common::kiln;
 
 #[test]
 fn signed_artifacts_run_and_others_are_refused() {

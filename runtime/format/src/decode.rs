@@ -83,17 +83,7 @@ fn tensors(r: &mut Reader<'_>, what: &str) -> Result<Vec<TensorSpec>, FormatErro
     let count = r.count(&format!("{what} count"), MIN_TENSOR)?;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let name = r.str(&format!("{what} name"))?;
-        let code = r.u8("dtype")?;
-        let dtype = DType::from_u8(code).ok_or(FormatError::UnknownCode {
-            what: "dtype",
-            code: code.into(),
-        })?;
-        let rank = r.count(&format!("rank of {what} '{name}'"), 8)?;
-        let mut shape = Vec::with_capacity(rank);
-        for _ in 0..rank {
-            shape.push(r.u64("dimension")?);
-        }
+        let (name, dtype, shape) = tensor_head(r, what)?;
         let arena_offset = r.u64("arena offset")?;
         out.push(TensorSpec {
             name,
@@ -103,6 +93,25 @@ fn tensors(r: &mut Reader<'_>, what: &str) -> Result<Vec<TensorSpec>, FormatErro
         });
     }
     Ok(out)
+}
+
+/// A tensor's name, dtype and shape (see `encode::tensor_head`).
+pub(crate) fn tensor_head(
+    r: &mut Reader<'_>,
+    what: &str,
+) -> Result<(String, DType, Vec<u64>), FormatError> {
+    let name = r.str(&format!("{what} name"))?;
+    let code = r.u8("dtype")?;
+    let dtype = DType::from_u8(code).ok_or(FormatError::UnknownCode {
+        what: "dtype",
+        code: code.into(),
+    })?;
+    let rank = r.count(&format!("rank of {what} '{name}'"), 8)?;
+    let mut shape = Vec::with_capacity(rank);
+    for _ in 0..rank {
+        shape.push(r.u64("dimension")?);
+    }
+    Ok((name, dtype, shape))
 }
 
 /// Every tensor lies inside the arena; names are unique (checked with a

@@ -1,7 +1,7 @@
 //! Encoding of the structured sections (META, RELOCS, KERNELS, SCHEDULE).
 
 use super::cursor::Writer;
-use super::{KernelEntry, Metadata, Reloc, RelocTarget, Step, TensorSpec};
+use super::{DType, KernelEntry, Metadata, Reloc, RelocTarget, Step, TensorSpec};
 
 /// On-disk codes of [`RelocTarget`] variants.
 pub(crate) const TARGET_HOST: u32 = 1;
@@ -35,13 +35,19 @@ pub(crate) fn meta(m: &Metadata) -> Vec<u8> {
 fn tensors(w: &mut Writer, specs: &[TensorSpec]) {
     w.len(specs.len());
     for s in specs {
-        w.str(&s.name);
-        w.u8(s.dtype as u8);
-        w.len(s.shape.len());
-        for &d in &s.shape {
-            w.u64(d);
-        }
+        tensor_head(w, &s.name, s.dtype, &s.shape);
         w.u64(s.arena_offset);
+    }
+}
+
+/// A tensor's name, dtype code, rank and dims: how META's tensor specs
+/// and GOLDEN's tensors begin.
+pub(crate) fn tensor_head(w: &mut Writer, name: &str, dtype: DType, shape: &[u64]) {
+    w.str(name);
+    w.u8(dtype as u8);
+    w.len(shape.len());
+    for &d in shape {
+        w.u64(d);
     }
 }
 

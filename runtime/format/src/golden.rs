@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::cursor::{Reader, Writer};
+use super::encode::tensor_head;
 use super::{type_string, DType, FormatError, SectionKind};
 
 /// One stored tensor: a golden input or an expected output, dense and
@@ -130,12 +131,7 @@ pub(crate) fn encode(g: &Golden<'_>) -> Vec<u8> {
 fn tensors(w: &mut Writer, ts: &[GoldenTensor<'_>]) {
     w.len(ts.len());
     for t in ts {
-        w.str(&t.name);
-        w.u8(t.dtype as u8);
-        w.len(t.shape.len());
-        for &d in &t.shape {
-            w.u64(d);
-        }
+        tensor_head(w, &t.name, t.dtype, &t.shape);
         w.u64(t.data.len() as u64);
         w.bytes(&t.data);
     }
@@ -193,17 +189,7 @@ fn tensor_list<'a>(r: &mut Reader<'a>, what: &str) -> Result<Vec<GoldenTensor<'a
     let mut out: Vec<GoldenTensor<'a>> = Vec::with_capacity(count);
     let mut names = HashSet::with_capacity(count);
     for _ in 0..count {
-        let name = r.str(&format!("{what} name"))?;
-        let code = r.u8("dtype")?;
-        let dtype = DType::from_u8(code).ok_or(FormatError::UnknownCode {
-            what: "dtype",
-            code: code.into(),
-        })?;
-        let rank = r.count(&format!("rank of {what} '{name}'"), 8)?;
-        let mut shape = Vec::with_capacity(rank);
-        for _ in 0..rank {
-            shape.push(r.u64("dimension")?);
-        }
+        let (name, dtype, shape) = super::decode::tensor_head(r, what)?;
         let len = r.u64(&format!("byte length of {what} '{name}'"))?;
         let expected =
             (shape.iter()).try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d));

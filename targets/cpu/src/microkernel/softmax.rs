@@ -144,7 +144,7 @@ impl SoftmaxSpec {
 
         // Max, broadcast to zmm0.
         a.vmovaps(zmm0, NEG_INF)?;
-        chunks(a, full, |a| {
+        chunks(a, (full, 64), |a| {
             a.vmaxps(zmm0, zmm0, zmmword_ptr(X_ROW + OFF))?;
             Ok(())
         })?;
@@ -155,7 +155,7 @@ impl SoftmaxSpec {
 
         // exp(x - max) stored, summed in zmm1 and broadcast.
         a.vxorps(zmm1, zmm1, zmm1)?;
-        chunks(a, full, |a| {
+        chunks(a, (full, 64), |a| {
             a.vsubps(zmm2, zmm0, zmmword_ptr(X_ROW + OFF))?;
             exp_of_negated(a)?;
             a.vmovups(zmmword_ptr(Y_ROW + OFF), zmm3)?;
@@ -173,7 +173,7 @@ impl SoftmaxSpec {
         horizontal(a, |a, x, y| a.vaddps(x, x, y))?;
 
         // Divide by the sum.
-        chunks(a, full, |a| {
+        chunks(a, (full, 64), |a| {
             a.vmovups(zmm3, zmmword_ptr(Y_ROW + OFF))?;
             a.vdivps(zmm3, zmm3, zmm0)?;
             a.vmovups(zmmword_ptr(Y_ROW + OFF), zmm3)?;
@@ -193,11 +193,12 @@ impl SoftmaxSpec {
     }
 }
 
-/// Runs `step` for each of `count` 64-byte chunks with `OFF` at the
-/// chunk's byte offset (a run-time loop; nothing when `count` is 0).
+/// Runs `step` for each of `count` chunks of `bytes` (one register) with
+/// `OFF` at the chunk's byte offset (a run-time loop; nothing when `count`
+/// is 0).
 fn chunks(
     a: &mut CodeAssembler,
-    count: usize,
+    (count, bytes): (usize, i32),
     mut step: impl FnMut(&mut CodeAssembler) -> Result<(), MicrokernelError>,
 ) -> Result<(), MicrokernelError> {
     if count == 0 {
@@ -208,7 +209,7 @@ fn chunks(
     let mut top = a.create_label();
     a.set_label(&mut top)?;
     step(a)?;
-    a.add(OFF, 64)?;
+    a.add(OFF, bytes)?;
     a.dec(CHUNKS)?;
     a.jnz(top)?;
     Ok(())

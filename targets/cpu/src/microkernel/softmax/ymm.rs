@@ -11,7 +11,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::{SoftmaxSpec, CHUNKS, CMP_GE_OQ, EXP_LOWEST, OFF, ROWS, X_ROW, Y_ROW};
+use super::{chunks, SoftmaxSpec, CMP_GE_OQ, EXP_LOWEST, OFF, ROWS, X_ROW, Y_ROW};
 use crate::lower::math::{EXP_POLY, LN2_HI, LN2_LO};
 use crate::microkernel::ymm::{edge_mask, BYTES, LANES, MASK};
 use crate::microkernel::{imm32, load_address, MicrokernelError};
@@ -67,7 +67,7 @@ impl SoftmaxSpec {
 
         // Max, broadcast to ymm0; the lanes past the row are −∞.
         a.vmovups(ymm0, k(NEG_INF))?;
-        chunks(a, full, |a| {
+        chunks(a, (full, BYTES as i32), |a| {
             a.vmaxps(ymm0, ymm0, ymmword_ptr(X_ROW + OFF))?;
             Ok(())
         })?;
@@ -80,7 +80,7 @@ impl SoftmaxSpec {
 
         // exp(x − max) stored, summed in ymm1 and broadcast.
         a.vxorps(ymm1, ymm1, ymm1)?;
-        chunks(a, full, |a| {
+        chunks(a, (full, BYTES as i32), |a| {
             a.vsubps(ymm2, ymm0, ymmword_ptr(X_ROW + OFF))?;
             exp_of_negated(a, &k)?;
             a.vmovups(ymmword_ptr(Y_ROW + OFF), ymm3)?;
@@ -99,7 +99,7 @@ impl SoftmaxSpec {
         horizontal(a, |a, x, y| a.vaddps(x, x, y))?;
 
         // Divide by the sum.
-        chunks(a, full, |a| {
+        chunks(a, (full, BYTES as i32), |a| {
             a.vmovups(ymm3, ymmword_ptr(Y_ROW + OFF))?;
             a.vdivps(ymm3, ymm3, ymm0)?;
             a.vmovups(ymmword_ptr(Y_ROW + OFF), ymm3)?;
@@ -117,27 +117,6 @@ impl SoftmaxSpec {
         a.jnz(row)?;
         Ok(())
     }
-}
-
-/// Runs `step` for each of `count` 32-byte chunks with `OFF` at the
-/// chunk's byte offset.
-fn chunks(
-    a: &mut CodeAssembler,
-    count: usize,
-    mut step: impl FnMut(&mut CodeAssembler) -> Result<(), MicrokernelError>,
-) -> Result<(), MicrokernelError> {
-    if count == 0 {
-        return Ok(());
-    }
-    a.xor(OFF, OFF)?;
-    a.mov(CHUNKS, count as u64)?;
-    let mut top = a.create_label();
-    a.set_label(&mut top)?;
-    step(a)?;
-    a.add(OFF, BYTES as i32)?;
-    a.dec(CHUNKS)?;
-    a.jnz(top)?;
-    Ok(())
 }
 
 /// Reduces the 8 lanes of ymm0 with `op` and broadcasts the result to
