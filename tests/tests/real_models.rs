@@ -94,18 +94,6 @@ fn onnxruntime_quantized_models_match_onnxruntime_on_integer_products() {
 /// and -O2 for x86_64-v3 (the AVX2 microkernels).
 const LEVELS_AND_TARGETS: [(u8, &str); 3] = [(0, "native"), (2, "native"), (2, "x86_64-v3")];
 
-/// Whether this host runs x86_64-v3 code (AVX2 and FMA).
-fn host_runs_v3() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 #[test]
 fn real_models_match_onnxruntime_at_o0_and_o2() {
     let Some(root) = real_models_root() else {
@@ -121,7 +109,7 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
         let inputs = fixture.inputs();
         let references = fixture.reference_outputs();
         for (level, cpu) in LEVELS_AND_TARGETS {
-            if cpu == "x86_64-v3" && !host_runs_v3() {
+            if cpu == "x86_64-v3" && !kiln_test_kit::host_runs_x86_64_v3() {
                 continue;
             }
             let mut opts = fixture.compile_options();

@@ -52,18 +52,6 @@ fn avx512_target_emits_zmm_gemm_and_v3_does_not() {
     assert_eq!(v3.metadata.dense_kernels[0].kernel, "avx2/gemm");
 }
 
-/// Whether this host runs `x86_64-v3` code (AVX2 and FMA).
-fn host_runs_v3() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `g` compiled for `x86_64-v3` has every dense node on an AVX2 GEMM
 /// (one of `kernels`), and on a host that runs it matches the reference.
 fn check_avx2(g: &Graph, kernels: &[&str], seed: u64) {
@@ -71,7 +59,7 @@ fn check_avx2(g: &Graph, kernels: &[&str], seed: u64) {
     for k in &v3.metadata.dense_kernels {
         assert!(kernels.contains(&k.kernel.as_str()), "{k:?}");
     }
-    if !host_runs_v3() {
+    if !kiln_test_kit::host_runs_x86_64_v3() {
         return;
     }
     let mut rng = Rng::new(seed);

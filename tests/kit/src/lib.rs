@@ -13,3 +13,16 @@ pub mod ptx_interp;
 pub mod rng;
 
 pub use rng::Rng;
+
+/// Whether this host runs `x86_64-v3` code (AVX2 and FMA): the suites
+/// that run that target's artifacts here skip it otherwise.
+pub fn host_runs_x86_64_v3() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}

@@ -25,9 +25,6 @@ use super::{
 /// The A broadcast (and a constant in the store loop).
 const ABC: usize = 14;
 
-/// Bytes of one ymm vector.
-const VEC: i64 = BYTES;
-
 /// Copies `rows` k rows of the column tile at B_TILE (`nv` vectors, the
 /// last under [`MASK`] when `partial`; `row` bytes apart) into the panel
 /// (`panel_row` bytes apart).
@@ -44,7 +41,7 @@ pub(super) fn pack_panel(
     a.mov(K_COUNT, rows as u64)?;
     a.set_label(&mut top)?;
     for v in 0..nv {
-        let disp = imm32(VEC * v as i64, "panel")?;
+        let disp = imm32(BYTES * v as i64, "panel")?;
         if partial && v == nv - 1 {
             a.vmaskmovps(ymm0, MASK, ymmword_ptr(A_K + disp))?;
         } else {
@@ -95,7 +92,7 @@ impl GemmSpec {
         let edge = |v: usize| partial && v == nv - 1;
         let out_at = |r: usize, v: usize| -> Result<AsmMemoryOperand, MicrokernelError> {
             let disp = imm32(
-                self.out_row * r as i64 + VEC * v as i64,
+                self.out_row * r as i64 + BYTES * v as i64,
                 "output displacement",
             )?;
             Ok(OUT_TILE + disp)
@@ -113,7 +110,7 @@ impl GemmSpec {
         let a_row = g.a_row;
         let step = |a: &mut CodeAssembler, ak: i64, bk: i64, _odd: bool| {
             for v in 0..nv {
-                let disp = imm32(bk + VEC * v as i64, "B displacement")?;
+                let disp = imm32(bk + BYTES * v as i64, "B displacement")?;
                 load(a, YMM[rows * nv + v], B_K + disp, edge(v))?;
             }
             for r in 0..rows {
@@ -144,7 +141,7 @@ impl GemmSpec {
                     a.vmulps(x, x, YMM[konst])?;
                 }
                 if let Some(c) = self.c {
-                    let column = if c.per_column { VEC * v as i64 } else { 0 };
+                    let column = if c.per_column { BYTES * v as i64 } else { 0 };
                     let at = C_TILE + imm32(c.row * r as i64 + column, "C displacement")?;
                     if c.per_column {
                         load(a, cval, at, edge(v))?;

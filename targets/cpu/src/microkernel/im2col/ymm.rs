@@ -8,6 +8,7 @@
 use iced_x86::code_asm::*;
 
 use super::{DST, SRC};
+use crate::microkernel::ymm::LANES as WIDTH;
 use crate::microkernel::{imm32, MicrokernelError};
 
 /// The column of each lane of a strided copy (`i * stride`).
@@ -15,9 +16,6 @@ const LANES: AsmRegisterYmm = ymm2;
 
 /// The gather's mask, set to all lanes before each gather (which clears it).
 const GATHER_MASK: AsmRegisterYmm = ymm3;
-
-/// Floats per ymm register.
-const WIDTH: usize = 8;
 
 /// The routine's start: [`LANES`] from the lane table when the copies are
 /// strided, and ymm0 = 0 for the fills.
