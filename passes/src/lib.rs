@@ -18,6 +18,8 @@
 #![forbid(unsafe_code)]
 
 mod dce;
+#[cfg(debug_assertions)]
+pub mod fault;
 mod flush_subnormals;
 mod fold_batchnorm;
 mod fold_constants;

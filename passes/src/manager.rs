@@ -144,6 +144,8 @@ impl PassManager {
         for pass in &self.passes {
             let start = Instant::now();
             let stats = pass.run(graph)?;
+            #[cfg(debug_assertions)]
+            crate::fault::after(pass.name(), graph);
             let time = start.elapsed();
             if opts.verify_each || cfg!(debug_assertions) {
                 kiln_ir::verify::verify(graph).map_err(|source| PassError::Verify {

@@ -349,6 +349,7 @@ def compile(
     golden_tolerance: Optional[float] = None,
     validate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
     coverage_warn: Optional[float] = None,
+    keep_values: Optional[Union[str, Sequence[str]]] = None,
     args: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Compiles an ONNX model into a ``.kiln`` artifact at ``output``.
@@ -361,6 +362,8 @@ def compile(
     ``golden`` (the self-test :meth:`Model.verify` runs) and ``validate``
     (held-out samples for the calibration coverage report, in the result's
     ``"coverage"``; ``coverage_warn`` in percent) take the same.
+    ``keep_values`` (``"all"`` or ONNX tensor-name globs) makes those
+    values extra outputs of the artifact, after the model's own.
 
     Returns the report ``kiln compile --json`` prints, as Python objects.
     Raises the :class:`KilnError` subclass of the command's exit code.
@@ -387,6 +390,8 @@ def compile(
                 argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
         if keep_fp32 is not None:
             argv += ["--keep-fp32", _patterns(keep_fp32)]
+        if keep_values is not None:
+            argv += ["--keep-values", _patterns(keep_values)]
         for prec, patterns in (force or {}).items():
             argv += ["--force", f"{prec}={_patterns(patterns)}"]
         for name, value in (bind_inputs or {}).items():

@@ -6,6 +6,7 @@ Python samples and signed artifacts."""
 import json
 import os
 import subprocess
+import sys
 import threading
 
 import ml_dtypes
@@ -366,3 +367,43 @@ def test_calibration_coverage_from_python(tmp_path):
     layers = report["coverage"]["layers"]
     assert layers[0]["warning"] and layers[0]["clipped_share"] > 0.1
     assert layers[0]["samples"], layers[0]
+
+
+def test_kept_values_and_debug_against_onnxruntime_values(tmp_path):
+    """`keep_values` from Python; `kiln debug --reference DIR` with every
+    value onnxruntime computes, dumped by scripts/dump_values.py."""
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"][:4]
+    artifact = tmp_path / "kept.kiln"
+    kiln.compile(DIGITS, artifact, dims={"batch": 4}, keep_values=["relu*"])
+    outputs = kiln.load(artifact).run({"input": images})
+    assert list(outputs) == ["logits", "probs", "relu1", "relu2"]
+
+    np.save(tmp_path / "input.npy", images)
+    dump = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "dump_values.py"),
+            DIGITS,
+            "--input",
+            f"input={tmp_path / 'input.npy'}",
+            "-o",
+            tmp_path / "ort",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dump.returncode == 0, dump.stderr
+    index = json.loads((tmp_path / "ort" / "values.json").read_text())["values"]
+    assert {"conv1", "bn1", "relu1", "logits"} <= set(index)
+    args = ["debug", DIGITS, "--dim", "batch=4", "--input", f"input={tmp_path / 'input.npy'}"]
+    run = cli(*args, "--reference", tmp_path / "ort", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["compared"] == len(report["values"]) == 9
+    assert report["first_failure"] is None
+    # An int8 build at a tolerance of 0 departs at its first quantized layer.
+    run = cli(*args, "--reference", tmp_path / "ort", "--quantize", "dynamic", "--tolerance", "0", "--json")
+    assert run.returncode == 7, run.stderr
+    assert json.loads(run.stdout)["first_failure"] == "conv1"

@@ -84,6 +84,8 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::ArenaTooLarge { .. } => "arena_too_large".to_string(),
         DriverError::Calibration { .. } => "calibration".to_string(),
         DriverError::Golden { .. } => "golden".to_string(),
+        DriverError::Reference { .. } => "reference".to_string(),
+        DriverError::Run(r) => format!("runtime::{}", variant(r)),
         DriverError::Usage(_) => "usage".to_string(),
     }
 }

@@ -204,3 +204,63 @@ fn golden_inputs_that_do_not_fit_the_model_are_refused_before_any_work() {
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("has no golden self-test"), "{text}");
 }
+
+#[test]
+fn calibration_samples_may_serve_as_the_golden_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let samples = golden_dir(dir.path(), 3, "input", &[4, 64]);
+    let samples = samples.to_str().unwrap();
+    let art = dir.path().join("cal.kiln");
+    let art = art.to_str().unwrap();
+    let (code, text) = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=4x64",
+        "-o",
+        art,
+        "--quantize",
+        "static",
+        "--calibrate",
+        samples,
+        "--golden-from-calibration",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("golden self-test: 2 input set(s)"), "{text}");
+    assert!(
+        text.contains("its inputs: the first 2 calibration sample(s) of"),
+        "{text}"
+    );
+    let (code, text) = kiln(&["verify", art]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("set 1 logits: ok"), "{text}");
+    // Not without calibration samples, nor together with --golden.
+    let (code, text) = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=4x64",
+        "-o",
+        art,
+        "--golden-from-calibration",
+        "2",
+    ]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--golden-from-calibration needs calibration samples"),
+        "{text}"
+    );
+    let (code, text) = kiln(&[
+        "compile",
+        MLP,
+        "-o",
+        art,
+        "--golden",
+        samples,
+        "--golden-from-calibration",
+        "2",
+    ]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("cannot be used with"), "{text}");
+}

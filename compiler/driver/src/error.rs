@@ -51,6 +51,18 @@ pub enum DriverError {
         /// What is wrong.
         message: String,
     },
+    /// Reference values (`kiln debug --reference DIR`) that do not fit the
+    /// model, or inputs the reference evaluator cannot run.
+    #[error("reference values {}: {message}", path.display())]
+    Reference {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The compiled model failed to load or run (`kiln debug`).
+    #[error("running the compiled model: {0}")]
+    Run(#[from] kiln_runtime::Error),
     /// An option combination that cannot work (`--max-rel-error` without
     /// calibration samples).
     #[error("{0}")]
@@ -95,7 +107,7 @@ impl DriverError {
                 | OnnxError::UnboundDim { .. }
                 | OnnxError::UnsupportedDType { .. }
                 | OnnxError::UnsupportedOpset { .. } => ErrorKind::Unsupported,
-                OnnxError::InputValue { .. } => ErrorKind::Usage,
+                OnnxError::InputValue { .. } | OnnxError::KeepValues { .. } => ErrorKind::Usage,
                 _ => ErrorKind::BadModel,
             },
             DriverError::Pass(
@@ -108,7 +120,18 @@ impl DriverError {
             DriverError::Cuda(CudaError::PtxasRejected { .. }) => ErrorKind::Internal,
             DriverError::Cuda(_) => ErrorKind::Unsupported,
             DriverError::Io { .. } => ErrorKind::Io,
-            DriverError::Calibration { .. } | DriverError::Golden { .. } => ErrorKind::BadInput,
+            DriverError::Calibration { .. }
+            | DriverError::Golden { .. }
+            | DriverError::Reference { .. } => ErrorKind::BadInput,
+            DriverError::Run(e) => match e {
+                kiln_runtime::Error::UnsupportedArch { .. }
+                | kiln_runtime::Error::MissingCpuFeatures(_) => ErrorKind::Usage,
+                kiln_runtime::Error::UnknownInput { .. }
+                | kiln_runtime::Error::MissingInput { .. }
+                | kiln_runtime::Error::InputTypeMismatch { .. }
+                | kiln_runtime::Error::InputDataLength { .. } => ErrorKind::BadInput,
+                _ => ErrorKind::Internal,
+            },
             DriverError::Usage(_) => ErrorKind::Usage,
         }
     }

@@ -11,13 +11,13 @@ use kiln_format::{Golden, GoldenSet, GoldenTensor, Tolerance};
 use kiln_ir::Graph;
 
 use crate::error::DriverError;
-use crate::options::CompileOptions;
+use crate::options::{CompileOptions, GoldenInputs};
 use crate::samples::{npz_files, read_sample};
 
 /// The golden input sets at `path`: one set for a `.npz` file, one per
 /// `.npz` file (in name order) for a directory; each with one array per
 /// graph input, of its exact dtype and shape.
-pub fn read_sets(path: &Path, graph: &Graph) -> Result<Vec<Vec<kiln_ir::Tensor>>, DriverError> {
+pub fn read_sets(path: &Path, graph: &Graph) -> Result<Sets, DriverError> {
     let bad = |path: &Path, message: String| DriverError::Golden {
         path: path.to_path_buf(),
         message,
@@ -39,10 +39,56 @@ pub fn read_sets(path: &Path, graph: &Graph) -> Result<Vec<Vec<kiln_ir::Tensor>>
         .collect()
 }
 
+/// Input sets, each a value per graph input.
+type Sets = Vec<Vec<kiln_ir::Tensor>>;
+
+/// The golden input sets `opts.golden` names, and the path to blame for
+/// errors: the files of `--golden`, or the first calibration samples.
+fn read_inputs(
+    graph: &Graph,
+    opts: &CompileOptions,
+) -> Result<Option<(PathBuf, Sets)>, DriverError> {
+    match &opts.golden {
+        None => Ok(None),
+        Some(GoldenInputs::Path(path)) => Ok(Some((path.clone(), read_sets(path, graph)?))),
+        Some(GoldenInputs::Calibration { sets }) => {
+            let dir = (opts.calibrate.clone()).ok_or_else(|| {
+                DriverError::Usage("--golden-from-calibration needs --calibrate DIR".into())
+            })?;
+            let files = npz_files(&dir)?;
+            let chosen = (files.iter().take(*sets))
+                .map(|file| {
+                    read_sample(file, graph).map_err(|message| DriverError::Calibration {
+                        path: file.clone(),
+                        message,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some((dir, chosen)))
+        }
+    }
+}
+
+/// Where the golden sets of `opts` come from, for people: `None` without a
+/// self-test.
+pub fn describe(opts: &CompileOptions) -> Option<String> {
+    match &opts.golden {
+        None => None,
+        Some(GoldenInputs::Path(path)) => Some(format!("the input sets of {}", path.display())),
+        Some(GoldenInputs::Calibration { sets }) => Some(format!(
+            "the first {sets} calibration sample(s) of {} (in name order)",
+            opts.calibrate
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display()
+        )),
+    }
+}
+
 /// The GOLDEN section for `graph` (the imported source graph) and the
 /// input sets of `opts.golden`; empty without one.
 pub fn build(graph: &Graph, opts: &CompileOptions) -> Result<Golden<'static>, DriverError> {
-    let Some(path) = &opts.golden else {
+    let Some((path, sets)) = read_inputs(graph, opts)? else {
         return Ok(Golden::default());
     };
     let tolerance = opts.golden_tolerance();
@@ -51,7 +97,6 @@ pub fn build(graph: &Graph, opts: &CompileOptions) -> Result<Golden<'static>, Dr
             "--golden-tolerance {tolerance} must be a finite number of at least 0"
         )));
     }
-    let sets = read_sets(path, graph)?;
     let inputs: Vec<&str> = graph
         .inputs()
         .iter()

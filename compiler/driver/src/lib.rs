@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod compare;
+pub mod debug;
 mod error;
 pub mod golden;
 pub mod npy;
@@ -38,7 +39,7 @@ pub mod target;
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
 pub use options::{
-    CompileOptions, DumpIr, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
+    CompileOptions, DumpIr, GoldenInputs, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
     DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES,
 };
 pub use pipeline::{

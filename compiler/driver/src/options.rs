@@ -93,9 +93,10 @@ pub struct CompileOptions {
     /// [`kiln_passes::smoothing_factors`]), measured on the calibration
     /// samples.
     pub smooth: Smooth,
-    /// The golden self-test's input sets (`--golden FILE.npz|DIR`, see
-    /// [`crate::golden`]); `None`: the artifact has none.
-    pub golden: Option<PathBuf>,
+    /// The golden self-test's input sets (`--golden FILE.npz|DIR`, or
+    /// `--golden-from-calibration N`; see [`crate::golden`]); `None`: the
+    /// artifact has none.
+    pub golden: Option<GoldenInputs>,
     /// Held-out samples (`--validate DIR`, read like `--calibrate`'s): a
     /// static int8 build reports how well its calibrated activation
     /// ranges cover them ([`kiln_passes::coverage`]).
@@ -195,6 +196,19 @@ fn digest_prefix(data: &[u8]) -> String {
         .collect()
 }
 
+/// Where the golden self-test's input sets come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GoldenInputs {
+    /// `--golden FILE.npz|DIR`: one set, or one per `.npz` file.
+    Path(PathBuf),
+    /// `--golden-from-calibration N`: the first `sets` calibration samples
+    /// (`--calibrate DIR`, in name order).
+    Calibration {
+        /// How many samples, at most.
+        sets: usize,
+    },
+}
+
 impl CompileOptions {
     /// Refuses options that cannot work together, before any work: the one
     /// place these checks live (the command line, the Python binding and
@@ -204,7 +218,7 @@ impl CompileOptions {
         let p = &self.precision;
         let has_samples =
             !p.is_identity() && (self.calibrate.is_some() || self.calibrate_random > 0);
-        let rules: [(bool, &str); 6] = [
+        let rules: [(bool, &str); 7] = [
             (self.threads == 0, "--threads must be at least 1"),
             (
                 self.observer != Observer::MinMax && !self.static_activations,
@@ -222,6 +236,11 @@ impl CompileOptions {
                 self.validate.is_some()
                     && !(self.static_activations && self.calibrate.is_some() && p.may_quantize()),
                 "--validate needs a static int8 build calibrated on real samples (--quantize static --calibrate DIR)",
+            ),
+            (
+                matches!(self.golden, Some(GoldenInputs::Calibration { .. }))
+                    && (self.calibrate.is_none() || p.is_identity()),
+                "--golden-from-calibration needs calibration samples (--calibrate DIR) of a reduced-precision build (--quantize, --precision)",
             ),
             (
                 self.max_rel_error.is_some() && !has_samples,
@@ -293,6 +312,9 @@ impl CompileOptions {
                 dims.join("x"),
                 digest_prefix(&t.data().to_le_bytes())
             );
+        }
+        if self.import.keep_values != kiln_onnx::KeepValues::None {
+            let _ = write!(s, " keep_values={}", self.import.keep_values);
         }
         // fp32 builds keep the options text (and so the artifact bytes)
         // they had before precision assignment existed.

@@ -283,7 +283,19 @@ fn compile_source(
         let model = kiln_onnx::decode_model(source)?;
         kiln_onnx::import_model(&model, model_dir, &opts.import)
     })?;
-    let optimized = optimize_graph(graph, start.elapsed(), opts, progress)?;
+    compile_imported(source, graph, start.elapsed(), opts, progress)
+}
+
+/// The passes and code generation of `graph`, imported from the ONNX bytes
+/// `source` (whose hash the artifact records).
+pub(crate) fn compile_imported(
+    source: &[u8],
+    graph: Graph,
+    import_time: Duration,
+    opts: &CompileOptions,
+    progress: &dyn Progress,
+) -> Result<Compiled, DriverError> {
+    let optimized = optimize_graph(graph, import_time, opts, progress)?;
     stage(progress, "generating code", || {
         generate(source, optimized, opts)
     })

@@ -30,6 +30,7 @@ pub mod eval;
 pub mod fused;
 mod graph;
 pub mod infer;
+mod name_pattern;
 pub mod narrow;
 mod op;
 mod schedule;
@@ -43,6 +44,7 @@ pub use dtype::DType;
 pub use error::IrError;
 pub use fused::{DenseHead, DenseOp, ElementwiseProgram, FusedKernel, FusedStore, Instr, Reg};
 pub use graph::{Graph, Node, NodeId};
+pub use name_pattern::NamePattern;
 pub use op::{
     BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,
     NearestRounding, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,

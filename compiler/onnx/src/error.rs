@@ -127,6 +127,14 @@ pub enum OnnxError {
         /// What is wrong.
         message: String,
     },
+    /// `--keep-values` patterns that name no computed value of the model.
+    #[error("--keep-values {patterns} names no computed value of the model; values are ONNX tensor names such as {examples} (inputs, initializers and values that fold at import are not kept)")]
+    KeepValues {
+        /// The patterns as given.
+        patterns: String,
+        /// Some value names of the model, for the hint.
+        examples: String,
+    },
     /// A bound input shape contradicts the model or names no input.
     #[error("input shape for '{input}': {message}")]
     InputShape {

@@ -3,8 +3,8 @@
 
 use crate::ctx::ImportCtx;
 use crate::tensor::dtype_or_err;
-use crate::{ops, ImportOptions, OnnxError, UnsupportedOp};
-use kiln_ir::{DType, Graph, Tensor, ValueType};
+use crate::{ops, ImportOptions, KeepValues, OnnxError, UnsupportedOp};
+use kiln_ir::{DType, Graph, NodeId, Tensor, ValueType};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::path::Path;
@@ -482,7 +482,56 @@ pub(crate) fn import_model(
         let id = ctx.node_of(v);
         ctx.graph.add_output(o.name.clone(), id);
     }
+    keep_values(&mut ctx, graph, &order)?;
     Ok(ctx.graph)
+}
+
+/// Adds the values `--keep-values` names as graph outputs after the
+/// model's own, in node order: each computed value once (inputs, constants
+/// and values already output are left out).
+fn keep_values(
+    ctx: &mut ImportCtx<'_>,
+    graph: &GraphProto,
+    order: &[usize],
+) -> Result<(), OnnxError> {
+    let opts = ctx.opts;
+    let keep = &opts.keep_values;
+    if *keep == KeepValues::None {
+        return Ok(());
+    }
+    let mut output: HashSet<NodeId> = ctx.graph.outputs().iter().map(|(_, id)| *id).collect();
+    let mut computed = Vec::new();
+    for &i in order {
+        for name in &graph.node[i].output {
+            let Some(v) = ctx.lookup(name).filter(|&v| ctx.konst(v).is_none()) else {
+                continue;
+            };
+            let id = ctx.node_of(v);
+            if matches!(ctx.graph.node(id).op, kiln_ir::Op::Input { .. }) {
+                continue;
+            }
+            computed.push(name.as_str());
+            if keep.keeps(name) && output.insert(id) {
+                ctx.graph.add_output(name.clone(), id);
+            }
+        }
+    }
+    if let KeepValues::Matching(patterns) = keep {
+        if !patterns
+            .iter()
+            .any(|p| computed.iter().any(|name| p.matches(name)))
+        {
+            let examples: Vec<String> = computed.iter().take(3).map(|n| format!("'{n}'")).collect();
+            return Err(OnnxError::KeepValues {
+                patterns: keep.to_string(),
+                examples: match examples.is_empty() {
+                    true => "(none: every value folds)".into(),
+                    false => examples.join(", "),
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What stands between a model and a compile, found without importing it:

@@ -93,6 +93,66 @@ pub struct ImportOptions {
     /// value's type must match the model's declaration (symbolic dims take
     /// the value's size).
     pub input_values: BTreeMap<String, kiln_ir::Tensor>,
+    /// Computed values to keep as extra graph outputs (`--keep-values`),
+    /// after the model's own outputs, in the model's node order.
+    pub keep_values: KeepValues,
+}
+
+/// Which computed values an import keeps as extra graph outputs, named by
+/// their ONNX tensor names (`kiln compile --keep-values`, `kiln debug`). A
+/// kept value is a graph output, so no pass fuses it away or lets another
+/// value reuse its memory: the compiled model computes and returns it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum KeepValues {
+    /// Only the model's outputs.
+    #[default]
+    None,
+    /// Every value a node computes.
+    All,
+    /// The values whose names match one of these patterns.
+    Matching(Vec<kiln_ir::NamePattern>),
+}
+
+impl KeepValues {
+    /// Whether the value `name` is kept.
+    pub fn keeps(&self, name: &str) -> bool {
+        match self {
+            KeepValues::None => false,
+            KeepValues::All => true,
+            KeepValues::Matching(patterns) => patterns.iter().any(|p| p.matches(name)),
+        }
+    }
+}
+
+impl std::fmt::Display for KeepValues {
+    /// As `--keep-values` takes it: `all` or comma-separated patterns.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeepValues::None => Ok(()),
+            KeepValues::All => f.write_str("all"),
+            KeepValues::Matching(patterns) => {
+                let list: Vec<&str> = patterns.iter().map(|p| p.as_str()).collect();
+                f.write_str(&list.join(","))
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for KeepValues {
+    type Err = String;
+    /// `all`, or comma-separated name patterns (none empty).
+    fn from_str(s: &str) -> Result<KeepValues, String> {
+        if s == "all" {
+            return Ok(KeepValues::All);
+        }
+        let patterns = (s.split(','))
+            .map(|p| match p.trim() {
+                "" => Err(format!("empty pattern in '{s}'")),
+                p => Ok(p.parse().unwrap_or_else(|e| match e {})),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(KeepValues::Matching(patterns))
+    }
 }
 
 /// Default of [`ImportOptions::max_generated_bytes`]: 1 GiB, enough for the
@@ -108,6 +168,7 @@ impl Default for ImportOptions {
             max_initializer_bytes: 4 << 30,
             max_generated_bytes: DEFAULT_MAX_GENERATED_BYTES,
             input_values: BTreeMap::new(),
+            keep_values: KeepValues::None,
         }
     }
 }

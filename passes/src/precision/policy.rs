@@ -5,7 +5,7 @@
 use super::plan::PrecisionPlan;
 use super::quantize::ActivationType;
 use super::types::{PolicyError, Precision};
-use kiln_ir::Op;
+use kiln_ir::{NamePattern, Op};
 use std::fmt;
 use std::str::FromStr;
 
@@ -54,10 +54,10 @@ impl FromStr for Mode {
 }
 
 /// Which nodes a pattern names: an op type (`MatMul`, `Conv`, compared
-/// without case, ONNX or IR spelling) or a node name, where `*` matches any
-/// run of characters and `?` one character.
+/// without case, ONNX or IR spelling) or a node-name glob
+/// ([`NamePattern`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pattern(String);
+pub struct Pattern(NamePattern);
 
 impl Pattern {
     /// Parses a comma-separated list.
@@ -72,7 +72,7 @@ impl Pattern {
 
     /// Whether the pattern names a node with this op and name.
     pub fn matches(&self, op: &Op, name: &str) -> bool {
-        self.0.eq_ignore_ascii_case(op.name()) || glob(self.0.as_bytes(), name.as_bytes())
+        self.0.as_str().eq_ignore_ascii_case(op.name()) || self.0.matches(name)
     }
 }
 
@@ -82,24 +82,14 @@ impl FromStr for Pattern {
     fn from_str(s: &str) -> Result<Pattern, PolicyError> {
         match s.trim() {
             "" => Err(PolicyError::EmptyPattern(s.to_string())),
-            p => Ok(Pattern(p.to_string())),
+            p => Ok(Pattern(p.parse().unwrap_or_else(|e| match e {}))),
         }
     }
 }
 
 impl fmt::Display for Pattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-fn glob(p: &[u8], s: &[u8]) -> bool {
-    match (p.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
-        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
-        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
-        _ => false,
+        self.0.fmt(f)
     }
 }
 

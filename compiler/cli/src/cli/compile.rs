@@ -10,7 +10,7 @@ use kiln_driver::report::{
     dense_kernels_json, generic_dense_warnings, hex, kernel_count, largest_abs, memory_json,
     min_max, precision_json, specs_json,
 };
-use kiln_driver::{self as driver, signing, DriverError, DumpIr, Smooth, Target};
+use kiln_driver::{self as driver, signing, DriverError, DumpIr, GoldenInputs, Smooth, Target};
 use kiln_format as format;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -104,13 +104,24 @@ pub(super) struct CompileArgs {
     /// (one set) or DIR (one .npz per set; an array per model input, its
     /// name, dtype and shape), with the outputs the source model gives for
     /// them. `kiln verify ARTIFACT` checks them on the machine at hand.
-    #[arg(long, value_name = "FILE.npz|DIR")]
+    #[arg(long, value_name = "FILE.npz|DIR", group = "golden_sets")]
     golden: Option<PathBuf>,
+    /// Store a golden self-test whose input sets are the first N
+    /// calibration samples (--calibrate DIR, in name order), instead of
+    /// --golden's.
+    #[arg(long, value_name = "N", value_parser = at_least_one, group = "golden_sets")]
+    golden_from_calibration: Option<usize>,
     /// The self-test's tolerance for every output: the largest error
     /// relative to the output's scale. Default by the build's precision:
     /// fp32 1e-4, fp16 1e-2, bf16 5e-2, int8 0.15.
-    #[arg(long, value_name = "T", value_parser = non_negative, requires = "golden")]
+    #[arg(long, value_name = "T", value_parser = non_negative, requires = "golden_sets")]
     golden_tolerance: Option<f64>,
+    /// Keep these values as extra outputs after the model's own: `all`, or
+    /// comma-separated ONNX tensor-name globs (`/encoder/layer.0/*`). No
+    /// pass fuses a kept value away or lets another value reuse its
+    /// memory; the options recorded in the artifact say which were kept.
+    #[arg(long, value_name = "all|GLOB", value_parser = clap::value_parser!(kiln_onnx::KeepValues))]
+    keep_values: Option<kiln_onnx::KeepValues>,
     /// Write the final per-node precision plan (JSON: precision, reason and
     /// measured error per dense node, keyed by name and structure).
     #[arg(long, value_name = "FILE")]
@@ -290,7 +301,14 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     opts.max_rel_error = a.max_rel_error;
     opts.bias_correction = !a.no_bias_correction;
     opts.smooth = a.smooth.unwrap_or_default();
-    opts.golden = a.golden.clone();
+    opts.golden = match (&a.golden, a.golden_from_calibration) {
+        (Some(path), _) => Some(GoldenInputs::Path(path.clone())),
+        (None, Some(sets)) => Some(GoldenInputs::Calibration { sets }),
+        (None, None) => None,
+    };
+    if let Some(keep) = &a.keep_values {
+        opts.import.keep_values = keep.clone();
+    }
     opts.validate = a.validate.clone();
     opts.coverage_warn = a.coverage_warn / 100.0;
     opts.golden_tolerance = a.golden_tolerance;
@@ -447,6 +465,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "precision": precision_json,
                 "dense_kernels": dense_kernels_json(&meta.dense_kernels),
                 "golden": driver::report::golden_json(&out.artifact.golden),
+                "golden_inputs": driver::golden::describe(&opts),
                 "coverage": out.coverage.as_ref().map(|v| driver::report::coverage_json(v, opts.coverage_warn)),
         })));
     }
@@ -470,7 +489,8 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
         }
     }
     if let Some(line) = driver::report::golden_summary(&out.artifact.golden) {
-        println!("{line}");
+        let from = driver::golden::describe(&opts).unwrap_or_default();
+        println!("{line}; its inputs: {from}");
     }
     if let Some(path) = &signature_path {
         println!("signed: {}", path.display());

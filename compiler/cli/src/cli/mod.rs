@@ -7,6 +7,7 @@
 
 mod bench;
 mod compile;
+mod debug;
 mod inputs;
 mod inspect;
 mod keygen;
@@ -20,6 +21,7 @@ use bench::BenchArgs;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use compile::CompileArgs;
+use debug::DebugArgs;
 use inspect::InspectArgs;
 use keygen::KeygenArgs;
 use kiln_driver::npy::NpyError;
@@ -44,7 +46,7 @@ pub mod exit {
     pub const BAD_ARTIFACT: i32 = 5;
     /// Inputs given to `run`/`bench` are wrong.
     pub const BAD_INPUT: i32 = 6;
-    /// `run --check` or `verify` found outputs outside tolerance.
+    /// `run --check`, `verify` or `debug` found values outside tolerance.
     pub const CHECK_FAILED: i32 = 7;
     /// A file could not be read or written.
     pub const IO: i32 = 8;
@@ -76,6 +78,11 @@ enum Command {
     /// Run the artifact's golden self-test (`compile --golden`) on this
     /// machine: exit 0, or 7 when an output is beyond its tolerance.
     Verify(VerifyArgs),
+    /// Find where a compiled model departs from its source model: the first
+    /// value beyond tolerance (every value kept and compared), or with
+    /// --bisect-passes the pass that makes the outputs depart. Exit 0, or
+    /// 7 when something departs.
+    Debug(Box<DebugArgs>),
 }
 
 /// A failure rendered for people, with its exit code.
@@ -192,6 +199,7 @@ pub fn main() -> i32 {
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Keygen(a) => keygen::cmd_keygen(a),
         Command::Verify(a) => verify::cmd_verify(a),
+        Command::Debug(a) => debug::cmd_debug(*a),
     };
     match result {
         Ok(()) => exit::OK,
