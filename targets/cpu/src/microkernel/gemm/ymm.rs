@@ -107,6 +107,7 @@ impl GemmSpec {
                 }
             }
         }
+        self.prefetch_next_output(a, rows, nv)?;
         let a_row = g.a_row;
         let step = |a: &mut CodeAssembler, ak: i64, bk: i64, _odd: bool| {
             for v in 0..nv {
