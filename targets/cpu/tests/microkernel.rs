@@ -526,29 +526,52 @@ fn depthwise_graph(case: DepthwiseCase, bias: bool, rng: &mut Rng) -> Graph {
     g
 }
 
+/// Depthwise shapes at W stride 1: padding, dilations, H strides, depth
+/// multipliers, maps narrower and wider than a vector of either width.
+const DEPTHWISE_CASES: [DepthwiseCase; 11] = [
+    ([1, 9, 7, 7], 1, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+    ([1, 3, 14, 47], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+    ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),
+    ([1, 5, 3, 37], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+    ([2, 3, 7, 150], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ([1, 4, 6, 5], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ([1, 3, 9, 20], 1, [3, 3], [2, 1], [0, 2, 1, 0], [2, 2]),
+    ([1, 2, 4, 17], 1, [1, 7], [1, 1], [0, 3, 0, 3], [1, 1]),
+    ([1, 2, 2, 3], 1, [5, 5], [1, 1], [3, 4, 3, 4], [1, 1]),
+    ([1, 6, 5, 33], 1, [2, 4], [3, 1], [0, 0, 0, 0], [1, 1]),
+    ([1, 2, 5, 16], 3, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+];
+
 #[test]
 fn depthwise_conv_with_masked_borders() {
     let mut rng = Rng::new(12);
     let mut seed = 900;
     // Maps of one and two 16-pixel vectors split their taps over four and
     // two accumulators (ConvNeXt's 7×7 window on 7×7), three do not.
-    let cases: [DepthwiseCase; 11] = [
-        ([1, 9, 7, 7], 1, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
-        ([1, 3, 14, 47], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
-        ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),
-        ([1, 5, 3, 37], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
-        ([2, 3, 7, 150], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
-        ([1, 4, 6, 5], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
-        ([1, 3, 9, 20], 1, [3, 3], [2, 1], [0, 2, 1, 0], [2, 2]),
-        ([1, 2, 4, 17], 1, [1, 7], [1, 1], [0, 3, 0, 3], [1, 1]),
-        ([1, 2, 2, 3], 1, [5, 5], [1, 1], [3, 4, 3, 4], [1, 1]),
-        ([1, 6, 5, 33], 1, [2, 4], [3, 1], [0, 0, 0, 0], [1, 1]),
-        ([1, 2, 5, 16], 3, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
-    ];
-    for case in cases {
+    for case in DEPTHWISE_CASES {
         for bias in [false, true] {
             seed += 1;
             check_rand(&depthwise_graph(case, bias, &mut rng), seed, 1e-5);
+        }
+    }
+}
+
+/// The AVX2 depthwise kernel (8-pixel vectors, border and tail lanes under
+/// masks from its table) on the same shapes, and wider rows than its six
+/// accumulators cover.
+#[test]
+fn avx2_depthwise_convolutions_match_the_reference() {
+    let mut rng = Rng::new(42);
+    let mut seed = 4200;
+    let wide = ([1, 3, 4, 75], 1, [3, 5], [1, 1], [1, 2, 1, 2], [1, 1]);
+    for case in DEPTHWISE_CASES.into_iter().chain([wide]) {
+        for bias in [false, true] {
+            seed += 1;
+            check_avx2(
+                &depthwise_graph(case, bias, &mut rng),
+                &["avx2/depthwise"],
+                seed,
+            );
         }
     }
 }
@@ -559,6 +582,7 @@ fn depthwise_conv_is_a_microkernel_on_avx512() {
     let case = ([1, 8, 6, 40], 1, [3, 3], [1, 1], [1; 4], [1, 1]);
     let g = depthwise_graph(case, true, &mut rng);
     assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
+    // The AVX2 form has no zmm register.
     assert!(!has_zmm_fma(&compile_for(&g, CpuTarget::X86_64V3)));
 }
 

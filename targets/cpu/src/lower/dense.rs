@@ -293,11 +293,11 @@ fn on(vector: Vector, name: &'static str) -> &'static str {
     }
 }
 
-/// Declines a candidate that has no ymm form on a ymm machine.
+/// Declines a candidate that has no ymm form on a ymm machine (the int8
+/// products: their kernels are AVX512-VNNI dot products).
 fn zmm_only(vector: Vector) -> Attempt<()> {
     require(vector == Vector::Zmm, || {
-        "built for AVX-512 only (the AVX2 kernels are the GEMMs of MatMul, Gemm and 1x1 \
-         convolutions)"
+        "built for AVX-512 only (the int8 kernels use AVX512-VNNI; AVX2 has no such dot product)"
             .into()
     })
 }
@@ -427,8 +427,7 @@ fn candidates(
         ),
         Op::Conv(c) => {
             if c.group > 1 {
-                let served = zmm_only(vector)
-                    .and_then(|()| depthwise(cx, c, weights, scratch, fused, tasks));
+                let served = depthwise(cx, c, weights, scratch, fused, machine);
                 if let Some(served) = trail.attempt(on(vector, DEPTHWISE), served)? {
                     return Ok(Some(served));
                 }
@@ -484,17 +483,20 @@ fn depthwise(
     weights: &mut Weights,
     scratch: &mut Scratch,
     fused: Option<(&NodeCx, &FusedKernel)>,
-    tasks: usize,
+    Machine { vector, tasks }: Machine,
 ) -> Attempt<Served> {
     // The depthwise kernel reads f32 only.
     if let Some((_, t)) = cx.inputs.iter().find(|(_, t)| t.dtype != DType::F32) {
         return decline(format!("an operand is {}; the kernel reads f32", t.dtype));
     }
-    let mut spec = depthwise_conv(cx, c)?;
+    let mut spec = depthwise_conv(cx, c, vector)?;
+    if let Some(why) = spec.ymm_declines() {
+        return decline(why);
+    }
     let mut tail = fused.map(|(_, k)| k.body().clone());
     if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
         if let Some(steps) = epilogue_steps(fcx, k, program, weights, 2) {
-            if depthwise_epilogue_fits(&steps) {
+            if depthwise_epilogue_fits(&steps, vector) {
                 spec.epilogue = steps;
                 tail = None;
             }
@@ -530,7 +532,7 @@ fn depthwise(
         gemm: codes,
         src,
     };
-    Ok(finish(DEPTHWISE, parts, tail))
+    Ok(finish(on(vector, DEPTHWISE), parts, tail))
 }
 
 /// The f32 bytes of node `cx`'s output.
@@ -2210,7 +2212,7 @@ fn im2col_band(full: &Im2col) -> usize {
 
 /// A depthwise convolution (one input channel per group, any depth
 /// multiplier) with W stride 1, weights read as they are.
-fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Attempt<DepthwiseSpec> {
+fn depthwise_conv(cx: &NodeCx, c: &Conv2d, vector: Vector) -> Attempt<DepthwiseSpec> {
     let (xloc, xty) = cx.inputs[0];
     let (wloc, wty) = cx.inputs[1];
     let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
@@ -2269,5 +2271,6 @@ fn depthwise_conv(cx: &NodeCx, c: &Conv2d) -> Attempt<DepthwiseSpec> {
         images,
         epilogue: Vec::new(),
         store: crate::microkernel::Store::F32,
+        vector,
     })
 }

@@ -10,12 +10,15 @@
 //! input window crosses the left or right border, or the last partial
 //! vector, loads with a zero-masking `k1` mask computed at compile time, so
 //! padding reads nothing. Groups are a run-time loop; output channels of a
-//! group (the depth multiplier) are unrolled.
+//! group (the depth multiplier) are unrolled. The AVX2 form of a row is in
+//! `depthwise/ymm.rs`.
+
+mod ymm;
 
 use iced_x86::code_asm::*;
 
 use super::epilogue::{allocate_slots, run_epilogue, EpilogueStep, Operand};
-use super::{imm32, load_address, MicrokernelError, Store};
+use super::{imm32, load_address, MicrokernelError, Store, Vector};
 use crate::plan::Loc;
 
 /// Most 16-pixel vectors accumulated together.
@@ -102,6 +105,9 @@ pub(crate) struct DepthwiseSpec {
     pub epilogue: Vec<EpilogueStep>,
     /// How outputs are stored (u8: see [`DepthwiseSpec::narrowed`]).
     pub store: Store,
+    /// The registers: zmm (16 pixels a vector), or ymm (8; W stride 1 and
+    /// f32 stores only, see [`DepthwiseSpec::ymm_declines`]).
+    pub vector: Vector,
 }
 
 /// The registers free when a tile of accumulators is stored: the input
@@ -109,9 +115,14 @@ pub(crate) struct DepthwiseSpec {
 /// index.
 const STORE_FREE: std::ops::Range<usize> = MAX_TILES..32;
 
-/// Whether `steps` fits the store of a depthwise kernel.
-pub(crate) fn depthwise_epilogue_fits(steps: &[EpilogueStep]) -> bool {
-    allocate_slots(steps, 1 + STORE_FREE.len() - 1).is_some()
+/// Whether `steps` fits the store of a depthwise kernel on `vector`'s
+/// registers.
+pub(crate) fn depthwise_epilogue_fits(steps: &[EpilogueStep], vector: Vector) -> bool {
+    let free = match vector {
+        Vector::Zmm => STORE_FREE.len() - 1,
+        Vector::Ymm => ymm::STORE_FREE.len(),
+    };
+    allocate_slots(steps, 1 + free).is_some()
 }
 
 impl DepthwiseSpec {
@@ -176,6 +187,25 @@ impl DepthwiseSpec {
             .collect()
     }
 
+    /// Why the kernel has no form on `self.vector`'s registers, if it has
+    /// none: the ymm form reads W stride 1 (AVX2 has no two-source
+    /// permutation for the even columns) and stores f32.
+    pub(crate) fn ymm_declines(&self) -> Option<String> {
+        if self.vector != Vector::Ymm {
+            return None;
+        }
+        if self.stride_w != 1 {
+            return Some(format!(
+                "W stride {}: the AVX2 depthwise kernel reads W stride 1",
+                self.stride_w
+            ));
+        }
+        match self.store {
+            Store::F32 => None,
+            Store::U8 { .. } => Some("a u8 store: the AVX2 depthwise kernel stores f32".into()),
+        }
+    }
+
     /// Assembles the kernel.
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         if !(1..=2).contains(&self.stride_w) {
@@ -184,6 +214,10 @@ impl DepthwiseSpec {
                 self.stride_w
             )));
         }
+        if let Some(why) = self.ymm_declines() {
+            return Err(MicrokernelError::Layout(why));
+        }
+        let mut masks = ymm::Masks::default();
         let mut a = CodeAssembler::new(64)?;
         let mut even_lanes = a.create_label();
         for r in SAVED {
@@ -200,7 +234,7 @@ impl DepthwiseSpec {
                 load_address(&mut a, B_G, b)?;
             }
             a.xor(CHANNEL, CHANNEL)?;
-            self.groups_loop(&mut a)?;
+            self.groups_loop(&mut a, &mut masks)?;
         }
         for r in SAVED.iter().rev() {
             a.pop(*r)?;
@@ -214,10 +248,15 @@ impl DepthwiseSpec {
             let idx: Vec<u8> = (0..16).map(|i| 2 * i).collect();
             a.db(&idx)?;
         }
+        masks.emit(&mut a)?;
         Ok(a.assemble(0)?)
     }
 
-    fn groups_loop(&self, a: &mut CodeAssembler) -> Result<(), MicrokernelError> {
+    fn groups_loop(
+        &self,
+        a: &mut CodeAssembler,
+        masks: &mut ymm::Masks,
+    ) -> Result<(), MicrokernelError> {
         let taps = (self.kh * self.kw) as i64;
         let plane_out = (self.oh * self.ow * self.store.bytes()) as i64;
         let mut top = a.create_label();
@@ -225,7 +264,8 @@ impl DepthwiseSpec {
         a.set_label(&mut top)?;
         for j in 0..self.per_group {
             for seg in &self.rows {
-                self.segment(a, seg, j, j as i64 * taps * 4, j as i64 * plane_out)?;
+                let offsets = (j as i64 * taps * 4, j as i64 * plane_out);
+                self.segment(a, seg, j, offsets, masks)?;
             }
         }
         a.add(X_G, imm32((self.h * self.w * 4) as i64, "input plane")?)?;
@@ -251,23 +291,15 @@ impl DepthwiseSpec {
         a: &mut CodeAssembler,
         seg: &RowSegment,
         j: usize,
-        w_off: i64,
-        out_off: i64,
+        (w_off, out_off): (i64, i64),
+        masks: &mut ymm::Masks,
     ) -> Result<(), MicrokernelError> {
         if seg.len == 0 {
             return Ok(());
         }
-        let b_off = 4 * j as i64;
-        // The epilogue's registers: the accumulator, then the free ones
-        // (the permutation index excluded).
-        let free: Vec<AsmRegisterZmm> = STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect();
-        let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
-            MicrokernelError::Layout("the depthwise epilogue does not fit".into())
-        })?;
         let w4 = (self.w * 4) as i64;
         let out_row = self.ow * self.store.bytes();
-        let [dil_h, dil_w] = self.dilations;
-        let [pt, pl] = self.pad_tl;
+        let pt = self.pad_tl[0];
         // SRC: input row of output row `start` with tap 0 (may point above
         // the image; every tap added to it is inside).
         let first = (seg.start * self.stride_h) as i64 - pt as i64;
@@ -279,6 +311,36 @@ impl DepthwiseSpec {
         let mut top = a.create_label();
         a.mov(ROWS, seg.len as u64)?;
         a.set_label(&mut top)?;
+        match self.vector {
+            Vector::Zmm => self.row(a, seg, j, w_off)?,
+            Vector::Ymm => self.ymm_row(a, seg, j, w_off, masks)?,
+        }
+        a.add(SRC, imm32(self.stride_h as i64 * w4, "input row stride")?)?;
+        a.add(DST, imm32(out_row as i64, "output row stride")?)?;
+        a.dec(ROWS)?;
+        a.jnz(top)?;
+        Ok(())
+    }
+
+    /// One output row of output channel `j` of the group at SRC/DST
+    /// (weights at W_G + `w_off`, bias at B_G + 4j), in zmm vectors.
+    fn row(
+        &self,
+        a: &mut CodeAssembler,
+        seg: &RowSegment,
+        j: usize,
+        w_off: i64,
+    ) -> Result<(), MicrokernelError> {
+        let b_off = 4 * j as i64;
+        // The epilogue's registers: the accumulator, then the free ones
+        // (the permutation index excluded).
+        let free: Vec<AsmRegisterZmm> = STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect();
+        let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
+            MicrokernelError::Layout("the depthwise epilogue does not fit".into())
+        })?;
+        let w4 = (self.w * 4) as i64;
+        let [dil_h, dil_w] = self.dilations;
+        let pl = self.pad_tl[1];
         let vectors = self.ow.div_ceil(16);
         let mut v0 = 0;
         while v0 < vectors {
@@ -370,10 +432,6 @@ impl DepthwiseSpec {
             }
             v0 += n;
         }
-        a.add(SRC, imm32(self.stride_h as i64 * w4, "input row stride")?)?;
-        a.add(DST, imm32(out_row as i64, "output row stride")?)?;
-        a.dec(ROWS)?;
-        a.jnz(top)?;
         Ok(())
     }
 }

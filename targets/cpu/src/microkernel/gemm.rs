@@ -1507,7 +1507,9 @@ mod tests {
                     row: (k * 4) as i64,
                     col: 4,
                 },
-                b: BLayout::Strided { row: (n * 4) as i64 },
+                b: BLayout::Strided {
+                    row: (n * 4) as i64,
+                },
                 out_row: (n * 4) as i64,
                 alpha: 1.0,
                 c: None,
