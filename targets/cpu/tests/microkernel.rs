@@ -557,14 +557,22 @@ fn depthwise_conv_with_masked_borders() {
 }
 
 /// The AVX2 depthwise kernel (8-pixel vectors, border and tail lanes under
-/// masks from its table) on the same shapes, and wider rows than its six
-/// accumulators cover.
+/// masks from its table) on the same shapes, wider rows than its six
+/// accumulators cover, and W stride 2.
 #[test]
 fn avx2_depthwise_convolutions_match_the_reference() {
     let mut rng = Rng::new(42);
     let mut seed = 4200;
     let wide = ([1, 3, 4, 75], 1, [3, 5], [1, 1], [1, 2, 1, 2], [1, 1]);
-    for case in DEPTHWISE_CASES.into_iter().chain([wide]) {
+    // W stride 2: the even columns of two 8-column loads.
+    let strided: [DepthwiseCase; 5] = [
+        ([1, 4, 14, 14], 1, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 9, 33], 2, [5, 5], [2, 2], [2, 2, 2, 2], [1, 1]),
+        ([1, 2, 7, 7], 1, [3, 3], [1, 2], [1, 1, 1, 1], [1, 1]),
+        ([1, 3, 12, 40], 1, [3, 3], [2, 2], [0, 1, 1, 0], [2, 2]),
+        ([1, 2, 5, 113], 1, [3, 3], [1, 2], [1, 1, 1, 1], [1, 1]),
+    ];
+    for case in DEPTHWISE_CASES.into_iter().chain([wide]).chain(strided) {
         for bias in [false, true] {
             seed += 1;
             check_avx2(

@@ -105,8 +105,8 @@ pub(crate) struct DepthwiseSpec {
     pub epilogue: Vec<EpilogueStep>,
     /// How outputs are stored (u8: see [`DepthwiseSpec::narrowed`]).
     pub store: Store,
-    /// The registers: zmm (16 pixels a vector), or ymm (8; W stride 1 and
-    /// f32 stores only, see [`DepthwiseSpec::ymm_declines`]).
+    /// The registers: zmm (16 pixels a vector), or ymm (8; f32 stores
+    /// only, see [`DepthwiseSpec::ymm_declines`]).
     pub vector: Vector,
 }
 
@@ -188,17 +188,10 @@ impl DepthwiseSpec {
     }
 
     /// Why the kernel has no form on `self.vector`'s registers, if it has
-    /// none: the ymm form reads W stride 1 (AVX2 has no two-source
-    /// permutation for the even columns) and stores f32.
+    /// none: the ymm form stores f32.
     pub(crate) fn ymm_declines(&self) -> Option<String> {
         if self.vector != Vector::Ymm {
             return None;
-        }
-        if self.stride_w != 1 {
-            return Some(format!(
-                "W stride {}: the AVX2 depthwise kernel reads W stride 1",
-                self.stride_w
-            ));
         }
         match self.store {
             Store::F32 => None,
@@ -223,7 +216,9 @@ impl DepthwiseSpec {
         for r in SAVED {
             a.push(r)?;
         }
-        if self.stride_w == 2 {
+        // The zmm permutation's index (the ymm row shuffles in registers).
+        let permutes = self.stride_w == 2 && self.vector == Vector::Zmm;
+        if permutes {
             a.vpmovzxbd(EVEN, xmmword_ptr(even_lanes))?;
         }
         for &(x, out) in &self.images {
@@ -242,7 +237,7 @@ impl DepthwiseSpec {
         a.vzeroupper()?;
         a.xor(eax, eax)?;
         a.ret()?;
-        if self.stride_w == 2 {
+        if permutes {
             // The permutation picking lanes 0, 2, .., 30 of two vectors.
             a.set_label(&mut even_lanes)?;
             let idx: Vec<u8> = (0..16).map(|i| 2 * i).collect();

@@ -4,7 +4,10 @@
 //! crosses the left or right border, and the last partial vector, load
 //! and store under `vmaskmovps` with [`MASK`] read from a table of lane
 //! ranges placed after the code ([`Masks`]), so padding reads nothing and
-//! nothing past the row is written. W stride 1 only.
+//! nothing past the row is written. At W stride 2 a vector's input is two
+//! loads of 8 columns, the even ones gathered by `vshufps` and `vpermpd`
+//! (AVX2 has no two-source lane permutation), with half as many vectors
+//! at once.
 
 use iced_x86::code_asm::*;
 
@@ -14,7 +17,8 @@ use crate::microkernel::ymm::{self, LANES, MASK, YMM};
 use crate::microkernel::{imm32, MicrokernelError};
 
 /// Most 8-pixel vectors accumulated together: accumulators in ymm0–ymm5,
-/// their input vectors in ymm6–ymm11.
+/// their input vectors in ymm6–ymm11 (at W stride 2, half as many: the
+/// odd halves of the inputs in ymm9–ymm11).
 const MAX_TILES: usize = 6;
 
 /// The tap's weight, broadcast.
@@ -90,15 +94,17 @@ impl DepthwiseSpec {
         let w4 = (self.w * 4) as i64;
         let [dil_h, dil_w] = self.dilations;
         let pl = self.pad_tl[1];
+        let sw = self.stride_w;
         let vectors = self.ow.div_ceil(LANES);
         let mut v0 = 0;
         while v0 < vectors {
-            let n = (vectors - v0).min(MAX_TILES);
+            let n = (vectors - v0).min(MAX_TILES / sw);
             // As the zmm row: one or two vectors rotate their taps over
             // several accumulators (n · chains ≤ 4 ≤ MAX_TILES).
             let chains = (CHAINS / n).max(1);
             let acc = |t: usize, c: usize| YMM[t + n * c];
             let xr = |t: usize| YMM[MAX_TILES + t];
+            let odd_half = |t: usize| YMM[MAX_TILES + MAX_TILES / 2 + t];
             for t in 0..n {
                 for c in 0..chains {
                     if c == 0 && self.bias.is_some() {
@@ -115,36 +121,60 @@ impl DepthwiseSpec {
                     let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
                     let c = tap % chains;
                     tap += 1;
-                    // Per vector: its first input column and the lanes
-                    // whose column lies inside the row and whose output
-                    // pixel exists (a contiguous range).
-                    let windows: Vec<(i64, usize, usize)> = (0..n)
+                    // Per vector and 8-column load: its first input
+                    // column and the lanes whose column lies inside the
+                    // row and whose output pixel exists (a contiguous
+                    // range; the odd columns of a stride-2 pair are loaded
+                    // only to be dropped).
+                    let loads: Vec<Vec<(i64, usize, usize)>> = (0..n)
                         .map(|t| {
                             let ow0 = (v0 + t) * LANES;
-                            let col0 = (ow0 + tw * dil_w) as i64 - pl as i64;
-                            let inside = |q: usize| {
-                                let col = col0 + q as i64;
-                                ow0 + q < self.ow && col >= 0 && col < self.w as i64
-                            };
-                            let lo = (0..LANES).find(|&q| inside(q)).unwrap_or(LANES);
-                            let hi = (lo..LANES).find(|&q| !inside(q)).unwrap_or(LANES);
-                            (col0, lo, hi)
+                            let start = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
+                            (0..sw)
+                                .map(|half| {
+                                    let col0 = start + (half * LANES) as i64;
+                                    let inside = |q: usize| {
+                                        let col = col0 + q as i64;
+                                        ow0 + (half * LANES + q) / sw < self.ow
+                                            && col >= 0
+                                            && col < self.w as i64
+                                    };
+                                    let lo = (0..LANES).find(|&q| inside(q)).unwrap_or(LANES);
+                                    let hi = (lo..LANES).find(|&q| !inside(q)).unwrap_or(LANES);
+                                    (col0, lo, hi)
+                                })
+                                .collect()
                         })
                         .collect();
-                    if windows.iter().all(|&(_, lo, _)| lo == LANES) {
+                    let empty = |l: &[(i64, usize, usize)]| l.iter().all(|&(_, lo, _)| lo == LANES);
+                    if loads.iter().all(|l| empty(l)) {
                         continue;
                     }
                     a.vbroadcastss(WEIGHT, dword_ptr(W_G + wdisp))?;
-                    for (t, &(col0, lo, hi)) in windows.iter().enumerate() {
-                        if lo == LANES {
+                    for (t, halves) in loads.iter().enumerate() {
+                        if empty(halves) {
                             continue;
                         }
-                        let at = SRC + imm32(row + col0 * 4, "input pixel")?;
-                        let masked = (lo, hi) != (0, LANES);
-                        if masked {
-                            masks.load(a, (lo, hi))?;
+                        for (half, &(col0, lo, hi)) in halves.iter().enumerate() {
+                            let x = [xr(t), odd_half(t)][half];
+                            if lo == LANES {
+                                a.vxorps(x, x, x)?;
+                                continue;
+                            }
+                            let at = SRC + imm32(row + col0 * 4, "input pixel")?;
+                            let masked = (lo, hi) != (0, LANES);
+                            if masked {
+                                masks.load(a, (lo, hi))?;
+                            }
+                            ymm::load(a, x, at, masked)?;
                         }
-                        ymm::load(a, xr(t), at, masked)?;
+                        if sw == 2 {
+                            // Columns 0, 2, 4, 6 of each half, in order:
+                            // the even lanes of each 128-bit lane pair,
+                            // then the quadwords put back in order.
+                            a.vshufps(xr(t), xr(t), odd_half(t), 0b10_00_10_00)?;
+                            a.vpermpd(xr(t), xr(t), 0b11_01_10_00)?;
+                        }
                         a.vfmadd231ps(acc(t, c), xr(t), WEIGHT)?;
                     }
                 }
