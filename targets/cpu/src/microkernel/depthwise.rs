@@ -317,6 +317,29 @@ impl DepthwiseSpec {
         Ok(())
     }
 
+    /// The taps of an output row of `seg` in the order the row reads them:
+    /// the tap's input row (bytes from SRC), its column, its weight
+    /// (bytes from W_G, the channel's weights at `w_off`) and the
+    /// accumulator chain it adds to (of `chains`, in rotation).
+    fn row_taps(
+        &self,
+        seg: &RowSegment,
+        w_off: i64,
+        chains: usize,
+    ) -> impl Iterator<Item = (i64, usize, i64, usize)> + '_ {
+        let w4 = (self.w * 4) as i64;
+        let dil_h = self.dilations[0];
+        let taps: Vec<usize> = seg.taps.clone();
+        (taps.into_iter())
+            .flat_map(move |th| (0..self.kw).map(move |tw| (th, tw)))
+            .enumerate()
+            .map(move |(i, (th, tw))| {
+                let row = (th * dil_h) as i64 * w4;
+                let weight = w_off + ((th * self.kw + tw) * 4) as i64;
+                (row, tw, weight, i % chains)
+            })
+    }
+
     /// One output row of output channel `j` of the group at SRC/DST
     /// (weights at W_G + `w_off`, bias at B_G + 4j), in zmm vectors.
     fn row(
@@ -333,8 +356,7 @@ impl DepthwiseSpec {
         let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
             MicrokernelError::Layout("the depthwise epilogue does not fit".into())
         })?;
-        let w4 = (self.w * 4) as i64;
-        let [dil_h, dil_w] = self.dilations;
+        let dil_w = self.dilations[1];
         let pl = self.pad_tl[1];
         let vectors = self.ow.div_ceil(16);
         let mut v0 = 0;
@@ -357,49 +379,43 @@ impl DepthwiseSpec {
                     }
                 }
             }
-            let mut tap = 0;
-            for &th in &seg.taps {
-                let row = (th * dil_h) as i64 * w4;
-                for tw in 0..self.kw {
-                    let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
-                    let c = tap % chains;
-                    tap += 1;
-                    for t in 0..n {
-                        let ow0 = (v0 + t) * 16;
-                        let sw = self.stride_w;
-                        // Input columns `col0 + q` for q in 0..16·sw; a
-                        // column is loaded when it lies inside the row and
-                        // its output pixel exists (the odd ones of a
-                        // stride-2 pair are loaded only to be dropped).
-                        let col0 = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
-                        let mut masks = [0u32; 2];
-                        for q in 0..16 * sw {
-                            let col = col0 + q as i64;
-                            if ow0 + q / sw < self.ow && col >= 0 && col < self.w as i64 {
-                                masks[q / 16] |= 1 << (q % 16);
-                            }
+            for (row, tw, wdisp, c) in self.row_taps(seg, w_off, chains) {
+                let wdisp = imm32(wdisp, "weight")?;
+                for t in 0..n {
+                    let ow0 = (v0 + t) * 16;
+                    let sw = self.stride_w;
+                    // Input columns `col0 + q` for q in 0..16·sw; a
+                    // column is loaded when it lies inside the row and
+                    // its output pixel exists (the odd ones of a
+                    // stride-2 pair are loaded only to be dropped).
+                    let col0 = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
+                    let mut masks = [0u32; 2];
+                    for q in 0..16 * sw {
+                        let col = col0 + q as i64;
+                        if ow0 + q / sw < self.ow && col >= 0 && col < self.w as i64 {
+                            masks[q / 16] |= 1 << (q % 16);
                         }
-                        if masks == [0, 0] {
-                            continue;
-                        }
-                        let regs = [xr(t), ZMM[2 * MAX_TILES + t]];
-                        for (half, &mask) in masks[..sw].iter().enumerate() {
-                            let disp = imm32(row + (col0 + 16 * half as i64) * 4, "input pixel")?;
-                            if mask == 0xffff {
-                                a.vmovups(regs[half], zmmword_ptr(SRC + disp))?;
-                            } else if mask == 0 {
-                                a.vpxord(regs[half], regs[half], regs[half])?;
-                            } else {
-                                a.mov(TMP, mask)?;
-                                a.kmovw(k1, TMP)?;
-                                a.vmovups(regs[half].k1().z(), zmmword_ptr(SRC + disp))?;
-                            }
-                        }
-                        if sw == 2 {
-                            a.vpermt2ps(regs[0], EVEN, regs[1])?;
-                        }
-                        a.vfmadd231ps(acc(t, c), xr(t), dword_bcst(W_G + wdisp))?;
                     }
+                    if masks == [0, 0] {
+                        continue;
+                    }
+                    let regs = [xr(t), ZMM[2 * MAX_TILES + t]];
+                    for (half, &mask) in masks[..sw].iter().enumerate() {
+                        let disp = imm32(row + (col0 + 16 * half as i64) * 4, "input pixel")?;
+                        if mask == 0xffff {
+                            a.vmovups(regs[half], zmmword_ptr(SRC + disp))?;
+                        } else if mask == 0 {
+                            a.vpxord(regs[half], regs[half], regs[half])?;
+                        } else {
+                            a.mov(TMP, mask)?;
+                            a.kmovw(k1, TMP)?;
+                            a.vmovups(regs[half].k1().z(), zmmword_ptr(SRC + disp))?;
+                        }
+                    }
+                    if sw == 2 {
+                        a.vpermt2ps(regs[0], EVEN, regs[1])?;
+                    }
+                    a.vfmadd231ps(acc(t, c), xr(t), dword_bcst(W_G + wdisp))?;
                 }
             }
             for t in 0..n {

@@ -91,8 +91,7 @@ impl DepthwiseSpec {
         let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
             MicrokernelError::Layout("the depthwise epilogue does not fit".into())
         })?;
-        let w4 = (self.w * 4) as i64;
-        let [dil_h, dil_w] = self.dilations;
+        let dil_w = self.dilations[1];
         let pl = self.pad_tl[1];
         let sw = self.stride_w;
         let vectors = self.ow.div_ceil(LANES);
@@ -114,69 +113,63 @@ impl DepthwiseSpec {
                     }
                 }
             }
-            let mut tap = 0;
-            for &th in &seg.taps {
-                let row = (th * dil_h) as i64 * w4;
-                for tw in 0..self.kw {
-                    let wdisp = imm32(w_off + ((th * self.kw + tw) * 4) as i64, "weight")?;
-                    let c = tap % chains;
-                    tap += 1;
-                    // Per vector and 8-column load: its first input
-                    // column and the lanes whose column lies inside the
-                    // row and whose output pixel exists (a contiguous
-                    // range; the odd columns of a stride-2 pair are loaded
-                    // only to be dropped).
-                    let loads: Vec<Vec<(i64, usize, usize)>> = (0..n)
-                        .map(|t| {
-                            let ow0 = (v0 + t) * LANES;
-                            let start = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
-                            (0..sw)
-                                .map(|half| {
-                                    let col0 = start + (half * LANES) as i64;
-                                    let inside = |q: usize| {
-                                        let col = col0 + q as i64;
-                                        ow0 + (half * LANES + q) / sw < self.ow
-                                            && col >= 0
-                                            && col < self.w as i64
-                                    };
-                                    let lo = (0..LANES).find(|&q| inside(q)).unwrap_or(LANES);
-                                    let hi = (lo..LANES).find(|&q| !inside(q)).unwrap_or(LANES);
-                                    (col0, lo, hi)
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    let empty = |l: &[(i64, usize, usize)]| l.iter().all(|&(_, lo, _)| lo == LANES);
-                    if loads.iter().all(|l| empty(l)) {
+            for (row, tw, wdisp, c) in self.row_taps(seg, w_off, chains) {
+                let wdisp = imm32(wdisp, "weight")?;
+                // Per vector and 8-column load: its first input
+                // column and the lanes whose column lies inside the
+                // row and whose output pixel exists (a contiguous
+                // range; the odd columns of a stride-2 pair are loaded
+                // only to be dropped).
+                let loads: Vec<Vec<(i64, usize, usize)>> = (0..n)
+                    .map(|t| {
+                        let ow0 = (v0 + t) * LANES;
+                        let start = (ow0 * sw + tw * dil_w) as i64 - pl as i64;
+                        (0..sw)
+                            .map(|half| {
+                                let col0 = start + (half * LANES) as i64;
+                                let inside = |q: usize| {
+                                    let col = col0 + q as i64;
+                                    ow0 + (half * LANES + q) / sw < self.ow
+                                        && col >= 0
+                                        && col < self.w as i64
+                                };
+                                let lo = (0..LANES).find(|&q| inside(q)).unwrap_or(LANES);
+                                let hi = (lo..LANES).find(|&q| !inside(q)).unwrap_or(LANES);
+                                (col0, lo, hi)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let empty = |l: &[(i64, usize, usize)]| l.iter().all(|&(_, lo, _)| lo == LANES);
+                if loads.iter().all(|l| empty(l)) {
+                    continue;
+                }
+                a.vbroadcastss(WEIGHT, dword_ptr(W_G + wdisp))?;
+                for (t, halves) in loads.iter().enumerate() {
+                    if empty(halves) {
                         continue;
                     }
-                    a.vbroadcastss(WEIGHT, dword_ptr(W_G + wdisp))?;
-                    for (t, halves) in loads.iter().enumerate() {
-                        if empty(halves) {
+                    for (half, &(col0, lo, hi)) in halves.iter().enumerate() {
+                        let x = [xr(t), odd_half(t)][half];
+                        if lo == LANES {
+                            a.vxorps(x, x, x)?;
                             continue;
                         }
-                        for (half, &(col0, lo, hi)) in halves.iter().enumerate() {
-                            let x = [xr(t), odd_half(t)][half];
-                            if lo == LANES {
-                                a.vxorps(x, x, x)?;
-                                continue;
-                            }
-                            let at = SRC + imm32(row + col0 * 4, "input pixel")?;
-                            let masked = (lo, hi) != (0, LANES);
-                            if masked {
-                                masks.load(a, (lo, hi))?;
-                            }
-                            ymm::load(a, x, at, masked)?;
+                        let at = SRC + imm32(row + col0 * 4, "input pixel")?;
+                        let masked = (lo, hi) != (0, LANES);
+                        if masked {
+                            masks.load(a, (lo, hi))?;
                         }
-                        if sw == 2 {
-                            // Columns 0, 2, 4, 6 of each half, in order:
-                            // the even lanes of each 128-bit lane pair,
-                            // then the quadwords put back in order.
-                            a.vshufps(xr(t), xr(t), odd_half(t), 0b10_00_10_00)?;
-                            a.vpermpd(xr(t), xr(t), 0b11_01_10_00)?;
-                        }
-                        a.vfmadd231ps(acc(t, c), xr(t), WEIGHT)?;
+                        ymm::load(a, x, at, masked)?;
                     }
+                    if sw == 2 {
+                        // Columns 0, 2, 4, 6 of each half, in order:
+                        // the even lanes of each 128-bit lane pair,
+                        // then the quadwords put back in order.
+                        a.vshufps(xr(t), xr(t), odd_half(t), 0b10_00_10_00)?;
+                        a.vpermpd(xr(t), xr(t), 0b11_01_10_00)?;
+                    }
+                    a.vfmadd231ps(acc(t, c), xr(t), WEIGHT)?;
                 }
             }
             for t in 0..n {
