@@ -391,9 +391,13 @@ pub fn bisect_passes(
     let mut trial = |passes: Vec<String>| -> Result<bool, DriverError> {
         let mut o = opts.clone();
         o.import.keep_values = plain.clone();
+        // A prefix without `assign-precision` is the fp32 build, without
+        // the options only a reduced precision takes.
         if !passes.iter().any(|p| p == AssignPrecision::NAME) {
             o.precision = Default::default();
             o.static_activations = false;
+            o.observer = Default::default();
+            o.golden = None;
         }
         o.passes = Some(
             (passes.iter())

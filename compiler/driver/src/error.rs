@@ -124,7 +124,9 @@ impl DriverError {
             | DriverError::Golden { .. }
             | DriverError::Reference { .. } => ErrorKind::BadInput,
             DriverError::Run(e) => match e {
+                // The target's code cannot run on this machine.
                 kiln_runtime::Error::UnsupportedArch { .. }
+                | kiln_runtime::Error::CudaArtifact { .. }
                 | kiln_runtime::Error::MissingCpuFeatures(_) => ErrorKind::Usage,
                 kiln_runtime::Error::UnknownInput { .. }
                 | kiln_runtime::Error::MissingInput { .. }
