@@ -42,6 +42,7 @@ __version__ = _kiln.__version__
 
 __all__ = [
     "compile",
+    "debug",
     "load",
     "load_bytes",
     "Model",
@@ -369,15 +370,9 @@ def compile(
     Raises the :class:`KilnError` subclass of the command's exit code.
     """
     with tempfile.TemporaryDirectory(prefix="kiln-compile-") as scratch:
-        argv = [_model_path(model, scratch), "-o", os.fspath(output), "-O", str(opt_level)]
-        argv += ["--target", target]
-        for name, shape in (input_shapes or {}).items():
-            argv += ["--input-shape", f"{name}={_shape_text(shape)}"]
-        for name, value in (dims or {}).items():
-            argv += ["--dim", f"{name}={value}"]
+        argv = [_model_path(model, scratch), "-o", os.fspath(output)]
+        argv += _model_flags(target, input_shapes, dims, precision, quantize, opt_level)
         for flag, value in [
-            ("--precision", precision),
-            ("--quantize", quantize),
             ("--threads", threads),
             ("--observer", observer),
             ("--activation-type", activation_type),
@@ -408,6 +403,82 @@ def compile(
             argv += ["--validate", _calibration_dir(validate, scratch, "validate")]
         argv += list(args)
         return json.loads(_kiln.compile_report(argv))
+
+
+def debug(
+    model: Union[PathLike, bytes, Any],
+    inputs: Optional[Mapping[str, np.ndarray]] = None,
+    *,
+    target: str = "native",
+    input_shapes: Optional[Mapping[str, Union[str, Sequence[int]]]] = None,
+    dims: Optional[Mapping[str, int]] = None,
+    precision: Optional[str] = None,
+    quantize: Optional[str] = None,
+    opt_level: int = 2,
+    calibrate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
+    keep_values: Optional[Union[str, Sequence[str]]] = None,
+    reference: Optional[PathLike] = None,
+    tolerance: Optional[float] = None,
+    bisect_passes: bool = False,
+    args: Sequence[str] = (),
+) -> Dict[str, Any]:
+    """Where the compiled model departs from its source (``kiln debug``).
+
+    Compiles ``model`` as :func:`compile` would (same keywords), runs it on
+    ``inputs`` (``{input name: array}``; ``None``: seeded random values) and
+    compares every value (or those ``keep_values`` names) with the
+    reference evaluator on the source graph, or with onnxruntime's values
+    in ``reference`` (``scripts/dump_values.py``). With ``bisect_passes``,
+    finds the pass whose addition makes the outputs depart instead.
+
+    Returns the report ``kiln debug --json`` prints: ``first_failure`` and
+    ``values`` (or ``culprit`` and ``trials`` when bisecting). A value
+    beyond tolerance is in the report, not an exception; a model or option
+    that cannot work raises the :class:`KilnError` subclass of its exit
+    code.
+    """
+    with tempfile.TemporaryDirectory(prefix="kiln-debug-") as scratch:
+        argv = [_model_path(model, scratch)]
+        argv += _model_flags(target, input_shapes, dims, precision, quantize, opt_level)
+        if inputs is None:
+            argv.append("--random")
+        else:
+            for i, (name, value) in enumerate(inputs.items()):
+                path = os.path.join(scratch, f"input-{i}.npy")
+                np.save(path, np.asarray(value))
+                argv += ["--input", f"{name}={path}"]
+        if calibrate is not None:
+            argv += ["--calibrate", _calibration_dir(calibrate, scratch)]
+        if keep_values is not None:
+            argv += ["--keep-values", _patterns(keep_values)]
+        if reference is not None:
+            argv += ["--reference", os.fspath(reference)]
+        if tolerance is not None:
+            argv += ["--tolerance", str(tolerance)]
+        if bisect_passes:
+            argv.append("--bisect-passes")
+        argv += list(args)
+        return json.loads(_kiln.debug_report(argv))
+
+
+def _model_flags(
+    target: str,
+    input_shapes: Optional[Mapping[str, Union[str, Sequence[int]]]],
+    dims: Optional[Mapping[str, int]],
+    precision: Optional[str],
+    quantize: Optional[str],
+    opt_level: int,
+) -> List[str]:
+    """The flags :func:`compile` and :func:`debug` share."""
+    argv = ["-O", str(opt_level), "--target", target]
+    for name, shape in (input_shapes or {}).items():
+        argv += ["--input-shape", f"{name}={_shape_text(shape)}"]
+    for name, value in (dims or {}).items():
+        argv += ["--dim", f"{name}={value}"]
+    for flag, value in [("--precision", precision), ("--quantize", quantize)]:
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _patterns(p: Union[str, Sequence[str]]) -> str:

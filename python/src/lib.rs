@@ -111,6 +111,15 @@ fn compile_report(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
         .map_err(to_py_err)
 }
 
+/// `kiln debug ARGS --json`, in process: returns the report as JSON text
+/// (whether or not a value departs).
+#[pyfunction]
+fn debug_report(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
+    py.detach(|| kiln::cli::debug_report(args))
+        .map(|report| report.to_string())
+        .map_err(to_py_err)
+}
+
 /// One input or output: (name, dtype name, shape).
 type SpecTuple = (String, &'static str, Vec<u64>);
 
@@ -330,6 +339,7 @@ impl Session {
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(compile_report, m)?)?;
+    m.add_function(wrap_pyfunction!(debug_report, m)?)?;
     m.add_class::<Model>()?;
     m.add_class::<Session>()?;
     m.add("KilnError", py.get_type::<KilnError>())?;

@@ -407,3 +407,17 @@ def test_kept_values_and_debug_against_onnxruntime_values(tmp_path):
     run = cli(*args, "--reference", tmp_path / "ort", "--quantize", "dynamic", "--tolerance", "0", "--json")
     assert run.returncode == 7, run.stderr
     assert json.loads(run.stdout)["first_failure"] == "conv1"
+
+
+def test_debug_from_python():
+    """`kiln.debug`: the value comparison and the pass bisection as reports."""
+    images = Fixture(FIXTURES / "digits_cnn").arrays("inputs")["input"][:4]
+    report = kiln.debug(DIGITS, {"input": images}, dims={"batch": 4})
+    assert report["first_failure"] is None and report["compared"] == 9
+    assert [v["value"] for v in report["values"]][:3] == ["conv1", "bn1", "relu1"]
+    strict = kiln.debug(DIGITS, {"input": images}, dims={"batch": 4}, quantize="dynamic", tolerance=0.0)
+    assert strict["first_failure"] == "conv1"
+    bisection = kiln.debug(DIGITS, dims={"batch": 4}, bisect_passes=True)
+    assert bisection["culprit"] is None and bisection["trials"][0]["matched"]
+    with pytest.raises(kiln.UsageError, match="--keep-values nothing_here names no computed value"):
+        kiln.debug(DIGITS, dims={"batch": 4}, keep_values="nothing_here")

@@ -5,7 +5,7 @@
 
 use super::options::{compile_options, ModelArgs};
 use super::{exit, write_file, Failure};
-use clap::{Args, CommandFactory, Parser};
+use clap::{Args, CommandFactory};
 use kiln_driver::report::{
     dense_kernels_json, generic_dense_warnings, hex, kernel_count, largest_abs, memory_json,
     min_max, precision_json, specs_json,
@@ -269,15 +269,7 @@ where
     I: IntoIterator<Item = S>,
     S: Into<std::ffi::OsString> + Clone,
 {
-    let words = ["kiln", "compile"].map(std::ffi::OsString::from);
-    let cli = super::Cli::try_parse_from(words.into_iter().chain(args.into_iter().map(Into::into)))
-        .map_err(|e| {
-            let text = e.render().to_string();
-            // The message without clap's own `error: ` (the caller adds it).
-            let text = text.strip_prefix("error: ").unwrap_or(&text);
-            Failure::new(exit::USAGE, text.trim_end())
-        })?;
-    let super::Command::Compile(mut a) = cli.command else {
+    let super::Command::Compile(mut a) = super::parse_subcommand("compile", args)? else {
         unreachable!("the words start with `compile`");
     };
     if a.check || a.verify_reproducible {

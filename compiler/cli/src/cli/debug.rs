@@ -55,7 +55,17 @@ pub(super) struct DebugArgs {
     json: bool,
 }
 
-pub(super) fn cmd_debug(a: DebugArgs) -> Result<(), Failure> {
+/// What a debugging session found.
+enum Found {
+    /// Every kept value against its reference (and what the reference was).
+    Values(Box<ValueReport>, String),
+    /// The pass bisection.
+    Bisection(Bisection),
+}
+
+/// Compiles, runs and compares as `a` asks; with `progress`, prints each
+/// bisection trial as it ends.
+fn investigate(a: &DebugArgs, progress: bool) -> Result<Found, Failure> {
     let mut opts = compile_options(&a.model_args, a.target)?;
     opts.calibrate = a.calibrate.clone();
     let tolerance = a.tolerance.unwrap_or_else(|| opts.golden_tolerance());
@@ -69,11 +79,11 @@ pub(super) fn cmd_debug(a: DebugArgs) -> Result<(), Failure> {
     let inputs = gather_inputs(&source.inputs(&opts)?, &a.inputs)?;
     if a.bisect_passes {
         let bisection = debug::bisect_passes(&source, &opts, &inputs, tolerance, |t| {
-            if !a.json {
+            if progress {
                 println!("  {}", trial_line(t, tolerance));
             }
         })?;
-        return report_bisection(&bisection, a.json);
+        return Ok(Found::Bisection(bisection));
     }
     opts.import.keep_values = a.keep_values.clone();
     let reference = match &a.reference {
@@ -85,7 +95,40 @@ pub(super) fn cmd_debug(a: DebugArgs) -> Result<(), Failure> {
         Some(dir) => format!("the values in {}", dir.display()),
         None => "the reference evaluator on the source graph".to_string(),
     };
-    report_values(&report, &against, &a)
+    Ok(Found::Values(Box::new(report), against))
+}
+
+pub(super) fn cmd_debug(a: DebugArgs) -> Result<(), Failure> {
+    let found = investigate(&a, !a.json)?;
+    if a.json {
+        println!("{}", found_json(&found, &a));
+    }
+    match &found {
+        Found::Values(report, against) => report_values(report, against, &a),
+        Found::Bisection(bisection) => report_bisection(bisection, a.json),
+    }
+}
+
+/// `kiln debug ARGS --json` as a library call (the Python binding's
+/// `kiln.debug`): the report, whether or not something departs (its
+/// `first_failure` or `culprit` says); errors as the command's.
+pub fn debug_report<I, S>(args: I) -> Result<Value, Failure>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let super::Command::Debug(mut a) = super::parse_subcommand("debug", args)? else {
+        unreachable!("the words start with `debug`");
+    };
+    a.json = true;
+    Ok(found_json(&investigate(&a, false)?, &a))
+}
+
+fn found_json(found: &Found, a: &DebugArgs) -> Value {
+    match found {
+        Found::Values(report, _) => values_json(report, a),
+        Found::Bisection(bisection) => bisection_json(bisection),
+    }
 }
 
 /// One trial of a bisection, for people.
@@ -100,32 +143,30 @@ fn trial_line(t: &Trial, tolerance: f64) -> String {
     }
 }
 
+fn bisection_json(b: &Bisection) -> Value {
+    let trials: Vec<Value> = (b.trials.iter())
+        .map(|t| {
+            let outcome = match &t.outcome {
+                Ok(c) => {
+                    json!({"worst_output": c.name, "rel_error": c.rel_error, "mismatch": c.mismatch})
+                }
+                Err(e) => json!({"error": e}),
+            };
+            json!({"passes": t.passes, "matched": t.matched, "outcome": outcome})
+        })
+        .collect();
+    let culprit = match &b.culprit {
+        Culprit::NoMismatch => json!(null),
+        Culprit::NoPass => json!({"pass": null}),
+        Culprit::Pass {
+            name,
+            removal_matches,
+        } => json!({"pass": name, "removal_matches": removal_matches}),
+    };
+    json!({"pipeline": b.pipeline, "tolerance": b.tolerance, "trials": trials, "culprit": culprit})
+}
+
 fn report_bisection(b: &Bisection, json: bool) -> Result<(), Failure> {
-    if json {
-        let trials: Vec<Value> = (b.trials.iter())
-            .map(|t| {
-                let outcome = match &t.outcome {
-                    Ok(c) => {
-                        json!({"worst_output": c.name, "rel_error": c.rel_error, "mismatch": c.mismatch})
-                    }
-                    Err(e) => json!({"error": e}),
-                };
-                json!({"passes": t.passes, "matched": t.matched, "outcome": outcome})
-            })
-            .collect();
-        let culprit = match &b.culprit {
-            Culprit::NoMismatch => json!(null),
-            Culprit::NoPass => json!({"pass": null}),
-            Culprit::Pass {
-                name,
-                removal_matches,
-            } => json!({"pass": name, "removal_matches": removal_matches}),
-        };
-        println!(
-            "{}",
-            json!({"pipeline": b.pipeline, "tolerance": b.tolerance, "trials": trials, "culprit": culprit})
-        );
-    }
     let message = match &b.culprit {
         Culprit::NoMismatch => {
             if !json {
@@ -158,31 +199,34 @@ fn without(pipeline: &[String], pass: &str) -> String {
     rest.join(",")
 }
 
-fn report_values(r: &ValueReport, against: &str, a: &DebugArgs) -> Result<(), Failure> {
-    let failed = r.failures().count();
-    let status = |c: &debug::ValueCheck| match c.passes(r.tolerance) {
+/// A value's verdict.
+fn status(c: &debug::ValueCheck, tolerance: f64) -> &'static str {
+    match c.passes(tolerance) {
         Some(true) => "ok",
         Some(false) => "FAILED",
         None => "no reference",
-    };
-    if a.json {
-        let values: Vec<Value> = (r.checks.iter())
-            .map(|c| {
-                let m = c.comparison.as_ref();
-                json!({
-                    "value": c.value, "node": c.node, "op": c.op, "sources": c.sources,
-                    "model_output": c.model_output, "status": status(c),
-                    "max_abs_error": m.map(|m| m.max_abs_error), "scale": m.map(|m| m.scale),
-                    "rel_error": m.map(|m| m.rel_error), "mismatch": m.and_then(|m| m.mismatch.clone()),
-                })
+    }
+}
+
+fn values_json(r: &ValueReport, a: &DebugArgs) -> Value {
+    let values: Vec<Value> = (r.checks.iter())
+        .map(|c| {
+            let m = c.comparison.as_ref();
+            json!({
+                "value": c.value, "node": c.node, "op": c.op, "sources": c.sources,
+                "model_output": c.model_output, "status": status(c, r.tolerance),
+                "max_abs_error": m.map(|m| m.max_abs_error), "scale": m.map(|m| m.scale),
+                "rel_error": m.map(|m| m.rel_error), "mismatch": m.and_then(|m| m.mismatch.clone()),
             })
-            .collect();
-        let first = r.first_failure().map(|c| c.value.clone());
-        println!(
-            "{}",
-            json!({"model": a.model.display().to_string(), "options": r.compiled.artifact.metadata.options, "tolerance": r.tolerance, "compared": r.compared(), "failed": failed, "first_failure": first, "values": values})
-        );
-    } else {
+        })
+        .collect();
+    let first = r.first_failure().map(|c| c.value.clone());
+    json!({"model": a.model.display().to_string(), "options": r.compiled.artifact.metadata.options, "tolerance": r.tolerance, "compared": r.compared(), "failed": r.failures().count(), "first_failure": first, "values": values})
+}
+
+fn report_values(r: &ValueReport, against: &str, a: &DebugArgs) -> Result<(), Failure> {
+    let failed = r.failures().count();
+    if !a.json {
         println!(
             "compared {} of {} values with {against} (tolerance {:.1e} of each value's scale; build: {})",
             r.compared(),

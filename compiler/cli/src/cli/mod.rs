@@ -16,6 +16,7 @@ mod run;
 mod verify;
 
 pub use compile::compile_report;
+pub use debug::debug_report;
 
 use bench::BenchArgs;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -208,6 +209,24 @@ pub fn main() -> i32 {
             f.code
         }
     }
+}
+
+/// Parses `kiln SUBCOMMAND ARGS` for a library call (the Python binding):
+/// a usage error is a [`Failure`] with clap's message.
+fn parse_subcommand<I, S>(subcommand: &str, args: I) -> Result<Command, Failure>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let words = ["kiln", subcommand].map(std::ffi::OsString::from);
+    let cli = Cli::try_parse_from(words.into_iter().chain(args.into_iter().map(Into::into)))
+        .map_err(|e| {
+            let text = e.render().to_string();
+            // The message without clap's own `error: ` (the caller adds it).
+            let text = text.strip_prefix("error: ").unwrap_or(&text);
+            Failure::new(exit::USAGE, text.trim_end())
+        })?;
+    Ok(cli.command)
 }
 
 /// Writes `bytes` to `path`, all or nothing.
