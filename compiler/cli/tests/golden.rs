@@ -264,3 +264,154 @@ fn calibration_samples_may_serve_as_the_golden_sets() {
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("cannot be used with"), "{text}");
 }
+
+/// `compile` arguments of a fixture from its meta.json (input shapes, dims,
+/// bound inputs) and its inputs as one golden set in `npz`.
+fn fixture_args(dir: &Path, npz: &Path) -> Vec<String> {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    let mut args = Vec::new();
+    let dims_text = |v: &serde_json::Value| {
+        let dims: Vec<String> = (v.as_array().unwrap().iter())
+            .map(|d| d.as_u64().unwrap().to_string())
+            .collect();
+        dims.join("x")
+    };
+    for (name, dims) in meta["input_shapes"].as_object().into_iter().flatten() {
+        args.extend([
+            "--input-shape".into(),
+            format!("{name}={}", dims_text(dims)),
+        ]);
+    }
+    for (name, v) in meta["dims"].as_object().into_iter().flatten() {
+        args.extend(["--dim".into(), format!("{name}={v}")]);
+    }
+    for (name, file) in meta["bind_inputs"].as_object().into_iter().flatten() {
+        let path = dir.join(file.as_str().unwrap());
+        args.extend(["--bind-input".into(), format!("{name}={}", path.display())]);
+    }
+    let inputs: Vec<Tensor> = (meta["inputs"].as_array().into_iter().flatten())
+        .map(|i| {
+            let name = i["name"].as_str().unwrap();
+            kiln_driver::npy::read_tensor(name, &dir.join(i["file"].as_str().unwrap())).unwrap()
+        })
+        .collect();
+    write_npz(npz, &inputs).unwrap();
+    args.extend(["--golden".into(), npz.display().to_string()]);
+    args
+}
+
+/// The bar: the self-test of every fixture passes on this machine
+/// at every precision with the default tolerances (fitted to what each
+/// build departs from the source: a QDQ model's own int8 rounding, a
+/// reduced-precision build's error).
+#[test]
+fn every_fixture_verifies_at_every_precision() {
+    let models = common::repo().join("fixtures/models");
+    let mut dirs: Vec<PathBuf> = (std::fs::read_dir(&models).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|d| d.join("meta.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() > 100, "found {} fixtures", dirs.len());
+    let tmp = tempfile::tempdir().unwrap();
+    let precisions: [&[&str]; 4] = [
+        &[],
+        &["--quantize", "dynamic"],
+        &["--precision", "fp16"],
+        &["--precision", "bf16"],
+    ];
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (dirs, tmp) = (&dirs, tmp.path());
+                s.spawn(move || {
+                    let mut failures = Vec::new();
+                    for dir in dirs.iter().skip(w).step_by(2) {
+                        let name = dir.file_name().unwrap().to_string_lossy();
+                        let npz = tmp.join(format!("{name}.npz"));
+                        let art = tmp.join(format!("{name}.kiln"));
+                        let model = dir.join("model.onnx");
+                        let mut base: Vec<String> = vec!["compile".into()];
+                        base.push(model.display().to_string());
+                        base.extend(["-o".into(), art.display().to_string()]);
+                        base.extend(fixture_args(dir, &npz));
+                        for extra in precisions {
+                            let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+                            args.extend_from_slice(extra);
+                            let (code, text) = kiln(&args);
+                            if code != 0 {
+                                failures.push(format!("{name} {extra:?}: compile {code}: {text}"));
+                                continue;
+                            }
+                            let (code, text) = kiln(&["verify", art.to_str().unwrap()]);
+                            if code != 0 {
+                                failures.push(format!("{name} {extra:?}: verify {code}: {text}"));
+                            }
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_quantized_model_and_a_reduced_build_get_tolerances_they_meet() {
+    let dir = tempfile::tempdir().unwrap();
+    let qdq = common::repo().join("fixtures/models/contrib_cnn_qdq_fused");
+    let npz = dir.path().join("x.npz");
+    let art = dir.path().join("q.kiln");
+    let mut args: Vec<String> = vec![
+        "compile".into(),
+        qdq.join("model.onnx").display().to_string(),
+    ];
+    args.extend(["-o".into(), art.display().to_string()]);
+    args.extend(fixture_args(&qdq, &npz));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    // An fp32 build of a model quantized elsewhere: the model's own int8
+    // rounding sets the tolerance (its u8 values are one step apart from
+    // the reference evaluator's at ties).
+    let (code, text) = kiln(&argv);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("tolerance 1.5e-1 of each output's scale"),
+        "{text}"
+    );
+    let (code, text) = kiln(&["verify", art.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    // An int8 build departs from the source: a given tolerance it cannot
+    // meet stays, with a warning; the default one is fitted, and met.
+    let golden = golden_dir(dir.path(), 1, "input", &[4, 64]);
+    let strict = compile_mlp(
+        dir.path(),
+        &golden,
+        &["--quantize", "dynamic", "--golden-tolerance", "0"],
+    );
+    assert_eq!(kiln(&["verify", &strict]).0, 7);
+    let text = kiln(&[
+        "compile",
+        MLP,
+        "--input-shape",
+        "input=4x64",
+        "-o",
+        &strict,
+        "--golden",
+        golden.to_str().unwrap(),
+        "--quantize",
+        "dynamic",
+        "--golden-tolerance",
+        "0",
+    ])
+    .1;
+    assert!(text.contains("warning: golden: 'logits'"), "{text}");
+    assert!(text.contains("`kiln verify` will fail"), "{text}");
+    let fitted = compile_mlp(dir.path(), &golden, &["--quantize", "dynamic"]);
+    assert_eq!(kiln(&["verify", &fitted]).0, 0);
+}

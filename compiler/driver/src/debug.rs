@@ -22,7 +22,7 @@ use kiln_onnx::KeepValues;
 use kiln_passes::{AssignPrecision, PassManager, Silent};
 use kiln_runtime::{Model, Tensor, TensorSpec};
 
-use crate::compare::{compare, Comparison};
+use crate::compare::{compare, to_ir, to_runtime, Comparison};
 use crate::error::DriverError;
 use crate::options::CompileOptions;
 use crate::pipeline::{compile_imported, Compiled};
@@ -127,28 +127,16 @@ fn evaluate(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, DriverError
         let name = &graph.node(id).name;
         let t = (inputs.iter().find(|t| &t.name == name))
             .ok_or_else(|| bad(format!("no value for input '{name}'")))?;
-        ordered.push(ir_tensor(t).ok_or_else(|| bad(format!("input '{name}' is malformed")))?);
+        ordered.push(
+            to_ir(t.dtype, &t.shape, &t.data)
+                .ok_or_else(|| bad(format!("input '{name}' is malformed")))?,
+        );
     }
     let values = kiln_ir::eval::eval_graph(graph, &ordered).map_err(|e| bad(e.to_string()))?;
     Ok((graph.outputs().iter())
         .zip(values)
-        .map(|((name, _), t)| runtime_tensor(name, &t))
+        .map(|((name, _), t)| to_runtime(name, &t))
         .collect())
-}
-
-fn ir_tensor(t: &Tensor) -> Option<kiln_ir::Tensor> {
-    let data = kiln_ir::Data::from_le_bytes(t.dtype, &t.data)?;
-    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-    kiln_ir::Tensor::new(&shape, data)
-}
-
-fn runtime_tensor(name: &str, t: &kiln_ir::Tensor) -> Tensor {
-    Tensor {
-        name: name.to_owned(),
-        dtype: t.dtype(),
-        shape: t.shape().iter().map(|&d| d as u64).collect(),
-        data: t.data().to_le_bytes(),
-    }
 }
 
 /// The values of `dir/values.json` that name outputs of `graph`, each read
@@ -248,19 +236,21 @@ impl ValueReport {
 
 /// Compiles `source` with `opts`, keeping every value (or those
 /// `opts.import.keep_values` names), runs it on `inputs` and compares each
-/// kept value with `reference`, within `tolerance` of its scale.
+/// kept value with `reference`, within `tolerance` of its scale (`None`:
+/// [`CompileOptions::golden_tolerance`]).
 pub fn compare_values(
     source: &Source,
     opts: &CompileOptions,
     inputs: &[Tensor],
     reference: Reference<'_>,
-    tolerance: f64,
+    tolerance: Option<f64>,
 ) -> Result<ValueReport, DriverError> {
     let mut opts = opts.clone();
     if opts.import.keep_values == KeepValues::None {
         opts.import.keep_values = KeepValues::All;
     }
     let graph = source.import(&opts, &opts.import.keep_values)?;
+    let tolerance = tolerance.unwrap_or_else(|| opts.golden_tolerance(&graph));
     let expected = reference_values(&graph, inputs, reference)?;
     let order = graph.topo_order().map_err(|e| DriverError::Reference {
         path: source.path.clone(),
@@ -365,17 +355,19 @@ pub struct Bisection {
 /// with prefixes of the pipeline (`--passes`, or the `-O` level's, with
 /// `assign-precision` where a reduced-precision build runs it), bisecting
 /// between the empty prefix and the whole pipeline, then confirms that the
-/// whole pipeline without that pass matches. `progress` hears of each
-/// trial.
+/// whole pipeline without that pass matches. Outputs match within
+/// `tolerance` of their scale (`None`: [`CompileOptions::golden_tolerance`]).
+/// `progress` hears of each trial.
 pub fn bisect_passes(
     source: &Source,
     opts: &CompileOptions,
     inputs: &[Tensor],
-    tolerance: f64,
-    mut progress: impl FnMut(&Trial),
+    tolerance: Option<f64>,
+    mut progress: impl FnMut(&Trial, f64),
 ) -> Result<Bisection, DriverError> {
     let plain = KeepValues::None;
     let graph = source.import(opts, &plain)?;
+    let tolerance = tolerance.unwrap_or_else(|| opts.golden_tolerance(&graph));
     let expected = reference_values(&graph, inputs, Reference::Evaluator)?;
     let mut pipeline: Vec<String> = match &opts.passes {
         Some(names) => names.clone(),
@@ -420,7 +412,7 @@ pub fn bisect_passes(
             outcome: outcome.map(|(c, _)| c),
             matched,
         };
-        progress(&t);
+        progress(&t, tolerance);
         trials.push(t);
         Ok(matched)
     };

@@ -38,6 +38,7 @@ pub mod target;
 
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
+pub use options::source_precision;
 pub use options::{
     CompileOptions, DumpIr, GoldenInputs, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
     DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES,

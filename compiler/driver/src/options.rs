@@ -4,6 +4,7 @@
 
 use crate::error::DriverError;
 use crate::target::Target;
+use kiln_ir::{DType, Graph, Op};
 use kiln_onnx::ImportOptions;
 use kiln_passes::{ActivationType, Mode, Observer, Policy, Precision};
 use sha2::{Digest, Sha256};
@@ -186,6 +187,32 @@ pub const GOLDEN_TOLERANCES: [(Precision, f64); 4] = [
     (Precision::Int8, 0.15),
 ];
 
+/// The least precise computation a model asks for itself: int8 when it
+/// quantizes values (a QuantizeLinear, a dynamic quantization: a cast of a
+/// float to i8/u8) or multiplies integers, else fp16/bf16 when it has
+/// values of that type, else fp32.
+pub fn source_precision(graph: &Graph) -> Precision {
+    let mut least = Precision::Fp32;
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let quantizes = match &node.op {
+            Op::Cast {
+                to: DType::I8 | DType::U8,
+            } => (graph.inputs_of(id).first()).is_some_and(|&x| graph.node(x).ty.dtype.is_float()),
+            op => op.is_integer_product(),
+        };
+        if quantizes {
+            return Precision::Int8;
+        }
+        least = match node.ty.dtype {
+            DType::BF16 => Precision::Bf16,
+            DType::F16 if least == Precision::Fp32 => Precision::Fp16,
+            _ => least,
+        };
+    }
+    least
+}
+
 /// The first 8 bytes of the SHA-256 of `data`, in hex: names data that
 /// decides the artifact (bound input values, a plan file) in the options
 /// text.
@@ -253,11 +280,15 @@ impl CompileOptions {
         }
     }
 
-    /// The golden self-test's tolerance: `--golden-tolerance`, or the
-    /// [`GOLDEN_TOLERANCES`] entry of the least precise layer the policy
-    /// asks for (its `--precision` mode and every `--force`; a `--plan`'s
-    /// entries are not read: give `--golden-tolerance` with one).
-    pub fn golden_tolerance(&self) -> f64 {
+    /// The golden self-test's tolerance (and `kiln debug`'s): the
+    /// `--golden-tolerance`, or the [`GOLDEN_TOLERANCES`] entry of the
+    /// least precise computation of the build: the policy's (its
+    /// `--precision` mode and every `--force`; a `--plan`'s entries are
+    /// not read: give `--golden-tolerance` with one) or the `source`
+    /// model's own ([`source_precision`]: a model quantized elsewhere
+    /// rounds its int8 values one step apart from the reference evaluator
+    /// at ties, a model in f16 its f16 values one ulp apart).
+    pub fn golden_tolerance(&self, source: &Graph) -> f64 {
         if let Some(t) = self.golden_tolerance {
             return t;
         }
@@ -270,6 +301,7 @@ impl CompileOptions {
         let rank = |p: Precision| GOLDEN_TOLERANCES.iter().position(|(q, _)| *q == p);
         let loosest = (self.precision.force.iter())
             .map(|(p, _)| rank(*p))
+            .chain([rank(source_precision(source))])
             .fold(rank(mode), |a, b| a.max(b));
         loosest.map_or(GOLDEN_TOLERANCES[0].1, |i| GOLDEN_TOLERANCES[i].1)
     }

@@ -40,6 +40,9 @@ pub struct Compiled {
     pub precision: Option<PrecisionOutcome>,
     /// Calibration coverage on the `--validate` samples.
     pub coverage: Option<Validated>,
+    /// The golden outputs whose tolerance the build's own departure from
+    /// the source changed or exceeds ([`crate::golden::fit_tolerances`]).
+    pub golden_fits: Vec<crate::golden::ToleranceFit>,
     /// CUDA compilations: every kernel as a standalone PTX module (kernel
     /// name, text), for `--dump-ptx`. Empty for CPU targets.
     pub ptx_kernels: Vec<(String, String)>,
@@ -67,6 +70,9 @@ pub struct Optimized {
     /// The golden self-test, computed on the source graph before any pass
     /// (empty without `--golden`).
     pub golden: kiln_format::Golden<'static>,
+    /// The golden outputs whose tolerance the build's own departure from
+    /// the source changed or exceeds ([`crate::golden::fit_tolerances`]).
+    pub golden_fits: Vec<crate::golden::ToleranceFit>,
     /// Calibration coverage on the `--validate` samples.
     pub coverage: Option<Validated>,
 }
@@ -232,6 +238,13 @@ fn optimize_graph(
     let rest = after.run_with(&mut graph, &pipeline, &mut after_pass)?;
     progress.end();
     report.passes.extend(rest.passes);
+    let mut golden = golden;
+    let golden_fits = match golden.sets.is_empty() {
+        true => Vec::new(),
+        false => stage(progress, "fitting golden tolerances to the build", || {
+            crate::golden::fit_tolerances(&mut golden, &graph, opts.golden_tolerance.is_some())
+        })?,
+    };
     Ok(Optimized {
         graph,
         report,
@@ -239,6 +252,7 @@ fn optimize_graph(
         import_time,
         precision,
         golden,
+        golden_fits,
         coverage: validated,
     })
 }
@@ -316,6 +330,7 @@ fn generate(
         import_time,
         precision,
         golden,
+        golden_fits,
         coverage,
     } = optimized;
     let info = ArtifactInfo {
@@ -354,6 +369,7 @@ fn generate(
         dumps,
         precision,
         coverage,
+        golden_fits,
         ptx_kernels,
         ptxas,
         import_time,

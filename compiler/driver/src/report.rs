@@ -152,6 +152,59 @@ pub fn golden_json(g: &format::Golden<'_>) -> Value {
     json!({"sets": sets, "tolerances": tolerances})
 }
 
+/// `x` in scientific notation with at most 4 significant digits and no
+/// trailing zeros: `1e-4`, `1.5e-1`, `1.241e0`.
+fn short_e(x: f64) -> String {
+    let text = format!("{x:.3e}");
+    match text.split_once('e') {
+        Some((mantissa, exponent)) if mantissa.contains('.') => {
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e{exponent}")
+        }
+        _ => text,
+    }
+}
+
+/// The golden tolerances fitted to the build, for `--json`.
+pub fn golden_fits_json(fits: &[crate::golden::ToleranceFit]) -> Value {
+    let fits: Vec<Value> = (fits.iter())
+        .map(|f| json!({"output": f.output, "measured": f.measured, "before": f.before, "after": f.after}))
+        .collect();
+    json!(fits)
+}
+
+/// One line per fitted golden tolerance, for people: raised to the
+/// build's departure from the source, or (a given tolerance) a warning
+/// that `kiln verify` will fail.
+pub fn golden_fit_lines(fits: &[crate::golden::ToleranceFit]) -> Vec<String> {
+    (fits.iter())
+        .map(|f| {
+            let how = format!(
+                "the build departs from the source model by {:.3e} of the output's scale on these sets (the reference evaluator on the optimized graph)",
+                f.measured
+            );
+            if f.after > f.before {
+                let weak = match f.after >= 1.0 {
+                    true => "; at that tolerance this output can hardly show a fault: give sets away from its decision boundaries, or check an fp32 build",
+                    false => "",
+                };
+                format!(
+                    "golden: the tolerance of '{}' is {}, not {}: {how}{weak}",
+                    f.output,
+                    short_e(f.after),
+                    short_e(f.before)
+                )
+            } else {
+                format!(
+                    "warning: golden: '{}': {how}, beyond --golden-tolerance {}; `kiln verify` will fail",
+                    f.output,
+                    short_e(f.before)
+                )
+            }
+        })
+        .collect()
+}
+
 /// One line for people: how many golden sets and their tolerances, or
 /// `None` when the artifact has none.
 pub fn golden_summary(g: &format::Golden<'_>) -> Option<String> {
@@ -161,9 +214,9 @@ pub fn golden_summary(g: &format::Golden<'_>) -> Option<String> {
     let mut tolerances: Vec<f64> = g.tolerances.iter().map(|t| t.max_rel_error).collect();
     tolerances.dedup();
     let tolerance = match tolerances.as_slice() {
-        [t] => format!("tolerance {t:e} of each output's scale"),
+        [t] => format!("tolerance {} of each output's scale", short_e(*t)),
         _ => (g.tolerances.iter())
-            .map(|t| format!("{} {:e}", t.output, t.max_rel_error))
+            .map(|t| format!("{} {}", t.output, short_e(t.max_rel_error)))
             .collect::<Vec<_>>()
             .join(", "),
     };

@@ -458,6 +458,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "dense_kernels": dense_kernels_json(&meta.dense_kernels),
                 "golden": driver::report::golden_json(&out.artifact.golden),
                 "golden_inputs": driver::golden::describe(&opts),
+                "golden_fits": driver::report::golden_fits_json(&out.golden_fits),
                 "coverage": out.coverage.as_ref().map(|v| driver::report::coverage_json(v, opts.coverage_warn)),
         })));
     }
@@ -483,6 +484,9 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     if let Some(line) = driver::report::golden_summary(&out.artifact.golden) {
         let from = driver::golden::describe(&opts).unwrap_or_default();
         println!("{line}; its inputs: {from}");
+    }
+    for line in driver::report::golden_fit_lines(&out.golden_fits) {
+        println!("{line}");
     }
     if let Some(path) = &signature_path {
         println!("signed: {}", path.display());

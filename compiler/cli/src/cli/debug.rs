@@ -38,8 +38,9 @@ pub(super) struct DebugArgs {
     #[arg(long, value_name = "DIR", conflicts_with = "bisect_passes")]
     reference: Option<PathBuf>,
     /// The largest error relative to each value's scale. Default by the
-    /// build's precision, as `compile --golden`: fp32 1e-4, fp16 1e-2,
-    /// bf16 5e-2, int8 0.15.
+    /// build's least precise computation, as `compile --golden` (the
+    /// precision asked for, or the model's own: a quantized model's is
+    /// int8): fp32 1e-4, fp16 1e-2, bf16 5e-2, int8 0.15.
     #[arg(long, value_name = "T")]
     tolerance: Option<f64>,
     /// Instead of comparing values: find the pass whose addition to the
@@ -68,19 +69,19 @@ enum Found {
 fn investigate(a: &DebugArgs, progress: bool) -> Result<Found, Failure> {
     let mut opts = compile_options(&a.model_args, a.target)?;
     opts.calibrate = a.calibrate.clone();
-    let tolerance = a.tolerance.unwrap_or_else(|| opts.golden_tolerance());
-    if !(tolerance.is_finite() && tolerance >= 0.0) {
+    let tolerance = a.tolerance;
+    if let Some(t) = tolerance.filter(|t| !(t.is_finite() && *t >= 0.0)) {
         return Err(Failure::new(
             exit::USAGE,
-            format!("--tolerance {tolerance} must be a finite number of at least 0"),
+            format!("--tolerance {t} must be a finite number of at least 0"),
         ));
     }
     let source = Source::read(&a.model)?;
     let inputs = gather_inputs(&source.inputs(&opts)?, &a.inputs)?;
     if a.bisect_passes {
-        let bisection = debug::bisect_passes(&source, &opts, &inputs, tolerance, |t| {
+        let bisection = debug::bisect_passes(&source, &opts, &inputs, tolerance, |t, tol| {
             if progress {
-                println!("  {}", trial_line(t, tolerance));
+                println!("  {}", trial_line(t, tol));
             }
         })?;
         return Ok(Found::Bisection(bisection));
