@@ -315,11 +315,13 @@ fn every_fixture_verifies_at_every_precision() {
     dirs.sort();
     assert!(dirs.len() > 100, "found {} fixtures", dirs.len());
     let tmp = tempfile::tempdir().unwrap();
-    let precisions: [&[&str]; 4] = [
+    let precisions: [&[&str]; 6] = [
         &[],
         &["--quantize", "dynamic"],
+        &["--quantize", "static", "--calibrate-random", "1"],
         &["--precision", "fp16"],
         &["--precision", "bf16"],
+        &["--precision", "mixed"],
     ];
     let failures: Vec<String> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..2)
