@@ -65,7 +65,7 @@ pub fn compare(actual: &Tensor, reference: &Tensor) -> Comparison {
 }
 
 /// [`compare`] on borrowed element bytes: `(dtype, shape, data)` each.
-pub(crate) fn compare_data(
+pub fn compare_data(
     name: &str,
     actual: (DType, &[u64], &[u8]),
     reference: (DType, &[u64], &[u8]),

@@ -1,7 +1,7 @@
 //! Comparing outputs with reference tensors (`kiln run --check`, tests):
 //! the runtime's comparison, the one the artifact's self-test uses too.
 
-pub use kiln_runtime::compare::{compare, Comparison};
+pub use kiln_runtime::compare::{compare, compare_data, Comparison};
 
 /// A compiler-side tensor as the runtime's, named `name`.
 pub fn to_runtime(name: &str, t: &kiln_ir::Tensor) -> kiln_runtime::Tensor {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use kiln_format::{Golden, GoldenSet, GoldenTensor, Tolerance};
 use kiln_ir::Graph;
 
-use crate::compare::{compare, to_ir, to_runtime};
+use crate::compare::{compare_data, to_ir, to_runtime};
 use crate::error::DriverError;
 use crate::options::{CompileOptions, GoldenInputs};
 use crate::samples::{npz_files, read_sample};
@@ -189,13 +189,12 @@ pub fn fit_tolerances(
             let Some(want) = set.outputs.iter().find(|t| &t.name == name) else {
                 continue;
             };
-            let want = kiln_runtime::Tensor {
-                name: want.name.clone(),
-                dtype: want.dtype,
-                shape: want.shape.clone(),
-                data: want.data.to_vec(),
-            };
-            let c = compare(&to_runtime(name, value), &want);
+            let got = to_runtime(name, value);
+            let c = compare_data(
+                name,
+                (got.dtype, &got.shape, &got.data),
+                (want.dtype, &want.shape, &want.data),
+            );
             let error = match c.mismatch {
                 Some(_) => f64::INFINITY,
                 None => c.rel_error,
