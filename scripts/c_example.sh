@@ -18,3 +18,10 @@ target/fixtures-venv/bin/python -c "import numpy as np, sys; np.savez(sys.argv[1
     --golden "$out/golden.npz" -o "$out/mlp.kiln" >/dev/null
 "$out/example" "$out/mlp.kiln" | tee "$out/example.txt"
 grep -q "golden self-test: every output within tolerance" "$out/example.txt"
+# An artifact of two profiles (batch 1 and 3): profile 1 runs through the
+# shaped entry point and reports the outputs' actual dims.
+./target/debug/kiln compile fixtures/models/digits_mlp/model.onnx --dim batch=1,3 \
+    -o "$out/mlp2.kiln" >/dev/null
+"$out/example" "$out/mlp2.kiln" -p 1 | tee "$out/example2.txt"
+grep -q "profile 1 of 2" "$out/example2.txt"
+grep -q "output logits: f32\[3,10\]" "$out/example2.txt"

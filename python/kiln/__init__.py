@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -47,6 +47,7 @@ __all__ = [
     "load_bytes",
     "Model",
     "Session",
+    "Profile",
     "TensorInfo",
     "KilnError",
     "InternalError",
@@ -119,12 +120,21 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+class Profile(NamedTuple):
+    """One specialization of a model to input shapes: its inputs and
+    outputs with their shapes."""
+
+    inputs: Tuple[TensorInfo, ...]
+    outputs: Tuple[TensorInfo, ...]
+
+
 class _Runner:
     """What Model and Session share: input conversion and output arrays."""
 
     _native: Any
     _inputs: Dict[str, TensorInfo]
     _outputs: Tuple[TensorInfo, ...]
+    _profiles: Tuple["Profile", ...]
 
     @property
     def inputs(self) -> Tuple[TensorInfo, ...]:
@@ -133,8 +143,29 @@ class _Runner:
 
     @property
     def outputs(self) -> Tuple[TensorInfo, ...]:
-        """The outputs, in declared order."""
+        """The outputs, in declared order (the first profile's shapes)."""
         return self._outputs
+
+    @property
+    def profiles(self) -> Tuple["Profile", ...]:
+        """The input shapes the artifact was compiled for (``kiln compile
+        --dim batch=1,8``: two profiles), each with its inputs and outputs.
+        A run uses the profile of its inputs' shapes."""
+        return self._profiles
+
+    def _outputs_for(self, tuples: list) -> Tuple[TensorInfo, ...]:
+        """The outputs of the profile the inputs' shapes pick."""
+        if len(self._profiles) == 1:
+            return self._outputs
+        shapes = {name: tuple(shape) for name, _, shape, _ in tuples}
+        for p in self._profiles:
+            if all(shapes.get(i.name) == i.shape for i in p.inputs):
+                return p.outputs
+        given = ", ".join(f"{n}: {list(s)}" for n, s in shapes.items())
+        have = "; ".join(
+            ", ".join(f"{i.name}: {list(i.shape)}" for i in p.inputs) for p in self._profiles
+        )
+        raise InputError(f"no profile of the model takes inputs of these shapes ({given}); its profiles: {have}")
 
     def _input_tuples(self, feeds: Mapping[str, Any]) -> list:
         if not isinstance(feeds, Mapping):
@@ -162,13 +193,15 @@ class _Runner:
             tuples.append((str(name), kiln_dtype, list(value.shape), _flat_bytes(value)))
         return tuples
 
-    def _output_arrays(self, out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    def _output_arrays(
+        self, out: Optional[Mapping[str, np.ndarray]], specs: Tuple[TensorInfo, ...]
+    ) -> Dict[str, np.ndarray]:
         if out is None:
-            return {o.name: np.empty(o.shape, o.dtype) for o in self._outputs}
+            return {o.name: np.empty(o.shape, o.dtype) for o in specs}
         if not isinstance(out, Mapping):
             raise InputError(f"out must be a mapping of output name to array, got {type(out).__name__}")
         arrays = {}
-        for o in self._outputs:
+        for o in specs:
             a = out.get(o.name)
             if a is None:
                 arrays[o.name] = np.empty(o.shape, o.dtype)
@@ -207,14 +240,15 @@ class _Runner:
         """Runs one inference.
 
         ``inputs`` maps every input name to an array of the input's dtype
-        and shape (lists and scalars are converted to the input's dtype).
+        and of the shapes of one of the :attr:`profiles` (lists and scalars
+        are converted to the input's dtype).
         Returns the outputs by name, in declared order. With ``out``
         (arrays of the outputs' dtype and shape, C-contiguous), writes into
         those arrays instead of allocating. The GIL is released while the
         run executes.
         """
         tuples = self._input_tuples(inputs)
-        outputs = self._output_arrays(out)
+        outputs = self._output_arrays(out, self._outputs_for(tuples))
         if out is not None:
             self._check_no_overlap(tuples, outputs)
         self._native.run_into(tuples, [_flat_bytes(a) for a in outputs.values()])
@@ -229,6 +263,10 @@ class Model(_Runner):
         self._native = native
         self._inputs = {i.name: i for i in map(TensorInfo._of, native.inputs)}
         self._outputs = tuple(map(TensorInfo._of, native.outputs))
+        self._profiles = tuple(
+            Profile(tuple(map(TensorInfo._of, ins)), tuple(map(TensorInfo._of, outs)))
+            for ins, outs in native.profiles
+        )
 
     @property
     def target(self) -> str:
@@ -291,6 +329,7 @@ class Session(_Runner):
         self._native = native
         self._inputs = model._inputs
         self._outputs = model._outputs
+        self._profiles = model._profiles
 
     @property
     def threads(self) -> int:
@@ -333,7 +372,7 @@ def compile(
     *,
     target: str = "native",
     input_shapes: Optional[Mapping[str, Union[str, Sequence[int]]]] = None,
-    dims: Optional[Mapping[str, int]] = None,
+    dims: Optional[Mapping[str, Union[int, str, Sequence[int]]]] = None,
     precision: Optional[str] = None,
     quantize: Optional[str] = None,
     calibrate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
@@ -364,7 +403,10 @@ def compile(
     (held-out samples for the calibration coverage report, in the result's
     ``"coverage"``; ``coverage_warn`` in percent) take the same.
     ``keep_values`` (``"all"`` or ONNX tensor-name globs) makes those
-    values extra outputs of the artifact, after the model's own.
+    values extra outputs of the artifact, after the model's own. A dim
+    given several values (``dims={"batch": [1, 8, 32]}`` or
+    ``{"seq": "16..512:16"}``) makes one profile per value in one artifact
+    (:attr:`Model.profiles`); a run picks the profile of its inputs' shapes.
 
     Returns the report ``kiln compile --json`` prints, as Python objects.
     Raises the :class:`KilnError` subclass of the command's exit code.
@@ -464,7 +506,7 @@ def debug(
 def _model_flags(
     target: str,
     input_shapes: Optional[Mapping[str, Union[str, Sequence[int]]]],
-    dims: Optional[Mapping[str, int]],
+    dims: Optional[Mapping[str, Union[int, str, Sequence[int]]]],
     precision: Optional[str],
     quantize: Optional[str],
     opt_level: int,
@@ -474,6 +516,9 @@ def _model_flags(
     for name, shape in (input_shapes or {}).items():
         argv += ["--input-shape", f"{name}={_shape_text(shape)}"]
     for name, value in (dims or {}).items():
+        # A list of values, or "16..512:16", makes one profile each.
+        if not isinstance(value, (int, str)):
+            value = ",".join(str(int(v)) for v in value)
         argv += ["--dim", f"{name}={value}"]
     for flag, value in [("--precision", precision), ("--quantize", quantize)]:
         if value is not None:

@@ -231,6 +231,15 @@ impl Model {
         spec_tuples(self.inner.outputs())
     }
 
+    /// The profiles (one per combination of input shapes the artifact was
+    /// compiled for, `--dim batch=1,8`): (inputs, outputs) of each.
+    #[getter]
+    fn profiles(&self) -> Vec<(Vec<SpecTuple>, Vec<SpecTuple>)> {
+        (self.inner.profiles().iter())
+            .map(|p| (spec_tuples(&p.inputs), spec_tuples(&p.outputs)))
+            .collect()
+    }
+
     /// The most threads a session can use (the most tasks of any step).
     #[getter]
     fn max_tasks(&self) -> usize {

@@ -421,3 +421,25 @@ def test_debug_from_python():
     assert bisection["culprit"] is None and bisection["trials"][0]["matched"]
     with pytest.raises(kiln.UsageError, match="--keep-values nothing_here names no computed value"):
         kiln.debug(DIGITS, dims={"batch": 4}, keep_values="nothing_here")
+
+
+def test_profiles_serve_every_batch_compiled_for(tmp_path):
+    """`dims={"batch": [...]}` makes one profile per batch size in one
+    artifact; each run picks the profile of its inputs and matches
+    onnxruntime's rows; a batch of no profile is an InputError."""
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"]
+    expected = fixture.arrays("outputs")["logits"]
+    path = tmp_path / "profiles.kiln"
+    report = kiln.compile(DIGITS, path, dims={"batch": [1, 4, 360]})
+    assert [p["bindings"] for p in report["profiles"]] == ["batch=1", "batch=4", "batch=360"]
+    model = kiln.load(path)
+    assert [p.inputs[0].shape for p in model.profiles] == [(1, 1, 8, 8), (4, 1, 8, 8), (360, 1, 8, 8)]
+    session = model.session(threads=2)
+    for rows in (4, 360, 1):
+        for runner in (model, session):
+            got = runner.run({"input": images[:rows]})["logits"]
+            assert got.shape == (rows, 10)
+            assert rel_error(got, expected[:rows]) <= FP32_TOLERANCE
+    with pytest.raises(kiln.InputError, match="no profile"):
+        model.run({"input": images[:5]})

@@ -108,6 +108,40 @@ int64_t kiln_model_output_byte_size(const KilnModel *m, size_t i);
  * arena. */
 int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *outputs);
 
+/* Shape profiles (kiln compile --dim batch=1,8,32): one artifact holds one
+ * specialization per combination of input shapes, and a run's input shapes
+ * pick it. The accessors above describe profile 0; kiln_model_run and
+ * kiln_session_run run profile 0 with buffers of its exact sizes. */
+
+/* Number of profiles (at least 1); 0 if m is NULL. */
+size_t kiln_model_num_profiles(const KilnModel *m);
+
+/* Writes the dims of input i in profile p to out (room for the input's
+ * rank); 0 = ok, -1 on a NULL model or a bad index. */
+int kiln_model_profile_input_dims(const KilnModel *m, size_t p, size_t i, uint64_t *out);
+
+/* The largest byte size output i has in any profile (a buffer this large
+ * fits every run), or -1 on error. */
+int64_t kiln_model_output_max_byte_size(const KilnModel *m, size_t i);
+
+/* Runs one inference on inputs of any profile's shapes. input_dims[i]
+ * points to the dims of input i (kiln_model_input_rank values); together
+ * they pick the profile. outputs[i] is a buffer of output_capacity[i]
+ * bytes, at least output i's size in that profile. Output i's dims are
+ * written to output_dims[i] (room for kiln_model_output_rank values)
+ * unless output_dims or output_dims[i] is NULL. Shapes no profile has:
+ * KILN_ERROR_ARGUMENT, and kiln_last_error() lists the profiles.
+ * Thread-safe like kiln_model_run. */
+int kiln_model_run_shaped(const KilnModel *m, const uint64_t *const *input_dims,
+                          const void *const *inputs, void *const *outputs,
+                          const size_t *output_capacity, uint64_t *const *output_dims);
+
+/* As kiln_model_run_shaped, in the session's arena (sized for the largest
+ * profile); does not allocate. */
+int kiln_session_run_shaped(KilnSession *s, const uint64_t *const *input_dims,
+                            const void *const *inputs, void *const *outputs,
+                            const size_t *output_capacity, uint64_t *const *output_dims);
+
 /* Result of kiln_model_verify: a golden output is beyond its tolerance. */
 #define KILN_VERIFY_FAILED 5
 
@@ -118,7 +152,8 @@ int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *o
  * without a self-test, or a run's KILN_ERROR_* code. */
 int kiln_model_verify(const KilnModel *m);
 
-/* A session: an arena of the model's size, allocated here. Returns NULL on
+/* A session: an arena of the model's size (its largest profile's),
+ * allocated here. Returns NULL on
  * failure; see kiln_last_error(). The session keeps the model's code and
  * weights alive, so it may be freed after the model. */
 KilnSession *kiln_session_new(const KilnModel *m);

@@ -408,11 +408,137 @@ pub unsafe extern "C" fn kiln_model_run(
             .model
             // SAFETY: per the contract.
             .with_arena(|program, arena| unsafe {
-                run("kiln_model_run", program, arena, None, inputs, outputs)
+                run(
+                    "kiln_model_run",
+                    program,
+                    arena,
+                    None,
+                    inputs,
+                    outputs,
+                    None,
+                )
             })
             .map_err(|e| (KILN_ERROR_OUT_OF_MEMORY, format!("kiln_model_run: {e}")))
             .and_then(|r| r);
         report(result)
+    })
+}
+
+/// Runs one inference on inputs of any profile's shapes: `input_dims[i]`
+/// points to the dims of input `i` (its rank's worth, see
+/// `kiln_model_input_rank`), which together pick the profile;
+/// `outputs[i]` is a buffer of `output_capacity[i]` bytes, enough for
+/// output `i` in that profile (`kiln_model_output_max_byte_size` fits
+/// every profile); the output's dims are written to `output_dims[i]`
+/// (room for its rank) unless `output_dims` or that pointer is NULL.
+/// Inputs of shapes no profile has: `KILN_ERROR_ARGUMENT`, the message
+/// listing the profiles.
+///
+/// # Safety
+/// `m` must be NULL or a live model; each array NULL or holding
+/// `num_inputs` / `num_outputs` entries as described, the output buffers
+/// not overlapping anything else.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_run_shaped(
+    m: *const KilnModel,
+    input_dims: *const *const u64,
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+    output_capacity: *const usize,
+    output_dims: *const *mut u64,
+) -> c_int {
+    const FUNCTION: &str = "kiln_model_run_shaped";
+    guard(KILN_ERROR_INTERNAL, || {
+        // SAFETY: per the contract.
+        let Some(m) = (unsafe { m.as_ref() }) else {
+            return report(Err(arg_error(FUNCTION, "model is NULL")));
+        };
+        let shaped = Shaped {
+            input_dims,
+            output_capacity,
+            output_dims,
+        };
+        let result = m
+            .model
+            // SAFETY: per the contract.
+            .with_arena(|program, arena| unsafe {
+                run(
+                    FUNCTION,
+                    program,
+                    arena,
+                    None,
+                    inputs,
+                    outputs,
+                    Some(shaped),
+                )
+            })
+            .map_err(|e| (KILN_ERROR_OUT_OF_MEMORY, format!("{FUNCTION}: {e}")))
+            .and_then(|r| r);
+        report(result)
+    })
+}
+
+/// Number of profiles (specializations to input shapes) the model holds,
+/// at least 1; 0 if `m` is NULL.
+///
+/// # Safety
+/// `m` must be NULL or a live model.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_num_profiles(m: *const KilnModel) -> usize {
+    guard(0, || {
+        // SAFETY: per the contract.
+        unsafe { m.as_ref() }.map_or(0, |m| m.model.profiles().len())
+    })
+}
+
+/// Writes the dims of input `i` in profile `p` to `out` (room for the
+/// input's rank); 0 on success, -1 on a NULL model or a bad index.
+///
+/// # Safety
+/// `m` must be NULL or a live model; `out` must have room for the rank.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_profile_input_dims(
+    m: *const KilnModel,
+    p: usize,
+    i: usize,
+    out: *mut u64,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        let spec = unsafe { m.as_ref() }
+            .and_then(|m| m.model.profiles().get(p))
+            .and_then(|p| p.inputs.get(i));
+        match spec {
+            Some(spec) if spec.shape.is_empty() => 0,
+            Some(spec) if !out.is_null() => {
+                // SAFETY: the caller provides room for the rank.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(spec.shape.as_ptr(), out, spec.shape.len())
+                };
+                0
+            }
+            _ => -1,
+        }
+    })
+}
+
+/// The largest size in bytes output `i` has in any profile (a buffer of
+/// this size fits every run), or -1 on error.
+///
+/// # Safety
+/// `m` must be NULL or a live model.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_model_output_max_byte_size(m: *const KilnModel, i: usize) -> i64 {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        let Some(m) = (unsafe { m.as_ref() }) else {
+            return -1;
+        };
+        (m.model.profiles().iter())
+            .map(|p| p.outputs.get(i).map(|s| s.byte_len() as i64))
+            .max()
+            .flatten()
+            .unwrap_or(-1)
     })
 }
 
@@ -495,7 +621,59 @@ pub unsafe extern "C" fn kiln_session_run(
         };
         let (program, arena, pool) = s.session.parts();
         // SAFETY: per the contract.
-        report(unsafe { run("kiln_session_run", program, arena, pool, inputs, outputs) })
+        report(unsafe {
+            run(
+                "kiln_session_run",
+                program,
+                arena,
+                pool,
+                inputs,
+                outputs,
+                None,
+            )
+        })
+    })
+}
+
+/// Runs one inference in the session's arena, as
+/// [`kiln_model_run_shaped`] does, without allocating.
+///
+/// # Safety
+/// `s` must be NULL or a live session not in use by another thread; the
+/// arrays as for [`kiln_model_run_shaped`].
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_run_shaped(
+    s: *mut KilnSession,
+    input_dims: *const *const u64,
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+    output_capacity: *const usize,
+    output_dims: *const *mut u64,
+) -> c_int {
+    const FUNCTION: &str = "kiln_session_run_shaped";
+    guard(KILN_ERROR_INTERNAL, || {
+        // SAFETY: per the contract.
+        let Some(s) = (unsafe { s.as_mut() }) else {
+            return report(Err(arg_error(FUNCTION, "session is NULL")));
+        };
+        let shaped = Shaped {
+            input_dims,
+            output_capacity,
+            output_dims,
+        };
+        let (program, arena, pool) = s.session.parts();
+        // SAFETY: per the contract.
+        report(unsafe {
+            run(
+                FUNCTION,
+                program,
+                arena,
+                pool,
+                inputs,
+                outputs,
+                Some(shaped),
+            )
+        })
     })
 }
 
@@ -556,11 +734,70 @@ fn report(result: Result<(), (c_int, String)>) -> c_int {
     }
 }
 
-/// One inference of `program` over `arena`, with C buffers; `function`
-/// names the C entry point in error messages.
+/// The shapes of a run through `kiln_*_run_shaped`: per input, a pointer
+/// to its dims (its rank's worth); per output, the byte capacity of its
+/// buffer and where to write its dims (NULL: not wanted).
+#[derive(Clone, Copy)]
+struct Shaped {
+    input_dims: *const *const u64,
+    output_capacity: *const usize,
+    output_dims: *const *mut u64,
+}
+
+/// The profile a shaped run's input dims pick (profile 0 for a plain run).
 ///
 /// # Safety
-/// `inputs` and `outputs` as for [`kiln_model_run`].
+/// `shaped` as documented for [`kiln_model_run_shaped`].
+unsafe fn select_profile(
+    function: &str,
+    program: &Program,
+    shaped: Option<Shaped>,
+) -> Result<usize, (c_int, String)> {
+    let Some(shaped) = shaped else { return Ok(0) };
+    let specs = program.inputs();
+    if shaped.input_dims.is_null() && !specs.is_empty() {
+        return Err(arg_error(function, "input_dims is NULL"));
+    }
+    let mut given: Vec<&[u64]> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let rank = spec.shape.len();
+        // SAFETY: `input_dims` holds `num_inputs` pointers.
+        let dims = unsafe { *shaped.input_dims.add(i) };
+        if dims.is_null() && rank > 0 {
+            return Err(arg_error(
+                function,
+                &format!("input_dims[{i}] ('{}') is NULL", spec.name),
+            ));
+        }
+        given.push(match rank {
+            0 => &[],
+            // SAFETY: the caller provides `rank` dims for input `i`.
+            _ => unsafe { std::slice::from_raw_parts(dims, rank) },
+        });
+    }
+    let profiles = program.profiles();
+    match (profiles.iter()).position(|p| p.accepts(given.iter().copied())) {
+        Some(p) => Ok(p),
+        None => {
+            let described: Vec<String> = (specs.iter().zip(&given))
+                .map(|(s, d)| format!("{}: {}", s.name, crate::format::type_string(s.dtype, d)))
+                .collect();
+            let e = Error::NoProfile {
+                given: described.join(", "),
+                available: profiles.iter().map(|p| p.describe_inputs()).collect(),
+            };
+            Err(arg_error(function, &e.to_string()))
+        }
+    }
+}
+
+/// One inference of `program` over `arena`, with C buffers; `function`
+/// names the C entry point in error messages. A plain run (`shaped` None)
+/// runs the first profile with buffers of its exact sizes.
+///
+/// # Safety
+/// `inputs` and `outputs` as for [`kiln_model_run`]; `shaped` as for
+/// [`kiln_model_run_shaped`].
 unsafe fn run(
     function: &str,
     program: &Program,
@@ -568,49 +805,76 @@ unsafe fn run(
     pool: Option<&Pool>,
     inputs: *const *const c_void,
     outputs: *const *mut c_void,
+    shaped: Option<Shaped>,
 ) -> Result<(), (c_int, String)> {
     let arg = |msg: &str| arg_error(function, msg);
-    let (n_in, n_out) = (program.inputs().len(), program.outputs().len());
+    // SAFETY: per the contract.
+    let profile = unsafe { select_profile(function, program, shaped) }?;
+    let (in_specs, out_specs) = (program.inputs_of(profile), program.outputs_of(profile));
+    let (n_in, n_out) = (in_specs.len(), out_specs.len());
     if (inputs.is_null() && n_in > 0) || (outputs.is_null() && n_out > 0) {
         return Err(arg("inputs or outputs array is NULL"));
     }
-    for i in 0..n_out {
-        // SAFETY: `outputs` holds `n_out` pointers.
-        if unsafe { *outputs.add(i) }.is_null() && program.outputs()[i].byte_len() > 0 {
-            return Err(arg(&format!(
-                "output {i} ('{}') is NULL",
-                program.outputs()[i].name
-            )));
+    if let Some(shaped) = shaped {
+        if shaped.output_capacity.is_null() && n_out > 0 {
+            return Err(arg("output_capacity is NULL"));
+        }
+        for (i, spec) in out_specs.iter().enumerate() {
+            // SAFETY: `output_capacity` holds `n_out` sizes.
+            let capacity = unsafe { *shaped.output_capacity.add(i) };
+            if (capacity as u64) < spec.byte_len() {
+                return Err(arg(&format!(
+                    "output {i} ('{}') is {} in this profile: {} bytes, but its buffer holds {capacity}",
+                    spec.name,
+                    spec.type_string(),
+                    spec.byte_len()
+                )));
+            }
         }
     }
-    for i in 0..n_in {
-        let len = program.inputs()[i].byte_len() as usize;
+    for (i, spec) in out_specs.iter().enumerate() {
+        // SAFETY: `outputs` holds `n_out` pointers.
+        if unsafe { *outputs.add(i) }.is_null() && spec.byte_len() > 0 {
+            return Err(arg(&format!("output {i} ('{}') is NULL", spec.name)));
+        }
+    }
+    for (i, spec) in in_specs.iter().enumerate() {
+        let len = spec.byte_len() as usize;
         // SAFETY: `inputs` holds `n_in` pointers.
         let ptr = unsafe { *inputs.add(i) }.cast::<u8>();
         if ptr.is_null() && len > 0 {
-            return Err(arg(&format!(
-                "input {i} ('{}') is NULL",
-                program.inputs()[i].name
-            )));
+            return Err(arg(&format!("input {i} ('{}') is NULL", spec.name)));
         }
         if len > 0 {
             // SAFETY: the caller provides `len` readable bytes.
             let data = unsafe { std::slice::from_raw_parts(ptr, len) };
-            program.input_slot(arena, i).copy_from_slice(data);
+            program.input_slot(profile, arena, i).copy_from_slice(data);
         }
     }
-    program.execute(arena, pool).map_err(|e| match e {
+    program.execute(profile, arena, pool).map_err(|e| match e {
         Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
         _ => (KILN_ERROR_INTERNAL, e.to_string()),
     })?;
-    for i in 0..n_out {
-        let bytes = program.output_bytes(arena, i);
+    for (i, spec) in out_specs.iter().enumerate() {
+        let bytes = program.output_bytes(profile, arena, i);
         // SAFETY: `outputs` holds `n_out` pointers.
         let ptr = unsafe { *outputs.add(i) }.cast::<u8>();
         if !bytes.is_empty() {
             // SAFETY: non-null (checked above); the caller provides
-            // `bytes.len()` writable bytes that do not overlap the arena.
+            // `bytes.len()` writable bytes (its capacity, checked above, or
+            // the declared size) that do not overlap the arena.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        }
+        let dims_out = match shaped {
+            // SAFETY: `output_dims` is NULL or holds `n_out` pointers.
+            Some(s) if !s.output_dims.is_null() => unsafe { *s.output_dims.add(i) },
+            _ => std::ptr::null_mut(),
+        };
+        if !dims_out.is_null() && !spec.shape.is_empty() {
+            // SAFETY: the caller provides room for the output's rank.
+            unsafe {
+                std::ptr::copy_nonoverlapping(spec.shape.as_ptr(), dims_out, spec.shape.len())
+            };
         }
     }
     Ok(())

@@ -34,7 +34,7 @@ use cudarc::driver::{
 };
 
 use crate::file::read_private;
-use crate::format::{ArtifactView, Code, Metadata, TensorSpec};
+use crate::format::{ArtifactView, Code, Profile, TensorSpec};
 use crate::model::InputNames;
 use crate::{Error, Tensor, TensorRef, KERNEL_INDEX_OUT_OF_RANGE};
 
@@ -65,7 +65,8 @@ struct Launch {
 
 /// A CUDA artifact loaded on GPU 0.
 pub struct CudaModel {
-    metadata: Metadata,
+    /// The one profile (a CUDA artifact has one).
+    profile: Profile,
     /// The inputs by name, for matching a run's inputs.
     input_names: InputNames,
     launches: Vec<Launch>,
@@ -229,19 +230,20 @@ impl CudaModel {
             stream.clone_htod(view.weights)
         }
         .map_err(driver("upload the weights"))?;
-        let arena_bytes = usize::try_from(view.metadata.arena_size)
+        let profile = view.profiles[0].clone();
+        let arena_bytes = usize::try_from(profile.arena_size)
             .ok()
             .filter(|&n| n >= STATUS_BYTES)
             .ok_or(Error::OutOfMemory {
                 what: "arena",
-                bytes: view.metadata.arena_size,
+                bytes: profile.arena_size,
             })?;
         let arena = stream
             .alloc_zeros::<u8>(arena_bytes)
             .map_err(driver("allocate the device arena"))?;
         Ok(CudaModel {
-            input_names: InputNames::new(&view.metadata.inputs),
-            metadata: view.metadata,
+            input_names: InputNames::new(&profile.inputs),
+            profile,
             launches,
             gather_nodes,
             device_sm,
@@ -257,12 +259,12 @@ impl CudaModel {
 
     /// The model's inputs, in declared order.
     pub fn inputs(&self) -> &[TensorSpec] {
-        &self.metadata.inputs
+        &self.profile.inputs
     }
 
     /// The model's outputs, in declared order.
     pub fn outputs(&self) -> &[TensorSpec] {
-        &self.metadata.outputs
+        &self.profile.outputs
     }
 
     /// The GPU's SM (compute capability times ten) and name.
@@ -281,7 +283,7 @@ impl CudaModel {
                 &mut self.arena.slice_mut(0..STATUS_BYTES),
             )
             .map_err(&copy_in)?;
-        let (names, specs, arena) = (&self.input_names, &self.metadata.inputs, &mut self.arena);
+        let (names, specs, arena) = (&self.input_names, &self.profile.inputs, &mut self.arena);
         names.bind(specs, inputs, |i, given| {
             let start = specs[i].arena_offset as usize;
             let mut dst = arena.slice_mut(start..start + given.data.len());
@@ -296,8 +298,8 @@ impl CudaModel {
         stream
             .memcpy_dtoh(&self.arena.slice(0..STATUS_BYTES), &mut status)
             .map_err(&copy_out)?;
-        let mut outputs = Vec::with_capacity(self.metadata.outputs.len());
-        for spec in &self.metadata.outputs {
+        let mut outputs = Vec::with_capacity(self.profile.outputs.len());
+        for spec in &self.profile.outputs {
             let start = spec.arena_offset as usize;
             let mut data = vec![0u8; spec.byte_len() as usize];
             stream
@@ -388,8 +390,8 @@ impl std::fmt::Debug for CudaModel {
         f.debug_struct("CudaModel")
             .field("device", &self.device_name)
             .field("sm", &self.device_sm)
-            .field("inputs", &self.metadata.inputs)
-            .field("outputs", &self.metadata.outputs)
+            .field("inputs", &self.profile.inputs)
+            .field("outputs", &self.profile.outputs)
             .field("launches", &self.launches.len())
             .finish_non_exhaustive()
     }

@@ -131,6 +131,14 @@ pub enum Error {
         /// Given type.
         given: String,
     },
+    /// Inputs whose shapes match none of the artifact's profiles.
+    #[error("no profile of the model takes inputs of these shapes ({given}); the artifact has {} profile(s): {}; compile with `--dim` or `--input-shape` values that include these shapes", available.len(), list_profiles(available))]
+    NoProfile {
+        /// The inputs given, `name: f32[2,16]`, in declared order.
+        given: String,
+        /// Each profile's inputs, as [`Profile::describe_inputs`](crate::format::Profile::describe_inputs) writes them.
+        available: Vec<String>,
+    },
     /// Input data whose length does not match its type.
     #[error("input '{name}': {ty} needs {expected} bytes of data, given {given}")]
     InputDataLength {
@@ -241,4 +249,16 @@ fn kernel_message(node: &str, code: i32) -> String {
         KERNEL_INDEX_OUT_OF_RANGE => format!("node '{node}': index out of range"),
         _ => format!("node '{node}': kernel failed with code {code}"),
     }
+}
+
+/// At most eight profiles, each in brackets, and how many more.
+fn list_profiles(available: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut list: Vec<String> = (available.iter().take(SHOWN))
+        .map(|p| format!("[{p}]"))
+        .collect();
+    if available.len() > SHOWN {
+        list.push(format!("and {} more", available.len() - SHOWN));
+    }
+    list.join(", ")
 }

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use crate::code::{CodeMemory, KernelFn};
 use crate::file::read_private;
 use crate::format::{
-    read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata, SectionKind, TensorSpec,
+    largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata, Profile,
+    SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
@@ -38,7 +39,8 @@ pub struct Model {
     cached_arena: Mutex<Option<AlignedBuf>>,
 }
 
-/// One inference context: an arena of the model's size, allocated once.
+/// One inference context: an arena of the model's size (its largest
+/// profile's), allocated once.
 ///
 /// A session keeps its model's code and weights alive (it holds a shared
 /// reference), so it may outlive the `Model` it came from. Runs through a
@@ -57,10 +59,12 @@ pub(crate) struct Program {
     metadata: Metadata,
     content_hash: [u8; 32],
     features: CpuFeatures,
-    /// Source node name of each schedule step, for error messages.
-    step_nodes: Vec<String>,
-    /// Each step's tasks as a range of `kernel_entries`.
-    steps: Vec<std::ops::Range<usize>>,
+    /// The specializations to input shapes; a run's input shapes pick one.
+    profiles: Vec<Profile>,
+    /// Per profile, each step's tasks as a range of `kernel_entries`.
+    steps: Vec<Vec<std::ops::Range<usize>>>,
+    /// The arena every session allocates: the largest profile's.
+    arena_size: u64,
     /// Entry point of every kernel; valid while `_code` lives.
     kernel_entries: Vec<KernelFn>,
     /// The inputs by name, for matching a run's inputs.
@@ -130,16 +134,21 @@ impl Model {
         let header = read_header(bytes)?;
         check_host(&header)?;
         let view = ArtifactView::parse(bytes)?;
-        let arena = AlignedBuf::zeroed(view.metadata.arena_size, "arena")?;
+        let arena_size = largest_arena(&view.profiles);
+        let arena = AlignedBuf::zeroed(arena_size, "arena")?;
         let code = CodeMemory::new(view.text, &view.kernels, &view.relocs)?;
         // One entry per kernel, and each step a range of them (the decoder
         // checked kernel + tasks <= kernels): linear in the file's size
         // however many steps share the same kernels.
         let kernel_entries = view.kernels.iter().map(|k| code.entry(k)).collect();
-        let steps = (view.schedule.iter())
-            .map(|s| s.kernel as usize..(s.kernel + s.tasks) as usize)
+        let steps = (view.profiles.iter())
+            .map(|p| {
+                (p.schedule.iter())
+                    .map(|s| s.kernel as usize..(s.kernel + s.tasks) as usize)
+                    .collect()
+            })
             .collect();
-        let input_names = InputNames::new(&view.metadata.inputs);
+        let input_names = InputNames::new(&view.profiles[0].inputs);
         let weights_section = view.header.section(SectionKind::Weights);
         // Inside `bytes`, as `read_header` checked.
         let start = weights_section.offset as usize;
@@ -147,7 +156,7 @@ impl Model {
         let ArtifactView {
             header,
             metadata,
-            schedule,
+            profiles,
             golden,
             ..
         } = view;
@@ -157,8 +166,9 @@ impl Model {
                 metadata,
                 content_hash: header.content_hash,
                 features: header.features,
-                step_nodes: schedule.into_iter().map(|s| s.node).collect(),
+                profiles,
                 steps,
+                arena_size,
                 kernel_entries,
                 input_names,
                 _code: code,
@@ -184,31 +194,42 @@ impl Model {
         &self.program.golden
     }
 
-    /// The model's inputs, in declared order.
+    /// The model's inputs, in declared order, with the first profile's
+    /// shapes (see [`Model::profiles`] for the others).
     pub fn inputs(&self) -> &[TensorSpec] {
-        &self.program.metadata.inputs
+        self.program.inputs()
     }
 
-    /// The source node of each schedule step, in run order (a fused
-    /// kernel's step is named after its fused node).
-    pub fn step_nodes(&self) -> &[String] {
-        &self.program.step_nodes
-    }
-
-    /// How many tasks each schedule step splits into (run concurrently by
-    /// a multi-threaded session).
-    pub fn step_tasks(&self) -> impl Iterator<Item = usize> + '_ {
-        self.program.steps.iter().map(|s| s.len())
-    }
-
-    /// The model's outputs, in declared order.
+    /// The model's outputs, in declared order, with the first profile's
+    /// shapes.
     pub fn outputs(&self) -> &[TensorSpec] {
-        &self.program.metadata.outputs
+        self.program.outputs()
     }
 
-    /// Provenance, inputs, outputs and arena size.
+    /// The specializations to input shapes the artifact holds (at least
+    /// one): each with its inputs' and outputs' shapes, arena size and
+    /// schedule. A run uses the profile whose input shapes are those of
+    /// its inputs.
+    pub fn profiles(&self) -> &[Profile] {
+        &self.program.profiles
+    }
+
+    /// The profile inputs of these shapes run: the index into
+    /// [`Model::profiles`], or [`Error::NoProfile`] naming the shapes
+    /// given and those available. Inputs are matched by name, as in
+    /// [`Model::run`].
+    pub fn profile_for(&self, inputs: &[TensorRef<'_>]) -> Result<usize, Error> {
+        self.program.select(inputs)
+    }
+
+    /// Provenance: compiler, target, options, source model.
     pub fn metadata(&self) -> &Metadata {
         &self.program.metadata
+    }
+
+    /// The arena a session allocates: the largest profile's, in bytes.
+    pub fn arena_size(&self) -> u64 {
+        self.program.arena_size
     }
 
     /// The artifact's content hash (see
@@ -222,8 +243,9 @@ impl Model {
         self.program.features
     }
 
-    /// A new session with its own arena (`metadata().arena_size` bytes,
-    /// allocated now). Sessions of one model run concurrently.
+    /// A new session with its own arena ([`Model::arena_size`] bytes,
+    /// allocated now, enough for every profile). Sessions of one model run
+    /// concurrently.
     pub fn session(&self) -> Result<Session, Error> {
         self.session_with_threads(1)
     }
@@ -245,17 +267,15 @@ impl Model {
         };
         Ok(Session {
             program: Arc::clone(&self.program),
-            arena: AlignedBuf::zeroed(self.program.metadata.arena_size, "arena")?,
+            arena: AlignedBuf::zeroed(self.program.arena_size, "arena")?,
             pool,
         })
     }
 
-    /// The most tasks any step of the schedule has: the threads beyond
-    /// that which a session could use.
+    /// The most tasks any step of any profile's schedule has: the threads
+    /// beyond that which a session could use.
     pub fn max_tasks(&self) -> usize {
-        self.program
-            .steps
-            .iter()
+        (self.program.steps.iter().flatten())
             .map(|r| r.len())
             .max()
             .unwrap_or(1)
@@ -272,7 +292,7 @@ impl Model {
 
     /// Runs one inference, outputs written to `outputs` (one buffer per
     /// declared output, in declared order, each exactly the output's byte
-    /// size). Does not allocate unless another thread is running the model
+    /// size in the profile the inputs select). Does not allocate unless another thread is running the model
     /// through [`Model::run`] or `run_into` at the same time (see
     /// [`Model::run`]); use a [`Session`] per thread to never allocate.
     pub fn run_into(
@@ -295,7 +315,7 @@ impl Model {
         let taken = lock().take();
         let mut arena = match taken {
             Some(arena) => arena,
-            None => AlignedBuf::zeroed(self.program.metadata.arena_size, "arena")?,
+            None => AlignedBuf::zeroed(self.program.arena_size, "arena")?,
         };
         let result = f(&self.program, &mut arena);
         let mut slot = lock();
@@ -307,14 +327,14 @@ impl Model {
 }
 
 impl Session {
-    /// The model's inputs, in declared order.
+    /// The model's inputs, in declared order (the first profile's shapes).
     pub fn inputs(&self) -> &[TensorSpec] {
-        &self.program.metadata.inputs
+        self.program.inputs()
     }
 
-    /// The model's outputs, in declared order.
+    /// The model's outputs, in declared order (the first profile's shapes).
     pub fn outputs(&self) -> &[TensorSpec] {
-        &self.program.metadata.outputs
+        self.program.outputs()
     }
 
     /// Runs one inference (as [`Model::run`]) in this session's arena.
@@ -325,16 +345,18 @@ impl Session {
 
     /// Runs one inference (as [`Session::run_into`]) and adds the wall
     /// time of each schedule step to `step_times`, which holds one entry
-    /// per step in schedule order (see [`Model::step_nodes`]; it is resized
-    /// to that when it is not). For profiling; a plain run does not read
-    /// the clock.
+    /// per step of the profile the inputs select, in schedule order (see
+    /// [`Model::profile_for`] and [`Profile::schedule`]; it is resized to
+    /// that when it is not). For profiling; a plain run does not read the
+    /// clock.
     pub fn run_profiled(
         &mut self,
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
         step_times: &mut Vec<std::time::Duration>,
     ) -> Result<(), Error> {
-        step_times.resize(self.program.steps.len(), std::time::Duration::ZERO);
+        let profile = self.program.select(inputs)?;
+        step_times.resize(self.program.steps[profile].len(), std::time::Duration::ZERO);
         self.program.run_into(
             &mut self.arena,
             self.pool.as_ref(),
@@ -375,13 +397,14 @@ impl Program {
         pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
     ) -> Result<Vec<Tensor>, Error> {
-        self.bind_inputs(arena, inputs)?;
-        self.execute(arena, pool)?;
-        let outputs = (self.metadata.outputs.iter().enumerate()).map(|(i, spec)| Tensor {
+        let profile = self.select(inputs)?;
+        self.bind_inputs(profile, arena, inputs)?;
+        self.execute(profile, arena, pool)?;
+        let outputs = (self.profiles[profile].outputs.iter()).map(|spec| Tensor {
             name: spec.name.clone(),
             dtype: spec.dtype,
             shape: spec.shape.clone(),
-            data: self.output_bytes(arena, i).to_vec(),
+            data: arena.as_slice()[arena_range(spec)].to_vec(),
         });
         Ok(outputs.collect())
     }
@@ -394,41 +417,101 @@ impl Program {
         outputs: &mut [&mut [u8]],
         step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
-        self.check_output_buffers(outputs.iter().map(|b| b.len()))?;
-        self.bind_inputs(arena, inputs)?;
-        self.execute_timed(arena, pool, step_times)?;
+        let profile = self.select(inputs)?;
+        self.check_output_buffers(profile, outputs.iter().map(|b| b.len()))?;
+        self.bind_inputs(profile, arena, inputs)?;
+        self.execute_timed(profile, arena, pool, step_times)?;
         for (i, out) in outputs.iter_mut().enumerate() {
-            out.copy_from_slice(self.output_bytes(arena, i));
+            out.copy_from_slice(self.output_bytes(profile, arena, i));
         }
         Ok(())
     }
 
-    /// The model's inputs, in declared order.
+    /// The model's inputs, in declared order (the first profile's shapes).
     pub(crate) fn inputs(&self) -> &[TensorSpec] {
-        &self.metadata.inputs
+        &self.profiles[0].inputs
     }
 
-    /// The model's outputs, in declared order.
+    /// The model's outputs, in declared order (the first profile's shapes).
     pub(crate) fn outputs(&self) -> &[TensorSpec] {
-        &self.metadata.outputs
+        &self.profiles[0].outputs
     }
 
-    /// Checks `inputs` against the declared inputs and copies them into
+    /// The profile `inputs` run (see [`Model::profile_for`]), after
+    /// checking that every declared input is given once and by name.
+    pub(crate) fn select(&self, inputs: &[TensorRef<'_>]) -> Result<usize, Error> {
+        if self.profiles.len() == 1 {
+            // Binding checks the inputs against the one profile.
+            return Ok(0);
+        }
+        // Names, duplicates and missing inputs first: their errors say
+        // more than "no profile".
+        self.input_names
+            .each(self.inputs(), inputs, |_, _| Ok(()))?;
+        let index = |given: &TensorRef<'_>| self.input_names.index(given.name).unwrap_or(0);
+        (self.profiles.iter())
+            .position(|p| {
+                inputs
+                    .iter()
+                    .all(|given| p.inputs[index(given)].shape.as_slice() == given.shape)
+            })
+            .ok_or_else(|| {
+                let mut given: Vec<(usize, String)> = (inputs.iter())
+                    .map(|g| (index(g), format!("{}: {}", g.name, g.type_string())))
+                    .collect();
+                given.sort();
+                let given: Vec<String> = given.into_iter().map(|(_, s)| s).collect();
+                Error::NoProfile {
+                    given: given.join(", "),
+                    available: (self.profiles.iter())
+                        .map(|p| p.describe_inputs())
+                        .collect(),
+                }
+            })
+    }
+
+    /// Checks `inputs` against `profile`'s inputs and copies them into
     /// the arena.
-    fn bind_inputs(&self, arena: &mut AlignedBuf, inputs: &[TensorRef<'_>]) -> Result<(), Error> {
-        let specs = &self.metadata.inputs;
+    pub(crate) fn bind_inputs(
+        &self,
+        profile: usize,
+        arena: &mut AlignedBuf,
+        inputs: &[TensorRef<'_>],
+    ) -> Result<(), Error> {
+        let specs = &self.profiles[profile].inputs;
         self.input_names.bind(specs, inputs, |i, given| {
-            self.input_slot(arena, i).copy_from_slice(given.data);
+            arena.as_mut_slice()[arena_range(&specs[i])].copy_from_slice(given.data);
             Ok(())
         })
     }
 
-    /// Errors unless `lens` are the byte sizes of the outputs.
+    /// The arena bytes of input `i` of `profile`.
+    pub(crate) fn input_slot<'a>(
+        &self,
+        profile: usize,
+        arena: &'a mut AlignedBuf,
+        i: usize,
+    ) -> &'a mut [u8] {
+        &mut arena.as_mut_slice()[arena_range(&self.profiles[profile].inputs[i])]
+    }
+
+    /// The specializations to input shapes.
+    pub(crate) fn profiles(&self) -> &[Profile] {
+        &self.profiles
+    }
+
+    /// The input specs of `profile`.
+    pub(crate) fn inputs_of(&self, profile: usize) -> &[TensorSpec] {
+        &self.profiles[profile].inputs
+    }
+
+    /// Errors unless `lens` are the byte sizes of `profile`'s outputs.
     fn check_output_buffers(
         &self,
+        profile: usize,
         lens: impl ExactSizeIterator<Item = usize>,
     ) -> Result<(), Error> {
-        let specs = &self.metadata.outputs;
+        let specs = &self.profiles[profile].outputs;
         if lens.len() != specs.len() {
             return Err(Error::OutputCount {
                 expected: specs.len(),
@@ -448,41 +531,54 @@ impl Program {
         Ok(())
     }
 
-    /// The arena bytes of input `i`.
-    pub(crate) fn input_slot<'a>(&self, arena: &'a mut AlignedBuf, i: usize) -> &'a mut [u8] {
-        &mut arena.as_mut_slice()[arena_range(&self.metadata.inputs[i])]
+    /// The arena bytes of output `i` of `profile`.
+    pub(crate) fn output_bytes<'a>(
+        &self,
+        profile: usize,
+        arena: &'a AlignedBuf,
+        i: usize,
+    ) -> &'a [u8] {
+        &arena.as_slice()[arena_range(&self.profiles[profile].outputs[i])]
     }
 
-    /// The arena bytes of output `i`.
-    pub(crate) fn output_bytes<'a>(&self, arena: &'a AlignedBuf, i: usize) -> &'a [u8] {
-        &arena.as_slice()[arena_range(&self.metadata.outputs[i])]
+    /// The output specs of `profile`.
+    pub(crate) fn outputs_of(&self, profile: usize) -> &[TensorSpec] {
+        &self.profiles[profile].outputs
     }
 
-    /// Calls the schedule's kernels in order over `arena`, which must be
-    /// `metadata.arena_size` bytes (every arena is allocated with that size).
-    pub(crate) fn execute(&self, arena: &mut AlignedBuf, pool: Option<&Pool>) -> Result<(), Error> {
-        self.execute_timed(arena, pool, None)
+    /// Calls `profile`'s kernels in order over `arena`, which must be
+    /// [`Program::arena_size`] bytes (every arena is allocated with that
+    /// size).
+    pub(crate) fn execute(
+        &self,
+        profile: usize,
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+    ) -> Result<(), Error> {
+        self.execute_timed(profile, arena, pool, None)
     }
 
     /// [`Program::execute`], adding each step's wall time to `step_times`
     /// when given (one entry per step).
     fn execute_timed(
         &self,
+        profile: usize,
         arena: &mut AlignedBuf,
         pool: Option<&Pool>,
         mut step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
-        debug_assert_eq!(arena.as_slice().len() as u64, self.metadata.arena_size);
+        debug_assert_eq!(arena.as_slice().len() as u64, self.arena_size);
         let arena = arena.as_mut_ptr();
         let weights = self.weights.as_ptr();
-        for (i, step) in self.steps.iter().enumerate() {
+        for (i, step) in self.steps[profile].iter().enumerate() {
             let tasks = &self.kernel_entries[step.clone()];
             // Why the calls below are sound: the entries point into
             // `self._code`, which is alive; the arena and weights are the
             // buffers the artifact was compiled against (sizes validated at
-            // load). Kernels only read the weights, so concurrent runs over
-            // separate arenas share them safely, and the tasks of one step
-            // are independent by the format's definition (see
+            // load; the arena is the largest profile's, so at least this
+            // profile's). Kernels only read the weights, so concurrent runs
+            // over separate arenas share them safely, and the tasks of one
+            // step are independent by the format's definition (see
             // `format::Step`). What the code does is the artifact's
             // responsibility (see the type's docs).
             let start = step_times.is_some().then(std::time::Instant::now);
@@ -501,7 +597,7 @@ impl Program {
             }
             if code != 0 {
                 return Err(Error::Kernel {
-                    node: self.step_nodes[i].clone(),
+                    node: self.profiles[profile].schedule[i].node.clone(),
                     code,
                 });
             }
@@ -573,10 +669,10 @@ impl fmt::Debug for Session {
 impl fmt::Debug for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Model")
-            .field("inputs", &self.metadata.inputs)
-            .field("outputs", &self.metadata.outputs)
-            .field("arena_size", &self.metadata.arena_size)
-            .field("steps", &self.step_nodes.len())
+            .field("inputs", &self.inputs())
+            .field("outputs", &self.outputs())
+            .field("profiles", &self.profiles.len())
+            .field("arena_size", &self.arena_size)
             .finish_non_exhaustive()
     }
 }
@@ -615,6 +711,19 @@ impl InputNames {
         inputs: &[TensorRef<'t>],
         mut bind: impl FnMut(usize, &TensorRef<'t>) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        self.each(specs, inputs, |i, given| {
+            check_input(&specs[i], given)?;
+            bind(i, given)
+        })
+    }
+
+    /// [`InputNames::bind`] without the type check: names only.
+    pub(crate) fn each<'t>(
+        &self,
+        specs: &[TensorSpec],
+        inputs: &[TensorRef<'t>],
+        mut each: impl FnMut(usize, &TensorRef<'t>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let words = specs.len().div_ceil(64);
         let mut on_stack = [0u64; STACK_INPUTS / 64];
         let mut on_heap = Vec::new();
@@ -637,8 +746,7 @@ impl InputNames {
                 return Err(Error::DuplicateInput(given.name.to_owned()));
             }
             seen[word] |= bit;
-            check_input(&specs[i], given)?;
-            bind(i, given)?;
+            each(i, given)?;
         }
         if let Some(missing) =
             (specs.iter().enumerate()).find(|(i, _)| seen[i / 64] & (1 << (i % 64)) == 0)

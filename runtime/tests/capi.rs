@@ -103,6 +103,96 @@ fn load_describe_run() {
     }
 }
 
+/// The copy model with a second profile: `x, y: f32[1]` at the same arena
+/// offsets (the copy kernel moves 8 bytes; the profile reads back 4).
+fn two_profile_copy_model() -> kiln_runtime::format::Artifact {
+    let mut a = common::copy_model();
+    let mut p = a.profiles[0].clone();
+    p.inputs[0].shape = vec![1];
+    p.outputs[0].shape = vec![1];
+    a.profiles.push(p);
+    a
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn shaped_runs_pick_the_profile_and_return_the_dims() {
+    let path = write_temp("profiles", &two_profile_copy_model().to_bytes());
+    // SAFETY: every pointer below is valid for the calls' contracts.
+    unsafe {
+        let m = kiln_model_load(path.as_ptr());
+        std::fs::remove_file(path.to_str().unwrap()).unwrap();
+        assert!(!m.is_null(), "{}", last_error());
+        assert_eq!(kiln_model_num_profiles(m), 2);
+        let mut dims = [0u64; 1];
+        assert_eq!(kiln_model_profile_input_dims(m, 1, 0, dims.as_mut_ptr()), 0);
+        assert_eq!(dims, [1]);
+        assert_eq!(
+            kiln_model_profile_input_dims(m, 2, 0, dims.as_mut_ptr()),
+            -1
+        );
+        assert_eq!(kiln_model_output_max_byte_size(m, 0), 8);
+
+        let x = [1.25f32, -3.0];
+        let mut y = [0f32; 2];
+        let inputs = [x.as_ptr().cast::<c_void>()];
+        let outputs = [y.as_mut_ptr().cast::<c_void>()];
+        let capacity = [8usize];
+        let mut out_dims = [0u64; 1];
+        let out_dims_ptrs = [out_dims.as_mut_ptr()];
+        for (shape, want) in [([1u64], [1.25f32, 0.0]), ([2], [1.25, -3.0])] {
+            y = [0.0; 2];
+            let in_dims = [shape.as_ptr()];
+            let s = kiln_session_new(m);
+            let rc = kiln_session_run_shaped(
+                s,
+                in_dims.as_ptr(),
+                inputs.as_ptr(),
+                outputs.as_ptr(),
+                capacity.as_ptr(),
+                out_dims_ptrs.as_ptr(),
+            );
+            kiln_session_free(s);
+            assert_eq!(rc, KILN_OK, "{}", last_error());
+            assert_eq!(out_dims, shape);
+            assert_eq!(y, want);
+        }
+        // A shape no profile has; a buffer too small for the profile.
+        let three = [3u64];
+        let rc = kiln_model_run_shaped(
+            m,
+            [three.as_ptr()].as_ptr(),
+            inputs.as_ptr(),
+            outputs.as_ptr(),
+            capacity.as_ptr(),
+            ptr::null(),
+        );
+        assert_eq!(rc, KILN_ERROR_ARGUMENT);
+        let e = last_error();
+        assert!(
+            e.contains("x: f32[3]") && e.contains("[x: f32[2]], [x: f32[1]]"),
+            "{e}"
+        );
+        let two = [2u64];
+        let small = [4usize];
+        let rc = kiln_model_run_shaped(
+            m,
+            [two.as_ptr()].as_ptr(),
+            inputs.as_ptr(),
+            outputs.as_ptr(),
+            small.as_ptr(),
+            ptr::null(),
+        );
+        assert_eq!(rc, KILN_ERROR_ARGUMENT);
+        assert!(
+            last_error().contains("its buffer holds 4"),
+            "{}",
+            last_error()
+        );
+        kiln_model_free(m);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn sessions_run_from_threads_and_outlive_the_model() {

@@ -97,7 +97,7 @@ fn newer_version() {
     );
     assert_eq!(
         err.to_string(),
-        "artifact format version 7 is newer than this runtime supports (4)"
+        "artifact format version 7 is newer than this runtime supports (5)"
     );
 }
 
@@ -286,44 +286,121 @@ fn reloc_kernel_index() {
 
 #[test]
 fn schedule_kernel_index() {
-    let bytes = encode_with(|a| a.schedule[1].kernel = 9);
+    let bytes = encode_with(|a| a.profiles[0].schedule[1].kernel = 9);
     malformed(
         &bytes,
-        SectionKind::Schedule,
+        SectionKind::Profiles,
         "step 1 ('/b') calls kernels 9..10, but there are 2",
     );
 }
 
 #[test]
 fn schedule_tasks_past_the_kernels_or_none() {
-    let bytes = encode_with(|a| a.schedule[1].tasks = 2);
+    let bytes = encode_with(|a| a.profiles[0].schedule[1].tasks = 2);
     malformed(
         &bytes,
-        SectionKind::Schedule,
+        SectionKind::Profiles,
         "step 1 ('/b') calls kernels 1..3, but there are 2",
     );
-    let bytes = encode_with(|a| a.schedule[0].tasks = 0);
-    malformed(&bytes, SectionKind::Schedule, "step 0 ('/a') has no task");
+    let bytes = encode_with(|a| a.profiles[0].schedule[0].tasks = 0);
+    malformed(&bytes, SectionKind::Profiles, "step 0 ('/a') has no task");
 }
 
 #[test]
 fn tensor_outside_arena() {
-    let bytes = encode_with(|a| a.metadata.outputs[0].arena_offset = 28);
+    let bytes = encode_with(|a| a.profiles[0].outputs[0].arena_offset = 28);
     malformed(
         &bytes,
-        SectionKind::Meta,
+        SectionKind::Profiles,
         "output 'y' (f32[2], 8 bytes at arena offset 28) does not fit in the arena (32 bytes)",
     );
-    let bytes = encode_with(|a| a.metadata.inputs[0].shape = vec![u64::MAX, 2]);
-    malformed(&bytes, SectionKind::Meta, "too many bytes");
-    let bytes = encode_with(|a| a.metadata.inputs[0].arena_offset = u64::MAX);
-    malformed(&bytes, SectionKind::Meta, "does not fit in the arena");
+    let bytes = encode_with(|a| a.profiles[0].inputs[0].shape = vec![u64::MAX, 2]);
+    malformed(&bytes, SectionKind::Profiles, "too many bytes");
+    let bytes = encode_with(|a| a.profiles[0].inputs[0].arena_offset = u64::MAX);
+    malformed(&bytes, SectionKind::Profiles, "does not fit in the arena");
 }
 
 #[test]
 fn duplicate_input_names() {
-    let bytes = encode_with(|a| a.metadata.inputs.push(spec("x", DType::F32, &[], 0)));
-    malformed(&bytes, SectionKind::Meta, "input name 'x' appears twice");
+    let bytes = encode_with(|a| a.profiles[0].inputs.push(spec("x", DType::F32, &[], 0)));
+    malformed(
+        &bytes,
+        SectionKind::Profiles,
+        "input name 'x' appears twice",
+    );
+}
+
+/// A second profile of `rich_artifact`: the same inputs and outputs with
+/// another leading dim.
+fn second_profile(a: &Artifact) -> kiln_runtime::format::Profile {
+    let mut p = a.profiles[0].clone();
+    p.inputs[0].shape = vec![1];
+    p
+}
+
+#[test]
+fn profiles_round_trip() {
+    let mut a = rich_artifact();
+    let p = second_profile(&a);
+    a.profiles.push(p);
+    let back = Artifact::parse(&a.to_bytes()).unwrap();
+    assert_eq!(back, a);
+    assert_eq!(back.profiles.len(), 2);
+    assert_eq!(back.arena_size(), 32);
+}
+
+#[test]
+fn inconsistent_profile_tables_are_refused() {
+    // No profile.
+    let bytes = encode_with(|a| a.profiles.clear());
+    malformed(&bytes, SectionKind::Profiles, "no profile");
+    // Two profiles with the same input shapes: a run could not pick.
+    let bytes = encode_with(|a| {
+        let p = a.profiles[0].clone();
+        a.profiles.push(p);
+    });
+    malformed(
+        &bytes,
+        SectionKind::Profiles,
+        "profile 1 has the input shapes of an earlier profile",
+    );
+    // A profile whose inputs differ in name, dtype or rank.
+    for change in 0..3 {
+        let bytes = encode_with(|a| {
+            let mut p = second_profile(a);
+            match change {
+                0 => p.inputs[1].name = "other".into(),
+                1 => p.inputs[1].dtype = DType::U8,
+                _ => p.inputs[0].shape = vec![1, 1],
+            }
+            a.profiles.push(p);
+        });
+        malformed(
+            &bytes,
+            SectionKind::Profiles,
+            "profile 1's inputs differ from profile 0's in name, dtype or rank",
+        );
+    }
+    let bytes = encode_with(|a| {
+        let mut p = second_profile(a);
+        p.outputs.pop();
+        a.profiles.push(p);
+    });
+    malformed(&bytes, SectionKind::Profiles, "profile 1's outputs differ");
+    // A truncated table: the count claims one more profile than follows.
+    let mut bytes = rich_artifact().to_bytes();
+    patch_section(&mut bytes, SectionKind::Profiles, 0, &2u32.to_le_bytes());
+    let err = parse_err(&bytes);
+    assert!(
+        matches!(
+            &err,
+            FormatError::Malformed {
+                section: SectionKind::Profiles,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 /// Overwrites bytes of a section and fixes up its checksum and the header,
@@ -350,12 +427,10 @@ fn fix_header_hash(bytes: &mut [u8]) {
 #[test]
 fn unknown_dtype_code() {
     let mut bytes = copy_model().to_bytes();
-    // META: three strings, hash, arena size, input count, then the first
+    // PROFILES: profile count, arena size, input count, then the first
     // input's name ("x") and its dtype byte.
-    let m = copy_model().metadata;
-    let at =
-        4 * 3 + m.compiler_version.len() + m.target.len() + m.options.len() + 32 + 8 + 4 + 4 + 1;
-    patch_section(&mut bytes, SectionKind::Meta, at, &[77]);
+    let at = 4 + 8 + 4 + 4 + 1;
+    patch_section(&mut bytes, SectionKind::Profiles, at, &[77]);
     let err = parse_err(&bytes);
     assert_eq!(
         err,
@@ -408,52 +483,25 @@ fn absurd_counts_are_refused_without_allocating() {
     );
 }
 
-/// `v4` (an artifact without a self-test) rewritten as format version 3:
-/// six sections, the table 64 bytes shorter, every section as many bytes
-/// earlier, the content hash recomputed.
-fn as_version_3(v4: &[u8]) -> Vec<u8> {
-    let header = read_header(v4).unwrap();
-    assert_eq!(header.sections[6].length, 0, "a v3 file has no GOLDEN");
-    let first = |sections: usize| (HEADER_LEN + sections * SECTION_ENTRY_LEN).next_multiple_of(64);
-    let shift = (first(7) - first(6)) as u64;
-    let mut out = v4[..HEADER_LEN].to_vec();
-    out[8..12].copy_from_slice(&3u32.to_le_bytes());
-    out[24..28].copy_from_slice(&6u32.to_le_bytes());
-    for i in 0..6 {
-        let mut entry = v4[entry_at(SectionKind::ALL[i])..][..SECTION_ENTRY_LEN].to_vec();
-        let offset = u64::from_le_bytes(entry[8..16].try_into().unwrap()) - shift;
-        entry[8..16].copy_from_slice(&offset.to_le_bytes());
-        out.extend(entry);
-    }
-    out.resize(first(6), 0);
-    // A v3 file ends with SCHEDULE, without the padding before GOLDEN.
-    let schedule = &header.sections[5];
-    out.extend_from_slice(&v4[first(7)..(schedule.offset + schedule.length) as usize]);
-    let mut h = sha2::Sha256::default();
-    use sha2::Digest;
-    h.update(&out[..32]);
-    h.update(&out[64..HEADER_LEN + 6 * SECTION_ENTRY_LEN]);
-    let hash: [u8; 32] = h.finalize().into();
-    out[32..64].copy_from_slice(&hash);
-    out
-}
-
 #[test]
-fn version_3_files_without_a_golden_section_still_load() {
-    let a = rich_artifact();
-    let v3 = as_version_3(&a.to_bytes());
-    let view = ArtifactView::parse(&v3).unwrap();
-    assert_eq!(view.header.version, 3);
-    assert_eq!(view.header.sections.len(), 6);
-    assert!(view.header.get(SectionKind::Golden).is_none());
-    assert!(view.golden.is_empty());
-    assert_eq!(view.into_artifact(), a);
-    // A v3 file that claims seven sections is refused.
-    let mut bad = v3.clone();
-    bad[24..28].copy_from_slice(&7u32.to_le_bytes());
-    assert!(parse_err(&bad)
-        .to_string()
-        .contains("format version 3 has 6"));
+fn older_versions_are_refused_with_a_rebuild_hint() {
+    for old in 1..FORMAT_VERSION {
+        let mut bytes = copy_model().to_bytes();
+        bytes[8..12].copy_from_slice(&old.to_le_bytes());
+        let err = parse_err(&bytes);
+        assert_eq!(
+            err,
+            FormatError::OlderVersion {
+                found: old,
+                supported: FORMAT_VERSION
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("older Kiln") && text.contains("rebuild the artifact with this compiler"),
+            "{text}"
+        );
+    }
 }
 
 #[test]

@@ -72,7 +72,7 @@ fn steps_sharing_many_tasks_cost_what_the_file_is_worth() {
     let (kernels, steps) = (20_000u32, 50_000);
     let mut a = single_kernel(&return_code(0), vec![], vec![]);
     a.kernels = (0..kernels).map(|_| kernel("", 0, 6)).collect();
-    a.schedule = (0..steps)
+    a.profiles[0].schedule = (0..steps)
         .map(|_| Step {
             kernel: 0,
             tasks: kernels,
@@ -99,7 +99,7 @@ fn a_hundred_thousand_inputs_load_and_bind_in_linear_time() {
         .map(|i| spec(&format!("input{i}"), DType::F32, &[], 4 * i))
         .collect();
     let mut a = single_kernel(&return_code(0), inputs, vec![]);
-    a.metadata.arena_size = 4 * n;
+    a.profiles[0].arena_size = 4 * n;
     let bytes = a.to_bytes();
     let (model, time, peak) = load_measured("inputs", &bytes);
     assert!(time < Duration::from_secs(1), "{time:?}");

@@ -60,7 +60,7 @@ fn format_errors_pass_through() {
     let schedule = kiln_format::read_header(&bytes).unwrap().sections[5].clone();
     bytes[(schedule.offset + schedule.length - 1) as usize] ^= 1;
     let err = load_err(&bytes);
-    assert_eq!(err.to_string(), "checksum mismatch in section SCHEDULE");
+    assert_eq!(err.to_string(), "checksum mismatch in section PROFILES");
 }
 
 #[test]
@@ -197,12 +197,12 @@ mod x86_64 {
         a.text.extend(return_code(42));
         a.kernels.push(kernel("oob", fail_at as u64, 6));
         a.kernels.push(kernel("fail", fail_at as u64 + 6, 6));
-        a.schedule.push(step(1, "/gather"));
+        a.profiles[0].schedule.push(step(1, "/gather"));
         let m = Model::from_bytes(&a.to_bytes()).unwrap();
         let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
         assert!(matches!(&err, Error::Kernel { code: 1, .. }), "{err:?}");
         assert_eq!(err.to_string(), "node '/gather': index out of range");
-        a.schedule[1] = step(2, "/custom");
+        a.profiles[0].schedule[1] = step(2, "/custom");
         let m = Model::from_bytes(&a.to_bytes()).unwrap();
         let err = m.run(&[x(&[1.0, 2.0]).view()]).unwrap_err();
         assert_eq!(
@@ -213,8 +213,8 @@ mod x86_64 {
 
     fn two_input_model() -> Model {
         let mut a = copy_model();
-        a.metadata.inputs.push(spec("b", DType::I64, &[1], 16));
-        a.metadata.arena_size = 24;
+        a.profiles[0].inputs.push(spec("b", DType::I64, &[1], 16));
+        a.profiles[0].arena_size = 24;
         Model::from_bytes(&a.to_bytes()).unwrap()
     }
 

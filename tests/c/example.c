@@ -1,12 +1,15 @@
 /*
  * example.c: run a Kiln artifact from C.
  *
- *   example MODEL.kiln [INPUT ...]
+ *   example MODEL.kiln [-p PROFILE] [INPUT ...]
  *
- * Each INPUT is, in the model's declared input order, either a file of raw
- * little-endian tensor bytes (exactly the input's byte size) or "-" to fill
- * that input with a fixed pattern. Inputs not given are filled with the
- * pattern. Prints every output's name, type and first values.
+ * Runs the artifact's profile PROFILE (default 0; `kiln compile --dim
+ * batch=1,8` makes one per batch size) through the shaped entry point,
+ * which takes each input's dims and returns each output's. Each INPUT is,
+ * in the model's declared input order, either a file of raw little-endian
+ * tensor bytes (exactly the input's byte size in that profile) or "-" to
+ * fill that input with a fixed pattern. Inputs not given are filled with
+ * the pattern. Prints every output's name, type and first values.
  *
  * Build (from the workspace root, after `cargo build -p kiln-runtime`):
  *   gcc -std=c11 -Wall -Wextra -I runtime/include tests/c/example.c \
@@ -85,8 +88,14 @@ static void print_type(int dtype, const uint64_t *dims, int64_t rank) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.kiln [INPUT|- ...]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.kiln [-p PROFILE] [INPUT|- ...]\n", argv[0]);
         return 2;
+    }
+    size_t profile = 0;
+    int first_input = 2;
+    if (argc > 3 && strcmp(argv[2], "-p") == 0) {
+        profile = (size_t)strtoul(argv[3], NULL, 10);
+        first_input = 4;
     }
     KilnModel *m = kiln_model_load(argv[1]);
     if (!m) {
@@ -104,17 +113,30 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t n_in = kiln_model_num_inputs(m), n_out = kiln_model_num_outputs(m);
+    size_t n_profiles = kiln_model_num_profiles(m);
     void **inputs = calloc(n_in + 1, sizeof *inputs);
+    uint64_t **in_dims = calloc(n_in + 1, sizeof *in_dims);
     void **outputs = calloc(n_out + 1, sizeof *outputs);
+    size_t *capacity = calloc(n_out + 1, sizeof *capacity);
+    uint64_t **out_dims = calloc(n_out + 1, sizeof *out_dims);
     int status = 1;
-    if (!inputs || !outputs) goto done;
+    if (!inputs || !in_dims || !outputs || !capacity || !out_dims) goto done;
+    if (profile >= n_profiles) {
+        fprintf(stderr, "error: profile %zu, but the artifact has %zu\n", profile, n_profiles);
+        goto done;
+    }
+    printf("profile %zu of %zu\n", profile, n_profiles);
 
     for (size_t i = 0; i < n_in; i++) {
-        size_t size = (size_t)kiln_model_input_byte_size(m, i);
         int dtype = kiln_model_input_dtype(m, i);
+        int64_t rank = kiln_model_input_rank(m, i);
+        in_dims[i] = calloc((size_t)rank + 1, sizeof **in_dims);
+        if (!in_dims[i] || kiln_model_profile_input_dims(m, profile, i, in_dims[i]) != 0) goto done;
+        size_t size = dtype_size(dtype);
+        for (int64_t d = 0; d < rank; d++) size *= (size_t)in_dims[i][d];
         inputs[i] = malloc(size ? size : 1);
         if (!inputs[i]) goto done;
-        const char *src = (int)i + 2 < argc ? argv[i + 2] : "-";
+        const char *src = (int)i + first_input < argc ? argv[i + first_input] : "-";
         if (strcmp(src, "-") == 0) {
             fill_pattern(inputs[i], size, dtype);
         } else if (read_file(src, inputs[i], size) != 0) {
@@ -123,10 +145,14 @@ int main(int argc, char **argv) {
         printf("input  %s: %s, %zu bytes from %s\n", kiln_model_input_name(m, i),
                dtype_name(dtype), size, strcmp(src, "-") ? src : "pattern");
     }
+    /* Buffers that fit output i in every profile; the run writes the
+     * actual dims. */
     for (size_t i = 0; i < n_out; i++) {
-        int64_t size = kiln_model_output_byte_size(m, i);
+        int64_t size = kiln_model_output_max_byte_size(m, i);
+        capacity[i] = (size_t)size;
         outputs[i] = malloc(size ? (size_t)size : 1);
-        if (!outputs[i]) goto done;
+        out_dims[i] = calloc((size_t)kiln_model_output_rank(m, i) + 1, sizeof **out_dims);
+        if (!outputs[i] || !out_dims[i]) goto done;
     }
 
     /* A session owns the arena one inference works in; one per thread lets
@@ -137,7 +163,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", kiln_last_error());
         goto done;
     }
-    int rc = kiln_session_run(s, (const void *const *)inputs, outputs);
+    int rc = kiln_session_run_shaped(s, (const uint64_t *const *)in_dims,
+                                     (const void *const *)inputs, outputs, capacity, out_dims);
     kiln_session_free(s);
     if (rc != KILN_OK) {
         fprintf(stderr, "error: %s\n", kiln_last_error());
@@ -147,26 +174,29 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n_out; i++) {
         int dtype = kiln_model_output_dtype(m, i);
         int64_t rank = kiln_model_output_rank(m, i);
-        uint64_t *dims = calloc((size_t)rank + 1, sizeof *dims);
-        if (!dims || kiln_model_output_dims(m, i, dims) != 0) { free(dims); goto done; }
-        size_t n = (size_t)kiln_model_output_byte_size(m, i) / dtype_size(dtype);
+        size_t n = 1;
+        for (int64_t d = 0; d < rank; d++) n *= (size_t)out_dims[i][d];
         printf("output %s: ", kiln_model_output_name(m, i));
-        print_type(dtype, dims, rank);
+        print_type(dtype, out_dims[i], rank);
         printf(" =");
         for (size_t k = 0; k < n && k < 8; k++) {
             printf(" ");
             print_value((const unsigned char *)outputs[i] + k * dtype_size(dtype), dtype);
         }
         printf(n > 8 ? " ...\n" : "\n");
-        free(dims);
     }
     status = 0;
 
 done:
     for (size_t i = 0; inputs && i < n_in; i++) free(inputs[i]);
+    for (size_t i = 0; in_dims && i < n_in; i++) free(in_dims[i]);
     for (size_t i = 0; outputs && i < n_out; i++) free(outputs[i]);
+    for (size_t i = 0; out_dims && i < n_out; i++) free(out_dims[i]);
     free(inputs);
+    free(in_dims);
     free(outputs);
+    free(capacity);
+    free(out_dims);
     kiln_model_free(m);
     return status;
 }

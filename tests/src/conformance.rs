@@ -87,6 +87,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Reference { .. } => "reference".to_string(),
         DriverError::Run(r) => format!("runtime::{}", variant(r)),
         DriverError::Usage(_) => "usage".to_string(),
+        DriverError::InProfile { source, .. } => error_kind(source),
     }
 }
 

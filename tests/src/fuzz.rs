@@ -30,7 +30,7 @@ pub fn onnx_compile(data: &[u8]) -> bool {
     let opts = fuzz_compile_options();
     match compile_bytes(data, None, &opts) {
         Ok(compiled) => {
-            assert!(compiled.artifact.metadata.arena_size <= opts.max_arena_bytes);
+            assert!(compiled.artifact.arena_size() <= opts.max_arena_bytes);
             if let Err(e) = Artifact::parse(&compiled.bytes) {
                 panic!("the compiler wrote an artifact its runtime refuses: {e}");
             }

@@ -182,7 +182,8 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
         return;
     };
     let v = *rng.pick(&INTERESTING_I64) as u64;
-    match rng.below(9) {
+    let p = rng.below(a.profiles.len().max(1));
+    match rng.below(12) {
         0 if !a.kernels.is_empty() => {
             let k = rng.below(a.kernels.len());
             a.kernels[k].text_offset = v;
@@ -195,22 +196,40 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
             let r = rng.below(a.relocs.len());
             a.relocs[r].offset = v;
         }
-        3 if !a.schedule.is_empty() => {
-            let s = rng.below(a.schedule.len());
-            a.schedule[s].kernel = v as u32;
+        3 if !a.profiles.is_empty() && !a.profiles[p].schedule.is_empty() => {
+            let schedule = &mut a.profiles[p].schedule;
+            let s = rng.below(schedule.len());
+            schedule[s].kernel = v as u32;
         }
-        4 if !a.metadata.inputs.is_empty() => {
-            let i = rng.below(a.metadata.inputs.len());
-            a.metadata.inputs[i].arena_offset = v;
+        4 if !a.profiles.is_empty() && !a.profiles[p].inputs.is_empty() => {
+            let inputs = &mut a.profiles[p].inputs;
+            let i = rng.below(inputs.len());
+            inputs[i].arena_offset = v;
         }
-        5 if !a.metadata.outputs.is_empty() => {
-            let i = rng.below(a.metadata.outputs.len());
-            if let Some(d) = a.metadata.outputs[i].shape.first_mut() {
+        5 if !a.profiles.is_empty() && !a.profiles[p].outputs.is_empty() => {
+            let outputs = &mut a.profiles[p].outputs;
+            let i = rng.below(outputs.len());
+            if let Some(d) = outputs[i].shape.first_mut() {
                 *d = v;
             }
         }
-        6 => a.metadata.arena_size = v,
+        6 if !a.profiles.is_empty() => a.profiles[p].arena_size = v,
         7 => a.text.truncate(rng.below(a.text.len() + 1)),
+        // The profile table: a duplicate (same input shapes), one input
+        // renamed or retyped, none at all, one dropped.
+        8 if !a.profiles.is_empty() => {
+            let copy = a.profiles[p].clone();
+            a.profiles.push(copy);
+        }
+        9 if !a.profiles.is_empty() && !a.profiles[p].inputs.is_empty() => {
+            let mut copy = a.profiles[p].clone();
+            copy.inputs[0].name.push('_');
+            if let Some(d) = copy.inputs[0].shape.first_mut() {
+                *d += 1;
+            }
+            a.profiles.push(copy);
+        }
+        10 => a.profiles.truncate(rng.below(a.profiles.len() + 1)),
         _ => a.weights.truncate(rng.below(a.weights.len() + 1)),
     }
     // Mode 1: loaded but never run. The checksums are the writer's own, so

@@ -862,7 +862,7 @@ fn exercise(m: &Mutation, root: &Path, rng: &mut Rng) -> Result<Outcome, String>
             return Ok(Outcome::CompileError(text));
         }
     };
-    let meta = &compiled.artifact.metadata;
+    let meta = &compiled.artifact.profiles[0];
     if meta.arena_size > MAX_ARENA_BYTES {
         return Err(format!(
             "compiled with an arena of {} bytes (limit {MAX_ARENA_BYTES})",

@@ -174,7 +174,7 @@ fn bad_artifacts_are_rejected_before_running() {
     // An arena no machine can reserve cannot run here: a bad artifact
     // (exit 5), not bad input.
     let mut artifact = Artifact::parse(&bytes).unwrap();
-    artifact.metadata.arena_size = 1 << 62;
+    artifact.profiles[0].arena_size = 1 << 62;
     check("arena.kiln", artifact.to_bytes(), &["arena"]);
 }
 
@@ -857,7 +857,7 @@ fn calibrated_static_builds_smooth_and_correct_biases_unless_told_not_to() {
 /// shared memory without overflowing `u32`.
 #[test]
 fn inspect_adds_shared_memory_sizes_without_overflow() {
-    use kiln_format::{CudaCode, CudaKernel, Metadata};
+    use kiln_format::{CudaCode, CudaKernel, Metadata, Profile};
     let code = CudaCode {
         sm: 80,
         ptx: ".version 7.0\n".into(),
@@ -879,12 +879,15 @@ fn inspect_adds_shared_memory_sizes_without_overflow() {
         target: "cuda-sm80".into(),
         options: String::new(),
         source_sha256: [0; 32],
+    };
+    let profile = Profile {
         inputs: Vec::new(),
         outputs: Vec::new(),
         arena_size: 16,
         dense_kernels: Vec::new(),
+        schedule: Vec::new(),
     };
-    let artifact = code.into_artifact(metadata, Vec::new());
+    let artifact = code.into_artifact(metadata, profile, Vec::new());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cuda.kiln");
     std::fs::write(&path, artifact.to_bytes()).unwrap();

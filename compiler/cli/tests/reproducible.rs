@@ -179,11 +179,11 @@ fn first_difference_names_offset_and_section() {
     assert_eq!(offset, 40);
     assert!(region.contains("content hash"), "{region}");
 
-    let schedule = header.section(kiln_format::SectionKind::Schedule);
-    let end = (schedule.offset + schedule.length) as usize;
+    let profiles = header.section(kiln_format::SectionKind::Profiles);
+    let end = (profiles.offset + profiles.length) as usize;
     let (offset, region) = kiln_driver::first_difference(&a, &a[..end - 1]).unwrap();
     assert_eq!(offset as usize, end - 1);
-    assert!(region.contains("SCHEDULE"), "{region}");
+    assert!(region.contains("PROFILES"), "{region}");
 }
 
 /// The second build repeats every flag that decides the artifact, not only

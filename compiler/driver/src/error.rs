@@ -67,6 +67,14 @@ pub enum DriverError {
     /// calibration samples).
     #[error("{0}")]
     Usage(String),
+    /// An error compiling one profile of several (`--dim batch=1,8`).
+    #[error("profile {profile}: {source}")]
+    InProfile {
+        /// The profile's bindings (`batch=8 seq=128`).
+        profile: String,
+        /// The error.
+        source: Box<DriverError>,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -131,10 +139,12 @@ impl DriverError {
                 kiln_runtime::Error::UnknownInput { .. }
                 | kiln_runtime::Error::MissingInput { .. }
                 | kiln_runtime::Error::InputTypeMismatch { .. }
-                | kiln_runtime::Error::InputDataLength { .. } => ErrorKind::BadInput,
+                | kiln_runtime::Error::InputDataLength { .. }
+                | kiln_runtime::Error::NoProfile { .. } => ErrorKind::BadInput,
                 _ => ErrorKind::Internal,
             },
             DriverError::Usage(_) => ErrorKind::Usage,
+            DriverError::InProfile { source, .. } => source.kind(),
         }
     }
 }

@@ -70,6 +70,19 @@ fn read_inputs(
     }
 }
 
+/// Whether the golden input sets of `opts` fit `graph`'s inputs (the
+/// profile they go with, in an artifact of several).
+pub(crate) fn fits(graph: &Graph, opts: &CompileOptions) -> bool {
+    read_inputs(graph, opts).is_ok()
+}
+
+/// Why the golden input sets of `opts` do not fit `graph`, for messages.
+pub(crate) fn fits_error(graph: &Graph, opts: &CompileOptions) -> String {
+    read_inputs(graph, opts)
+        .err()
+        .map_or_else(String::new, |e| e.to_string())
+}
+
 /// Where the golden sets of `opts` come from, for people: `None` without a
 /// self-test.
 pub fn describe(opts: &CompileOptions) -> Option<String> {

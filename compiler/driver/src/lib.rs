@@ -39,9 +39,10 @@ pub mod target;
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
 pub use options::source_precision;
+pub use options::ShapeProfiles;
 pub use options::{
     CompileOptions, DumpIr, GoldenInputs, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
-    DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES,
+    DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES, MAX_PROFILES,
 };
 pub use pipeline::{
     compile, compile_bytes, compile_with_progress, first_difference, optimize, read_calibration,

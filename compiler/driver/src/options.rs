@@ -39,14 +39,98 @@ impl FromStr for DumpIr {
     }
 }
 
+/// `1x3x224x224`.
+fn shape_text(dims: &[usize]) -> String {
+    let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
+    dims.join("x")
+}
+
+/// The most profiles one artifact may hold: each is a full compilation.
+pub const MAX_PROFILES: usize = 256;
+
+/// Dims and whole input shapes given several values at compile time
+/// (`--dim batch=1,8,32`, `--dim seq=16..512:16`, `--input-shape
+/// x=1x3|4x3`): the artifact holds one profile per combination, in the
+/// order of [`ShapeProfiles::imports`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShapeProfiles {
+    /// Symbolic dims by name, each with its values in the order given.
+    pub dims: std::collections::BTreeMap<String, Vec<usize>>,
+    /// Graph inputs by name, each with its whole shapes in the order given.
+    pub input_shapes: std::collections::BTreeMap<String, Vec<Vec<usize>>>,
+}
+
+impl ShapeProfiles {
+    /// How many profiles the combinations make (saturating).
+    pub fn count(&self) -> usize {
+        (self.dims.values().map(Vec::len))
+            .chain(self.input_shapes.values().map(Vec::len))
+            .fold(1usize, |n, k| n.saturating_mul(k))
+    }
+
+    /// The import options of every profile: `base` with one value of each
+    /// dim and input shape bound, the last-named varying fastest (input
+    /// shapes, then dims, each in name order). Errors past
+    /// [`MAX_PROFILES`].
+    pub fn imports(
+        &self,
+        base: &ImportOptions,
+    ) -> Result<Vec<(String, ImportOptions)>, DriverError> {
+        let count = self.count();
+        if count > MAX_PROFILES {
+            return Err(DriverError::Usage(format!(
+                "{count} profiles (the product of the values given to --dim and --input-shape); an artifact holds at most {MAX_PROFILES}"
+            )));
+        }
+        let mut out = vec![(String::new(), base.clone())];
+        for (name, shapes) in &self.input_shapes {
+            out = (out.into_iter())
+                .flat_map(|(label, o)| {
+                    shapes.iter().map(move |shape| {
+                        let mut o = o.clone();
+                        o.input_shapes.insert(name.clone(), shape.clone());
+                        (
+                            join_label(&label, &format!("{name}={}", shape_text(shape))),
+                            o,
+                        )
+                    })
+                })
+                .collect();
+        }
+        for (name, values) in &self.dims {
+            out = (out.into_iter())
+                .flat_map(|(label, o)| {
+                    values.iter().map(move |&v| {
+                        let mut o = o.clone();
+                        o.dims.insert(name.clone(), v);
+                        (join_label(&label, &format!("{name}={v}")), o)
+                    })
+                })
+                .collect();
+        }
+        Ok(out)
+    }
+}
+
+fn join_label(label: &str, part: &str) -> String {
+    match label.is_empty() {
+        true => part.to_string(),
+        false => format!("{label} {part}"),
+    }
+}
+
 /// Everything that decides what `kiln compile` produces. Built once from
 /// the command line; recorded in the artifact (minus output locations).
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// Code generation target (`--target`).
     pub target: Target,
-    /// Shape bindings for the frontend.
+    /// Shape bindings for the frontend (dims and input shapes with one
+    /// value; those with several are in `profiles`).
     pub import: ImportOptions,
+    /// Dims and input shapes with several values: the artifact holds one
+    /// profile per combination (`--dim batch=1,8,32`).
+    pub profiles: ShapeProfiles,
     /// Optimization level (`-O`).
     pub opt_level: u8,
     /// Explicit pass list (`--passes`), overriding the level's pipeline.
@@ -147,6 +231,7 @@ impl Default for CompileOptions {
         CompileOptions {
             target: Target::default(),
             import: ImportOptions::default(),
+            profiles: ShapeProfiles::default(),
             opt_level: 2,
             passes: None,
             verify_each: false,
@@ -329,11 +414,18 @@ impl CompileOptions {
             let _ = write!(s, " passes={}", p.join(","));
         }
         for (name, dims) in &self.import.input_shapes {
-            let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-            let _ = write!(s, " input_shape={name}={}", dims.join("x"));
+            let _ = write!(s, " input_shape={name}={}", shape_text(dims));
         }
         for (name, v) in &self.import.dims {
             let _ = write!(s, " dim={name}={v}");
+        }
+        for (name, shapes) in &self.profiles.input_shapes {
+            let shapes: Vec<String> = shapes.iter().map(|d| shape_text(d)).collect();
+            let _ = write!(s, " input_shape={name}={}", shapes.join("|"));
+        }
+        for (name, values) in &self.profiles.dims {
+            let values: Vec<String> = values.iter().map(usize::to_string).collect();
+            let _ = write!(s, " dim={name}={}", values.join(","));
         }
         for (name, t) in &self.import.input_values {
             let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();

@@ -29,9 +29,12 @@ pub struct Compiled {
     pub artifact: Artifact,
     /// Its serialized bytes (what `-o` writes).
     pub bytes: Vec<u8>,
-    /// The final IR.
+    /// The final IR (of the first profile, when there are several).
     pub graph: Graph,
-    /// What each pass did.
+    /// The bindings of each profile (`batch=8 seq=128`), in the artifact's
+    /// order; empty for an artifact of one profile.
+    pub profiles: Vec<String>,
+    /// What each pass did (to the first profile's graph).
     pub report: PipelineReport,
     /// IR dumps requested by [`CompileOptions::dump_ir`]: file name and text.
     pub dumps: Vec<(String, String)>,
@@ -293,11 +296,78 @@ fn compile_source(
     progress: &dyn Progress,
 ) -> Result<Compiled, DriverError> {
     let start = Instant::now();
+    if opts.profiles.count() > 1 {
+        return compile_profiles(source, model_dir, opts, progress);
+    }
     let graph = stage(progress, "importing", || {
         let model = kiln_onnx::decode_model(source)?;
         kiln_onnx::import_model(&model, model_dir, &opts.import)
     })?;
     compile_imported(source, graph, start.elapsed(), opts, progress)
+}
+
+/// An artifact of several profiles ([`CompileOptions::profiles`]): each
+/// combination imported, optimized and lowered on its own, all sharing one
+/// weights section. An error names the profile it arose in.
+fn compile_profiles(
+    source: &[u8],
+    model_dir: Option<&Path>,
+    opts: &CompileOptions,
+    progress: &dyn Progress,
+) -> Result<Compiled, DriverError> {
+    if opts.static_activations {
+        return Err(DriverError::Usage(
+            "--quantize static builds one profile: calibration samples have one shape each, and every profile must share the activation ranges; give one value per --dim (or use dynamic int8, --quantize dynamic)".into(),
+        ));
+    }
+    let imports = opts.profiles.imports(&opts.import)?;
+    let start = Instant::now();
+    let model = stage(progress, "importing", || kiln_onnx::decode_model(source))?;
+    let in_profile = |label: &str| {
+        let label = label.to_string();
+        move |e: DriverError| DriverError::InProfile {
+            profile: label,
+            source: Box::new(e),
+        }
+    };
+    let mut graphs = Vec::with_capacity(imports.len());
+    for (label, import) in &imports {
+        let graph = stage(progress, "importing", || {
+            kiln_onnx::import_model(&model, model_dir, import)
+        });
+        graphs.push(graph.map_err(|e| in_profile(label)(e.into()))?);
+    }
+    let import_time = start.elapsed();
+    // The golden sets have one shape: they go with the first profile they
+    // fit.
+    let golden_profile = match opts.golden {
+        None => None,
+        Some(_) => Some(
+            (graphs.iter())
+                .position(|g| crate::golden::fits(g, opts))
+                .ok_or_else(|| {
+                    let e = crate::golden::fits_error(&graphs[0], opts);
+                    DriverError::Usage(format!(
+                        "the golden input sets fit no profile ({}; profile {} says: {e})",
+                        opts.profiles.count(),
+                        imports[0].0
+                    ))
+                })?,
+        ),
+    };
+    let mut optimized = Vec::with_capacity(graphs.len());
+    for (i, graph) in graphs.into_iter().enumerate() {
+        let mut profile_opts = opts.clone();
+        if golden_profile != Some(i) {
+            profile_opts.golden = None;
+        }
+        let o = optimize_graph(graph, import_time, &profile_opts, progress);
+        optimized.push(o.map_err(in_profile(&imports[i].0))?);
+    }
+    let labels = imports.into_iter().map(|(label, _)| label).collect();
+    stage(progress, "generating code", || {
+        generate_all(source, optimized, labels, opts)
+    })
 }
 
 /// The passes and code generation of `graph`, imported from the ONNX bytes
@@ -311,28 +381,42 @@ pub(crate) fn compile_imported(
 ) -> Result<Compiled, DriverError> {
     let optimized = optimize_graph(graph, import_time, opts, progress)?;
     stage(progress, "generating code", || {
-        generate(source, optimized, opts)
+        generate_all(source, vec![optimized], Vec::new(), opts)
     })
 }
 
-/// Code generation and serialization of an optimized graph compiled from
-/// the ONNX bytes `source`.
-fn generate(
+/// Code generation and serialization of optimized graphs, one per profile
+/// (`labels` names them; empty for one), compiled from the ONNX bytes
+/// `source`. The first profile's report, dumps and precision outcome are
+/// the compilation's; the golden self-test is the one profile's that has
+/// it.
+fn generate_all(
     source: &[u8],
-    optimized: Optimized,
+    optimized: Vec<Optimized>,
+    labels: Vec<String>,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
     let start = Instant::now();
+    let graphs: Vec<Graph> = optimized.iter().map(|o| o.graph.clone()).collect();
+    let mut golden = kiln_format::Golden::default();
+    let mut golden_fits = Vec::new();
+    let mut first = None;
+    for o in optimized {
+        if !o.golden.sets.is_empty() {
+            golden = o.golden.clone();
+            golden_fits = o.golden_fits.clone();
+        }
+        first.get_or_insert(o);
+    }
     let Optimized {
         graph,
         report,
         dumps,
         import_time,
         precision,
-        golden,
-        golden_fits,
         coverage,
-    } = optimized;
+        ..
+    } = first.expect("at least one profile");
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
         options: opts.canonical(),
@@ -341,22 +425,27 @@ fn generate(
     // Every computed value lives in the arena, so one larger than the arena
     // limit fails it anyway: refuse it before code generation, whose time
     // grows with the shapes it specializes on.
-    for id in graph.node_ids() {
-        let node = graph.node(id);
-        let bytes = node.ty.checked_size_bytes().map_or(u64::MAX, |b| b as u64);
-        if !matches!(node.op, kiln_ir::Op::Constant(_)) && bytes > opts.max_arena_bytes {
-            return Err(DriverError::ArenaTooLarge {
-                arena_bytes: bytes,
-                limit: opts.max_arena_bytes,
-            });
+    for g in &graphs {
+        for id in g.node_ids() {
+            let node = g.node(id);
+            let bytes = node.ty.checked_size_bytes().map_or(u64::MAX, |b| b as u64);
+            if !matches!(node.op, kiln_ir::Op::Constant(_)) && bytes > opts.max_arena_bytes {
+                return Err(DriverError::ArenaTooLarge {
+                    arena_bytes: bytes,
+                    limit: opts.max_arena_bytes,
+                });
+            }
         }
     }
+    let graph_refs: Vec<&Graph> = graphs.iter().collect();
     let (mut artifact, Generated { ptx_kernels, ptxas }) =
-        opts.target.backend().generate(&graph, opts.threads, info)?;
+        opts.target
+            .backend()
+            .generate(&graph_refs, opts.threads, info)?;
     artifact.golden = golden;
-    if artifact.metadata.arena_size > opts.max_arena_bytes {
+    if artifact.arena_size() > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
-            arena_bytes: artifact.metadata.arena_size,
+            arena_bytes: artifact.arena_size(),
             limit: opts.max_arena_bytes,
         });
     }
@@ -365,6 +454,7 @@ fn generate(
         artifact,
         bytes,
         graph,
+        profiles: labels,
         report,
         dumps,
         precision,

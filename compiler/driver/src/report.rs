@@ -76,6 +76,7 @@ pub fn largest_abs(v: &[f32]) -> f32 {
 /// launch plan and ptxas's registers, launches).
 pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
     let m = &view.metadata;
+    let first = &view.profiles[0];
     let mut v = json!({
         "kind": "artifact",
         "format_version": view.header.version,
@@ -84,11 +85,12 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
         "target": m.target,
         "options": m.options,
         "source_sha256": hex(&m.source_sha256),
-        "inputs": specs_json(&m.inputs),
-        "outputs": specs_json(&m.outputs),
-        "arena_bytes": m.arena_size,
+        "inputs": specs_json(&first.inputs),
+        "outputs": specs_json(&first.outputs),
+        "arena_bytes": view.arena_size(),
         "weights_bytes": view.weights.len(),
-        "dense_kernels": dense_kernels_json(&m.dense_kernels),
+        "dense_kernels": dense_kernels_json(&first.dense_kernels),
+        "profiles": profiles_json(&view.profiles),
         "golden": golden_json(&view.golden),
     });
     match code {
@@ -96,7 +98,6 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
             text,
             kernels,
             relocs,
-            schedule,
         } => {
             let kernels: Vec<Value> = (kernels.iter())
                 .map(|k| json!({"name": k.name, "text_offset": k.text_offset, "text_len": k.text_len}))
@@ -106,7 +107,7 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
             v["code_bytes"] = json!(text.len());
             v["relocations"] = json!(relocs.len());
             v["kernels"] = json!(kernels);
-            v["schedule_steps"] = json!(schedule.len());
+            v["schedule_steps"] = json!(first.schedule.len());
         }
         Code::Cuda(code) => {
             let assembled = !code.cubin.is_empty();
@@ -248,6 +249,21 @@ pub fn dense_kernels_json(kernels: &[format::DenseKernel]) -> Value {
     json!(rows)
 }
 
+/// Each profile's input and output shapes, arena and step count.
+fn profiles_json(profiles: &[format::Profile]) -> Value {
+    let list: Vec<Value> = (profiles.iter())
+        .map(|p| {
+            json!({
+                "inputs": specs_json(&p.inputs),
+                "outputs": specs_json(&p.outputs),
+                "arena_bytes": p.arena_size,
+                "schedule_steps": p.schedule.len(),
+            })
+        })
+        .collect();
+    json!(list)
+}
+
 /// Dense ops of at least this many FLOPs on the generic kernel get a
 /// warning from `kiln compile`.
 pub const GENERIC_WARN_FLOPS: u64 = 1_000_000;
@@ -259,19 +275,27 @@ pub fn generic_dense_warnings(artifact: &Artifact) -> Vec<String> {
     if artifact.arch != format::Arch::X86_64 {
         return Vec::new();
     }
-    (artifact.metadata.dense_kernels.iter())
-        .filter(|k| k.is_generic() && k.flops >= GENERIC_WARN_FLOPS)
-        .map(|k| {
-            let why: Vec<String> = (k.declined.iter())
-                .map(|d| format!("{}: {}", d.kernel, d.reason))
-                .collect();
-            format!(
-                "warning: node '{}' ({}, {:.1} MFLOP) runs on the generic kernel, not a microkernel: {}",
-                k.node,
-                k.op,
-                k.flops as f64 / 1e6,
-                why.join("; ")
-            )
+    let several = artifact.profiles.len() > 1;
+    (artifact.profiles.iter().enumerate())
+        .flat_map(|(p, profile)| {
+            (profile.dense_kernels.iter())
+                .filter(|k| k.is_generic() && k.flops >= GENERIC_WARN_FLOPS)
+                .map(move |k| {
+                    let why: Vec<String> = (k.declined.iter())
+                        .map(|d| format!("{}: {}", d.kernel, d.reason))
+                        .collect();
+                    let which = match several {
+                        true => format!(" in profile {p}"),
+                        false => String::new(),
+                    };
+                    format!(
+                        "warning: node '{}'{which} ({}, {:.1} MFLOP) runs on the generic kernel, not a microkernel: {}",
+                        k.node,
+                        k.op,
+                        k.flops as f64 / 1e6,
+                        why.join("; ")
+                    )
+                })
         })
         .collect()
 }

@@ -108,11 +108,12 @@ pub trait Backend {
     /// session, so that `--threads` decides the artifact.
     fn splits_kernels(&self) -> bool;
 
-    /// The artifact of an optimized graph; `threads` is the most tasks a
-    /// kernel is split into (see [`Backend::splits_kernels`]).
+    /// The artifact of optimized graphs, one profile each (the same model
+    /// specialized to different input shapes); `threads` is the most tasks
+    /// a kernel is split into (see [`Backend::splits_kernels`]).
     fn generate(
         &self,
-        graph: &Graph,
+        graphs: &[&Graph],
         threads: usize,
         info: ArtifactInfo,
     ) -> Result<(Artifact, Generated), DriverError>;
@@ -128,7 +129,7 @@ impl Backend for CpuBackend {
 
     fn generate(
         &self,
-        graph: &Graph,
+        graphs: &[&Graph],
         threads: usize,
         info: ArtifactInfo,
     ) -> Result<(Artifact, Generated), DriverError> {
@@ -140,7 +141,7 @@ impl Backend for CpuBackend {
             opt_level: 1,
             threads,
         };
-        let artifact = kiln_target_cpu::compile(graph, &cpu, info)?;
+        let artifact = kiln_target_cpu::compile_profiles(graphs, &cpu, info)?;
         Ok((artifact, Generated::default()))
     }
 }
@@ -164,10 +165,16 @@ impl Backend for CudaBackend {
 
     fn generate(
         &self,
-        graph: &Graph,
+        graphs: &[&Graph],
         _threads: usize,
         info: ArtifactInfo,
     ) -> Result<(Artifact, Generated), DriverError> {
+        let [graph] = graphs else {
+            return Err(DriverError::Usage(format!(
+                "the CUDA target builds one profile per artifact, and --dim/--input-shape make {}: compile one artifact per shape",
+                graphs.len()
+            )));
+        };
         let program = kiln_target_cuda::compile(graph, self.0)?;
         let ptxas = kiln_target_cuda::ptxas::find_ptxas();
         let assembled = match &ptxas {

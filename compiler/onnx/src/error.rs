@@ -99,25 +99,10 @@ pub enum OnnxError {
     /// Ops Kiln cannot import; every one in the graph is listed.
     #[error("{}", list_unsupported(.0))]
     Unsupported(Vec<UnsupportedOp>),
-    /// A graph input has a symbolic or unknown dim that no option binds.
-    #[error(
-        "input '{input}' dim {dim_index}{} is {}; bind it with --input-shape {input}={}{}",
-        dim_name.as_ref().map(|n| format!(" ('{n}')")).unwrap_or_default(),
-        if dim_name.is_some() { "symbolic" } else { "unknown" },
-        suggested_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
-        dim_name.as_ref().map(|n| format!(" or --dim {n}=1")).unwrap_or_default()
-    )]
-    UnboundDim {
-        /// The graph input.
-        input: String,
-        /// Position of the dim.
-        dim_index: usize,
-        /// The `dim_param` name, if the model gives one.
-        dim_name: Option<String>,
-        /// An example shape for the message: the declared dims with every
-        /// unbound one shown as 1.
-        suggested_shape: Vec<usize>,
-    },
+    /// Graph inputs with symbolic or unknown dims that no option binds:
+    /// every one of every input, with a ready `--dim` line.
+    #[error("{}", describe_unbound(.0))]
+    UnboundDim(Vec<UnboundDim>),
     /// A value bound to a graph input at compile time contradicts the
     /// model's declared type or names no input.
     #[error("bound value for input '{input}': {message}")]
@@ -316,4 +301,89 @@ pub enum ExternalDataError {
         /// Its size.
         file_len: u64,
     },
+}
+
+/// One dim of a graph input that no option binds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnboundDim {
+    /// The graph input.
+    pub input: String,
+    /// Position of the dim.
+    pub dim_index: usize,
+    /// The `dim_param` name, if the model gives one.
+    pub dim_name: Option<String>,
+    /// An example shape for the message: the declared dims with every
+    /// unbound one at its suggested value.
+    pub suggested_shape: Vec<usize>,
+}
+
+/// Values suggested for symbolic dims by (lower-case) name: the first
+/// entry whose word the name contains wins; anything else gets 1.
+const SUGGESTED_DIMS: [(&str, usize); 8] = [
+    ("batch", 1),
+    ("seq", 128),
+    ("len", 128),
+    ("token", 128),
+    ("time", 128),
+    ("frame", 128),
+    ("height", 224),
+    ("width", 224),
+];
+
+/// The value `kiln compile` suggests for the symbolic dim `name`.
+pub fn suggested_dim(name: &str) -> usize {
+    let name = name.to_ascii_lowercase();
+    (SUGGESTED_DIMS.iter())
+        .find(|(word, _)| name.contains(word))
+        .map_or(1, |&(_, v)| v)
+}
+
+fn describe_unbound(dims: &[UnboundDim]) -> String {
+    let mut inputs: Vec<(&str, Vec<String>)> = Vec::new();
+    for d in dims {
+        let what = match &d.dim_name {
+            Some(n) => format!("dim {} ('{n}')", d.dim_index),
+            None => format!("dim {} (unnamed)", d.dim_index),
+        };
+        match inputs.iter_mut().find(|(i, _)| *i == d.input) {
+            Some((_, list)) => list.push(what),
+            None => inputs.push((&d.input, vec![what])),
+        }
+    }
+    let listed: Vec<String> = (inputs.iter())
+        .map(|(input, list)| format!("'{input}' {}", list.join(", ")))
+        .collect();
+    let mut names: Vec<&str> = Vec::new();
+    for n in dims.iter().filter_map(|d| d.dim_name.as_deref()) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let dim_line: Vec<String> = (names.iter())
+        .map(|n| format!("--dim {n}={}", suggested_dim(n)))
+        .collect();
+    let mut hint = Vec::new();
+    if !dim_line.is_empty() {
+        hint.push(format!(
+            "bind them, e.g. {} (several values make one profile each: --dim NAME=1,8,32 or NAME=16..512:16)",
+            dim_line.join(" ")
+        ));
+    }
+    let mut shapes: Vec<&UnboundDim> = dims.iter().collect();
+    shapes.dedup_by(|a, b| a.input == b.input);
+    let shapes: Vec<String> = (shapes.iter())
+        .map(|d| {
+            let shape: Vec<String> = d.suggested_shape.iter().map(usize::to_string).collect();
+            format!("--input-shape {}={}", d.input, shape.join("x"))
+        })
+        .collect();
+    match dim_line.is_empty() {
+        true => hint.push(format!("give the whole shapes, e.g. {}", shapes.join(" "))),
+        false => hint.push(format!("or the whole shapes: {}", shapes.join(" "))),
+    }
+    format!(
+        "graph inputs have dims no option binds: {}; {}",
+        listed.join("; "),
+        hint.join("; ")
+    )
 }

@@ -283,25 +283,47 @@ fn bind_shape(
             message: format!("the model declares no shape; give one with --input-shape {name}=..."),
         });
     };
+    let unbound = unbound_dims(name, dims, opts);
+    if !unbound.is_empty() {
+        return Err(OnnxError::UnboundDim(unbound));
+    }
+    Ok(dims
+        .iter()
+        .map(|d| match d {
+            Ok(v) => *v,
+            Err(Some(p)) => opts.dims[p],
+            Err(None) => unreachable!("an unnamed dim is unbound"),
+        })
+        .collect())
+}
+
+/// The dims of graph input `name` (declared `dims`, no whole shape given)
+/// that no `--dim` binds.
+fn unbound_dims(
+    name: &str,
+    dims: &[Result<usize, Option<String>>],
+    opts: &ImportOptions,
+) -> Vec<crate::error::UnboundDim> {
     let suggested: Vec<usize> = dims
         .iter()
         .map(|d| match d {
             Ok(v) => *v,
-            Err(Some(p)) => opts.dims.get(p).copied().unwrap_or(1),
+            Err(Some(p)) => {
+                (opts.dims.get(p).copied()).unwrap_or_else(|| crate::error::suggested_dim(p))
+            }
             Err(None) => 1,
         })
         .collect();
-    dims.iter()
-        .enumerate()
-        .map(|(i, d)| match d {
-            Ok(v) => Ok(*v),
-            Err(Some(p)) if opts.dims.contains_key(p) => Ok(opts.dims[p]),
-            Err(p) => Err(OnnxError::UnboundDim {
+    (dims.iter().enumerate())
+        .filter_map(|(i, d)| match d {
+            Err(Some(p)) if opts.dims.contains_key(p) => None,
+            Err(p) => Some(crate::error::UnboundDim {
                 input: name.into(),
                 dim_index: i,
                 dim_name: p.clone(),
                 suggested_shape: suggested.clone(),
             }),
+            Ok(_) => None,
         })
         .collect()
 }
@@ -420,6 +442,20 @@ pub(crate) fn import_model(
     }
 
     let used = ops::control::used_names(graph);
+
+    // Every unbound dim of every input at once, so one message gives the
+    // whole `--dim` line.
+    let mut unbound = Vec::new();
+    for input in inputs.iter().filter(|i| {
+        !opts.input_values.contains_key(&i.name) && !opts.input_shapes.contains_key(&i.name)
+    }) {
+        if let (_, Some(dims)) = declared_type(input)? {
+            unbound.extend(unbound_dims(&input.name, &dims, opts));
+        }
+    }
+    if !unbound.is_empty() {
+        return Err(OnnxError::UnboundDim(unbound));
+    }
 
     let mut ctx = ImportCtx::new(opset_of(model, ""), opts, model_dir);
     for input in &inputs {

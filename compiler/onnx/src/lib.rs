@@ -9,7 +9,7 @@
 //!    at once ([`OnnxError::Unsupported`]);
 //! 3. graph inputs get concrete shapes: symbolic or unknown dims are bound
 //!    from [`ImportOptions::input_shapes`] or [`ImportOptions::dims`], and an
-//!    unbound one is an [`OnnxError::UnboundDim`] naming input and dim;
+//!    unbound one is an [`OnnxError::UnboundDim`] naming every input and dim;
 //! 4. initializers are decoded (inline or external data, size-checked
 //!    before any allocation, never read from outside the model directory);
 //! 5. nodes are built in topological order by per-family builders in
@@ -55,7 +55,7 @@ mod summary;
 mod tensor;
 
 pub use ctx::{ImportCtx, Val, FOLD_LIMIT_BYTES};
-pub use error::{ExternalDataError, OnnxError, UnsupportedOp};
+pub use error::{suggested_dim, ExternalDataError, OnnxError, UnboundDim, UnsupportedOp};
 pub use external::ExternalData;
 pub use import::Preflight;
 pub use summary::{summarize, DimSummary, IoSummary, ModelSummary};

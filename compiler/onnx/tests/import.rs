@@ -526,46 +526,46 @@ fn unbound_symbolic_dim_names_input_and_dim() {
     );
     let e = err(&m);
     match &e {
-        OnnxError::UnboundDim {
-            input,
-            dim_index,
-            dim_name,
-            ..
-        } => {
+        OnnxError::UnboundDim(dims) => {
+            let d = &dims[0];
             assert_eq!(
-                (input.as_str(), *dim_index, dim_name.as_deref()),
-                ("x", 0, Some("batch"))
+                (
+                    dims.len(),
+                    d.input.as_str(),
+                    d.dim_index,
+                    d.dim_name.as_deref()
+                ),
+                (1, "x", 0, Some("batch"))
             )
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(
         e.to_string(),
-        "input 'x' dim 0 ('batch') is symbolic; bind it with --input-shape x=1x3x224x224 or --dim batch=1"
+        "graph inputs have dims no option binds: 'x' dim 0 ('batch'); bind them, e.g. --dim batch=1 (several values make one profile each: --dim NAME=1,8,32 or NAME=16..512:16); or the whole shapes: --input-shape x=1x3x224x224"
     );
+}
 
-    // Bound by --dim.
-    let mut opts = ImportOptions::default();
-    opts.dims.insert("batch".into(), 5);
-    let g = import_model(&m, None, &opts).unwrap();
-    assert_eq!(g.node(g.inputs()[0]).ty.shape.as_slice(), &[5, 3, 224, 224]);
-
-    // Bound by --input-shape; a contradicting known dim is refused.
-    let mut opts = ImportOptions::default();
-    opts.input_shapes.insert("x".into(), vec![2, 3, 224, 224]);
-    let g = import_model(&m, None, &opts).unwrap();
-    assert_eq!(g.node(g.inputs()[0]).ty.shape.as_slice(), &[2, 3, 224, 224]);
-    opts.input_shapes.insert("x".into(), vec![2, 4, 224, 224]);
-    assert!(matches!(
-        import_model(&m, None, &opts).unwrap_err(),
-        OnnxError::InputShape { .. }
-    ));
-    opts.input_shapes.clear();
-    opts.input_shapes.insert("nope".into(), vec![1]);
-    assert!(matches!(
-        import_model(&m, None, &opts).unwrap_err(),
-        OnnxError::InputShape { .. }
-    ));
+#[test]
+fn every_unbound_dim_of_every_input_is_listed_at_once() {
+    let m = model(
+        vec![node("Add", "a", &["ids", "mask"], &["y"])],
+        vec![
+            value_info("ids", 1, &[D::S("batch_size"), D::S("sequence_length")]),
+            value_info("mask", 1, &[D::S("batch_size"), D::S("sequence_length")]),
+        ],
+        &["y"],
+        vec![],
+    );
+    let text = err(&m).to_string();
+    assert!(
+        text.contains("'ids' dim 0 ('batch_size'), dim 1 ('sequence_length'); 'mask' dim 0 ('batch_size'), dim 1 ('sequence_length')"),
+        "{text}"
+    );
+    assert!(
+        text.contains("e.g. --dim batch_size=1 --dim sequence_length=128 "),
+        "{text}"
+    );
 }
 
 #[test]

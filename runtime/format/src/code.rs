@@ -268,9 +268,10 @@ mod tests {
 }
 
 /// What an artifact's TEXT section holds, decided by the header's
-/// architecture: machine code with the KERNELS, RELOCS and SCHEDULE tables
-/// that describe it, or CUDA modules that carry their own kernel table and
-/// schedule (those three sections are then empty). Reading TEXT through
+/// architecture: machine code with the KERNELS and RELOCS tables that
+/// describe it (and the profiles' schedules), or CUDA modules that carry
+/// their own kernel table and schedule (KERNELS and RELOCS are then empty,
+/// and the one profile has no steps). Reading TEXT through
 /// this type is the one way to tell them apart, so no reader can take PTX
 /// for machine code or the reverse. (Why this is not a section kind of its
 /// own: `docs/artifact-format.md`, "TEXT".)
@@ -284,8 +285,6 @@ pub enum Code<'a> {
         kernels: &'a [KernelEntry],
         /// Patches applied to TEXT at load time.
         relocs: &'a [Reloc],
-        /// Kernel calls of one inference, in order.
-        schedule: &'a [Step],
     },
     /// PTX (and a cubin) for an NVIDIA GPU, decoded and checked.
     Cuda(crate::CudaCode),
@@ -297,14 +296,6 @@ impl Code<'_> {
         match self {
             Code::Machine { kernels, .. } => kernels.len(),
             Code::Cuda(code) => code.kernels.len(),
-        }
-    }
-
-    /// Steps of one inference: CPU schedule steps or CUDA launches.
-    pub fn step_count(&self) -> usize {
-        match self {
-            Code::Machine { schedule, .. } => schedule.len(),
-            Code::Cuda(code) => code.schedule.len(),
         }
     }
 }

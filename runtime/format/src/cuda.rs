@@ -4,7 +4,7 @@
 //! A CUDA artifact has the architecture [`Arch::Nvptx64`](super::Arch) in
 //! its header and the SM it was compiled for (e.g. 80) in the header's
 //! requirements field; its TEXT section holds a [`CudaCode`] and its
-//! RELOCS, KERNELS and SCHEDULE sections are empty (kernels and schedule
+//! RELOCS and KERNELS sections are empty and its one profile has no steps (kernels and schedule
 //! live here, with the fields a GPU launch needs). Layout, little-endian:
 //!
 //! ```text
@@ -19,7 +19,7 @@
 //! compiler found ptxas (0 otherwise, with an empty cubin).
 
 use super::cursor::{Reader, Writer};
-use super::{Arch, Artifact, CpuFeatures, FormatError, Metadata, SectionKind};
+use super::{Arch, Artifact, CpuFeatures, FormatError, Metadata, Profile, SectionKind};
 
 /// The magic opening a [`CudaCode`].
 pub const CUDA_MAGIC: [u8; 8] = *b"KILNPTX\0";
@@ -94,8 +94,9 @@ impl CudaCode {
 
     /// The artifact that carries this code: architecture
     /// [`Arch::Nvptx64`](super::Arch), the SM in the header's requirements
-    /// field, the code as TEXT, and empty RELOCS, KERNELS and SCHEDULE.
-    pub fn into_artifact(self, metadata: Metadata, weights: Vec<u8>) -> Artifact {
+    /// field, the code as TEXT, empty RELOCS and KERNELS, and `profile`
+    /// (without steps: the schedule is in TEXT) as the one profile.
+    pub fn into_artifact(self, metadata: Metadata, profile: Profile, weights: Vec<u8>) -> Artifact {
         Artifact {
             arch: Arch::Nvptx64,
             features: CpuFeatures(u64::from(self.sm)),
@@ -104,7 +105,10 @@ impl CudaCode {
             text: self.to_bytes(),
             kernels: Vec::new(),
             relocs: Vec::new(),
-            schedule: Vec::new(),
+            profiles: vec![Profile {
+                schedule: Vec::new(),
+                ..profile
+            }],
             golden: crate::Golden::default(),
         }
     }

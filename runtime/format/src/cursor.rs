@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn trailing_bytes_are_refused() {
-        let r = Reader::new(&[1, 2], SectionKind::Schedule);
+        let r = Reader::new(&[1, 2], SectionKind::Profiles);
         assert!(r
             .finish()
             .unwrap_err()

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, Reloc, RelocKind,
-    RelocTarget, SectionKind, Step, TensorSpec,
+    DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, Profile, Reloc,
+    RelocKind, RelocTarget, SectionKind, Step, TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -20,36 +20,95 @@ const MIN_STEP: usize = 4 + 4 + 4;
 const MIN_DENSE_KERNEL: usize = 4 + 4 + 4 + 8 + 4;
 const MIN_DECLINED: usize = 4 + 4;
 
-/// META; `version` is the file's format version (version 3 added the dense
-/// kernel choices).
-pub(crate) fn meta(bytes: &[u8], version: u32) -> Result<Metadata, FormatError> {
+/// META: the provenance.
+pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Meta);
     let compiler_version = r.str("compiler version")?;
     let target = r.str("target")?;
     let options = r.str("options")?;
     let source_sha256 = r.sha256("source hash")?;
-    let arena_size = r.u64("arena size")?;
-    let inputs = tensors(&mut r, "input")?;
-    let outputs = tensors(&mut r, "output")?;
-    let dense_kernels = if version >= 3 {
-        dense_kernels(&mut r)?
-    } else {
-        Vec::new()
-    };
     r.finish()?;
-    let m = Metadata {
+    Ok(Metadata {
         compiler_version,
         target,
         options,
         source_sha256,
-        inputs,
-        outputs,
-        arena_size,
-        dense_kernels,
+    })
+}
+
+/// PROFILES: at least one; each one's tensors inside its arena and its
+/// steps calling kernels that exist; every profile with the first one's
+/// input and output names, dtypes and ranks; no two with the same input
+/// shapes (a run's shapes pick one profile).
+pub(crate) fn profiles(bytes: &[u8], kernels: usize) -> Result<Vec<Profile>, FormatError> {
+    let mut r = Reader::new(bytes, SectionKind::Profiles);
+    let count = r.count("profile count", MIN_PROFILE)?;
+    if count == 0 {
+        return Err(r.error("no profile"));
+    }
+    let mut out: Vec<Profile> = Vec::with_capacity(count);
+    let mut shapes = HashSet::with_capacity(count);
+    for p in 0..count {
+        let arena_size = r.u64("arena size")?;
+        let inputs = tensors(&mut r, "input")?;
+        let outputs = tensors(&mut r, "output")?;
+        let dense_kernels = dense_kernels(&mut r)?;
+        let schedule = steps(&mut r, kernels)?;
+        let profile = Profile {
+            inputs,
+            outputs,
+            arena_size,
+            dense_kernels,
+            schedule,
+        };
+        check_tensors(arena_size, "input", &profile.inputs)?;
+        check_tensors(arena_size, "output", &profile.outputs)?;
+        if let Some(first) = out.first() {
+            same_signature(first, &profile, p)?;
+        }
+        if !shapes.insert(input_shapes(&profile)) {
+            return Err(r.error(format!(
+                "profile {p} has the input shapes of an earlier profile ({})",
+                profile.describe_inputs()
+            )));
+        }
+        out.push(profile);
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// Smallest encoded profile: arena size, four empty counts.
+const MIN_PROFILE: usize = 8 + 4 * 4;
+
+/// A profile's input shapes, for finding duplicates.
+fn input_shapes(p: &Profile) -> Vec<Vec<u64>> {
+    p.inputs.iter().map(|s| s.shape.clone()).collect()
+}
+
+/// Errors unless `p` (profile number `index`) has `first`'s input and
+/// output names, dtypes and ranks, in the same order.
+fn same_signature(first: &Profile, p: &Profile, index: usize) -> Result<(), FormatError> {
+    let same = |a: &[TensorSpec], b: &[TensorSpec]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.name == y.name && x.dtype == y.dtype && x.shape.len() == y.shape.len()
+            })
     };
-    check_tensors(&m, "input", &m.inputs)?;
-    check_tensors(&m, "output", &m.outputs)?;
-    Ok(m)
+    for (what, a, b) in [
+        ("inputs", &first.inputs, &p.inputs),
+        ("outputs", &first.outputs, &p.outputs),
+    ] {
+        if !same(a, b) {
+            return Err(FormatError::Malformed {
+                section: SectionKind::Profiles,
+                detail: format!(
+                    "profile {index}'s {what} differ from profile 0's in name, dtype or rank"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn dense_kernels(r: &mut Reader<'_>) -> Result<Vec<DenseKernel>, FormatError> {
@@ -116,9 +175,9 @@ pub(crate) fn tensor_head(
 
 /// Every tensor lies inside the arena; names are unique (checked with a
 /// hash set: linear in the count, which the file's size bounds).
-fn check_tensors(m: &Metadata, what: &str, specs: &[TensorSpec]) -> Result<(), FormatError> {
+fn check_tensors(arena_size: u64, what: &str, specs: &[TensorSpec]) -> Result<(), FormatError> {
     let bad = |detail: String| FormatError::Malformed {
-        section: SectionKind::Meta,
+        section: SectionKind::Profiles,
         detail,
     };
     let mut names = HashSet::with_capacity(specs.len());
@@ -130,7 +189,7 @@ fn check_tensors(m: &Metadata, what: &str, specs: &[TensorSpec]) -> Result<(), F
             .checked_byte_len()
             .and_then(|len| len.checked_add(s.arena_offset));
         match end {
-            Some(end) if end <= m.arena_size => {}
+            Some(end) if end <= arena_size => {}
             _ => {
                 return Err(bad(format!(
                     "{what} '{}' ({}, {} bytes at arena offset {}) does not fit in the arena ({} bytes)",
@@ -138,7 +197,7 @@ fn check_tensors(m: &Metadata, what: &str, specs: &[TensorSpec]) -> Result<(), F
                     s.type_string(),
                     s.checked_byte_len().map_or("too many".into(), |l| l.to_string()),
                     s.arena_offset,
-                    m.arena_size
+                    arena_size
                 )))
             }
         }
@@ -254,24 +313,13 @@ pub(crate) fn relocs(
     Ok(out)
 }
 
-/// The schedule; `version` is the file's format version (version 1 steps
-/// have no task count: one task each).
-pub(crate) fn schedule(
-    bytes: &[u8],
-    kernels: usize,
-    version: u32,
-) -> Result<Vec<Step>, FormatError> {
-    let mut r = Reader::new(bytes, SectionKind::Schedule);
-    let min_step = if version < 2 { 4 + 4 } else { MIN_STEP };
-    let count = r.count("step count", min_step)?;
+/// One profile's schedule: steps calling kernels that exist.
+fn steps(r: &mut Reader<'_>, kernels: usize) -> Result<Vec<Step>, FormatError> {
+    let count = r.count("step count", MIN_STEP)?;
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         let kernel = r.u32("step kernel")?;
-        let tasks = if version < 2 {
-            1
-        } else {
-            r.u32("step task count")?
-        };
+        let tasks = r.u32("step task count")?;
         let node = r.str("step node name")?;
         if tasks == 0 {
             return Err(r.error(format!("step {i} ('{node}') has no task")));
@@ -288,33 +336,5 @@ pub(crate) fn schedule(
             node,
         });
     }
-    r.finish()?;
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::schedule;
-    use crate::cursor::Writer;
-
-    #[test]
-    fn version_1_schedules_have_one_task_per_step() {
-        // Version 1 records: (kernel, node), no task count.
-        let mut w = Writer::default();
-        w.len(2);
-        for (k, node) in [(0u32, "/a"), (1, "/b")] {
-            w.u32(k);
-            w.str(node);
-        }
-        let steps = schedule(&w.0, 2, 1).unwrap();
-        assert_eq!(
-            steps
-                .iter()
-                .map(|s| (s.kernel, s.tasks))
-                .collect::<Vec<_>>(),
-            [(0, 1), (1, 1)]
-        );
-        // Read as version 2, the same bytes are malformed.
-        assert!(schedule(&w.0, 2, 2).is_err());
-    }
 }

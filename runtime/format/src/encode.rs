@@ -1,7 +1,7 @@
-//! Encoding of the structured sections (META, RELOCS, KERNELS, SCHEDULE).
+//! Encoding of the structured sections (META, RELOCS, KERNELS, PROFILES).
 
 use super::cursor::Writer;
-use super::{DType, KernelEntry, Metadata, Reloc, RelocTarget, Step, TensorSpec};
+use super::{DType, KernelEntry, Metadata, Profile, Reloc, RelocTarget, TensorSpec};
 
 /// On-disk codes of [`RelocTarget`] variants.
 pub(crate) const TARGET_HOST: u32 = 1;
@@ -14,19 +14,33 @@ pub(crate) fn meta(m: &Metadata) -> Vec<u8> {
     w.str(&m.target);
     w.str(&m.options);
     w.bytes(&m.source_sha256);
-    w.u64(m.arena_size);
-    tensors(&mut w, &m.inputs);
-    tensors(&mut w, &m.outputs);
-    w.len(m.dense_kernels.len());
-    for k in &m.dense_kernels {
-        w.str(&k.node);
-        w.str(&k.op);
-        w.str(&k.kernel);
-        w.u64(k.flops);
-        w.len(k.declined.len());
-        for d in &k.declined {
-            w.str(&d.kernel);
-            w.str(&d.reason);
+    w.0
+}
+
+pub(crate) fn profiles(profiles: &[Profile]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.len(profiles.len());
+    for p in profiles {
+        w.u64(p.arena_size);
+        tensors(&mut w, &p.inputs);
+        tensors(&mut w, &p.outputs);
+        w.len(p.dense_kernels.len());
+        for k in &p.dense_kernels {
+            w.str(&k.node);
+            w.str(&k.op);
+            w.str(&k.kernel);
+            w.u64(k.flops);
+            w.len(k.declined.len());
+            for d in &k.declined {
+                w.str(&d.kernel);
+                w.str(&d.reason);
+            }
+        }
+        w.len(p.schedule.len());
+        for s in &p.schedule {
+            w.u32(s.kernel);
+            w.u32(s.tasks);
+            w.str(&s.node);
         }
     }
     w.0
@@ -76,17 +90,6 @@ pub(crate) fn kernels(kernels: &[KernelEntry]) -> Vec<u8> {
         w.str(&k.name);
         w.u64(k.text_offset);
         w.u64(k.text_len);
-    }
-    w.0
-}
-
-pub(crate) fn schedule(steps: &[Step]) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.len(steps.len());
-    for s in steps {
-        w.u32(s.kernel);
-        w.u32(s.tasks);
-        w.str(&s.node);
     }
     w.0
 }

@@ -19,6 +19,15 @@ pub enum FormatError {
         /// Newest version this runtime reads.
         supported: u32,
     },
+    /// Written by an older compiler in a format this runtime no longer
+    /// reads.
+    #[error("artifact format version {found} was written by an older Kiln; this runtime reads version {supported} only: rebuild the artifact with this compiler (`kiln compile`)")]
+    OlderVersion {
+        /// Version in the file.
+        found: u32,
+        /// The version this runtime reads.
+        supported: u32,
+    },
     /// Version 0, which was never used.
     #[error("artifact format version {0} is invalid (versions start at 1)")]
     InvalidVersion(u32),

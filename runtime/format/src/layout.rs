@@ -57,21 +57,9 @@ pub struct Header {
 
 impl Header {
     /// The table entry for `kind`.
-    ///
-    /// # Panics
-    /// For [`SectionKind::Golden`] in a file older than format version 4
-    /// (see [`Header::get`]); every other kind is in every version.
     pub fn section(&self, kind: SectionKind) -> &SectionEntry {
-        self.get(kind)
-            .unwrap_or_else(|| panic!("format version {} has no {kind} section", self.version))
-    }
-
-    /// The table entry for `kind`, `None` when the file's version has no
-    /// such section.
-    pub fn get(&self, kind: SectionKind) -> Option<&SectionEntry> {
-        // `read_header` guarantees one entry per kind of the version, in
-        // `ALL` order.
-        self.sections.get(kind as usize - 1)
+        // `read_header` guarantees one entry per kind, in `ALL` order.
+        &self.sections[kind as usize - 1]
     }
 }
 
@@ -158,8 +146,14 @@ pub fn read_header(file: &[u8]) -> Result<Header, FormatError> {
             supported: FORMAT_VERSION,
         });
     }
+    if version < FORMAT_VERSION {
+        return Err(FormatError::OlderVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
     let count = le_u32(file, 24) as usize;
-    let kinds = SectionKind::of_version(version);
+    let kinds = &SectionKind::ALL;
     if count != kinds.len() {
         return Err(FormatError::SectionTable(format!(
             "{count} sections, format version {version} has {}",
@@ -305,10 +299,7 @@ pub fn peek(prefix: &[u8]) -> Option<Peek> {
 /// padding between sections, or the end of the file. For messages such as
 /// "two builds first differ at ...".
 pub fn region_at(file: &[u8], offset: u64) -> String {
-    let kinds = match file.get(8..12) {
-        Some(v) => SectionKind::of_version(le_u32(v, 0)),
-        None => &SectionKind::ALL,
-    };
+    let kinds = &SectionKind::ALL;
     let table_end = (HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
     if offset >= file.len() as u64 {
         return format!("end of file ({} bytes)", file.len());

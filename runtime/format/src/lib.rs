@@ -8,9 +8,9 @@
 //! The byte layout is specified in `docs/artifact-format.md`. In short: a
 //! 64-byte header (magic, version, architecture, CPU features, section
 //! count, content hash), a table of seven sections with a SHA-256 each, then
-//! the sections META, WEIGHTS, TEXT, RELOCS, KERNELS, SCHEDULE, GOLDEN (the
-//! self-test; versions 1–3 end at SCHEDULE), each starting
-//! at a multiple of 64 bytes. All integers are little-endian. The encoding is
+//! the sections META, WEIGHTS, TEXT, RELOCS, KERNELS, PROFILES (one schedule
+//! per combination of input shapes) and GOLDEN (the self-test), each
+//! starting at a multiple of 64 bytes. All integers are little-endian. The encoding is
 //! canonical: equal artifacts give identical bytes, and every byte of a file
 //! is covered by a checksum or a must-be-zero rule.
 
@@ -42,7 +42,9 @@ pub use layout::{
     peek, read_header, region_at, Header, Peek, SectionEntry, HEADER_LEN, PEEK_LEN, SECTION_ALIGN,
     SECTION_ENTRY_LEN,
 };
-pub use meta::{type_string, ArtifactInfo, Declined, DenseKernel, Metadata, TensorSpec};
+pub use meta::{
+    largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Metadata, Profile, TensorSpec,
+};
 pub use section::SectionKind;
 pub use signature::{
     signature_path, signed_message, DetachedSignature, SignatureFileError, SIGNATURE_FILE_LEN,
@@ -55,7 +57,7 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 8] = *b"KILNART\0";
 
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// A complete artifact, owned. Built by a compiler target and written with
 /// [`Artifact::to_bytes`]; read back with [`Artifact::parse`].
@@ -65,7 +67,7 @@ pub struct Artifact {
     pub arch: Arch,
     /// CPU features the code needs; the runtime refuses CPUs that lack one.
     pub features: CpuFeatures,
-    /// Inputs, outputs, arena size and provenance.
+    /// Provenance.
     pub metadata: Metadata,
     /// Packed weights (the loader places them at a 64-byte aligned address).
     pub weights: Vec<u8>,
@@ -75,8 +77,9 @@ pub struct Artifact {
     pub kernels: Vec<KernelEntry>,
     /// Patches applied to TEXT at load time.
     pub relocs: Vec<Reloc>,
-    /// Kernel calls of one inference, in order.
-    pub schedule: Vec<Step>,
+    /// One or more specializations to input shapes, each with its
+    /// schedule (see [`Profile`]).
+    pub profiles: Vec<Profile>,
     /// The self-test (empty when the artifact has none).
     pub golden: Golden<'static>,
 }
@@ -85,13 +88,12 @@ impl Artifact {
     /// What TEXT holds (machine code or CUDA modules, by
     /// [`Artifact::arch`]), CUDA modules decoded and checked.
     pub fn code(&self) -> Result<Code<'_>, FormatError> {
-        code_of(
-            self.arch,
-            &self.text,
-            &self.kernels,
-            &self.relocs,
-            &self.schedule,
-        )
+        code_of(self.arch, &self.text, &self.kernels, &self.relocs)
+    }
+
+    /// The arena one session needs: the largest profile's.
+    pub fn arena_size(&self) -> u64 {
+        largest_arena(&self.profiles)
     }
 
     /// Encodes the artifact. The same artifact always gives the same bytes.
@@ -132,7 +134,7 @@ impl Artifact {
             meta: encode::meta(&self.metadata),
             relocs: encode::relocs(&self.relocs),
             kernels: encode::kernels(&self.kernels),
-            schedule: encode::schedule(&self.schedule),
+            profiles: encode::profiles(&self.profiles),
             golden: golden::encode(&self.golden),
         }
     }
@@ -143,7 +145,7 @@ struct EncodedSections {
     meta: Vec<u8>,
     relocs: Vec<u8>,
     kernels: Vec<u8>,
-    schedule: Vec<u8>,
+    profiles: Vec<u8>,
     golden: Vec<u8>,
 }
 
@@ -156,7 +158,7 @@ impl EncodedSections {
             &a.text,
             &self.relocs,
             &self.kernels,
-            &self.schedule,
+            &self.profiles,
             &self.golden,
         ]
     }
@@ -168,7 +170,7 @@ impl EncodedSections {
 pub struct ArtifactView<'a> {
     /// The validated header and section table.
     pub header: Header,
-    /// Inputs, outputs, arena size and provenance.
+    /// Provenance.
     pub metadata: Metadata,
     /// The WEIGHTS section (64-byte aligned relative to the file start).
     pub weights: &'a [u8],
@@ -178,18 +180,20 @@ pub struct ArtifactView<'a> {
     pub kernels: Vec<KernelEntry>,
     /// Patches applied to TEXT at load time.
     pub relocs: Vec<Reloc>,
-    /// Kernel calls of one inference, in order.
-    pub schedule: Vec<Step>,
+    /// One or more specializations to input shapes, each with its
+    /// schedule (see [`Profile`]).
+    pub profiles: Vec<Profile>,
     /// The self-test, its tensors borrowed from the file (empty when the
-    /// artifact has none, and for files older than format version 4).
+    /// artifact has none).
     pub golden: Golden<'a>,
 }
 
 impl<'a> ArtifactView<'a> {
     /// Decodes and validates `bytes`: header and section layout (see
     /// [`read_header`]), every section's SHA-256, enumeration codes, kernel
-    /// and relocation ranges inside TEXT, kernel indices, and input/output
-    /// tensors inside the arena.
+    /// and relocation ranges inside TEXT, kernel indices, input/output
+    /// tensors inside their profile's arena, and profiles that agree on the
+    /// inputs' and outputs' names, dtypes and ranks.
     pub fn parse(bytes: &'a [u8]) -> Result<ArtifactView<'a>, FormatError> {
         let header = read_header(bytes)?;
         for s in &header.sections {
@@ -200,19 +204,19 @@ impl<'a> ArtifactView<'a> {
         let section = |kind| header.section(kind).bytes(bytes);
         let text = section(SectionKind::Text);
         let text_len = text.len() as u64;
-        let metadata = decode::meta(section(SectionKind::Meta), header.version)?;
+        let metadata = decode::meta(section(SectionKind::Meta))?;
         let kernels = decode::kernels(section(SectionKind::Kernels), text_len)?;
         let relocs = decode::relocs(section(SectionKind::Relocs), text_len, &kernels)?;
-        let schedule = decode::schedule(
-            section(SectionKind::Schedule),
-            kernels.len(),
-            header.version,
-        )?;
+        let profiles = decode::profiles(section(SectionKind::Profiles), kernels.len())?;
+        if header.arch == Arch::Nvptx64 && (profiles.len() != 1 || !profiles[0].schedule.is_empty())
+        {
+            return Err(FormatError::Malformed {
+                section: SectionKind::Profiles,
+                detail: "a CUDA artifact has one profile, whose schedule is in TEXT".into(),
+            });
+        }
         let weights = section(SectionKind::Weights);
-        let golden = match header.get(SectionKind::Golden) {
-            Some(s) => golden::decode(s.bytes(bytes))?,
-            None => Golden::default(),
-        };
+        let golden = golden::decode(section(SectionKind::Golden))?;
         Ok(ArtifactView {
             header,
             metadata,
@@ -220,7 +224,7 @@ impl<'a> ArtifactView<'a> {
             text,
             kernels,
             relocs,
-            schedule,
+            profiles,
             golden,
         })
     }
@@ -228,13 +232,12 @@ impl<'a> ArtifactView<'a> {
     /// What TEXT holds (machine code or CUDA modules, by the header's
     /// architecture), CUDA modules decoded and checked.
     pub fn code(&self) -> Result<Code<'_>, FormatError> {
-        code_of(
-            self.header.arch,
-            self.text,
-            &self.kernels,
-            &self.relocs,
-            &self.schedule,
-        )
+        code_of(self.header.arch, self.text, &self.kernels, &self.relocs)
+    }
+
+    /// The arena one session needs: the largest profile's.
+    pub fn arena_size(&self) -> u64 {
+        largest_arena(&self.profiles)
     }
 
     /// An owned copy.
@@ -247,7 +250,7 @@ impl<'a> ArtifactView<'a> {
             text: self.text.to_vec(),
             kernels: self.kernels,
             relocs: self.relocs,
-            schedule: self.schedule,
+            profiles: self.profiles,
             golden: self.golden.into_owned(),
         }
     }
@@ -259,7 +262,6 @@ fn code_of<'a>(
     text: &'a [u8],
     kernels: &'a [KernelEntry],
     relocs: &'a [Reloc],
-    schedule: &'a [Step],
 ) -> Result<Code<'a>, FormatError> {
     match arch {
         Arch::Nvptx64 => CudaCode::parse(text).map(Code::Cuda),
@@ -267,7 +269,6 @@ fn code_of<'a>(
             text,
             kernels,
             relocs,
-            schedule,
         }),
     }
 }

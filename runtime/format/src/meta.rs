@@ -1,4 +1,5 @@
-//! Model metadata: inputs, outputs, arena size and provenance.
+//! Model metadata: provenance, and per profile the inputs, outputs,
+//! arena size and schedule.
 
 use std::fmt;
 
@@ -75,7 +76,8 @@ pub struct ArtifactInfo {
     pub source_sha256: [u8; 32],
 }
 
-/// Everything about the model that is not code or weights.
+/// Where the artifact came from: compiler, target and options, source
+/// model. The same for every profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Metadata {
     /// Version of the compiler that wrote the artifact.
@@ -86,15 +88,53 @@ pub struct Metadata {
     pub options: String,
     /// SHA-256 of the source model file.
     pub source_sha256: [u8; 32],
+}
+
+/// One specialization of the model to one combination of input shapes
+/// (`kiln compile --dim batch=1,8`): its inputs and outputs with their
+/// shapes and arena offsets, its arena size, how its dense nodes were
+/// lowered, and its schedule. Every profile of an artifact has the same
+/// input and output names, dtypes and ranks, in the same order (the
+/// decoder checks it), and no two have the same input shapes; all share
+/// the artifact's weights and kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
     /// Model inputs, in declared order.
     pub inputs: Vec<TensorSpec>,
     /// Model outputs, in declared order.
     pub outputs: Vec<TensorSpec>,
     /// Size of the arena (activations, inputs, outputs, scratch) in bytes.
     pub arena_size: u64,
-    /// How each dense node was lowered (format version 3 and later; empty
-    /// in older files and for targets that do not choose between kernels).
+    /// How each dense node was lowered (empty for targets that do not
+    /// choose between kernels).
     pub dense_kernels: Vec<DenseKernel>,
+    /// Kernel calls of one inference, in order (empty for CUDA, whose
+    /// code carries its own schedule).
+    pub schedule: Vec<crate::Step>,
+}
+
+impl Profile {
+    /// Whether inputs of these shapes, in declared order, run this profile.
+    pub fn accepts<'s>(&self, mut shapes: impl Iterator<Item = &'s [u64]>) -> bool {
+        self.inputs
+            .iter()
+            .all(|spec| shapes.next() == Some(spec.shape.as_slice()))
+            && shapes.next().is_none()
+    }
+
+    /// The input shapes, as in messages: `x: f32[1,3,224,224], mask: i64[1,16]`.
+    pub fn describe_inputs(&self) -> String {
+        let specs: Vec<String> = (self.inputs.iter())
+            .map(|s| format!("{}: {}", s.name, s.type_string()))
+            .collect();
+        specs.join(", ")
+    }
+}
+
+/// The largest arena any of `profiles` needs: what one session allocates
+/// to run them all.
+pub fn largest_arena(profiles: &[Profile]) -> u64 {
+    profiles.iter().map(|p| p.arena_size).max().unwrap_or(0)
 }
 
 /// How the compiler lowered one dense node (MatMul, Gemm, Conv, their

@@ -7,8 +7,7 @@ use std::fmt;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SectionKind {
-    /// Compiler version, target, options, inputs, outputs, arena size,
-    /// the dense kernels chosen (version 3).
+    /// Compiler version, target, options, source hash.
     Meta = 1,
     /// Packed weights, read by kernels through their `weights` argument.
     Weights = 2,
@@ -18,34 +17,26 @@ pub enum SectionKind {
     Relocs = 4,
     /// Kernel table: name and range in TEXT.
     Kernels = 5,
-    /// The ordered kernel calls of one inference.
-    Schedule = 6,
-    /// The self-test: golden inputs, expected outputs, tolerances (format
-    /// version 4; empty when the artifact has none).
+    /// The profiles: per combination of input shapes, the inputs and
+    /// outputs, arena size, dense kernels chosen, and the ordered kernel
+    /// calls of one inference (format version 5; SCHEDULE before).
+    Profiles = 6,
+    /// The self-test: golden inputs, expected outputs, tolerances (empty
+    /// when the artifact has none).
     Golden = 7,
 }
 
 impl SectionKind {
-    /// All kinds, in file order (format version 4).
+    /// All kinds, in file order.
     pub const ALL: [SectionKind; 7] = [
         SectionKind::Meta,
         SectionKind::Weights,
         SectionKind::Text,
         SectionKind::Relocs,
         SectionKind::Kernels,
-        SectionKind::Schedule,
+        SectionKind::Profiles,
         SectionKind::Golden,
     ];
-
-    /// The kinds a file of format `version` holds, in order: versions 1 to 3
-    /// end with SCHEDULE, version 4 adds GOLDEN.
-    pub fn of_version(version: u32) -> &'static [SectionKind] {
-        if version >= 4 {
-            &SectionKind::ALL
-        } else {
-            &SectionKind::ALL[..6]
-        }
-    }
 
     /// Upper-case name, as in messages (`"TEXT"`).
     pub fn name(self) -> &'static str {
@@ -55,7 +46,7 @@ impl SectionKind {
             SectionKind::Text => "TEXT",
             SectionKind::Relocs => "RELOCS",
             SectionKind::Kernels => "KERNELS",
-            SectionKind::Schedule => "SCHEDULE",
+            SectionKind::Profiles => "PROFILES",
             SectionKind::Golden => "GOLDEN",
         }
     }

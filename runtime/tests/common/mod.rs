@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use kiln_runtime::format::{
-    Arch, Artifact, CpuFeatures, DType, HostFn, KernelEntry, Metadata, Reloc, RelocKind,
+    Arch, Artifact, CpuFeatures, DType, HostFn, KernelEntry, Metadata, Profile, Reloc, RelocKind,
     RelocTarget, Step, TensorSpec,
 };
 
@@ -78,16 +78,18 @@ pub fn single_kernel(text: &[u8], inputs: Vec<TensorSpec>, outputs: Vec<TensorSp
             target: "x86_64".into(),
             options: "-O0".into(),
             source_sha256: [7; 32],
-            inputs,
-            outputs,
-            arena_size: 16,
-            dense_kernels: Vec::new(),
         },
         weights: Vec::new(),
         text: text.to_vec(),
         kernels: vec![kernel("k0", 0, text.len())],
         relocs: Vec::new(),
-        schedule: vec![step(0, "/node0")],
+        profiles: vec![Profile {
+            inputs,
+            outputs,
+            arena_size: 16,
+            dense_kernels: Vec::new(),
+            schedule: vec![step(0, "/node0")],
+        }],
         golden: Default::default(),
     }
 }
@@ -152,11 +154,11 @@ pub fn rich_artifact() -> Artifact {
             addend: -1,
         },
     ];
-    a.schedule = vec![step(0, "/a"), step(1, "/b")];
-    a.metadata
+    a.profiles[0].schedule = vec![step(0, "/a"), step(1, "/b")];
+    a.profiles[0]
         .inputs
         .push(spec("mask", DType::Bool, &[3, 1], 16));
-    a.metadata.outputs.push(spec("idx", DType::I64, &[], 24));
-    a.metadata.arena_size = 32;
+    a.profiles[0].outputs.push(spec("idx", DType::I64, &[], 24));
+    a.profiles[0].arena_size = 32;
     a
 }

@@ -232,9 +232,19 @@ impl Text {
         });
     }
 
-    /// TEXT bytes, kernel table, relocations and schedule.
-    pub(crate) fn finish(self) -> (Vec<u8>, Vec<KernelEntry>, Vec<Reloc>, Vec<Step>) {
-        (self.bytes, self.kernels, self.relocs, self.schedule)
+    /// The steps scheduled since the last call: one profile's schedule
+    /// (the kernels stay, for the next profile's steps to follow).
+    pub(crate) fn take_schedule(&mut self) -> Vec<Step> {
+        std::mem::take(&mut self.schedule)
+    }
+
+    /// TEXT bytes, kernel table and relocations.
+    pub(crate) fn finish(self) -> (Vec<u8>, Vec<KernelEntry>, Vec<Reloc>) {
+        debug_assert!(
+            self.schedule.is_empty(),
+            "a profile's schedule was not taken"
+        );
+        (self.bytes, self.kernels, self.relocs)
     }
 }
 

@@ -59,7 +59,7 @@ mod plan;
 pub use isa::CpuTarget;
 pub use plan::{memory_plan, plan_stats, MemoryPlan, PlanStats, PlannedValue, Step, ValueKind};
 
-use kiln_format::{Artifact, Metadata};
+use kiln_format::{Artifact, Metadata, Profile};
 
 /// The default of [`CpuOptions::threads`]: dense kernels are split for up
 /// to four threads, which a session with fewer runs in turn.
@@ -169,12 +169,13 @@ fn scratch_sizes(
     graph: &kiln_ir::Graph,
     order: &[kiln_ir::NodeId],
     target: &isa::Target,
+    weights: &plan::Weights,
 ) -> Result<(Vec<u64>, HashSet<kiln_ir::NodeId>), CpuError> {
     let mut dry = plan::plan(
         graph,
         order,
         &[],
-        plan::Weights::measuring(),
+        weights.measuring_twin(),
         plan::Constants::All,
     )?;
     let mut sizes = Vec::with_capacity(dry.jobs.len());
@@ -219,18 +220,74 @@ fn add_lowered(
     Ok(())
 }
 
-/// Compiles `graph` for the CPU target `opts.target`.
-///
-/// Shapes must be static (they are, in the IR). The result is deterministic:
-/// the same graph, options and `meta` give the same artifact.
+/// Compiles `graph` for the CPU target `opts.target`: an artifact of one
+/// profile (see [`compile_profiles`]).
 pub fn compile(
     graph: &kiln_ir::Graph,
     opts: &CpuOptions,
     meta: ArtifactInfo,
 ) -> Result<Artifact, CpuError> {
+    compile_profiles(&[graph], opts, meta)
+}
+
+/// Compiles one profile per graph (the same model specialized to different
+/// input shapes, in the order given) into one artifact: each profile's
+/// kernels, schedule and arena plan, and one weights section in which a
+/// constant (or packed constant) that several profiles use is stored once.
+///
+/// Shapes must be static (they are, in the IR). The result is deterministic:
+/// the same graphs, options and `meta` give the same artifact.
+pub fn compile_profiles(
+    graphs: &[&kiln_ir::Graph],
+    opts: &CpuOptions,
+    meta: ArtifactInfo,
+) -> Result<Artifact, CpuError> {
     let target = isa::build(opts)?;
-    let graph = &*legalize::legalize(graph, &target)?;
     let mut features = target.features;
+    let mut weights = plan::Weights::default();
+    let mut text = emit::Text::new(target.arch);
+    // The largest profile is compiled first: a constant packed by several
+    // profiles is packed with the tile the first one chooses, and the
+    // largest is where the tile matters most. The profiles keep the order
+    // given.
+    let size = |g: &kiln_ir::Graph| -> u64 {
+        (g.inputs().iter())
+            .map(|&id| g.node(id).ty.shape.iter().product::<usize>() as u64)
+            .sum()
+    };
+    let mut order: Vec<usize> = (0..graphs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(size(graphs[i])));
+    let mut profiles: Vec<Option<Profile>> = vec![None; graphs.len()];
+    for i in order {
+        let graph = &*legalize::legalize(graphs[i], &target)?;
+        features |= required_features(graph, &target);
+        let (profile, rest) = compile_profile(graph, &target, weights, &mut text)?;
+        weights = rest;
+        profiles[i] = Some(profile);
+    }
+    let profiles = profiles.into_iter().flatten().collect();
+    let (text, kernels, relocs) = text.finish();
+    Ok(Artifact {
+        arch: target.arch,
+        features,
+        metadata: Metadata {
+            compiler_version: meta.compiler_version,
+            target: opts.target.to_string(),
+            options: meta.options,
+            source_sha256: meta.source_sha256,
+        },
+        weights: weights.into_bytes(),
+        text,
+        kernels,
+        relocs,
+        profiles,
+        golden: Default::default(),
+    })
+}
+
+/// The CPU features beyond the target's that `graph`'s kernels use.
+fn required_features(graph: &kiln_ir::Graph, target: &isa::Target) -> kiln_format::CpuFeatures {
+    let mut features = kiln_format::CpuFeatures::default();
     if graph.node_ids().any(|id| legalize::is_bf16_dot(graph, id)) {
         features |= kiln_format::CpuFeatures::AVX512BF16;
     }
@@ -241,21 +298,31 @@ pub fn compile(
     {
         features |= kiln_format::CpuFeatures::AVX512VNNI | kiln_format::CpuFeatures::AVX512BW;
     }
+    features
+}
+
+/// Plans and lowers one legalized graph: its kernels go to `text`, its
+/// constants to `weights` (returned with them added).
+fn compile_profile(
+    graph: &kiln_ir::Graph,
+    target: &isa::Target,
+    weights: plan::Weights,
+    text: &mut emit::Text,
+) -> Result<(Profile, plan::Weights), CpuError> {
     let order = kiln_ir::schedule(graph)?;
-    let (scratch, read) = scratch_sizes(graph, &order, &target)?;
+    let (scratch, read) = scratch_sizes(graph, &order, target, &weights)?;
     let mut plan = plan::plan(
         graph,
         &order,
         &scratch,
-        plan::Weights::default(),
+        weights,
         plan::Constants::Read(&read),
     )?;
-    let mut text = emit::Text::new(target.arch);
     for (k, job) in plan.jobs.clone().into_iter().enumerate() {
         let name = job.name(graph);
         plan.scratch_for(k);
         let (lowered, reads) =
-            plan::weight_reads(|| lower::lower_job(graph, &mut plan, &job, &target));
+            plan::weight_reads(|| lower::lower_job(graph, &mut plan, &job, target));
         // Lowering is deterministic: a constant left out because the
         // measuring lowering never addressed it is never addressed now.
         if reads.iter().any(|&r| r >= plan::UNPLACED / 2) {
@@ -271,27 +338,15 @@ pub fn compile(
                 message: "the kernel asked for more scratch than when its size was measured".into(),
             });
         }
-        add_lowered(&mut text, &name, lowered, &target)?;
+        add_lowered(text, &name, lowered, target)?;
     }
-    let (text, kernels, relocs, schedule) = text.finish();
-    Ok(Artifact {
-        arch: target.arch,
-        features,
-        metadata: Metadata {
-            compiler_version: meta.compiler_version,
-            target: opts.target.to_string(),
-            options: meta.options,
-            source_sha256: meta.source_sha256,
-            inputs: plan.inputs,
-            outputs: plan.outputs,
-            arena_size: plan.arena_size,
-            dense_kernels: plan.dense_kernels,
-        },
-        weights: plan.weights.into_bytes(),
-        text,
-        kernels,
-        relocs,
-        schedule,
-        golden: Default::default(),
-    })
+    plan.weights.end_profile();
+    let profile = Profile {
+        inputs: plan.inputs,
+        outputs: plan.outputs,
+        arena_size: plan.arena_size,
+        dense_kernels: plan.dense_kernels,
+        schedule: text.take_schedule(),
+    };
+    Ok((profile, plan.weights))
 }

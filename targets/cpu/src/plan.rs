@@ -104,6 +104,11 @@ pub(crate) struct Weights {
     /// plan whose code is thrown away, so that measuring does not copy and
     /// hash every constant.
     measuring: Option<u64>,
+    /// The tile side (see [`Weights::shared_side`]) with which an
+    /// earlier profile packed each constant, by packing key.
+    earlier_sides: HashMap<String, usize>,
+    /// The same, for the profile being compiled.
+    current_sides: HashMap<String, usize>,
 }
 
 impl Weights {
@@ -112,6 +117,40 @@ impl Weights {
         Weights {
             measuring: Some(0),
             ..Weights::default()
+        }
+    }
+
+    /// A measuring blob that packs constants as this one would (the same
+    /// earlier profiles' tile sides), for measuring a profile's scratch.
+    pub(crate) fn measuring_twin(&self) -> Weights {
+        Weights {
+            measuring: Some(0),
+            earlier_sides: self.earlier_sides.clone(),
+            ..Weights::default()
+        }
+    }
+
+    /// The tile side (rows of a packed A, vectors of a packed B) with which
+    /// to pack a constant (`key` names it and how it is packed): `choose`
+    /// returns a tile and its side, given `None` to choose freely or the
+    /// side an earlier profile packed the same constant with, so that every
+    /// profile reads the same packed bytes, stored once. In an artifact of
+    /// one profile nothing is fixed.
+    pub(crate) fn shared_side<T>(
+        &mut self,
+        key: String,
+        choose: impl FnOnce(Option<usize>) -> (T, usize),
+    ) -> T {
+        let (tile, side) = choose(self.earlier_sides.get(&key).copied());
+        self.current_sides.entry(key).or_insert(side);
+        tile
+    }
+
+    /// Ends a profile: the tile sides it chose bind later profiles (the
+    /// first profile to pack a constant decides).
+    pub(crate) fn end_profile(&mut self) {
+        for (key, side) in std::mem::take(&mut self.current_sides) {
+            self.earlier_sides.entry(key).or_insert(side);
         }
     }
 

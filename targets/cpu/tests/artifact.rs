@@ -149,7 +149,7 @@ fn metadata_describes_inputs_and_outputs() {
         ArtifactInfo::default(),
     )
     .unwrap();
-    let m = &a.metadata;
+    let m = &a.profiles[0];
     assert_eq!(m.inputs[0].name, "x");
     assert_eq!(m.inputs[0].shape, [1, 2, 6, 6]);
     assert_eq!(m.outputs[0].name, "y");

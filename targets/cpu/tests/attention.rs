@@ -134,7 +134,11 @@ fn attention_heads_split_over_tasks_equal_the_whole_kernel() {
         eprintln!("no AVX-512 on this host: the Cranelift kernel is not split");
         return;
     }
-    assert_eq!(split.schedule[0].tasks, 4, "{:?}", split.schedule);
+    assert_eq!(
+        split.profiles[0].schedule[0].tasks, 4,
+        "{:?}",
+        split.profiles[0].schedule
+    );
     let reference = run(&g, &whole, &inputs, 1);
     assert_eq!(run(&g, &split, &inputs, 1), reference);
     assert_eq!(run(&g, &split, &inputs, 3), reference);

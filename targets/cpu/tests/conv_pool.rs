@@ -857,7 +857,12 @@ fn conv_integer_on_the_vnni_kernel() {
             if ci == 6 && vnni {
                 let four = kiln_target_cpu::CpuOptions { threads: 4, ..opts };
                 let split = kiln_target_cpu::compile(&g, &four, Default::default()).unwrap();
-                let tasks = split.schedule.iter().map(|s| s.tasks).max().unwrap();
+                let tasks = split.profiles[0]
+                    .schedule
+                    .iter()
+                    .map(|s| s.tasks)
+                    .max()
+                    .unwrap();
                 assert_eq!(tasks, 4, "one band split by output channels");
             }
         }

@@ -78,8 +78,8 @@ fn chosen(g: &Graph) -> Vec<DenseKernel> {
         opt_level: 2,
         threads: kiln_target_cpu::DEFAULT_THREADS,
     };
-    let artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
-    artifact.metadata.dense_kernels
+    let mut artifact = compile(g, &opts, ArtifactInfo::default()).expect("compile");
+    artifact.profiles.swap_remove(0).dense_kernels
 }
 
 fn host_has_avx512() -> bool {
@@ -387,7 +387,7 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     };
     let v3 = |case: ConvCase| {
         let a = compile(&case.graph(), &opts, ArtifactInfo::default()).expect("compile");
-        a.metadata.dense_kernels[0].clone()
+        a.profiles[0].dense_kernels[0].clone()
     };
     let k = v3(ConvCase::new([1, 4, 6, 6], 4, [3, 3]));
     assert!(k.kernel.starts_with("avx2/"), "{k:?}");

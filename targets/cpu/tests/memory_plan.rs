@@ -247,7 +247,7 @@ fn check_graph(g: &Graph, seed: u64) -> MemoryPlan {
         threads: kiln_target_cpu::DEFAULT_THREADS,
     };
     let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
-    assert_eq!(a.metadata.arena_size, p.arena_size);
+    assert_eq!(a.profiles[0].arena_size, p.arena_size);
     check_rand(g, seed, 1e-6);
     p
 }
@@ -746,6 +746,6 @@ fn kernel_scratch_takes_the_place_of_dead_values() {
         threads: 1,
     };
     let a = compile(&g, &opts, ArtifactInfo::default()).unwrap();
-    assert_eq!(a.metadata.arena_size, plan.arena_size);
+    assert_eq!(a.profiles[0].arena_size, plan.arena_size);
     check_rand(&g, 11, 1e-4);
 }

@@ -49,14 +49,14 @@ fn avx512_target_emits_zmm_gemm_and_v3_does_not() {
     assert!(has_zmm_fma(&compile_for(&g, CpuTarget::X86_64Avx512)));
     let v3 = compile_for(&g, CpuTarget::X86_64V3);
     assert!(!has_zmm_fma(&v3));
-    assert_eq!(v3.metadata.dense_kernels[0].kernel, "avx2/gemm");
+    assert_eq!(v3.profiles[0].dense_kernels[0].kernel, "avx2/gemm");
 }
 
 /// `g` compiled for `x86_64-v3` has every dense node on an AVX2 GEMM
 /// (one of `kernels`), and on a host that runs it matches the reference.
 fn check_avx2(g: &Graph, kernels: &[&str], seed: u64) {
     let v3 = compile_for(g, CpuTarget::X86_64V3);
-    for k in &v3.metadata.dense_kernels {
+    for k in &v3.profiles[0].dense_kernels {
         assert!(kernels.contains(&k.kernel.as_str()), "{k:?}");
     }
     if !kiln_test_kit::host_runs_x86_64_v3() {
@@ -463,9 +463,9 @@ fn kxk_conv_is_a_microkernel_on_avx512() {
     // The im2col matrix (27 x 25 floats) lives in scratch above the plan.
     let planned = kiln_target_cpu::memory_plan(&g).unwrap().arena_size;
     assert!(
-        a.metadata.arena_size >= planned + 27 * 25 * 4,
+        a.profiles[0].arena_size >= planned + 27 * 25 * 4,
         "{} vs {planned}",
-        a.metadata.arena_size
+        a.profiles[0].arena_size
     );
 }
 
@@ -488,7 +488,7 @@ fn stride_one_conv_reads_a_padded_copy_in_place() {
     let a = compile_for(&g, CpuTarget::X86_64Avx512);
     assert!(has_zmm_fma(&a));
     let planned = kiln_target_cpu::memory_plan(&g).unwrap().arena_size;
-    let scratch = a.metadata.arena_size - planned;
+    let scratch = a.profiles[0].arena_size - planned;
     assert!(
         (8 * 22 * 26 * 4..72 * 480 * 4).contains(&scratch),
         "scratch {scratch}"

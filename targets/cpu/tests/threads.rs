@@ -52,11 +52,20 @@ fn check_split(g: &Graph, seed: u64) {
         .collect();
     let split = artifact(g, 4);
     let whole = artifact(g, 1);
-    let max_tasks = split.schedule.iter().map(|s| s.tasks).max().unwrap();
-    assert!(max_tasks > 1, "nothing was split: {:?}", split.schedule);
-    assert!(whole.schedule.iter().all(|s| s.tasks == 1));
+    let max_tasks = split.profiles[0]
+        .schedule
+        .iter()
+        .map(|s| s.tasks)
+        .max()
+        .unwrap();
+    assert!(
+        max_tasks > 1,
+        "nothing was split: {:?}",
+        split.profiles[0].schedule
+    );
+    assert!(whole.profiles[0].schedule.iter().all(|s| s.tasks == 1));
     // A split fused head with a program tail adds the tail's step.
-    assert!(split.schedule.len() >= whole.schedule.len());
+    assert!(split.profiles[0].schedule.len() >= whole.profiles[0].schedule.len());
     let split = Model::from_bytes(&split.to_bytes()).unwrap();
     let whole = Model::from_bytes(&whole.to_bytes()).unwrap();
     assert_eq!(split.max_tasks(), max_tasks as usize);
@@ -118,14 +127,28 @@ fn fused_head_with_a_program_tail_splits_the_head() {
         .unwrap();
     g.add_output("y", y);
     let (split, whole) = (artifact(&g, 4), artifact(&g, 1));
-    if split.schedule.iter().all(|s| s.tasks == 1) {
+    if split.profiles[0].schedule.iter().all(|s| s.tasks == 1) {
         eprintln!("no AVX-512 microkernel on this host: nothing is split");
         return;
     }
-    assert_eq!(whole.schedule.len(), 1, "{:?}", whole.schedule);
-    assert_eq!(split.schedule.len(), 2, "{:?}", split.schedule);
+    assert_eq!(
+        whole.profiles[0].schedule.len(),
+        1,
+        "{:?}",
+        whole.profiles[0].schedule
+    );
+    assert_eq!(
+        split.profiles[0].schedule.len(),
+        2,
+        "{:?}",
+        split.profiles[0].schedule
+    );
     // The tail (abs, in place) is split too.
-    assert!(split.schedule[1].tasks > 1, "{:?}", split.schedule);
+    assert!(
+        split.profiles[0].schedule[1].tasks > 1,
+        "{:?}",
+        split.profiles[0].schedule
+    );
     check_split(&g, 15);
 }
 
@@ -195,12 +218,21 @@ fn quantizing_head_with_a_program_tail_splits_through_scratch() {
         let y = g.add_node(Op::Fused(Box::new(k)), &ins, "fused").unwrap();
         g.add_output("y", y);
         let split = artifact(&g, 4);
-        if split.schedule.iter().all(|s| s.tasks == 1) {
+        if split.profiles[0].schedule.iter().all(|s| s.tasks == 1) {
             eprintln!("no AVX-512 microkernel on this host: nothing is split");
             return;
         }
-        assert_eq!(split.schedule.len(), 2, "{:?}", split.schedule);
-        assert!(split.schedule[1].tasks > 1, "{:?}", split.schedule);
+        assert_eq!(
+            split.profiles[0].schedule.len(),
+            2,
+            "{:?}",
+            split.profiles[0].schedule
+        );
+        assert!(
+            split.profiles[0].schedule[1].tasks > 1,
+            "{:?}",
+            split.profiles[0].schedule
+        );
         check_split(&g, 16);
     }
 }
@@ -250,9 +282,14 @@ fn elementwise_kernels_split_along_their_first_non_unit_axis() {
     g.add_output("y", y);
     let split = artifact(&g, 4);
     assert!(
-        split.schedule.iter().filter(|s| s.tasks > 1).count() >= 5,
+        split.profiles[0]
+            .schedule
+            .iter()
+            .filter(|s| s.tasks > 1)
+            .count()
+            >= 5,
         "{:?}",
-        split.schedule
+        split.profiles[0].schedule
     );
     check_split(&g, 16);
 }
@@ -389,7 +426,7 @@ fn im2col_conv_of_few_calls_builds_its_matrices_once() {
             .filter(|n| n.starts_with("conv/im2col"))
             .collect();
         assert!(im2col.len() > 1, "batch {batch}: {:?}", split.kernels);
-        assert!(split.schedule.len() >= 2);
+        assert!(split.profiles[0].schedule.len() >= 2);
         check_split(&g, seed);
     }
 }
@@ -476,9 +513,9 @@ fn resize_split_by_channels_and_concat_by_inputs() {
     g.add_output("y", y);
     let split = artifact(&g, 4);
     assert!(
-        split.schedule.iter().all(|s| s.tasks > 1),
+        split.profiles[0].schedule.iter().all(|s| s.tasks > 1),
         "{:?}",
-        split.schedule
+        split.profiles[0].schedule
     );
     check_split(&g, 20);
 }
@@ -523,10 +560,10 @@ fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
     g.add_output("y", y);
     let split = artifact(&g, 4);
     assert_eq!(
-        split.schedule.len(),
+        split.profiles[0].schedule.len(),
         1,
         "no tail step: {:?}",
-        split.schedule
+        split.profiles[0].schedule
     );
     check_split(&g, 22);
 }
@@ -564,10 +601,10 @@ fn depthwise_conv_split_by_groups() {
     g.add_output("y", y);
     let split = artifact(&g, 4);
     assert_eq!(
-        split.schedule.len(),
+        split.profiles[0].schedule.len(),
         1,
         "no tail step: {:?}",
-        split.schedule
+        split.profiles[0].schedule
     );
     check_split(&g, 17);
 }

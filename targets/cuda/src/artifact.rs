@@ -5,7 +5,7 @@
 //! the inputs, outputs and arena size. RELOCS, KERNELS and SCHEDULE stay
 //! empty: they describe CPU code.
 
-use kiln_format::{Artifact, CudaCode, CudaKernel, Metadata, TensorSpec};
+use kiln_format::{Artifact, CudaCode, CudaKernel, Metadata, Profile, TensorSpec};
 
 use crate::ptxas::Assembled;
 use crate::{CudaProgram, IoSpec};
@@ -58,10 +58,13 @@ pub fn to_artifact(
         target: format!("cuda-sm{}", program.sm.sm),
         options: info.options,
         source_sha256: info.source_sha256,
+    };
+    let profile = Profile {
         inputs: program.inputs.iter().map(spec).collect(),
         outputs: program.outputs.iter().map(spec).collect(),
         arena_size: program.arena_size,
         dense_kernels: Vec::new(),
+        schedule: Vec::new(),
     };
-    code.into_artifact(metadata, program.weights.clone())
+    code.into_artifact(metadata, profile, program.weights.clone())
 }

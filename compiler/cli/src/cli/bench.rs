@@ -1,7 +1,7 @@
 //! `kiln bench`: latency percentiles of an artifact over many runs and,
 //! with `--profile`, the time of every schedule step.
 
-use super::inputs::{gather_inputs, session_threads, InputArgs};
+use super::inputs::{gather_inputs, profile_inputs, session_threads, InputArgs};
 use super::{exit, Failure};
 use clap::Args;
 use kiln_runtime::{Model, Session, Tensor};
@@ -39,11 +39,10 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
     let model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(model.inputs(), &a.inputs)?;
+    let inputs = gather_inputs(&profile_inputs(&model), &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
-    let mut outputs: Vec<Vec<u8>> = model
-        .outputs()
-        .iter()
+    let profile = &model.profiles()[model.profile_for(&views)?];
+    let mut outputs: Vec<Vec<u8>> = (profile.outputs.iter())
         .map(|s| vec![0u8; s.byte_len() as usize])
         .collect();
     // A session's runs never allocate, so the timings hold no allocator.
@@ -65,7 +64,7 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let wall = total.elapsed().as_secs_f64();
-    let profile = match a.profile {
+    let step_times = match a.profile {
         Some(_) => {
             let mut steps = Vec::new();
             let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|v| v.as_mut_slice()).collect();
@@ -82,13 +81,13 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
     let mean = times.iter().sum::<f64>() / times.len() as f64;
     let throughput = a.runs as f64 / wall;
     // Per step: (node, tasks, mean ms per run), slowest first.
-    let profile: Option<Vec<(&str, usize, f64)>> = profile.map(|steps| {
-        let mut rows: Vec<_> = model
-            .step_nodes()
-            .iter()
-            .zip(model.step_tasks())
+    let profile: Option<Vec<(&str, usize, f64)>> = step_times.map(|steps| {
+        let mut rows: Vec<_> = (profile.schedule.iter())
             .zip(&steps)
-            .map(|((node, tasks), t)| (node.as_str(), tasks, t.as_secs_f64() * 1e3 / a.runs as f64))
+            .map(|(step, t)| {
+                let ms = t.as_secs_f64() * 1e3 / a.runs as f64;
+                (step.node.as_str(), step.tasks as usize, ms)
+            })
             .collect();
         rows.sort_by(|x, y| y.2.total_cmp(&x.2));
         rows

@@ -168,8 +168,12 @@ pub(super) fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> R
         Failure::new(f.code, format!("{}: {}", a.model.display(), f.message))
     };
     let model = kiln_onnx::load_model(&a.model).map_err(at_model)?;
-    let report = kiln_onnx::preflight(&model, kiln_onnx::model_dir(&a.model), &opts.import)
+    // Profiles bind their dims one combination at a time: the first stands
+    // for all (the dims are the same, only their values differ).
+    let imports = opts.profiles.imports(&opts.import)?;
+    let report = kiln_onnx::preflight(&model, kiln_onnx::model_dir(&a.model), &imports[0].1)
         .map_err(at_model)?;
+    let weights = kiln_onnx::summarize(&model).initializer_bytes;
     let dims: Vec<Value> = report
         .unbound_dims
         .iter()
@@ -183,12 +187,16 @@ pub(super) fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> R
             .collect();
         println!(
             "{}",
-            json!({"model": a.model.display().to_string(), "ok": report.is_clear(), "unsupported": ops, "unbound_dims": dims})
+            json!({"model": a.model.display().to_string(), "ok": report.is_clear(), "unsupported": ops, "unbound_dims": dims, "profiles": imports.len(), "weights_bytes_estimate": weights})
         );
     } else if report.is_clear() {
         println!(
             "{}: every op is supported and every input dim is bound",
             a.model.display()
+        );
+        println!(
+            "  {} profile(s); weights about {weights} B, stored once for all of them, plus code and schedule per profile",
+            imports.len()
         );
     } else {
         for u in &report.unsupported {
@@ -200,6 +208,22 @@ pub(super) fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> R
                 .map(|n| format!(" ('{n}'; bind with --dim {n}=V)"))
                 .unwrap_or_default();
             println!("input '{input}' dim {i} is unbound{name}; or bind the whole shape with --input-shape {input}=...");
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for n in report
+            .unbound_dims
+            .iter()
+            .filter_map(|(_, _, n)| n.as_deref())
+        {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        if !names.is_empty() {
+            let line: Vec<String> = (names.iter())
+                .map(|n| format!("--dim {n}={}", kiln_onnx::suggested_dim(n)))
+                .collect();
+            println!("e.g.: {}", line.join(" "));
         }
     }
     if report.is_clear() {
@@ -420,6 +444,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
         write_file(path, p.plan.to_json().as_bytes())?;
     }
     let meta = &out.artifact.metadata;
+    let first = &out.artifact.profiles[0];
     for line in generic_dense_warnings(&out.artifact) {
         eprintln!("{line}");
     }
@@ -443,10 +468,11 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "kernels": kernel_count(&out.artifact),
                 "code_bytes": out.artifact.text.len(),
                 "weights_bytes": out.artifact.weights.len(),
-                "arena_bytes": meta.arena_size,
+                "arena_bytes": out.artifact.arena_size(),
                 "memory": memory,
-                "inputs": specs_json(&meta.inputs),
-                "outputs": specs_json(&meta.outputs),
+                "inputs": specs_json(&first.inputs),
+                "outputs": specs_json(&first.outputs),
+                "profiles": profiles_json(&out),
                 "passes": passes,
                 "import_ms": out.import_time.as_secs_f64() * 1e3,
                 "codegen_ms": out.codegen_time.as_secs_f64() * 1e3,
@@ -455,7 +481,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "reproducible": reproducible.is_some().then_some(true),
                 "signature": signature_path.as_ref().map(|p| p.display().to_string()),
                 "precision": precision_json,
-                "dense_kernels": dense_kernels_json(&meta.dense_kernels),
+                "dense_kernels": dense_kernels_json(&first.dense_kernels),
                 "golden": driver::report::golden_json(&out.artifact.golden),
                 "golden_inputs": driver::golden::describe(&opts),
                 "golden_fits": driver::report::golden_fits_json(&out.golden_fits),
@@ -470,9 +496,16 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
         kernel_count(&out.artifact),
         out.artifact.text.len(),
         out.artifact.weights.len(),
-        meta.arena_size,
+        out.artifact.arena_size(),
         elapsed.as_secs_f64() * 1e3
     );
+    if !out.profiles.is_empty() {
+        println!(
+            "  {} profiles ({}), one weights section",
+            out.profiles.len(),
+            out.profiles.join("; ")
+        );
+    }
     if let Some(p) = &out.precision {
         print_precision(p);
     }
@@ -765,4 +798,14 @@ pub(super) fn print_precision(p: &driver::PrecisionOutcome) {
             l.node, l.op, l.precision, l.rel_l2, l.cosine, l.max_abs
         );
     }
+}
+
+/// Each profile's bindings, input shapes and arena (empty for one).
+fn profiles_json(out: &driver::Compiled) -> Value {
+    let list: Vec<Value> = (out.profiles.iter().zip(&out.artifact.profiles))
+        .map(|(label, p)| {
+            json!({"bindings": label, "inputs": specs_json(&p.inputs), "outputs": specs_json(&p.outputs), "arena_bytes": p.arena_size})
+        })
+        .collect();
+    json!(list)
 }

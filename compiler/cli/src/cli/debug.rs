@@ -77,7 +77,7 @@ fn investigate(a: &DebugArgs, progress: bool) -> Result<Found, Failure> {
         ));
     }
     let source = Source::read(&a.model)?;
-    let inputs = gather_inputs(&source.inputs(&opts)?, &a.inputs)?;
+    let inputs = gather_inputs(&[&source.inputs(&opts)?], &a.inputs)?;
     if a.bisect_passes {
         let bisection = debug::bisect_passes(&source, &opts, &inputs, tolerance, |t, tol| {
             if progress {

@@ -24,6 +24,11 @@ pub(super) struct InputArgs {
     /// Seed for --random.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The shape of a random input (NAME=2x16, repeatable), which picks
+    /// the artifact's profile of that shape; by default random inputs take
+    /// the first profile's shapes (or those that fit the inputs given).
+    #[arg(long = "shape", value_name = "NAME=DIMS", value_parser = super::options::input_shape_u64)]
+    shapes: Vec<(String, Vec<u64>)>,
 }
 
 /// Deterministic pseudo-random tensor for a spec (SplitMix64).
@@ -56,10 +61,16 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
     }
 }
 
+/// The inputs `args` give (files, or random values) for a model whose
+/// inputs have the shapes of one of `candidates` (an artifact's profiles;
+/// all have the same names and dtypes). Random inputs take the shapes of
+/// the first candidate that fits the files given and the `--shape`s; with
+/// several candidates and none that fits, the error lists them.
 pub(super) fn gather_inputs(
-    specs: &[TensorSpec],
+    candidates: &[&[TensorSpec]],
     args: &InputArgs,
 ) -> Result<Vec<Tensor>, Failure> {
+    let specs = candidates[0];
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     if let Some(npz) = &args.inputs_npz {
         let want = |name: &str| specs.iter().find(|s| s.name == name).map(|s| s.dtype);
@@ -84,6 +95,55 @@ pub(super) fn gather_inputs(
             ),
         ));
     }
+    if let Some((name, _)) = args
+        .shapes
+        .iter()
+        .find(|(n, _)| !specs.iter().any(|s| &s.name == n))
+    {
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "--shape names '{name}', which is not an input; the model's inputs are: {}",
+                names.join(", ")
+            ),
+        ));
+    }
+    let shape_of = |name: &str| {
+        (given.get(name).map(|t| t.shape.as_slice())).or_else(|| {
+            args.shapes
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d.as_slice())
+        })
+    };
+    let fits = |c: &[TensorSpec]| {
+        c.iter()
+            .all(|s| shape_of(&s.name).is_none_or(|d| d == s.shape.as_slice()))
+    };
+    let specs = match candidates.iter().find(|c| fits(c)) {
+        Some(c) => *c,
+        // One profile: a run reports the input that does not fit.
+        None if candidates.len() == 1 => specs,
+        None => {
+            let list: Vec<String> = (candidates.iter().enumerate())
+                .map(|(i, c)| {
+                    let c: Vec<String> = c
+                        .iter()
+                        .map(|s| format!("{}: {}", s.name, s.type_string()))
+                        .collect();
+                    format!("  profile {i}: {}", c.join(", "))
+                })
+                .collect();
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "no profile of the artifact has the input shapes given; its profiles:\n{}",
+                    list.join("\n")
+                ),
+            ));
+        }
+    };
     let mut inputs = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         match given.remove(&spec.name) {
@@ -112,4 +172,13 @@ pub(super) fn gather_inputs(
 pub(super) fn session_threads(model: &Model, requested: Option<usize>) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     requested.unwrap_or(cores).clamp(1, model.max_tasks())
+}
+
+/// The input specs of every profile of `model`, for [`gather_inputs`].
+pub(super) fn profile_inputs(model: &Model) -> Vec<&[TensorSpec]> {
+    model
+        .profiles()
+        .iter()
+        .map(|p| p.inputs.as_slice())
+        .collect()
 }

@@ -108,7 +108,9 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     }
     println!("  built by {} with: {}", m.compiler_version, m.options);
     println!("  source model sha256 {}", hex(&m.source_sha256));
-    print_io(m);
+    let first = &view.profiles[0];
+    print_io(first);
+    print_profiles(&view.profiles);
     if let Some(line) = kiln_driver::report::golden_summary(&view.golden) {
         println!("  {line}");
     }
@@ -117,7 +119,6 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
             text,
             kernels,
             relocs,
-            schedule,
         } => {
             println!(
                 "  sections: weights {} B, code {} B ({} kernels, {} relocations), schedule {} steps, arena {} B",
@@ -125,16 +126,16 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
                 text.len(),
                 kernels.len(),
                 relocs.len(),
-                schedule.len(),
-                m.arena_size
+                first.schedule.len(),
+                view.arena_size()
             );
             println!("  kernels:");
             for (i, k) in kernels.iter().enumerate() {
                 println!("    #{i:<4} {:>7} B  {}", k.text_len, k.name);
             }
-            print_dense_kernels(&m.dense_kernels);
+            print_dense_kernels(&first.dense_kernels);
         }
-        Code::Cuda(code) => print_cuda_kernels(view.weights.len(), m.arena_size, code),
+        Code::Cuda(code) => print_cuda_kernels(view.weights.len(), view.arena_size(), code),
     }
     Ok(())
 }
@@ -280,8 +281,32 @@ fn inspect_model(a: &InspectArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// With more than one profile, a line per profile: its input and output
+/// shapes, arena and steps. (The other lines describe the first profile.)
+fn print_profiles(profiles: &[kiln_format::Profile]) {
+    if profiles.len() < 2 {
+        return;
+    }
+    println!(
+        "  profiles: {} (a run's input shapes pick one; the lines above and below describe profile 0)",
+        profiles.len()
+    );
+    for (i, p) in profiles.iter().enumerate() {
+        let outputs: Vec<String> = (p.outputs.iter())
+            .map(|s| format!("{}: {}", s.name, s.type_string()))
+            .collect();
+        println!(
+            "    #{i:<3} {} -> {}; arena {} B, {} steps",
+            p.describe_inputs(),
+            outputs.join(", "),
+            p.arena_size,
+            p.schedule.len()
+        );
+    }
+}
+
 /// The `input`/`output` lines of an artifact description.
-fn print_io(m: &kiln_format::Metadata) {
+fn print_io(m: &kiln_format::Profile) {
     for (what, specs) in [("input ", &m.inputs), ("output", &m.outputs)] {
         for s in specs {
             println!(

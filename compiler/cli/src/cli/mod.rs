@@ -153,6 +153,7 @@ impl From<kiln_runtime::Error> for Failure {
             | E::DuplicateInput(_)
             | E::MissingInput { .. }
             | E::InputTypeMismatch { .. }
+            | E::NoProfile { .. }
             | E::InputDataLength { .. }
             | E::OutputCount { .. }
             | E::OutputBufferSize { .. }

@@ -11,12 +11,15 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone)]
 pub(super) struct ModelArgs {
-    /// Bind a whole input shape: NAME=1x3x224x224 (repeatable).
-    #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = input_shape)]
-    input_shapes: Vec<(String, Vec<usize>)>,
-    /// Bind a symbolic dim by name: NAME=VALUE (repeatable).
-    #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = dim)]
-    dims: Vec<(String, usize)>,
+    /// Bind a whole input shape: NAME=1x3x224x224 (repeatable). Several
+    /// shapes, NAME=1x3x224x224|4x3x224x224, make one profile each.
+    #[arg(long = "input-shape", value_name = "NAME=DIMS[|DIMS...]", value_parser = input_shapes)]
+    input_shapes: Vec<(String, Vec<Vec<usize>>)>,
+    /// Bind a symbolic dim by name: NAME=VALUE (repeatable). Several values
+    /// (a list 1,8,32 and/or ranges LO..HI:STEP, HI included when on the
+    /// step) make one profile each; the artifact holds every combination.
+    #[arg(long = "dim", value_name = "NAME=VALUES", value_parser = dim_values)]
+    dims: Vec<(String, Vec<usize>)>,
     /// Fix a graph input's value at compile time: NAME=FILE.npy
     /// (repeatable). The input folds into what reads it (a Reshape target,
     /// Pad amounts, TopK's k) and is no longer an input of the artifact.
@@ -109,10 +112,23 @@ pub(super) fn compile_options(args: &ModelArgs, target: Target) -> Result<Compil
     }
     opts.precision.keep_fp32 = args.keep_fp32.clone();
     opts.precision.force = args.force.clone();
-    opts.import
-        .input_shapes
-        .extend(args.input_shapes.iter().cloned());
-    opts.import.dims.extend(args.dims.iter().cloned());
+    // One value binds as before; several make profiles.
+    for (name, shapes) in &args.input_shapes {
+        if let [one] = shapes.as_slice() {
+            opts.import.input_shapes.insert(name.clone(), one.clone());
+        } else {
+            opts.profiles
+                .input_shapes
+                .insert(name.clone(), shapes.clone());
+        }
+    }
+    for (name, values) in &args.dims {
+        if let [one] = values.as_slice() {
+            opts.import.dims.insert(name.clone(), *one);
+        } else {
+            opts.profiles.dims.insert(name.clone(), values.clone());
+        }
+    }
     for (name, path) in &args.bind_inputs {
         let value = npy::read_ir_tensor(path)?;
         opts.import.input_values.insert(name.clone(), value);
@@ -136,11 +152,64 @@ fn input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
     Ok((name.to_string(), dims))
 }
 
-/// `--dim NAME=VALUE`.
-fn dim(s: &str) -> Result<(String, usize), String> {
-    let (name, v) = name_value(s)?;
-    let v = v.parse().map_err(|_| format!("'{v}' is not a number"))?;
-    Ok((name.to_string(), v))
+/// `--shape NAME=2x16` of `kiln run`/`bench`.
+pub(super) fn input_shape_u64(s: &str) -> Result<(String, Vec<u64>), String> {
+    let (name, dims) = input_shape(s)?;
+    Ok((name, dims.into_iter().map(|d| d as u64).collect()))
+}
+
+/// `--input-shape NAME=1x3x224x224|4x3x224x224`: distinct shapes.
+fn input_shapes(s: &str) -> Result<(String, Vec<Vec<usize>>), String> {
+    let (name, shapes) = name_value(s)?;
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for shape in shapes.split('|') {
+        let (_, dims) = input_shape(&format!("{name}={shape}"))?;
+        if out.contains(&dims) {
+            return Err(format!("shape '{shape}' is given twice"));
+        }
+        out.push(dims);
+    }
+    Ok((name.to_string(), out))
+}
+
+/// `--dim NAME=VALUES`: comma-separated numbers and ranges `LO..HI:STEP`
+/// (`:STEP` defaults to 1; HI is included when a step lands on it), each
+/// value at least 1 and given once.
+fn dim_values(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, values) = name_value(s)?;
+    let number = |v: &str| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("'{v}' is not a positive number (in --dim {s})"))
+    };
+    let mut out: Vec<usize> = Vec::new();
+    for part in values.split(',') {
+        let expanded: Vec<usize> = match part.split_once("..") {
+            None => vec![number(part)?],
+            Some((lo, rest)) => {
+                let (hi, step) = rest.split_once(':').unwrap_or((rest, "1"));
+                let (lo, hi, step) = (number(lo)?, number(hi)?, number(step)?);
+                if lo > hi {
+                    return Err(format!("range '{part}' is empty (in --dim {s})"));
+                }
+                if (hi - lo) / step >= kiln_driver::MAX_PROFILES {
+                    return Err(format!(
+                        "range '{part}' has more than {} values (in --dim {s})",
+                        kiln_driver::MAX_PROFILES
+                    ));
+                }
+                (lo..=hi).step_by(step).collect()
+            }
+        };
+        for v in expanded {
+            if out.contains(&v) {
+                return Err(format!("value {v} is given twice (in --dim {s})"));
+            }
+            out.push(v);
+        }
+    }
+    Ok((name.to_string(), out))
 }
 
 /// `--bind-input NAME=FILE.npy`.

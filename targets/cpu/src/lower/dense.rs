@@ -23,7 +23,7 @@ use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::epilogue::{EpilogueOp, EpilogueStep, Operand};
 use crate::microkernel::gemm::{
     epilogue_fits, packed_a_rows, ALayout, Activation, BLayout, Blocking, CLayout, Call, Elem,
-    GemmSpec, MAX_MR,
+    GemmSpec, PackedSide, MAX_MR,
 };
 use crate::microkernel::im2col::Im2col;
 use crate::microkernel::pack::{
@@ -1201,6 +1201,40 @@ pub(crate) fn takes_half_operands(graph: &Graph, id: NodeId, bf16_dot: bool) -> 
     }
 }
 
+/// The GEMM tile `(vector, m, n, max_rows)` ([`Blocking::choose_within`])
+/// for a node whose input `packed.0`, a constant, is packed at compile time
+/// along side `packed.1` (`packed.2` says how: shapes and element types).
+/// A constant an earlier profile packed keeps its tile side
+/// ([`Weights::shared_side`]); with no constant packed, the free choice.
+fn packed_blocking(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    packed: Option<(usize, PackedSide, String)>,
+    (vector, m, n, max_rows): (Vector, usize, usize, usize),
+) -> Blocking {
+    let Some((input, side, how)) = packed else {
+        return Blocking::choose_for(vector, m, n, max_rows);
+    };
+    let name = &cx.graph.node(cx.input_ids[input]).name;
+    weights.shared_side(format!("{side:?} {name} {how}"), |fixed| {
+        let tile = Blocking::choose_within(vector, m, n, max_rows, fixed.map(|v| (side, v)));
+        (tile, tile.side(side))
+    })
+}
+
+/// [`packed_blocking`] for a convolution whose weights are the packed A.
+fn conv_weights_blocking(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    elem: Elem,
+    tile: (Vector, usize, usize, usize),
+) -> Blocking {
+    let w = &cx.inputs[1].1.shape;
+    let how = format!("{w:?} g{} {elem:?}", c.group);
+    packed_blocking(cx, weights, Some((1, PackedSide::Rows, how)), tile)
+}
+
 /// B packed for the kernel's element types.
 fn pack_b_for(
     elem: Elem,
@@ -1297,8 +1331,17 @@ fn matmul(cx: &NodeCx, weights: &mut Weights, vector: Vector) -> Attempt<GemmSpe
     let foldable = !a_packed && a_batch == batch.as_slice() && b_batch.iter().all(|&d| d == 1);
     let rows = if foldable { count * m } else { m };
     let max_rows = if a_packed { packed_a_rows(k) } else { MAX_MR };
-    let blocking = Blocking::choose_for(vector, rows, n, max_rows);
     let mats = |sh: &[usize]| sh.iter().product::<usize>();
+    let packed = match (b_const.is_some(), a_packed) {
+        (true, _) => Some((
+            1,
+            PackedSide::Columns,
+            format!("{k}x{n}x{} {elem:?}", mats(b_batch)),
+        )),
+        (false, true) => Some((0, PackedSide::Rows, format!("{m}x{k}x{}", mats(a_batch)))),
+        _ => None,
+    };
+    let blocking = packed_blocking(cx, weights, packed, (vector, rows, n, max_rows));
     // Per-matrix byte sizes of each operand as the kernel reads it.
     let (a_layout, a_base, a_mat) = match (a_const, b_const) {
         (Some(v), None) => {
@@ -1495,7 +1538,16 @@ fn gemm(
     let ea = aty.dtype.size_bytes();
     let a_packed = a_const.is_some() && b_const.is_none();
     let max_rows = if a_packed { packed_a_rows(k) } else { MAX_MR };
-    let blocking = Blocking::choose_for(vector, m, n, max_rows);
+    let packed = match (b_const.is_some(), a_packed) {
+        (true, _) => Some((
+            1,
+            PackedSide::Columns,
+            format!("{k}x{n}{trans_b:?} {elem:?}"),
+        )),
+        (false, true) => Some((0, PackedSide::Rows, format!("{m}x{k}{trans_a:?}"))),
+        _ => None,
+    };
+    let blocking = packed_blocking(cx, weights, packed, (vector, m, n, max_rows));
     let (b, b_base) = match b_const {
         Some(v) => {
             let bytes = pack_b_for(elem, v, k, n, b_row, b_col, blocking.nr());
@@ -1677,7 +1729,8 @@ fn fully_connected_conv(
         .or_decline(|| "the weights are not a constant".into())?;
     let k = wty.shape[1] * kh * kw;
     require(k > 0, || "the window is empty".into())?;
-    let blocking = Blocking::choose_for(machine.vector, batch, oc, MAX_MR);
+    let packed = Some((1, PackedSide::Columns, format!("{k}x{oc}T {elem:?}")));
+    let blocking = packed_blocking(cx, weights, packed, (machine.vector, batch, oc, MAX_MR));
     let packed = pack_b_for(elem, &wv, k, oc, 1, k, blocking.nr());
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let ea = xty.dtype.size_bytes() as i64;
@@ -1726,7 +1779,13 @@ fn pointwise_conv(
     f32_on(machine.vector, elem)?;
     let p = h * w;
     let cin_g = cin / c.group;
-    let blocking = Blocking::choose_for(machine.vector, oc / c.group, p, packed_a_rows(cin_g));
+    let blocking = conv_weights_blocking(
+        cx,
+        weights,
+        c,
+        elem,
+        (machine.vector, oc / c.group, p, packed_a_rows(cin_g)),
+    );
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let mut calls = Vec::with_capacity(batch * groups.count);
@@ -1778,7 +1837,13 @@ fn im2col_conv(
         too_much_scratch(first.col_bytes())
     })?;
     let (k, p) = (cin_g * kh * kw, band * ow);
-    let blocking = Blocking::choose_for(machine.vector, oc / c.group, p, packed_a_rows(k));
+    let blocking = conv_weights_blocking(
+        cx,
+        weights,
+        c,
+        elem,
+        (machine.vector, oc / c.group, p, packed_a_rows(k)),
+    );
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     // `lower` points B at the im2col matrix once scratch is reserved.
@@ -2100,7 +2165,13 @@ fn implicit_conv(
     let calls_wanted = batch * oh * c.group;
     require(calls_wanted <= MAX_CALLS, || too_many_calls(calls_wanted))?;
     let k = cin_g * kh * kw;
-    let blocking = Blocking::choose_for(vector, oc / c.group, ow, packed_a_rows(k));
+    let blocking = conv_weights_blocking(
+        cx,
+        weights,
+        c,
+        elem,
+        (vector, oc / c.group, ow, packed_a_rows(k)),
+    );
     let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let rows_p = padded_rows(band);

@@ -112,6 +112,20 @@ impl Blocking {
     /// chain). Rows are balanced over the row tiles; tiles have at most
     /// `max_rows` rows.
     pub(crate) fn choose_for(vector: Vector, m: usize, n: usize, max_rows: usize) -> Blocking {
+        Blocking::choose_within(vector, m, n, max_rows, None)
+    }
+
+    /// [`Blocking::choose_for`] with one side of the tile fixed (the rows
+    /// `mr` of a packed A, or the vectors `nv` of a packed B, as an earlier
+    /// profile packed the same constant): the cheapest tile with that side,
+    /// or the free choice when no tile has it.
+    pub(crate) fn choose_within(
+        vector: Vector,
+        m: usize,
+        n: usize,
+        max_rows: usize,
+        fixed: Option<(PackedSide, usize)>,
+    ) -> Blocking {
         let cycles = |mr: usize, nv: usize| -> f64 {
             let fma = (mr * nv) as f64 / 2.0;
             let loads = (mr + nv) as f64 / 2.0;
@@ -147,6 +161,14 @@ impl Blocking {
                         }
                     }
                 }
+                let allowed = match fixed {
+                    None => true,
+                    Some((PackedSide::Rows, f)) => mr == f,
+                    Some((PackedSide::Columns, f)) => nv == f,
+                };
+                if !allowed {
+                    continue;
+                }
                 // On ties prefer the larger tile (fewer loop overheads).
                 let tie = (cost - best.0).abs() < 1e-9 && mr * nv > best.1.mr * best.1.nv;
                 if cost < best.0 - 1e-9 || tie {
@@ -154,8 +176,29 @@ impl Blocking {
                 }
             }
         }
-        best.1
+        match (fixed, best.0.is_finite()) {
+            (Some(_), false) => Blocking::choose_within(vector, m, n, max_rows, None),
+            _ => best.1,
+        }
     }
+
+    /// The side `side` of this tile.
+    pub(crate) fn side(self, side: PackedSide) -> usize {
+        match side {
+            PackedSide::Rows => self.mr,
+            PackedSide::Columns => self.nv,
+        }
+    }
+}
+
+/// The side of a tile that packing a constant operand at compile time
+/// fixes: the rows of a packed A panel, or the vectors of a packed B panel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PackedSide {
+    /// `mr`: A is packed in panels of `mr` rows.
+    Rows,
+    /// `nv`: B is packed in panels of `nv` vectors of columns.
+    Columns,
 }
 
 /// How the kernel reads A.
