@@ -29,6 +29,7 @@ mod manager;
 mod pass;
 pub mod precision;
 mod recognize;
+pub mod rows;
 mod simplify;
 
 pub use dce::DeadCodeElimination;

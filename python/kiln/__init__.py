@@ -135,6 +135,8 @@ class _Runner:
     _inputs: Dict[str, TensorInfo]
     _outputs: Tuple[TensorInfo, ...]
     _profiles: Tuple["Profile", ...]
+    _paddable: bool
+    _model_native: Any
 
     @property
     def inputs(self) -> Tuple[TensorInfo, ...]:
@@ -154,18 +156,12 @@ class _Runner:
         return self._profiles
 
     def _outputs_for(self, tuples: list) -> Tuple[TensorInfo, ...]:
-        """The outputs of the profile the inputs' shapes pick."""
-        if len(self._profiles) == 1:
+        """The outputs of a run of these inputs: the profile their shapes
+        pick, cut back where the run pads (``kiln compile --pad-dim``)."""
+        if len(self._profiles) == 1 and not self._paddable:
             return self._outputs
-        shapes = {name: tuple(shape) for name, _, shape, _ in tuples}
-        for p in self._profiles:
-            if all(shapes.get(i.name) == i.shape for i in p.inputs):
-                return p.outputs
-        given = ", ".join(f"{n}: {list(s)}" for n, s in shapes.items())
-        have = "; ".join(
-            ", ".join(f"{i.name}: {list(i.shape)}" for i in p.inputs) for p in self._profiles
-        )
-        raise InputError(f"no profile of the model takes inputs of these shapes ({given}); its profiles: {have}")
+        shapes = self._model_native.output_shapes(tuples)
+        return tuple(dataclasses.replace(o, shape=tuple(s)) for o, s in zip(self._outputs, shapes))
 
     def _input_tuples(self, feeds: Mapping[str, Any]) -> list:
         if not isinstance(feeds, Mapping):
@@ -267,6 +263,8 @@ class Model(_Runner):
             Profile(tuple(map(TensorInfo._of, ins)), tuple(map(TensorInfo._of, outs)))
             for ins, outs in native.profiles
         )
+        self._paddable = native.paddable
+        self._model_native = native
 
     @property
     def target(self) -> str:
@@ -330,6 +328,8 @@ class Session(_Runner):
         self._inputs = model._inputs
         self._outputs = model._outputs
         self._profiles = model._profiles
+        self._paddable = model._paddable
+        self._model_native = model._model_native
 
     @property
     def threads(self) -> int:
@@ -390,6 +390,7 @@ def compile(
     validate: Optional[Union[PathLike, Iterable[Mapping[str, np.ndarray]]]] = None,
     coverage_warn: Optional[float] = None,
     keep_values: Optional[Union[str, Sequence[str]]] = None,
+    pad_dims: Sequence[str] = (),
     args: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Compiles an ONNX model into a ``.kiln`` artifact at ``output``.
@@ -407,6 +408,8 @@ def compile(
     given several values (``dims={"batch": [1, 8, 32]}`` or
     ``{"seq": "16..512:16"}``) makes one profile per value in one artifact
     (:attr:`Model.profiles`); a run picks the profile of its inputs' shapes.
+    ``pad_dims`` names dims a run may pad up to the next profile
+    (``--pad-dim``; refused when an op combines rows along them).
 
     Returns the report ``kiln compile --json`` prints, as Python objects.
     Raises the :class:`KilnError` subclass of the command's exit code.
@@ -443,6 +446,8 @@ def compile(
             argv += ["--golden", _calibration_dir(golden, scratch, "golden")]
         if validate is not None:
             argv += ["--validate", _calibration_dir(validate, scratch, "validate")]
+        for name in pad_dims:
+            argv += ["--pad-dim", name]
         argv += list(args)
         return json.loads(_kiln.compile_report(argv))
 

@@ -240,6 +240,19 @@ impl Model {
             .collect()
     }
 
+    /// Whether runs may pad a dim up to a larger profile (`--pad-dim`).
+    #[getter]
+    fn paddable(&self) -> bool {
+        !self.inner.paddable_dims().is_empty()
+    }
+
+    /// The output shapes of a run of these inputs (the profile they pick,
+    /// cut back where the run pads).
+    fn output_shapes(&self, inputs: Vec<InputTuple<'_>>) -> PyResult<Vec<Vec<u64>>> {
+        let views = borrow_inputs(&inputs)?;
+        self.inner.output_shapes(&views).map_err(runtime_err)
+    }
+
     /// The most threads a session can use (the most tasks of any step).
     #[getter]
     fn max_tasks(&self) -> usize {

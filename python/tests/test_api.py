@@ -443,3 +443,21 @@ def test_profiles_serve_every_batch_compiled_for(tmp_path):
             assert rel_error(got, expected[:rows]) <= FP32_TOLERANCE
     with pytest.raises(kiln.InputError, match="no profile"):
         model.run({"input": images[:5]})
+
+
+def test_padded_batches_run_on_the_next_profile(tmp_path):
+    """With `--pad-dim batch`, a batch between profiles runs padded on the
+    next larger one and returns its own rows, as an exact build does."""
+    fixture = Fixture(FIXTURES / "digits_cnn")
+    images = fixture.arrays("inputs")["input"]
+    path = tmp_path / "padded.kiln"
+    kiln.compile(DIGITS, path, dims={"batch": [1, 8, 32]}, pad_dims=["batch"])
+    exact_path = tmp_path / "exact.kiln"
+    kiln.compile(DIGITS, exact_path, dims={"batch": 5})
+    got = kiln.load(path).run({"input": images[:5]})
+    want = kiln.load(exact_path).run({"input": images[:5]})
+    for name in ("logits", "probs"):
+        assert got[name].shape == (5, 10)
+        assert rel_error(got[name], want[name]) <= 1e-6
+    with pytest.raises(kiln.InputError, match="no profile"):
+        kiln.load(path).run({"input": images[:33]})

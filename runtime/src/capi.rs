@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::format::TensorSpec;
 use crate::memory::AlignedBuf;
-use crate::model::Program;
+use crate::model::{Pick, Program};
 use crate::pool::Pool;
 use crate::{Error, Model, Session};
 
@@ -752,8 +752,10 @@ unsafe fn select_profile(
     function: &str,
     program: &Program,
     shaped: Option<Shaped>,
-) -> Result<usize, (c_int, String)> {
-    let Some(shaped) = shaped else { return Ok(0) };
+) -> Result<Pick, (c_int, String)> {
+    let Some(shaped) = shaped else {
+        return Ok(Pick::exact(0));
+    };
     let specs = program.inputs();
     if shaped.input_dims.is_null() && !specs.is_empty() {
         return Err(arg_error(function, "input_dims is NULL"));
@@ -775,20 +777,16 @@ unsafe fn select_profile(
             _ => unsafe { std::slice::from_raw_parts(dims, rank) },
         });
     }
-    let profiles = program.profiles();
-    match (profiles.iter()).position(|p| p.accepts(given.iter().copied())) {
-        Some(p) => Ok(p),
-        None => {
-            let described: Vec<String> = (specs.iter().zip(&given))
-                .map(|(s, d)| format!("{}: {}", s.name, crate::format::type_string(s.dtype, d)))
-                .collect();
-            let e = Error::NoProfile {
-                given: described.join(", "),
-                available: profiles.iter().map(|p| p.describe_inputs()).collect(),
-            };
-            Err(arg_error(function, &e.to_string()))
-        }
-    }
+    let shapes = || (specs.iter().zip(&given).enumerate()).map(|(i, (s, d))| (i, s.dtype, *d));
+    program.pick(shapes).ok_or_else(|| {
+        let described: Vec<String> = (specs.iter().zip(&given))
+            .map(|(s, d)| format!("{}: {}", s.name, crate::format::type_string(s.dtype, d)))
+            .collect();
+        arg_error(
+            function,
+            &program.no_profile(described.join(", ")).to_string(),
+        )
+    })
 }
 
 /// One inference of `program` over `arena`, with C buffers; `function`
@@ -809,12 +807,18 @@ unsafe fn run(
 ) -> Result<(), (c_int, String)> {
     let arg = |msg: &str| arg_error(function, msg);
     // SAFETY: per the contract.
-    let profile = unsafe { select_profile(function, program, shaped) }?;
-    let (in_specs, out_specs) = (program.inputs_of(profile), program.outputs_of(profile));
-    let (n_in, n_out) = (in_specs.len(), out_specs.len());
+    let pick = unsafe { select_profile(function, program, shaped) }?;
+    let (n_in, n_out) = (program.inputs().len(), program.outputs().len());
     if (inputs.is_null() && n_in > 0) || (outputs.is_null() && n_out > 0) {
         return Err(arg("inputs or outputs array is NULL"));
     }
+    let byte_len = |dtype: crate::DType, shape: &[u64]| {
+        shape.iter().product::<u64>() as usize * dtype.size_bytes()
+    };
+    let out_specs = program.outputs_of(pick.profile);
+    let out_lens: Vec<usize> = (out_specs.iter().enumerate())
+        .map(|(i, s)| byte_len(s.dtype, &program.output_shape(&pick, i)))
+        .collect();
     if let Some(shaped) = shaped {
         if shaped.output_capacity.is_null() && n_out > 0 {
             return Err(arg("output_capacity is NULL"));
@@ -822,59 +826,61 @@ unsafe fn run(
         for (i, spec) in out_specs.iter().enumerate() {
             // SAFETY: `output_capacity` holds `n_out` sizes.
             let capacity = unsafe { *shaped.output_capacity.add(i) };
-            if (capacity as u64) < spec.byte_len() {
+            if capacity < out_lens[i] {
                 return Err(arg(&format!(
-                    "output {i} ('{}') is {} in this profile: {} bytes, but its buffer holds {capacity}",
+                    "output {i} ('{}') is {} in this run: {} bytes, but its buffer holds {capacity}",
                     spec.name,
-                    spec.type_string(),
-                    spec.byte_len()
+                    crate::format::type_string(spec.dtype, &program.output_shape(&pick, i)),
+                    out_lens[i]
                 )));
             }
         }
     }
     for (i, spec) in out_specs.iter().enumerate() {
         // SAFETY: `outputs` holds `n_out` pointers.
-        if unsafe { *outputs.add(i) }.is_null() && spec.byte_len() > 0 {
+        if unsafe { *outputs.add(i) }.is_null() && out_lens[i] > 0 {
             return Err(arg(&format!("output {i} ('{}') is NULL", spec.name)));
         }
     }
-    for (i, spec) in in_specs.iter().enumerate() {
-        let len = spec.byte_len() as usize;
+    for (i, spec) in program.inputs_of(pick.profile).iter().enumerate() {
+        let len = byte_len(spec.dtype, &program.input_shape(&pick, i));
         // SAFETY: `inputs` holds `n_in` pointers.
         let ptr = unsafe { *inputs.add(i) }.cast::<u8>();
         if ptr.is_null() && len > 0 {
             return Err(arg(&format!("input {i} ('{}') is NULL", spec.name)));
         }
-        if len > 0 {
+        let data = match len {
+            0 => &[][..],
             // SAFETY: the caller provides `len` readable bytes.
-            let data = unsafe { std::slice::from_raw_parts(ptr, len) };
-            program.input_slot(profile, arena, i).copy_from_slice(data);
-        }
+            _ => unsafe { std::slice::from_raw_parts(ptr, len) },
+        };
+        program.write_input(&pick, arena, i, data);
     }
-    program.execute(profile, arena, pool).map_err(|e| match e {
-        Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
-        _ => (KILN_ERROR_INTERNAL, e.to_string()),
-    })?;
-    for (i, spec) in out_specs.iter().enumerate() {
-        let bytes = program.output_bytes(profile, arena, i);
+    program
+        .execute(pick.profile, arena, pool)
+        .map_err(|e| match e {
+            Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
+            _ => (KILN_ERROR_INTERNAL, e.to_string()),
+        })?;
+    for (i, len) in out_lens.iter().enumerate() {
         // SAFETY: `outputs` holds `n_out` pointers.
         let ptr = unsafe { *outputs.add(i) }.cast::<u8>();
-        if !bytes.is_empty() {
-            // SAFETY: non-null (checked above); the caller provides
-            // `bytes.len()` writable bytes (its capacity, checked above, or
-            // the declared size) that do not overlap the arena.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        if *len > 0 {
+            // SAFETY: non-null (checked above); the caller provides `len`
+            // writable bytes (its capacity, checked above, or the declared
+            // size) that do not overlap the arena.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr, *len) };
+            program.read_output(&pick, arena, i, out);
         }
         let dims_out = match shaped {
             // SAFETY: `output_dims` is NULL or holds `n_out` pointers.
             Some(s) if !s.output_dims.is_null() => unsafe { *s.output_dims.add(i) },
             _ => std::ptr::null_mut(),
         };
-        if !dims_out.is_null() && !spec.shape.is_empty() {
+        let shape = program.output_shape(&pick, i);
+        if !dims_out.is_null() && !shape.is_empty() {
             // SAFETY: the caller provides room for the output's rank.
-            unsafe {
-                std::ptr::copy_nonoverlapping(spec.shape.as_ptr(), dims_out, spec.shape.len())
-            };
+            unsafe { std::ptr::copy_nonoverlapping(shape.as_ptr(), dims_out, shape.len()) };
         }
     }
     Ok(())

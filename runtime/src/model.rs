@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use crate::code::{CodeMemory, KernelFn};
 use crate::file::read_private;
 use crate::format::{
-    largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata, Profile,
-    SectionKind, TensorSpec,
+    largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata,
+    PaddableDim, Profile, SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
@@ -61,6 +61,8 @@ pub(crate) struct Program {
     features: CpuFeatures,
     /// The specializations to input shapes; a run's input shapes pick one.
     profiles: Vec<Profile>,
+    /// The dims a run may pad to a larger profile.
+    padding: Vec<PaddableDim>,
     /// Per profile, each step's tasks as a range of `kernel_entries`.
     steps: Vec<Vec<std::ops::Range<usize>>>,
     /// The arena every session allocates: the largest profile's.
@@ -157,6 +159,7 @@ impl Model {
             header,
             metadata,
             profiles,
+            padding,
             golden,
             ..
         } = view;
@@ -167,6 +170,7 @@ impl Model {
                 content_hash: header.content_hash,
                 features: header.features,
                 profiles,
+                padding,
                 steps,
                 arena_size,
                 kernel_entries,
@@ -219,7 +223,26 @@ impl Model {
     /// given and those available. Inputs are matched by name, as in
     /// [`Model::run`].
     pub fn profile_for(&self, inputs: &[TensorRef<'_>]) -> Result<usize, Error> {
-        self.program.select(inputs)
+        Ok(self.program.select(inputs)?.profile)
+    }
+
+    /// The shapes of the outputs a run of `inputs` returns: those of the
+    /// profile they pick, cut back along padded dims (for sizing output
+    /// buffers before [`Model::run_into`]).
+    pub fn output_shapes(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Vec<u64>>, Error> {
+        let pick = self.program.select(inputs)?;
+        let count = self.program.outputs().len();
+        Ok((0..count)
+            .map(|i| self.program.output_shape(&pick, i))
+            .collect())
+    }
+
+    /// The dims a run may pad to a larger profile (`kiln compile
+    /// --pad-dim`): inputs smaller along one than every profile run the
+    /// smallest profile that fits, padded with zeros, and the outputs come
+    /// back at the run's size.
+    pub fn paddable_dims(&self) -> &[PaddableDim] {
+        &self.program.padding
     }
 
     /// Provenance: compiler, target, options, source model.
@@ -355,7 +378,7 @@ impl Session {
         outputs: &mut [&mut [u8]],
         step_times: &mut Vec<std::time::Duration>,
     ) -> Result<(), Error> {
-        let profile = self.program.select(inputs)?;
+        let profile = self.program.select(inputs)?.profile;
         step_times.resize(self.program.steps[profile].len(), std::time::Duration::ZERO);
         self.program.run_into(
             &mut self.arena,
@@ -390,6 +413,26 @@ impl Session {
     }
 }
 
+/// The profile a run uses, and the real size of each padded dim (empty
+/// for a run of the profile's exact shapes, which then allocates nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pick {
+    /// Index into the profiles.
+    pub profile: usize,
+    /// Per paddable dim (in the artifact's order): the run's size along it.
+    pub real: Vec<Option<u64>>,
+}
+
+impl Pick {
+    /// Profile `profile` at its exact shapes.
+    pub(crate) fn exact(profile: usize) -> Pick {
+        Pick {
+            profile,
+            real: Vec::new(),
+        }
+    }
+}
+
 impl Program {
     fn run(
         &self,
@@ -397,14 +440,21 @@ impl Program {
         pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
     ) -> Result<Vec<Tensor>, Error> {
-        let profile = self.select(inputs)?;
-        self.bind_inputs(profile, arena, inputs)?;
-        self.execute(profile, arena, pool)?;
-        let outputs = (self.profiles[profile].outputs.iter()).map(|spec| Tensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            shape: spec.shape.clone(),
-            data: arena.as_slice()[arena_range(spec)].to_vec(),
+        let pick = self.select(inputs)?;
+        self.bind_inputs(&pick, arena, inputs)?;
+        self.execute(pick.profile, arena, pool)?;
+        let specs = &self.profiles[pick.profile].outputs;
+        let outputs = specs.iter().enumerate().map(|(i, spec)| {
+            let shape = self.output_shape(&pick, i);
+            let len = shape.iter().product::<u64>() as usize * spec.dtype.size_bytes();
+            let mut data = vec![0; len];
+            self.read_output(&pick, arena, i, &mut data);
+            Tensor {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                shape,
+                data,
+            }
         });
         Ok(outputs.collect())
     }
@@ -417,12 +467,12 @@ impl Program {
         outputs: &mut [&mut [u8]],
         step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
-        let profile = self.select(inputs)?;
-        self.check_output_buffers(profile, outputs.iter().map(|b| b.len()))?;
-        self.bind_inputs(profile, arena, inputs)?;
-        self.execute_timed(profile, arena, pool, step_times)?;
+        let pick = self.select(inputs)?;
+        self.check_output_buffers(&pick, outputs.iter().map(|b| b.len()))?;
+        self.bind_inputs(&pick, arena, inputs)?;
+        self.execute_timed(pick.profile, arena, pool, step_times)?;
         for (i, out) in outputs.iter_mut().enumerate() {
-            out.copy_from_slice(self.output_bytes(profile, arena, i));
+            self.read_output(&pick, arena, i, out);
         }
         Ok(())
     }
@@ -439,86 +489,217 @@ impl Program {
 
     /// The profile `inputs` run (see [`Model::profile_for`]), after
     /// checking that every declared input is given once and by name.
-    pub(crate) fn select(&self, inputs: &[TensorRef<'_>]) -> Result<usize, Error> {
-        if self.profiles.len() == 1 {
+    pub(crate) fn select(&self, inputs: &[TensorRef<'_>]) -> Result<Pick, Error> {
+        if self.profiles.len() == 1 && self.padding.is_empty() {
             // Binding checks the inputs against the one profile.
-            return Ok(0);
+            return Ok(Pick::exact(0));
         }
         // Names, duplicates and missing inputs first: their errors say
         // more than "no profile".
         self.input_names
             .each(self.inputs(), inputs, |_, _| Ok(()))?;
         let index = |given: &TensorRef<'_>| self.input_names.index(given.name).unwrap_or(0);
-        (self.profiles.iter())
-            .position(|p| {
-                inputs
-                    .iter()
-                    .all(|given| p.inputs[index(given)].shape.as_slice() == given.shape)
-            })
-            .ok_or_else(|| {
-                let mut given: Vec<(usize, String)> = (inputs.iter())
-                    .map(|g| (index(g), format!("{}: {}", g.name, g.type_string())))
-                    .collect();
-                given.sort();
-                let given: Vec<String> = given.into_iter().map(|(_, s)| s).collect();
-                Error::NoProfile {
-                    given: given.join(", "),
-                    available: (self.profiles.iter())
-                        .map(|p| p.describe_inputs())
-                        .collect(),
-                }
-            })
+        let given = || inputs.iter().map(|g| (index(g), g.dtype, g.shape));
+        self.pick(given).ok_or_else(|| {
+            let mut given: Vec<(usize, String)> = (inputs.iter())
+                .map(|g| (index(g), format!("{}: {}", g.name, g.type_string())))
+                .collect();
+            given.sort();
+            let given: Vec<String> = given.into_iter().map(|(_, s)| s).collect();
+            self.no_profile(given.join(", "))
+        })
     }
 
-    /// Checks `inputs` against `profile`'s inputs and copies them into
-    /// the arena.
+    /// [`Error::NoProfile`] for inputs described as `given`.
+    pub(crate) fn no_profile(&self, given: String) -> Error {
+        Error::NoProfile {
+            given,
+            available: (self.profiles.iter())
+                .map(|p| p.describe_inputs())
+                .collect(),
+        }
+    }
+
+    /// The profile for inputs of these (declared index, dtype, shape): the
+    /// first of exactly these shapes, else the smallest (by arena) that
+    /// the paddable dims make fit; `None` when no profile fits.
+    pub(crate) fn pick<'s, I>(&self, given: impl Fn() -> I) -> Option<Pick>
+    where
+        I: Iterator<Item = (usize, crate::DType, &'s [u64])>,
+    {
+        let exact = (self.profiles.iter()).position(|p| {
+            given().all(|(i, dtype, shape)| {
+                p.inputs[i].dtype == dtype && p.inputs[i].shape.as_slice() == shape
+            })
+        });
+        if let Some(p) = exact {
+            return Some(Pick::exact(p));
+        }
+        let mut best: Option<(u64, Pick)> = None;
+        for (p, profile) in self.profiles.iter().enumerate() {
+            if self.padding.is_empty() {
+                break;
+            }
+            let Some(real) = self.padded_fit(profile, given()) else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(cost, _)| profile.arena_size < *cost)
+            {
+                best = Some((profile.arena_size, Pick { profile: p, real }));
+            }
+        }
+        best.map(|(_, pick)| pick)
+    }
+
+    /// The run's size along each paddable dim when `profile` can take the
+    /// inputs padded: other dims equal, padded ones between 1 and the
+    /// profile's, one size per dim across inputs.
+    fn padded_fit<'s>(
+        &self,
+        profile: &Profile,
+        given: impl Iterator<Item = (usize, crate::DType, &'s [u64])>,
+    ) -> Option<Vec<Option<u64>>> {
+        let mut real = vec![None; self.padding.len()];
+        for (i, dtype, shape) in given {
+            let spec = &profile.inputs[i];
+            if spec.dtype != dtype || spec.shape.len() != shape.len() {
+                return None;
+            }
+            for (axis, (&n, &full)) in shape.iter().zip(&spec.shape).enumerate() {
+                let dim = (self.padding.iter()).position(|d| d.inputs[i] == Some(axis as u32));
+                match dim {
+                    None if n != full => return None,
+                    None => {}
+                    Some(_) if n == 0 || n > full => return None,
+                    Some(d) => match real[d] {
+                        Some(m) if m != n => return None,
+                        _ => real[d] = Some(n),
+                    },
+                }
+            }
+        }
+        Some(real)
+    }
+
+    /// The shape of input `i` in a run picked as `pick`.
+    pub(crate) fn input_shape(&self, pick: &Pick, i: usize) -> Vec<u64> {
+        let spec = &self.profiles[pick.profile].inputs[i];
+        self.real_shape(pick, &spec.shape, |d| d.inputs[i])
+    }
+
+    /// The shape of output `i` in a run picked as `pick`.
+    pub(crate) fn output_shape(&self, pick: &Pick, i: usize) -> Vec<u64> {
+        let spec = &self.profiles[pick.profile].outputs[i];
+        self.real_shape(pick, &spec.shape, |d| d.outputs[i])
+    }
+
+    /// `full` with the axis `axis_of` each padded dim gives replaced by the
+    /// run's size.
+    fn real_shape(
+        &self,
+        pick: &Pick,
+        full: &[u64],
+        axis_of: impl Fn(&PaddableDim) -> Option<u32>,
+    ) -> Vec<u64> {
+        let mut shape = full.to_vec();
+        for (d, real) in self.padding.iter().zip(&pick.real) {
+            if let (Some(axis), Some(n)) = (axis_of(d), real) {
+                shape[axis as usize] = *n;
+            }
+        }
+        shape
+    }
+
+    /// Checks `inputs` against the inputs of `pick` and copies them into
+    /// the arena (padded with zeros where `pick` pads).
     pub(crate) fn bind_inputs(
         &self,
-        profile: usize,
+        pick: &Pick,
         arena: &mut AlignedBuf,
         inputs: &[TensorRef<'_>],
     ) -> Result<(), Error> {
-        let specs = &self.profiles[profile].inputs;
-        self.input_names.bind(specs, inputs, |i, given| {
-            arena.as_mut_slice()[arena_range(&specs[i])].copy_from_slice(given.data);
+        let specs = &self.profiles[pick.profile].inputs;
+        if pick.real.is_empty() {
+            return self.input_names.bind(specs, inputs, |i, given| {
+                arena.as_mut_slice()[arena_range(&specs[i])].copy_from_slice(given.data);
+                Ok(())
+            });
+        }
+        self.input_names.each(specs, inputs, |i, given| {
+            let spec = TensorSpec {
+                shape: self.input_shape(pick, i),
+                ..specs[i].clone()
+            };
+            check_input(&spec, given)?;
+            self.write_input(pick, arena, i, given.data);
             Ok(())
         })
     }
 
-    /// The arena bytes of input `i` of `profile`.
-    pub(crate) fn input_slot<'a>(
-        &self,
-        profile: usize,
-        arena: &'a mut AlignedBuf,
-        i: usize,
-    ) -> &'a mut [u8] {
-        &mut arena.as_mut_slice()[arena_range(&self.profiles[profile].inputs[i])]
+    /// Writes the bytes of input `i` (of the run's shape) into its slot of
+    /// `pick`'s profile, zeros in the padding.
+    pub(crate) fn write_input(&self, pick: &Pick, arena: &mut AlignedBuf, i: usize, data: &[u8]) {
+        let spec = &self.profiles[pick.profile].inputs[i];
+        let slot = &mut arena.as_mut_slice()[arena_range(spec)];
+        if pick.real.is_empty() {
+            slot.copy_from_slice(data);
+            return;
+        }
+        slot.fill(0);
+        let real = self.input_shape(pick, i);
+        copy_box(
+            data,
+            &real,
+            slot,
+            &spec.shape,
+            spec.dtype.size_bytes(),
+            true,
+        );
     }
 
-    /// The specializations to input shapes.
-    pub(crate) fn profiles(&self) -> &[Profile] {
-        &self.profiles
+    /// Reads output `i` of `pick` from the arena into `out` (its run's
+    /// shape: cut back where `pick` pads).
+    pub(crate) fn read_output(&self, pick: &Pick, arena: &AlignedBuf, i: usize, out: &mut [u8]) {
+        let spec = &self.profiles[pick.profile].outputs[i];
+        let slot = &arena.as_slice()[arena_range(spec)];
+        if pick.real.is_empty() {
+            out.copy_from_slice(slot);
+            return;
+        }
+        let real = self.output_shape(pick, i);
+        copy_box(
+            slot,
+            &spec.shape,
+            out,
+            &real,
+            spec.dtype.size_bytes(),
+            false,
+        );
     }
 
-    /// The input specs of `profile`.
-    pub(crate) fn inputs_of(&self, profile: usize) -> &[TensorSpec] {
-        &self.profiles[profile].inputs
-    }
-
-    /// Errors unless `lens` are the byte sizes of `profile`'s outputs.
+    /// Errors unless `lens` are the byte sizes of the outputs of `pick`.
     fn check_output_buffers(
         &self,
-        profile: usize,
+        pick: &Pick,
         lens: impl ExactSizeIterator<Item = usize>,
     ) -> Result<(), Error> {
-        let specs = &self.profiles[profile].outputs;
+        let specs = &self.profiles[pick.profile].outputs;
         if lens.len() != specs.len() {
             return Err(Error::OutputCount {
                 expected: specs.len(),
                 given: lens.len(),
             });
         }
-        for (spec, len) in specs.iter().zip(lens) {
+        for (i, (spec, len)) in specs.iter().zip(lens).enumerate() {
+            let spec = match pick.real.is_empty() {
+                true => spec.clone(),
+                false => TensorSpec {
+                    shape: self.output_shape(pick, i),
+                    ..spec.clone()
+                },
+            };
             if len as u64 != spec.byte_len() {
                 return Err(Error::OutputBufferSize {
                     name: spec.name.clone(),
@@ -531,14 +712,9 @@ impl Program {
         Ok(())
     }
 
-    /// The arena bytes of output `i` of `profile`.
-    pub(crate) fn output_bytes<'a>(
-        &self,
-        profile: usize,
-        arena: &'a AlignedBuf,
-        i: usize,
-    ) -> &'a [u8] {
-        &arena.as_slice()[arena_range(&self.profiles[profile].outputs[i])]
+    /// The input specs of `profile`.
+    pub(crate) fn inputs_of(&self, profile: usize) -> &[TensorSpec] {
+        &self.profiles[profile].inputs
     }
 
     /// The output specs of `profile`.
@@ -757,5 +933,55 @@ impl InputNames {
             });
         }
         Ok(())
+    }
+}
+
+/// Copies the row-major box of shape `inner` between a tensor of shape
+/// `inner` and one of shape `outer` (`inner[k] <= outer[k]`), elements of
+/// `elem` bytes: from the small tensor into the large one when `grow`,
+/// else back. Whole innermost rows at a time.
+fn copy_box(
+    src: &[u8],
+    src_shape: &[u64],
+    dst: &mut [u8],
+    dst_shape: &[u64],
+    elem: usize,
+    grow: bool,
+) {
+    let (inner, outer) = if grow {
+        (src_shape, dst_shape)
+    } else {
+        (dst_shape, src_shape)
+    };
+    let rank = inner.len();
+    if rank == 0 {
+        dst[..elem].copy_from_slice(&src[..elem]);
+        return;
+    }
+    let row = inner[rank - 1] as usize * elem;
+    let rows: u64 = inner[..rank - 1].iter().product();
+    let mut index = vec![0u64; rank - 1];
+    for _ in 0..rows {
+        // Element offsets of the row's start in each tensor.
+        let (mut at_inner, mut at_outer) = (0u64, 0u64);
+        for k in 0..rank - 1 {
+            at_inner = at_inner * inner[k] + index[k];
+            at_outer = at_outer * outer[k] + index[k];
+        }
+        let at_inner = (at_inner * inner[rank - 1]) as usize * elem;
+        let at_outer = (at_outer * outer[rank - 1]) as usize * elem;
+        let (from, to) = if grow {
+            (at_inner, at_outer)
+        } else {
+            (at_outer, at_inner)
+        };
+        dst[to..to + row].copy_from_slice(&src[from..from + row]);
+        for k in (0..rank - 1).rev() {
+            index[k] += 1;
+            if index[k] < inner[k] {
+                break;
+            }
+            index[k] = 0;
+        }
     }
 }

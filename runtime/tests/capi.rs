@@ -195,6 +195,39 @@ fn shaped_runs_pick_the_profile_and_return_the_dims() {
 
 #[cfg(target_arch = "x86_64")]
 #[test]
+fn shaped_runs_pad_a_paddable_dim_and_cut_the_outputs() {
+    let mut a = common::copy_model();
+    a.padding = vec![kiln_runtime::format::PaddableDim {
+        name: "n".into(),
+        inputs: vec![Some(0)],
+        outputs: vec![Some(0)],
+    }];
+    let path = write_temp("padded", &a.to_bytes());
+    // SAFETY: every pointer below is valid for the calls' contracts.
+    unsafe {
+        let m = kiln_model_load(path.as_ptr());
+        std::fs::remove_file(path.to_str().unwrap()).unwrap();
+        assert!(!m.is_null(), "{}", last_error());
+        let x = [7.5f32];
+        let mut y = [0f32; 2];
+        let one = [1u64];
+        let (capacity, mut dims) = ([4usize], [0u64]);
+        let rc = kiln_model_run_shaped(
+            m,
+            [one.as_ptr()].as_ptr(),
+            [x.as_ptr().cast::<c_void>()].as_ptr(),
+            [y.as_mut_ptr().cast::<c_void>()].as_ptr(),
+            capacity.as_ptr(),
+            [dims.as_mut_ptr()].as_ptr(),
+        );
+        assert_eq!(rc, KILN_OK, "{}", last_error());
+        assert_eq!((y, dims), ([7.5, 0.0], [1]));
+        kiln_model_free(m);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
 fn sessions_run_from_threads_and_outlive_the_model() {
     let path = write_temp("sessions", &common::copy_model().to_bytes());
     // SAFETY: every pointer below is valid for the calls' contracts; each

@@ -350,6 +350,49 @@ fn profiles_round_trip() {
 }
 
 #[test]
+fn padding_tables_round_trip_and_are_checked() {
+    use kiln_runtime::format::PaddableDim;
+    let dim = |inputs: Vec<Option<u32>>, outputs: Vec<Option<u32>>| PaddableDim {
+        name: "batch".into(),
+        inputs,
+        outputs,
+    };
+    // rich_artifact: inputs x f32[2], mask bool[3,1]; outputs y f32[2], idx i64[].
+    let mut a = rich_artifact();
+    a.padding = vec![dim(vec![Some(0), Some(1)], vec![Some(0), None])];
+    assert_eq!(Artifact::parse(&a.to_bytes()).unwrap(), a);
+    for (table, why) in [
+        (
+            dim(vec![Some(1), None], vec![None, None]),
+            "axis 1 of input 'x', whose rank is 1",
+        ),
+        (
+            dim(vec![Some(0)], vec![None, None]),
+            "has 1 input axes for 2 inputs",
+        ),
+        (dim(vec![None, None], vec![None, None]), "is on no input"),
+        (
+            dim(vec![Some(0), None], vec![None, Some(0)]),
+            "axis 0 of output 'idx', whose rank is 0",
+        ),
+    ] {
+        let bytes = encode_with(|a| a.padding = vec![table.clone()]);
+        malformed(&bytes, SectionKind::Profiles, why);
+    }
+    let bytes = encode_with(|a| {
+        a.padding = vec![
+            dim(vec![Some(0), None], vec![None, None]),
+            dim(vec![Some(0), None], vec![None, None]),
+        ]
+    });
+    malformed(
+        &bytes,
+        SectionKind::Profiles,
+        "repeats a name or an input axis",
+    );
+}
+
+#[test]
 fn inconsistent_profile_tables_are_refused() {
     // No profile.
     let bytes = encode_with(|a| a.profiles.clear());

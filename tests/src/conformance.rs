@@ -88,6 +88,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Run(r) => format!("runtime::{}", variant(r)),
         DriverError::Usage(_) => "usage".to_string(),
         DriverError::InProfile { source, .. } => error_kind(source),
+        DriverError::Padding { .. } => "padding".to_string(),
     }
 }
 

@@ -183,7 +183,7 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
     };
     let v = *rng.pick(&INTERESTING_I64) as u64;
     let p = rng.below(a.profiles.len().max(1));
-    match rng.below(12) {
+    match rng.below(13) {
         0 if !a.kernels.is_empty() => {
             let k = rng.below(a.kernels.len());
             a.kernels[k].text_offset = v;
@@ -230,6 +230,15 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
             a.profiles.push(copy);
         }
         10 => a.profiles.truncate(rng.below(a.profiles.len() + 1)),
+        // A padding table: an axis of each input, maybe past its rank.
+        11 if !a.profiles.is_empty() => {
+            let axis = |_| Some(v as u32 % 4);
+            a.padding.push(kiln_runtime::format::PaddableDim {
+                name: "batch".into(),
+                inputs: a.profiles[0].inputs.iter().map(axis).collect(),
+                outputs: a.profiles[0].outputs.iter().map(axis).collect(),
+            });
+        }
         _ => a.weights.truncate(rng.below(a.weights.len() + 1)),
     }
     // Mode 1: loaded but never run. The checksums are the writer's own, so

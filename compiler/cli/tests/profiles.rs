@@ -224,3 +224,156 @@ fn profile_flags_are_checked() {
         "{text}"
     );
 }
+
+#[test]
+fn padded_runs_equal_exact_runs_on_the_real_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = repo().join(CNN).join("model.onnx");
+    let padded = dir.path().join("padded.kiln");
+    let (code, text) = kiln(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--dim",
+        "batch=1,8,32",
+        "--pad-dim",
+        "batch",
+        "-o",
+        padded.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let (_, text) = kiln(&["inspect", padded.to_str().unwrap()]);
+    assert!(
+        text.contains("paddable dim batch: input input axis 0; outputs cut along output logits axis 0, output probs axis 0"),
+        "{text}"
+    );
+    let padded = Model::load(&padded).unwrap();
+    assert_eq!(padded.paddable_dims().len(), 1);
+    let input = read_tensor("input", &repo().join(CNN).join("inputs/input.npy")).unwrap();
+    let mut session = padded.session_with_threads(2).unwrap();
+    for rows_given in [5u64, 2, 31, 8] {
+        let x = rows(&input, rows_given);
+        let exact = compile(
+            dir.path(),
+            &format!("e{rows_given}.kiln"),
+            &format!("batch={rows_given}"),
+        );
+        let want = exact.run(&[x.view()]).unwrap();
+        let shapes = padded.output_shapes(&[x.view()]).unwrap();
+        assert_eq!(shapes, [vec![rows_given, 10], vec![rows_given, 10]]);
+        let got = session.run(&[x.view()]).unwrap();
+        // Into caller buffers of the run's size, through the model's arena.
+        let mut bufs: Vec<Vec<u8>> = want.iter().map(|t| vec![0; t.data.len()]).collect();
+        let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        padded.run_into(&[x.view()], &mut outs).unwrap();
+        for ((g, w), b) in got.iter().zip(&want).zip(&bufs) {
+            assert_eq!(g.shape, w.shape, "{rows_given} rows");
+            assert_eq!(&g.data, b, "{rows_given} rows: {}", g.name);
+            // Rows are computed alone, so the padded profile's real rows
+            // are bit for bit the exact build's.
+            assert_eq!(g.data, w.data, "{rows_given} rows: {}", g.name);
+        }
+    }
+    // Larger than every profile: refused, listing them.
+    let err = padded.run(&[rows(&input, 33).view()]).unwrap_err();
+    assert!(matches!(err, Error::NoProfile { .. }), "{err:?}");
+}
+
+/// `y = Softmax(x, axis=0)` over `x: f32[batch, 4]`: it mixes the rows of
+/// the batch.
+fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
+    use kiln_onnx::pb::{self, tensor_shape_proto::dimension, type_proto};
+    use prost::Message;
+    let dim = |v: dimension::Value| pb::tensor_shape_proto::Dimension {
+        value: Some(v),
+        ..Default::default()
+    };
+    let x = pb::ValueInfoProto {
+        name: "x".into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(pb::TensorShapeProto {
+                    dim: vec![
+                        dim(dimension::Value::DimParam("batch".into())),
+                        dim(dimension::Value::DimValue(4)),
+                    ],
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: vec![pb::NodeProto {
+                op_type: "Softmax".into(),
+                name: "across".into(),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                attribute: vec![pb::AttributeProto {
+                    name: "axis".into(),
+                    r#type: pb::attribute_proto::AttributeType::Int as i32,
+                    i: 0,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            input: vec![x],
+            output: vec![pb::ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = dir.join("batch_softmax.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    path
+}
+
+#[test]
+fn padding_is_refused_where_an_op_mixes_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = batch_softmax_model(dir.path());
+    let out = dir.path().join("m.kiln");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "compile".to_string(),
+            model.to_str().unwrap().to_string(),
+            "-o".into(),
+            out.to_str().unwrap().to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |extra: &[&'static str]| {
+        let a = args(extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        kiln(&a)
+    };
+    // Profiles alone are fine: each is exact.
+    let (code, text) = run(&["--dim", "batch=2,4"]);
+    assert_eq!(code, 0, "{text}");
+    std::fs::remove_file(&out).unwrap();
+    let (code, text) = run(&["--dim", "batch=2,4", "--pad-dim", "batch"]);
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains("--pad-dim batch: node 'across' (softmax) normalizes over the padded axis"),
+        "{text}"
+    );
+    assert!(!out.exists(), "a refused compile leaves no artifact");
+    // A dim that is not given values, or that is on no input.
+    let (code, text) = run(&["--dim", "batch=2", "--pad-dim", "seq"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--pad-dim seq needs --dim seq=VALUES"),
+        "{text}"
+    );
+}

@@ -67,6 +67,15 @@ pub enum DriverError {
     /// calibration samples).
     #[error("{0}")]
     Usage(String),
+    /// A dim `--pad-dim` names cannot be padded: an op combines its rows
+    /// (the message names the node and op), or it is on no input.
+    #[error("--pad-dim {dim}: {message}")]
+    Padding {
+        /// The dim.
+        dim: String,
+        /// Why.
+        message: String,
+    },
     /// An error compiling one profile of several (`--dim batch=1,8`).
     #[error("profile {profile}: {source}")]
     InProfile {
@@ -145,6 +154,7 @@ impl DriverError {
             },
             DriverError::Usage(_) => ErrorKind::Usage,
             DriverError::InProfile { source, .. } => source.kind(),
+            DriverError::Padding { .. } => ErrorKind::Unsupported,
         }
     }
 }

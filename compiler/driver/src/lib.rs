@@ -29,6 +29,7 @@ pub mod golden;
 pub mod npy;
 mod options;
 pub mod output;
+mod padding;
 mod pipeline;
 pub mod report;
 pub mod report_html;

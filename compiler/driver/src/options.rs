@@ -58,6 +58,10 @@ pub struct ShapeProfiles {
     pub dims: std::collections::BTreeMap<String, Vec<usize>>,
     /// Graph inputs by name, each with its whole shapes in the order given.
     pub input_shapes: std::collections::BTreeMap<String, Vec<Vec<usize>>>,
+    /// Dims a run may pad to a larger profile (`--pad-dim batch`), in the
+    /// order given; each must be a `--dim`, and the compiler must prove no
+    /// op combines its rows.
+    pub paddable: Vec<String>,
 }
 
 impl ShapeProfiles {
@@ -359,8 +363,15 @@ impl CompileOptions {
                 "--max-rel-error needs calibration samples (--calibrate DIR or --calibrate-random N with N > 0) and a reduced --precision",
             ),
         ];
-        match rules.iter().find(|(broken, _)| *broken) {
-            Some((_, why)) => Err(DriverError::Usage((*why).into())),
+        if let Some((_, why)) = rules.iter().find(|(broken, _)| *broken) {
+            return Err(DriverError::Usage((*why).into()));
+        }
+        let bound =
+            |n: &String| self.import.dims.contains_key(n) || self.profiles.dims.contains_key(n);
+        match self.profiles.paddable.iter().find(|n| !bound(n)) {
+            Some(n) => Err(DriverError::Usage(format!(
+                "--pad-dim {n} needs --dim {n}=VALUES (the sizes to pad up to)"
+            ))),
             None => Ok(()),
         }
     }
@@ -426,6 +437,9 @@ impl CompileOptions {
         for (name, values) in &self.profiles.dims {
             let values: Vec<String> = values.iter().map(usize::to_string).collect();
             let _ = write!(s, " dim={name}={}", values.join(","));
+        }
+        for name in &self.profiles.paddable {
+            let _ = write!(s, " pad_dim={name}");
         }
         for (name, t) in &self.import.input_values {
             let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();

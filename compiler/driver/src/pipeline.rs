@@ -12,6 +12,7 @@ use kiln_passes::{
 };
 use kiln_passes::{PrecisionOutcome, Progress, Silent};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -296,7 +297,7 @@ fn compile_source(
     progress: &dyn Progress,
 ) -> Result<Compiled, DriverError> {
     let start = Instant::now();
-    if opts.profiles.count() > 1 {
+    if opts.profiles.count() > 1 || !opts.profiles.paddable.is_empty() {
         return compile_profiles(source, model_dir, opts, progress);
     }
     let graph = stage(progress, "importing", || {
@@ -308,7 +309,9 @@ fn compile_source(
 
 /// An artifact of several profiles ([`CompileOptions::profiles`]): each
 /// combination imported, optimized and lowered on its own, all sharing one
-/// weights section. An error names the profile it arose in.
+/// weights section. An error names the profile it arose in. Also the
+/// path of `--pad-dim` (with one profile or more): the padding table is
+/// proved on the imported graphs.
 fn compile_profiles(
     source: &[u8],
     model_dir: Option<&Path>,
@@ -338,6 +341,18 @@ fn compile_profiles(
         graphs.push(graph.map_err(|e| in_profile(label)(e.into()))?);
     }
     let import_time = start.elapsed();
+    let padding = match opts.profiles.paddable.is_empty() {
+        true => Vec::new(),
+        false => {
+            opts.validate()?;
+            let summary = kiln_onnx::summarize(&model);
+            let traced: Vec<(String, &Graph, &BTreeMap<String, usize>)> =
+                (imports.iter().zip(&graphs))
+                    .map(|((label, import), g)| (label.clone(), g, &import.dims))
+                    .collect();
+            crate::padding::paddable_dims(&summary, &opts.profiles.paddable, &traced)?
+        }
+    };
     // The golden sets have one shape: they go with the first profile they
     // fit.
     let golden_profile = match opts.golden {
@@ -364,9 +379,12 @@ fn compile_profiles(
         let o = optimize_graph(graph, import_time, &profile_opts, progress);
         optimized.push(o.map_err(in_profile(&imports[i].0))?);
     }
-    let labels = imports.into_iter().map(|(label, _)| label).collect();
+    let labels = match imports.len() {
+        1 => Vec::new(),
+        _ => imports.into_iter().map(|(label, _)| label).collect(),
+    };
     stage(progress, "generating code", || {
-        generate_all(source, optimized, labels, opts)
+        generate_all(source, optimized, labels, padding, opts)
     })
 }
 
@@ -381,7 +399,7 @@ pub(crate) fn compile_imported(
 ) -> Result<Compiled, DriverError> {
     let optimized = optimize_graph(graph, import_time, opts, progress)?;
     stage(progress, "generating code", || {
-        generate_all(source, vec![optimized], Vec::new(), opts)
+        generate_all(source, vec![optimized], Vec::new(), Vec::new(), opts)
     })
 }
 
@@ -394,6 +412,7 @@ fn generate_all(
     source: &[u8],
     optimized: Vec<Optimized>,
     labels: Vec<String>,
+    padding: Vec<kiln_format::PaddableDim>,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
     let start = Instant::now();
@@ -443,6 +462,7 @@ fn generate_all(
             .backend()
             .generate(&graph_refs, opts.threads, info)?;
     artifact.golden = golden;
+    artifact.padding = padding;
     if artifact.arena_size() > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
             arena_bytes: artifact.arena_size(),

@@ -109,6 +109,7 @@ impl CudaCode {
                 schedule: Vec::new(),
                 ..profile
             }],
+            padding: Vec::new(),
             golden: crate::Golden::default(),
         }
     }

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, Profile, Reloc,
-    RelocKind, RelocTarget, SectionKind, Step, TensorSpec,
+    encode, DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, PaddableDim,
+    Profile, Reloc, RelocKind, RelocTarget, SectionKind, Step, TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -40,7 +40,10 @@ pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
 /// steps calling kernels that exist; every profile with the first one's
 /// input and output names, dtypes and ranks; no two with the same input
 /// shapes (a run's shapes pick one profile).
-pub(crate) fn profiles(bytes: &[u8], kernels: usize) -> Result<Vec<Profile>, FormatError> {
+pub(crate) fn profiles(
+    bytes: &[u8],
+    kernels: usize,
+) -> Result<(Vec<Profile>, Vec<PaddableDim>), FormatError> {
     let mut r = Reader::new(bytes, SectionKind::Profiles);
     let count = r.count("profile count", MIN_PROFILE)?;
     if count == 0 {
@@ -74,7 +77,63 @@ pub(crate) fn profiles(bytes: &[u8], kernels: usize) -> Result<Vec<Profile>, For
         }
         out.push(profile);
     }
+    let padding = paddable_dims(&mut r, &out[0])?;
     r.finish()?;
+    Ok((out, padding))
+}
+
+/// The padding table: names unique, one axis entry per input and output
+/// of the profiles, every axis inside its tensor's rank, at least one input
+/// axis, and no input axis claimed by two dims.
+fn paddable_dims(r: &mut Reader<'_>, first: &Profile) -> Result<Vec<PaddableDim>, FormatError> {
+    let count = r.count("paddable dim count", 4 + 4 + 4)?;
+    let mut out: Vec<PaddableDim> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = r.str("paddable dim name")?;
+        let mut axes =
+            |what: &str, specs: &[TensorSpec]| -> Result<Vec<Option<u32>>, FormatError> {
+                let n = r.count(&format!("paddable dim '{name}' {what} count"), 4)?;
+                if n != specs.len() {
+                    return Err(r.error(format!(
+                        "paddable dim '{name}' has {n} {what} axes for {} {what}s",
+                        specs.len()
+                    )));
+                }
+                let mut list = Vec::with_capacity(n);
+                for spec in specs {
+                    let a = r.u32("paddable axis")?;
+                    if a == encode::NO_AXIS {
+                        list.push(None);
+                    } else if (a as usize) < spec.shape.len() {
+                        list.push(Some(a));
+                    } else {
+                        return Err(r.error(format!(
+                            "paddable dim '{name}': axis {a} of {what} '{}', whose rank is {}",
+                            spec.name,
+                            spec.shape.len()
+                        )));
+                    }
+                }
+                Ok(list)
+            };
+        let inputs = axes("input", &first.inputs)?;
+        let outputs = axes("output", &first.outputs)?;
+        if inputs.iter().all(Option::is_none) {
+            return Err(r.error(format!("paddable dim '{name}' is on no input")));
+        }
+        let claimed =
+            |d: &PaddableDim| (d.inputs.iter().zip(&inputs)).any(|(a, b)| a.is_some() && a == b);
+        if out.iter().any(|d| d.name == name || claimed(d)) {
+            return Err(r.error(format!(
+                "paddable dim '{name}' repeats a name or an input axis of another"
+            )));
+        }
+        out.push(PaddableDim {
+            name,
+            inputs,
+            outputs,
+        });
+    }
     Ok(out)
 }
 

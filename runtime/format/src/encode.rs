@@ -1,7 +1,7 @@
 //! Encoding of the structured sections (META, RELOCS, KERNELS, PROFILES).
 
 use super::cursor::Writer;
-use super::{DType, KernelEntry, Metadata, Profile, Reloc, RelocTarget, TensorSpec};
+use super::{DType, KernelEntry, Metadata, PaddableDim, Profile, Reloc, RelocTarget, TensorSpec};
 
 /// On-disk codes of [`RelocTarget`] variants.
 pub(crate) const TARGET_HOST: u32 = 1;
@@ -17,7 +17,7 @@ pub(crate) fn meta(m: &Metadata) -> Vec<u8> {
     w.0
 }
 
-pub(crate) fn profiles(profiles: &[Profile]) -> Vec<u8> {
+pub(crate) fn profiles(profiles: &[Profile], padding: &[PaddableDim]) -> Vec<u8> {
     let mut w = Writer::default();
     w.len(profiles.len());
     for p in profiles {
@@ -43,8 +43,21 @@ pub(crate) fn profiles(profiles: &[Profile]) -> Vec<u8> {
             w.str(&s.node);
         }
     }
+    w.len(padding.len());
+    for d in padding {
+        w.str(&d.name);
+        for axes in [&d.inputs, &d.outputs] {
+            w.len(axes.len());
+            for a in axes.iter() {
+                w.u32(a.map_or(NO_AXIS, |a| a));
+            }
+        }
+    }
     w.0
 }
+
+/// An absent axis in a [`PaddableDim`] table.
+pub(crate) const NO_AXIS: u32 = u32::MAX;
 
 fn tensors(w: &mut Writer, specs: &[TensorSpec]) {
     w.len(specs.len());

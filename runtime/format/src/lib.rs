@@ -43,7 +43,8 @@ pub use layout::{
     SECTION_ENTRY_LEN,
 };
 pub use meta::{
-    largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Metadata, Profile, TensorSpec,
+    largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Metadata, PaddableDim,
+    Profile, TensorSpec,
 };
 pub use section::SectionKind;
 pub use signature::{
@@ -80,6 +81,8 @@ pub struct Artifact {
     /// One or more specializations to input shapes, each with its
     /// schedule (see [`Profile`]).
     pub profiles: Vec<Profile>,
+    /// The dims a run may pad to a larger profile (see [`PaddableDim`]).
+    pub padding: Vec<PaddableDim>,
     /// The self-test (empty when the artifact has none).
     pub golden: Golden<'static>,
 }
@@ -134,7 +137,7 @@ impl Artifact {
             meta: encode::meta(&self.metadata),
             relocs: encode::relocs(&self.relocs),
             kernels: encode::kernels(&self.kernels),
-            profiles: encode::profiles(&self.profiles),
+            profiles: encode::profiles(&self.profiles, &self.padding),
             golden: golden::encode(&self.golden),
         }
     }
@@ -183,6 +186,8 @@ pub struct ArtifactView<'a> {
     /// One or more specializations to input shapes, each with its
     /// schedule (see [`Profile`]).
     pub profiles: Vec<Profile>,
+    /// The dims a run may pad to a larger profile (see [`PaddableDim`]).
+    pub padding: Vec<PaddableDim>,
     /// The self-test, its tensors borrowed from the file (empty when the
     /// artifact has none).
     pub golden: Golden<'a>,
@@ -207,7 +212,7 @@ impl<'a> ArtifactView<'a> {
         let metadata = decode::meta(section(SectionKind::Meta))?;
         let kernels = decode::kernels(section(SectionKind::Kernels), text_len)?;
         let relocs = decode::relocs(section(SectionKind::Relocs), text_len, &kernels)?;
-        let profiles = decode::profiles(section(SectionKind::Profiles), kernels.len())?;
+        let (profiles, padding) = decode::profiles(section(SectionKind::Profiles), kernels.len())?;
         if header.arch == Arch::Nvptx64 && (profiles.len() != 1 || !profiles[0].schedule.is_empty())
         {
             return Err(FormatError::Malformed {
@@ -225,6 +230,7 @@ impl<'a> ArtifactView<'a> {
             kernels,
             relocs,
             profiles,
+            padding,
             golden,
         })
     }
@@ -251,6 +257,7 @@ impl<'a> ArtifactView<'a> {
             kernels: self.kernels,
             relocs: self.relocs,
             profiles: self.profiles,
+            padding: self.padding,
             golden: self.golden.into_owned(),
         }
     }

@@ -131,6 +131,22 @@ impl Profile {
     }
 }
 
+/// A dim the runtime may pad (`kiln compile --pad-dim batch`): inputs
+/// smaller along it than every profile run the smallest profile at least
+/// as large, padded with zeros along the dim, and the outputs are cut back
+/// to the real size. The compiler proved that no op combines the rows of
+/// this axis, so the real rows come out as an exact profile computes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaddableDim {
+    /// The dim's name in the model (`batch`).
+    pub name: String,
+    /// Per input, in declared order: the axis that is this dim, if any.
+    pub inputs: Vec<Option<u32>>,
+    /// Per output, in declared order: the axis its rows are on, if any
+    /// (an output without one is returned whole).
+    pub outputs: Vec<Option<u32>>,
+}
+
 /// The largest arena any of `profiles` needs: what one session allocates
 /// to run them all.
 pub fn largest_arena(profiles: &[Profile]) -> u64 {

@@ -281,6 +281,7 @@ pub fn compile_profiles(
         kernels,
         relocs,
         profiles,
+        padding: Vec::new(),
         golden: Default::default(),
     })
 }

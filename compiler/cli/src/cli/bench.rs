@@ -1,7 +1,7 @@
 //! `kiln bench`: latency percentiles of an artifact over many runs and,
 //! with `--profile`, the time of every schedule step.
 
-use super::inputs::{gather_inputs, profile_inputs, session_threads, InputArgs};
+use super::inputs::{model_inputs, session_threads, InputArgs};
 use super::{exit, Failure};
 use clap::Args;
 use kiln_runtime::{Model, Session, Tensor};
@@ -39,12 +39,11 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
     let model = Model::load(&a.artifact)?;
-    let inputs = gather_inputs(&profile_inputs(&model), &a.inputs)?;
+    let inputs = model_inputs(&model, &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let profile = &model.profiles()[model.profile_for(&views)?];
-    let mut outputs: Vec<Vec<u8>> = (profile.outputs.iter())
-        .map(|s| vec![0u8; s.byte_len() as usize])
-        .collect();
+    // Output buffers of the run's shapes (cut back when the run pads).
+    let mut outputs: Vec<Vec<u8>> = model.run(&views)?.into_iter().map(|t| t.data).collect();
     // A session's runs never allocate, so the timings hold no allocator.
     let mut session = model.session_with_threads(session_threads(&model, a.threads))?;
     let threads = session.threads();

@@ -70,6 +70,17 @@ pub(super) fn gather_inputs(
     candidates: &[&[TensorSpec]],
     args: &InputArgs,
 ) -> Result<Vec<Tensor>, Failure> {
+    gather_inputs_padded(candidates, false, args)
+}
+
+/// [`gather_inputs`] for a model that may pad (`paddable`): shapes that no
+/// candidate has exactly are left for the run to fit, random inputs taking
+/// their `--shape` or the first candidate's.
+pub(super) fn gather_inputs_padded(
+    candidates: &[&[TensorSpec]],
+    paddable: bool,
+    args: &InputArgs,
+) -> Result<Vec<Tensor>, Failure> {
     let specs = candidates[0];
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     if let Some(npz) = &args.inputs_npz {
@@ -124,7 +135,7 @@ pub(super) fn gather_inputs(
     let specs = match candidates.iter().find(|c| fits(c)) {
         Some(c) => *c,
         // One profile: a run reports the input that does not fit.
-        None if candidates.len() == 1 => specs,
+        None if candidates.len() == 1 || paddable => specs,
         None => {
             let list: Vec<String> = (candidates.iter().enumerate())
                 .map(|(i, c)| {
@@ -149,6 +160,17 @@ pub(super) fn gather_inputs(
         match given.remove(&spec.name) {
             Some(t) => inputs.push(t),
             None if args.random => {
+                let shaped;
+                let spec = match args.shapes.iter().find(|(n, _)| *n == spec.name) {
+                    Some((_, shape)) => {
+                        shaped = TensorSpec {
+                            shape: shape.clone(),
+                            ..spec.clone()
+                        };
+                        &shaped
+                    }
+                    None => spec,
+                };
                 inputs.push(random_tensor(spec, args.seed.wrapping_add(i as u64)))
             }
             None => {
@@ -172,6 +194,12 @@ pub(super) fn gather_inputs(
 pub(super) fn session_threads(model: &Model, requested: Option<usize>) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     requested.unwrap_or(cores).clamp(1, model.max_tasks())
+}
+
+/// The inputs of a run of `model` from `args` (see [`gather_inputs`]).
+pub(super) fn model_inputs(model: &Model, args: &InputArgs) -> Result<Vec<Tensor>, Failure> {
+    let paddable = !model.paddable_dims().is_empty();
+    gather_inputs_padded(&profile_inputs(model), paddable, args)
 }
 
 /// The input specs of every profile of `model`, for [`gather_inputs`].

@@ -111,6 +111,23 @@ fn inspect_artifact(a: &InspectArgs) -> Result<(), Failure> {
     let first = &view.profiles[0];
     print_io(first);
     print_profiles(&view.profiles);
+    for d in &view.padding {
+        let axes = |what: &str, specs: &[kiln_format::TensorSpec], axes: &[Option<u32>]| {
+            let list: Vec<String> = (specs.iter().zip(axes))
+                .filter_map(|(s, a)| a.map(|a| format!("{what} {} axis {a}", s.name)))
+                .collect();
+            list.join(", ")
+        };
+        println!(
+            "  paddable dim {}: {}; outputs cut along {}",
+            d.name,
+            axes("input", &first.inputs, &d.inputs),
+            match axes("output", &first.outputs, &d.outputs) {
+                s if s.is_empty() => "none".to_string(),
+                s => s,
+            }
+        );
+    }
     if let Some(line) = kiln_driver::report::golden_summary(&view.golden) {
         println!("  {line}");
     }

@@ -20,6 +20,13 @@ pub(super) struct ModelArgs {
     /// step) make one profile each; the artifact holds every combination.
     #[arg(long = "dim", value_name = "NAME=VALUES", value_parser = dim_values)]
     dims: Vec<(String, Vec<usize>)>,
+    /// Let runs pad dim NAME (a --dim) up to the smallest profile that
+    /// fits: inputs smaller along it run padded with zeros, outputs come
+    /// back cut to size (repeatable). Refused, naming the node, when an op
+    /// combines rows along the dim (a reduction, attention or reshape
+    /// across the batch).
+    #[arg(long = "pad-dim", value_name = "NAME")]
+    pad_dims: Vec<String>,
     /// Fix a graph input's value at compile time: NAME=FILE.npy
     /// (repeatable). The input folds into what reads it (a Reshape target,
     /// Pad amounts, TopK's k) and is no longer an input of the artifact.
@@ -127,6 +134,11 @@ pub(super) fn compile_options(args: &ModelArgs, target: Target) -> Result<Compil
             opts.import.dims.insert(name.clone(), *one);
         } else {
             opts.profiles.dims.insert(name.clone(), values.clone());
+        }
+    }
+    for name in &args.pad_dims {
+        if !opts.profiles.paddable.contains(name) {
+            opts.profiles.paddable.push(name.clone());
         }
     }
     for (name, path) in &args.bind_inputs {

@@ -1,7 +1,7 @@
 //! `kiln run`: one run of an artifact on given or random inputs, its
 //! outputs written as `.npy` and checked against references.
 
-use super::inputs::{gather_inputs, profile_inputs, session_threads, InputArgs};
+use super::inputs::{model_inputs, session_threads, InputArgs};
 use super::{exit, Failure};
 use clap::Args;
 use kiln_driver::compare::{compare, Comparison};
@@ -70,7 +70,7 @@ fn load_and_run(
             ));
         }
         let mut model = kiln_runtime::cuda::CudaModel::load(path)?;
-        let inputs = gather_inputs(&[model.inputs()], args)?;
+        let inputs = super::inputs::gather_inputs(&[model.inputs()], args)?;
         let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
         let start = Instant::now();
         let outputs = model.run(&views)?;
@@ -80,7 +80,7 @@ fn load_and_run(
         Some(key) => Model::load_verified(path, &PublicKey::from_pem_file(key)?)?,
         None => Model::load(path)?,
     };
-    let inputs = gather_inputs(&profile_inputs(&model), args)?;
+    let inputs = model_inputs(&model, args)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let mut session = model.session_with_threads(session_threads(&model, threads))?;
     let start = Instant::now();
