@@ -38,7 +38,9 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
     if a.runs == 0 {
         return Err(Failure::new(exit::USAGE, "--runs must be at least 1"));
     }
+    let loading = Instant::now();
     let model = Model::load(&a.artifact)?;
+    let load_ms = loading.elapsed().as_secs_f64() * 1e3;
     let inputs = model_inputs(&model, &a.inputs)?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let profile = &model.profiles()[model.profile_for(&views)?];
@@ -93,7 +95,8 @@ pub(super) fn cmd_bench(a: BenchArgs) -> Result<(), Failure> {
     });
     if a.json {
         let mut v = json!({"artifact": a.artifact.display().to_string(), "runs": a.runs, "warmup": a.warmup, "threads": threads,
-               "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": mean, "min_ms": times[0], "runs_per_s": throughput});
+               "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": mean, "min_ms": times[0], "runs_per_s": throughput,
+               "load_ms": load_ms, "profiles": model.profiles().len()});
         if let Some(rows) = &profile {
             v["profile"] = rows
                 .iter()
