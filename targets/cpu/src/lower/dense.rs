@@ -1271,6 +1271,44 @@ fn pack_w_for(elem: Elem, w: &[f32], oc: usize, k: usize, mr: usize) -> Vec<u8> 
     }
 }
 
+/// The bytes [`pack_b_for`] makes of a `k × n` B in panels of `nr`.
+fn packed_b_len(elem: Elem, k: usize, n: usize, nr: usize) -> usize {
+    let columns = n.div_ceil(nr) * nr;
+    match elem {
+        Elem::Bf16Dot => columns * k.div_ceil(2) * 2 * 2,
+        Elem::WidenB(_) => columns * k * 2,
+        _ => columns * k * 4,
+    }
+}
+
+/// The bytes [`pack_w_for`] makes of `oc × k` weights in panels of `mr`.
+fn packed_w_len(elem: Elem, oc: usize, k: usize, mr: usize) -> usize {
+    let rows = oc.div_ceil(mr) * mr;
+    match elem {
+        Elem::WidenA(_) => rows * k * 2,
+        _ => rows * k * 4,
+    }
+}
+
+/// The weights location of `len` packed bytes that `pack` makes: packed
+/// only when the blob stores them (the plan that measures scratch needs
+/// the length alone; packing a large model's weights twice cost seconds).
+fn packed_loc(weights: &mut Weights, len: usize, pack: impl FnOnce() -> Vec<u8>) -> Loc {
+    let offset = weights.add_with(len as u64, || {
+        let bytes = pack();
+        assert_eq!(
+            bytes.len(),
+            len,
+            "a packing's length was mispredicted (a Kiln bug)"
+        );
+        bytes
+    });
+    Loc {
+        base: Base::Weights,
+        offset,
+    }
+}
+
 fn weights_loc(weights: &mut Weights, bytes: &[u8]) -> Loc {
     Loc {
         base: Base::Weights,
@@ -1363,12 +1401,12 @@ fn matmul(cx: &NodeCx, weights: &mut Weights, vector: Vector) -> Attempt<GemmSpe
     };
     let (b_layout, b_base, b_mat) = match b_const {
         Some(v) => {
-            let mut bytes = Vec::new();
-            for q in 0..mats(b_batch) {
-                bytes.extend(pack_b_for(elem, &v[q * k * n..], k, n, n, 1, blocking.nr()));
-            }
-            let per = (bytes.len() / mats(b_batch).max(1)) as i64;
-            (BLayout::Packed, weights_loc(weights, &bytes), per)
+            let per = packed_b_len(elem, k, n, blocking.nr());
+            let base = packed_loc(weights, per * mats(b_batch), || {
+                let pack = |q| pack_b_for(elem, &v[q * k * n..], k, n, n, 1, blocking.nr());
+                (0..mats(b_batch)).flat_map(pack).collect()
+            });
+            (BLayout::Packed, base, per as i64)
         }
         None => (
             BLayout::Strided {
@@ -1550,8 +1588,11 @@ fn gemm(
     let blocking = packed_blocking(cx, weights, packed, (vector, m, n, max_rows));
     let (b, b_base) = match b_const {
         Some(v) => {
-            let bytes = pack_b_for(elem, v, k, n, b_row, b_col, blocking.nr());
-            (BLayout::Packed, weights_loc(weights, &bytes))
+            let len = packed_b_len(elem, k, n, blocking.nr());
+            let base = packed_loc(weights, len, || {
+                pack_b_for(elem, v, k, n, b_row, b_col, blocking.nr())
+            });
+            (BLayout::Packed, base)
         }
         None if !trans_b => (
             BLayout::Strided {
@@ -1665,20 +1706,18 @@ fn pack_conv_weights(
     let (oc, cin_g) = (wty.shape[0], wty.shape[1]);
     let k = cin_g * wty.shape[2] * wty.shape[3];
     let oc_g = oc / c.group;
-    let mut bytes = Vec::new();
-    let mut a_stride = 0;
-    for g in 0..c.group {
-        let part = pack_w_for(elem, &wv[g * oc_g * k..(g + 1) * oc_g * k], oc_g, k, mr);
-        a_stride = part.len() as i64;
-        bytes.extend(part);
-    }
+    let part = packed_w_len(elem, oc_g, k, mr);
+    let base = packed_loc(weights, part * c.group, || {
+        let pack = |g| pack_w_for(elem, &wv[g * oc_g * k..(g + 1) * oc_g * k], oc_g, k, mr);
+        (0..c.group).flat_map(pack).collect()
+    });
     let groups = Groups {
         count: c.group,
         cin: cin_g,
         oc: oc_g,
-        a_stride,
+        a_stride: part as i64,
     };
-    Ok((weights_loc(weights, &bytes), groups))
+    Ok((base, groups))
 }
 
 /// The shared conditions of the float GEMM convolutions: their element
@@ -1731,7 +1770,10 @@ fn fully_connected_conv(
     require(k > 0, || "the window is empty".into())?;
     let packed = Some((1, PackedSide::Columns, format!("{k}x{oc}T {elem:?}")));
     let blocking = packed_blocking(cx, weights, packed, (machine.vector, batch, oc, MAX_MR));
-    let packed = pack_b_for(elem, &wv, k, oc, 1, k, blocking.nr());
+    let packed_len = packed_b_len(elem, k, oc, blocking.nr());
+    let packed = packed_loc(weights, packed_len, || {
+        pack_b_for(elem, &wv, k, oc, 1, k, blocking.nr())
+    });
     let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
     let ea = xty.dtype.size_bytes() as i64;
     Ok(GemmSpec {
@@ -1747,7 +1789,7 @@ fn fully_connected_conv(
         }),
         calls: vec![Call {
             a: xloc,
-            b: weights_loc(weights, &packed),
+            b: packed,
             out: cx.out,
             c: bias,
             src: None,
