@@ -296,15 +296,21 @@ fn compile_source(
     opts: &CompileOptions,
     progress: &dyn Progress,
 ) -> Result<Compiled, DriverError> {
-    let start = Instant::now();
-    if opts.profiles.count() > 1 || !opts.profiles.paddable.is_empty() {
-        return compile_profiles(source, model_dir, opts, progress);
-    }
-    let graph = stage(progress, "importing", || {
-        let model = kiln_onnx::decode_model(source)?;
-        kiln_onnx::import_model(&model, model_dir, &opts.import)
-    })?;
-    compile_imported(source, graph, start.elapsed(), opts, progress)
+    std::thread::scope(|scope| {
+        // Hashing a large model's bytes takes a core for a while (0.4 s for
+        // VGG's 553 MB): it runs beside the import and the passes.
+        let hashing = scope.spawn(|| -> [u8; 32] { Sha256::digest(source).into() });
+        let source_sha256 = move || hashing.join().expect("hashing does not panic");
+        let start = Instant::now();
+        if opts.profiles.count() > 1 || !opts.profiles.paddable.is_empty() {
+            return compile_profiles(source, source_sha256, model_dir, opts, progress);
+        }
+        let graph = stage(progress, "importing", || {
+            let model = kiln_onnx::decode_model(source)?;
+            kiln_onnx::import_model(&model, model_dir, &opts.import)
+        })?;
+        compile_optimized(graph, start.elapsed(), opts, progress, source_sha256)
+    })
 }
 
 /// An artifact of several profiles ([`CompileOptions::profiles`]): each
@@ -314,6 +320,7 @@ fn compile_source(
 /// proved on the imported graphs.
 fn compile_profiles(
     source: &[u8],
+    source_sha256: impl FnOnce() -> [u8; 32],
     model_dir: Option<&Path>,
     opts: &CompileOptions,
     progress: &dyn Progress,
@@ -384,7 +391,7 @@ fn compile_profiles(
         _ => imports.into_iter().map(|(label, _)| label).collect(),
     };
     stage(progress, "generating code", || {
-        generate_all(source, optimized, labels, padding, opts)
+        generate_all(source_sha256(), optimized, labels, padding, opts)
     })
 }
 
@@ -397,19 +404,39 @@ pub(crate) fn compile_imported(
     opts: &CompileOptions,
     progress: &dyn Progress,
 ) -> Result<Compiled, DriverError> {
+    compile_optimized(graph, import_time, opts, progress, || {
+        Sha256::digest(source).into()
+    })
+}
+
+/// The passes and code generation of an imported `graph` whose source's
+/// SHA-256 `source_sha256` gives (when the code is generated).
+fn compile_optimized(
+    graph: Graph,
+    import_time: Duration,
+    opts: &CompileOptions,
+    progress: &dyn Progress,
+    source_sha256: impl FnOnce() -> [u8; 32],
+) -> Result<Compiled, DriverError> {
     let optimized = optimize_graph(graph, import_time, opts, progress)?;
     stage(progress, "generating code", || {
-        generate_all(source, vec![optimized], Vec::new(), Vec::new(), opts)
+        generate_all(
+            source_sha256(),
+            vec![optimized],
+            Vec::new(),
+            Vec::new(),
+            opts,
+        )
     })
 }
 
 /// Code generation and serialization of optimized graphs, one per profile
-/// (`labels` names them; empty for one), compiled from the ONNX bytes
-/// `source`. The first profile's report, dumps and precision outcome are
+/// (`labels` names them; empty for one), compiled from ONNX bytes whose
+/// SHA-256 is `source_sha256`. The first profile's report, dumps and precision outcome are
 /// the compilation's; the golden self-test is the one profile's that has
 /// it.
 fn generate_all(
-    source: &[u8],
+    source_sha256: [u8; 32],
     optimized: Vec<Optimized>,
     labels: Vec<String>,
     padding: Vec<kiln_format::PaddableDim>,
@@ -439,7 +466,7 @@ fn generate_all(
     let info = ArtifactInfo {
         compiler_version: format!("kiln {}", env!("CARGO_PKG_VERSION")),
         options: opts.canonical(),
-        source_sha256: Sha256::digest(source).into(),
+        source_sha256,
     };
     // Every computed value lives in the arena, so one larger than the arena
     // limit fails it anyway: refuse it before code generation, whose time
