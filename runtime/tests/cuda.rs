@@ -7,7 +7,7 @@ mod common;
 
 use common::{copy_model, spec};
 use kiln_runtime::cuda::CudaModel;
-use kiln_runtime::format::{Artifact, CudaCode, CudaKernel, Metadata};
+use kiln_runtime::format::{Artifact, CudaCode, CudaKernel, Metadata, Profile};
 use kiln_runtime::{DType, Error, Model, Tensor};
 
 /// A hand-written CUDA artifact: `y = x` for `f32[4]`, one kernel copying
@@ -43,12 +43,15 @@ fn copy_artifact(sm: u32) -> Artifact {
         target: format!("cuda-sm{sm}"),
         options: String::new(),
         source_sha256: [0; 32],
+    };
+    let profile = Profile {
         inputs: vec![spec("x", DType::F32, &[4], 64)],
         outputs: vec![spec("y", DType::F32, &[4], 128)],
         arena_size: 192,
         dense_kernels: Vec::new(),
+        schedule: Vec::new(),
     };
-    code.into_artifact(metadata, Vec::new())
+    code.into_artifact(metadata, profile, Vec::new())
 }
 
 #[test]

@@ -241,6 +241,14 @@ fn padded_runs_equal_exact_runs_on_the_real_rows() {
         padded.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("runs may pad batch up to the next profile"),
+        "{text}"
+    );
+    let (_, text) = kiln(&["inspect", padded.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["padding"][0]["dim"], "batch");
+    assert_eq!(v["padding"][0]["output_axes"], serde_json::json!([0, 0]));
     let (_, text) = kiln(&["inspect", padded.to_str().unwrap()]);
     assert!(
         text.contains("paddable dim batch: input input axis 0; outputs cut along output logits axis 0, output probs axis 0"),

@@ -91,6 +91,7 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
         "weights_bytes": view.weights.len(),
         "dense_kernels": dense_kernels_json(&first.dense_kernels),
         "profiles": profiles_json(&view.profiles),
+        "padding": padding_json(&view.padding),
         "golden": golden_json(&view.golden),
     });
     match code {
@@ -247,6 +248,15 @@ pub fn dense_kernels_json(kernels: &[format::DenseKernel]) -> Value {
         })
         .collect();
     json!(rows)
+}
+
+/// The dims runs may pad (`--pad-dim`): name, and the axis of each input
+/// and output (null where it has none).
+pub fn padding_json(padding: &[format::PaddableDim]) -> Value {
+    let list: Vec<Value> = (padding.iter())
+        .map(|d| json!({"dim": d.name, "input_axes": d.inputs, "output_axes": d.outputs}))
+        .collect();
+    json!(list)
 }
 
 /// Each profile's input and output shapes, arena and step count.

@@ -473,6 +473,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "inputs": specs_json(&first.inputs),
                 "outputs": specs_json(&first.outputs),
                 "profiles": profiles_json(&out),
+                "padding": driver::report::padding_json(&out.artifact.padding),
                 "passes": passes,
                 "import_ms": out.import_time.as_secs_f64() * 1e3,
                 "codegen_ms": out.codegen_time.as_secs_f64() * 1e3,
@@ -504,6 +505,12 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
             "  {} profiles ({}), one weights section",
             out.profiles.len(),
             out.profiles.join("; ")
+        );
+    }
+    for d in &out.artifact.padding {
+        println!(
+            "  runs may pad {} up to the next profile: no op combines its rows",
+            d.name
         );
     }
     if let Some(p) = &out.precision {
