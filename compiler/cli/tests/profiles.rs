@@ -8,7 +8,7 @@
 use kiln_driver::npy::{read_tensor, write_tensor};
 use kiln_format::Artifact;
 use kiln_runtime::{Error, Model, Tensor};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 mod common;
 
@@ -29,19 +29,26 @@ fn rows(t: &Tensor, rows: u64) -> Tensor {
     }
 }
 
-fn compile(dir: &Path, name: &str, dims: &str) -> Model {
+/// `kiln compile` of the digits CNN with `flags` into `dir/name`, which
+/// must succeed; the artifact's path and what the command printed.
+fn compile_cnn(dir: &Path, name: &str, flags: &[&str]) -> (PathBuf, String) {
     let out = dir.join(name);
     let model = repo().join(CNN).join("model.onnx");
-    let (code, text) = kiln(&[
+    let mut args = vec![
         "compile",
         model.to_str().unwrap(),
-        "--dim",
-        dims,
         "-o",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    let (code, text) = kiln(&args);
     assert_eq!(code, 0, "{text}");
-    Model::load(&out).unwrap()
+    (out, text)
+}
+
+/// The digits CNN compiled with `--dim DIMS`, loaded.
+fn compile(dir: &Path, name: &str, dims: &str) -> Model {
+    Model::load(compile_cnn(dir, name, &["--dim", dims]).0).unwrap()
 }
 
 #[test]
@@ -104,20 +111,8 @@ fn each_profile_equals_its_single_shape_artifact_and_onnxruntime() {
 #[test]
 fn the_weights_are_stored_once() {
     let dir = tempfile::tempdir().unwrap();
-    let single = dir.path().join("one.kiln");
-    let many = dir.path().join("many.kiln");
-    let model = repo().join(CNN).join("model.onnx");
-    for (out, dims) in [(&single, "batch=1"), (&many, "batch=1..64:9")] {
-        let (code, text) = kiln(&[
-            "compile",
-            model.to_str().unwrap(),
-            "--dim",
-            dims,
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{text}");
-    }
+    let (single, _) = compile_cnn(dir.path(), "one.kiln", &["--dim", "batch=1"]);
+    let (many, _) = compile_cnn(dir.path(), "many.kiln", &["--dim", "batch=1..64:9"]);
     let one = Artifact::parse(&std::fs::read(&single).unwrap()).unwrap();
     let all = Artifact::parse(&std::fs::read(&many).unwrap()).unwrap();
     // 1..64:9 is 1, 10, ..., 64: eight profiles.
@@ -128,18 +123,8 @@ fn the_weights_are_stored_once() {
 #[test]
 fn cli_tools_pick_the_profile_from_the_inputs() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("m.kiln");
+    let (art, text) = compile_cnn(dir.path(), "m.kiln", &["--dim", "batch=1,4"]);
     let art_s = art.to_str().unwrap();
-    let model = repo().join(CNN).join("model.onnx");
-    let (code, text) = kiln(&[
-        "compile",
-        model.to_str().unwrap(),
-        "--dim",
-        "batch=1,4",
-        "-o",
-        art_s,
-    ]);
-    assert_eq!(code, 0, "{text}");
     assert!(text.contains("2 profiles (batch=1; batch=4)"), "{text}");
     let (code, text) = kiln(&["inspect", art_s]);
     assert_eq!(code, 0, "{text}");
@@ -228,19 +213,8 @@ fn profile_flags_are_checked() {
 #[test]
 fn padded_runs_equal_exact_runs_on_the_real_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let model = repo().join(CNN).join("model.onnx");
-    let padded = dir.path().join("padded.kiln");
-    let (code, text) = kiln(&[
-        "compile",
-        model.to_str().unwrap(),
-        "--dim",
-        "batch=1,8,32",
-        "--pad-dim",
-        "batch",
-        "-o",
-        padded.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{text}");
+    let flags = ["--dim", "batch=1,8,32", "--pad-dim", "batch"];
+    let (padded, text) = compile_cnn(dir.path(), "padded.kiln", &flags);
     assert!(
         text.contains("runs may pad batch up to the next profile"),
         "{text}"

@@ -114,14 +114,6 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Whether inputs of these shapes, in declared order, run this profile.
-    pub fn accepts<'s>(&self, mut shapes: impl Iterator<Item = &'s [u64]>) -> bool {
-        self.inputs
-            .iter()
-            .all(|spec| shapes.next() == Some(spec.shape.as_slice()))
-            && shapes.next().is_none()
-    }
-
     /// The input shapes, as in messages: `x: f32[1,3,224,224], mask: i64[1,16]`.
     pub fn describe_inputs(&self) -> String {
         let specs: Vec<String> = (self.inputs.iter())
