@@ -149,3 +149,113 @@ fn real_models_match_onnxruntime_at_o0_and_o2() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The first `n` positions of `t` along `axis`.
+fn positions(t: &kiln_runtime::Tensor, axis: usize, n: u64) -> kiln_runtime::Tensor {
+    let elem = t.data.len() / t.shape.iter().product::<u64>().max(1) as usize;
+    let outer: u64 = t.shape[..axis].iter().product();
+    let inner = t.shape[axis + 1..].iter().product::<u64>() as usize * elem;
+    let (from, to) = (t.shape[axis] as usize * inner, n as usize * inner);
+    let mut shape = t.shape.clone();
+    shape[axis] = n;
+    let data = (0..outer as usize)
+        .flat_map(|o| t.data[o * from..o * from + to].iter().copied())
+        .collect();
+    kiln_runtime::Tensor {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape,
+        data,
+    }
+}
+
+/// `--pad-dim sequence_length` on MiniLM: the attention mask makes the
+/// padded positions' softmax weight 0 and its mean pooling multiplies them
+/// by 0, which the trace proves; a run of any length up to the largest
+/// profile then equals an exact build of its length (within float
+/// summation order; measured equal) and onnxruntime's reference. The
+/// fixture's sentence has 24 tokens in 128 positions (the rest masked), so
+/// its first 24 or more positions give onnxruntime's outputs.
+#[test]
+fn minilm_pads_its_sequence_under_its_mask() {
+    let Some(root) = real_models_root() else {
+        return;
+    };
+    let fixture = Fixture::load_dir(&root.join("minilm_l3"));
+    let (inputs, references) = (fixture.inputs(), fixture.reference_outputs());
+    let exact = |len: u64| {
+        let mut opts = fixture.compile_options();
+        opts.import.input_shapes.clear();
+        opts.import
+            .dims
+            .insert("sequence_length".into(), len as usize);
+        fixture.compile_with(&opts).unwrap()
+    };
+    let mut opts = fixture.compile_options();
+    opts.import.input_shapes.clear();
+    opts.import.dims.remove("sequence_length");
+    opts.profiles
+        .dims
+        .insert("sequence_length".into(), vec![16, 48]);
+    opts.profiles.paddable = vec!["sequence_length".into()];
+    let padded = fixture.compile_with(&opts).unwrap();
+    let model = kiln_runtime::Model::from_bytes(&padded).unwrap();
+    let table = &model.paddable_dims()[0];
+    assert_eq!(table.inputs, [Some(1), Some(1)]);
+    // The ids, the mask and the tokens are cut; the sentence is whole.
+    assert_eq!(table.outputs, [Some(1), Some(1), Some(1), None]);
+    for len in [24u64, 30, 7, 16] {
+        let given: Vec<_> = inputs.iter().map(|t| positions(t, 1, len)).collect();
+        let views: Vec<_> = given.iter().map(kiln_runtime::Tensor::view).collect();
+        let got = model.run(&views).unwrap();
+        let want = run_artifact(&exact(len), &given).unwrap();
+        for ((g, w), r) in got.iter().zip(&want).zip(&references) {
+            assert_eq!(g.shape, w.shape, "{len}: {}", g.name);
+            let c = kiln_driver::compare::compare(g, w);
+            assert!(
+                c.passes(1e-6),
+                "{len} positions: {} vs exact: {c:?}",
+                g.name
+            );
+            if len >= 24 {
+                let r = match r.shape.len() {
+                    2 if r.dtype.is_float() => r.clone(),
+                    _ => positions(r, 1, len),
+                };
+                let c = kiln_driver::compare::compare(g, &r);
+                assert!(
+                    c.passes(FP32_TOLERANCE),
+                    "{len} positions: {} vs onnxruntime: {c:?}",
+                    g.name
+                );
+            }
+        }
+    }
+}
+
+/// Without its mask's effect (every position real to the softmax), the
+/// same model is refused, naming the attention softmax.
+#[test]
+fn minilm_without_a_mask_is_refused_for_sequence_padding() {
+    let Some(root) = real_models_root() else {
+        return;
+    };
+    let fixture = Fixture::load_dir(&root.join("minilm_l3"));
+    let mut opts = fixture.compile_options();
+    opts.import.input_shapes.clear();
+    opts.import.dims.remove("sequence_length");
+    // A mask bound to ones at compile time leaves no mask to pad with.
+    opts.profiles
+        .dims
+        .insert("sequence_length".into(), vec![16]);
+    opts.profiles.paddable = vec!["sequence_length".into()];
+    let ones = kiln_ir::Tensor::new([1, 16], kiln_ir::Data::I64(vec![1; 16])).unwrap();
+    opts.import
+        .input_values
+        .insert("attention_mask".into(), ones);
+    let err = fixture.compile_with(&opts).unwrap_err();
+    assert!(
+        err.contains("Softmax") && err.contains("not masked"),
+        "{err}"
+    );
+}

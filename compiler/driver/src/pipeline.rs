@@ -357,7 +357,12 @@ fn compile_profiles(
                 (imports.iter().zip(&graphs))
                     .map(|((label, import), g)| (label.clone(), g, &import.dims))
                     .collect();
-            crate::padding::paddable_dims(&summary, &opts.profiles.paddable, &traced)?
+            let mut probe = |p: usize, dim: &str, value: usize| {
+                let mut import = imports[p].1.clone();
+                import.dims.insert(dim.to_string(), value);
+                Ok(kiln_onnx::import_model(&model, model_dir, &import)?)
+            };
+            crate::padding::paddable_dims(&summary, &opts.profiles.paddable, &traced, &mut probe)?
         }
     };
     // The golden sets have one shape: they go with the first profile they

@@ -509,7 +509,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
     }
     for d in &out.artifact.padding {
         println!(
-            "  runs may pad {} up to the next profile: no op combines its rows",
+            "  runs may pad {} up to the next profile: its padded positions never reach the real ones",
             d.name
         );
     }

@@ -52,6 +52,46 @@ fn is_cuda_artifact(path: &Path) -> bool {
         })
 }
 
+/// One run: its outputs, its time, and the profile it ran where the
+/// artifact had several or may pad.
+struct Ran {
+    outputs: Vec<Tensor>,
+    latency: std::time::Duration,
+    profile: Option<Picked>,
+}
+
+/// The profile a run picked: its index, the count, its input shapes, and
+/// whether the inputs were padded to them.
+struct Picked {
+    index: usize,
+    count: usize,
+    shapes: String,
+    padded: bool,
+}
+
+impl Picked {
+    fn of(model: &Model, inputs: &[Tensor]) -> Result<Option<Picked>, Failure> {
+        let count = model.profiles().len();
+        if count == 1 && model.paddable_dims().is_empty() {
+            return Ok(None);
+        }
+        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let index = model.profile_for(&views)?;
+        let specs = &model.profiles()[index].inputs;
+        let padded = (specs.iter().zip(inputs)).any(|(s, t)| s.shape != t.shape);
+        let shapes = (specs.iter())
+            .map(|s| format!("{}={}", s.name, s.type_string()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        Ok(Some(Picked {
+            index,
+            count,
+            shapes,
+            padded,
+        }))
+    }
+}
+
 /// Loads `path` and runs it once: on the GPU for a CUDA artifact (with the
 /// `cuda` feature), else with the CPU runtime (which refuses CUDA artifacts
 /// with a clear error).
@@ -60,7 +100,7 @@ fn load_and_run(
     args: &InputArgs,
     public_key: Option<&Path>,
     threads: Option<usize>,
-) -> Result<(Vec<Tensor>, std::time::Duration), Failure> {
+) -> Result<Ran, Failure> {
     #[cfg(feature = "cuda")]
     if is_cuda_artifact(path) {
         if public_key.is_some() {
@@ -74,7 +114,11 @@ fn load_and_run(
         let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
         let start = Instant::now();
         let outputs = model.run(&views)?;
-        return Ok((outputs, start.elapsed()));
+        return Ok(Ran {
+            outputs,
+            latency: start.elapsed(),
+            profile: None,
+        });
     }
     let model = match public_key {
         Some(key) => Model::load_verified(path, &PublicKey::from_pem_file(key)?)?,
@@ -85,12 +129,20 @@ fn load_and_run(
     let mut session = model.session_with_threads(session_threads(&model, threads))?;
     let start = Instant::now();
     let outputs = session.run(&views)?;
-    Ok((outputs, start.elapsed()))
+    let latency = start.elapsed();
+    Ok(Ran {
+        outputs,
+        latency,
+        profile: Picked::of(&model, &inputs)?,
+    })
 }
 
 pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
-    let (outputs, latency) =
-        load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref(), a.threads)?;
+    let Ran {
+        outputs,
+        latency,
+        profile,
+    } = load_and_run(&a.artifact, &a.inputs, a.public_key.as_deref(), a.threads)?;
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::new(exit::IO, format!("{}: {e}", dir.display())))?;
@@ -116,16 +168,26 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             .iter()
             .map(|c| json!({"name": c.name, "max_abs_error": c.max_abs_error, "rel_error": c.rel_error, "passed": c.passes(a.tolerance), "mismatch": c.mismatch}))
             .collect();
-        println!(
-            "{}",
-            json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks})
-        );
+        let mut summary =
+            json!({"outputs": outs, "latency_ms": latency.as_secs_f64() * 1e3, "checks": checks});
+        if let Some(p) = &profile {
+            summary["profile"] = json!(p.index);
+            summary["padded"] = json!(p.padded);
+        }
+        println!("{summary}");
     } else {
         for t in &outputs {
             println!("{}: {}{}", t.name, t.type_string(), preview(t));
         }
         for c in &checks {
             println!("check {}", check_line(c, a.tolerance));
+        }
+        if let Some(p) = &profile {
+            let padded = match p.padded {
+                true => ", the inputs padded with zeros and the outputs cut back",
+                false => "",
+            };
+            println!("profile {} of {} ({}){padded}", p.index, p.count, p.shapes);
         }
         println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
     }
