@@ -1,11 +1,13 @@
 """Shape profiles beside onnxruntime, in one run.
 
-    target/bench-venv/bin/python bench/profiles.py [--runs N] [--threads T]
+    target/bench-venv/bin/python bench/profiles.py [--runs N] [--threads T] [--only PART]
 
 1. MiniLM-L3 (target/real-models/minilm_l3) compiled once with
    `--dim batch_size=1 --dim sequence_length=16..128:16` (eight profiles,
    one artifact): p50 of each profile (`kiln bench --shape`) beside
-   onnxruntime's at the same shapes.
+   onnxruntime's at the same shapes; then the same profiles with
+   `--pad-dim sequence_length`, timed at lengths no profile has (each run
+   padded to the next profile) beside onnxruntime at those lengths.
 2. A CNN (the zoo's ResNet-18, target/zoo/resnet18, its batch dim made
    symbolic) compiled once with `--dim batch=1,8,32`: time per image and
    images per second at each batch beside onnxruntime's.
@@ -80,6 +82,21 @@ def minilm(tmp: str, runs: int, threads: int) -> list:
         k = kiln_p50(art, {"input_ids": shape, "attention_mask": shape}, runs, threads)
         o = ort_p50(model, feeds, runs, threads)
         rows.append(f"| {seq} | {k:.3f} | {o:.3f} | {o / k:.2f} |")
+    padded = os.path.join(tmp, "minilm_pad.kiln")
+    kiln("compile", model, "--dim", "batch_size=1", "--dim", "sequence_length=16..128:16",
+         "--pad-dim", "sequence_length", "-o", padded)
+    rows += ["", f"The same profiles with --pad-dim sequence_length: runs of other lengths "
+             f"padded to the next profile; {threads} thread(s), p50 ms",
+             "", "| seq | runs as | kiln | onnxruntime | ort/kiln |", "|---|---|---|---|---|"]
+    for seq in (20, 50, 72, 100, 127):
+        shape = [1, seq]
+        feeds = {
+            "input_ids": rng.integers(0, 1000, shape, dtype=np.int64),
+            "attention_mask": np.ones(shape, np.int64),
+        }
+        k = kiln_p50(padded, {"input_ids": shape, "attention_mask": shape}, runs, threads)
+        o = ort_p50(model, feeds, runs, threads)
+        rows.append(f"| {seq} | {-(-seq // 16) * 16} | {k:.3f} | {o:.3f} | {o / k:.2f} |")
     return rows
 
 
@@ -131,11 +148,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", choices=["minilm", "cnn", "load"], help="one part only")
     a = p.parse_args()
+    parts = {
+        "minilm": lambda tmp: minilm(tmp, a.runs, a.threads),
+        "cnn": lambda tmp: cnn(tmp, a.runs, a.threads),
+        "load": load_time,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        rows = minilm(tmp, a.runs, a.threads) + [""] + cnn(tmp, a.runs, a.threads)
-        rows += [""] + load_time(tmp)
-    text = "\n".join(rows)
+        rows = []
+        for name, part in parts.items():
+            if a.only in (None, name):
+                rows += (part(tmp) + [""])
+    text = "\n".join(rows).rstrip()
     print(text)
     out = os.path.join(REPO, "target", "bench")
     os.makedirs(out, exist_ok=True)

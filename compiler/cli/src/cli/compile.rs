@@ -513,6 +513,13 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
             d.name
         );
     }
+    let int8 = (out.precision.iter().flat_map(|p| &p.decisions))
+        .any(|d| d.precision == kiln_passes::Precision::Int8);
+    if int8 && !out.artifact.padding.is_empty() {
+        println!(
+            "  note: int8 layers measure their activation range per run over the whole tensor, padded positions included: a padded run's outputs are as close to the fp32 model as an exact int8 run's, not equal to them"
+        );
+    }
     if let Some(p) = &out.precision {
         print_precision(p);
     }
