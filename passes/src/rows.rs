@@ -287,9 +287,50 @@ impl<'g> Trace<'g> {
                 }
                 Ok(self.summary(arg))
             }
+            // A broadcast (a class token expanded to the batch) holds one
+            // value along the axis, whatever the positions.
+            _ if self.uniform_along(arg, at, 0) => Ok(self.summary(arg)),
             _ => Err(refuse(&format!(
                 "pairs the padded positions with input {k}, whose {n} positions along that axis do not come from them"
             ))),
+        }
+    }
+
+    /// Whether `id`'s slices along `axis` are provably all equal: a
+    /// constant's are compared; an Expand of a size-1 axis, a transpose,
+    /// and elementwise ops of such values keep it. `depth` bounds the walk.
+    fn uniform_along(&self, id: NodeId, axis: usize, depth: usize) -> bool {
+        let graph = self.graph;
+        let node = graph.node(id);
+        let rank = node.ty.shape.len();
+        if node.ty.shape[axis] == 1 {
+            return true;
+        }
+        if depth > 32 || self.pad(id, axis).is_some() {
+            return false;
+        }
+        let args = graph.inputs_of(id);
+        // Argument `arg`'s axis under output `axis` (none: broadcast).
+        let each_arg = |args: &[NodeId]| {
+            args.iter().all(|&arg| {
+                let r = graph.node(arg).ty.shape.len();
+                (axis + r)
+                    .checked_sub(rank)
+                    .is_none_or(|a| self.uniform_along(arg, a, depth + 1))
+            })
+        };
+        match &node.op {
+            Op::Constant(t) => rows_equal(t, axis),
+            Op::Transpose { perm } => self.uniform_along(args[0], perm[axis], depth + 1),
+            Op::Expand { .. }
+            | Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Not
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Logical(_)
+            | Op::Where => each_arg(&args),
+            _ => false,
         }
     }
 
@@ -922,6 +963,21 @@ mod tests {
             node(g, Op::Binary(BinaryOp::Add), &[x, e], "add")
         });
         assert_eq!(computed.unwrap_err().node, "add");
+    }
+
+    #[test]
+    fn a_class_token_broadcast_to_the_batch_joins_it() {
+        // ViT: concat(expand(cls [1, 1, 3] -> [4, 1, 3]), x [4, 5, 3]).
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, [4, 5, 3]));
+        let cls = constant(&mut g, &[1, 1, 3], vec![1.0, 2.0, 3.0]);
+        let op = Op::Expand {
+            shape: vec![4, 1, 3].into(),
+        };
+        let tokens = node(&mut g, op, &[cls], "expand");
+        let joined = node(&mut g, Op::Concat { axis: 1 }, &[tokens, x], "concat");
+        g.add_output("y", joined);
+        assert_eq!(outputs(trace_rows(&g, &[Some(0)])), Ok(vec![Some(0)]));
     }
 
     #[test]
