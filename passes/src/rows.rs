@@ -166,12 +166,20 @@ pub struct Traced {
     pub outputs: Vec<RowAxis>,
     /// The constants that differ along a padded axis, once each.
     pub positional: Vec<Positional>,
+    /// Every node's padded axes, by node index.
+    pub axes: Vec<Vec<usize>>,
 }
 
 /// The padded axes of every graph output and the positional constants,
 /// given the padded axis of each graph input (`inputs[i]` for input `i`;
-/// `None`: the input has no such axis), whose padded positions hold zeros.
-pub fn trace_rows(graph: &Graph, inputs: &[RowAxis]) -> Result<Traced, MixesRows> {
+/// `None`: the input has no such axis), whose padded positions hold zeros,
+/// and of each constant that runs along the dim (`constants`: cut by
+/// position from one table, which the caller checks).
+pub fn trace_rows(
+    graph: &Graph,
+    inputs: &[RowAxis],
+    constants: &[Positional],
+) -> Result<Traced, MixesRows> {
     let order = kiln_ir::schedule(graph).map_err(|e| MixesRows {
         node: String::new(),
         op: String::new(),
@@ -180,6 +188,7 @@ pub fn trace_rows(graph: &Graph, inputs: &[RowAxis]) -> Result<Traced, MixesRows
     let mut trace = Trace {
         graph,
         inputs,
+        constants,
         rows: vec![Vec::new(); graph.node_count()],
         positional: Vec::new(),
     };
@@ -202,9 +211,13 @@ pub fn trace_rows(graph: &Graph, inputs: &[RowAxis]) -> Result<Traced, MixesRows
     let mut positional = trace.positional;
     positional.sort_unstable();
     positional.dedup();
+    let axes = (trace.rows.iter())
+        .map(|r| r.iter().map(|(a, _)| *a).collect())
+        .collect();
     Ok(Traced {
         outputs,
         positional,
+        axes,
     })
 }
 
@@ -235,6 +248,7 @@ enum Summed {
 struct Trace<'g> {
     graph: &'g Graph,
     inputs: &'g [RowAxis],
+    constants: &'g [Positional],
     rows: Vec<Rows>,
     positional: Vec<Positional>,
 }
@@ -401,7 +415,10 @@ impl<'g> Trace<'g> {
                 Some(axis) => vec![(axis, Pad::zero(node.ty.dtype))],
                 None => Rows::new(),
             },
-            Op::Constant(_) => Rows::new(),
+            Op::Constant(_) => (self.constants.iter())
+                .filter(|c| c.node == id)
+                .map(|c| (c.axis, self.summary(id)))
+                .collect(),
             Op::Unary(_)
             | Op::Cast { .. }
             | Op::Bitcast { .. }
@@ -845,7 +862,7 @@ mod tests {
         let x = g.add_input("x", ValueType::new(DType::F32, [4, 3]));
         let y = build(&mut g, x);
         g.add_output("y", y);
-        trace_rows(&g, &[Some(0)])
+        trace_rows(&g, &[Some(0)], &[])
     }
 
     fn outputs(t: Result<Traced, MixesRows>) -> Result<Vec<RowAxis>, MixesRows> {
@@ -977,7 +994,7 @@ mod tests {
         let tokens = node(&mut g, op, &[cls], "expand");
         let joined = node(&mut g, Op::Concat { axis: 1 }, &[tokens, x], "concat");
         g.add_output("y", joined);
-        assert_eq!(outputs(trace_rows(&g, &[Some(0)])), Ok(vec![Some(0)]));
+        assert_eq!(outputs(trace_rows(&g, &[Some(0)], &[])), Ok(vec![Some(0)]));
     }
 
     #[test]
@@ -988,7 +1005,7 @@ mod tests {
         let table = constant(&mut g, &[10, 3], vec![0.0; 30]);
         let e = node(&mut g, Op::Gather { axis: 0 }, &[table, ids], "embed");
         g.add_output("e", e);
-        assert_eq!(outputs(trace_rows(&g, &[Some(0)])), Ok(vec![Some(0)]));
+        assert_eq!(outputs(trace_rows(&g, &[Some(0)], &[])), Ok(vec![Some(0)]));
         // Gathering position 2 may read padding; position 0 is real.
         for (index, refused) in [(2, true), (0, false)] {
             let mut g = Graph::new();
@@ -996,7 +1013,7 @@ mod tests {
             let i = g.add_const("i", Tensor::new([1], Data::I64(vec![index])).unwrap());
             let p = node(&mut g, Op::Gather { axis: 0 }, &[x, i], "pick");
             g.add_output("p", p);
-            let traced = trace_rows(&g, &[Some(0)]);
+            let traced = trace_rows(&g, &[Some(0)], &[]);
             assert_eq!(traced.is_err(), refused, "{traced:?}");
         }
     }
@@ -1048,7 +1065,7 @@ mod tests {
         if scores_out {
             g.add_output("scores", scores);
         }
-        trace_rows(&g, &[Some(1), Some(1)])
+        trace_rows(&g, &[Some(1), Some(1)], &[])
     }
 
     #[test]
@@ -1088,7 +1105,7 @@ mod tests {
             "cls",
         );
         g.add_output("cls", cls);
-        assert_eq!(outputs(trace_rows(&g, &[Some(1)])), Ok(vec![None]));
+        assert_eq!(outputs(trace_rows(&g, &[Some(1)], &[])), Ok(vec![None]));
         // The last position depends on the real length.
         let mut g = Graph::new();
         let x = g.add_input("x", ValueType::new(DType::F32, [2, 5, 3]));
@@ -1106,7 +1123,7 @@ mod tests {
             "last",
         );
         g.add_output("last", last);
-        assert_eq!(trace_rows(&g, &[Some(1)]).unwrap_err().node, "last");
+        assert_eq!(trace_rows(&g, &[Some(1)], &[]).unwrap_err().node, "last");
     }
 
     #[test]

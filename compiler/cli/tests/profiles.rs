@@ -260,13 +260,22 @@ fn padded_runs_equal_exact_runs_on_the_real_rows() {
     assert!(matches!(err, Error::NoProfile { .. }), "{err:?}");
 }
 
-/// `y = Softmax(x, axis=0)` over `x: f32[batch, 4]`: it mixes the rows of
-/// the batch.
-fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
+/// A model of one input `x` (f32, `dims`: a name is symbolic, a number
+/// fixed), the ONNX `nodes` (opset 15) and one output `y`, written to
+/// `dir/file`.
+fn one_input_model(
+    dir: &Path,
+    file: &str,
+    dims: &[&str],
+    nodes: Vec<kiln_onnx::pb::NodeProto>,
+) -> std::path::PathBuf {
     use kiln_onnx::pb::{self, tensor_shape_proto::dimension, type_proto};
     use prost::Message;
-    let dim = |v: dimension::Value| pb::tensor_shape_proto::Dimension {
-        value: Some(v),
+    let dim = |d: &&str| pb::tensor_shape_proto::Dimension {
+        value: Some(match d.parse::<i64>() {
+            Ok(v) => dimension::Value::DimValue(v),
+            Err(_) => dimension::Value::DimParam(d.to_string()),
+        }),
         ..Default::default()
     };
     let x = pb::ValueInfoProto {
@@ -275,10 +284,7 @@ fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                 elem_type: 1,
                 shape: Some(pb::TensorShapeProto {
-                    dim: vec![
-                        dim(dimension::Value::DimParam("batch".into())),
-                        dim(dimension::Value::DimValue(4)),
-                    ],
+                    dim: dims.iter().map(dim).collect(),
                 }),
             })),
             ..Default::default()
@@ -289,23 +295,11 @@ fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
             domain: String::new(),
-            version: 13,
+            version: 15,
         }],
         graph: Some(pb::GraphProto {
             name: "g".into(),
-            node: vec![pb::NodeProto {
-                op_type: "Softmax".into(),
-                name: "across".into(),
-                input: vec!["x".into()],
-                output: vec!["y".into()],
-                attribute: vec![pb::AttributeProto {
-                    name: "axis".into(),
-                    r#type: pb::attribute_proto::AttributeType::Int as i32,
-                    i: 0,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
+            node: nodes,
             input: vec![x],
             output: vec![pb::ValueInfoProto {
                 name: "y".into(),
@@ -315,9 +309,42 @@ fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
         }),
         ..Default::default()
     };
-    let path = dir.join("batch_softmax.onnx");
+    let path = dir.join(file);
     std::fs::write(&path, model.encode_to_vec()).unwrap();
     path
+}
+
+/// An ONNX node `op` named `name`, with integer attributes `ints`.
+fn onnx_node(
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    output: &str,
+    ints: &[(&str, i64)],
+) -> kiln_onnx::pb::NodeProto {
+    use kiln_onnx::pb;
+    pb::NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute: (ints.iter())
+            .map(|(n, i)| pb::AttributeProto {
+                name: n.to_string(),
+                r#type: pb::attribute_proto::AttributeType::Int as i32,
+                i: *i,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// `y = Softmax(x, axis=0)` over `x: f32[batch, 4]`: it mixes the rows of
+/// the batch.
+fn batch_softmax_model(dir: &Path) -> std::path::PathBuf {
+    let softmax = onnx_node("Softmax", "across", &["x"], "y", &[("axis", 0)]);
+    one_input_model(dir, "batch_softmax.onnx", &["batch", "4"], vec![softmax])
 }
 
 #[test]
@@ -358,4 +385,31 @@ fn padding_is_refused_where_an_op_mixes_rows() {
         text.contains("--pad-dim seq needs --dim seq=VALUES"),
         "{text}"
     );
+}
+
+/// `y = sum(x) / len(x)` with the length read from the shape: the sum of a
+/// zero-padded `x` is its real sum, but the length folds to each profile's
+/// size, which a padded run would divide by. Refused, naming the constant.
+#[test]
+fn padding_is_refused_where_a_size_comes_from_the_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![
+        onnx_node("Shape", "len", &["x"], "n", &[]),
+        onnx_node("Cast", "len_f", &["n"], "nf", &[("to", 1)]),
+        onnx_node("ReduceSum", "total", &["x"], "s", &[("keepdims", 1)]),
+        onnx_node("Div", "mean", &["s", "nf"], "y", &[]),
+    ];
+    let model = one_input_model(dir.path(), "mean_by_shape.onnx", &["seq"], nodes);
+    let out = dir.path().join("m.kiln");
+    let (m, o) = (model.to_str().unwrap(), out.to_str().unwrap());
+    let flags = ["--dim", "seq=4,8", "--pad-dim", "seq"];
+    let (code, text) = kiln(&[&["compile", m, "-o", o][..], &flags[..]].concat());
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains("constant 'len_f' holds other values at profile seq=8"),
+        "{text}"
+    );
+    // Without --pad-dim each profile is exact.
+    let (code, text) = kiln(&["compile", m, "-o", o, "--dim", "seq=4,8"]);
+    assert_eq!(code, 0, "{text}");
 }

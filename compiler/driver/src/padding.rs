@@ -1,12 +1,12 @@
 //! `kiln compile --pad-dim NAME`: the proof that padding dim NAME is safe
 //! ([`kiln_passes::rows`]) and the artifact's padding table built from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use kiln_format::PaddableDim;
-use kiln_ir::{Graph, Op};
+use kiln_ir::{Graph, NodeId, Op};
 use kiln_onnx::{DimSummary, ModelSummary};
-use kiln_passes::rows::{is_prefix, Positional};
+use kiln_passes::rows::{is_prefix, Positional, Traced as Proof};
 
 use crate::error::DriverError;
 
@@ -17,7 +17,8 @@ const PADDING_HINT: &str = "padded positions must not reach real ones (docs/prof
 pub(crate) type Traced<'g> = (String, &'g Graph, &'g BTreeMap<String, usize>);
 
 /// Imports the model as profile `p` with dim `name` set to `value`: the
-/// graph that checks positional constants at a length no profile has.
+/// graph that shows what changes with the dim when no other profile
+/// differs from `p` in that dim alone.
 pub(crate) type Probe<'a> = dyn FnMut(usize, &str, usize) -> Result<Graph, DriverError> + 'a;
 
 /// The padding table of the dims `names`: for each, the axis of every
@@ -25,9 +26,13 @@ pub(crate) type Probe<'a> = dyn FnMut(usize, &str, usize) -> Result<Graph, Drive
 /// imported graph where the dim is larger than 1, the axis of every
 /// output. Refuses, naming the node and op, a dim whose padded positions
 /// some op reads, and a dim that is on no input, that no profile makes
-/// larger than 1, whose output axes differ between profiles, or whose
-/// positional constants are not cut from one table (checked against the
-/// other profiles and a `probe` import at a length no profile has).
+/// larger than 1, or whose output axes differ between profiles. What
+/// changes with the dim is read by comparing each profile with another
+/// size of it (the nearest profile, or a `probe` import): every node
+/// whose size changes must carry padded positions along exactly those
+/// axes, a constant that changes must be one table cut by position, and a
+/// constant whose values change with the dim (a size read from the shape)
+/// is refused.
 pub(crate) fn paddable_dims(
     summary: &ModelSummary,
     names: &[String],
@@ -73,18 +78,52 @@ fn paddable_dim(
         )));
     }
     let mut traced: Option<Vec<Option<usize>>> = None;
-    let mut positional: Vec<(usize, Positional)> = Vec::new();
+    let mut probes: Vec<Graph> = Vec::new();
     for (p, (label, graph, dims)) in profiles.iter().enumerate() {
-        if dims.get(name).is_none_or(|&v| v < 2) {
+        let Some(&own) = dims.get(name).filter(|&&v| v >= 2) else {
             continue;
-        }
-        let proof = kiln_passes::rows::trace_rows(graph, &input_axes).map_err(|e| {
-            let at = match label.is_empty() {
-                true => String::new(),
-                false => format!(" (in profile {label})"),
-            };
-            refuse(format!("{e}{at}; hint: {PADDING_HINT}"))
-        })?;
+        };
+        let at = match label.is_empty() {
+            true => String::new(),
+            false => format!(" (in profile {label})"),
+        };
+        let traced_error =
+            |e: kiln_passes::rows::MixesRows| refuse(format!("{e}{at}; hint: {PADDING_HINT}"));
+        // The op that reads the padded positions, first: the trace without
+        // positional constants accepts no less than with them, and its
+        // refusal names the node even where the sizes cannot be read (an
+        // input bound at one size).
+        kiln_passes::rows::trace_rows(graph, &input_axes, &[]).map_err(traced_error)?;
+        // The graph the dim's sizes are read from: the profile nearest in
+        // the dim whose other dims are equal, else an import at own - 1.
+        let others_equal = |d: &BTreeMap<String, usize>| {
+            (d.iter().filter(|(k, _)| *k != name)).eq(dims.iter().filter(|(k, _)| *k != name))
+        };
+        let nearest = (profiles.iter())
+            .filter_map(|(l, g, d)| Some((l, *g, *d.get(name)?, d)))
+            .filter(|(_, _, v, d)| *v != own && others_equal(d))
+            .min_by_key(|(_, _, v, _)| v.abs_diff(own));
+        let (other, other_graph, other_value) = match nearest {
+            Some((l, g, v, _)) => (format!("profile {l}"), g, v),
+            None => {
+                let g = probe(p, name, own - 1).map_err(|e| {
+                    refuse(format!(
+                        "importing the model at {name}={} to see what changes with the dim: {e}",
+                        own - 1
+                    ))
+                })?;
+                probes.push(g);
+                let g = probes.last().expect("just pushed");
+                (format!("{name}={}", own - 1), g, own - 1)
+            }
+        };
+        let sizes = Sizes::read(graph, other_graph, own, other_value, &other)
+            .map_err(|e| refuse(format!("{e}{at}")))?;
+        let proof = kiln_passes::rows::trace_rows(graph, &input_axes, &sizes.along)
+            .map_err(traced_error)?;
+        sizes
+            .check(graph, &proof)
+            .map_err(|e| refuse(format!("{e}{at}; hint: {PADDING_HINT}")))?;
         match &traced {
             Some(first) if *first != proof.outputs => {
                 return Err(refuse(format!(
@@ -94,14 +133,12 @@ fn paddable_dim(
             Some(_) => {}
             None => traced = Some(proof.outputs),
         }
-        positional.extend(proof.positional.into_iter().map(|c| (p, c)));
     }
     let Some(outputs) = traced else {
         return Err(refuse(format!(
             "every profile has {name} = 1, where the trace cannot tell its axis from others; give a value above 1"
         )));
     };
-    check_positional(name, profiles, &positional, probe).map_err(refuse)?;
     let axes = |v: &[Option<usize>]| v.iter().map(|a| a.map(|a| a as u32)).collect();
     Ok(PaddableDim {
         name: name.to_string(),
@@ -110,81 +147,152 @@ fn paddable_dim(
     })
 }
 
-/// Errors unless every constant that differs along dim `name` (in
-/// profile `p`, for each `(p, constant)`) is the start of the same
-/// constant at every larger length and has the same constant at every
-/// smaller length as its start: the profiles whose other dims equal `p`'s,
-/// and a probe import at the largest length below the largest profile
-/// that no profile has. Then a padded run sees, at its real positions,
-/// the values a run of its real length would.
-fn check_positional(
-    name: &str,
-    profiles: &[Traced<'_>],
-    positional: &[(usize, Positional)],
-    probe: &mut Probe<'_>,
-) -> Result<(), String> {
-    let values: Vec<usize> = (profiles.iter())
-        .filter_map(|(_, _, dims)| dims.get(name).copied())
-        .collect();
-    let largest = values.iter().copied().max().unwrap_or(0);
-    let probe_value = (1..largest).rev().find(|v| !values.contains(v));
-    let mut probes: Vec<(BTreeMap<String, usize>, Graph)> = Vec::new();
-    for &(p, Positional { node, axis }) in positional {
-        let (label, graph, dims) = &profiles[p];
-        let Op::Constant(table) = &graph.node(node).op else {
-            continue;
-        };
-        let constant = &graph.node(node).name;
-        let others_equal = |d: &BTreeMap<String, usize>| {
-            (d.iter().filter(|(k, _)| *k != name)).eq(dims.iter().filter(|(k, _)| *k != name))
-        };
-        let mut against: Vec<(String, &Graph, usize)> = (profiles.iter())
-            .filter(|(_, _, d)| d.get(name) != dims.get(name) && others_equal(d))
-            .map(|(l, g, d)| {
-                (
-                    format!("profile {l}"),
-                    *g,
-                    d.get(name).copied().unwrap_or(0),
-                )
-            })
-            .collect();
-        if let Some(v) = probe_value {
-            let mut key = (*dims).clone();
-            key.insert(name.to_string(), v);
-            if !probes.iter().any(|(k, _)| *k == key) {
-                let g = probe(p, name, v).map_err(|e| {
-                    format!("importing the model at {name}={v} to check constant '{constant}': {e}")
-                })?;
-                probes.push((key.clone(), g));
-            }
-            let g = &probes
-                .iter()
-                .find(|(k, _)| *k == key)
-                .expect("probe just added")
-                .1;
-            against.push((format!("{name}={v} (imported to check)"), g, v));
+/// What changes with the dim in one profile's graph, read by comparing it
+/// with the same model imported at another size of the dim (`other`):
+/// nodes match by name and occurrence.
+struct Sizes<'g> {
+    /// The constants that run along the dim, each cut by position from one
+    /// table (checked), with the axis: the trace's positional constants.
+    along: Vec<Positional>,
+    /// Each node's axes whose size differs at the other length (none: no
+    /// counterpart), and the counterpart.
+    changed: Vec<Option<(Vec<usize>, NodeId)>>,
+    other: &'g Graph,
+    own: usize,
+    other_value: usize,
+    label: String,
+}
+
+impl<'g> Sizes<'g> {
+    fn read(
+        graph: &Graph,
+        other: &'g Graph,
+        own: usize,
+        other_value: usize,
+        label: &str,
+    ) -> Result<Sizes<'g>, String> {
+        let mut by_name: HashMap<&str, Vec<NodeId>> = HashMap::new();
+        for id in other.node_ids() {
+            by_name.entry(&other.node(id).name).or_default().push(id);
         }
-        let own = dims.get(name).copied().unwrap_or(0);
-        for (other, g, v) in against {
-            let same_name = (g.node_ids()).filter_map(|id| match &g.node(id).op {
-                Op::Constant(t) if g.node(id).name == *constant => Some(t),
-                _ => None,
-            });
-            let fits = |t: &kiln_ir::Tensor| match v < own {
-                true => is_prefix(t, table, axis),
-                false => is_prefix(table, t, axis),
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut sizes = Sizes {
+            along: Vec::new(),
+            changed: vec![None; graph.node_count()],
+            other,
+            own,
+            other_value,
+            label: label.to_string(),
+        };
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let occurrence = seen.entry(&node.name).or_default();
+            let k = *occurrence;
+            *occurrence += 1;
+            let Some(&there) = by_name.get(node.name.as_str()).and_then(|v| v.get(k)) else {
+                continue;
             };
-            if !same_name.into_iter().any(fits) {
-                let here = format!("profile {label}");
-                let (short, long) = match v < own {
-                    true => (other.as_str(), here.as_str()),
-                    false => (here.as_str(), other.as_str()),
-                };
+            let (here_shape, there_shape) = (&node.ty.shape, &other.node(there).ty.shape);
+            if here_shape.len() != there_shape.len() {
                 return Err(format!(
-                    "constant '{constant}' differs along the padded axis {axis} but is not cut by position from one table: at {short} it is not the start of what it is at {long}, so a padded run would not read what a run of its real length reads"
+                    "node '{}' ({}) has rank {} here and {} at {label}: its shape depends on the dim in a way a padded run cannot follow",
+                    node.name,
+                    node.op.name(),
+                    here_shape.len(),
+                    there_shape.len()
+                ));
+            }
+            let changed: Vec<usize> = (0..here_shape.len())
+                .filter(|&a| here_shape[a] != there_shape[a])
+                .collect();
+            if let (Op::Constant(here), Op::Constant(there_t)) = (&node.op, &other.node(there).op) {
+                match changed[..] {
+                    [] if here.data() != there_t.data() => {
+                        return Err(format!(
+                            "constant '{}' holds other values at {label}: it depends on the dim's size (a size read from the shape?), which a padded run would take from its profile, not from its real length",
+                            node.name
+                        ))
+                    }
+                    [] => {}
+                    [axis] => {
+                        sizes.check_table(&node.name, here, there_t, axis)?;
+                        sizes.along.push(Positional { node: id, axis });
+                    }
+                    _ => {
+                        return Err(format!(
+                            "constant '{}' changes with the dim along axes {changed:?}; a padded run pads one",
+                            node.name
+                        ))
+                    }
+                }
+            }
+            sizes.changed[id.index()] = Some((changed, there));
+        }
+        Ok(sizes)
+    }
+
+    /// Errors unless `here` (at this profile's length) and `there` (at the
+    /// other) are cut from one table along `axis`.
+    fn check_table(
+        &self,
+        name: &str,
+        here: &kiln_ir::Tensor,
+        there: &kiln_ir::Tensor,
+        axis: usize,
+    ) -> Result<(), String> {
+        let (short, long) = match self.other_value < self.own {
+            true => (there, here),
+            false => (here, there),
+        };
+        match is_prefix(short, long, axis) {
+            true => Ok(()),
+            false => Err(format!(
+                "constant '{name}' changes with the dim along axis {axis} but is not cut by position from one table: at the shorter of this profile and {} it is not the start of what it is at the longer, so a padded run would not read what a run of its real length reads",
+                self.label
+            )),
+        }
+    }
+
+    /// Errors unless every node's padded axes in `proof` are exactly the
+    /// axes whose size changes with the dim, and every positional constant
+    /// the trace found is cut from one table.
+    fn check(&self, graph: &Graph, proof: &Proof) -> Result<(), String> {
+        for id in graph.node_ids() {
+            let Some((changed, _)) = &self.changed[id.index()] else {
+                continue;
+            };
+            let node = graph.node(id);
+            let followed = &proof.axes[id.index()];
+            if let Some(a) = changed.iter().find(|a| !followed.contains(a)) {
+                return Err(format!(
+                    "node '{}' ({}) changes size with the dim along axis {a}, where the trace follows no padded positions (a size taken from the shape, as an Expand or Reshape to it?)",
+                    node.name,
+                    node.op.name()
+                ));
+            }
+            if let Some(a) = followed.iter().find(|a| !changed.contains(a)) {
+                return Err(format!(
+                    "node '{}' ({}): the trace follows padded positions along axis {a}, whose size does not change with the dim",
+                    node.name,
+                    node.op.name()
                 ));
             }
         }
+        for c in &proof.positional {
+            let name = &graph.node(c.node).name;
+            let there = self.changed[c.node.index()].as_ref().map(|(_, t)| *t);
+            match (&graph.node(c.node).op, there.map(|t| &self.other.node(t).op)) {
+                (Op::Constant(here), Some(Op::Constant(there))) => {
+                    self.check_table(name, here, there, c.axis)?
+                }
+                _ => {
+                    return Err(format!(
+                        "constant '{name}' differs along the padded axis and has no counterpart at {} to check that it is cut by position from one table",
+                        self.label
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
