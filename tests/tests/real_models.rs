@@ -175,7 +175,8 @@ fn positions(t: &kiln_runtime::Tensor, axis: usize, n: u64) -> kiln_runtime::Ten
 /// profile then equals an exact build of its length (within float
 /// summation order; measured equal) and onnxruntime's reference. The
 /// fixture's sentence has 24 tokens in 128 positions (the rest masked), so
-/// its first 24 or more positions give onnxruntime's outputs.
+/// its first 24 or more positions give onnxruntime's outputs. The batch
+/// pads too, with the sequence at once (3 × 30 in the 4 × 48 profile).
 #[test]
 fn minilm_pads_its_sequence_under_its_mask() {
     let Some(root) = real_models_root() else {
@@ -183,9 +184,10 @@ fn minilm_pads_its_sequence_under_its_mask() {
     };
     let fixture = Fixture::load_dir(&root.join("minilm_l3"));
     let (inputs, references) = (fixture.inputs(), fixture.reference_outputs());
-    let exact = |len: u64| {
+    let exact = |batch: usize, len: u64| {
         let mut opts = fixture.compile_options();
         opts.import.input_shapes.clear();
+        opts.import.dims.insert("batch_size".into(), batch);
         opts.import
             .dims
             .insert("sequence_length".into(), len as usize);
@@ -193,22 +195,24 @@ fn minilm_pads_its_sequence_under_its_mask() {
     };
     let mut opts = fixture.compile_options();
     opts.import.input_shapes.clear();
-    opts.import.dims.remove("sequence_length");
+    opts.import.dims.clear();
+    opts.profiles.dims.insert("batch_size".into(), vec![1, 4]);
     opts.profiles
         .dims
         .insert("sequence_length".into(), vec![16, 48]);
-    opts.profiles.paddable = vec!["sequence_length".into()];
+    opts.profiles.paddable = vec!["batch_size".into(), "sequence_length".into()];
     let padded = fixture.compile_with(&opts).unwrap();
     let model = kiln_runtime::Model::from_bytes(&padded).unwrap();
-    let table = &model.paddable_dims()[0];
-    assert_eq!(table.inputs, [Some(1), Some(1)]);
+    let (batch, seq) = (&model.paddable_dims()[0], &model.paddable_dims()[1]);
+    assert_eq!(batch.outputs, [Some(0); 4]);
+    assert_eq!(seq.inputs, [Some(1), Some(1)]);
     // The ids, the mask and the tokens are cut; the sentence is whole.
-    assert_eq!(table.outputs, [Some(1), Some(1), Some(1), None]);
+    assert_eq!(seq.outputs, [Some(1), Some(1), Some(1), None]);
     for len in [24u64, 30, 7, 16] {
         let given: Vec<_> = inputs.iter().map(|t| positions(t, 1, len)).collect();
         let views: Vec<_> = given.iter().map(kiln_runtime::Tensor::view).collect();
         let got = model.run(&views).unwrap();
-        let want = run_artifact(&exact(len), &given).unwrap();
+        let want = run_artifact(&exact(1, len), &given).unwrap();
         for ((g, w), r) in got.iter().zip(&want).zip(&references) {
             assert_eq!(g.shape, w.shape, "{len}: {}", g.name);
             let c = kiln_driver::compare::compare(g, w);
@@ -230,6 +234,34 @@ fn minilm_pads_its_sequence_under_its_mask() {
                 );
             }
         }
+    }
+    // Three sentences of 30 positions, masked to 30, 24 and 9 tokens, in
+    // the profile of 4 × 48: both dims padded at once.
+    let three = |t: &kiln_runtime::Tensor, mask: bool| {
+        let one = positions(t, 1, 30);
+        let mut data = Vec::new();
+        for real in [30i64, 24, 9] {
+            match mask {
+                true => data.extend((0..30i64).flat_map(|i| i64::from(i < real).to_le_bytes())),
+                false => data.extend_from_slice(&one.data),
+            }
+        }
+        kiln_runtime::Tensor {
+            shape: vec![3, 30],
+            data,
+            ..one
+        }
+    };
+    let given = [three(&inputs[0], false), three(&inputs[1], true)];
+    let views: Vec<_> = given.iter().map(kiln_runtime::Tensor::view).collect();
+    let picked = model.profile_for(&views).unwrap();
+    assert_eq!(model.profiles()[picked].inputs[0].shape, [4, 48]);
+    let got = model.run(&views).unwrap();
+    let want = run_artifact(&exact(3, 30), &given).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.shape, w.shape, "3 x 30: {}", g.name);
+        let c = kiln_driver::compare::compare(g, w);
+        assert!(c.passes(1e-6), "3 x 30: {} vs exact: {c:?}", g.name);
     }
 }
 
