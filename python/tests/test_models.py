@@ -77,3 +77,34 @@ def test_real_model_matches_onnxruntime(name, tolerance, tmp_path):
     for out_name, reference in fixture.arrays("outputs").items():
         err = rel_error(outputs[out_name], reference)
         assert err <= tolerance, f"{name}: output {out_name}: rel error {err:.3e}"
+
+
+def test_minilm_sequences_pad_under_their_mask(tmp_path):
+    """MiniLM compiled with `pad_dims=["sequence_length"]` runs sentences of
+    any length up to its largest profile, padded to the next one, and
+    matches a live onnxruntime session at the sentences' own length."""
+    ort = pytest.importorskip("onnxruntime")
+    fixture = real_model("minilm_l3")
+    artifact = tmp_path / "padded.kiln"
+    dims = {"batch_size": [1, 4], "sequence_length": [16, 48]}
+    kiln.compile(
+        fixture.dir / "model.onnx",
+        artifact,
+        dims=dims,
+        pad_dims=["batch_size", "sequence_length"],
+    )
+    model = kiln.load(artifact)
+    session = ort.InferenceSession(str(fixture.dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(3)
+    for batch, length in [(1, 5), (1, 33), (3, 17), (2, 48)]:
+        ids = rng.integers(1000, 30000, (batch, length), dtype=np.int64)
+        mask = np.ones((batch, length), np.int64)
+        for row in range(batch):
+            mask[row, rng.integers(1, length + 1):] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        got = model.run(feeds)
+        for name, want in zip(names, session.run(None, feeds)):
+            assert got[name].shape == want.shape, (batch, length, name)
+            err = rel_error(got[name], want)
+            assert err <= FP32_TOLERANCE, f"{batch}x{length}: output {name}: rel error {err:.3e}"
