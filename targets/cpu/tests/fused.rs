@@ -988,3 +988,40 @@ fn has_zmm_code_for(g: &Graph) -> bool {
     let _ = g;
     std::arch::is_x86_feature_detected!("avx512f")
 }
+
+/// A 7×7 depthwise convolution on a 7×7 map runs on 16-channel blocks;
+/// its store applies hard-swish and a per-channel scale and shift as
+/// vectors of the block's channels (20 channels: a full block and a
+/// partial one, under a mask).
+#[test]
+fn blocked_depthwise_conv_applies_per_channel_operands_per_lane() {
+    let g = fused_graph(
+        Some((
+            conv(3, 20),
+            vec![
+                Arg::Input(vec![2, 20, 7, 7]),
+                Arg::Const(vec![20, 1, 7, 7]),
+                Arg::Const(vec![20]),
+            ],
+        )),
+        vec![Arg::Const(vec![20, 1, 1]), Arg::Const(vec![1, 20, 1, 1])],
+        vec![
+            Instr::Unary(UnaryOp::HardSwish, r(0)),
+            Instr::Binary(BinaryOp::Mul, r(3), r(1)),
+            Instr::Binary(BinaryOp::Add, r(2), r(4)),
+        ],
+        35,
+    );
+    check(&g, 35);
+    assert!(!has_program_tail(&g));
+    let opts = CpuOptions {
+        target: CpuTarget::X86_64Avx512,
+        opt_level: 2,
+        threads: 1,
+    };
+    let a = compile(&g, &opts, ArtifactInfo::default()).unwrap();
+    assert_eq!(
+        a.profiles[0].dense_kernels[0].kernel,
+        "avx512/depthwise-c16"
+    );
+}

@@ -400,8 +400,11 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     let k = v3(ConvCase::new([1, 4, 9, 9], 4, [3, 3])
         .group(4)
         .strides([3, 3]));
-    assert_eq!(k.declined[0].kernel, "avx2/depthwise");
-    assert!(k.declined[0].reason.contains("W stride 3"), "{k:?}");
+    // (After the 16-channel blocks, which are AVX-512 only.)
+    assert_eq!(k.declined[0].kernel, "avx512/depthwise-c16");
+    assert!(k.declined[0].reason.contains("AVX-512 only"), "{k:?}");
+    assert_eq!(k.declined[1].kernel, "avx2/depthwise");
+    assert!(k.declined[1].reason.contains("W stride 3"), "{k:?}");
     assert!(k.kernel.starts_with("avx2/"), "{k:?}");
 }
 
@@ -431,4 +434,41 @@ fn large_outputs_run_in_bands_of_rows() {
     let y = g.add_node(op, &[a, w, c], "gemm").unwrap();
     g.add_output("y", y);
     check_kernel(&g, "avx512/gemm", "gemm 1200x40x260");
+}
+
+/// Depthwise convolutions of large windows on narrow maps (ConvNeXt's 7×7
+/// on 7×7, MobileNetV3's 5×5 on 7×7) run on 16-channel blocks: channel
+/// counts with a partial last block, several images, strides, dilations;
+/// a small window on the same map, and a wide map, keep the row kernel.
+#[test]
+fn depthwise_convolutions_of_narrow_maps_run_on_channel_blocks() {
+    let dw = |x: [usize; 4], k: usize, pad: usize| {
+        ConvCase::new(x, x[1], [k, k]).pads([pad; 4]).group(x[1])
+    };
+    let blocked = [
+        dw([1, 40, 7, 7], 7, 3),
+        dw([2, 768, 7, 7], 7, 3),
+        dw([1, 33, 7, 7], 5, 2),
+        dw([1, 16, 4, 6], 7, 3),
+        dw([1, 24, 13, 13], 5, 2).strides([2, 2]),
+        dw([1, 20, 8, 8], 7, 6).dilations([2, 2]),
+        dw([1, 7, 9, 5], 7, 3).pads([1, 3, 5, 3]),
+    ];
+    for (i, case) in blocked.iter().enumerate() {
+        check_kernel(
+            &case.graph(),
+            "avx512/depthwise-c16",
+            &format!("blocked {i}: {case:?}"),
+        );
+    }
+    for (i, case) in [dw([1, 40, 7, 7], 3, 1), dw([1, 40, 7, 30], 7, 3)]
+        .iter()
+        .enumerate()
+    {
+        check_kernel(
+            &case.graph(),
+            "avx512/depthwise",
+            &format!("row {i}: {case:?}"),
+        );
+    }
 }

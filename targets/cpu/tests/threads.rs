@@ -568,6 +568,21 @@ fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
     check_split(&g, 22);
 }
 
+/// `conv` of an input `x` by weights `w` with a bias, hard-swish and a
+/// per-channel scale fused in its store.
+fn scaled_depthwise(rng: &mut Rng, x: [usize; 4], w: [usize; 4], conv: Conv2d) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let wc = constant(&mut g, rng, "w", &w);
+    let b = constant(&mut g, rng, "b", &[w[0]]);
+    let scale = constant(&mut g, rng, "scale", &[w[0], 1, 1]);
+    let y = g
+        .add_node(hard_swish_scaled(conv, 3), &[xi, wc, b, scale], "dw_fused")
+        .unwrap();
+    g.add_output("y", y);
+    g
+}
+
 #[test]
 fn depthwise_conv_split_by_groups() {
     // 96 channels, depth multiplier 2, W stride 2: the groups are shared
@@ -590,15 +605,7 @@ fn depthwise_conv_split_by_groups() {
     check_split(&g, 16);
     // The same conv fused with hard-swish and a per-channel scale in its
     // store: each task reads the scales of its own channels.
-    let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [2, 96, 96, 130]));
-    let w = constant(&mut g, &mut rng, "w", &[192, 1, 3, 3]);
-    let b = constant(&mut g, &mut rng, "b", &[192]);
-    let scale = constant(&mut g, &mut rng, "scale", &[192, 1, 1]);
-    let y = g
-        .add_node(hard_swish_scaled(conv, 3), &[x, w, b, scale], "dw_fused")
-        .unwrap();
-    g.add_output("y", y);
+    let g = scaled_depthwise(&mut rng, [2, 96, 96, 130], [192, 1, 3, 3], conv);
     let split = artifact(&g, 4);
     assert_eq!(
         split.profiles[0].schedule.len(),
@@ -641,4 +648,26 @@ fn elementwise_microkernels_split_by_rows_and_by_columns() {
         g.add_output("out", f);
         check_split(&g, 17);
     }
+}
+
+#[test]
+fn blocked_depthwise_conv_split_by_channel_blocks() {
+    // ConvNeXt's 7×7 window on a 7×7 map runs on 16-channel blocks: the
+    // tasks take whole blocks (the last with the partial one: 456
+    // channels), each with its own scratch plane, weights and per-channel
+    // scales.
+    let mut rng = Rng::new(7);
+    let conv = Conv2d {
+        strides: [1, 1],
+        pads: [3; 4],
+        dilations: [1, 1],
+        group: 456,
+    };
+    let g = scaled_depthwise(&mut rng, [4, 456, 7, 7], [456, 1, 7, 7], conv);
+    let split = artifact(&g, 4);
+    assert_eq!(
+        split.profiles[0].dense_kernels[0].kernel,
+        "avx512/depthwise-c16"
+    );
+    check_split(&g, 18);
 }

@@ -18,6 +18,7 @@ use kiln_ir::{
 use super::elementwise::broadcast_strides;
 use super::select::{decline, require, Attempt, Miss, OrDecline, Trail};
 use super::NodeCx;
+use crate::microkernel::depthwise::blocked::{worth_blocking, BlockedDepthwise};
 use crate::microkernel::depthwise::{depthwise_epilogue_fits, DepthwiseSpec, RowSegment};
 use crate::microkernel::elementwise::ElementwiseSpec;
 use crate::microkernel::epilogue::{EpilogueOp, EpilogueStep, Operand};
@@ -266,6 +267,7 @@ const CONV: &str = "avx512/conv";
 const INT8_GEMM: &str = "avx512-vnni/gemm";
 const INT8_IM2COL: &str = "avx512-vnni/im2col-gemm";
 const DEPTHWISE: &str = "avx512/depthwise";
+const DEPTHWISE_BLOCKED: &str = "avx512/depthwise-c16";
 const FULLY_CONNECTED: &str = "avx512/fully-connected-gemm";
 const POINTWISE: &str = "avx512/pointwise-gemm";
 const IMPLICIT: &str = "avx512/implicit-gemm";
@@ -427,6 +429,10 @@ fn candidates(
         ),
         Op::Conv(c) => {
             if c.group > 1 {
+                let served = depthwise_blocked(cx, c, weights, scratch, fused, machine);
+                if let Some(served) = trail.attempt(DEPTHWISE_BLOCKED, served)? {
+                    return Ok(Some(served));
+                }
                 let served = depthwise(cx, c, weights, scratch, fused, machine);
                 if let Some(served) = trail.attempt(on(vector, DEPTHWISE), served)? {
                     return Ok(Some(served));
@@ -485,27 +491,8 @@ fn depthwise(
     fused: Option<(&NodeCx, &FusedKernel)>,
     Machine { vector, tasks }: Machine,
 ) -> Attempt<Served> {
-    // The depthwise kernel reads f32 only.
-    if let Some((_, t)) = cx.inputs.iter().find(|(_, t)| t.dtype != DType::F32) {
-        return decline(format!("an operand is {}; the kernel reads f32", t.dtype));
-    }
-    let mut spec = depthwise_conv(cx, c, vector)?;
-    if let Some(why) = spec.ymm_declines() {
-        return decline(why);
-    }
-    let mut tail = fused.map(|(_, k)| k.body().clone());
-    if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
-        if let Some(steps) = epilogue_steps(fcx, k, program, weights, 2) {
-            if depthwise_epilogue_fits(&steps, vector) {
-                spec.epilogue = steps;
-                tail = None;
-            }
-        }
-    }
-    let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
-    let bytes = 4 * (cx.inputs[0].1.num_elements() + cx.node.ty.num_elements());
-    let work = DEPTHWISE_FLOP_COST * flops;
-    let tasks = super::partition::tasks_worth(tasks, work, bytes);
+    let (spec, tail) = depthwise_spec(cx, c, weights, fused, vector)?;
+    let tasks = depthwise_tasks(cx, &spec, tasks);
     let (output, tail) = head_output(fused, tail, weights);
     let src = match output {
         HeadOutput::Scratch => scratch.reserve(&[f32_bytes(cx)])[0],
@@ -533,6 +520,109 @@ fn depthwise(
         src,
     };
     Ok(finish(on(vector, DEPTHWISE), parts, tail))
+}
+
+/// The depthwise kernel of `cx` with as much of `fused`'s program in its
+/// store as fits (the rest returned, to run as a tail).
+fn depthwise_spec(
+    cx: &NodeCx,
+    c: &Conv2d,
+    weights: &mut Weights,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    vector: Vector,
+) -> Attempt<(DepthwiseSpec, Option<ElementwiseProgram>)> {
+    // The depthwise kernel reads f32 only.
+    if let Some((_, t)) = cx.inputs.iter().find(|(_, t)| t.dtype != DType::F32) {
+        return decline(format!("an operand is {}; the kernel reads f32", t.dtype));
+    }
+    let mut spec = depthwise_conv(cx, c, vector)?;
+    if let Some(why) = spec.ymm_declines() {
+        return decline(why);
+    }
+    let mut tail = fused.map(|(_, k)| k.body().clone());
+    if let (Some((fcx, k)), Some(program)) = (fused, &tail) {
+        if let Some(steps) = epilogue_steps(fcx, k, program, weights, 2) {
+            if depthwise_epilogue_fits(&steps, vector) {
+                spec.epilogue = steps;
+                tail = None;
+            }
+        }
+    }
+    Ok((spec, tail))
+}
+
+/// The tasks a depthwise kernel of `spec` is worth splitting into.
+fn depthwise_tasks(cx: &NodeCx, spec: &DepthwiseSpec, tasks: usize) -> usize {
+    let flops = 2 * cx.node.ty.num_elements() * spec.kh * spec.kw;
+    let bytes = 4 * (cx.inputs[0].1.num_elements() + cx.node.ty.num_elements());
+    super::partition::tasks_worth(tasks, DEPTHWISE_FLOP_COST * flops, bytes)
+}
+
+/// A depthwise convolution of a narrow map on 16-channel blocks
+/// ([`BlockedDepthwise`]): tried before the row kernel, where the map
+/// leaves most of its lanes empty and the window is large enough to pay
+/// for the gathers.
+fn depthwise_blocked(
+    cx: &NodeCx,
+    c: &Conv2d,
+    weights: &mut Weights,
+    scratch: &mut Scratch,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    Machine { vector, tasks }: Machine,
+) -> Attempt<Served> {
+    require(vector == Vector::Zmm, || {
+        "AVX-512 only (a block is 16 channels of a zmm register)".into()
+    })?;
+    let (mut spec, tail) = depthwise_spec(cx, c, weights, fused, vector)?;
+    if let Some(why) = BlockedDepthwise::declines(&spec) {
+        return decline(why);
+    }
+    require(worth_blocking(&spec), || {
+        format!(
+            "a {}x{} window on a map {} wide: the row kernel fills enough lanes",
+            spec.kh, spec.kw, spec.ow
+        )
+    })?;
+    let Some(w) = f32_constant(cx.graph, cx.input_ids[1]) else {
+        return decline("the weights are not an f32 constant");
+    };
+    let (output, tail) = head_output(fused, tail, weights);
+    if matches!(output, HeadOutput::Narrow { .. }) {
+        return decline("a u8 store (the row kernel narrows in its store loop)");
+    }
+    let taps = spec.kh * spec.kw;
+    let blocked = weights_loc(
+        weights,
+        &BlockedDepthwise::block_weights(w, spec.groups, taps),
+    );
+    let tasks = depthwise_tasks(cx, &spec, tasks).min(spec.groups.div_ceil(16));
+    let plane = BlockedDepthwise::scratch_bytes(&spec);
+    let mut sizes = vec![plane; tasks];
+    if matches!(output, HeadOutput::Scratch) {
+        sizes.push(f32_bytes(cx));
+    }
+    let reserved = scratch.reserve(&sizes);
+    let src = match output {
+        HeadOutput::Scratch => reserved[tasks],
+        _ => cx.out,
+    };
+    for image in &mut spec.images {
+        image.1 = relocated(cx.out, image.1, src);
+    }
+    let kernel = BlockedDepthwise {
+        spec,
+        weights: blocked,
+        scratch: reserved[0],
+    };
+    let codes = (kernel.split(&reserved[..tasks]).iter())
+        .map(BlockedDepthwise::assemble)
+        .collect::<Result<Vec<_>, _>>()?;
+    let parts = Parts {
+        im2col: Vec::new(),
+        gemm: codes,
+        src,
+    };
+    Ok(finish(DEPTHWISE_BLOCKED, parts, tail))
 }
 
 /// The f32 bytes of node `cx`'s output.

@@ -13,6 +13,7 @@
 //! group (the depth multiplier) are unrolled. The AVX2 form of a row is in
 //! `depthwise/ymm.rs`.
 
+pub(crate) mod blocked;
 mod ymm;
 
 use iced_x86::code_asm::*;
@@ -46,6 +47,7 @@ const CHANNEL: AsmRegister64 = rdx;
 /// The lane indices 0, 2, .., 30 (W stride 2). Tiles use zmm0–zmm23.
 const EVEN: AsmRegisterZmm = zmm24;
 
+/// The zmm registers by number.
 const ZMM: [AsmRegisterZmm; 32] = [
     zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
     zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
@@ -142,49 +144,54 @@ impl DepthwiseSpec {
     /// its own output channels).
     pub(crate) fn split(&self, tasks: usize) -> Vec<DepthwiseSpec> {
         let tasks = tasks.clamp(1, self.groups.max(1));
-        let moved = |loc: Loc, bytes: usize| Loc {
-            offset: loc.offset + bytes as u64,
-            ..loc
-        };
         (0..tasks)
             .map(|t| {
                 let first = self.groups * t / tasks;
                 let end = self.groups * (t + 1) / tasks;
-                let channels = first * self.per_group;
-                DepthwiseSpec {
-                    groups: end - first,
-                    rows: self.rows.clone(),
-                    weights: moved(self.weights, channels * self.kh * self.kw * 4),
-                    bias: self.bias.map(|b| moved(b, channels * 4)),
-                    epilogue: self
-                        .epilogue
-                        .iter()
-                        .map(|st| {
-                            let shift = |o: Operand| match o {
-                                Operand::PerRow(loc) => Operand::PerRow(moved(loc, channels * 4)),
-                                o => o,
-                            };
-                            EpilogueStep {
-                                a: shift(st.a),
-                                b: shift(st.b),
-                                ..*st
-                            }
-                        })
-                        .collect(),
-                    images: self
-                        .images
-                        .iter()
-                        .map(|&(x, out)| {
-                            (
-                                moved(x, first * self.h * self.w * 4),
-                                moved(out, channels * self.oh * self.ow * 4),
-                            )
-                        })
-                        .collect(),
-                    ..*self
-                }
+                self.groups_from(first, end - first)
             })
             .collect()
+    }
+
+    /// Groups `first..first + count` as a kernel of their own.
+    pub(crate) fn groups_from(&self, first: usize, count: usize) -> DepthwiseSpec {
+        let moved = |loc: Loc, bytes: usize| Loc {
+            offset: loc.offset + bytes as u64,
+            ..loc
+        };
+        let channels = first * self.per_group;
+        DepthwiseSpec {
+            groups: count,
+            rows: self.rows.clone(),
+            weights: moved(self.weights, channels * self.kh * self.kw * 4),
+            bias: self.bias.map(|b| moved(b, channels * 4)),
+            epilogue: self
+                .epilogue
+                .iter()
+                .map(|st| {
+                    let shift = |o: Operand| match o {
+                        Operand::PerRow(loc) => Operand::PerRow(moved(loc, channels * 4)),
+                        o => o,
+                    };
+                    EpilogueStep {
+                        a: shift(st.a),
+                        b: shift(st.b),
+                        ..*st
+                    }
+                })
+                .collect(),
+            images: self
+                .images
+                .iter()
+                .map(|&(x, out)| {
+                    (
+                        moved(x, first * self.h * self.w * 4),
+                        moved(out, channels * self.oh * self.ow * 4),
+                    )
+                })
+                .collect(),
+            ..*self
+        }
     }
 
     /// Why the kernel has no form on `self.vector`'s registers, if it has
