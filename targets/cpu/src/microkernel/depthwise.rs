@@ -117,6 +117,15 @@ pub(crate) struct DepthwiseSpec {
 /// index.
 const STORE_FREE: std::ops::Range<usize> = MAX_TILES..32;
 
+/// Most taps whose weights stay in registers (a 5×5 window).
+const MAX_HELD_TAPS: usize = 25;
+
+/// The registers accumulator and input tiles take: `n` tiles, each with
+/// `chains` accumulators, and an input register each.
+fn tile_registers(n: usize) -> usize {
+    n * (CHAINS / n).max(1) + n
+}
+
 /// Whether `steps` fits the store of a depthwise kernel on `vector`'s
 /// registers.
 pub(crate) fn depthwise_epilogue_fits(steps: &[EpilogueStep], vector: Vector) -> bool {
@@ -203,6 +212,35 @@ impl DepthwiseSpec {
         match self.store {
             Store::F32 => None,
             Store::U8 { .. } => Some("a u8 store: the AVX2 depthwise kernel stores f32".into()),
+        }
+    }
+
+    /// The first of the registers that hold the window's weights over a
+    /// segment (one each, the last registers), when they fit: W stride 1
+    /// on zmm (stride 2 needs its upper registers), at most
+    /// [`MAX_HELD_TAPS`] taps, and an epilogue that fits what is left.
+    /// Then each FMA loads only its input, not also a broadcast weight.
+    fn held_weights(&self) -> Option<usize> {
+        let taps = self.kh * self.kw;
+        if self.vector != Vector::Zmm || self.stride_w != 1 || taps > MAX_HELD_TAPS {
+            return None;
+        }
+        let first = 32 - taps;
+        let tiles = (1..=MAX_TILES)
+            .take_while(|&n| tile_registers(n) <= first)
+            .last()?;
+        allocate_slots(&self.epilogue, 1 + first - tiles)?;
+        Some(first)
+    }
+
+    /// Most 16-pixel tiles a row accumulates at once.
+    fn max_tiles(&self) -> usize {
+        match self.held_weights() {
+            Some(first) => (1..=MAX_TILES)
+                .take_while(|&n| tile_registers(n) <= first)
+                .last()
+                .unwrap_or(1),
+            None => MAX_TILES,
         }
     }
 
@@ -310,6 +348,13 @@ impl DepthwiseSpec {
             DST,
             qword_ptr(OUT_G + imm32(out_off + (seg.start * out_row) as i64, "output row")?),
         )?;
+        // The weights stay in registers over the segment's rows.
+        if let Some(first) = self.held_weights() {
+            for tap in 0..self.kh * self.kw {
+                let at = imm32(w_off + (tap * 4) as i64, "weight")?;
+                a.vbroadcastss(ZMM[first + tap], dword_ptr(W_G + at))?;
+            }
+        }
         let mut top = a.create_label();
         a.mov(ROWS, seg.len as u64)?;
         a.set_label(&mut top)?;
@@ -359,7 +404,13 @@ impl DepthwiseSpec {
         let b_off = 4 * j as i64;
         // The epilogue's registers: the accumulator, then the free ones
         // (the permutation index excluded).
-        let free: Vec<AsmRegisterZmm> = STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect();
+        let held = self.held_weights();
+        let max_tiles = self.max_tiles();
+        let free: Vec<AsmRegisterZmm> = match held {
+            // Past the accumulators the sums leave, below the weights.
+            Some(first) => (max_tiles..first).map(|i| ZMM[i]).collect(),
+            None => STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect(),
+        };
         let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
             MicrokernelError::Layout("the depthwise epilogue does not fit".into())
         })?;
@@ -368,7 +419,7 @@ impl DepthwiseSpec {
         let vectors = self.ow.div_ceil(16);
         let mut v0 = 0;
         while v0 < vectors {
-            let n = (vectors - v0).min(MAX_TILES);
+            let n = (vectors - v0).min(max_tiles);
             // Fewer tiles than independent FMA chains wanted (one or two:
             // a map at most 32 wide): each tile's taps rotate over `chains`
             // accumulators, summed before the store, so a row is not one
@@ -376,7 +427,10 @@ impl DepthwiseSpec {
             // FMAs at 4 cycles each).
             let chains = (CHAINS / n).max(1);
             let acc = |t: usize, c: usize| ZMM[t + n * c];
-            let xr = |t: usize| ZMM[MAX_TILES + t];
+            let xr = |t: usize| match held {
+                Some(_) => ZMM[tile_registers(n) - n + t],
+                None => ZMM[MAX_TILES + t],
+            };
             for t in 0..n {
                 for c in 0..chains {
                     if c == 0 && self.bias.is_some() {
@@ -422,7 +476,13 @@ impl DepthwiseSpec {
                     if sw == 2 {
                         a.vpermt2ps(regs[0], EVEN, regs[1])?;
                     }
-                    a.vfmadd231ps(acc(t, c), xr(t), dword_bcst(W_G + wdisp))?;
+                    match held {
+                        Some(first) => {
+                            let tap = (wdisp as i64 - w_off) as usize / 4;
+                            a.vfmadd231ps(acc(t, c), xr(t), ZMM[first + tap])?
+                        }
+                        None => a.vfmadd231ps(acc(t, c), xr(t), dword_bcst(W_G + wdisp))?,
+                    }
                 }
             }
             for t in 0..n {
