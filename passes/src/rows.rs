@@ -66,9 +66,9 @@ pub enum Pad {
 }
 
 impl Pad {
+    /// A zero of `dtype` (finite, for a type without a scalar form).
     fn zero(dtype: DType) -> Pad {
-        let zero = Tensor::new([], Data::zeros(dtype, 1)).expect("one element for shape []");
-        Pad::Exactly(zero)
+        Tensor::new([], Data::zeros(dtype, 1)).map_or(Pad::Finite, Pad::Exactly)
     }
 
     fn value(&self) -> Option<f64> {

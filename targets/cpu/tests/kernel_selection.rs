@@ -461,10 +461,13 @@ fn depthwise_convolutions_of_narrow_maps_run_on_channel_blocks() {
             &format!("blocked {i}: {case:?}"),
         );
     }
-    for (i, case) in [dw([1, 40, 7, 7], 3, 1), dw([1, 40, 7, 30], 7, 3)]
-        .iter()
-        .enumerate()
-    {
+    // A 3x3 window, a wide map, a tall one (its scratch plane past L2).
+    let row = [
+        dw([1, 40, 7, 7], 3, 1),
+        dw([1, 40, 7, 30], 7, 3),
+        dw([1, 16, 400, 7], 7, 3),
+    ];
+    for (i, case) in row.iter().enumerate() {
         check_kernel(
             &case.graph(),
             "avx512/depthwise",

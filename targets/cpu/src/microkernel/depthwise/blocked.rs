@@ -30,6 +30,9 @@ const LANES: usize = 16;
 /// Most output pixels a row keeps in accumulators (zmm0..).
 pub(crate) const MAX_ROW: usize = 14;
 
+/// Largest scratch plane: one block of the map stays in L2.
+const MAX_PLANE_BYTES: u64 = 256 << 10;
+
 /// Registers.
 const X_B: AsmRegister64 = r10;
 const OUT_B: AsmRegister64 = r11;
@@ -116,6 +119,12 @@ impl BlockedDepthwise {
         }
         if spec.ow > MAX_ROW {
             return Some(format!("{} output columns > {MAX_ROW}", spec.ow));
+        }
+        let plane = Self::scratch_bytes(spec);
+        if plane > MAX_PLANE_BYTES {
+            return Some(format!(
+                "its scratch plane would be {plane} bytes (> {MAX_PLANE_BYTES}: a tall map)"
+            ));
         }
         if spec.store.bytes() != 4 {
             return Some("a u8 store".into());
