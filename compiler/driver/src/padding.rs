@@ -78,7 +78,6 @@ fn paddable_dim(
         )));
     }
     let mut traced: Option<Vec<Option<usize>>> = None;
-    let mut probes: Vec<Graph> = Vec::new();
     for (p, (label, graph, dims)) in profiles.iter().enumerate() {
         let Some(&own) = dims.get(name).filter(|&&v| v >= 2) else {
             continue;
@@ -89,11 +88,14 @@ fn paddable_dim(
         };
         let traced_error =
             |e: kiln_passes::rows::MixesRows| refuse(format!("{e}{at}; hint: {PADDING_HINT}"));
-        // The op that reads the padded positions, first: the trace without
-        // positional constants accepts no less than with them, and its
-        // refusal names the node even where the sizes cannot be read (an
-        // input bound at one size).
-        kiln_passes::rows::trace_rows(graph, &input_axes, &[]).map_err(traced_error)?;
+        // Where the sizes cannot be read (an input bound at one size), the
+        // op that reads the padded positions is the better refusal: the
+        // trace without positional constants accepts no less than with
+        // them, and names it.
+        let op_first = |refusal: DriverError| {
+            kiln_passes::rows::trace_rows(graph, &input_axes, &[]).map_err(traced_error)?;
+            Err(refusal)
+        };
         // The graph the dim's sizes are read from: the profile nearest in
         // the dim whose other dims are equal, else an import at own - 1.
         let others_equal = |d: &BTreeMap<String, usize>| {
@@ -103,22 +105,26 @@ fn paddable_dim(
             .filter_map(|(l, g, d)| Some((l, *g, *d.get(name)?, d)))
             .filter(|(_, _, v, d)| *v != own && others_equal(d))
             .min_by_key(|(_, _, v, _)| v.abs_diff(own));
+        let probed: Graph;
         let (other, other_graph, other_value) = match nearest {
             Some((l, g, v, _)) => (format!("profile {l}"), g, v),
-            None => {
-                let g = probe(p, name, own - 1).map_err(|e| {
-                    refuse(format!(
+            None => match probe(p, name, own - 1) {
+                Ok(g) => {
+                    probed = g;
+                    (format!("{name}={}", own - 1), &probed, own - 1)
+                }
+                Err(e) => {
+                    return op_first(refuse(format!(
                         "importing the model at {name}={} to see what changes with the dim: {e}",
                         own - 1
-                    ))
-                })?;
-                probes.push(g);
-                let g = probes.last().expect("just pushed");
-                (format!("{name}={}", own - 1), g, own - 1)
-            }
+                    )))
+                }
+            },
         };
-        let sizes = Sizes::read(graph, other_graph, own, other_value, &other)
-            .map_err(|e| refuse(format!("{e}{at}")))?;
+        let sizes = match Sizes::read(graph, other_graph, own, other_value, &other) {
+            Ok(sizes) => sizes,
+            Err(e) => return op_first(refuse(format!("{e}{at}"))),
+        };
         let proof = kiln_passes::rows::trace_rows(graph, &input_axes, &sizes.along)
             .map_err(traced_error)?;
         sizes

@@ -6,7 +6,7 @@ use super::{exit, Failure};
 use clap::Args;
 use kiln_driver::compare::{compare, Comparison};
 use kiln_driver::npy;
-use kiln_runtime::{DType, Model, PublicKey, Tensor};
+use kiln_runtime::{DType, Model, PublicKey, Tensor, TensorRef};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -70,13 +70,12 @@ struct Picked {
 }
 
 impl Picked {
-    fn of(model: &Model, inputs: &[Tensor]) -> Result<Option<Picked>, Failure> {
+    fn of(model: &Model, inputs: &[TensorRef<'_>]) -> Result<Option<Picked>, Failure> {
         let count = model.profiles().len();
         if count == 1 && model.paddable_dims().is_empty() {
             return Ok(None);
         }
-        let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
-        let index = model.profile_for(&views)?;
+        let index = model.profile_for(inputs)?;
         let specs = &model.profiles()[index].inputs;
         let padded = (specs.iter().zip(inputs)).any(|(s, t)| s.shape != t.shape);
         let shapes = (specs.iter())
@@ -133,7 +132,7 @@ fn load_and_run(
     Ok(Ran {
         outputs,
         latency,
-        profile: Picked::of(&model, &inputs)?,
+        profile: Picked::of(&model, &views)?,
     })
 }
 

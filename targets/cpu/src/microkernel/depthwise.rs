@@ -220,7 +220,9 @@ impl DepthwiseSpec {
     /// on zmm (stride 2 needs its upper registers), at most
     /// [`MAX_HELD_TAPS`] taps, and an epilogue that fits what is left.
     /// Then each FMA loads only its input, not also a broadcast weight.
-    fn held_weights(&self) -> Option<usize> {
+    /// With it, the most 16-pixel tiles a row accumulates at once (those
+    /// whose registers fit below the weights).
+    fn held_weights(&self) -> Option<(usize, usize)> {
         let taps = self.kh * self.kw;
         if self.vector != Vector::Zmm || self.stride_w != 1 || taps > MAX_HELD_TAPS {
             return None;
@@ -230,18 +232,7 @@ impl DepthwiseSpec {
             .take_while(|&n| tile_registers(n) <= first)
             .last()?;
         allocate_slots(&self.epilogue, 1 + first - tiles)?;
-        Some(first)
-    }
-
-    /// Most 16-pixel tiles a row accumulates at once.
-    fn max_tiles(&self) -> usize {
-        match self.held_weights() {
-            Some(first) => (1..=MAX_TILES)
-                .take_while(|&n| tile_registers(n) <= first)
-                .last()
-                .unwrap_or(1),
-            None => MAX_TILES,
-        }
+        Some((first, tiles))
     }
 
     /// Assembles the kernel.
@@ -349,7 +340,7 @@ impl DepthwiseSpec {
             qword_ptr(OUT_G + imm32(out_off + (seg.start * out_row) as i64, "output row")?),
         )?;
         // The weights stay in registers over the segment's rows.
-        if let Some(first) = self.held_weights() {
+        if let Some((first, _)) = self.held_weights() {
             for tap in 0..self.kh * self.kw {
                 let at = imm32(w_off + (tap * 4) as i64, "weight")?;
                 a.vbroadcastss(ZMM[first + tap], dword_ptr(W_G + at))?;
@@ -405,11 +396,13 @@ impl DepthwiseSpec {
         // The epilogue's registers: the accumulator, then the free ones
         // (the permutation index excluded).
         let held = self.held_weights();
-        let max_tiles = self.max_tiles();
-        let free: Vec<AsmRegisterZmm> = match held {
+        let (free, max_tiles): (Vec<AsmRegisterZmm>, usize) = match held {
             // Past the accumulators the sums leave, below the weights.
-            Some(first) => (max_tiles..first).map(|i| ZMM[i]).collect(),
-            None => STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN).collect(),
+            Some((first, tiles)) => ((tiles..first).map(|i| ZMM[i]).collect(), tiles),
+            None => {
+                let free = STORE_FREE.map(|i| ZMM[i]).filter(|&r| r != EVEN);
+                (free.collect(), MAX_TILES)
+            }
         };
         let home = allocate_slots(&self.epilogue, 1 + free.len()).ok_or_else(|| {
             MicrokernelError::Layout("the depthwise epilogue does not fit".into())
@@ -477,7 +470,7 @@ impl DepthwiseSpec {
                         a.vpermt2ps(regs[0], EVEN, regs[1])?;
                     }
                     match held {
-                        Some(first) => {
+                        Some((first, _)) => {
                             let tap = (wdisp as i64 - w_off) as usize / 4;
                             a.vfmadd231ps(acc(t, c), xr(t), ZMM[first + tap])?
                         }

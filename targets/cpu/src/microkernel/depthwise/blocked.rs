@@ -21,7 +21,7 @@ use iced_x86::code_asm::*;
 
 use super::super::epilogue::{allocate_slots, run_epilogue, FullAccess, Operand};
 use super::super::{imm32, load_address, MicrokernelError};
-use super::{DepthwiseSpec, ZMM};
+use super::{DepthwiseSpec, B_G, CHANNEL, DST, GROUPS, OUT_G, ROWS, SAVED, SRC, W_G, X_G, ZMM};
 use crate::plan::Loc;
 
 /// Lanes: channels per block.
@@ -33,19 +33,10 @@ pub(crate) const MAX_ROW: usize = 14;
 /// Largest scratch plane: one block of the map stays in L2.
 const MAX_PLANE_BYTES: u64 = 256 << 10;
 
-/// Registers.
-const X_B: AsmRegister64 = r10;
-const OUT_B: AsmRegister64 = r11;
-const W_B: AsmRegister64 = rax;
-const B_B: AsmRegister64 = rbx;
-const BLOCKS: AsmRegister64 = rcx;
-const ROWS: AsmRegister64 = r12;
-const SRC: AsmRegister64 = r13;
-const DST: AsmRegister64 = r14;
+/// Registers: the row kernel's (`CHANNEL` the block's channel offset in
+/// bytes of a per-channel operand, `GROUPS` the block count), and the
+/// scratch plane in r15 (the row kernel's `TMP`).
 const S_B: AsmRegister64 = r15;
-/// The block's channel offset in bytes of a per-channel operand.
-const CHANNEL: AsmRegister64 = rdx;
-const SAVED: [AsmRegister64; 5] = [rbx, r12, r13, r14, r15];
 const WEIGHT: AsmRegisterZmm = zmm15;
 const PIXEL: AsmRegisterZmm = zmm16;
 const IN_INDEX: AsmRegisterZmm = zmm30;
@@ -188,19 +179,19 @@ impl BlockedDepthwise {
         let full = spec.groups / LANES;
         let tail = spec.groups % LANES;
         for &(x, out) in &spec.images {
-            load_address(&mut a, X_B, x)?;
-            load_address(&mut a, OUT_B, out)?;
-            load_address(&mut a, W_B, self.weights)?;
+            load_address(&mut a, X_G, x)?;
+            load_address(&mut a, OUT_G, out)?;
+            load_address(&mut a, W_G, self.weights)?;
             if let Some(b) = spec.bias {
-                load_address(&mut a, B_B, b)?;
+                load_address(&mut a, B_G, b)?;
             }
             a.xor(CHANNEL, CHANNEL)?;
             if full > 0 {
                 let mut top = a.create_label();
-                a.mov(BLOCKS, full as u64)?;
+                a.mov(GROUPS, full as u64)?;
                 a.set_label(&mut top)?;
                 self.block(&mut a, LANES)?;
-                a.dec(BLOCKS)?;
+                a.dec(GROUPS)?;
                 a.jnz(top)?;
             }
             if tail > 0 {
@@ -226,7 +217,7 @@ impl BlockedDepthwise {
         Ok(a.assemble(0)?)
     }
 
-    /// One block of `lanes` channels at X_B/OUT_B/W_B/B_B/CHANNEL, which
+    /// One block of `lanes` channels at X_G/OUT_G/W_G/B_G/CHANNEL, which
     /// it advances to the next block.
     fn block(&self, a: &mut CodeAssembler, lanes: usize) -> Result<(), MicrokernelError> {
         let spec = &self.spec;
@@ -239,7 +230,7 @@ impl BlockedDepthwise {
         a.kmovw(k3, r9d)?;
         a.kmovw(k1, r9d)?;
         // Gather: input row y into scratch row pad + y.
-        a.mov(SRC, X_B)?;
+        a.mov(SRC, X_G)?;
         let first = (spec.pad_tl[0] * cols + spec.pad_tl[1]) as i64 * pixel;
         a.lea(DST, qword_ptr(S_B + imm32(first, "scratch pixel")?))?;
         let mut rows = a.create_label();
@@ -261,7 +252,7 @@ impl BlockedDepthwise {
         a.jnz(rows)?;
         // Output rows: SRC the scratch row of tap row 0, DST the output row.
         a.mov(SRC, S_B)?;
-        a.mov(DST, OUT_B)?;
+        a.mov(DST, OUT_G)?;
         let free: Vec<AsmRegisterZmm> = FREE.map(|i| ZMM[i]).collect();
         let home = allocate_slots(&spec.epilogue, 1 + free.len())
             .ok_or_else(|| MicrokernelError::Layout("the epilogue does not fit".into()))?;
@@ -290,8 +281,8 @@ impl BlockedDepthwise {
         let acc = |ox: usize| ZMM[ox];
         for ox in 0..spec.ow {
             match spec.bias {
-                Some(_) if masked => a.vmovups(acc(ox).k1().z(), zmmword_ptr(B_B + CHANNEL))?,
-                Some(_) => a.vmovups(acc(ox), zmmword_ptr(B_B + CHANNEL))?,
+                Some(_) if masked => a.vmovups(acc(ox).k1().z(), zmmword_ptr(B_G + CHANNEL))?,
+                Some(_) => a.vmovups(acc(ox), zmmword_ptr(B_G + CHANNEL))?,
                 None => a.vpxord(acc(ox), acc(ox), acc(ox))?,
             }
         }
@@ -300,7 +291,7 @@ impl BlockedDepthwise {
                 let tap = th * spec.kw + tw;
                 a.vmovups(
                     WEIGHT,
-                    zmmword_ptr(W_B + imm32(tap as i64 * pixel, "weight")?),
+                    zmmword_ptr(W_G + imm32(tap as i64 * pixel, "weight")?),
                 )?;
                 for ox in 0..spec.ow {
                     let at = (th * spec.dilations[0] * cols
@@ -335,14 +326,14 @@ impl BlockedDepthwise {
         // The next block.
         let block = LANES as i64;
         a.add(
-            X_B,
+            X_G,
             imm32(block * (spec.h * spec.w * 4) as i64, "input planes")?,
         )?;
         a.add(
-            OUT_B,
+            OUT_G,
             imm32(block * (spec.oh * spec.ow * 4) as i64, "output planes")?,
         )?;
-        a.add(W_B, imm32((spec.kh * spec.kw) as i64 * pixel, "weights")?)?;
+        a.add(W_G, imm32((spec.kh * spec.kw) as i64 * pixel, "weights")?)?;
         a.add(CHANNEL, imm32(block * 4, "channel")?)?;
         Ok(())
     }
