@@ -20,7 +20,7 @@ if [ -d "$node_dir" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for name in digits_mlp digits_cnn op_add_bcast op_gather_indices_input op_conv_basic op_slice_basic ppocr_cls; do
+for name in digits_mlp digits_cnn op_add_bcast op_gather_indices_input op_conv_basic op_slice_basic ppocr_cls control_if_runtime_then; do
     shapes=$(python3 -c "
 import json,sys
 m=json.load(open('fixtures/models/$name/meta.json'))

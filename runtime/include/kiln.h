@@ -111,7 +111,15 @@ int kiln_model_run(const KilnModel *m, const void *const *inputs, void *const *o
 /* Shape profiles (kiln compile --dim batch=1,8,32): one artifact holds one
  * specialization per combination of input shapes, and a run's input shapes
  * pick it. The accessors above describe profile 0; kiln_model_run and
- * kiln_session_run run profile 0 with buffers of its exact sizes. */
+ * kiln_session_run run profile 0 with buffers of its exact sizes.
+ *
+ * A model whose If or Loop decides on run-time values has one profile per
+ * path (a variant) and one condition program per decision: every run
+ * computes the conditions first and runs the variant they select, whose
+ * outputs may have other shapes than profile 0's. kiln_model_run then
+ * fails with KILN_ERROR_ARGUMENT naming kiln_model_run_shaped, which
+ * reports each output's dims; a path the compiler could not build is
+ * KILN_ERROR_ARGUMENT with the reason (docs/profiles.md). */
 
 /* Number of profiles (at least 1); 0 if m is NULL. */
 size_t kiln_model_num_profiles(const KilnModel *m);

@@ -534,7 +534,10 @@ pub unsafe extern "C" fn kiln_model_output_max_byte_size(m: *const KilnModel, i:
         let Some(m) = (unsafe { m.as_ref() }) else {
             return -1;
         };
+        // Condition programs (one bool) and refused paths (no outputs)
+        // return nothing to a caller.
         (m.model.profiles().iter())
+            .filter(|p| matches!(p.role, crate::format::Role::Model { .. }))
             .map(|p| p.outputs.get(i).map(|s| s.byte_len() as i64))
             .max()
             .flatten()
@@ -723,6 +726,19 @@ fn arg_error(function: &str, message: &str) -> (c_int, String) {
     (KILN_ERROR_ARGUMENT, format!("{function}: {message}"))
 }
 
+/// The C error of a failed run: a kernel's or the run's input's own
+/// (an input that takes a path the artifact has no code for), else
+/// internal.
+fn run_error(function: &str, e: Error) -> (c_int, String) {
+    match e {
+        Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
+        Error::VariantRefused { .. } | Error::NoVariant { .. } => {
+            arg_error(function, &e.to_string())
+        }
+        _ => (KILN_ERROR_INTERNAL, e.to_string()),
+    }
+}
+
 /// `KILN_OK`, or the error's code after recording its message.
 fn report(result: Result<(), (c_int, String)>) -> c_int {
     match result {
@@ -815,10 +831,49 @@ unsafe fn run(
     let byte_len = |dtype: crate::DType, shape: &[u64]| {
         shape.iter().product::<u64>() as usize * dtype.size_bytes()
     };
+    let mut data: Vec<&[u8]> = Vec::with_capacity(n_in);
+    for (i, spec) in program.inputs_of(pick.profile).iter().enumerate() {
+        let len = byte_len(spec.dtype, &program.input_shape(&pick, i));
+        // SAFETY: `inputs` holds `n_in` pointers.
+        let ptr = unsafe { *inputs.add(i) }.cast::<u8>();
+        if ptr.is_null() && len > 0 {
+            return Err(arg(&format!("input {i} ('{}') is NULL", spec.name)));
+        }
+        data.push(match len {
+            0 => &[][..],
+            // SAFETY: the caller provides `len` readable bytes.
+            _ => unsafe { std::slice::from_raw_parts(ptr, len) },
+        });
+    }
+    // A model whose control flow branches at run time picks its variant
+    // by running condition programs on these inputs.
+    let mut write_inputs = |pick: &Pick, arena: &mut AlignedBuf| {
+        for (i, bytes) in data.iter().enumerate() {
+            program.write_input(pick, arena, i, bytes);
+        }
+        Ok::<(), Error>(())
+    };
+    let pick = program
+        .resolve(pick, arena, pool, &mut write_inputs)
+        .map_err(|e| run_error(function, e))?;
     let out_specs = program.outputs_of(pick.profile);
     let out_lens: Vec<usize> = (out_specs.iter().enumerate())
         .map(|(i, s)| byte_len(s.dtype, &program.output_shape(&pick, i)))
         .collect();
+    if shaped.is_none() && program.profiles_count() > 1 {
+        // A plain run's buffers have profile 0's sizes: a variant of other
+        // output shapes needs the shaped entry point.
+        for (i, spec) in out_specs.iter().enumerate() {
+            if out_lens[i] as u64 != program.outputs()[i].byte_len() {
+                return Err(arg(&format!(
+                    "output {i} ('{}') is {} in this run, not its declared {}: use kiln_model_run_shaped",
+                    spec.name,
+                    crate::format::type_string(spec.dtype, &program.output_shape(&pick, i)),
+                    program.outputs()[i].type_string()
+                )));
+            }
+        }
+    }
     if let Some(shaped) = shaped {
         if shaped.output_capacity.is_null() && n_out > 0 {
             return Err(arg("output_capacity is NULL"));
@@ -842,26 +897,10 @@ unsafe fn run(
             return Err(arg(&format!("output {i} ('{}') is NULL", spec.name)));
         }
     }
-    for (i, spec) in program.inputs_of(pick.profile).iter().enumerate() {
-        let len = byte_len(spec.dtype, &program.input_shape(&pick, i));
-        // SAFETY: `inputs` holds `n_in` pointers.
-        let ptr = unsafe { *inputs.add(i) }.cast::<u8>();
-        if ptr.is_null() && len > 0 {
-            return Err(arg(&format!("input {i} ('{}') is NULL", spec.name)));
-        }
-        let data = match len {
-            0 => &[][..],
-            // SAFETY: the caller provides `len` readable bytes.
-            _ => unsafe { std::slice::from_raw_parts(ptr, len) },
-        };
-        program.write_input(&pick, arena, i, data);
-    }
+    write_inputs(&pick, arena).map_err(|e| run_error(function, e))?;
     program
         .execute(pick.profile, arena, pool)
-        .map_err(|e| match e {
-            Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
-            _ => (KILN_ERROR_INTERNAL, e.to_string()),
-        })?;
+        .map_err(|e| run_error(function, e))?;
     for (i, len) in out_lens.iter().enumerate() {
         // SAFETY: `outputs` holds `n_out` pointers.
         let ptr = unsafe { *outputs.add(i) }.cast::<u8>();

@@ -139,6 +139,24 @@ pub enum Error {
         /// Each profile's inputs, as [`Profile::describe_inputs`](crate::format::Profile::describe_inputs) writes them.
         available: Vec<String>,
     },
+    /// A run whose run-time conditions (an `If` on an input, a `Loop`'s
+    /// trip count) take a path the compiler could not build at these
+    /// shapes.
+    #[error("this run takes a path of the model's run-time control flow that the artifact has no code for ({path}): {reason}")]
+    VariantRefused {
+        /// The conditions of the path and their values, in words.
+        path: String,
+        /// Why the compiler built no code for it.
+        reason: String,
+    },
+    /// A run whose run-time conditions match no variant of the artifact.
+    #[error(
+        "no variant of the model takes this run's path of its run-time control flow ({conditions})"
+    )]
+    NoVariant {
+        /// The conditions computed for this run and their values.
+        conditions: String,
+    },
     /// Input data whose length does not match its type.
     #[error("input '{name}': {ty} needs {expected} bytes of data, given {given}")]
     InputDataLength {

@@ -10,7 +10,7 @@ use crate::code::{CodeMemory, KernelFn};
 use crate::file::read_private;
 use crate::format::{
     largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata,
-    PaddableDim, Profile, SectionKind, TensorSpec,
+    PaddableDim, Profile, Role, SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
@@ -222,15 +222,20 @@ impl Model {
     /// [`Model::profiles`], or [`Error::NoProfile`] naming the shapes
     /// given and those available. Inputs are matched by name, as in
     /// [`Model::run`].
+    ///
+    /// For a model whose control flow branches at run time this runs the
+    /// condition programs that pick the variant (see
+    /// [`format::Role`](crate::format::Role)).
     pub fn profile_for(&self, inputs: &[TensorRef<'_>]) -> Result<usize, Error> {
-        Ok(self.program.select(inputs)?.profile)
+        let pick = self.with_arena(|program, arena| program.choose(inputs, arena, None))??;
+        Ok(pick.profile)
     }
 
     /// The shapes of the outputs a run of `inputs` returns: those of the
     /// profile they pick, cut back along padded dims (for sizing output
     /// buffers before [`Model::run_into`]).
     pub fn output_shapes(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Vec<u64>>, Error> {
-        let pick = self.program.select(inputs)?;
+        let pick = self.with_arena(|program, arena| program.choose(inputs, arena, None))??;
         let count = self.program.outputs().len();
         Ok((0..count)
             .map(|i| self.program.output_shape(&pick, i))
@@ -378,7 +383,8 @@ impl Session {
         outputs: &mut [&mut [u8]],
         step_times: &mut Vec<std::time::Duration>,
     ) -> Result<(), Error> {
-        let profile = self.program.select(inputs)?.profile;
+        let pool = self.pool.as_ref();
+        let profile = self.program.choose(inputs, &mut self.arena, pool)?.profile;
         step_times.resize(self.program.steps[profile].len(), std::time::Duration::ZERO);
         self.program.run_into(
             &mut self.arena,
@@ -413,6 +419,34 @@ impl Session {
     }
 }
 
+/// The condition values one run has computed, without allocating: a run
+/// meets a few conditions (one per `If` on its path); past the capacity,
+/// a condition is computed again where a guard asks for it.
+#[derive(Default)]
+struct Known {
+    values: [(u32, bool); 16],
+    len: usize,
+}
+
+impl Known {
+    fn get(&self, condition: u32) -> Option<bool> {
+        (self.values[..self.len].iter())
+            .find(|(c, _)| *c == condition)
+            .map(|&(_, v)| v)
+    }
+
+    fn put(&mut self, condition: u32, value: bool) {
+        if self.len < self.values.len() {
+            self.values[self.len] = (condition, value);
+            self.len += 1;
+        }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (u32, bool)> + '_ {
+        self.values[..self.len].iter().copied()
+    }
+}
+
 /// The profile a run uses, and the real size of each padded dim (empty
 /// for a run of the profile's exact shapes, which then allocates nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -440,7 +474,7 @@ impl Program {
         pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
     ) -> Result<Vec<Tensor>, Error> {
-        let pick = self.select(inputs)?;
+        let pick = self.choose(inputs, arena, pool)?;
         self.bind_inputs(&pick, arena, inputs)?;
         self.execute(pick.profile, arena, pool)?;
         let specs = &self.profiles[pick.profile].outputs;
@@ -467,7 +501,7 @@ impl Program {
         outputs: &mut [&mut [u8]],
         step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
-        let pick = self.select(inputs)?;
+        let pick = self.choose(inputs, arena, pool)?;
         self.check_output_buffers(&pick, outputs.iter().map(|b| b.len()))?;
         self.bind_inputs(&pick, arena, inputs)?;
         self.execute_timed(pick.profile, arena, pool, step_times)?;
@@ -480,6 +514,11 @@ impl Program {
     /// The model's inputs, in declared order (the first profile's shapes).
     pub(crate) fn inputs(&self) -> &[TensorSpec] {
         &self.profiles[0].inputs
+    }
+
+    /// How many profiles the artifact has (condition programs included).
+    pub(crate) fn profiles_count(&self) -> usize {
+        self.profiles.len()
     }
 
     /// The model's outputs, in declared order (the first profile's shapes).
@@ -510,14 +549,116 @@ impl Program {
         })
     }
 
+    /// [`Program::select`], then, where the profile of these shapes is
+    /// one of several variants of run-time control flow,
+    /// [`Program::resolve`] with `inputs`.
+    pub(crate) fn choose(
+        &self,
+        inputs: &[TensorRef<'_>],
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+    ) -> Result<Pick, Error> {
+        let pick = self.select(inputs)?;
+        self.resolve(pick, arena, pool, &mut |pick, arena| {
+            self.bind_inputs(pick, arena, inputs)
+        })
+    }
+
+    /// The variant among the selectable profiles of `pick`'s input shapes
+    /// whose guards all hold on this run's inputs, in profile order;
+    /// `pick` itself when it has no guards. Condition programs run as
+    /// needed, each at most once per run (up to [`Known`]'s capacity),
+    /// `write_inputs` writing the run's inputs into a profile's slots.
+    /// A refused variant is [`Error::VariantRefused`]; no variant,
+    /// [`Error::NoVariant`].
+    pub(crate) fn resolve(
+        &self,
+        pick: Pick,
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+        write_inputs: &mut dyn FnMut(&Pick, &mut AlignedBuf) -> Result<(), Error>,
+    ) -> Result<Pick, Error> {
+        let chosen = &self.profiles[pick.profile];
+        if chosen.role.guards().is_empty() {
+            return Ok(pick);
+        }
+        let same_shapes =
+            |p: &Profile| (p.inputs.iter().zip(&chosen.inputs)).all(|(a, b)| a.shape == b.shape);
+        let mut known = Known::default();
+        for (p, profile) in self.profiles.iter().enumerate() {
+            if !profile.role.is_selectable() || !same_shapes(profile) {
+                continue;
+            }
+            let mut holds = true;
+            for g in profile.role.guards() {
+                let value = match known.get(g.condition) {
+                    Some(v) => v,
+                    None => {
+                        let c = g.condition as usize;
+                        let v = self.condition(c, arena, pool, write_inputs)?;
+                        known.put(g.condition, v);
+                        v
+                    }
+                };
+                if value != g.holds {
+                    holds = false;
+                    break;
+                }
+            }
+            if !holds {
+                continue;
+            }
+            return match &profile.role {
+                Role::Refused { guards, reason } => Err(Error::VariantRefused {
+                    path: self.describe_conditions(guards.iter().map(|g| (g.condition, g.holds))),
+                    reason: reason.clone(),
+                }),
+                _ => Ok(Pick::exact(p)),
+            };
+        }
+        Err(Error::NoVariant {
+            conditions: self.describe_conditions(known.entries()),
+        })
+    }
+
+    /// Runs the condition program `c` on the run's inputs: its one bool.
+    fn condition(
+        &self,
+        c: usize,
+        arena: &mut AlignedBuf,
+        pool: Option<&Pool>,
+        write_inputs: &mut dyn FnMut(&Pick, &mut AlignedBuf) -> Result<(), Error>,
+    ) -> Result<bool, Error> {
+        write_inputs(&Pick::exact(c), arena)?;
+        self.execute(c, arena, pool)?;
+        // The decoder checked that a condition program has one
+        // one-element bool output inside the arena.
+        let out = &self.profiles[c].outputs[0];
+        Ok(arena.as_slice()[out.arena_offset as usize] != 0)
+    }
+
+    /// Conditions and values in words: `If 'If_0' takes its then branch:
+    /// false, ...`.
+    fn describe_conditions(&self, values: impl Iterator<Item = (u32, bool)>) -> String {
+        let words: Vec<String> = values
+            .map(|(c, v)| match &self.profiles[c as usize].role {
+                Role::Condition { what } => format!("{what}: {v}"),
+                _ => format!("condition {c}: {v}"),
+            })
+            .collect();
+        words.join(", ")
+    }
+
     /// [`Error::NoProfile`] for inputs described as `given`.
     pub(crate) fn no_profile(&self, given: String) -> Error {
-        Error::NoProfile {
-            given,
-            available: (self.profiles.iter())
-                .map(|p| p.describe_inputs())
-                .collect(),
+        let mut available: Vec<String> = Vec::new();
+        for p in self.profiles.iter().filter(|p| p.role.is_selectable()) {
+            let described = p.describe_inputs();
+            if !available.contains(&described) {
+                available.push(described);
+            }
         }
+        Error::NoProfile { given, available }
     }
 
     /// The profile for inputs of these (declared index, dtype, shape): the
@@ -528,9 +669,10 @@ impl Program {
         I: Iterator<Item = (usize, crate::DType, &'s [u64])>,
     {
         let exact = (self.profiles.iter()).position(|p| {
-            given().all(|(i, dtype, shape)| {
-                p.inputs[i].dtype == dtype && p.inputs[i].shape.as_slice() == shape
-            })
+            p.role.is_selectable()
+                && given().all(|(i, dtype, shape)| {
+                    p.inputs[i].dtype == dtype && p.inputs[i].shape.as_slice() == shape
+                })
         });
         if let Some(p) = exact {
             return Some(Pick::exact(p));
@@ -539,6 +681,9 @@ impl Program {
         for (p, profile) in self.profiles.iter().enumerate() {
             if self.padding.is_empty() {
                 break;
+            }
+            if !matches!(profile.role, Role::Model { .. }) {
+                continue;
             }
             let Some(real) = self.padded_fit(profile, given()) else {
                 continue;

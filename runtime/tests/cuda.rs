@@ -50,6 +50,7 @@ fn copy_artifact(sm: u32) -> Artifact {
         arena_size: 192,
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
+        role: kiln_runtime::format::Role::SHAPES,
     };
     code.into_artifact(metadata, profile, Vec::new())
 }

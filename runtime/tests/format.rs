@@ -86,18 +86,21 @@ fn wrong_magic() {
 #[test]
 fn newer_version() {
     let mut bytes = copy_model().to_bytes();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let newer = FORMAT_VERSION + 1;
+    bytes[8..12].copy_from_slice(&newer.to_le_bytes());
     let err = parse_err(&bytes);
     assert_eq!(
         err,
         FormatError::NewerVersion {
-            found: 7,
+            found: newer,
             supported: FORMAT_VERSION
         }
     );
     assert_eq!(
         err.to_string(),
-        "artifact format version 7 is newer than this runtime supports (5)"
+        format!(
+            "artifact format version {newer} is newer than this runtime supports ({FORMAT_VERSION})"
+        )
     );
 }
 
@@ -392,6 +395,121 @@ fn padding_tables_round_trip_and_are_checked() {
     );
 }
 
+/// `rich_artifact` as the variants of one run-time `If`: profiles 0 and 1
+/// guarded by the condition program 2 (one bool).
+fn variants_artifact() -> Artifact {
+    use kiln_runtime::format::{Guard, Role};
+    let mut a = rich_artifact();
+    let guard = |holds| Role::Model {
+        guards: vec![Guard {
+            condition: 2,
+            holds,
+        }],
+    };
+    a.profiles[0].role = guard(true);
+    let mut other = a.profiles[0].clone();
+    other.role = guard(false);
+    let mut condition = a.profiles[0].clone();
+    condition.outputs = vec![spec("condition", DType::Bool, &[1], 0)];
+    condition.role = Role::Condition {
+        what: "If 'If_0' takes its then branch".into(),
+    };
+    a.profiles.extend([other, condition]);
+    a
+}
+
+#[test]
+fn run_time_variants_round_trip_and_are_checked() {
+    use kiln_runtime::format::{Guard, Role};
+    let a = variants_artifact();
+    assert_eq!(Artifact::parse(&a.to_bytes()).unwrap(), a);
+    let refused = |a: &mut Artifact| {
+        let mut p = a.profiles[1].clone();
+        p.inputs[0].shape = vec![1];
+        p.outputs.clear();
+        p.schedule.clear();
+        p.role = Role::Refused {
+            guards: a.profiles[1].role.guards().to_vec(),
+            reason: "does not import".into(),
+        };
+        p
+    };
+    let mut b = variants_artifact();
+    let mut condition = b.profiles[2].clone();
+    condition.inputs[0].shape = vec![1];
+    b.profiles.push(condition);
+    let mut r = refused(&mut b);
+    r.role = Role::Refused {
+        guards: vec![Guard {
+            condition: 3,
+            holds: false,
+        }],
+        reason: "does not import".into(),
+    };
+    b.profiles.push(r);
+    assert_eq!(Artifact::parse(&b.to_bytes()).unwrap(), b);
+    type Change<'a> = Box<dyn Fn(&mut Artifact) + 'a>;
+    let cases: Vec<(Change, &str)> = vec![
+        (
+            Box::new(|a| a.profiles[1].role = a.profiles[0].role.clone()),
+            "profile 1 has the input shapes and guards of an earlier profile",
+        ),
+        (
+            Box::new(|a| {
+                a.profiles[1].role = Role::Model {
+                    guards: vec![Guard {
+                        condition: 0,
+                        holds: false,
+                    }],
+                }
+            }),
+            "profile 1 is guarded by profile 0, not a condition program",
+        ),
+        (
+            Box::new(|a| {
+                a.profiles[1].role = Role::Model {
+                    guards: vec![Guard {
+                        condition: 9,
+                        holds: false,
+                    }],
+                }
+            }),
+            "a guard names condition profile 9 of 3",
+        ),
+        (
+            Box::new(|a| a.profiles[2].outputs[0].dtype = DType::F32),
+            "does not give one one-element bool",
+        ),
+        (
+            Box::new(|a| a.profiles.swap(0, 2)),
+            "profile 0 is not a model profile",
+        ),
+        (
+            Box::new(|a| {
+                let mut r = refused(a);
+                r.outputs = a.profiles[0].outputs.clone();
+                a.profiles.push(r);
+            }),
+            "a refused variant, has outputs, steps or no guards",
+        ),
+        (
+            Box::new(|a| {
+                a.padding = vec![kiln_runtime::format::PaddableDim {
+                    name: "batch".into(),
+                    inputs: vec![Some(0), None],
+                    outputs: vec![None, None],
+                }]
+            }),
+            "paddable dims in an artifact with run-time variants",
+        ),
+    ];
+    for (change, why) in cases {
+        let mut a = variants_artifact();
+        change(&mut a);
+        malformed(&a.to_bytes(), SectionKind::Profiles, why);
+    }
+}
+
 #[test]
 fn inconsistent_profile_tables_are_refused() {
     // No profile.
@@ -405,7 +523,7 @@ fn inconsistent_profile_tables_are_refused() {
     malformed(
         &bytes,
         SectionKind::Profiles,
-        "profile 1 has the input shapes of an earlier profile",
+        "profile 1 has the input shapes and guards of an earlier profile",
     );
     // A profile whose inputs differ in name, dtype or rank.
     for change in 0..3 {

@@ -155,12 +155,13 @@ impl Fixture {
 }
 
 /// The real pretrained models fetched by `fixtures/make_real.py`.
-pub const REAL_MODELS: [&str; 5] = [
+pub const REAL_MODELS: [&str; 6] = [
     "ppocrv4_det",
     "ppocrv4_rec",
     "minilm_l3",
     "minilm_l3_sentences",
     "silero_vad",
+    "silero_vad_8k",
 ];
 
 /// Real models quantized by onnxruntime (`fixtures/make_real.py`),

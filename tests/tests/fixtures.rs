@@ -154,3 +154,54 @@ fn aarch64_cross_compile_produces_a_valid_artifact() {
         }
     }
 }
+
+/// Run-time control flow (`compiler/driver/src/variants.rs`): an `If` on
+/// an input whose branches give different shapes, and `Loop`s whose trip
+/// count is an input or whose condition the body computes from data. One
+/// fixture per path, all of a model the same: each artifact holds every
+/// path, and the run takes the one its inputs choose.
+#[test]
+fn run_time_control_flow_matches_onnxruntime() {
+    let names: Vec<String> = Fixture::names_with_prefix("control_");
+    assert_eq!(names.len(), 6, "{names:?}");
+    check_all(&names);
+}
+
+/// A loop whose trip count passes `--max-trip-count` is refused at run
+/// time with a typed error naming the loop and the flag; below it, the
+/// same artifact runs.
+#[test]
+fn a_loop_past_its_max_trip_count_is_refused() {
+    let fixture = Fixture::load("control_loop_trip_count_3");
+    let mut opts = fixture.compile_options();
+    opts.max_trip_count = 4;
+    let bytes = fixture.compile_with(&opts).unwrap();
+    let model = kiln_runtime::Model::from_bytes(&bytes).unwrap();
+    let mut inputs = fixture.inputs();
+    let trips = |n: i64| kiln_runtime::Tensor {
+        name: "M".into(),
+        dtype: kiln_runtime::DType::I64,
+        shape: Vec::new(),
+        data: n.to_le_bytes().to_vec(),
+    };
+    for (n, runs) in [(4, true), (5, false), (0, false)] {
+        let m = inputs.iter().position(|t| t.name == "M").unwrap();
+        inputs[m] = trips(n);
+        let views: Vec<_> = inputs.iter().map(kiln_runtime::Tensor::view).collect();
+        match model.run(&views) {
+            Ok(outputs) if runs => {
+                let scans = outputs.iter().find(|t| t.name == "scans").unwrap();
+                assert_eq!(scans.shape, vec![n as u64, 3]);
+            }
+            Err(e @ kiln_runtime::Error::VariantRefused { .. }) if !runs => {
+                let message = e.to_string();
+                let why = match n {
+                    0 => "zero iterations",
+                    _ => "--max-trip-count 4",
+                };
+                assert!(message.contains(why), "{message}");
+            }
+            other => panic!("M={n}: {other:?}"),
+        }
+    }
+}

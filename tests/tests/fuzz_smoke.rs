@@ -183,7 +183,7 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
     };
     let v = *rng.pick(&INTERESTING_I64) as u64;
     let p = rng.below(a.profiles.len().max(1));
-    match rng.below(13) {
+    match rng.below(14) {
         0 if !a.kernels.is_empty() => {
             let k = rng.below(a.kernels.len());
             a.kernels[k].text_offset = v;
@@ -238,6 +238,23 @@ fn mutate_artifact(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
                 inputs: a.profiles[0].inputs.iter().map(axis).collect(),
                 outputs: a.profiles[0].outputs.iter().map(axis).collect(),
             });
+        }
+        // A role: a variant guarded by any profile, a condition program,
+        // a refused path (the runtime picks variants by them).
+        12 if !a.profiles.is_empty() => {
+            use kiln_runtime::format::{Guard, Role};
+            let guards = vec![Guard {
+                condition: v as u32 % (a.profiles.len() as u32 + 1),
+                holds: rng.below(2) == 0,
+            }];
+            a.profiles[p].role = match rng.below(3) {
+                0 => Role::Condition { what: "c".into() },
+                1 => Role::Refused {
+                    guards,
+                    reason: "r".into(),
+                },
+                _ => Role::Model { guards },
+            };
         }
         _ => a.weights.truncate(rng.below(a.weights.len() + 1)),
     }
@@ -397,6 +414,8 @@ fn artifact_seeds() -> Vec<Vec<u8>> {
         "op_gather_indices_input",
         "op_conv_basic",
         "op_slice_basic",
+        // Variants of run-time control flow and their condition program.
+        "control_if_runtime_then",
     ]
     .iter()
     .filter(|n| Fixture::all_names().iter().any(|f| f == *n))

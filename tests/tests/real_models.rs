@@ -291,3 +291,50 @@ fn minilm_without_a_mask_is_refused_for_sequence_padding() {
         "{err}"
     );
 }
+
+/// Silero VAD with its sample rate `sr` left a run-time input: its `If`
+/// on `sr == 16000` has branches that reshape differently, so the
+/// artifact holds one variant per branch and a condition program, and
+/// one artifact serves 16 kHz (512 samples) and 8 kHz (256 samples), each
+/// matching onnxruntime. 8 kHz with 512 samples fails in onnxruntime too
+/// (its LSTM gets a 5-D input): that path is refused, naming the node.
+#[test]
+fn silero_serves_both_sample_rates_from_one_artifact() {
+    let Some(root) = real_models_root() else {
+        return;
+    };
+    let rate16 = Fixture::load_dir(&root.join("silero_vad"));
+    let rate8 = Fixture::load_dir(&root.join("silero_vad_8k"));
+    let mut opts = kiln_driver::CompileOptions::default();
+    opts.import
+        .input_shapes
+        .insert("state".into(), vec![2, 1, 128]);
+    (opts.profiles.input_shapes).insert("input".into(), vec![vec![1, 512], vec![1, 256]]);
+    let compiled = kiln_driver::compile(&rate16.model_path(), &opts).unwrap();
+    let roles: Vec<&kiln_runtime::format::Role> =
+        compiled.artifact.profiles.iter().map(|p| &p.role).collect();
+    let model = kiln_runtime::Model::from_bytes(&compiled.bytes).unwrap();
+    let sr = |fixture: &Fixture| {
+        let path = fixture.dir.join("inputs/sr.npy");
+        kiln_driver::npy::read_tensor("sr", &path).unwrap()
+    };
+    for fixture in [&rate16, &rate8] {
+        let mut inputs = fixture.inputs();
+        inputs.push(sr(fixture));
+        let views: Vec<_> = inputs.iter().map(kiln_runtime::Tensor::view).collect();
+        let outputs = model.run(&views).unwrap();
+        for (o, r) in outputs.iter().zip(&fixture.reference_outputs()) {
+            let c = kiln_driver::compare::compare(o, r);
+            assert!(c.passes(FP32_TOLERANCE), "{}: {c:?}", fixture.name);
+        }
+    }
+    let mut wrong = rate16.inputs();
+    wrong.push(sr(&rate8));
+    let views: Vec<_> = wrong.iter().map(kiln_runtime::Tensor::view).collect();
+    match model.run(&views) {
+        Err(e @ kiln_runtime::Error::VariantRefused { .. }) => {
+            assert!(e.to_string().contains("LSTM"), "{e}")
+        }
+        other => panic!("8 kHz with 512 samples: {other:?} ({roles:?})"),
+    }
+}

@@ -886,6 +886,7 @@ fn inspect_adds_shared_memory_sizes_without_overflow() {
         arena_size: 16,
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
+        role: kiln_format::Role::SHAPES,
     };
     let artifact = code.into_artifact(metadata, profile, Vec::new());
     let dir = tempfile::tempdir().unwrap();

@@ -149,7 +149,9 @@ impl DriverError {
                 | kiln_runtime::Error::MissingInput { .. }
                 | kiln_runtime::Error::InputTypeMismatch { .. }
                 | kiln_runtime::Error::InputDataLength { .. }
-                | kiln_runtime::Error::NoProfile { .. } => ErrorKind::BadInput,
+                | kiln_runtime::Error::NoProfile { .. }
+                | kiln_runtime::Error::VariantRefused { .. }
+                | kiln_runtime::Error::NoVariant { .. } => ErrorKind::BadInput,
                 _ => ErrorKind::Internal,
             },
             DriverError::Usage(_) => ErrorKind::Usage,

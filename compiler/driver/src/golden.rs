@@ -76,6 +76,46 @@ pub(crate) fn fits(graph: &Graph, opts: &CompileOptions) -> bool {
     read_inputs(graph, opts).is_ok()
 }
 
+/// Whether the golden input sets of `opts` take, through the model's
+/// run-time control flow, the path `guards` describe: each guard's
+/// condition program (`graphs[guard.condition]`, before any pass) run by
+/// the reference evaluator on every set. Sets that go both ways at one
+/// decision are an error: the self-test's expected outputs come from one
+/// path's graph.
+pub(crate) fn takes_path(
+    guards: &[kiln_format::Guard],
+    graphs: &[Graph],
+    opts: &CompileOptions,
+) -> Result<bool, DriverError> {
+    for guard in guards {
+        let condition = &graphs[guard.condition as usize];
+        let Some((path, sets)) = read_inputs(condition, opts)? else {
+            return Ok(true);
+        };
+        let mut values = Vec::with_capacity(sets.len());
+        for set in &sets {
+            let out =
+                kiln_ir::eval::eval_graph(condition, set).map_err(|e| DriverError::Golden {
+                    path: path.clone(),
+                    message: format!("evaluating a run-time condition: {e}"),
+                })?;
+            values.push(out[0].data().get_f64(0) != 0.0);
+        }
+        if values.iter().any(|&v| v != values[0]) {
+            return Err(DriverError::Golden {
+                path,
+                message: format!(
+                    "the input sets take different paths of the model's run-time control flow (condition {values:?}); the self-test compares with one path's outputs: give sets that take one path"
+                ),
+            });
+        }
+        if values.first() != Some(&guard.holds) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Why the golden input sets of `opts` do not fit `graph`, for messages.
 pub(crate) fn fits_error(graph: &Graph, opts: &CompileOptions) -> String {
     read_inputs(graph, opts)

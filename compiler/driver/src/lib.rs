@@ -36,6 +36,7 @@ pub mod report_html;
 mod samples;
 pub mod signing;
 pub mod target;
+mod variants;
 
 pub use error::{DriverError, ErrorKind};
 pub use kiln_passes::{PrecisionOutcome, Progress, Silent};
@@ -43,7 +44,7 @@ pub use options::source_precision;
 pub use options::ShapeProfiles;
 pub use options::{
     CompileOptions, DumpIr, GoldenInputs, Smooth, DEFAULT_COVERAGE_WARN, DEFAULT_MAX_ARENA_BYTES,
-    DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES, MAX_PROFILES,
+    DEFAULT_MAX_TRIP_COUNT, DEFAULT_SMOOTH_ALPHA, GOLDEN_TOLERANCES, MAX_PROFILES,
 };
 pub use pipeline::{
     compile, compile_bytes, compile_with_progress, first_difference, optimize, read_calibration,

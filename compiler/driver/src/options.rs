@@ -193,6 +193,10 @@ pub struct CompileOptions {
     /// The clipped share above which a layer's coverage gets a warning
     /// (`--coverage-warn`, a fraction; default [`DEFAULT_COVERAGE_WARN`]).
     pub coverage_warn: f64,
+    /// Most iterations a `Loop` whose trip count or condition is known
+    /// only at run time may run (`--max-trip-count`): the artifact holds
+    /// one variant per trip count up to it, and a run past it is refused.
+    pub max_trip_count: usize,
     /// The self-test's tolerance for every output (`--golden-tolerance`);
     /// `None`: by the build's precision ([`CompileOptions::golden_tolerance`]).
     pub golden_tolerance: Option<f64>,
@@ -227,6 +231,20 @@ impl FromStr for Smooth {
 /// default; measured in `docs/precision.md`).
 pub const DEFAULT_SMOOTH_ALPHA: f32 = 0.5;
 
+impl CompileOptions {
+    /// The import options of a compile: the model's run-time control
+    /// flow followed one path at a time (`crate::variants`).
+    pub fn import_on_paths(&self) -> ImportOptions {
+        ImportOptions {
+            branches: Some(kiln_onnx::Branches {
+                max_trip_count: self.max_trip_count,
+                ..Default::default()
+            }),
+            ..self.import.clone()
+        }
+    }
+}
+
 /// Default of [`CompileOptions::max_arena_bytes`]: 16 GiB.
 pub const DEFAULT_MAX_ARENA_BYTES: u64 = 16 << 30;
 
@@ -254,9 +272,13 @@ impl Default for CompileOptions {
             golden_tolerance: None,
             validate: None,
             coverage_warn: DEFAULT_COVERAGE_WARN,
+            max_trip_count: DEFAULT_MAX_TRIP_COUNT,
         }
     }
 }
+
+/// Default of [`CompileOptions::max_trip_count`].
+pub const DEFAULT_MAX_TRIP_COUNT: usize = 16;
 
 /// Default of [`CompileOptions::coverage_warn`]: 0.1% of a layer's
 /// activation values outside its calibrated range.
@@ -453,6 +475,9 @@ impl CompileOptions {
         }
         if self.import.keep_values != kiln_onnx::KeepValues::None {
             let _ = write!(s, " keep_values={}", self.import.keep_values);
+        }
+        if self.max_trip_count != DEFAULT_MAX_TRIP_COUNT {
+            let _ = write!(s, " max_trip_count={}", self.max_trip_count);
         }
         // fp32 builds keep the options text (and so the artifact bytes)
         // they had before precision assignment existed.

@@ -4,7 +4,8 @@ use crate::error::DriverError;
 use crate::options::{CompileOptions, DumpIr};
 use crate::samples::{npz_files, read_sample};
 use crate::target::Generated;
-use kiln_format::{Artifact, ArtifactInfo};
+use crate::variants::Expansion;
+use kiln_format::{Artifact, ArtifactInfo, Role};
 use kiln_ir::Graph;
 use kiln_passes::{
     Activations, AssignPrecision, BiasCorrection, PassManager, PipelineOptions, PipelineReport,
@@ -307,8 +308,15 @@ fn compile_source(
         }
         let graph = stage(progress, "importing", || {
             let model = kiln_onnx::decode_model(source)?;
-            kiln_onnx::import_model(&model, model_dir, &opts.import)
-        })?;
+            kiln_onnx::import_model(&model, model_dir, &opts.import_on_paths())
+        });
+        let graph = match graph {
+            // Control flow decided at run time: one variant per path.
+            Err(kiln_onnx::OnnxError::Undecided { .. }) => {
+                return compile_profiles(source, source_sha256, model_dir, opts, progress);
+            }
+            graph => graph?,
+        };
         compile_optimized(graph, start.elapsed(), opts, progress, source_sha256)
     })
 }
@@ -317,7 +325,9 @@ fn compile_source(
 /// combination imported, optimized and lowered on its own, all sharing one
 /// weights section. An error names the profile it arose in. Also the
 /// path of `--pad-dim` (with one profile or more): the padding table is
-/// proved on the imported graphs.
+/// proved on the imported graphs; and of run-time control flow, each
+/// combination expanded into its variants and condition programs
+/// (`crate::variants`).
 fn compile_profiles(
     source: &[u8],
     source_sha256: impl FnOnce() -> [u8; 32],
@@ -326,11 +336,15 @@ fn compile_profiles(
     progress: &dyn Progress,
 ) -> Result<Compiled, DriverError> {
     if opts.static_activations {
-        return Err(DriverError::Usage(
-            "--quantize static builds one profile: calibration samples have one shape each, and every profile must share the activation ranges; give one value per --dim (or use dynamic int8, --quantize dynamic)".into(),
-        ));
+        let why = match opts.profiles.count() {
+            1 => "the model's run-time control flow (an If or Loop whose condition is computed from inputs) makes one profile per path, and calibration measures one graph; bind the inputs the conditions read (--bind-input) to compile one path, or use dynamic int8 (--quantize dynamic)",
+            _ => "calibration samples have one shape each, and every profile must share the activation ranges; give one value per --dim (or use dynamic int8, --quantize dynamic)",
+        };
+        return Err(DriverError::Usage(format!(
+            "--quantize static builds one profile: {why}"
+        )));
     }
-    let imports = opts.profiles.imports(&opts.import)?;
+    let imports = opts.profiles.imports(&opts.import_on_paths())?;
     let start = Instant::now();
     let model = stage(progress, "importing", || kiln_onnx::decode_model(source))?;
     let in_profile = |label: &str| {
@@ -341,13 +355,47 @@ fn compile_profiles(
         }
     };
     let mut graphs = Vec::with_capacity(imports.len());
+    let mut variants = Variants::default();
     for (label, import) in &imports {
-        let graph = stage(progress, "importing", || {
-            kiln_onnx::import_model(&model, model_dir, import)
+        let mut import_path = |branches: &kiln_onnx::Branches| -> Result<Graph, DriverError> {
+            let import = kiln_onnx::ImportOptions {
+                branches: Some(branches.clone()),
+                ..import.clone()
+            };
+            Ok(kiln_onnx::import_model(&model, model_dir, &import)?)
+        };
+        let base = import.branches.clone().unwrap_or_default();
+        let expansion = stage(progress, "importing", || {
+            crate::variants::expand(&mut import_path, &base)
         });
-        graphs.push(graph.map_err(|e| in_profile(label)(e.into()))?);
+        match expansion.map_err(in_profile(label))? {
+            Expansion::Single(graph) => variants.add_shape(label, graph, &mut graphs),
+            Expansion::Variants(units) => variants.add(label, units, &mut graphs),
+            Expansion::TooMany(why) => {
+                // Too many paths to compile each: both branches of every
+                // run-time If, selected with Where, where the shapes agree.
+                let legacy = kiln_onnx::ImportOptions {
+                    branches: None,
+                    ..import.clone()
+                };
+                let graph = kiln_onnx::import_model(&model, model_dir, &legacy)
+                    .map_err(|e| {
+                        DriverError::Usage(format!(
+                            "{why} (importing both branches of each If instead: {e})"
+                        ))
+                    })
+                    .map_err(in_profile(label))?;
+                variants.add_shape(label, graph, &mut graphs);
+            }
+        }
     }
     let import_time = start.elapsed();
+    let branching = variants.roles.iter().any(|r| *r != Role::SHAPES);
+    if branching && !opts.profiles.paddable.is_empty() {
+        return Err(DriverError::Usage(
+            "--pad-dim with run-time control flow (an If or Loop whose condition is computed from inputs): padding is proved on one graph per shape, and this model has one per path; compile without --pad-dim".into(),
+        ));
+    }
     let padding = match opts.profiles.paddable.is_empty() {
         true => Vec::new(),
         false => {
@@ -366,21 +414,25 @@ fn compile_profiles(
         }
     };
     // The golden sets have one shape: they go with the first profile they
-    // fit.
+    // fit, and with run-time control flow, whose path they take.
+    let mut golden_candidates = Vec::new();
+    for (i, g) in graphs.iter().enumerate().filter(|_| opts.golden.is_some()) {
+        if let Role::Model { guards } = &variants.roles[i] {
+            if crate::golden::fits(g, opts) && crate::golden::takes_path(guards, &graphs, opts)? {
+                golden_candidates.push(i);
+            }
+        }
+    }
     let golden_profile = match opts.golden {
         None => None,
-        Some(_) => Some(
-            (graphs.iter())
-                .position(|g| crate::golden::fits(g, opts))
-                .ok_or_else(|| {
-                    let e = crate::golden::fits_error(&graphs[0], opts);
-                    DriverError::Usage(format!(
-                        "the golden input sets fit no profile ({}; profile {} says: {e})",
-                        opts.profiles.count(),
-                        imports[0].0
-                    ))
-                })?,
-        ),
+        Some(_) => Some((golden_candidates.first().copied()).ok_or_else(|| {
+            let e = crate::golden::fits_error(&graphs[0], opts);
+            DriverError::Usage(format!(
+                "the golden input sets fit no profile ({}; profile {} says: {e})",
+                opts.profiles.count(),
+                imports[0].0
+            ))
+        })?),
     };
     let mut optimized = Vec::with_capacity(graphs.len());
     for (i, graph) in graphs.into_iter().enumerate() {
@@ -389,15 +441,79 @@ fn compile_profiles(
             profile_opts.golden = None;
         }
         let o = optimize_graph(graph, import_time, &profile_opts, progress);
-        optimized.push(o.map_err(in_profile(&imports[i].0))?);
+        optimized.push(o.map_err(in_profile(&variants.labels[i]))?);
     }
-    let labels = match imports.len() {
-        1 => Vec::new(),
-        _ => imports.into_iter().map(|(label, _)| label).collect(),
-    };
+    if variants.labels.len() == 1 {
+        variants.labels.clear();
+    }
     stage(progress, "generating code", || {
-        generate_all(source_sha256(), optimized, labels, padding, opts)
+        generate_all(source_sha256(), optimized, variants, padding, opts)
     })
+}
+
+/// The profiles of an artifact beyond their graphs: each one's label
+/// and role (one per graph, in order), and the refused paths of run-time
+/// control flow, which have no graph and follow them.
+#[derive(Default)]
+struct Variants {
+    /// Per graph: the bindings and path (`seq=16, If 'If_0' takes its
+    /// then branch: true`); empty for an artifact of one profile.
+    labels: Vec<String>,
+    /// Per graph: its role.
+    roles: Vec<Role>,
+    /// The refused paths: label, the index of a graph of the same input
+    /// shapes, and the role.
+    refused: Vec<(String, usize, Role)>,
+}
+
+impl Variants {
+    /// Adds the one graph of a shape without run-time decisions.
+    fn add_shape(&mut self, label: &str, graph: Graph, graphs: &mut Vec<Graph>) {
+        graphs.push(graph);
+        self.roles.push(Role::SHAPES);
+        self.labels.push(label.to_string());
+    }
+
+    /// Adds the units of one shape's expansion (graphs to `graphs`),
+    /// their guards re-indexed from the expansion's to the artifact's.
+    fn add(&mut self, shape: &str, units: Vec<crate::variants::Unit>, graphs: &mut Vec<Graph>) {
+        let offset = graphs.len();
+        let global = |role: Role| match role {
+            Role::Model { guards } => Role::Model {
+                guards: shifted(guards, offset),
+            },
+            Role::Refused { guards, reason } => Role::Refused {
+                guards: shifted(guards, offset),
+                reason,
+            },
+            condition => condition,
+        };
+        let join = |label: &str| match shape.is_empty() {
+            true => label.to_string(),
+            false => format!("{shape}, {label}"),
+        };
+        for unit in units {
+            match unit {
+                crate::variants::Unit::Compiled { label, graph, role } => {
+                    graphs.push(graph);
+                    self.roles.push(global(role));
+                    self.labels.push(join(&label));
+                }
+                crate::variants::Unit::Refused { label, role } => {
+                    self.refused.push((join(&label), offset, global(role)));
+                }
+            }
+        }
+    }
+}
+
+fn shifted(guards: Vec<kiln_format::Guard>, offset: usize) -> Vec<kiln_format::Guard> {
+    (guards.into_iter())
+        .map(|g| kiln_format::Guard {
+            condition: g.condition + offset as u32,
+            ..g
+        })
+        .collect()
 }
 
 /// The passes and code generation of `graph`, imported from the ONNX bytes
@@ -428,7 +544,10 @@ fn compile_optimized(
         generate_all(
             source_sha256(),
             vec![optimized],
-            Vec::new(),
+            Variants {
+                roles: vec![Role::SHAPES],
+                ..Variants::default()
+            },
             Vec::new(),
             opts,
         )
@@ -436,14 +555,15 @@ fn compile_optimized(
 }
 
 /// Code generation and serialization of optimized graphs, one per profile
-/// (`labels` names them; empty for one), compiled from ONNX bytes whose
+/// (`variants` names them (no names for one) and gives their roles and
+/// the refused paths after them), compiled from ONNX bytes whose
 /// SHA-256 is `source_sha256`. The first profile's report, dumps and precision outcome are
 /// the compilation's; the golden self-test is the one profile's that has
 /// it.
 fn generate_all(
     source_sha256: [u8; 32],
     optimized: Vec<Optimized>,
-    labels: Vec<String>,
+    variants: Variants,
     padding: Vec<kiln_format::PaddableDim>,
     opts: &CompileOptions,
 ) -> Result<Compiled, DriverError> {
@@ -495,6 +615,21 @@ fn generate_all(
             .generate(&graph_refs, opts.threads, info)?;
     artifact.golden = golden;
     artifact.padding = padding;
+    for (profile, role) in artifact.profiles.iter_mut().zip(variants.roles) {
+        profile.role = role;
+    }
+    let mut labels = variants.labels;
+    for (label, sibling, role) in variants.refused {
+        let profile = kiln_format::Profile {
+            outputs: Vec::new(),
+            dense_kernels: Vec::new(),
+            schedule: Vec::new(),
+            role,
+            ..artifact.profiles[sibling].clone()
+        };
+        artifact.profiles.push(profile);
+        labels.push(label);
+    }
     if artifact.arena_size() > opts.max_arena_bytes {
         return Err(DriverError::ArenaTooLarge {
             arena_bytes: artifact.arena_size(),

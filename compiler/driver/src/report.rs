@@ -268,10 +268,52 @@ fn profiles_json(profiles: &[format::Profile]) -> Value {
                 "outputs": specs_json(&p.outputs),
                 "arena_bytes": p.arena_size,
                 "schedule_steps": p.schedule.len(),
+                "role": role_json(&p.role),
             })
         })
         .collect();
     json!(list)
+}
+
+/// A profile's role: `{"kind": "model", "guards": [...]}`, `refused`
+/// with its reason, or `condition` with what it computes.
+pub fn role_json(role: &format::Role) -> Value {
+    let guards = |guards: &[format::Guard]| -> Value {
+        (guards.iter())
+            .map(|g| json!({"condition": g.condition, "holds": g.holds}))
+            .collect()
+    };
+    match role {
+        format::Role::Model { guards: g } => json!({"kind": "model", "guards": guards(g)}),
+        format::Role::Refused { guards: g, reason } => {
+            json!({"kind": "refused", "guards": guards(g), "reason": reason})
+        }
+        format::Role::Condition { what } => json!({"kind": "condition", "what": what}),
+    }
+}
+
+/// A profile's role in words, for listings: empty for a profile its
+/// shapes alone select.
+pub fn describe_role(role: &format::Role, profiles: &[format::Profile]) -> String {
+    let path = |guards: &[format::Guard]| -> String {
+        let words: Vec<String> = (guards.iter())
+            .map(
+                |g| match profiles.get(g.condition as usize).map(|p| &p.role) {
+                    Some(format::Role::Condition { what }) => format!("{what}: {}", g.holds),
+                    _ => format!("#{}: {}", g.condition, g.holds),
+                },
+            )
+            .collect();
+        words.join(", ")
+    };
+    match role {
+        format::Role::Model { guards } if guards.is_empty() => String::new(),
+        format::Role::Model { guards } => format!("variant where {}", path(guards)),
+        format::Role::Refused { guards, reason } => {
+            format!("refused path where {}: {reason}", path(guards))
+        }
+        format::Role::Condition { what } => format!("condition program: {what}"),
+    }
 }
 
 /// Dense ops of at least this many FLOPs on the generic kernel get a

@@ -68,6 +68,8 @@ pub struct ImportCtx<'a> {
     subgraph_inits: HashMap<usize, Vec<(String, Val)>>,
     /// Values produced by `DequantizeLinear`, for QDQ pattern imports.
     dequantized: HashMap<Val, Dequantized>,
+    /// The condition of `Branches::condition_of`, once the import met it.
+    pub(crate) condition: Option<Val>,
 }
 
 impl<'a> ImportCtx<'a> {
@@ -89,6 +91,41 @@ impl<'a> ImportCtx<'a> {
             unrolled_nodes: 0,
             subgraph_inits: HashMap::new(),
             dequantized: HashMap::new(),
+            condition: None,
+        }
+    }
+
+    /// The way a run-time decision goes on the path this import follows
+    /// (`ImportOptions::branches`): `None` when the import follows no path
+    /// (both branches of an `If` are imported), else the value `taken`
+    /// gives, or [`OnnxError::Undecided`] naming the decision when it
+    /// gives none. `cond` is the decision's condition, a one-element
+    /// bool computed from run-time values: where it is the condition the
+    /// import is for (`Branches::condition_of`), it is kept and the import
+    /// stops (with `Undecided`, which `import_model` turns into the
+    /// condition program).
+    pub(crate) fn decide(
+        &mut self,
+        key: &str,
+        what: impl FnOnce() -> String,
+        cond: Val,
+    ) -> Result<Option<bool>, OnnxError> {
+        let Some(branches) = &self.opts.branches else {
+            return Ok(None);
+        };
+        let undecided = |what: String| OnnxError::Undecided {
+            key: key.to_string(),
+            what,
+        };
+        if branches.condition_of.as_deref() == Some(key) {
+            // The import stops here: `import_model` makes `cond` the
+            // graph's one output.
+            self.condition = Some(cond);
+            return Err(undecided(what()));
+        }
+        match branches.taken.get(key) {
+            Some(&taken) => Ok(Some(taken)),
+            None => Err(undecided(what())),
         }
     }
 

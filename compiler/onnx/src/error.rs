@@ -128,6 +128,15 @@ pub enum OnnxError {
         /// What is wrong.
         message: String,
     },
+    /// The import met a run-time decision its [`Branches`](crate::Branches)
+    /// give no value for (the caller enumerates the paths).
+    #[error("{what}, on a value known only at run time: this import follows one path of the model's run-time control flow and has no value for it (decision '{key}')")]
+    Undecided {
+        /// The decision's key, for [`Branches::taken`](crate::Branches::taken).
+        key: String,
+        /// The decision in words: `If 'If_0' takes its then branch`.
+        what: String,
+    },
     /// The node graph has a cycle.
     #[error("the graph has a cycle through node '{0}'")]
     Cycle(String),

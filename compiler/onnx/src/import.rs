@@ -493,7 +493,11 @@ pub(crate) fn import_model(
         let node = &graph.node[i];
         ctx.set_current(&names[i], &node.op_type);
         let build = ops::builder_in(&node.domain, &node.op_type).expect("checked by the scan");
-        let outs = build(&mut ctx, node)?;
+        let outs = match build(&mut ctx, node) {
+            // A condition program ends where its condition is computed.
+            Err(OnnxError::Undecided { .. }) if ctx.condition.is_some() => break,
+            outs => outs?,
+        };
         for (k, name) in node.output.iter().enumerate() {
             if name.is_empty() {
                 continue;
@@ -510,6 +514,20 @@ pub(crate) fn import_model(
         }
     }
 
+    if let Some(key) = opts.branches.as_ref().and_then(|b| b.condition_of.as_ref()) {
+        // A condition program: the decision's condition is its only output.
+        let Some(cond) = ctx.condition else {
+            return Err(OnnxError::InvalidModel(format!(
+                "the path given never meets the decision '{key}'"
+            )));
+        };
+        ctx.set_current(key, "condition");
+        let cond = ops::build::reshape_to(&mut ctx, cond, &[1], Some("condition"))?;
+        let cond = ops::build::cast_to(&mut ctx, cond, kiln_ir::DType::Bool, "condition_bool")?;
+        let id = ctx.node_of(cond);
+        ctx.graph.add_output(crate::CONDITION_OUTPUT, id);
+        return Ok(ctx.graph);
+    }
     for o in &graph.output {
         let v = ctx.lookup(&o.name).ok_or_else(|| OnnxError::MissingInput {
             node: "graph output".into(),

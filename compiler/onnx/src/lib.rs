@@ -96,7 +96,36 @@ pub struct ImportOptions {
     /// Computed values to keep as extra graph outputs (`--keep-values`),
     /// after the model's own outputs, in the model's node order.
     pub keep_values: KeepValues,
+    /// How control flow whose condition is known only at run time is
+    /// imported: `None` imports both branches of such an `If` and selects
+    /// with `Where` (and refuses such a `Loop`); `Some` follows one path,
+    /// the compiler's variants (see [`Branches`]).
+    pub branches: Option<Branches>,
 }
+
+/// One path through a model's run-time control flow. Every place where
+/// the model decides at run time (an `If` whose condition is computed
+/// from inputs, each iteration of a `Loop` whose trip count or condition
+/// is) is a **decision**, named by a key; an import follows `taken` and
+/// stops at the first decision it has no value for with
+/// [`OnnxError::Undecided`], so a caller enumerates the paths one
+/// decision at a time. Each path imports to a graph of static shapes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Branches {
+    /// The value of each decision met so far, by key.
+    pub taken: BTreeMap<String, bool>,
+    /// Import this decision's condition (on the path `taken`) as the
+    /// graph's one output, a one-element bool named [`CONDITION_OUTPUT`],
+    /// instead of the model's outputs: the program that tells, at run
+    /// time, which way the decision goes.
+    pub condition_of: Option<String>,
+    /// Most iterations a `Loop` with a run-time trip count or condition
+    /// runs (`--max-trip-count`): a path past it is an error.
+    pub max_trip_count: usize,
+}
+
+/// The output of a condition program ([`Branches::condition_of`]).
+pub const CONDITION_OUTPUT: &str = "condition";
 
 /// Which computed values an import keeps as extra graph outputs, named by
 /// their ONNX tensor names (`kiln compile --keep-values`, `kiln debug`). A
@@ -169,6 +198,7 @@ impl Default for ImportOptions {
             max_generated_bytes: DEFAULT_MAX_GENERATED_BYTES,
             input_values: BTreeMap::new(),
             keep_values: KeepValues::None,
+            branches: None,
         }
     }
 }
@@ -238,7 +268,9 @@ pub fn preflight(
     let mut report = import::preflight(model, opts)?;
     if report.is_clear() {
         match import_model(model, model_dir, opts) {
-            Ok(_) => {}
+            // A decision of run-time control flow: compiling enumerates
+            // the paths.
+            Ok(_) | Err(OnnxError::Undecided { .. }) => {}
             Err(OnnxError::Unsupported(list)) => report.unsupported = list,
             Err(e) => return Err(e),
         }

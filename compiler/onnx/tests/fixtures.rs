@@ -46,7 +46,8 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
             opts.input_shapes.insert(k.clone(), shape_of(v));
         }
     }
-    let g = import(&dir.join("model.onnx"), &opts).map_err(|e| format!("import: {e}"))?;
+    let metas = meta["inputs"].as_array().unwrap();
+    let g = import_on_path(&dir.join("model.onnx"), &opts, |g| inputs_of(g, metas, dir))?;
     kiln_ir::verify::verify(&g).map_err(|e| format!("verify: {e}"))?;
 
     let outs = meta["outputs"].as_array().unwrap();
@@ -70,20 +71,7 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
         }
     }
 
-    // Inputs in graph-input order, matched by name.
-    let metas = meta["inputs"].as_array().unwrap();
-    let mut inputs = Vec::new();
-    for &id in g.inputs() {
-        let name = &g.node(id).name;
-        let m = metas
-            .iter()
-            .find(|m| m["name"].as_str() == Some(name))
-            .ok_or_else(|| format!("no meta input for '{name}'"))?;
-        inputs.push(read_npy(
-            &dir.join(m["file"].as_str().unwrap()),
-            m["dtype"].as_str().unwrap(),
-        ));
-    }
+    let inputs = inputs_of(&g, metas, dir)?;
     let results = kiln_ir::eval::eval_graph(&g, &inputs).map_err(|e| format!("eval: {e}"))?;
     for (o, got) in outs.iter().zip(&results) {
         let want = read_npy(
@@ -139,6 +127,58 @@ fn check_fixture(dir: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The fixture's inputs in `g`'s input order, matched by name.
+fn inputs_of(g: &kiln_ir::Graph, metas: &[Value], dir: &Path) -> Result<Vec<Tensor>, String> {
+    let mut inputs = Vec::new();
+    for &id in g.inputs() {
+        let name = &g.node(id).name;
+        let m = metas
+            .iter()
+            .find(|m| m["name"].as_str() == Some(name))
+            .ok_or_else(|| format!("no meta input for '{name}'"))?;
+        inputs.push(read_npy(
+            &dir.join(m["file"].as_str().unwrap()),
+            m["dtype"].as_str().unwrap(),
+        ));
+    }
+    Ok(inputs)
+}
+
+/// The model imported on the path its inputs take through run-time
+/// control flow (`ImportOptions::branches`): at each decision the import
+/// stops at, the decision's condition program is imported and evaluated
+/// on the inputs by the reference evaluator, as the runtime does with
+/// compiled ones. A model without run-time decisions imports once.
+fn import_on_path(
+    model: &Path,
+    opts: &ImportOptions,
+    inputs: impl Fn(&kiln_ir::Graph) -> Result<Vec<Tensor>, String>,
+) -> Result<kiln_ir::Graph, String> {
+    let mut branches = kiln_onnx::Branches {
+        max_trip_count: 16,
+        ..Default::default()
+    };
+    loop {
+        let on = |branches: kiln_onnx::Branches| ImportOptions {
+            branches: Some(branches),
+            ..opts.clone()
+        };
+        match import(model, &on(branches.clone())) {
+            Err(kiln_onnx::OnnxError::Undecided { key, .. }) => {
+                let condition = kiln_onnx::Branches {
+                    condition_of: Some(key.clone()),
+                    ..branches.clone()
+                };
+                let g = import(model, &on(condition)).map_err(|e| format!("condition: {e}"))?;
+                let out = kiln_ir::eval::eval_graph(&g, &inputs(&g)?)
+                    .map_err(|e| format!("condition eval: {e}"))?;
+                branches.taken.insert(key, out[0].data().get_f64(0) != 0.0);
+            }
+            other => return other.map_err(|e| format!("import: {e}")),
+        }
+    }
 }
 
 #[test]

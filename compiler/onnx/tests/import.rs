@@ -1468,6 +1468,57 @@ fn runtime_condition_if_selects_with_where() {
     }
 }
 
+/// An import that follows a path of run-time decisions
+/// (`ImportOptions::branches`): it stops at a decision the path gives no
+/// value for, takes only the branch a value names, and with
+/// `condition_of` gives the condition alone as its one bool output.
+#[test]
+fn runtime_condition_if_on_a_path_imports_one_branch() {
+    let on_path = |taken: &[(&str, bool)], condition_of: Option<&str>| ImportOptions {
+        branches: Some(kiln_onnx::Branches {
+            taken: taken.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            condition_of: condition_of.map(str::to_string),
+            max_trip_count: 4,
+        }),
+        ..ImportOptions::default()
+    };
+    match import_model(&if_model(None), None, &on_path(&[], None)) {
+        Err(OnnxError::Undecided { key, what }) => {
+            assert_eq!(key, "if");
+            assert!(what.contains("If 'if'"), "{what}");
+        }
+        other => panic!("{:?}", other.map(|g| ops_of(&g))),
+    }
+    let x = [-1.0f32, 0.5, 2.0];
+    for (c, want_op, other_op) in [(true, "Relu", "Neg"), (false, "Neg", "Relu")] {
+        let g = import_model(&if_model(None), None, &on_path(&[("if", c)], None)).unwrap();
+        let ops = ops_of(&g).join(" ");
+        assert!(
+            ops.contains(want_op) && !ops.contains(other_op),
+            "{c}: {ops}"
+        );
+        assert!(!ops.contains("Where"), "{c}: {ops}");
+        let ct = kiln_ir::Tensor::new([], Data::Bool(vec![!c])).unwrap();
+        // The path's branch runs whatever the condition says: the runtime
+        // picks the path.
+        let out = kiln_ir::eval::eval_graph(&g, &[f32s(&x), ct]).unwrap();
+        let want: Vec<f32> = x
+            .iter()
+            .map(|&v| if c { v.max(0.0) } else { -v } + sigmoid(v))
+            .collect();
+        assert_close(&out[0].to_f64_vec(), &want);
+    }
+    let g = import_model(&if_model(None), None, &on_path(&[], Some("if"))).unwrap();
+    assert_eq!(g.outputs().len(), 1);
+    assert_eq!(g.outputs()[0].0, kiln_onnx::CONDITION_OUTPUT);
+    for c in [true, false] {
+        let ct = kiln_ir::Tensor::new([], Data::Bool(vec![c])).unwrap();
+        let out = kiln_ir::eval::eval_graph(&g, &[f32s(&x), ct]).unwrap();
+        assert_eq!(out[0].dtype(), DType::Bool);
+        assert_eq!(out[0].to_f64_vec(), vec![f64::from(u8::from(c))]);
+    }
+}
+
 #[test]
 fn runtime_condition_if_with_differing_branch_shapes_is_unsupported() {
     let mut m = if_model(None);

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    encode, DType, Declined, DenseKernel, FormatError, HostFn, KernelEntry, Metadata, PaddableDim,
-    Profile, Reloc, RelocKind, RelocTarget, SectionKind, Step, TensorSpec,
+    encode, DType, Declined, DenseKernel, FormatError, Guard, HostFn, KernelEntry, Metadata,
+    PaddableDim, Profile, Reloc, RelocKind, RelocTarget, Role, SectionKind, Step, TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -36,10 +36,15 @@ pub(crate) fn meta(bytes: &[u8]) -> Result<Metadata, FormatError> {
     })
 }
 
-/// PROFILES: at least one; each one's tensors inside its arena and its
-/// steps calling kernels that exist; every profile with the first one's
-/// input and output names, dtypes and ranks; no two with the same input
-/// shapes (a run's shapes pick one profile).
+/// PROFILES: at least one, the first a model profile; each one's tensors
+/// inside its arena and its steps calling kernels that exist; every
+/// profile with the first one's input names, dtypes and ranks, every model
+/// profile with its output names, dtypes and ranks too; a condition
+/// program with one one-element bool output, a refused variant with no
+/// outputs and no steps; guards naming condition programs of the same
+/// input shapes; no two selectable profiles with the same input shapes
+/// and guards (a run's shapes and conditions pick one profile); no guards
+/// in an artifact with paddable dims.
 pub(crate) fn profiles(
     bytes: &[u8],
     kernels: usize,
@@ -50,36 +55,136 @@ pub(crate) fn profiles(
         return Err(r.error("no profile"));
     }
     let mut out: Vec<Profile> = Vec::with_capacity(count);
-    let mut shapes = HashSet::with_capacity(count);
+    let mut keys = HashSet::with_capacity(count);
     for p in 0..count {
         let arena_size = r.u64("arena size")?;
         let inputs = tensors(&mut r, "input")?;
         let outputs = tensors(&mut r, "output")?;
         let dense_kernels = dense_kernels(&mut r)?;
         let schedule = steps(&mut r, kernels)?;
+        let role = role(&mut r, count)?;
         let profile = Profile {
             inputs,
             outputs,
             arena_size,
             dense_kernels,
             schedule,
+            role,
         };
         check_tensors(arena_size, "input", &profile.inputs)?;
         check_tensors(arena_size, "output", &profile.outputs)?;
-        if let Some(first) = out.first() {
-            same_signature(first, &profile, p)?;
+        match out.first() {
+            Some(first) => same_signature(first, &profile, p)?,
+            None if !matches!(profile.role, Role::Model { .. }) => {
+                return Err(r.error("profile 0 is not a model profile"));
+            }
+            None => {}
         }
-        if !shapes.insert(input_shapes(&profile)) {
-            return Err(r.error(format!(
-                "profile {p} has the input shapes of an earlier profile ({})",
-                profile.describe_inputs()
-            )));
+        check_role(&profile, p).map_err(|detail| r.error(detail))?;
+        if profile.role.is_selectable() {
+            let mut guards = profile.role.guards().to_vec();
+            guards.sort_unstable();
+            if !keys.insert((input_shapes(&profile), guards)) {
+                return Err(r.error(format!(
+                    "profile {p} has the input shapes and guards of an earlier profile ({})",
+                    profile.describe_inputs()
+                )));
+            }
         }
         out.push(profile);
     }
+    check_guards(&out).map_err(|detail| r.error(detail))?;
     let padding = paddable_dims(&mut r, &out[0])?;
+    if !padding.is_empty() && out.iter().any(|p| !p.role.guards().is_empty()) {
+        return Err(r.error("paddable dims in an artifact with run-time variants"));
+    }
     r.finish()?;
     Ok((out, padding))
+}
+
+/// Smallest encoded role: its code and an empty guard list or string.
+const MIN_ROLE: usize = 1 + 4;
+/// An encoded guard: the condition's profile index and the value.
+const GUARD_LEN: usize = 4 + 1;
+
+/// A profile's [`Role`]; guard indices below `count`.
+fn role(r: &mut Reader<'_>, count: usize) -> Result<Role, FormatError> {
+    let guards = |r: &mut Reader<'_>| -> Result<Vec<Guard>, FormatError> {
+        let n = r.count("guard count", GUARD_LEN)?;
+        let mut guards = Vec::with_capacity(n);
+        for _ in 0..n {
+            let condition = r.u32("guard condition")?;
+            if condition as usize >= count {
+                return Err(r.error(format!(
+                    "a guard names condition profile {condition} of {count}"
+                )));
+            }
+            let holds = match r.u8("guard value")? {
+                0 => false,
+                1 => true,
+                v => return Err(r.error(format!("guard value {v} is not 0 or 1"))),
+            };
+            guards.push(Guard { condition, holds });
+        }
+        Ok(guards)
+    };
+    match r.u8("profile role")? {
+        encode::ROLE_MODEL => Ok(Role::Model { guards: guards(r)? }),
+        encode::ROLE_REFUSED => Ok(Role::Refused {
+            guards: guards(r)?,
+            reason: r.str("refusal reason")?,
+        }),
+        encode::ROLE_CONDITION => Ok(Role::Condition {
+            what: r.str("condition")?,
+        }),
+        code => Err(FormatError::UnknownCode {
+            what: "profile role",
+            code: code.into(),
+        }),
+    }
+}
+
+/// The shape of a profile of each role: a condition gives one
+/// one-element bool; a refused variant computes nothing.
+fn check_role(p: &Profile, index: usize) -> Result<(), String> {
+    match &p.role {
+        Role::Model { .. } => Ok(()),
+        Role::Refused { guards, .. } => {
+            if !p.outputs.is_empty() || !p.schedule.is_empty() || guards.is_empty() {
+                return Err(format!(
+                    "profile {index}, a refused variant, has outputs, steps or no guards"
+                ));
+            }
+            Ok(())
+        }
+        Role::Condition { .. } => match p.outputs.as_slice() {
+            [o] if o.dtype == DType::Bool && o.shape.iter().product::<u64>() == 1 => Ok(()),
+            _ => Err(format!(
+                "profile {index}, a condition program, does not give one one-element bool"
+            )),
+        },
+    }
+}
+
+/// Every guard names a condition program of the guarded profile's input
+/// shapes, at most once.
+fn check_guards(profiles: &[Profile]) -> Result<(), String> {
+    for (i, p) in profiles.iter().enumerate() {
+        let guards = p.role.guards();
+        for (k, g) in guards.iter().enumerate() {
+            let c = &profiles[g.condition as usize];
+            if !matches!(c.role, Role::Condition { .. }) || input_shapes(c) != input_shapes(p) {
+                return Err(format!(
+                    "profile {i} is guarded by profile {}, not a condition program of its input shapes",
+                    g.condition
+                ));
+            }
+            if guards[..k].iter().any(|e| e.condition == g.condition) {
+                return Err(format!("profile {i} names condition {} twice", g.condition));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The padding table: names unique, one axis entry per input and output
@@ -137,16 +242,17 @@ fn paddable_dims(r: &mut Reader<'_>, first: &Profile) -> Result<Vec<PaddableDim>
     Ok(out)
 }
 
-/// Smallest encoded profile: arena size, four empty counts.
-const MIN_PROFILE: usize = 8 + 4 * 4;
+/// Smallest encoded profile: arena size, four empty counts, a role.
+const MIN_PROFILE: usize = 8 + 4 * 4 + MIN_ROLE;
 
 /// A profile's input shapes, for finding duplicates.
 fn input_shapes(p: &Profile) -> Vec<Vec<u64>> {
     p.inputs.iter().map(|s| s.shape.clone()).collect()
 }
 
-/// Errors unless `p` (profile number `index`) has `first`'s input and
-/// output names, dtypes and ranks, in the same order.
+/// Errors unless `p` (profile number `index`) has `first`'s input names,
+/// dtypes and ranks, in the same order, and, for a model profile, its
+/// outputs' too.
 fn same_signature(first: &Profile, p: &Profile, index: usize) -> Result<(), FormatError> {
     let same = |a: &[TensorSpec], b: &[TensorSpec]| {
         a.len() == b.len()
@@ -154,11 +260,12 @@ fn same_signature(first: &Profile, p: &Profile, index: usize) -> Result<(), Form
                 x.name == y.name && x.dtype == y.dtype && x.shape.len() == y.shape.len()
             })
     };
+    let model = matches!(p.role, Role::Model { .. });
     for (what, a, b) in [
         ("inputs", &first.inputs, &p.inputs),
         ("outputs", &first.outputs, &p.outputs),
     ] {
-        if !same(a, b) {
+        if (what == "inputs" || model) && !same(a, b) {
             return Err(FormatError::Malformed {
                 section: SectionKind::Profiles,
                 detail: format!(

@@ -1,7 +1,9 @@
 //! Encoding of the structured sections (META, RELOCS, KERNELS, PROFILES).
 
 use super::cursor::Writer;
-use super::{DType, KernelEntry, Metadata, PaddableDim, Profile, Reloc, RelocTarget, TensorSpec};
+use super::{
+    DType, Guard, KernelEntry, Metadata, PaddableDim, Profile, Reloc, RelocTarget, Role, TensorSpec,
+};
 
 /// On-disk codes of [`RelocTarget`] variants.
 pub(crate) const TARGET_HOST: u32 = 1;
@@ -42,6 +44,7 @@ pub(crate) fn profiles(profiles: &[Profile], padding: &[PaddableDim]) -> Vec<u8>
             w.u32(s.tasks);
             w.str(&s.node);
         }
+        role(&mut w, &p.role);
     }
     w.len(padding.len());
     for d in padding {
@@ -54,6 +57,39 @@ pub(crate) fn profiles(profiles: &[Profile], padding: &[PaddableDim]) -> Vec<u8>
         }
     }
     w.0
+}
+
+/// On-disk codes of [`Role`] variants.
+pub(crate) const ROLE_MODEL: u8 = 0;
+pub(crate) const ROLE_REFUSED: u8 = 1;
+pub(crate) const ROLE_CONDITION: u8 = 2;
+
+fn role(w: &mut Writer, role: &Role) {
+    let guards = |w: &mut Writer, guards: &[Guard]| {
+        w.len(guards.len());
+        for g in guards {
+            w.u32(g.condition);
+            w.u8(u8::from(g.holds));
+        }
+    };
+    match role {
+        Role::Model { guards: list } => {
+            w.u8(ROLE_MODEL);
+            guards(w, list);
+        }
+        Role::Refused {
+            guards: list,
+            reason,
+        } => {
+            w.u8(ROLE_REFUSED);
+            guards(w, list);
+            w.str(reason);
+        }
+        Role::Condition { what } => {
+            w.u8(ROLE_CONDITION);
+            w.str(what);
+        }
+    }
 }
 
 /// An absent axis in a [`PaddableDim`] table.

@@ -93,10 +93,11 @@ pub struct Metadata {
 /// One specialization of the model to one combination of input shapes
 /// (`kiln compile --dim batch=1,8`): its inputs and outputs with their
 /// shapes and arena offsets, its arena size, how its dense nodes were
-/// lowered, and its schedule. Every profile of an artifact has the same
-/// input and output names, dtypes and ranks, in the same order (the
-/// decoder checks it), and no two have the same input shapes; all share
-/// the artifact's weights and kernels.
+/// lowered, its schedule and its [`Role`]. Every profile of an artifact
+/// has the same input names, dtypes and ranks, in the same order, and
+/// every model profile the same output names, dtypes and ranks (the
+/// decoder checks it); no two selectable profiles have the same input
+/// shapes and guards. All share the artifact's weights and kernels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Profile {
     /// Model inputs, in declared order.
@@ -111,6 +112,71 @@ pub struct Profile {
     /// Kernel calls of one inference, in order (empty for CUDA, whose
     /// code carries its own schedule).
     pub schedule: Vec<crate::Step>,
+    /// What a run does with this profile: run the model, refuse, or
+    /// compute a run-time condition that selects between variants.
+    pub role: Role,
+}
+
+/// What a profile is for. A model whose control flow branches on values
+/// known only at run time (an `If` on an input, a `Loop` whose trip count
+/// is an input) is compiled once per path, a **variant**: each variant is
+/// a profile whose [`Guard`]s name the condition programs that must give
+/// the values its path assumed. Variants of one input shape share the
+/// shapes; their guards tell them apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Runs the model when its input shapes match and every guard holds
+    /// (no guards: the input shapes alone select it).
+    Model {
+        /// The conditions this variant's path assumed, in the order the
+        /// model meets them.
+        guards: Vec<Guard>,
+    },
+    /// A path the compiler could not build (a branch that does not import
+    /// at these shapes, a loop past `--max-trip-count`): a run that takes
+    /// it is refused with `reason`. It has no outputs and no schedule.
+    Refused {
+        /// The conditions of the path, as for [`Role::Model`].
+        guards: Vec<Guard>,
+        /// Why the path has no code.
+        reason: String,
+    },
+    /// Computes one run-time condition from the inputs: its one output is
+    /// a one-element bool.
+    Condition {
+        /// The condition in words (`If 'If_0' takes its then branch`).
+        what: String,
+    },
+}
+
+impl Role {
+    /// A profile selected by its input shapes alone.
+    pub const SHAPES: Role = Role::Model { guards: Vec::new() };
+
+    /// The guards of a model or refused variant (none for a condition).
+    pub fn guards(&self) -> &[Guard] {
+        match self {
+            Role::Model { guards } | Role::Refused { guards, .. } => guards,
+            Role::Condition { .. } => &[],
+        }
+    }
+
+    /// Whether a run's input shapes may select this profile (a model or a
+    /// refused variant; a condition program only serves them).
+    pub fn is_selectable(&self) -> bool {
+        !matches!(self, Role::Condition { .. })
+    }
+}
+
+/// One condition a variant assumed: the condition program (an index into
+/// the profiles, of [`Role::Condition`]) gives `holds` on this run's
+/// inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Guard {
+    /// The condition program's profile index.
+    pub condition: u32,
+    /// The value the variant's path assumed.
+    pub holds: bool,
 }
 
 impl Profile {

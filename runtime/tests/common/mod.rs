@@ -3,7 +3,7 @@
 
 use kiln_runtime::format::{
     Arch, Artifact, CpuFeatures, DType, HostFn, KernelEntry, Metadata, Profile, Reloc, RelocKind,
-    RelocTarget, Step, TensorSpec,
+    RelocTarget, Role, Step, TensorSpec,
 };
 
 /// x86-64: `mov rax, [rdi]; mov [rdi+8], rax; xor eax, eax; ret`, i.e.
@@ -89,6 +89,7 @@ pub fn single_kernel(text: &[u8], inputs: Vec<TensorSpec>, outputs: Vec<TensorSp
             arena_size: 16,
             dense_kernels: Vec::new(),
             schedule: vec![step(0, "/node0")],
+            role: Role::SHAPES,
         }],
         padding: Vec::new(),
         golden: Default::default(),

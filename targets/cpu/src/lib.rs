@@ -348,6 +348,7 @@ fn compile_profile(
         arena_size: plan.arena_size,
         dense_kernels: plan.dense_kernels,
         schedule: text.take_schedule(),
+        role: kiln_format::Role::SHAPES,
     };
     Ok((profile, plan.weights))
 }

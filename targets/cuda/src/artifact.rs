@@ -65,6 +65,7 @@ pub fn to_artifact(
         arena_size: program.arena_size,
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
+        role: kiln_format::Role::SHAPES,
     };
     code.into_artifact(metadata, profile, program.weights.clone())
 }

@@ -170,7 +170,7 @@ pub(super) fn cmd_preflight(a: &CompileArgs, opts: &driver::CompileOptions) -> R
     let model = kiln_onnx::load_model(&a.model).map_err(at_model)?;
     // Profiles bind their dims one combination at a time: the first stands
     // for all (the dims are the same, only their values differ).
-    let imports = opts.profiles.imports(&opts.import)?;
+    let imports = opts.profiles.imports(&opts.import_on_paths())?;
     let report = kiln_onnx::preflight(&model, kiln_onnx::model_dir(&a.model), &imports[0].1)
         .map_err(at_model)?;
     let weights = kiln_onnx::summarize(&model).initializer_bytes;
@@ -500,7 +500,28 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
         out.artifact.arena_size(),
         elapsed.as_secs_f64() * 1e3
     );
-    if !out.profiles.is_empty() {
+    let profiles = &out.artifact.profiles;
+    if profiles.iter().any(|p| p.role != format::Role::SHAPES) {
+        // Run-time control flow: a line per path.
+        let count = |f: fn(&format::Role) -> bool| profiles.iter().filter(|p| f(&p.role)).count();
+        println!(
+            "  {} profiles for the model's run-time control flow ({} variants, {} condition programs, {} refused paths), one weights section:",
+            profiles.len(),
+            count(|r| matches!(r, format::Role::Model { .. })),
+            count(|r| matches!(r, format::Role::Condition { .. })),
+            count(|r| matches!(r, format::Role::Refused { .. })),
+        );
+        for (i, (label, p)) in out.profiles.iter().zip(profiles).enumerate() {
+            match &p.role {
+                format::Role::Model { .. } => println!("    #{i:<3} {label}"),
+                format::Role::Refused { reason, .. } => {
+                    println!("    #{i:<3} {label}: refused");
+                    eprintln!("warning: runs that take this path are refused ({label}): {reason}");
+                }
+                format::Role::Condition { .. } => {}
+            }
+        }
+    } else if !out.profiles.is_empty() {
         println!(
             "  {} profiles ({}), one weights section",
             out.profiles.len(),
@@ -818,7 +839,7 @@ pub(super) fn print_precision(p: &driver::PrecisionOutcome) {
 fn profiles_json(out: &driver::Compiled) -> Value {
     let list: Vec<Value> = (out.profiles.iter().zip(&out.artifact.profiles))
         .map(|(label, p)| {
-            json!({"bindings": label, "inputs": specs_json(&p.inputs), "outputs": specs_json(&p.outputs), "arena_bytes": p.arena_size})
+            json!({"bindings": label, "inputs": specs_json(&p.inputs), "outputs": specs_json(&p.outputs), "arena_bytes": p.arena_size, "role": driver::report::role_json(&p.role)})
         })
         .collect();
     json!(list)

@@ -305,15 +305,20 @@ fn print_profiles(profiles: &[kiln_format::Profile]) {
         return;
     }
     println!(
-        "  profiles: {} (a run's input shapes pick one; the lines above and below describe profile 0)",
+        "  profiles: {} (a run's input shapes, and for variants the conditions, pick one; the lines above and below describe profile 0)",
         profiles.len()
     );
     for (i, p) in profiles.iter().enumerate() {
         let outputs: Vec<String> = (p.outputs.iter())
             .map(|s| format!("{}: {}", s.name, s.type_string()))
             .collect();
+        let role = kiln_driver::report::describe_role(&p.role, profiles);
+        let role = match role.is_empty() {
+            true => role,
+            false => format!(" ({role})"),
+        };
         println!(
-            "    #{i:<3} {} -> {}; arena {} B, {} steps",
+            "    #{i:<3} {} -> {}; arena {} B, {} steps{role}",
             p.describe_inputs(),
             outputs.join(", "),
             p.arena_size,

@@ -154,6 +154,8 @@ impl From<kiln_runtime::Error> for Failure {
             | E::MissingInput { .. }
             | E::InputTypeMismatch { .. }
             | E::NoProfile { .. }
+            | E::VariantRefused { .. }
+            | E::NoVariant { .. }
             | E::InputDataLength { .. }
             | E::OutputCount { .. }
             | E::OutputBufferSize { .. }

@@ -32,6 +32,11 @@ pub(super) struct ModelArgs {
     /// Pad amounts, TopK's k) and is no longer an input of the artifact.
     #[arg(long = "bind-input", value_name = "NAME=FILE.npy", value_parser = name_and_path)]
     bind_inputs: Vec<(String, PathBuf)>,
+    /// Most iterations a Loop whose trip count or condition is computed
+    /// from inputs may run: the artifact holds one variant per trip count
+    /// up to N, and a run that needs more is refused, naming the loop.
+    #[arg(long, value_name = "N", default_value_t = kiln_driver::DEFAULT_MAX_TRIP_COUNT)]
+    max_trip_count: usize,
     /// Optimization level: 0 imports as is, 1 folds constants and removes dead code,
     /// 2 also simplifies, recognizes decomposed LayerNorm, GELU, softmax and
     /// attention, folds BatchNormalization into Conv/Gemm/MatMul and fuses
@@ -145,6 +150,7 @@ pub(super) fn compile_options(args: &ModelArgs, target: Target) -> Result<Compil
         let value = npy::read_ir_tensor(path)?;
         opts.import.input_values.insert(name.clone(), value);
     }
+    opts.max_trip_count = args.max_trip_count;
     Ok(opts)
 }
 

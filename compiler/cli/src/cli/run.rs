@@ -67,6 +67,9 @@ struct Picked {
     count: usize,
     shapes: String,
     padded: bool,
+    /// The variant's path of run-time control flow, in words (empty when
+    /// the shapes alone pick the profile).
+    path: String,
 }
 
 impl Picked {
@@ -82,11 +85,14 @@ impl Picked {
             .map(|s| format!("{}={}", s.name, s.type_string()))
             .collect::<Vec<_>>()
             .join(" ");
+        let path =
+            kiln_driver::report::describe_role(&model.profiles()[index].role, model.profiles());
         Ok(Some(Picked {
             index,
             count,
             shapes,
             padded,
+            path,
         }))
     }
 }
@@ -172,6 +178,9 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         if let Some(p) = &profile {
             summary["profile"] = json!(p.index);
             summary["padded"] = json!(p.padded);
+            if !p.path.is_empty() {
+                summary["path"] = json!(p.path);
+            }
         }
         println!("{summary}");
     } else {
@@ -186,7 +195,14 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 true => ", the inputs padded with zeros and the outputs cut back",
                 false => "",
             };
-            println!("profile {} of {} ({}){padded}", p.index, p.count, p.shapes);
+            let path = match p.path.is_empty() {
+                true => String::new(),
+                false => format!(", {}", p.path),
+            };
+            println!(
+                "profile {} of {} ({}){padded}{path}",
+                p.index, p.count, p.shapes
+            );
         }
         println!("latency: {:.3} ms (first run)", latency.as_secs_f64() * 1e3);
     }

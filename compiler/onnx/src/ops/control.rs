@@ -1,19 +1,26 @@
 //! Control flow, imported inline: Kiln's graphs are static, so a subgraph
 //! becomes ordinary IR nodes at the place of the node that holds it.
 //!
-//! - `If` with a condition known at import imports only the branch taken;
-//!   with a condition known only at run time it imports both branches and
-//!   selects each output with a `Where` on the (scalar) condition, which is
-//!   exact because ONNX branches have no side effects. Both branches must
-//!   then give outputs of the same static types.
+//! - `If` with a condition known at import imports only the branch taken.
+//!   With a condition known only at run time, an import that follows a
+//!   path of the compiler's variants (`ImportOptions::branches`, what
+//!   `kiln compile` does) imports the branch the path takes; the condition
+//!   is a decision of the path (`ImportCtx::decide`), which the driver
+//!   enumerates (`kiln_driver`'s `variants.rs`). Without a path, both
+//!   branches are imported and each output selected with a `Where` on the
+//!   (scalar) condition, which is exact because ONNX branches have no side
+//!   effects; both branches must then give outputs of the same static
+//!   types.
 //! - `Scan` (opset 8 per batch item, 9+) and `Loop` are unrolled: the body
 //!   is imported once per iteration with its inputs bound to the current loop-carried values
 //!   (and, for `Scan`, the current slices of the scanned inputs; for `Loop`,
 //!   the iteration number and condition as constants); per-iteration scan
 //!   outputs are stacked with a `Concat`. A `Scan` runs for the static
-//!   length of its scanned axis; a `Loop` needs its trip count and its
-//!   condition (the initial one and the one each iteration computes) known
-//!   at import.
+//!   length of its scanned axis. A `Loop` whose trip count and condition
+//!   (the initial one and the one each iteration computes) are known at
+//!   import unrolls exactly; where either is known only at run time, "the
+//!   loop runs iteration t" is a decision of the path, up to
+//!   `Branches::max_trip_count` iterations (without a path it is refused).
 //!
 //! Subgraphs read outer values by name and may shadow outer names: every
 //! name a subgraph defines is bound only while it is imported, the outer
@@ -415,6 +422,14 @@ pub fn if_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             "the condition must hold one element, got {cond_ty}"
         )));
     }
+    // On a path of the compiler's variants, only the branch the path takes.
+    let what = || format!("If '{name}' takes its then branch");
+    if let Some(taken) = ctx.decide(&name, what, cond)? {
+        return match taken {
+            true => branch(ctx, then_g, "then"),
+            false => branch(ctx, else_g, "else"),
+        };
+    }
     // Both branches are imported; one the run never takes may not even
     // type-check with these shapes (exporters guard shape-specific code
     // with Ifs): say which inputs, bound at compile time, fold the choice.
@@ -457,33 +472,47 @@ pub fn if_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 
 // ---- Loop ----
 
-/// `Loop`: unrolled; the trip count `M` and the condition (initial and per
-/// iteration) must be known at import.
+/// A `Loop`'s trip count `M` or condition: known at import, or a value
+/// computed at run time (a one-element tensor).
+#[derive(Clone, Copy)]
+enum Known<T> {
+    Now(T),
+    RunTime(Val),
+}
+
+/// `Loop`: unrolled. A trip count `M` and a condition (initial and per
+/// iteration) known at import unroll exactly; either known only at run
+/// time makes "iteration t runs" a decision of the compiler's variants
+/// (one per trip count, up to `Branches::max_trip_count`), or is refused
+/// where the import follows no path.
 pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let name = ctx.node_name().to_string();
     let body_g = graph_attr(ctx, node, "body")?;
+    let variants = ctx.opts.branches.is_some();
     let trip = match ctx.opt_input(node, 0) {
         None => None,
-        Some(v) => match ctx.konst(v) {
-            Some(t) if t.len() == 1 => Some(usize::try_from(t.data().get_i64(0)).unwrap_or(0)),
+        Some(v) => Some(match ctx.konst(v) {
+            Some(t) if t.len() == 1 => Known::Now(usize::try_from(t.data().get_i64(0)).unwrap_or(0)),
             Some(t) => {
                 return Err(ctx.invalid(format!(
                     "the trip count M must hold one element, got shape {:?}",
                     t.shape().as_slice()
                 )))
             }
+            None if variants => Known::RunTime(one_element(ctx, v, "the trip count M")?),
             None => {
                 return Err(ctx.not_constant(v, format!(
                     "Loop '{name}' has a trip count (input M) known only at run time: Kiln unrolls loops and needs it at compile time"
                 )))
             }
-        },
+        }),
     };
     let has_cond = ctx.opt_input(node, 1).is_some();
     let mut cond = match ctx.opt_input(node, 1) {
-        None => true,
+        None => Known::Now(true),
         Some(v) => match ctx.konst(v) {
-            Some(t) => truth(ctx, t, "the condition")?,
+            Some(t) => Known::Now(truth(ctx, t, "the condition")?),
+            None if variants => Known::RunTime(one_element(ctx, v, "the condition")?),
             None => {
                 return Err(ctx.not_constant(v, format!(
                     "Loop '{name}' has a condition (input cond) known only at run time: Kiln unrolls loops and needs it at compile time"
@@ -511,16 +540,20 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     }
     let k_out = body_g.output.len() - 1 - n;
     let body = prepare(ctx, body_g)?;
-    match trip {
+    let for_loop = match trip {
         // A for loop: its length is known before anything is imported.
-        Some(m) if !has_cond => reserve(ctx, "a Loop", m, m, body.first, &body)?,
-        _ => {}
+        Some(Known::Now(m)) if !has_cond => Some(m),
+        _ => None,
+    };
+    if let Some(m) = for_loop {
+        reserve(ctx, "a Loop", m, m, body.first, &body)?;
     }
     let mut per_step: Vec<Vec<Val>> = vec![Vec::new(); k_out];
     let mut t = 0usize;
-    while cond && trip.is_none_or(|m| t < m) {
-        if has_cond {
-            // A while loop: checked one iteration at a time.
+    while iteration_runs(ctx, &name, t, trip, cond)? {
+        if for_loop.is_none() {
+            // A while loop, or a run-time trip count: checked one
+            // iteration at a time.
             reserve(ctx, "a Loop", t + 1, 1, body.first && t == 0, &body)?;
         }
         let prefix = format!("{name}/iter{t}");
@@ -539,7 +572,8 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         ctx.set_current(&name, "Loop");
         if has_cond {
             cond = match ctx.konst(outs[0]) {
-                Some(c) => truth(ctx, c, "the condition the body computes")?,
+                Some(c) => Known::Now(truth(ctx, c, "the condition the body computes")?),
+                None if variants => Known::RunTime(one_element(ctx, outs[0], "the condition the body computes")?),
                 None => {
                     return Err(ctx.not_constant(outs[0], format!(
                         "Loop '{name}' computes its condition from values known only at run time (iteration {t}): Kiln unrolls loops and needs it at compile time"
@@ -558,6 +592,80 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         results.push(stack(ctx, steps, 0, "body", &format!("scan{k}"))?);
     }
     Ok(results)
+}
+
+/// A one-element run-time value as a bool of shape `[]`.
+fn one_element(ctx: &mut ImportCtx, v: Val, what: &str) -> Result<Val, OnnxError> {
+    let ty = ctx.ty(v).clone();
+    if ty.shape.iter().product::<usize>() != 1 {
+        return Err(ctx.invalid(format!("{what} must hold one element, got {ty}")));
+    }
+    let scalar = reshape_to(ctx, v, &[], Some("scalar"))?;
+    Ok(scalar)
+}
+
+/// Whether iteration `t` of Loop `name` runs: known at import, or a
+/// decision of the path the import follows (`(t < M) and cond`), which
+/// past `Branches::max_trip_count` iterations is refused.
+fn iteration_runs(
+    ctx: &mut ImportCtx,
+    name: &str,
+    t: usize,
+    trip: Option<Known<usize>>,
+    cond: Known<bool>,
+) -> Result<bool, OnnxError> {
+    let mut parts = Vec::new();
+    match trip {
+        Some(Known::Now(m)) if t >= m => return Ok(false),
+        Some(Known::RunTime(m)) => {
+            let m = super::build::cast_to(ctx, m, kiln_ir::DType::I64, &format!("iter{t}/m"))?;
+            let index = ctx.generated_constant(
+                Tensor::new([], Data::I64(vec![t as i64])).expect("scalar"),
+                format!("{name}/iter{t}/index"),
+            )?;
+            let below = ctx.op(
+                Op::Compare(kiln_ir::CompareOp::Less),
+                &[index, m],
+                Some(&format!("iter{t}/below_m")),
+            )?;
+            parts.push(below);
+        }
+        _ => {}
+    }
+    match cond {
+        Known::Now(false) => return Ok(false),
+        Known::Now(true) => {}
+        Known::RunTime(c) => parts.push(super::build::cast_to(
+            ctx,
+            c,
+            kiln_ir::DType::Bool,
+            &format!("iter{t}/cond"),
+        )?),
+    }
+    let Some(&first) = parts.first() else {
+        return Ok(true);
+    };
+    let runs = match parts.get(1) {
+        Some(&second) => ctx.op(
+            Op::Logical(kiln_ir::LogicalOp::And),
+            &[first, second],
+            Some(&format!("iter{t}/runs")),
+        )?,
+        None => first,
+    };
+    let key = format!("{name}#iter{t}");
+    let what = || format!("Loop '{name}' runs iteration {t}");
+    // Run-time parts exist only where the import follows a path.
+    let Some(runs) = ctx.decide(&key, what, runs)? else {
+        return Err(ctx.invalid("a run-time loop condition outside a path"));
+    };
+    let max = ctx.opts.branches.as_ref().map_or(0, |b| b.max_trip_count);
+    if runs && t >= max {
+        return Err(ctx.unsupported(format!(
+            "Loop '{name}' runs more than {max} iterations on this path: Kiln compiles one variant per trip count up to --max-trip-count {max}"
+        )));
+    }
+    Ok(runs)
 }
 
 // ---- Scan ----
