@@ -278,10 +278,6 @@ fn fixture_args(dir: &Path, npz: &Path) -> Vec<String> {
         dims.join("x")
     };
     for (name, dims) in meta["input_shapes"].as_object().into_iter().flatten() {
-        if dims.as_array().is_some_and(Vec::is_empty) {
-            // A scalar's shape has nothing to bind.
-            continue;
-        }
         args.extend([
             "--input-shape".into(),
             format!("{name}={}", dims_text(dims)),

@@ -23,10 +23,6 @@ fn shape_args(dir: &Path) -> Vec<String> {
                 .iter()
                 .map(|d| d.as_u64().unwrap().to_string())
                 .collect();
-            if dims.is_empty() {
-                // A scalar's shape has nothing to bind.
-                continue;
-            }
             args.push("--input-shape".to_string());
             args.push(format!("{name}={}", dims.join("x")));
         }

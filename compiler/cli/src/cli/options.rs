@@ -11,8 +11,9 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone)]
 pub(super) struct ModelArgs {
-    /// Bind a whole input shape: NAME=1x3x224x224 (repeatable). Several
-    /// shapes, NAME=1x3x224x224|4x3x224x224, make one profile each.
+    /// Bind a whole input shape: NAME=1x3x224x224 (repeatable; NAME= for a
+    /// scalar). Several shapes, NAME=1x3x224x224|4x3x224x224, make one
+    /// profile each.
     #[arg(long = "input-shape", value_name = "NAME=DIMS[|DIMS...]", value_parser = input_shapes)]
     input_shapes: Vec<(String, Vec<Vec<usize>>)>,
     /// Bind a symbolic dim by name: NAME=VALUE (repeatable). Several values
@@ -162,8 +163,14 @@ pub(super) fn name_value(s: &str) -> Result<(&str, &str), String> {
 }
 
 /// `--input-shape NAME=1x3x224x224`.
+/// An empty DIMS is a scalar's shape (`--input-shape sr=`).
 fn input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
-    let (name, dims) = name_value(s)?;
+    let (name, dims) = (s.rsplit_once('='))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected NAME=DIMS, got '{s}'"))?;
+    if dims.is_empty() {
+        return Ok((name.to_string(), Vec::new()));
+    }
     let dims = (dims.split('x').map(str::parse))
         .collect::<Result<Vec<usize>, _>>()
         .map_err(|_| format!("'{dims}' is not like 1x3x224x224"))?;
@@ -178,7 +185,9 @@ pub(super) fn input_shape_u64(s: &str) -> Result<(String, Vec<u64>), String> {
 
 /// `--input-shape NAME=1x3x224x224|4x3x224x224`: distinct shapes.
 fn input_shapes(s: &str) -> Result<(String, Vec<Vec<usize>>), String> {
-    let (name, shapes) = name_value(s)?;
+    let (name, shapes) = (s.rsplit_once('='))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected NAME=DIMS, got '{s}'"))?;
     let mut out: Vec<Vec<usize>> = Vec::new();
     for shape in shapes.split('|') {
         let (_, dims) = input_shape(&format!("{name}={shape}"))?;
