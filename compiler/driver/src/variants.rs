@@ -193,8 +193,9 @@ fn describe(path: &[(String, bool)], words: &BTreeMap<String, String>) -> String
                     }
                 }
             }
+            let plural = if count == 1 { "" } else { "s" };
             parts.push(match ended {
-                true => format!("Loop '{name}' runs {count} iterations"),
+                true => format!("Loop '{name}' runs {count} iteration{plural}"),
                 false => format!("Loop '{name}' runs more than {} iterations", count - 1),
             });
             continue;
