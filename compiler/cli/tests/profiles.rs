@@ -413,3 +413,77 @@ fn padding_is_refused_where_a_size_comes_from_the_shape() {
     let (code, text) = kiln(&["compile", m, "-o", o, "--dim", "seq=4,8"]);
     assert_eq!(code, 0, "{text}");
 }
+
+/// A model whose `If` decides on an input: `kiln compile` lists one line
+/// per path, `--json` gives each profile's role, `kiln inspect` says which
+/// profile is a variant or a condition program, and `kiln run` names the
+/// path it took and writes the outputs of that path's shape.
+#[test]
+fn run_time_control_flow_is_listed_and_each_run_names_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("if.kiln");
+    let fixture = |name: &str| repo().join("fixtures/models").join(name);
+    let model = fixture("control_if_runtime_then").join("model.onnx");
+    let (code, text) = kiln(&[
+        "compile",
+        model.to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("2 variants, 1 condition programs, 0 refused paths"),
+        "{text}"
+    );
+    assert!(
+        text.contains("If 'If_1' takes its then branch: false"),
+        "{text}"
+    );
+    let (code, json) = kiln(&[
+        "compile",
+        model.to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{json}");
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let kinds: Vec<&str> = (report["profiles"].as_array().unwrap().iter())
+        .map(|p| p["role"]["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["model", "model", "condition"]);
+    let (code, text) = kiln(&["inspect", art.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("(condition program: If 'If_1' takes its then branch)"),
+        "{text}"
+    );
+    for (name, shape, taken) in [
+        ("control_if_runtime_then", "f32[2,3]", "true"),
+        ("control_if_runtime_else", "f32[4,3]", "false"),
+    ] {
+        let inputs = fixture(name).join("inputs");
+        let out = dir.path().join(name);
+        let x = format!("x={}", inputs.join("x.npy").display());
+        let sr = format!("sr={}", inputs.join("sr.npy").display());
+        let check = fixture(name).join("outputs");
+        let (code, text) = kiln(&[
+            "run",
+            art.to_str().unwrap(),
+            "--input",
+            &x,
+            "--input",
+            &sr,
+            "--check",
+            check.to_str().unwrap(),
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: {text}");
+        assert!(text.contains(&format!("out: {shape}")), "{name}: {text}");
+        let path = format!("variant where If 'If_1' takes its then branch: {taken}");
+        assert!(text.contains(&path), "{name}: {text}");
+        let written = read_tensor("out", &out.join("out.npy")).unwrap();
+        assert_eq!(written.type_string(), shape, "{name}");
+    }
+}
