@@ -232,7 +232,9 @@ impl Model {
     }
 
     /// The profiles (one per combination of input shapes the artifact was
-    /// compiled for, `--dim batch=1,8`): (inputs, outputs) of each.
+    /// compiled for, `--dim batch=1,8`; with run-time control flow also
+    /// one per path and the condition programs, whose one output is
+    /// `condition`, `docs/profiles.md`): (inputs, outputs) of each.
     #[getter]
     fn profiles(&self) -> Vec<(Vec<SpecTuple>, Vec<SpecTuple>)> {
         (self.inner.profiles().iter())

@@ -38,7 +38,9 @@ fn every_fixture_kernel_assembles_for_every_sm() {
         "expected the fixtures, found {}",
         names.len()
     );
-    for name in &names {
+    // Run-time control flow makes one profile per path, which the CUDA
+    // target refuses (one profile per artifact).
+    for name in names.iter().filter(|n| !n.starts_with("control_")) {
         let fixture = Fixture::load(name);
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();

@@ -171,7 +171,7 @@ impl Backend for CudaBackend {
     ) -> Result<(Artifact, Generated), DriverError> {
         let [graph] = graphs else {
             return Err(DriverError::Usage(format!(
-                "the CUDA target builds one profile per artifact, and --dim/--input-shape make {}: compile one artifact per shape",
+                "the CUDA target builds one profile per artifact, and this build makes {} (the shapes of --dim/--input-shape, or the paths of an If or Loop that decides on run-time values): compile one artifact per shape, and bind the inputs such conditions read (--bind-input)",
                 graphs.len()
             )));
         };
