@@ -210,3 +210,105 @@ fn describe(path: &[(String, bool)], words: &BTreeMap<String, String>) -> String
 /// What separates a loop's name from the iteration in a decision key
 /// (`kiln_onnx`'s `Loop` import names them `{loop}#iter{t}`).
 const LOOP_ITERATION: &str = "#iter";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An import that meets the decisions `order` along every path (a
+    /// decision met once its predecessors have values), refusing paths
+    /// that `refuse` says no to; the graph is empty.
+    fn fake(
+        order: &'static [&'static str],
+        refuse: fn(&BTreeMap<String, bool>) -> bool,
+    ) -> impl FnMut(&Branches) -> Result<Graph, DriverError> {
+        move |b: &Branches| {
+            for &key in order {
+                if b.condition_of.as_deref() == Some(key) {
+                    return Ok(Graph::new());
+                }
+                if !b.taken.contains_key(key) {
+                    return Err(DriverError::Onnx(OnnxError::Undecided {
+                        key: key.into(),
+                        what: format!("If '{key}' takes its then branch"),
+                    }));
+                }
+            }
+            match refuse(&b.taken) {
+                true => Err(DriverError::Usage("this branch does not import".into())),
+                false => Ok(Graph::new()),
+            }
+        }
+    }
+
+    fn roles(units: &[Unit]) -> Vec<(String, Role)> {
+        (units.iter())
+            .map(|u| match u {
+                Unit::Compiled { label, role, .. } | Unit::Refused { label, role } => {
+                    (label.clone(), role.clone())
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_decisions_make_four_variants_three_conditions_and_refusals_last() {
+        let mut import = fake(&["a", "b"], |t| t["a"] && !t["b"]);
+        let Expansion::Variants(units) = expand(&mut import, &Branches::default()).unwrap() else {
+            panic!("expected variants");
+        };
+        let roles = roles(&units);
+        let guard = |condition, holds| Guard { condition, holds };
+        // Compiled variants (then-side first), the conditions (a, then b
+        // after a=true, then b after a=false), the refused path.
+        assert_eq!(roles.len(), 4 + 3);
+        assert_eq!(
+            roles[0].1,
+            Role::Model {
+                guards: vec![guard(3, true), guard(4, true)]
+            }
+        );
+        assert_eq!(
+            roles[1].1,
+            Role::Model {
+                guards: vec![guard(3, false), guard(5, true)]
+            }
+        );
+        assert!(matches!(&roles[3].1, Role::Condition { what } if what.contains("'a'")));
+        assert_eq!(
+            roles[6].0,
+            "If 'a' takes its then branch: true, If 'b' takes its then branch: false"
+        );
+        assert!(
+            matches!(&roles[6].1, Role::Refused { reason, .. } if reason.contains("does not import"))
+        );
+    }
+
+    #[test]
+    fn no_decision_is_one_graph_and_all_refused_is_an_error() {
+        let mut plain = fake(&[], |_| false);
+        assert!(matches!(
+            expand(&mut plain, &Branches::default()).unwrap(),
+            Expansion::Single(_)
+        ));
+        let mut broken = fake(&["a"], |_| true);
+        let e = expand(&mut broken, &Branches::default()).err().unwrap();
+        assert!(e.to_string().contains("no path"), "{e}");
+    }
+
+    #[test]
+    fn loop_paths_read_as_iteration_counts() {
+        let words = BTreeMap::new();
+        let path: Path = [true, true, false]
+            .iter()
+            .enumerate()
+            .map(|(t, &v)| (format!("L{LOOP_ITERATION}{t}"), v))
+            .collect();
+        assert_eq!(describe(&path, &words), "Loop 'L' runs 2 iterations");
+        let past: Path = vec![(format!("L{LOOP_ITERATION}0"), true)];
+        assert_eq!(
+            describe(&past, &words),
+            "Loop 'L' runs more than 0 iterations"
+        );
+    }
+}
