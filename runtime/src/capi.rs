@@ -860,7 +860,7 @@ unsafe fn run(
     let out_lens: Vec<usize> = (out_specs.iter().enumerate())
         .map(|(i, s)| byte_len(s.dtype, &program.output_shape(&pick, i)))
         .collect();
-    if shaped.is_none() && program.profiles_count() > 1 {
+    if shaped.is_none() && pick.profile != 0 {
         // A plain run's buffers have profile 0's sizes: a variant of other
         // output shapes needs the shaped entry point.
         for (i, spec) in out_specs.iter().enumerate() {

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use crate::code::{CodeMemory, KernelFn};
 use crate::file::read_private;
 use crate::format::{
-    largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden, Header, Metadata,
-    PaddableDim, Profile, Role, SectionKind, TensorSpec,
+    describe_conditions, largest_arena, read_header, Arch, ArtifactView, CpuFeatures, Golden,
+    Header, Metadata, PaddableDim, Profile, Role, SectionKind, TensorSpec,
 };
 use crate::memory::{AlignedBuf, Weights};
 use crate::pool::Pool;
@@ -516,11 +516,6 @@ impl Program {
         &self.profiles[0].inputs
     }
 
-    /// How many profiles the artifact has (condition programs included).
-    pub(crate) fn profiles_count(&self) -> usize {
-        self.profiles.len()
-    }
-
     /// The model's outputs, in declared order (the first profile's shapes).
     pub(crate) fn outputs(&self) -> &[TensorSpec] {
         &self.profiles[0].outputs
@@ -610,14 +605,17 @@ impl Program {
             }
             return match &profile.role {
                 Role::Refused { guards, reason } => Err(Error::VariantRefused {
-                    path: self.describe_conditions(guards.iter().map(|g| (g.condition, g.holds))),
+                    path: describe_conditions(
+                        &self.profiles,
+                        guards.iter().map(|g| (g.condition, g.holds)),
+                    ),
                     reason: reason.clone(),
                 }),
                 _ => Ok(Pick::exact(p)),
             };
         }
         Err(Error::NoVariant {
-            conditions: self.describe_conditions(known.entries()),
+            conditions: describe_conditions(&self.profiles, known.entries()),
         })
     }
 
@@ -635,18 +633,6 @@ impl Program {
         // one-element bool output inside the arena.
         let out = &self.profiles[c].outputs[0];
         Ok(arena.as_slice()[out.arena_offset as usize] != 0)
-    }
-
-    /// Conditions and values in words: `If 'If_0' takes its then branch:
-    /// false, ...`.
-    fn describe_conditions(&self, values: impl Iterator<Item = (u32, bool)>) -> String {
-        let words: Vec<String> = values
-            .map(|(c, v)| match &self.profiles[c as usize].role {
-                Role::Condition { what } => format!("{what}: {v}"),
-                _ => format!("condition {c}: {v}"),
-            })
-            .collect();
-        words.join(", ")
     }
 
     /// [`Error::NoProfile`] for inputs described as `given`.

@@ -415,24 +415,29 @@ fn compile_profiles(
     };
     // The golden sets have one shape: they go with the first profile they
     // fit, and with run-time control flow, whose path they take.
-    let mut golden_candidates = Vec::new();
-    for (i, g) in graphs.iter().enumerate().filter(|_| opts.golden.is_some()) {
-        if let Role::Model { guards } = &variants.roles[i] {
-            if crate::golden::fits(g, opts) && crate::golden::takes_path(guards, &graphs, opts)? {
-                golden_candidates.push(i);
-            }
-        }
-    }
     let golden_profile = match opts.golden {
         None => None,
-        Some(_) => Some((golden_candidates.first().copied()).ok_or_else(|| {
-            let e = crate::golden::fits_error(&graphs[0], opts);
-            DriverError::Usage(format!(
-                "the golden input sets fit no profile ({}; profile {} says: {e})",
-                opts.profiles.count(),
-                imports[0].0
-            ))
-        })?),
+        Some(_) => {
+            let mut first = None;
+            for (i, g) in graphs.iter().enumerate() {
+                let Role::Model { guards } = &variants.roles[i] else {
+                    continue;
+                };
+                if crate::golden::fits(g, opts) && crate::golden::takes_path(guards, &graphs, opts)?
+                {
+                    first = Some(i);
+                    break;
+                }
+            }
+            Some(first.ok_or_else(|| {
+                let e = crate::golden::fits_error(&graphs[0], opts);
+                DriverError::Usage(format!(
+                    "the golden input sets fit no profile ({}; profile {} says: {e})",
+                    opts.profiles.count(),
+                    imports[0].0
+                ))
+            })?)
+        }
     };
     let mut optimized = Vec::with_capacity(graphs.len());
     for (i, graph) in graphs.into_iter().enumerate() {

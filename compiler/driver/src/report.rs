@@ -295,16 +295,8 @@ pub fn role_json(role: &format::Role) -> Value {
 /// A profile's role in words, for listings: empty for a profile its
 /// shapes alone select.
 pub fn describe_role(role: &format::Role, profiles: &[format::Profile]) -> String {
-    let path = |guards: &[format::Guard]| -> String {
-        let words: Vec<String> = (guards.iter())
-            .map(
-                |g| match profiles.get(g.condition as usize).map(|p| &p.role) {
-                    Some(format::Role::Condition { what }) => format!("{what}: {}", g.holds),
-                    _ => format!("#{}: {}", g.condition, g.holds),
-                },
-            )
-            .collect();
-        words.join(", ")
+    let path = |guards: &[format::Guard]| {
+        format::describe_conditions(profiles, guards.iter().map(|g| (g.condition, g.holds)))
     };
     match role {
         format::Role::Model { guards } if guards.is_empty() => String::new(),

@@ -43,8 +43,8 @@ pub use layout::{
     SECTION_ENTRY_LEN,
 };
 pub use meta::{
-    largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Guard, Metadata, PaddableDim,
-    Profile, Role, TensorSpec,
+    describe_conditions, largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Guard,
+    Metadata, PaddableDim, Profile, Role, TensorSpec,
 };
 pub use section::SectionKind;
 pub use signature::{

@@ -168,6 +168,22 @@ impl Role {
     }
 }
 
+/// Conditions and their values in words, as messages and listings show
+/// them: `If 'If_0' takes its then branch: false, ...`. Each value names
+/// a condition program by its index in `profiles`.
+pub fn describe_conditions(
+    profiles: &[Profile],
+    values: impl IntoIterator<Item = (u32, bool)>,
+) -> String {
+    let words: Vec<String> = (values.into_iter())
+        .map(|(c, v)| match profiles.get(c as usize).map(|p| &p.role) {
+            Some(Role::Condition { what }) => format!("{what}: {v}"),
+            _ => format!("condition {c}: {v}"),
+        })
+        .collect();
+    words.join(", ")
+}
+
 /// One condition a variant assumed: the condition program (an index into
 /// the profiles, of [`Role::Condition`]) gives `holds` on this run's
 /// inputs.

@@ -162,12 +162,17 @@ pub(super) fn name_value(s: &str) -> Result<(&str, &str), String> {
         .ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))
 }
 
-/// `--input-shape NAME=1x3x224x224`.
-/// An empty DIMS is a scalar's shape (`--input-shape sr=`).
-fn input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
-    let (name, dims) = (s.rsplit_once('='))
+/// `NAME=DIMS`, split at the last `=`; NAME not empty, DIMS empty for a
+/// scalar's shape (`--input-shape sr=`).
+fn name_dims(s: &str) -> Result<(&str, &str), String> {
+    (s.rsplit_once('='))
         .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("expected NAME=DIMS, got '{s}'"))?;
+        .ok_or_else(|| format!("expected NAME=DIMS, got '{s}'"))
+}
+
+/// `--input-shape NAME=1x3x224x224`.
+fn input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = name_dims(s)?;
     if dims.is_empty() {
         return Ok((name.to_string(), Vec::new()));
     }
@@ -185,9 +190,7 @@ pub(super) fn input_shape_u64(s: &str) -> Result<(String, Vec<u64>), String> {
 
 /// `--input-shape NAME=1x3x224x224|4x3x224x224`: distinct shapes.
 fn input_shapes(s: &str) -> Result<(String, Vec<Vec<usize>>), String> {
-    let (name, shapes) = (s.rsplit_once('='))
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("expected NAME=DIMS, got '{s}'"))?;
+    let (name, shapes) = name_dims(s)?;
     let mut out: Vec<Vec<usize>> = Vec::new();
     for shape in shapes.split('|') {
         let (_, dims) = input_shape(&format!("{name}={shape}"))?;

@@ -594,14 +594,13 @@ pub fn loop_(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     Ok(results)
 }
 
-/// A one-element run-time value as a bool of shape `[]`.
+/// A one-element run-time value reshaped to `[]`.
 fn one_element(ctx: &mut ImportCtx, v: Val, what: &str) -> Result<Val, OnnxError> {
     let ty = ctx.ty(v).clone();
     if ty.shape.iter().product::<usize>() != 1 {
         return Err(ctx.invalid(format!("{what} must hold one element, got {ty}")));
     }
-    let scalar = reshape_to(ctx, v, &[], Some("scalar"))?;
-    Ok(scalar)
+    reshape_to(ctx, v, &[], Some("scalar"))
 }
 
 /// Whether iteration `t` of Loop `name` runs: known at import, or a
@@ -619,10 +618,7 @@ fn iteration_runs(
         Some(Known::Now(m)) if t >= m => return Ok(false),
         Some(Known::RunTime(m)) => {
             let m = super::build::cast_to(ctx, m, kiln_ir::DType::I64, &format!("iter{t}/m"))?;
-            let index = ctx.generated_constant(
-                Tensor::new([], Data::I64(vec![t as i64])).expect("scalar"),
-                format!("{name}/iter{t}/index"),
-            )?;
+            let index = super::build::int_scalar(ctx, t as i64, &format!("iter{t}/index"))?;
             let below = ctx.op(
                 Op::Compare(kiln_ir::CompareOp::Less),
                 &[index, m],
