@@ -17,6 +17,10 @@ export KILN_REQUIRE_REAL_MODELS=1
 # the pinned nvidia-cuda-nvcc-cu12 wheel into target/ptxas-venv when missing.
 bash scripts/ptxas.sh >/dev/null
 
+# Every locked package, for every platform: `cargo metadata` (the crate
+# graph test, tests/tests/architecture.rs) resolves them all, and a fresh
+# machine's build downloads only the host's.
+cargo fetch --locked
 cargo build --workspace --all-targets --locked
 
 if cargo nextest --version >/dev/null 2>&1; then
