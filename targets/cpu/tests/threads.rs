@@ -408,6 +408,10 @@ fn implicit_gemm_conv_split_at_band_boundaries() {
     let mut rng = Rng::new(5);
     let g = conv_graph(&mut rng, [1, 48, 60, 60], [16, 48, 3, 3], 1);
     check_split(&g, 16);
+    // 29 rows (a prime) cut into four bands of 8, 8, 8 and 5 rows: the
+    // last band's copy reaches past the image, and only its 5 rows run.
+    let g = conv_graph(&mut rng, [1, 32, 29, 40], [32, 32, 3, 3], 1);
+    check_split(&g, 17);
 }
 
 #[test]

@@ -2279,18 +2279,14 @@ fn implicit_conv(
     // Padded input rows a band of `rows` output rows reads.
     let padded_rows = |rows: usize| (rows - 1) * sh + (kh - 1) * dh + 1;
     let band_bytes = |rows: usize| (cin * padded_rows(rows) * planes * wp * 4) as u64;
-    // The most rows dividing the height whose copy stays in L2, in at
-    // least as many bands as tasks (threads split the kernel by bands).
+    // Threads split the kernel by bands, so an image's rows are cut into
+    // a multiple of its share of the tasks, into bands as even as the
+    // height allows, each copy small enough for L2.
     let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
     let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
     let tasks = super::partition::tasks_worth(tasks, flops, bytes);
     let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
-    let band = (1..=oh)
-        .rev()
-        .find(|&b| {
-            oh.is_multiple_of(b) && band_bytes(b) <= IM2COL_BAND_BYTES && oh / b >= bands_wanted
-        })
-        .unwrap_or(1);
+    let band = even_band(oh, bands_wanted, |b| band_bytes(b) <= IM2COL_BAND_BYTES);
     require(band_bytes(band) <= MAX_SCRATCH / 2, || {
         too_much_scratch(band_bytes(band))
     })?;
@@ -2333,8 +2329,10 @@ fn implicit_conv(
     for img in 0..batch as i64 {
         let image = xloc.moved(img * (cin * h * w * 4) as i64);
         for row0 in (0..oh).step_by(band) {
+            // The last band may be shorter: its copy's rows past the
+            // image are padding, and no GEMM reads them.
             let (routine, shift) = band_routine(&mut routines, copy(row0));
-            for r in 0..band {
+            for r in 0..band.min(oh - row0) {
                 for g in 0..groups.count {
                     let (b_off, y_off, a_off, c_off) =
                         groups.offsets(g, planes * rows_p * wp * 4, oh * ow * 4);
@@ -2371,6 +2369,21 @@ fn implicit_conv(
         im2col: routines,
         ..conv_gemm(groups.oc, ow, k, elem, blocking, bias.is_some())
     })
+}
+
+/// Rows per band when `rows` output rows are cut into a multiple of
+/// `per_task` bands (the tasks of one image) for threads to share: the
+/// fewest such bands whose size `fits`, cut as evenly as the height allows
+/// (the last may be shorter), so no task gets a band more than another;
+/// one row per band when none fits. A band count that only divides the
+/// height (3 bands of 49 rows of a 147-row map on two threads) left one
+/// thread twice the other's rows.
+fn even_band(rows: usize, per_task: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let per_task = per_task.clamp(1, rows.max(1));
+    (1..=rows.div_ceil(per_task))
+        .map(|times| rows.div_ceil(per_task * times))
+        .find(|&band| fits(band))
+        .unwrap_or(1)
 }
 
 /// The share of the lanes of 16-wide vectors that `n` columns fill.
