@@ -9,8 +9,8 @@ mod common;
 use common::{f32_tensor, Rng};
 use kiln_ir::{
     BinaryOp, Col2Im, Conv2d, CoordinateTransform, DType, Data, DenseHead, DenseOp,
-    ElementwiseProgram, FusedKernel, FusedStore, Graph, Instr, NearestRounding, Op, Reg, Resize,
-    ResizeMode, Tensor, UnaryOp, ValueType,
+    ElementwiseProgram, FusedKernel, FusedStore, Graph, Instr, NearestRounding, Op, Pool2d, Reg,
+    Resize, ResizeMode, Tensor, UnaryOp, ValueType,
 };
 use kiln_runtime::{Model, TensorRef};
 use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions, CpuTarget};
@@ -449,6 +449,42 @@ fn global_pools_split_by_channels_and_by_batch() {
         let y = g.add_node(op, &[x], "pool").unwrap();
         g.add_output("y", y);
         check_split(&g, 18);
+    }
+}
+
+/// Sliding-window pools split by channel (batch 1) and by batch: each
+/// task pools its own planes, borders and ceil mode included.
+#[test]
+fn pools_split_by_channels_and_by_batch() {
+    let window = |kernel, strides, pads, ceil_mode| Pool2d {
+        kernel,
+        strides,
+        pads,
+        dilations: [1, 1],
+        ceil_mode,
+    };
+    for (shape, op) in [
+        (
+            [1, 64, 75, 75],
+            Op::MaxPool(window([3, 3], [2, 2], [0, 0, 0, 0], false)),
+        ),
+        (
+            [4, 24, 33, 31],
+            Op::AveragePool {
+                pool: window([3, 3], [1, 1], [1, 1, 1, 1], false),
+                count_include_pad: false,
+            },
+        ),
+        (
+            [1, 37, 40, 40],
+            Op::MaxPool(window([2, 2], [2, 2], [0, 0, 1, 1], true)),
+        ),
+    ] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape));
+        let y = g.add_node(op, &[x], "pool").unwrap();
+        g.add_output("y", y);
+        check_split(&g, 20);
     }
 }
 
