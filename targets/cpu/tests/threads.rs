@@ -435,6 +435,27 @@ fn im2col_conv_of_few_calls_builds_its_matrices_once() {
     }
 }
 
+#[test]
+fn im2col_conv_of_a_prime_height_in_one_wide_band() {
+    // 3x3 stride 2 over 208 channels of 35x35: a 2.9 MB im2col matrix of
+    // 17 output rows, which no band size between 1 and 17 divides. Bands
+    // of one 17-pixel row would fill half their vectors, so the whole
+    // image is one band, shared by the GEMM's row tasks.
+    let mut rng = Rng::new(8);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 208, 35, 35]));
+    let w = constant(&mut g, &mut rng, "w", &[16, 208, 3, 3]);
+    let conv = Conv2d {
+        strides: [2, 2],
+        pads: [0; 4],
+        dilations: [1, 1],
+        group: 1,
+    };
+    let y = g.add_node(Op::Conv(conv), &[x, w], "conv").unwrap();
+    g.add_output("y", y);
+    check_split(&g, 21);
+}
+
 /// Global pools over planes large enough to be worth a worker, split by
 /// channel (batch 1) and by batch: each task pools its own planes.
 #[test]
