@@ -408,22 +408,54 @@ fn implicit_gemm_conv_split_at_band_boundaries() {
     let mut rng = Rng::new(5);
     let g = conv_graph(&mut rng, [1, 48, 60, 60], [16, 48, 3, 3], 1);
     check_split(&g, 16);
-    // 29 rows (a prime) cut into four bands of 8, 8, 8 and 5 rows: the
-    // last band's copy reaches past the image, and only its 5 rows run.
-    let g = conv_graph(&mut rng, [1, 32, 29, 40], [32, 32, 3, 3], 1);
+    // 29 rows (a prime) of 48 columns (whole vectors: one GEMM per row)
+    // cut into four bands of 8, 8, 8 and 5 rows: the last band's copy
+    // reaches past the image, and only its 5 rows run.
+    let g = conv_graph(&mut rng, [1, 32, 29, 48], [32, 32, 3, 3], 1);
     check_split(&g, 17);
 }
 
 #[test]
+fn row_merged_implicit_gemm_conv_split() {
+    // Rows of 40 and 28 columns do not fill whole vectors: one GEMM per
+    // band of rows over shifted column planes. 29 rows (a prime) make one
+    // band, split by output channels; 28 rows make bands of 14 (two per
+    // image of two), split by bands; a dilated 3x3 and a 1x7 window.
+    let mut rng = Rng::new(9);
+    let cases = [
+        ([1, 32, 29, 40], [32, 32, 3, 3], [1, 1], [1, 1, 1, 1]),
+        ([2, 24, 28, 28], [40, 24, 3, 3], [1, 1], [1, 1, 1, 1]),
+        ([1, 32, 30, 30], [48, 32, 3, 3], [2, 2], [2, 2, 2, 2]),
+        ([1, 64, 17, 17], [64, 64, 1, 7], [1, 1], [0, 3, 0, 3]),
+    ];
+    for (seed, (x, w, dilations, pads)) in (30..).zip(cases) {
+        let mut g = Graph::new();
+        let xi = g.add_input("x", ValueType::new(DType::F32, x));
+        let wi = constant(&mut g, &mut rng, "w", &w);
+        let b = constant(&mut g, &mut rng, "b", &[w[0]]);
+        let conv = Conv2d {
+            strides: [1, 1],
+            pads,
+            dilations,
+            group: 1,
+        };
+        let y = g.add_node(Op::Conv(conv), &[xi, wi, b], "conv").unwrap();
+        g.add_output("y", y);
+        check_split(&g, seed);
+    }
+}
+
+#[test]
 fn im2col_conv_of_few_calls_builds_its_matrices_once() {
-    // 100 output channels over 3x3 windows go through im2col; one image
+    // 100 output channels over 3x3 windows on rows of 16 (whole vectors,
+    // so no row-merged implicit GEMM) go through im2col; one image
     // (one GEMM call) or two, split for four threads: a first step of
     // tasks fills the matrices by runs of input channels (37 does not
     // divide among them; with two images a run crosses from one image's
     // matrix into the next), then the GEMM tasks share them.
     let mut rng = Rng::new(7);
     for (batch, seed) in [(1, 18), (2, 19)] {
-        let g = conv_graph(&mut rng, [batch, 37, 15, 15], [100, 37, 3, 3], 1);
+        let g = conv_graph(&mut rng, [batch, 37, 16, 16], [100, 37, 3, 3], 1);
         let split = artifact(&g, 4);
         let im2col: Vec<&str> = (split.kernels.iter())
             .map(|k| k.name.as_str())

@@ -337,10 +337,13 @@ const CONV_GEMMS: [(&str, ConvGemm); 4] = [
 /// (a 1-D convolution) has no rows to share the weights across: there the
 /// implicit GEMM reads them once too and stays first (4 convs of 384
 /// channels, k7, over 250 steps: 15.6 ms implicit, 18.6 ms im2col).
-fn conv_gemms(cx: &NodeCx, c: &Conv2d) -> [(&'static str, ConvGemm); 4] {
+fn conv_gemms(cx: &NodeCx, c: &Conv2d, vector: Vector) -> [(&'static str, ConvGemm); 4] {
     let [fully_connected, pointwise, implicit, im2col] = CONV_GEMMS;
     let (channels, rows) = (cx.node.ty.shape[1] / c.group.max(1), cx.node.ty.shape[2]);
-    if channels > IMPLICIT_MAX_CHANNELS && rows > 1 {
+    // A row-merged implicit GEMM reads the weights once per band, as
+    // im2col does, from a copy a third of im2col's (for 3 columns of
+    // taps): it goes first.
+    if channels > IMPLICIT_MAX_CHANNELS && rows > 1 && !merges_rows(cx, c, vector) {
         [fully_connected, pointwise, im2col, implicit]
     } else {
         CONV_GEMMS
@@ -353,6 +356,16 @@ fn conv_gemms(cx: &NodeCx, c: &Conv2d) -> [(&'static str, ConvGemm); 4] {
 /// 96 channels im2col was as fast or up to 28% faster; a 5×5 of 64
 /// channels on 35×35 was the exception, 6% slower than im2col).
 const IMPLICIT_MAX_CHANNELS: usize = 64;
+
+/// Longest K (input channels per group times taps) of a
+/// [`row_merged_conv`] (a longer one keeps one GEMM per row, and past
+/// [`IMPLICIT_MAX_CHANNELS`] output channels im2col first). Measured at one thread (`kiln bench --profile` on the
+/// zoo's ResNet-18 and VGG-16): 3×3 of 128 channels on 28×28 (K 1,152)
+/// 2.43 → 2.15 ms with the merged GEMM first; 256 channels on 14×14 (K
+/// 2,304) 2.30 → 2.40 ms; 512 channels on 7×7 (K 4,608) 2.9 → 6.5 ms and
+/// on VGG's 28×28 3% slower: past a K of about 1,000 the taps' scattered
+/// B loses to im2col's packed panels.
+const IMPLICIT_MERGED_MAX_K: usize = 1152;
 
 /// The candidates of [`lower_with`] in order; `Ok(None)` when each
 /// declined (recorded in `trail`), a decline when a condition all of them
@@ -439,7 +452,7 @@ fn candidates(
                 }
             }
             let mut chosen = None;
-            for (name, candidate) in conv_gemms(cx, c) {
+            for (name, candidate) in conv_gemms(cx, c, vector) {
                 let spec = candidate(cx, weights, c, machine);
                 if let Some(spec) = trail.attempt(on(vector, name), spec)? {
                     chosen = Some((name, spec));
@@ -2259,6 +2272,9 @@ fn implicit_conv(
     require(kh * kw <= MAX_TAPS, || {
         format!("{kh}x{kw} taps; the kernel unrolls at most {MAX_TAPS}")
     })?;
+    if merges_rows(cx, c, vector) {
+        return row_merged_conv(cx, weights, c, Machine { tasks, vector });
+    }
     let fill = lane_fill(ow);
     require(fill >= MIN_ROW_FILL || oh == 1, || {
         format!(
@@ -2384,6 +2400,140 @@ fn even_band(rows: usize, per_task: usize, fits: impl Fn(usize) -> bool) -> usiz
         .map(|times| rows.div_ceil(per_task * times))
         .find(|&band| fits(band))
         .unwrap_or(1)
+}
+
+/// Whether [`implicit_conv`] runs as [`row_merged_conv`]: H stride 1,
+/// more than one output row, rows that do not fill whole vectors, and a K
+/// of at most [`IMPLICIT_MERGED_MAX_K`].
+fn merges_rows(cx: &NodeCx, c: &Conv2d, vector: Vector) -> bool {
+    let (out, w) = (&cx.node.ty.shape, &cx.inputs[1].1.shape);
+    c.strides[0] == 1
+        && out[2] > 1
+        && !out[3].is_multiple_of(vector.lanes())
+        && w[1] * w[2] * w[3] <= IMPLICIT_MERGED_MAX_K
+}
+
+/// [`implicit_conv`] at H stride 1 with output rows that do not fill
+/// whole vectors (56, 28 or 14 columns fill 87.5% of them, 17 fill 53%):
+/// one GEMM per band of rows instead of one per row. The band copy holds
+/// `kw` planes per channel, plane `tw` the input columns tap `tw` reads
+/// for each output column (`q * sw + tw * dw - pl`, zero outside the
+/// image), rows of exactly `ow` columns. Tap `(th, tw)` of output row `r`,
+/// column `q` is then plane `tw`, row `r + th * dh`, column `q`: the
+/// band's output pixels are one run of `rows * ow` consecutive columns for
+/// every tap, so the GEMM's vectors span rows and only the band's last is
+/// partial; the weights are read once per band, not once per row. The
+/// copy is `kw` times the input rows' (im2col's is `kh * kw` times).
+fn row_merged_conv(
+    cx: &NodeCx,
+    weights: &mut Weights,
+    c: &Conv2d,
+    Machine { tasks, vector }: Machine,
+) -> Attempt<GemmSpec> {
+    let (xloc, xty) = cx.inputs[0];
+    let (_, wty) = cx.inputs[1];
+    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
+    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
+    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let [_, sw] = c.strides;
+    let [dh, dw] = c.dilations;
+    let elem = conv_gemm_elem(cx, c)?;
+    f32_on(vector, elem)?;
+    let padded_rows = |rows: usize| rows + (kh - 1) * dh;
+    let plane_bytes = |rows: usize| (padded_rows(rows) * ow * 4) as u64;
+    let band_bytes = |rows: usize| (cin * kw) as u64 * plane_bytes(rows);
+    // Every band is one GEMM of `band * ow` columns, so bands divide the
+    // height: the most rows whose copy stays in L2, in at least as many
+    // bands as the image's share of the tasks; when that band makes too
+    // narrow a GEMM, the fewest rows that make a wide one.
+    let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
+    let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
+    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
+    let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
+    let divisors = || (1..=oh).filter(move |&b| oh.is_multiple_of(b));
+    let fitting = divisors()
+        .rev()
+        .find(|&b| band_bytes(b) <= IM2COL_BAND_BYTES && oh / b >= bands_wanted)
+        .unwrap_or(1);
+    let band = match wide_band(fitting * ow) {
+        true => fitting,
+        false => divisors()
+            .find(|&b| b > fitting && wide_band(b * ow) && band_bytes(b) <= MAX_SCRATCH / 2)
+            .unwrap_or(fitting),
+    };
+    require(band_bytes(band) <= MAX_SCRATCH / 2, || {
+        too_much_scratch(band_bytes(band))
+    })?;
+    let calls_wanted = batch * (oh / band) * c.group;
+    require(calls_wanted <= MAX_CALLS, || too_many_calls(calls_wanted))?;
+    let (k, n) = (cin_g * kh * kw, band * ow);
+    let blocking = conv_weights_blocking(
+        cx,
+        weights,
+        c,
+        elem,
+        (vector, oc / c.group, n, packed_a_rows(k)),
+    );
+    let (a_base, groups) = pack_conv_weights(cx, weights, c, elem, blocking.mr)?;
+    let bias = cx.inputs.get(2).map(|&(loc, _)| loc);
+    let plane = plane_bytes(band) as i64;
+    // A 1×kw "convolution" at W stride sw and dilation dw: tap `tw` is
+    // plane `tw`; output row `r` is input row `row0 + r - pt`.
+    let copy = |row0: usize| Im2col {
+        cin,
+        h,
+        w,
+        kh: 1,
+        kw,
+        row0,
+        rows: padded_rows(band),
+        ow,
+        strides: [1, sw],
+        pad_tl: [c.pads[0], c.pads[1]],
+        dilations: [1, dw],
+        quads: None,
+        vector,
+    };
+    let mut routines: Vec<Im2col> = Vec::new();
+    let mut calls = Vec::new();
+    for img in 0..batch as i64 {
+        let image = xloc.moved(img * (cin * h * w * 4) as i64);
+        for row0 in (0..oh).step_by(band) {
+            let (routine, shift) = band_routine(&mut routines, copy(row0));
+            for g in 0..groups.count {
+                let (b_off, y_off, a_off, c_off) =
+                    groups.offsets(g, kw * plane as usize, oh * ow * 4);
+                calls.push(Call {
+                    a: a_base.moved(a_off),
+                    // Relative to the scratch, which `lower` reserves.
+                    b: Loc {
+                        base: Base::Arena,
+                        offset: b_off as u64,
+                    },
+                    out: cx
+                        .out
+                        .moved(img * (oc * oh * ow * 4) as i64 + y_off + (row0 * ow * 4) as i64),
+                    c: bias.map(|b| b.moved(c_off)),
+                    src: (g == 0).then_some((image.moved(shift), routine)),
+                });
+            }
+        }
+    }
+    Ok(GemmSpec {
+        b: BLayout::Taps {
+            channel: kw as i64 * plane,
+            kh,
+            kw,
+            row: (dh * ow * 4) as i64,
+            dilation: 1,
+            phases: kw,
+            phase: plane,
+        },
+        out_row: (oh * ow * 4) as i64,
+        calls,
+        im2col: routines,
+        ..conv_gemm(groups.oc, n, k, elem, blocking, bias.is_some())
+    })
 }
 
 /// The share of the lanes of 16-wide vectors that `n` columns fill.
