@@ -378,16 +378,21 @@ fn gemm_with_bias_rows_follow_the_split() {
 /// A stride-1 conv with bias of input `x` and weights `w`, padded by
 /// `pad` on every side.
 fn conv_graph(rng: &mut Rng, x: [usize; 4], w: [usize; 4], pad: usize) -> Graph {
-    let mut g = Graph::new();
-    let xi = g.add_input("x", ValueType::new(DType::F32, x));
-    let wi = constant(&mut g, rng, "w", &w);
-    let b = constant(&mut g, rng, "b", &[w[0]]);
     let conv = Conv2d {
         strides: [1, 1],
         pads: [pad; 4],
         dilations: [1, 1],
         group: 1,
     };
+    conv_graph_of(rng, x, w, conv)
+}
+
+/// Convolution `conv` with bias of input `x` and weights `w`.
+fn conv_graph_of(rng: &mut Rng, x: [usize; 4], w: [usize; 4], conv: Conv2d) -> Graph {
+    let mut g = Graph::new();
+    let xi = g.add_input("x", ValueType::new(DType::F32, x));
+    let wi = constant(&mut g, rng, "w", &w);
+    let b = constant(&mut g, rng, "b", &[w[0]]);
     let y = g.add_node(Op::Conv(conv), &[xi, wi, b], "conv").unwrap();
     g.add_output("y", y);
     g
@@ -429,19 +434,13 @@ fn row_merged_implicit_gemm_conv_split() {
         ([1, 64, 17, 17], [64, 64, 1, 7], [1, 1], [0, 3, 0, 3]),
     ];
     for (seed, (x, w, dilations, pads)) in (30..).zip(cases) {
-        let mut g = Graph::new();
-        let xi = g.add_input("x", ValueType::new(DType::F32, x));
-        let wi = constant(&mut g, &mut rng, "w", &w);
-        let b = constant(&mut g, &mut rng, "b", &[w[0]]);
         let conv = Conv2d {
             strides: [1, 1],
             pads,
             dilations,
             group: 1,
         };
-        let y = g.add_node(Op::Conv(conv), &[xi, wi, b], "conv").unwrap();
-        g.add_output("y", y);
-        check_split(&g, seed);
+        check_split(&conv_graph_of(&mut rng, x, w, conv), seed);
     }
 }
 
@@ -474,17 +473,13 @@ fn im2col_conv_of_a_prime_height_in_one_wide_band() {
     // of one 17-pixel row would fill half their vectors, so the whole
     // image is one band, shared by the GEMM's row tasks.
     let mut rng = Rng::new(8);
-    let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [1, 208, 35, 35]));
-    let w = constant(&mut g, &mut rng, "w", &[16, 208, 3, 3]);
     let conv = Conv2d {
         strides: [2, 2],
         pads: [0; 4],
         dilations: [1, 1],
         group: 1,
     };
-    let y = g.add_node(Op::Conv(conv), &[x, w], "conv").unwrap();
-    g.add_output("y", y);
+    let g = conv_graph_of(&mut rng, [1, 208, 35, 35], [16, 208, 3, 3], conv);
     check_split(&g, 21);
 }
 

@@ -2241,9 +2241,11 @@ fn band_routine(routines: &mut Vec<Im2col>, geo: Im2col) -> (usize, i64) {
 /// bias[oc] + W[oc, :] @ B` whose B the kernel reads in place from that
 /// copy ([`BLayout::Taps`]: per channel, the `kh × kw` taps at fixed
 /// offsets). Against [`im2col_conv`] this writes the input once instead of
-/// `kh * kw` times, but each GEMM is one output row wide: it declines rows
-/// too narrow to fill the vectors, which im2col packs together. Bands are
-/// cut small enough for L2 and numerous enough for `tasks`.
+/// `kh * kw` times, but each GEMM is one output row wide: at H stride 1,
+/// rows that do not fill whole vectors merge into one GEMM per band
+/// ([`row_merged_conv`]); otherwise it declines rows too narrow to fill
+/// the vectors, which im2col packs together. Bands are cut small enough
+/// for L2 and numerous enough for `tasks`.
 fn implicit_conv(
     cx: &NodeCx,
     weights: &mut Weights,
@@ -2442,25 +2444,13 @@ fn row_merged_conv(
     let padded_rows = |rows: usize| rows + (kh - 1) * dh;
     let plane_bytes = |rows: usize| (padded_rows(rows) * ow * 4) as u64;
     let band_bytes = |rows: usize| (cin * kw) as u64 * plane_bytes(rows);
-    // Every band is one GEMM of `band * ow` columns, so bands divide the
-    // height: the most rows whose copy stays in L2, in at least as many
-    // bands as the image's share of the tasks; when that band makes too
-    // narrow a GEMM, the fewest rows that make a wide one.
+    // Every band is one GEMM of `band * ow` columns, in at least as many
+    // bands as the image's share of the tasks.
     let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
     let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
     let tasks = super::partition::tasks_worth(tasks, flops, bytes);
     let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
-    let divisors = || (1..=oh).filter(move |&b| oh.is_multiple_of(b));
-    let fitting = divisors()
-        .rev()
-        .find(|&b| band_bytes(b) <= IM2COL_BAND_BYTES && oh / b >= bands_wanted)
-        .unwrap_or(1);
-    let band = match wide_band(fitting * ow) {
-        true => fitting,
-        false => divisors()
-            .find(|&b| b > fitting && wide_band(b * ow) && band_bytes(b) <= MAX_SCRATCH / 2)
-            .unwrap_or(fitting),
-    };
+    let band = dividing_band(oh, ow, bands_wanted, band_bytes);
     require(band_bytes(band) <= MAX_SCRATCH / 2, || {
         too_much_scratch(band_bytes(band))
     })?;
@@ -2575,15 +2565,26 @@ fn im2col_band(full: &Im2col) -> usize {
         return full.rows;
     }
     let row_bytes = full.col_bytes() / full.rows as u64;
-    let mut divisors = (1..=full.rows).filter(|&b| full.rows.is_multiple_of(b));
-    let fitting = (divisors.clone().rev())
-        .find(|&b| b as u64 * row_bytes <= IM2COL_BAND_BYTES)
+    dividing_band(full.rows, full.ow, 1, |b| b as u64 * row_bytes)
+}
+
+/// Rows per band of a convolution whose bands are GEMMs of one width (so
+/// they divide the `rows` output rows of `ow` columns), a band of `b`
+/// rows taking `bytes(b)` of scratch: the most rows whose scratch fits
+/// [`IM2COL_BAND_BYTES`] in at least `min_bands` bands; when that band is
+/// not [`wide_band`], the fewest rows that make one within half of
+/// [`MAX_SCRATCH`].
+fn dividing_band(rows: usize, ow: usize, min_bands: usize, bytes: impl Fn(usize) -> u64) -> usize {
+    let divisors = || (1..=rows).filter(move |&b| rows.is_multiple_of(b));
+    let fitting = divisors()
+        .rev()
+        .find(|&b| bytes(b) <= IM2COL_BAND_BYTES && rows / b >= min_bands)
         .unwrap_or(1);
-    if wide_band(fitting * full.ow) {
+    if wide_band(fitting * ow) {
         return fitting;
     }
-    divisors
-        .find(|&b| b > fitting && wide_band(b * full.ow) && b as u64 * row_bytes <= MAX_SCRATCH / 2)
+    divisors()
+        .find(|&b| b > fitting && wide_band(b * ow) && bytes(b) <= MAX_SCRATCH / 2)
         .unwrap_or(fitting)
 }
 
