@@ -483,6 +483,15 @@ fn im2col_conv_of_a_prime_height_in_one_wide_band() {
     check_split(&g, 21);
 }
 
+/// A graph of one pool `op` over an f32 input of `shape`.
+fn pool_graph(shape: [usize; 4], op: Op) -> Graph {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, shape));
+    let y = g.add_node(op, &[x], "pool").unwrap();
+    g.add_output("y", y);
+    g
+}
+
 /// Global pools over planes large enough to be worth a worker, split by
 /// channel (batch 1) and by batch: each task pools its own planes.
 #[test]
@@ -492,11 +501,7 @@ fn global_pools_split_by_channels_and_by_batch() {
         ([1, 40, 28, 30], Op::GlobalMaxPool),
         ([3, 24, 24, 24], Op::GlobalAveragePool),
     ] {
-        let mut g = Graph::new();
-        let x = g.add_input("x", ValueType::new(DType::F32, shape));
-        let y = g.add_node(op, &[x], "pool").unwrap();
-        g.add_output("y", y);
-        check_split(&g, 18);
+        check_split(&pool_graph(shape, op), 18);
     }
 }
 
@@ -528,11 +533,7 @@ fn pools_split_by_channels_and_by_batch() {
             Op::MaxPool(window([2, 2], [2, 2], [0, 0, 1, 1], true)),
         ),
     ] {
-        let mut g = Graph::new();
-        let x = g.add_input("x", ValueType::new(DType::F32, shape));
-        let y = g.add_node(op, &[x], "pool").unwrap();
-        g.add_output("y", y);
-        check_split(&g, 20);
+        check_split(&pool_graph(shape, op), 20);
     }
 }
 

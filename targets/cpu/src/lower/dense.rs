@@ -359,8 +359,9 @@ const IMPLICIT_MAX_CHANNELS: usize = 64;
 
 /// Longest K (input channels per group times taps) of a
 /// [`row_merged_conv`] (a longer one keeps one GEMM per row, and past
-/// [`IMPLICIT_MAX_CHANNELS`] output channels im2col first). Measured at one thread (`kiln bench --profile` on the
-/// zoo's ResNet-18 and VGG-16): 3×3 of 128 channels on 28×28 (K 1,152)
+/// [`IMPLICIT_MAX_CHANNELS`] output channels im2col first). Measured at
+/// one thread (`kiln bench --profile` on the zoo's ResNet-18 and
+/// VGG-16): 3×3 of 128 channels on 28×28 (K 1,152)
 /// 2.43 → 2.15 ms with the merged GEMM first; 256 channels on 14×14 (K
 /// 2,304) 2.30 → 2.40 ms; 512 channels on 7×7 (K 4,608) 2.9 → 6.5 ms and
 /// on VGG's 28×28 3% slower: past a K of about 1,000 the taps' scattered
@@ -2300,11 +2301,9 @@ fn implicit_conv(
     // Threads split the kernel by bands, so an image's rows are cut into
     // a multiple of its share of the tasks, into bands as even as the
     // height allows, each copy small enough for L2.
-    let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
-    let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
-    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
-    let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
-    let band = even_band(oh, bands_wanted, |b| band_bytes(b) <= IM2COL_BAND_BYTES);
+    let band = even_band(oh, bands_per_image(cx, tasks), |b| {
+        band_bytes(b) <= IM2COL_BAND_BYTES
+    });
     require(band_bytes(band) <= MAX_SCRATCH / 2, || {
         too_much_scratch(band_bytes(band))
     })?;
@@ -2389,6 +2388,19 @@ fn implicit_conv(
     })
 }
 
+/// How many bands of output rows each image of an implicit-GEMM
+/// convolution is worth (threads split it by bands): the image's share of
+/// the tasks its work is worth ([`super::partition::tasks_worth`]), at
+/// most one per row.
+fn bands_per_image(cx: &NodeCx, tasks: usize) -> usize {
+    let (x, w, y) = (cx.inputs[0].1, cx.inputs[1].1, &cx.node.ty);
+    let (batch, oh) = (y.shape[0], y.shape[2]);
+    let flops = 2 * y.num_elements() * w.shape[1..].iter().product::<usize>();
+    let bytes = 4 * (x.num_elements() + y.num_elements() + w.num_elements());
+    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
+    tasks.min(oh * batch).div_ceil(batch)
+}
+
 /// Rows per band when `rows` output rows are cut into a multiple of
 /// `per_task` bands (the tasks of one image) for threads to share: the
 /// fewest such bands whose size `fits`, cut as evenly as the height allows
@@ -2444,13 +2456,8 @@ fn row_merged_conv(
     let padded_rows = |rows: usize| rows + (kh - 1) * dh;
     let plane_bytes = |rows: usize| (padded_rows(rows) * ow * 4) as u64;
     let band_bytes = |rows: usize| (cin * kw) as u64 * plane_bytes(rows);
-    // Every band is one GEMM of `band * ow` columns, in at least as many
-    // bands as the image's share of the tasks.
-    let flops = 2 * batch * oc * oh * ow * cin_g * kh * kw;
-    let bytes = 4 * (xty.num_elements() + cx.node.ty.num_elements() + wty.num_elements());
-    let tasks = super::partition::tasks_worth(tasks, flops, bytes);
-    let bands_wanted = tasks.min(oh * batch).div_ceil(batch);
-    let band = dividing_band(oh, ow, bands_wanted, band_bytes);
+    // Every band is one GEMM of `band * ow` columns.
+    let band = dividing_band(oh, ow, bands_per_image(cx, tasks), band_bytes);
     require(band_bytes(band) <= MAX_SCRATCH / 2, || {
         too_much_scratch(band_bytes(band))
     })?;
@@ -2588,14 +2595,15 @@ fn dividing_band(rows: usize, ow: usize, min_bands: usize, bytes: impl Fn(usize)
         .unwrap_or(fitting)
 }
 
-/// Whether an im2col band of `columns` output pixels makes a GEMM wide
-/// enough: four vectors or more, filled to [`MIN_BAND_FILL`].
+/// Whether a band of `columns` output pixels (an im2col band, a
+/// row-merged implicit GEMM's band) makes a GEMM wide enough: four vectors
+/// or more, filled to [`MIN_BAND_FILL`].
 fn wide_band(columns: usize) -> bool {
     columns >= 64 && lane_fill(columns) >= MIN_BAND_FILL
 }
 
-/// Least [`lane_fill`] of an im2col band's columns: a band of one 17-pixel
-/// row fills 53% of its vectors.
+/// Least [`lane_fill`] of a band's columns: a band of one 17-pixel row
+/// fills 53% of its vectors.
 const MIN_BAND_FILL: f64 = 0.85;
 
 /// A depthwise convolution (one input channel per group, any depth

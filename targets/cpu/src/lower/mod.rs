@@ -577,6 +577,10 @@ fn split_elementwise(
     let Some(axis) = shape.iter().position(|&d| d > 1) else {
         return Ok(None);
     };
+    let pool = matches!(
+        cx.node.op,
+        Op::GlobalAveragePool | Op::GlobalMaxPool | Op::MaxPool(_) | Op::AveragePool { .. }
+    );
     let splittable = match &cx.node.op {
         Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } => true,
         Op::Fused(k) => k.head().is_none(),
@@ -590,18 +594,14 @@ fn split_elementwise(
         // By batch or channel: each output plane pools its own input
         // plane (a max pool of Inception v3's 147x147 stem: 0.68 ms on
         // one thread, which the second thread waited for).
-        Op::GlobalAveragePool | Op::GlobalMaxPool | Op::MaxPool(_) | Op::AveragePool { .. } => {
-            axis < 2
-        }
+        _ if pool => axis < 2,
         _ => false,
     };
     // A pool's work is its input, not its output (one value per plane for
     // a global pool).
-    let elements = match cx.node.op {
-        Op::GlobalAveragePool | Op::GlobalMaxPool | Op::MaxPool(_) | Op::AveragePool { .. } => {
-            cx.inputs[0].1.num_elements()
-        }
-        _ => cx.node.ty.num_elements(),
+    let elements = match pool {
+        true => cx.inputs[0].1.num_elements(),
+        false => cx.node.ty.num_elements(),
     };
     if !splittable || elements < SPLIT_MIN_ELEMENTS {
         return Ok(None);
