@@ -158,6 +158,19 @@ pub struct Positional {
     pub axis: usize,
 }
 
+/// A value inside the graph whose positions along `axis` past some point
+/// are padding holding `pad` (a value of data-dependent size computed at
+/// its bound, `kiln_ir::Op::WithLength`): traced like a padded input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Source {
+    /// The node whose value starts the trace.
+    pub node: NodeId,
+    /// Its padded axis.
+    pub axis: usize,
+    /// What its padded positions hold.
+    pub pad: Pad,
+}
+
 /// What [`trace_rows`] proves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Traced {
@@ -174,11 +187,13 @@ pub struct Traced {
 /// given the padded axis of each graph input (`inputs[i]` for input `i`;
 /// `None`: the input has no such axis), whose padded positions hold zeros,
 /// and of each constant that runs along the dim (`constants`: cut by
-/// position from one table, which the caller checks).
+/// position from one table, which the caller checks), and of each of
+/// `sources` (nodes whose value is padded, whatever their inputs).
 pub fn trace_rows(
     graph: &Graph,
     inputs: &[RowAxis],
     constants: &[Positional],
+    sources: &[Source],
 ) -> Result<Traced, MixesRows> {
     let order = kiln_ir::schedule(graph).map_err(|e| MixesRows {
         node: String::new(),
@@ -189,6 +204,7 @@ pub fn trace_rows(
         graph,
         inputs,
         constants,
+        sources,
         rows: vec![Vec::new(); graph.node_count()],
         positional: Vec::new(),
     };
@@ -249,6 +265,7 @@ struct Trace<'g> {
     graph: &'g Graph,
     inputs: &'g [RowAxis],
     constants: &'g [Positional],
+    sources: &'g [Source],
     rows: Vec<Rows>,
     positional: Vec<Positional>,
 }
@@ -410,6 +427,9 @@ impl<'g> Trace<'g> {
             out.sort_by_key(|(a, _)| *a);
             Ok::<Rows, MixesRows>(out)
         };
+        if let Some(source) = self.sources.iter().find(|s| s.node == id) {
+            return Ok(vec![(source.axis, source.pad.clone())]);
+        }
         Ok(match &node.op {
             Op::Input { index } => match self.inputs.get(*index).copied().flatten() {
                 Some(axis) => vec![(axis, Pad::zero(node.ty.dtype))],
@@ -652,6 +672,13 @@ impl<'g> Trace<'g> {
                 })?
             }
             Op::Fused(_) => return Err(refuse("is a fused kernel, which the trace does not read")),
+            Op::NonZero => {
+                each(&|_, _| Err("lists the non-zero elements across the padded axis".into()))?
+            }
+            Op::WithLength { .. } => {
+                only_first(self, 1)?;
+                each(&|a, _| Ok(Some(a)))?
+            }
         })
     }
 
@@ -862,7 +889,7 @@ mod tests {
         let x = g.add_input("x", ValueType::new(DType::F32, [4, 3]));
         let y = build(&mut g, x);
         g.add_output("y", y);
-        trace_rows(&g, &[Some(0)], &[])
+        trace_rows(&g, &[Some(0)], &[], &[])
     }
 
     fn outputs(t: Result<Traced, MixesRows>) -> Result<Vec<RowAxis>, MixesRows> {
@@ -994,7 +1021,10 @@ mod tests {
         let tokens = node(&mut g, op, &[cls], "expand");
         let joined = node(&mut g, Op::Concat { axis: 1 }, &[tokens, x], "concat");
         g.add_output("y", joined);
-        assert_eq!(outputs(trace_rows(&g, &[Some(0)], &[])), Ok(vec![Some(0)]));
+        assert_eq!(
+            outputs(trace_rows(&g, &[Some(0)], &[], &[])),
+            Ok(vec![Some(0)])
+        );
     }
 
     #[test]
@@ -1005,7 +1035,10 @@ mod tests {
         let table = constant(&mut g, &[10, 3], vec![0.0; 30]);
         let e = node(&mut g, Op::Gather { axis: 0 }, &[table, ids], "embed");
         g.add_output("e", e);
-        assert_eq!(outputs(trace_rows(&g, &[Some(0)], &[])), Ok(vec![Some(0)]));
+        assert_eq!(
+            outputs(trace_rows(&g, &[Some(0)], &[], &[])),
+            Ok(vec![Some(0)])
+        );
         // Gathering position 2 may read padding; position 0 is real.
         for (index, refused) in [(2, true), (0, false)] {
             let mut g = Graph::new();
@@ -1013,7 +1046,7 @@ mod tests {
             let i = g.add_const("i", Tensor::new([1], Data::I64(vec![index])).unwrap());
             let p = node(&mut g, Op::Gather { axis: 0 }, &[x, i], "pick");
             g.add_output("p", p);
-            let traced = trace_rows(&g, &[Some(0)], &[]);
+            let traced = trace_rows(&g, &[Some(0)], &[], &[]);
             assert_eq!(traced.is_err(), refused, "{traced:?}");
         }
     }
@@ -1065,7 +1098,7 @@ mod tests {
         if scores_out {
             g.add_output("scores", scores);
         }
-        trace_rows(&g, &[Some(1), Some(1)], &[])
+        trace_rows(&g, &[Some(1), Some(1)], &[], &[])
     }
 
     #[test]
@@ -1103,7 +1136,7 @@ mod tests {
             };
             let token = node(&mut g, op, &[x], "token");
             g.add_output("token", token);
-            trace_rows(&g, &[Some(1)], &[])
+            trace_rows(&g, &[Some(1)], &[], &[])
         };
         // BERT's pooler reads token 0: always a real position.
         assert_eq!(outputs(slice_at(0)), Ok(vec![None]));

@@ -732,7 +732,7 @@ fn arg_error(function: &str, message: &str) -> (c_int, String) {
 fn run_error(function: &str, e: Error) -> (c_int, String) {
     match e {
         Error::Kernel { .. } => (KILN_ERROR_KERNEL, e.to_string()),
-        Error::VariantRefused { .. } | Error::NoVariant { .. } => {
+        Error::VariantRefused { .. } | Error::NoVariant { .. } | Error::LengthOutOfBound { .. } => {
             arg_error(function, &e.to_string())
         }
         _ => (KILN_ERROR_INTERNAL, e.to_string()),
@@ -856,6 +856,12 @@ unsafe fn run(
     let pick = program
         .resolve(pick, arena, pool, &mut write_inputs)
         .map_err(|e| run_error(function, e))?;
+    let mut pick = pick;
+    if shaped.is_none() && program.has_bounded_outputs(pick.profile) {
+        return Err(arg(
+            "the model has outputs whose size depends on the data: use kiln_model_run_shaped, which reports each output's dims",
+        ));
+    }
     let out_specs = program.outputs_of(pick.profile);
     let out_lens: Vec<usize> = (out_specs.iter().enumerate())
         .map(|(i, s)| byte_len(s.dtype, &program.output_shape(&pick, i)))
@@ -901,6 +907,14 @@ unsafe fn run(
     program
         .execute(pick.profile, arena, pool)
         .map_err(|e| run_error(function, e))?;
+    // Outputs of data-dependent size are read at this run's length (at
+    // most their bound, which the capacities were checked against).
+    program
+        .measure(&mut pick, arena)
+        .map_err(|e| run_error(function, e))?;
+    let out_lens: Vec<usize> = (out_specs.iter().enumerate())
+        .map(|(i, s)| byte_len(s.dtype, &program.output_shape(&pick, i)))
+        .collect();
     for (i, len) in out_lens.iter().enumerate() {
         // SAFETY: `outputs` holds `n_out` pointers.
         let ptr = unsafe { *outputs.add(i) }.cast::<u8>();

@@ -177,6 +177,19 @@ pub enum Error {
         /// Number of buffers.
         given: usize,
     },
+    /// A run whose data-dependent output length (NonZero, TopK of a
+    /// run-time k) is outside the bound the artifact was planned for.
+    #[error("output '{output}': this run's data-dependent length along axis {axis} is {length}, outside its compiled bound of 0..={bound} (a TopK's k larger than its axis, or a damaged artifact)")]
+    LengthOutOfBound {
+        /// The output's name.
+        output: String,
+        /// The axis of data-dependent length.
+        axis: u32,
+        /// The length the run computed.
+        length: i64,
+        /// The largest length the output holds.
+        bound: u64,
+    },
     /// An output buffer of the wrong size.
     #[error("output '{name}': {ty} needs a buffer of {expected} bytes, given {given}")]
     OutputBufferSize {

@@ -320,7 +320,10 @@ impl Model {
 
     /// Runs one inference, outputs written to `outputs` (one buffer per
     /// declared output, in declared order, each exactly the output's byte
-    /// size in the profile the inputs select). Does not allocate unless another thread is running the model
+    /// size in the profile the inputs select; for an output whose size
+    /// depends on the data, at least this run's size, as
+    /// [`Model::output_shapes`] gives its bound, the data at the start;
+    /// [`Model::run`] returns its shape). Does not allocate unless another thread is running the model
     /// through [`Model::run`] or `run_into` at the same time (see
     /// [`Model::run`]); use a [`Session`] per thread to never allocate.
     pub fn run_into(
@@ -401,8 +404,7 @@ impl Session {
     }
 
     /// Runs one inference without allocating: inputs as in [`Model::run`],
-    /// outputs written to `outputs` (one buffer per declared output, in
-    /// declared order, each exactly the output's byte size).
+    /// outputs written to `outputs` as in [`Model::run_into`].
     pub fn run_into(
         &mut self,
         inputs: &[TensorRef<'_>],
@@ -455,6 +457,9 @@ pub(crate) struct Pick {
     pub profile: usize,
     /// Per paddable dim (in the artifact's order): the run's size along it.
     pub real: Vec<Option<u64>>,
+    /// Per bounded output of the profile (in its order): the length the
+    /// run computed (empty until [`Program::measure`]).
+    pub lengths: Vec<u64>,
 }
 
 impl Pick {
@@ -463,6 +468,7 @@ impl Pick {
         Pick {
             profile,
             real: Vec::new(),
+            lengths: Vec::new(),
         }
     }
 }
@@ -474,9 +480,10 @@ impl Program {
         pool: Option<&Pool>,
         inputs: &[TensorRef<'_>],
     ) -> Result<Vec<Tensor>, Error> {
-        let pick = self.choose(inputs, arena, pool)?;
+        let mut pick = self.choose(inputs, arena, pool)?;
         self.bind_inputs(&pick, arena, inputs)?;
         self.execute(pick.profile, arena, pool)?;
+        self.measure(&mut pick, arena)?;
         let specs = &self.profiles[pick.profile].outputs;
         let outputs = specs.iter().enumerate().map(|(i, spec)| {
             let shape = self.output_shape(&pick, i);
@@ -493,6 +500,7 @@ impl Program {
         Ok(outputs.collect())
     }
 
+    /// Runs `inputs` with outputs written to `outputs`.
     fn run_into(
         &self,
         arena: &mut AlignedBuf,
@@ -501,12 +509,55 @@ impl Program {
         outputs: &mut [&mut [u8]],
         step_times: Option<&mut [std::time::Duration]>,
     ) -> Result<(), Error> {
-        let pick = self.choose(inputs, arena, pool)?;
+        let mut pick = self.choose(inputs, arena, pool)?;
         self.check_output_buffers(&pick, outputs.iter().map(|b| b.len()))?;
         self.bind_inputs(&pick, arena, inputs)?;
         self.execute_timed(pick.profile, arena, pool, step_times)?;
+        self.measure(&mut pick, arena)?;
+        let specs = &self.profiles[pick.profile].outputs;
         for (i, out) in outputs.iter_mut().enumerate() {
+            if pick.lengths.is_empty() {
+                self.read_output(&pick, arena, i, out);
+                continue;
+            }
+            // A bounded output's buffer holds at least this run's data.
+            let shape = self.output_shape(&pick, i);
+            let len = shape.iter().product::<u64>() * specs[i].dtype.size_bytes() as u64;
+            let Some(out) = out.get_mut(..len as usize) else {
+                return Err(Error::OutputBufferSize {
+                    name: specs[i].name.clone(),
+                    ty: crate::format::type_string(specs[i].dtype, &shape),
+                    expected: len,
+                    given: out.len(),
+                });
+            };
             self.read_output(&pick, arena, i, out);
+        }
+        Ok(())
+    }
+
+    /// Reads the length of each bounded output of `pick`'s profile that
+    /// the run wrote into the arena, into `pick`: a length outside the
+    /// output's bound is an error (never a read past its buffer).
+    pub(crate) fn measure(&self, pick: &mut Pick, arena: &AlignedBuf) -> Result<(), Error> {
+        let profile = &self.profiles[pick.profile];
+        pick.lengths.clear();
+        for b in &profile.bounded {
+            let at = b.length_offset as usize;
+            // The decoder checked that the slot lies inside the arena.
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&arena.as_slice()[at..at + 8]);
+            let length = i64::from_le_bytes(bytes);
+            let bound = self.output_shape(pick, b.output as usize)[b.axis as usize];
+            if !(0..=bound as i64).contains(&length) {
+                return Err(Error::LengthOutOfBound {
+                    output: profile.outputs[b.output as usize].name.clone(),
+                    axis: b.axis,
+                    length,
+                    bound,
+                });
+            }
+            pick.lengths.push(length as u64);
         }
         Ok(())
     }
@@ -678,7 +729,14 @@ impl Program {
                 .as_ref()
                 .is_none_or(|(cost, _)| profile.arena_size < *cost)
             {
-                best = Some((profile.arena_size, Pick { profile: p, real }));
+                best = Some((
+                    profile.arena_size,
+                    Pick {
+                        profile: p,
+                        real,
+                        lengths: Vec::new(),
+                    },
+                ));
             }
         }
         best.map(|(_, pick)| pick)
@@ -720,10 +778,23 @@ impl Program {
         self.real_shape(pick, &spec.shape, |d| d.inputs[i])
     }
 
-    /// The shape of output `i` in a run picked as `pick`.
+    /// The shape of output `i` in a run picked as `pick`: cut back where
+    /// it pads, and to the lengths the run measured (before the run, a
+    /// bounded output has its bound).
     pub(crate) fn output_shape(&self, pick: &Pick, i: usize) -> Vec<u64> {
-        let spec = &self.profiles[pick.profile].outputs[i];
-        self.real_shape(pick, &spec.shape, |d| d.outputs[i])
+        let profile = &self.profiles[pick.profile];
+        let mut shape = self.real_shape(pick, &profile.outputs[i].shape, |d| d.outputs[i]);
+        for (b, &length) in profile.bounded.iter().zip(&pick.lengths) {
+            if b.output as usize == i {
+                shape[b.axis as usize] = length;
+            }
+        }
+        shape
+    }
+
+    /// Whether `profile` has outputs whose size depends on the data.
+    pub(crate) fn has_bounded_outputs(&self, profile: usize) -> bool {
+        !self.profiles[profile].bounded.is_empty()
     }
 
     /// `full` with the axis `axis_of` each padded dim gives replaced by the
@@ -795,7 +866,7 @@ impl Program {
     pub(crate) fn read_output(&self, pick: &Pick, arena: &AlignedBuf, i: usize, out: &mut [u8]) {
         let spec = &self.profiles[pick.profile].outputs[i];
         let slot = &arena.as_slice()[arena_range(spec)];
-        if pick.real.is_empty() {
+        if pick.real.is_empty() && pick.lengths.is_empty() {
             out.copy_from_slice(slot);
             return;
         }
@@ -823,7 +894,12 @@ impl Program {
                 given: lens.len(),
             });
         }
+        let profile = &self.profiles[pick.profile];
         for (i, (spec, len)) in specs.iter().zip(lens).enumerate() {
+            // Checked once the run has measured its length.
+            if profile.bounded.iter().any(|b| b.output as usize == i) {
+                continue;
+            }
             let spec = match pick.real.is_empty() {
                 true => spec.clone(),
                 false => TensorSpec {

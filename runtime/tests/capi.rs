@@ -226,6 +226,87 @@ fn shaped_runs_pad_a_paddable_dim_and_cut_the_outputs() {
     }
 }
 
+/// An output of data-dependent size (`docs/bounded.md`): the copy model
+/// with `y` bounded along axis 0 and its length read from the arena where
+/// `x` lives, so the input's bits say the length. A shaped run cuts `y`
+/// and reports its dims; a plain run is refused naming the shaped entry
+/// point; a length past the bound is an error, not a read past `y`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn shaped_runs_cut_bounded_outputs_to_the_run_length() {
+    let mut a = common::copy_model();
+    a.profiles[0].bounded = vec![kiln_runtime::format::BoundedOutput {
+        output: 0,
+        axis: 0,
+        length_offset: 0,
+    }];
+    let model = kiln_runtime::Model::from_bytes(&a.to_bytes()).unwrap();
+    let x = |length: u32| [f32::from_bits(length), 0.0];
+    let input = |x: &[f32; 2]| kiln_runtime::Tensor {
+        name: "x".into(),
+        dtype: kiln_runtime::DType::F32,
+        shape: vec![2],
+        data: x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    let out = model.run(&[input(&x(1)).view()]).unwrap();
+    assert_eq!((out[0].shape.clone(), out[0].data.len()), (vec![1], 4));
+    let err = model.run(&[input(&x(3)).view()]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is 3, outside its compiled bound of 0..=2"),
+        "{err}"
+    );
+    let path = write_temp("bounded", &a.to_bytes());
+    // SAFETY: every pointer below is valid for the calls' contracts.
+    unsafe {
+        let m = kiln_model_load(path.as_ptr());
+        std::fs::remove_file(path.to_str().unwrap()).unwrap();
+        assert!(!m.is_null(), "{}", last_error());
+        let two = [2u64];
+        for (length, rc_expected, dims_expected) in [
+            (1, KILN_OK, 1),
+            (0, KILN_OK, 0),
+            (3, KILN_ERROR_ARGUMENT, 9),
+        ] {
+            let x = x(length);
+            let mut y = [-1f32; 2];
+            let (capacity, mut dims) = ([8usize], [9u64]);
+            let rc = kiln_model_run_shaped(
+                m,
+                [two.as_ptr()].as_ptr(),
+                [x.as_ptr().cast::<c_void>()].as_ptr(),
+                [y.as_mut_ptr().cast::<c_void>()].as_ptr(),
+                capacity.as_ptr(),
+                [dims.as_mut_ptr()].as_ptr(),
+            );
+            assert_eq!(rc, rc_expected, "{}", last_error());
+            assert_eq!(dims, [dims_expected]);
+            if length == 1 {
+                assert_eq!((y[0].to_bits(), y[1]), (1, -1.0));
+            }
+        }
+        assert!(
+            last_error().contains("outside its compiled bound"),
+            "{}",
+            last_error()
+        );
+        let x = x(1);
+        let mut y = [0f32; 2];
+        let rc = kiln_model_run(
+            m,
+            [x.as_ptr().cast::<c_void>()].as_ptr(),
+            [y.as_mut_ptr().cast::<c_void>()].as_ptr(),
+        );
+        assert_eq!(rc, KILN_ERROR_ARGUMENT);
+        assert!(
+            last_error().contains("use kiln_model_run_shaped"),
+            "{}",
+            last_error()
+        );
+        kiln_model_free(m);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn sessions_run_from_threads_and_outlive_the_model() {

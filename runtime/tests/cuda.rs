@@ -51,6 +51,7 @@ fn copy_artifact(sm: u32) -> Artifact {
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
         role: kiln_runtime::format::Role::SHAPES,
+        bounded: Vec::new(),
     };
     code.into_artifact(metadata, profile, Vec::new())
 }

@@ -395,6 +395,39 @@ fn padding_tables_round_trip_and_are_checked() {
     );
 }
 
+#[test]
+fn bounded_outputs_round_trip_and_are_checked() {
+    use kiln_runtime::format::BoundedOutput;
+    let bounded = |output: u32, axis: u32, length_offset: u64| BoundedOutput {
+        output,
+        axis,
+        length_offset,
+    };
+    // rich_artifact: outputs y f32[2], idx i64[]; a 32-byte arena.
+    let mut a = rich_artifact();
+    a.profiles[0].bounded = vec![bounded(0, 0, 24)];
+    assert_eq!(Artifact::parse(&a.to_bytes()).unwrap(), a);
+    for (table, why) in [
+        (vec![bounded(2, 0, 0)], "bounded output 2 of 2 outputs"),
+        (vec![bounded(1, 0, 0)], "bounded axis 0 of output 'idx'"),
+        (
+            vec![bounded(0, 0, 25)],
+            "the length of output 'y' at arena+25 is outside the 32-byte arena",
+        ),
+        (
+            vec![bounded(0, 0, u64::MAX)],
+            "is outside the 32-byte arena",
+        ),
+        (
+            vec![bounded(0, 0, 0), bounded(0, 0, 8)],
+            "bounded output 0 out of order",
+        ),
+    ] {
+        let bytes = encode_with(|a| a.profiles[0].bounded = table.clone());
+        malformed(&bytes, SectionKind::Profiles, why);
+    }
+}
+
 /// `rich_artifact` as the variants of one run-time `If`: profiles 0 and 1
 /// guarded by the condition program 2 (one bool).
 fn variants_artifact() -> Artifact {

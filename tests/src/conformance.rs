@@ -89,6 +89,7 @@ fn error_kind(e: &DriverError) -> String {
         DriverError::Usage(_) => "usage".to_string(),
         DriverError::InProfile { source, .. } => error_kind(source),
         DriverError::Padding { .. } => "padding".to_string(),
+        DriverError::Bounded { .. } => "bounded".to_string(),
     }
 }
 

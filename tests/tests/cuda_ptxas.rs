@@ -39,8 +39,10 @@ fn every_fixture_kernel_assembles_for_every_sm() {
         names.len()
     );
     // Run-time control flow makes one profile per path, which the CUDA
-    // target refuses (one profile per artifact).
-    for name in names.iter().filter(|n| !n.starts_with("control_")) {
+    // target refuses (one profile per artifact); outputs of data-dependent
+    // size have no CUDA lowering (docs/bounded.md).
+    for name in (names.iter()).filter(|n| !n.starts_with("control_") && !n.starts_with("bounded_"))
+    {
         let fixture = Fixture::load(name);
         // The pipeline for CUDA targets (`fuse` without dense heads).
         let mut opts = fixture.compile_options();

@@ -167,6 +167,44 @@ fn run_time_control_flow_matches_onnxruntime() {
     check_all(&names);
 }
 
+/// Outputs whose size depends on the data (`docs/bounded.md`): NonZero,
+/// Compress and TopK on run-time inputs and a detector-style score filter,
+/// one fixture per data set (lengths 0 to the bound), each artifact
+/// planned at the bound and cut by the run to onnxruntime's shapes.
+#[test]
+fn data_dependent_shapes_match_onnxruntime() {
+    let names: Vec<String> = Fixture::names_with_prefix("bounded_");
+    assert_eq!(names.len(), 9, "{names:?}");
+    check_all(&names);
+}
+
+/// A run whose data-dependent length passes its bound (a TopK's k larger
+/// than its axis) is a typed error naming the output, and the same
+/// artifact then runs a k within the bound.
+#[test]
+fn a_length_past_its_bound_is_a_typed_error() {
+    let fixture = Fixture::load("bounded_topk_k4");
+    let bytes = fixture.compile_with(&fixture.compile_options()).unwrap();
+    let model = kiln_runtime::Model::from_bytes(&bytes).unwrap();
+    let mut inputs = fixture.inputs();
+    let k = inputs.iter().position(|t| t.name == "k").unwrap();
+    for (value, runs) in [(10i64, false), (-1, false), (9, true)] {
+        inputs[k].data = value.to_le_bytes().to_vec();
+        let views: Vec<_> = inputs.iter().map(kiln_runtime::Tensor::view).collect();
+        match model.run(&views) {
+            Ok(outputs) if runs => assert_eq!(outputs[0].shape, vec![3, value as u64]),
+            Err(e @ kiln_runtime::Error::LengthOutOfBound { .. }) if !runs => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("'scaled'") && message.contains("0..=9"),
+                    "{message}"
+                );
+            }
+            other => panic!("k = {value}: {other:?}"),
+        }
+    }
+}
+
 /// A loop whose trip count passes `--max-trip-count` is refused at run
 /// time with a typed error naming the loop and the flag; below it, the
 /// same artifact runs.

@@ -103,6 +103,11 @@ fn bad_onnx_files_give_clear_errors() {
             &["axis", "softmax_bad_axis"],
         ),
         ("shape_mismatch.onnx", 3, &["matmul_bad"]),
+        (
+            "bounded_mean.onnx",
+            4,
+            &["'where_nonzero'", "depends on the data", "'mean_of_coords'"],
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.kiln");
@@ -887,6 +892,7 @@ fn inspect_adds_shared_memory_sizes_without_overflow() {
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
         role: kiln_format::Role::SHAPES,
+        bounded: Vec::new(),
     };
     let artifact = code.into_artifact(metadata, profile, Vec::new());
     let dir = tempfile::tempdir().unwrap();

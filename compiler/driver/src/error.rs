@@ -76,6 +76,15 @@ pub enum DriverError {
         /// Why.
         message: String,
     },
+    /// A value of data-dependent size (NonZero, Compress, TopK of a
+    /// run-time k) meets an op that reads past its run's length.
+    #[error("'{value}' has a size that depends on the data, computed at its bound, and {reason}: only ops that keep the positions along that axis apart may follow it (docs/bounded.md)")]
+    Bounded {
+        /// The data-dependent value.
+        value: String,
+        /// The op that reads across its axis, and why.
+        reason: String,
+    },
     /// An error compiling one profile of several (`--dim batch=1,8`).
     #[error("profile {profile}: {source}")]
     InProfile {
@@ -156,7 +165,7 @@ impl DriverError {
             },
             DriverError::Usage(_) => ErrorKind::Usage,
             DriverError::InProfile { source, .. } => source.kind(),
-            DriverError::Padding { .. } => ErrorKind::Unsupported,
+            DriverError::Padding { .. } | DriverError::Bounded { .. } => ErrorKind::Unsupported,
         }
     }
 }

@@ -22,6 +22,7 @@
 // `unsafe` lives in the runtime only (docs/architecture.md).
 #![forbid(unsafe_code)]
 
+mod bounded;
 pub mod compare;
 pub mod debug;
 mod error;

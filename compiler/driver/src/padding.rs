@@ -93,7 +93,7 @@ fn paddable_dim(
         // trace without positional constants accepts no less than with
         // them, and names it.
         let op_first = |refusal: DriverError| {
-            kiln_passes::rows::trace_rows(graph, &input_axes, &[]).map_err(traced_error)?;
+            kiln_passes::rows::trace_rows(graph, &input_axes, &[], &[]).map_err(traced_error)?;
             Err(refusal)
         };
         // The graph the dim's sizes are read from: the profile nearest in
@@ -125,7 +125,7 @@ fn paddable_dim(
             Ok(sizes) => sizes,
             Err(e) => return op_first(refuse(format!("{e}{at}"))),
         };
-        let proof = kiln_passes::rows::trace_rows(graph, &input_axes, &sizes.along)
+        let proof = kiln_passes::rows::trace_rows(graph, &input_axes, &sizes.along, &[])
             .map_err(traced_error)?;
         sizes
             .check(graph, &proof)

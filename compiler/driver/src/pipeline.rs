@@ -80,6 +80,9 @@ pub struct Optimized {
     pub golden_fits: Vec<crate::golden::ToleranceFit>,
     /// Calibration coverage on the `--validate` samples.
     pub coverage: Option<Validated>,
+    /// The outputs of data-dependent length, whose lengths are the graph's
+    /// last outputs (`crate::bounded`).
+    bounded: Vec<crate::bounded::Bounded>,
 }
 
 /// A static int8 build's calibration coverage on held-out samples.
@@ -143,6 +146,23 @@ fn optimize_graph(
     // Options that cannot work are refused before the calibration data is
     // read (an empty calibration directory is an error of its own).
     opts.validate()?;
+    let bounded = crate::bounded::resolve(&mut graph)?;
+    if !bounded.is_empty() {
+        let names: Vec<&str> = (bounded.iter())
+            .map(|b| graph.outputs()[b.output].0.as_str())
+            .collect();
+        let names = names.join("', '");
+        if opts.golden.is_some() {
+            return Err(DriverError::Usage(format!(
+                "--golden with outputs whose size depends on the data ('{names}'): the self-test compares whole outputs; compile without --golden"
+            )));
+        }
+        if matches!(opts.target, crate::target::Target::Cuda(_)) {
+            return Err(DriverError::Usage(format!(
+                "outputs whose size depends on the data ('{names}') have no CUDA lowering; compile for a CPU target"
+            )));
+        }
+    }
     // The golden outputs are the source model's, before any pass; golden
     // and calibration data are checked against the model before any work.
     let golden = match opts.golden {
@@ -259,6 +279,7 @@ fn optimize_graph(
         golden,
         golden_fits,
         coverage: validated,
+        bounded,
     })
 }
 
@@ -574,6 +595,8 @@ fn generate_all(
 ) -> Result<Compiled, DriverError> {
     let start = Instant::now();
     let graphs: Vec<Graph> = optimized.iter().map(|o| o.graph.clone()).collect();
+    let bounded: Vec<Vec<crate::bounded::Bounded>> =
+        optimized.iter().map(|o| o.bounded.clone()).collect();
     let mut golden = kiln_format::Golden::default();
     let mut golden_fits = Vec::new();
     let mut first = None;
@@ -623,6 +646,9 @@ fn generate_all(
     for (profile, role) in artifact.profiles.iter_mut().zip(variants.roles) {
         profile.role = role;
     }
+    for (profile, bounded) in artifact.profiles.iter_mut().zip(&bounded) {
+        crate::bounded::attach(profile, bounded);
+    }
     let mut labels = variants.labels;
     for (label, sibling, role) in variants.refused {
         let profile = kiln_format::Profile {
@@ -630,6 +656,7 @@ fn generate_all(
             dense_kernels: Vec::new(),
             schedule: Vec::new(),
             role,
+            bounded: Vec::new(),
             ..artifact.profiles[sibling].clone()
         };
         artifact.profiles.push(profile);

@@ -92,6 +92,7 @@ pub fn artifact_json(view: &ArtifactView, code: &Code) -> Value {
         "dense_kernels": dense_kernels_json(&first.dense_kernels),
         "profiles": profiles_json(&view.profiles),
         "padding": padding_json(&view.padding),
+        "bounded": bounded_json(first),
         "golden": golden_json(&view.golden),
     });
     match code {
@@ -248,6 +249,19 @@ pub fn dense_kernels_json(kernels: &[format::DenseKernel]) -> Value {
         })
         .collect();
     json!(rows)
+}
+
+/// The outputs of `profile` whose size depends on the data (NonZero,
+/// Compress, TopK of a run-time k): name, axis and bound.
+pub fn bounded_json(profile: &format::Profile) -> Value {
+    let list: Vec<Value> = (profile.bounded.iter())
+        .filter_map(|b| {
+            let spec = profile.outputs.get(b.output as usize)?;
+            let bound = spec.shape.get(b.axis as usize)?;
+            Some(json!({"output": spec.name, "axis": b.axis, "bound": bound}))
+        })
+        .collect();
+    json!(list)
 }
 
 /// The dims runs may pad (`--pad-dim`): name, and the axis of each input

@@ -88,6 +88,7 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             | Op::Where
             | Op::Cast { .. }
             | Op::Bitcast { .. }
+            | Op::WithLength { .. }
     );
     if let Some(t) = inputs.iter().find(|t| t.dtype.is_narrow()) {
         if !moves_data {
@@ -491,6 +492,35 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
             Ok(ValueType::new(x.dtype, r.shape.as_slice()))
         }
         Op::Fused(k) => k.infer(inputs),
+        Op::NonZero => {
+            let x = inputs[0];
+            if x.shape.is_empty() {
+                return Err(IrError::ty(
+                    name,
+                    "takes a tensor of rank 1 or more, got a scalar",
+                ));
+            }
+            Ok(ValueType::new(
+                DType::I64,
+                [x.shape.len(), x.num_elements()].as_slice(),
+            ))
+        }
+        Op::WithLength { axis } => {
+            let (x, length) = (inputs[0], inputs[1]);
+            if *axis >= x.shape.len() {
+                return Err(IrError::ty(
+                    name,
+                    format!("axis {axis} out of range for {x}"),
+                ));
+            }
+            if length.dtype != DType::I64 || !length.shape.is_empty() {
+                return Err(IrError::ty(
+                    name,
+                    format!("the length must be an i64 scalar, got {length}"),
+                ));
+            }
+            Ok(x.clone())
+        }
         Op::Col2Im(c) => {
             let x = inputs[0];
             float_only(name, x)?;

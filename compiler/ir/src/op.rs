@@ -1048,6 +1048,23 @@ pub enum Op {
     /// A fused kernel: optional dense head, then an elementwise program
     /// (built by the `fuse` pass).
     Fused(Box<crate::fused::FusedKernel>),
+    /// The coordinates of the input's non-zero elements (ONNX `NonZero`),
+    /// at their bound: `i64 [rank, n]` for an input of `n` elements, one
+    /// column per non-zero element in row-major order, then columns of
+    /// zeros. How many columns are real is data: the importer wraps it in
+    /// a [`Op::WithLength`] of the count.
+    NonZero,
+    /// The first input, of which only the first `length` positions along
+    /// `axis` are real (`length`: the second input, an `i64` scalar
+    /// computed at run time, at most the axis's size). It marks a value
+    /// whose size depends on data, computed at its bound (`NonZero`,
+    /// `TopK` of a run-time k): the driver traces it to the outputs, which
+    /// a run cuts to the length, and removes the marker before any pass
+    /// (`docs/bounded.md`).
+    WithLength {
+        /// The axis of data-dependent length (non-negative).
+        axis: usize,
+    },
 }
 
 impl Op {
@@ -1070,7 +1087,8 @@ impl Op {
             | Op::Gather { .. }
             | Op::Compare(_)
             | Op::Logical(_)
-            | Op::Bitwise(_) => (2, 2),
+            | Op::Bitwise(_)
+            | Op::WithLength { .. } => (2, 2),
             Op::Where => (3, 3),
             Op::Attention { .. } => (3, 4),
             Op::MatMulInteger | Op::ConvInteger(_) => (4, 4),
@@ -1119,6 +1137,8 @@ op_table! {
         LayerNorm => "layer_norm" [axis, epsilon],
         Resize => "resize" [shape, scales, coord, mode, nearest, cubic_a, exclude_outside],
         Col2Im => "col2im" [grid, image, block, strides, dilations, pads],
+        NonZero => "non_zero" [],
+        WithLength => "with_length" [axis],
         Fused => "fused" [head, head_inputs, store, body, alpha, beta, trans_a, trans_b, strides, pads, dilations, group],
     }
 }

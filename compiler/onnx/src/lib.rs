@@ -257,8 +257,9 @@ pub fn model_dir(path: &Path) -> Option<&Path> {
 /// blocks a compile at once. The ops and dims come from a scan of the
 /// model; when the scan finds nothing, the model is imported (no passes,
 /// no code) to find the uses of supported ops that cannot compile: an op
-/// whose output shape depends on run-time data (`NonZero`, `Unique`,
-/// `NonMaxSuppression`), which names the graph input to bind. External
+/// whose output shape depends on run-time data and has no bounded form
+/// (`Unique`, `NonMaxSuppression`; `docs/bounded.md`), which names the
+/// graph input to bind. External
 /// data is read from `model_dir`.
 pub fn preflight(
     model: &ModelProto,

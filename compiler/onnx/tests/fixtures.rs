@@ -187,6 +187,10 @@ fn all_fixtures_import_and_match_onnxruntime() {
         .expect("fixtures/models")
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("model.onnx").exists())
+        // Outputs of data-dependent size evaluate at their bound here; the
+        // runtime cuts them to the run's length, and tests/tests/fixtures.rs
+        // compares those with onnxruntime.
+        .filter(|p| !p.to_string_lossy().contains("/bounded_"))
         .collect();
     dirs.sort();
     assert!(!dirs.is_empty());

@@ -1217,14 +1217,15 @@ fn data_dependent_shapes_are_unsupported_with_a_reason() {
         vec![],
     );
     assert!(unsupported_hint(&m, "Range").contains("constant start, limit and delta"));
-    // NonZero of run-time data.
+    // Unique of run-time data (NonZero, Compress and TopK of run-time
+    // data import at their bound: docs/bounded.md).
     let m = model(
-        vec![node("NonZero", "nz", &["x"], &["y"])],
+        vec![node("Unique", "u", &["x"], &["y"])],
         vec![f32_input("x", &[4])],
         &["y"],
         vec![],
     );
-    assert!(unsupported_hint(&m, "NonZero").contains("run-time data"));
+    assert!(unsupported_hint(&m, "Unique").contains("run-time data"));
     // Split sizes given as a run-time input.
     let mut split = node("Split", "s", &["x", "sizes"], &["a", "b"]);
     split.attribute.push(attr_i("axis", 0));

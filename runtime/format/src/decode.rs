@@ -5,8 +5,9 @@ use std::collections::HashSet;
 use super::cursor::Reader;
 use super::encode::{TARGET_HOST, TARGET_KERNEL, TARGET_TEXT};
 use super::{
-    encode, DType, Declined, DenseKernel, FormatError, Guard, HostFn, KernelEntry, Metadata,
-    PaddableDim, Profile, Reloc, RelocKind, RelocTarget, Role, SectionKind, Step, TensorSpec,
+    encode, BoundedOutput, DType, Declined, DenseKernel, FormatError, Guard, HostFn, KernelEntry,
+    Metadata, PaddableDim, Profile, Reloc, RelocKind, RelocTarget, Role, SectionKind, Step,
+    TensorSpec,
 };
 
 /// Smallest encoded sizes, used to cap counts by the bytes that remain.
@@ -63,6 +64,7 @@ pub(crate) fn profiles(
         let dense_kernels = dense_kernels(&mut r)?;
         let schedule = steps(&mut r, kernels)?;
         let role = role(&mut r, count)?;
+        let bounded = bounded_outputs(&mut r)?;
         let profile = Profile {
             inputs,
             outputs,
@@ -70,7 +72,9 @@ pub(crate) fn profiles(
             dense_kernels,
             schedule,
             role,
+            bounded,
         };
+        check_bounded(&profile).map_err(|detail| r.error(format!("profile {p}: {detail}")))?;
         check_tensors(arena_size, "input", &profile.inputs)?;
         check_tensors(arena_size, "output", &profile.outputs)?;
         match out.first() {
@@ -242,8 +246,66 @@ fn paddable_dims(r: &mut Reader<'_>, first: &Profile) -> Result<Vec<PaddableDim>
     Ok(out)
 }
 
-/// Smallest encoded profile: arena size, four empty counts, a role.
-const MIN_PROFILE: usize = 8 + 4 * 4 + MIN_ROLE;
+/// Smallest encoded profile: arena size, four empty counts, a role, an
+/// empty count.
+const MIN_PROFILE: usize = 8 + 4 * 4 + MIN_ROLE + 4;
+
+/// Encoded size of one [`BoundedOutput`].
+const BOUNDED_OUTPUT: usize = 4 + 4 + 8;
+
+fn bounded_outputs(r: &mut Reader<'_>) -> Result<Vec<BoundedOutput>, FormatError> {
+    let count = r.count("bounded output count", BOUNDED_OUTPUT)?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        out.push(BoundedOutput {
+            output: r.u32("bounded output")?,
+            axis: r.u32("bounded axis")?,
+            length_offset: r.u64("bounded length offset")?,
+        });
+    }
+    Ok(out)
+}
+
+/// Errors unless each bounded output names a distinct output of a model
+/// profile, in increasing order, an axis within its rank, and a length
+/// slot inside the arena.
+fn check_bounded(p: &Profile) -> Result<(), String> {
+    if !p.bounded.is_empty() && !matches!(p.role, Role::Model { .. }) {
+        return Err("bounded outputs in a profile that is not a model profile".into());
+    }
+    let mut previous = None;
+    for b in &p.bounded {
+        let Some(spec) = p.outputs.get(b.output as usize) else {
+            return Err(format!(
+                "bounded output {} of {} outputs",
+                b.output,
+                p.outputs.len()
+            ));
+        };
+        if previous.is_some_and(|o| o >= b.output) {
+            return Err(format!("bounded output {} out of order", b.output));
+        }
+        previous = Some(b.output);
+        if b.axis as usize >= spec.shape.len() {
+            return Err(format!(
+                "bounded axis {} of output '{}' ({})",
+                b.axis,
+                spec.name,
+                spec.type_string()
+            ));
+        }
+        if b.length_offset
+            .checked_add(8)
+            .is_none_or(|end| end > p.arena_size)
+        {
+            return Err(format!(
+                "the length of output '{}' at arena+{} is outside the {}-byte arena",
+                spec.name, b.length_offset, p.arena_size
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// A profile's input shapes, for finding duplicates.
 fn input_shapes(p: &Profile) -> Vec<Vec<u64>> {

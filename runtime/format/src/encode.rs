@@ -45,6 +45,12 @@ pub(crate) fn profiles(profiles: &[Profile], padding: &[PaddableDim]) -> Vec<u8>
             w.str(&s.node);
         }
         role(&mut w, &p.role);
+        w.len(p.bounded.len());
+        for b in &p.bounded {
+            w.u32(b.output);
+            w.u32(b.axis);
+            w.u64(b.length_offset);
+        }
     }
     w.len(padding.len());
     for d in padding {

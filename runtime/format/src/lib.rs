@@ -43,8 +43,8 @@ pub use layout::{
     SECTION_ENTRY_LEN,
 };
 pub use meta::{
-    describe_conditions, largest_arena, type_string, ArtifactInfo, Declined, DenseKernel, Guard,
-    Metadata, PaddableDim, Profile, Role, TensorSpec,
+    describe_conditions, largest_arena, type_string, ArtifactInfo, BoundedOutput, Declined,
+    DenseKernel, Guard, Metadata, PaddableDim, Profile, Role, TensorSpec,
 };
 pub use section::SectionKind;
 pub use signature::{
@@ -58,7 +58,7 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 8] = *b"KILNART\0";
 
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 
 /// A complete artifact, owned. Built by a compiler target and written with
 /// [`Artifact::to_bytes`]; read back with [`Artifact::parse`].

@@ -115,6 +115,25 @@ pub struct Profile {
     /// What a run does with this profile: run the model, refuse, or
     /// compute a run-time condition that selects between variants.
     pub role: Role,
+    /// The outputs whose size along one axis depends on data (NonZero,
+    /// TopK of a run-time k): planned at their bound, cut by a run to the
+    /// length it computed. At most one per output, in output order.
+    pub bounded: Vec<BoundedOutput>,
+}
+
+/// An output computed at its bound along `axis`, whose run's length the
+/// kernels write to the arena as an `i64` at `length_offset`: a run
+/// returns the first `length` positions along the axis, and a length
+/// outside `0..=bound` is an error of the run, never a read past the
+/// buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundedOutput {
+    /// The output's index among the profile's outputs.
+    pub output: u32,
+    /// The axis of data-dependent length.
+    pub axis: u32,
+    /// Byte offset of the run's length (`i64`) in the arena.
+    pub length_offset: u64,
 }
 
 /// What a profile is for. A model whose control flow branches on values

@@ -90,6 +90,7 @@ pub fn single_kernel(text: &[u8], inputs: Vec<TensorSpec>, outputs: Vec<TensorSp
             dense_kernels: Vec::new(),
             schedule: vec![step(0, "/node0")],
             role: Role::SHAPES,
+            bounded: Vec::new(),
         }],
         padding: Vec::new(),
         golden: Default::default(),

@@ -349,6 +349,7 @@ fn compile_profile(
         dense_kernels: plan.dense_kernels,
         schedule: text.take_schedule(),
         role: kiln_format::Role::SHAPES,
+        bounded: Vec::new(),
     };
     Ok((profile, plan.weights))
 }

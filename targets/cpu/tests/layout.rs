@@ -242,3 +242,34 @@ fn reshape_alias_copy_and_output_copies() {
     g.add_output("r2_twice", r2);
     check(&g, &[rand_tensor(&mut rng, DType::F32, &[2, 6])]);
 }
+
+/// NonZero lists the coordinates of the non-zero elements in row-major
+/// order and zeros after them (`docs/bounded.md`), for every element
+/// type: -0.0 counts as zero and NaN as non-zero; all-zero and all-set
+/// inputs give no and every column.
+#[test]
+fn non_zero_lists_coordinates_then_zero_columns() {
+    for d in TYPES {
+        for shape in [&[7][..], &[3, 5], &[2, 3, 4], &[1, 1]] {
+            let n: usize = shape.iter().product();
+            let patterns: [Box<dyn Fn(usize) -> f64>; 3] = [
+                Box::new(|i| if i % 3 == 1 { 0.0 } else { (i % 5) as f64 }),
+                Box::new(|_| 0.0),
+                Box::new(|i| 1.0 + i as f64 % 2.0),
+            ];
+            for pattern in &patterns {
+                let mut values: Vec<f64> = (0..n).map(pattern).collect();
+                if d.is_float() && n > 2 {
+                    values[0] = -0.0;
+                    values[n - 1] = f64::NAN;
+                }
+                let x = Tensor::new(shape, Data::from_f64s(d, values.into_iter())).unwrap();
+                let mut g = Graph::new();
+                let xi = g.add_input("x", ValueType::new(d, shape));
+                let y = g.add_node(Op::NonZero, &[xi], "nz").unwrap();
+                g.add_output("y", y);
+                check(&g, &[x]);
+            }
+        }
+    }
+}

@@ -66,6 +66,7 @@ pub fn to_artifact(
         dense_kernels: Vec::new(),
         schedule: Vec::new(),
         role: kiln_format::Role::SHAPES,
+        bounded: Vec::new(),
     };
     code.into_artifact(metadata, profile, program.weights.clone())
 }

@@ -474,6 +474,7 @@ pub(super) fn compile_and_report(a: &CompileArgs) -> Result<Option<Value>, Failu
                 "outputs": specs_json(&first.outputs),
                 "profiles": profiles_json(&out),
                 "padding": driver::report::padding_json(&out.artifact.padding),
+                "bounded": driver::report::bounded_json(first),
                 "passes": passes,
                 "import_ms": out.import_time.as_secs_f64() * 1e3,
                 "codegen_ms": out.codegen_time.as_secs_f64() * 1e3,

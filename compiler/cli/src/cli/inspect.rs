@@ -327,12 +327,23 @@ fn print_profiles(profiles: &[kiln_format::Profile]) {
     }
 }
 
-/// The `input`/`output` lines of an artifact description.
+/// The `input`/`output` lines of an artifact description; an output whose
+/// size depends on the data says along which axis, up to what bound.
 fn print_io(m: &kiln_format::Profile) {
     for (what, specs) in [("input ", &m.inputs), ("output", &m.outputs)] {
-        for s in specs {
+        for (i, s) in specs.iter().enumerate() {
+            let bounded = (m.bounded.iter())
+                .find(|b| what == "output" && b.output as usize == i)
+                .map_or(String::new(), |b| {
+                    format!(
+                        "; bounded: axis {} is the run's data-dependent length (at most {}; the length @ arena+{})",
+                        b.axis,
+                        s.shape.get(b.axis as usize).copied().unwrap_or(0),
+                        b.length_offset
+                    )
+                });
             println!(
-                "  {what} {}: {} @ arena+{}",
+                "  {what} {}: {} @ arena+{}{bounded}",
                 s.name,
                 s.type_string(),
                 s.arena_offset

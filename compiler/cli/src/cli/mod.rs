@@ -159,6 +159,7 @@ impl From<kiln_runtime::Error> for Failure {
             | E::InputDataLength { .. }
             | E::OutputCount { .. }
             | E::OutputBufferSize { .. }
+            | E::LengthOutOfBound { .. }
             | E::Kernel { .. } => exit::BAD_INPUT,
         };
         Failure::new(code, e.to_string())

@@ -44,6 +44,34 @@ pub(super) fn slice(axes: &[SliceAxis], x: &Tensor, out: &ValueType) -> Data {
     with_data!(x.data(), v => gather_elems(v, &idx))
 }
 
+/// The coordinates of `x`'s non-zero elements (NaN counts), one column
+/// each in row-major order, then zero columns up to the element count.
+pub(super) fn non_zero(x: &Tensor) -> Data {
+    let (shape, n) = (x.shape(), x.len());
+    let strides = strides_of(shape);
+    let mut out = vec![0i64; shape.len() * n];
+    let hits = (0..n).filter(|&i| x.data().get_f64(i) != 0.0);
+    for (column, flat) in hits.enumerate() {
+        for (axis, (&dim, &stride)) in shape.iter().zip(&strides).enumerate() {
+            out[axis * n + column] = ((flat / stride) % dim) as i64;
+        }
+    }
+    Data::I64(out)
+}
+
+/// `x` itself, once `length` is checked to be a position count along
+/// `axis` (a run whose data-dependent size exceeds its bound is an error).
+pub(super) fn with_length(axis: usize, x: &Tensor, length: &Tensor) -> Result<Tensor, IrError> {
+    let bound = x.shape()[axis];
+    match length.to_i64_vec().first() {
+        Some(&n) if (0..=bound as i64).contains(&n) => Ok(x.clone()),
+        n => Err(eval_err(
+            "with_length",
+            format!("a data-dependent length of {n:?} along axis {axis}, whose bound is {bound}"),
+        )),
+    }
+}
+
 /// Concatenation along `axis` (inputs share their type, checked by
 /// inference).
 pub(super) fn concat(axis: usize, inputs: &[&Tensor]) -> Result<Data, IrError> {
@@ -157,6 +185,23 @@ mod tests {
         let t = i64s(&[1], &[-1]);
         let y = eval(&Op::Concat { axis: 0 }, &[&s, &t]).unwrap();
         assert_eq!(y.to_i64_vec(), vec![1, 2, -1]);
+    }
+
+    #[test]
+    fn non_zero_then_zero_columns_and_with_length_checks_the_length() {
+        let x = f32s(&[2, 3], &[0., 5., 0., f32::NAN, 0., -0.]);
+        let y = eval(&Op::NonZero, &[&x]).unwrap();
+        assert_eq!(y.shape().as_slice(), &[2, 6]);
+        // Hits at (0,1) and (1,0); the other columns are zeros.
+        assert_eq!(y.to_i64_vec(), vec![0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+        let marked = Op::WithLength { axis: 1 };
+        for (length, ok) in [(0, true), (2, true), (6, true), (7, false), (-1, false)] {
+            let n = Tensor::new([], Data::I64(vec![length])).unwrap();
+            assert_eq!(eval(&marked, &[&y, &n]).is_ok(), ok, "length {length}");
+        }
+        // The length must be an i64 scalar.
+        let n = i64s(&[1], &[2]);
+        assert!(eval(&marked, &[&y, &n]).is_err());
     }
 
     #[test]

@@ -165,6 +165,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Resize(r) => resize::resize(r, inputs[0])?,
         Op::Col2Im(c) => resize::col2im(c, inputs[0])?,
         Op::Fused(k) => return fused::fused(k, inputs),
+        Op::NonZero => layout::non_zero(inputs[0]),
+        Op::WithLength { axis } => return layout::with_length(*axis, inputs[0], inputs[1]),
     };
     // Data movement treats a narrow type's codes as bytes (`Data::U8`);
     // the inferred type says what they are.

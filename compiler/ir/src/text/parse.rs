@@ -1056,6 +1056,10 @@ fn build_op(
                 "gather" => Op::Gather {
                     axis: a.optional("axis", 0, Attrs::usize)?,
                 },
+                "non_zero" => Op::NonZero,
+                "with_length" => Op::WithLength {
+                    axis: a.required("axis", Attrs::usize)?,
+                },
                 "slice" => Op::Slice {
                     axes: a.required("axes", Attrs::slice_axes)?,
                 },

@@ -91,7 +91,8 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
         | Op::MatMul
         | Op::MatMulInteger
         | Op::GlobalAveragePool
-        | Op::GlobalMaxPool => vec![],
+        | Op::GlobalMaxPool
+        | Op::NonZero => vec![],
         Op::Gemm {
             alpha,
             beta,
@@ -129,7 +130,10 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             attrs.push(format!("count_include_pad={count_include_pad}"));
             attrs
         }
-        Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
+        Op::Softmax { axis }
+        | Op::Concat { axis }
+        | Op::Gather { axis }
+        | Op::WithLength { axis } => {
             vec![format!("axis={axis}")]
         }
         Op::Reshape { shape } | Op::Expand { shape } => vec![format!("shape={}", ints(shape))],

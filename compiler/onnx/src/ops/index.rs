@@ -564,25 +564,37 @@ pub fn cumprod(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// Most elements of the pairwise comparison table TopK builds.
 const TOPK_PAIR_LIMIT: u64 = 1 << 24;
 
-/// `TopK` (k an attribute before opset 10, a constant input from 10;
+/// `TopK` (k an attribute before opset 10, an input from 10;
 /// `largest`/`sorted` from 11), by ranks: element `i`'s rank counts the
 /// elements that beat it (greater, or equal at a smaller index, so ties
 /// keep index order), and output position `r` selects the element of rank
 /// `r`. The comparison table has `n²` entries per slice, so long axes are
-/// refused.
+/// refused. A run-time k ranks every position and marks the outputs with
+/// k as their run's length (`docs/bounded.md`).
 pub fn top_k(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let xt = ctx.ty(x).clone();
     let rank = xt.shape.len();
+    let mut run_time_k = None;
     let k = if ctx.opset < 10 {
         ctx.attr_i(node, "k")?
             .ok_or_else(|| ctx.bad_attr("k", "is required"))?
     } else {
-        let t = ctx.const_input(node, 1)?;
-        if t.len() != 1 {
-            return Err(ctx.invalid("K must hold one value"));
+        let k = ctx.input(node, 1)?;
+        match ctx.konst(k) {
+            Some(t) if t.len() == 1 => t.to_i64_vec()[0],
+            Some(_) => return Err(ctx.invalid("K must hold one value")),
+            None if ctx.ty(k).num_elements() != 1 => {
+                return Err(ctx.invalid("K must hold one value"))
+            }
+            // A run-time k: every position ranked, the first k real.
+            None => {
+                let axis = ctx.attr_i_or(node, "axis", -1)?;
+                let axis = ctx.axis("axis", axis, rank)?;
+                run_time_k = Some((k, axis));
+                xt.shape[axis] as i64
+            }
         }
-        t.to_i64_vec()[0]
     };
     let axis = ctx.attr_i_or(node, "axis", -1)?;
     let axis = ctx.axis("axis", axis, rank)?;
@@ -671,18 +683,25 @@ pub fn top_k(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let values = pick(ctx, xj, "values")?;
     let positions = ramp(ctx, n, axis + 1, rank + 1, DType::I64, "positions")?;
     let indices = pick(ctx, positions, "indices")?;
-    Ok(vec![values, indices])
+    match run_time_k {
+        None => Ok(vec![values, indices]),
+        Some((k, axis)) => Ok(vec![
+            bounded_by(ctx, values, axis, k, "top_values")?,
+            bounded_by(ctx, indices, axis, k, "top_indices")?,
+        ]),
+    }
 }
 
-/// `NonZero`: its output length depends on the data, so it is only
-/// supported when the input is a constant (folded here).
+/// `NonZero`: a constant input folds here; a run-time one lists the
+/// coordinates at their bound (one column per element) with the count of
+/// non-zero elements as the run's length (`docs/bounded.md`).
 pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
     let Some(t) = ctx.konst(x).cloned() else {
-        return Err(ctx.not_constant(
-            x,
-            "NonZero of run-time data (its output shape depends on the values); only a constant input folds",
-        ));
+        if ctx.ty(x).shape.is_empty() {
+            return Err(ctx.unsupported("NonZero of a run-time scalar"));
+        }
+        return one(bounded_non_zero(ctx, x, None)?);
     };
     let shape = t.shape().to_vec();
     let st = strides(&shape);
@@ -700,6 +719,41 @@ pub fn non_zero(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let name = ctx.node_name().to_string();
     let t = Tensor::new([r, hits.len()], Data::I64(out)).expect("r*n");
     one(ctx.generated_constant(t, name)?)
+}
+
+/// The coordinates of `x`'s non-zero elements (`i64 [rank, n]` at the
+/// bound `n`, the element count), marked with their count as the
+/// data-dependent length of axis 1.
+fn bounded_non_zero(ctx: &mut ImportCtx, x: Val, suffix: Option<&str>) -> Result<Val, OnnxError> {
+    let tag = suffix.map_or(String::new(), |s| format!("{s}_"));
+    let coordinates = ctx.op(Op::NonZero, &[x], Some(&format!("{tag}coordinates")))?;
+    let flags = cast_to(ctx, x, DType::Bool, &format!("{tag}non_zero"))?;
+    let flags = cast_to(ctx, flags, DType::I64, &format!("{tag}non_zero_i64"))?;
+    let count = ctx.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: (0..ctx.ty(x).shape.len()).collect(),
+            keep_dims: false,
+        },
+        &[flags],
+        Some(&format!("{tag}count")),
+    )?;
+    ctx.op(Op::WithLength { axis: 1 }, &[coordinates, count], suffix)
+}
+
+/// `values` with its first `k` positions along `axis` real: the outputs
+/// of a TopK of run-time `k` (an `i64` of one element), computed for
+/// every position.
+fn bounded_by(
+    ctx: &mut ImportCtx,
+    values: Val,
+    axis: usize,
+    k: Val,
+    tag: &str,
+) -> Result<Val, OnnxError> {
+    let k = cast_to(ctx, k, DType::I64, &format!("{tag}_k_i64"))?;
+    let k = reshape_to(ctx, k, &[], Some(&format!("{tag}_k")))?;
+    ctx.op(Op::WithLength { axis }, &[values, k], Some(tag))
 }
 
 /// Element `i` of `d` against element `j`, in the order `Unique` sorts:
@@ -881,12 +935,6 @@ pub fn reverse_sequence(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 pub fn compress(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let mut x = ctx.input(node, 0)?;
     let cond = ctx.input(node, 1)?;
-    let Some(c) = ctx.konst(cond).cloned() else {
-        return Err(ctx.not_constant(
-            cond,
-            "Compress needs a constant condition (its output length is the count of true values)",
-        ));
-    };
     let axis = match ctx.attr_i(node, "axis")? {
         Some(a) => ctx.axis("axis", a, ctx.ty(x).shape.len())?,
         None => {
@@ -896,6 +944,19 @@ pub fn compress(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         }
     };
     let len = ctx.ty(x).shape[axis];
+    let Some(c) = ctx.konst(cond).cloned() else {
+        // A run-time condition: the positions of its true values, as many
+        // as the run finds, pick the slices.
+        let ct = ctx.ty(cond).clone();
+        if ct.shape.len() != 1 || ct.shape[0] > len {
+            return Err(ctx.invalid(format!(
+                "condition is {ct} for an axis of {len}; it must be 1-D and at most that long"
+            )));
+        }
+        let positions = bounded_non_zero(ctx, cond, Some("kept"))?;
+        let positions = reshape_to(ctx, positions, &[ct.shape[0]], Some("kept_positions"))?;
+        return one(ctx.op(Op::Gather { axis }, &[x, positions], None)?);
+    };
     let keep: Vec<i64> = (c.to_i64_vec().iter().enumerate())
         .filter(|&(i, &v)| v != 0 && i < len)
         .map(|(i, _)| i as i64)

@@ -1,13 +1,14 @@
 //! Data movement: reshape copies, transpose, concat, slice, gather. These
-//! work on any element type by element size.
+//! work on any element type by element size. Also NonZero, which lists
+//! where the elements are.
 
-use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{I16, I32, I64, I8, I8X16};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
 use kiln_ir::{DType, Ints, SliceAxis};
 
-use super::loops::{collapse, for_range, nest};
-use super::{strides, Kb, NodeCx};
+use super::loops::{collapse, for_range, for_range_carry, nest};
+use super::{scalar_type, strides, Kb, NodeCx};
 use crate::CpuError;
 
 fn int_type(esize: usize) -> Type {
@@ -178,6 +179,54 @@ pub(crate) fn concat_inputs(
 
 /// Gather along `axis`; an index outside `[-dim, dim)` makes the kernel
 /// return 1.
+/// `NonZero`: the coordinates of the non-zero elements, one column each in
+/// row-major order, then zero columns (`kiln_ir::Op::NonZero`). Every
+/// element writes its coordinates times its flag (1: non-zero) to the next
+/// free column, which only a hit moves on: a zero element writes zeros that
+/// the next hit overwrites or that stay as the padding. No branch.
+pub(crate) fn non_zero(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
+    let (xloc, xty) = cx.inputs[0];
+    let n = xty.num_elements() as i64;
+    let ty = scalar_type(xty.dtype).ok_or_else(|| cx.dtype_err(xty.dtype))?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (x, out) = (kb.ptr(xloc), kb.ptr(cx.out));
+    let shape = &xty.shape;
+    let zero = kb.iconst(0);
+    for_range(kb, 0, shape.len() as i64 * n, 1, &mut |kb, i| {
+        let p = kb.add_scaled(out, i, 8);
+        kb.store(zero, p, 0);
+    });
+    let element_strides = strides(shape);
+    let esize = xty.dtype.size_bytes() as i64;
+    for_range_carry(kb, 0, n, 1, &[zero], &mut |kb, i, carried| {
+        let p = kb.add_scaled(x, i, esize);
+        let v = kb.load(ty, p, 0);
+        let hit = if ty.is_float() {
+            let z = kb.fconst(ty, 0.0);
+            kb.b.ins().fcmp(FloatCC::NotEqual, v, z)
+        } else {
+            kb.b.ins().icmp_imm_s(IntCC::NotEqual, v, 0)
+        };
+        let flag = kb.b.ins().uextend(I64, hit);
+        let column = kb.add_scaled(out, carried[0], 8);
+        for (axis, (&dim, &stride)) in shape.iter().zip(&element_strides).enumerate() {
+            let mut coord = match stride {
+                1 => i,
+                s => kb.b.ins().udiv_imm_u(i, s),
+            };
+            if axis > 0 {
+                coord = kb.b.ins().urem_imm_u(coord, dim as i64);
+            }
+            let v = kb.b.ins().imul(coord, flag);
+            kb.store(v, column, axis as i64 * n * 8);
+        }
+        vec![kb.b.ins().iadd(carried[0], flag)]
+    });
+    Ok(())
+}
+
 pub(crate) fn gather(kb: &mut Kb, cx: &NodeCx, axis: usize) -> Result<(), CpuError> {
     let e = esize_of(cx);
     let (xloc, xty) = cx.inputs[0];

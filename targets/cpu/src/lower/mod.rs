@@ -863,5 +863,9 @@ fn lower_cx(
         Op::Resize(r) => resize::resize(kb, cx, weights, r),
         Op::Col2Im(c) => resize::col2im(kb, cx, c),
         Op::Fused(k) => fused::fused(kb, cx, (weights, scratch), k),
+        Op::NonZero => layout::non_zero(kb, cx),
+        Op::WithLength { .. } => Err(cx.unsupported(
+            "a data-dependent length marker reached code generation; the driver resolves it before the passes",
+        )),
     }
 }
