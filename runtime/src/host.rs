@@ -46,6 +46,69 @@ type F3 = unsafe extern "C" fn(f32, f32, f32) -> f32;
 type D1 = unsafe extern "C" fn(f64) -> f64;
 type D2 = unsafe extern "C" fn(f64, f64) -> f64;
 type D3 = unsafe extern "C" fn(f64, f64, f64) -> f64;
+type Nms = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    *mut i64,
+    *mut u32,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    f32,
+    f32,
+);
+
+/// [`HostFn::NonMaxSuppression`]: `kiln_host::Nms::select` over arena
+/// regions the artifact's kernel passes; the last of the `bound + 1` rows
+/// of `out` gets the count.
+///
+/// # Safety
+/// The pointers hold the sizes the arguments give: `boxes` `b·n·4` f32,
+/// `scores` `b·c·n` f32, `out` `(bound + 1)·3` i64, `scratch`
+/// `Nms::scratch_len` u32, none overlapping `out` or `scratch` (the
+/// compiler planned them as distinct arena values).
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn non_max_suppression(
+    boxes: *const f32,
+    scores: *const f32,
+    out: *mut i64,
+    scratch: *mut u32,
+    batches: u64,
+    classes: u64,
+    count: u64,
+    max_per_class: u64,
+    center_point_box: u64,
+    has_score_threshold: u64,
+    iou_threshold: f32,
+    score_threshold: f32,
+) {
+    let nms = kiln_host::Nms {
+        batches: batches as usize,
+        classes: classes as usize,
+        boxes: count as usize,
+        max_per_class: max_per_class as usize,
+        center_point_box: center_point_box != 0,
+        iou_threshold,
+        score_threshold: (has_score_threshold != 0).then_some(score_threshold),
+    };
+    let (b, c, n) = (nms.batches, nms.classes, nms.boxes);
+    // SAFETY: per the contract, each region holds these many elements and
+    // `out` and `scratch` overlap nothing else.
+    let (boxes, scores, out, scratch) = unsafe {
+        (
+            std::slice::from_raw_parts(boxes, b * n * 4),
+            std::slice::from_raw_parts(scores, b * c * n),
+            std::slice::from_raw_parts_mut(out, (nms.bound() + 1) * 3),
+            std::slice::from_raw_parts_mut(scratch, nms.scratch_len()),
+        )
+    };
+    let (rows, last) = out.split_at_mut(nms.bound() * 3);
+    let selected = nms.select(boxes, scores, scratch, rows);
+    last.fill(selected as i64);
+}
 
 /// The address of `f` in this process.
 pub(crate) fn address(f: HostFn) -> u64 {
@@ -82,6 +145,7 @@ pub(crate) fn address(f: HostFn) -> u64 {
         HostFn::Asinf => asinf as F1 as usize,
         HostFn::Acosf => acosf as F1 as usize,
         HostFn::Tanf => tanf as F1 as usize,
+        HostFn::NonMaxSuppression => non_max_suppression as Nms as usize,
     };
     addr as u64
 }

@@ -104,6 +104,17 @@ fn the_artifact_schema_depends_only_on_sha2_and_thiserror() {
     assert_eq!(direct, ["sha2", "thiserror"]);
 }
 
+/// The runtime's host kernels (`runtime/host`) are plain Rust on slices,
+/// shared by the runtime, the reference evaluator and the importer.
+#[test]
+fn the_host_kernels_depend_on_nothing() {
+    let graph = dependency_graph();
+    assert!(graph["kiln-host"].is_empty(), "{:?}", graph["kiln-host"]);
+    for user in ["kiln-runtime", "kiln-ir"] {
+        assert!(graph[user].iter().any(|d| d == "kiln-host"), "{user}");
+    }
+}
+
 #[test]
 fn dependencies_point_from_the_cli_to_the_ir() {
     let graph = dependency_graph();

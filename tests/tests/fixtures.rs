@@ -168,13 +168,14 @@ fn run_time_control_flow_matches_onnxruntime() {
 }
 
 /// Outputs whose size depends on the data (`docs/bounded.md`): NonZero,
-/// Compress and TopK on run-time inputs and a detector-style score filter,
+/// Compress, TopK and NonMaxSuppression on run-time inputs, a
+/// detector-style score filter and a detector's tail with NMS inside,
 /// one fixture per data set (lengths 0 to the bound), each artifact
 /// planned at the bound and cut by the run to onnxruntime's shapes.
 #[test]
 fn data_dependent_shapes_match_onnxruntime() {
     let names: Vec<String> = Fixture::names_with_prefix("bounded_");
-    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(names.len(), 12, "{names:?}");
     check_all(&names);
 }
 

@@ -505,6 +505,27 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 [x.shape.len(), x.num_elements()].as_slice(),
             ))
         }
+        Op::NonMaxSuppression(n) => {
+            let (boxes, scores) = (inputs[0], inputs[1]);
+            let (b, s) = (&boxes.shape, &scores.shape);
+            let fits = boxes.dtype == DType::F32
+                && scores.dtype == DType::F32
+                && b.len() == 3
+                && b[2] == 4
+                && s.len() == 3
+                && s[0] == b[0]
+                && s[2] == b[1];
+            if !fits {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "takes boxes f32[B,N,4] and scores f32[B,C,N], got {boxes} and {scores}"
+                    ),
+                ));
+            }
+            let bound = n.at(b[0], s[1], b[1]).bound();
+            Ok(ValueType::new(DType::I64, [bound + 1, 3].as_slice()))
+        }
         Op::WithLength { axis } => {
             let (x, length) = (inputs[0], inputs[1]);
             if *axis >= x.shape.len() {

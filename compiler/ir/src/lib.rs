@@ -47,7 +47,7 @@ pub use graph::{Graph, Node, NodeId};
 pub use name_pattern::NamePattern;
 pub use op::{
     BinaryOp, BitwiseOp, Col2Im, CompareOp, Conv2d, CoordinateTransform, Ints, LogicalOp,
-    NearestRounding, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
+    NearestRounding, Nms, Op, Pool2d, ReduceOp, Resize, ResizeMode, ResizeTaps, SliceAxis, UnaryOp,
 };
 pub use schedule::{peak_live_bytes, schedule};
 pub use tensor::{Data, Tensor};

@@ -891,6 +891,37 @@ impl Resize {
     }
 }
 
+/// `NonMaxSuppression`'s attributes, its thresholds and cap folded from
+/// constant inputs (`kiln_host::Nms` is the algorithm).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nms {
+    /// Boxes as `[x_center, y_center, width, height]` (else two opposite
+    /// corners `[y1, x1, y2, x2]`).
+    pub center_point_box: bool,
+    /// The most boxes selected per batch and class.
+    pub max_per_class: usize,
+    /// Overlap above which a box is suppressed.
+    pub iou_threshold: f32,
+    /// Scores at or below it are never selected (none: no threshold).
+    pub score_threshold: Option<f32>,
+}
+
+impl Nms {
+    /// The algorithm at the sizes of boxes `[batches, boxes, 4]` and
+    /// scores `[batches, classes, boxes]`.
+    pub fn at(&self, batches: usize, classes: usize, boxes: usize) -> kiln_host::Nms {
+        kiln_host::Nms {
+            batches,
+            classes,
+            boxes,
+            max_per_class: self.max_per_class,
+            center_point_box: self.center_point_box,
+            iou_threshold: self.iou_threshold,
+            score_threshold: self.score_threshold,
+        }
+    }
+}
+
 /// An IR operation. Every node produces exactly one value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -1065,6 +1096,13 @@ pub enum Op {
         /// The axis of data-dependent length (non-negative).
         axis: usize,
     },
+    /// ONNX `NonMaxSuppression` of boxes `f32 [B, N, 4]` and scores
+    /// `f32 [B, C, N]`, at its bound: `i64 [bound + 1, 3]`, the selected
+    /// `(batch, class, box)` rows, zero rows up to the bound
+    /// (`B·C·min(N, max_per_class)`), then one row holding the count three
+    /// times. The importer slices the rows and marks them with the count
+    /// ([`Op::WithLength`]); one kernel computes both.
+    NonMaxSuppression(Nms),
 }
 
 impl Op {
@@ -1088,7 +1126,8 @@ impl Op {
             | Op::Compare(_)
             | Op::Logical(_)
             | Op::Bitwise(_)
-            | Op::WithLength { .. } => (2, 2),
+            | Op::WithLength { .. }
+            | Op::NonMaxSuppression(_) => (2, 2),
             Op::Where => (3, 3),
             Op::Attention { .. } => (3, 4),
             Op::MatMulInteger | Op::ConvInteger(_) => (4, 4),
@@ -1139,6 +1178,7 @@ op_table! {
         Col2Im => "col2im" [grid, image, block, strides, dilations, pads],
         NonZero => "non_zero" [],
         WithLength => "with_length" [axis],
+        NonMaxSuppression => "non_max_suppression" [center_point_box, max_per_class, iou_threshold, score_threshold],
         Fused => "fused" [head, head_inputs, store, body, alpha, beta, trans_a, trans_b, strides, pads, dilations, group],
     }
 }

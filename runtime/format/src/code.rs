@@ -14,8 +14,9 @@ pub struct KernelEntry {
 /// A function of the host C library that artifact code may call.
 ///
 /// This is an allow-list: the loader resolves each to the real libm
-/// function of the process and nothing else can be imported. The on-disk
-/// code is the `u32` discriminant.
+/// function of the process, or to the runtime's own kernel
+/// ([`HostFn::NonMaxSuppression`]), and nothing else can be imported.
+/// The on-disk code is the `u32` discriminant.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HostFn {
@@ -83,11 +84,18 @@ pub enum HostFn {
     Acosf,
     /// `tanf` from libm.
     Tanf,
+    /// The runtime's `NonMaxSuppression` (`kiln_host::Nms::select`), C ABI
+    /// `(boxes: *const f32, scores: *const f32, out: *mut i64, scratch:
+    /// *mut u32, batches, classes, boxes, max_per_class, center_point_box,
+    /// has_score_threshold: u64, iou_threshold, score_threshold: f32)`:
+    /// writes the selected rows, zero rows up to the bound and a last row
+    /// holding the count.
+    NonMaxSuppression,
 }
 
 impl HostFn {
     /// Every host function, in code order.
-    pub const ALL: [HostFn; 32] = [
+    pub const ALL: [HostFn; 33] = [
         HostFn::Expf,
         HostFn::Logf,
         HostFn::Tanhf,
@@ -120,6 +128,7 @@ impl HostFn {
         HostFn::Asinf,
         HostFn::Acosf,
         HostFn::Tanf,
+        HostFn::NonMaxSuppression,
     ];
 
     /// The C symbol name (`"expf"`).
@@ -157,6 +166,7 @@ impl HostFn {
             HostFn::Asinf => "asinf",
             HostFn::Acosf => "acosf",
             HostFn::Tanf => "tanf",
+            HostFn::NonMaxSuppression => "kiln_non_max_suppression",
         }
     }
 

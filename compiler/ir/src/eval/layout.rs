@@ -59,6 +59,24 @@ pub(super) fn non_zero(x: &Tensor) -> Data {
     Data::I64(out)
 }
 
+/// `NonMaxSuppression`'s selected rows at their bound, then the count
+/// (`Op::NonMaxSuppression`).
+pub(super) fn non_max_suppression(n: &crate::Nms, boxes: &Tensor, scores: &Tensor) -> Data {
+    let (b, s) = (boxes.shape(), scores.shape());
+    let nms = n.at(b[0], s[1], b[1]);
+    let mut out = vec![0i64; (nms.bound() + 1) * 3];
+    let mut scratch = vec![0u32; nms.scratch_len()];
+    let (rows, count) = out.split_at_mut(nms.bound() * 3);
+    let selected = nms.select(
+        &boxes.to_f32_vec(),
+        &scores.to_f32_vec(),
+        &mut scratch,
+        rows,
+    );
+    count.fill(selected as i64);
+    Data::I64(out)
+}
+
 /// `x` itself, once `length` is checked to be a position count along
 /// `axis` (a run whose data-dependent size exceeds its bound is an error).
 pub(super) fn with_length(axis: usize, x: &Tensor, length: &Tensor) -> Result<Tensor, IrError> {

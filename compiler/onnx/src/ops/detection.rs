@@ -1,15 +1,12 @@
 //! Detection post-processing: `NonMaxSuppression`. How many boxes it
-//! selects depends on the scores, so its output shape is known only once
-//! the data is: it folds when boxes, scores and the thresholds are
-//! constants (or bound with `--bind-input`), and otherwise fails with an
-//! error naming the graph inputs to bind. Detector exports usually end
-//! with it; compiling the network up to the scores and running the
-//! suppression in the application is the usual way around.
+//! selects depends on the scores: it folds when boxes and scores are
+//! constants, and otherwise selects at run time into rows at the bound,
+//! which the run cuts to the count (`docs/bounded.md`).
 
-use super::build::gen_const;
+use super::build::{cast_to, gen_const, reshape_to};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{Data, Tensor};
+use kiln_ir::{DType, Data, Nms, Op, SliceAxis, Tensor};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -18,84 +15,36 @@ type R = Result<Vec<Val>, OnnxError>;
 /// second of import).
 const MAX_IOU_TESTS: u128 = 1 << 30;
 
-/// A box as the x and y extents it covers.
-#[derive(Clone, Copy)]
-struct Extent {
-    x: (f64, f64),
-    y: (f64, f64),
-}
-
-impl Extent {
-    /// `b` in the layout `center_point_box` names: 0 is two opposite
-    /// corners `[y1, x1, y2, x2]` (either diagonal), 1 is `[x_center,
-    /// y_center, width, height]`.
-    fn of(b: [f64; 4], center_point_box: bool) -> Extent {
-        let sorted = |a: f64, b: f64| if a <= b { (a, b) } else { (b, a) };
-        if center_point_box {
-            let (hw, hh) = (b[2] / 2.0, b[3] / 2.0);
-            Extent {
-                x: (b[0] - hw, b[0] + hw),
-                y: (b[1] - hh, b[1] + hh),
-            }
-        } else {
-            Extent {
-                x: sorted(b[1], b[3]),
-                y: sorted(b[0], b[2]),
-            }
-        }
-    }
-
-    fn area(&self) -> f64 {
-        (self.x.1 - self.x.0) * (self.y.1 - self.y.0)
-    }
-
-    /// Whether `other` overlaps this box by more than `threshold`
-    /// (intersection over union); boxes without area never suppress.
-    fn suppresses(&self, other: &Extent, threshold: f64) -> bool {
-        let ix = (self.x.0.max(other.x.0), self.x.1.min(other.x.1));
-        let iy = (self.y.0.max(other.y.0), self.y.1.min(other.y.1));
-        if ix.1 <= ix.0 || iy.1 <= iy.0 {
-            return false;
-        }
-        let inter = (ix.1 - ix.0) * (iy.1 - iy.0);
-        let (a, b) = (self.area(), other.area());
-        let union = a + b - inter;
-        if inter <= 0.0 || a <= 0.0 || b <= 0.0 || union <= 0.0 {
-            return false;
-        }
-        inter / union > threshold
-    }
-}
-
-/// `NonMaxSuppression` (opset 10/11): per batch and class, boxes whose
-/// score passes `score_threshold` are taken best first (ties: lower box
-/// index first) unless one already taken overlaps them by more than
-/// `iou_threshold`, at most `max_output_boxes_per_class` of them (absent:
-/// none). Output `[selected, 3]` int64 rows `(batch, class, box)`.
+/// `NonMaxSuppression` (opset 10/11; `kiln_host::Nms` is the algorithm):
+/// per batch and class, boxes whose score passes `score_threshold` are
+/// taken best first (ties: lower box index first) unless one already taken
+/// overlaps them by more than `iou_threshold`, at most
+/// `max_output_boxes_per_class` of them (absent: none). Output
+/// `[selected, 3]` int64 rows `(batch, class, box)`. Constant boxes and
+/// scores fold here; run-time ones select at run time into rows at the
+/// bound, marked with the count (`docs/bounded.md`). The cap and the
+/// thresholds must be constants.
 pub fn non_max_suppression(ctx: &mut ImportCtx, node: &NodeProto) -> R {
-    let mut known = Vec::new();
-    for i in 0..5 {
+    let boxes = ctx.input(node, 0)?;
+    let scores = ctx.input(node, 1)?;
+    let mut knobs = Vec::new();
+    for i in 2..5 {
         let Some(v) = ctx.opt_input(node, i) else {
-            known.push(None);
+            knobs.push(None);
             continue;
         };
         match ctx.konst(v) {
-            Some(t) => known.push(Some(t.clone())),
+            Some(t) => knobs.push(Some(t.clone())),
             None => {
                 return Err(ctx.not_constant(
                     v,
-                    "NonMaxSuppression of run-time data (how many boxes it selects depends on the scores); it folds when its inputs are constants",
+                    "NonMaxSuppression's max_output_boxes_per_class, iou_threshold and score_threshold must be constants (the cap sets the output's bound)",
                 ))
             }
         }
     }
-    let boxes = known[0]
-        .take()
-        .ok_or_else(|| ctx.invalid("boxes are required"))?;
-    let scores = known[1]
-        .take()
-        .ok_or_else(|| ctx.invalid("scores are required"))?;
-    let (bs, ss) = (boxes.shape().to_vec(), scores.shape().to_vec());
+    let (bt, st) = (ctx.ty(boxes).clone(), ctx.ty(scores).clone());
+    let (bs, ss) = (&bt.shape, &st.shape);
     if bs.len() != 3 || bs[2] != 4 || ss.len() != 3 || ss[0] != bs[0] || ss[2] != bs[1] {
         return Err(ctx.invalid(format!(
             "boxes must be [batches, boxes, 4] and scores [batches, classes, boxes], got {bs:?} and {ss:?}"
@@ -105,9 +54,6 @@ pub fn non_max_suppression(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     fn first(t: &Option<Tensor>) -> Option<&Data> {
         t.as_ref().filter(|t| !t.is_empty()).map(Tensor::data)
     }
-    let max_per_class = first(&known[2]).map_or(0, |d| d.get_i64(0).max(0)) as usize;
-    let iou_threshold = first(&known[3]).map_or(0.0, |d| d.get_f64(0));
-    let score_threshold = first(&known[4]).map(|d| d.get_f64(0));
     let center_point_box = match ctx.attr_i_or(node, "center_point_box", 0)? {
         0 => false,
         1 => true,
@@ -115,43 +61,72 @@ pub fn non_max_suppression(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             return Err(ctx.bad_attr("center_point_box", format!("must be 0 or 1, got {other}")))
         }
     };
+    let attrs = Nms {
+        center_point_box,
+        max_per_class: first(&knobs[0]).map_or(0, |d| d.get_i64(0).max(0)) as usize,
+        iou_threshold: first(&knobs[1]).map_or(0.0, |d| d.get_f64(0) as f32),
+        score_threshold: first(&knobs[2]).map(|d| d.get_f64(0) as f32),
+    };
     let (batches, count, classes) = (bs[0], bs[1], ss[1]);
+    let nms = attrs.at(batches, classes, count);
+    let (Some(bd), Some(sd)) = (ctx.konst(boxes).cloned(), ctx.konst(scores).cloned()) else {
+        return selected_at_run_time(ctx, boxes, scores, attrs, nms.bound());
+    };
     // Each candidate is tested against the boxes kept so far: bound the
     // fold's work, which a constant of a million boxes would make hours.
-    let tests =
-        (batches as u128 * classes as u128) * (count as u128 * count.min(max_per_class) as u128);
+    let tests = (batches as u128 * classes as u128)
+        * (count as u128 * count.min(nms.max_per_class) as u128);
     if tests > MAX_IOU_TESTS {
         return Err(ctx.unsupported(format!(
             "folding NonMaxSuppression over {batches}×{classes} classes of {count} boxes would take up to {tests} overlap tests at import (at most {MAX_IOU_TESTS})"
         )));
     }
-    let (bd, sd) = (boxes.data(), scores.data());
-    let mut selected: Vec<i64> = Vec::new();
-    for b in 0..batches {
-        let extent = |i: usize| {
-            let at = (b * count + i) * 4;
-            Extent::of([0, 1, 2, 3].map(|k| bd.get_f64(at + k)), center_point_box)
-        };
-        for c in 0..classes {
-            let score = |i: usize| sd.get_f64((b * classes + c) * count + i);
-            let mut candidates: Vec<usize> = (0..count)
-                .filter(|&i| score_threshold.is_none_or(|t| score(i) > t))
-                .collect();
-            candidates.sort_by(|&i, &j| score(j).total_cmp(&score(i)).then(i.cmp(&j)));
-            let mut kept: Vec<Extent> = Vec::new();
-            for i in candidates {
-                if kept.len() >= max_per_class {
-                    break;
-                }
-                let e = extent(i);
-                if kept.iter().all(|k| !e.suppresses(k, iou_threshold)) {
-                    kept.push(e);
-                    selected.extend([b as i64, c as i64, i as i64]);
-                }
-            }
-        }
-    }
-    let rows = selected.len() / 3;
-    let t = Tensor::new([rows, 3], Data::I64(selected)).expect("rows of 3");
+    let mut rows = vec![0i64; nms.bound() * 3];
+    let mut scratch = vec![0u32; nms.scratch_len()];
+    let selected = nms.select(&bd.to_f32_vec(), &sd.to_f32_vec(), &mut scratch, &mut rows);
+    rows.truncate(selected * 3);
+    let t = Tensor::new([selected, 3], Data::I64(rows)).expect("rows of 3");
     Ok(vec![gen_const(ctx, t, "selected_indices")?])
+}
+
+/// The run-time selection: rows `0..bound` of the op's output, marked with
+/// the count its last row holds.
+fn selected_at_run_time(
+    ctx: &mut ImportCtx,
+    boxes: Val,
+    scores: Val,
+    attrs: Nms,
+    bound: usize,
+) -> R {
+    let boxes = cast_to(ctx, boxes, DType::F32, "boxes_f32")?;
+    let scores = cast_to(ctx, scores, DType::F32, "scores_f32")?;
+    let all = ctx.op(
+        Op::NonMaxSuppression(attrs),
+        &[boxes, scores],
+        Some("selection"),
+    )?;
+    let rows = |start: usize, len: usize, cols: usize| Op::Slice {
+        axes: [
+            SliceAxis {
+                start,
+                step: 1,
+                len,
+            },
+            SliceAxis {
+                start: 0,
+                step: 1,
+                len: cols,
+            },
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let selected = ctx.op(rows(0, bound, 3), &[all], Some("rows"))?;
+    let count = ctx.op(rows(bound, 1, 1), &[all], Some("count_row"))?;
+    let count = reshape_to(ctx, count, &[], Some("count"))?;
+    Ok(vec![ctx.op(
+        Op::WithLength { axis: 0 },
+        &[selected, count],
+        None,
+    )?])
 }

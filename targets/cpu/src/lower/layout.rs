@@ -3,8 +3,9 @@
 //! where the elements are.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{I16, I32, I64, I8, I8X16};
+use cranelift_codegen::ir::types::{F32, I16, I32, I64, I8, I8X16};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
+use kiln_format::HostFn;
 use kiln_ir::{DType, Ints, SliceAxis};
 
 use super::loops::{collapse, for_range, for_range_carry, nest};
@@ -224,6 +225,39 @@ pub(crate) fn non_zero(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
         }
         vec![kb.b.ins().iadd(carried[0], flag)]
     });
+    Ok(())
+}
+
+/// `NonMaxSuppression`: one call of the runtime's `kiln_host::Nms`
+/// (`HostFn::NonMaxSuppression`; the selection is a sort, which the
+/// runtime does in place) with the boxes, scores, output and a scratch of
+/// candidate indices in the arena. The host writes the rows, the zero
+/// rows and the count row (`kiln_ir::Op::NonMaxSuppression`).
+pub(crate) fn non_max_suppression(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    scratch: &mut crate::plan::Scratch,
+    n: &kiln_ir::Nms,
+) -> Result<(), CpuError> {
+    let (bloc, bty) = cx.inputs[0];
+    let (sloc, sty) = cx.inputs[1];
+    let nms = n.at(bty.shape[0], sty.shape[1], bty.shape[1]);
+    let order = scratch.reserve(&[nms.scratch_len() as u64 * 4])[0];
+    let args = [
+        kb.ptr(bloc),
+        kb.ptr(sloc),
+        kb.ptr(cx.out),
+        kb.ptr(order),
+        kb.iconst(nms.batches as i64),
+        kb.iconst(nms.classes as i64),
+        kb.iconst(nms.boxes as i64),
+        kb.iconst(nms.max_per_class as i64),
+        kb.iconst(i64::from(nms.center_point_box)),
+        kb.iconst(i64::from(nms.score_threshold.is_some())),
+        kb.fconst(F32, f64::from(nms.iou_threshold)),
+        kb.fconst(F32, f64::from(nms.score_threshold.unwrap_or(0.0))),
+    ];
+    kb.call_host_returning(HostFn::NonMaxSuppression, &args, None);
     Ok(())
 }
 

@@ -156,17 +156,30 @@ impl Kb<'_> {
         }
     }
 
-    /// Calls host function `f` on scalars.
+    /// Calls host function `f` on scalars, returning a scalar of the
+    /// arguments' type (the libm functions).
     pub(crate) fn call_host(&mut self, f: HostFn, args: &[Value]) -> Value {
+        let ty = self.b.func.dfg.value_type(args[0]);
+        self.call_host_returning(f, args, Some(ty))[0]
+    }
+
+    /// Calls host function `f` with `args` (its parameters have their
+    /// types) and returns its result of type `returns`, if any.
+    pub(crate) fn call_host_returning(
+        &mut self,
+        f: HostFn,
+        args: &[Value],
+        returns: Option<Type>,
+    ) -> Vec<Value> {
         let fref = match self.host.iter().find(|(h, _)| *h == f) {
             Some((_, r)) => *r,
             None => {
-                let ty = self.b.func.dfg.value_type(args[0]);
                 let mut sig = Signature::new(self.call_conv);
-                for _ in args {
-                    sig.params.push(AbiParam::new(ty));
+                for &a in args {
+                    sig.params
+                        .push(AbiParam::new(self.b.func.dfg.value_type(a)));
                 }
-                sig.returns.push(AbiParam::new(ty));
+                sig.returns.extend(returns.map(AbiParam::new));
                 let signature = self.b.import_signature(sig);
                 let name = self
                     .b
@@ -186,7 +199,7 @@ impl Kb<'_> {
             }
         };
         let call = self.b.ins().call(fref, args);
-        self.b.inst_results(call)[0]
+        self.b.inst_results(call).to_vec()
     }
 
     /// Applies a scalar host function lane by lane (or once, for scalars).
@@ -864,6 +877,7 @@ fn lower_cx(
         Op::Col2Im(c) => resize::col2im(kb, cx, c),
         Op::Fused(k) => fused::fused(kb, cx, (weights, scratch), k),
         Op::NonZero => layout::non_zero(kb, cx),
+        Op::NonMaxSuppression(n) => layout::non_max_suppression(kb, cx, scratch, n),
         Op::WithLength { .. } => Err(cx.unsupported(
             "a data-dependent length marker reached code generation; the driver resolves it before the passes",
         )),

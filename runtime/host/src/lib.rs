@@ -1,0 +1,202 @@
+//! Kernels that artifact code calls in the runtime rather than carrying
+//! as generated code: selections whose work is a sort (`NonMaxSuppression`).
+//! Each is written once, here, on slices: the runtime wraps it in a C-ABI
+//! host function (`kiln_runtime`'s `host.rs`), the reference evaluator
+//! (`kiln_ir::eval`) and the importer's constant folding call it directly,
+//! so the three agree bit for bit. No kernel here allocates: a run's
+//! scratch comes from the arena.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+/// `NonMaxSuppression` with its attributes and sizes (ONNX opset 10/11,
+/// as onnxruntime computes it, in f32): per batch and class, the boxes
+/// whose score passes `score_threshold` are taken best first (ties: the
+/// lower box index first) unless one already taken overlaps them by more
+/// than `iou_threshold`, at most `max_per_class` of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nms {
+    /// Batches (`boxes` is `[batches, boxes, 4]`).
+    pub batches: usize,
+    /// Classes (`scores` is `[batches, classes, boxes]`).
+    pub classes: usize,
+    /// Boxes per batch.
+    pub boxes: usize,
+    /// The most boxes selected per batch and class.
+    pub max_per_class: usize,
+    /// Boxes as `[x_center, y_center, width, height]` (else two opposite
+    /// corners `[y1, x1, y2, x2]`, either diagonal).
+    pub center_point_box: bool,
+    /// Overlap (intersection over union) above which a box is suppressed.
+    pub iou_threshold: f32,
+    /// Scores at or below it are never selected (none: every box is a
+    /// candidate).
+    pub score_threshold: Option<f32>,
+}
+
+/// A box as the x and y extents it covers.
+#[derive(Clone, Copy)]
+struct Extent {
+    x: (f32, f32),
+    y: (f32, f32),
+}
+
+impl Extent {
+    fn of(b: &[f32], center_point_box: bool) -> Extent {
+        let sorted = |a: f32, b: f32| if a <= b { (a, b) } else { (b, a) };
+        if center_point_box {
+            let (hw, hh) = (b[2] / 2.0, b[3] / 2.0);
+            Extent {
+                x: (b[0] - hw, b[0] + hw),
+                y: (b[1] - hh, b[1] + hh),
+            }
+        } else {
+            Extent {
+                x: sorted(b[1], b[3]),
+                y: sorted(b[0], b[2]),
+            }
+        }
+    }
+
+    fn area(&self) -> f32 {
+        (self.x.1 - self.x.0) * (self.y.1 - self.y.0)
+    }
+
+    /// Whether `other` overlaps this box by more than `threshold`; boxes
+    /// without area never suppress.
+    fn suppresses(&self, other: &Extent, threshold: f32) -> bool {
+        let ix = (self.x.0.max(other.x.0), self.x.1.min(other.x.1));
+        let iy = (self.y.0.max(other.y.0), self.y.1.min(other.y.1));
+        if ix.1 <= ix.0 || iy.1 <= iy.0 {
+            return false;
+        }
+        let inter = (ix.1 - ix.0) * (iy.1 - iy.0);
+        let (a, b) = (self.area(), other.area());
+        let union = a + b - inter;
+        if inter <= 0.0 || a <= 0.0 || b <= 0.0 || union <= 0.0 {
+            return false;
+        }
+        inter / union > threshold
+    }
+}
+
+impl Nms {
+    /// The most rows a run selects: every batch and class at its cap.
+    pub fn bound(&self) -> usize {
+        self.batches * self.classes * self.boxes.min(self.max_per_class)
+    }
+
+    /// The `u32` scratch a run needs: the candidates of one class in
+    /// order, and the boxes kept so far.
+    pub fn scratch_len(&self) -> usize {
+        self.boxes + self.boxes.min(self.max_per_class)
+    }
+
+    /// Selects from `boxes` (`[batches, boxes, 4]`) by `scores`
+    /// (`[batches, classes, boxes]`) into `out`, rows `(batch, class, box)`
+    /// in batch, class and selection order, the rows past the selection
+    /// zero; returns how many rows it selected. `out` holds
+    /// [`Nms::bound`] rows of 3, `scratch` [`Nms::scratch_len`] values.
+    ///
+    /// # Panics
+    /// When a slice is shorter than the sizes say (callers size them from
+    /// the same `Nms`).
+    pub fn select(
+        &self,
+        boxes: &[f32],
+        scores: &[f32],
+        scratch: &mut [u32],
+        out: &mut [i64],
+    ) -> usize {
+        out.fill(0);
+        let (order, kept) = scratch.split_at_mut(self.boxes);
+        let kept = &mut kept[..self.boxes.min(self.max_per_class)];
+        let mut rows = 0;
+        for b in 0..self.batches {
+            let extent = |i: u32| {
+                let at = (b * self.boxes + i as usize) * 4;
+                Extent::of(&boxes[at..at + 4], self.center_point_box)
+            };
+            for c in 0..self.classes {
+                let class_scores = &scores[(b * self.classes + c) * self.boxes..][..self.boxes];
+                let mut candidates = 0;
+                for (i, &s) in class_scores.iter().enumerate() {
+                    if self.score_threshold.is_none_or(|t| s > t) {
+                        order[candidates] = i as u32;
+                        candidates += 1;
+                    }
+                }
+                let order = &mut order[..candidates];
+                // Best score first, then the lower index: a total order,
+                // so the in-place (allocation-free) sort is deterministic.
+                order.sort_unstable_by(|&i, &j| {
+                    (class_scores[j as usize].total_cmp(&class_scores[i as usize])).then(i.cmp(&j))
+                });
+                let mut taken = 0;
+                for &i in order.iter() {
+                    if taken == kept.len() {
+                        break;
+                    }
+                    let e = extent(i);
+                    if kept[..taken]
+                        .iter()
+                        .all(|&k| !e.suppresses(&extent(k), self.iou_threshold))
+                    {
+                        kept[taken] = i;
+                        taken += 1;
+                        out[rows * 3..rows * 3 + 3].copy_from_slice(&[
+                            b as i64,
+                            c as i64,
+                            i64::from(i),
+                        ]);
+                        rows += 1;
+                    }
+                }
+            }
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nms(boxes: usize, max_per_class: usize, score_threshold: Option<f32>) -> Nms {
+        Nms {
+            batches: 1,
+            classes: 1,
+            boxes,
+            max_per_class,
+            center_point_box: false,
+            iou_threshold: 0.5,
+            score_threshold,
+        }
+    }
+
+    #[test]
+    fn overlapping_boxes_are_suppressed_best_first() {
+        // Boxes 0 and 1 overlap by 81/119 > 0.5; box 2 is apart.
+        let boxes = [0., 0., 10., 10., 1., 1., 10., 10., 20., 20., 30., 30.];
+        let scores = [0.6, 0.9, 0.7];
+        let n = nms(3, 10, None);
+        let mut scratch = vec![0; n.scratch_len()];
+        let mut out = vec![-1; n.bound() * 3];
+        assert_eq!(n.select(&boxes, &scores, &mut scratch, &mut out), 2);
+        assert_eq!(out, [0, 0, 1, 0, 0, 2, 0, 0, 0]);
+        // A threshold drops box 0's candidates; a cap of one keeps the best.
+        let n = nms(3, 1, Some(0.8));
+        let mut out = vec![-1; n.bound() * 3];
+        assert_eq!(n.select(&boxes, &scores, &mut scratch, &mut out), 1);
+        assert_eq!(out, [0, 0, 1]);
+    }
+
+    #[test]
+    fn equal_scores_take_the_lower_index_first() {
+        let boxes = [0., 0., 10., 10., 0., 0., 10., 10.];
+        let n = nms(2, 2, None);
+        let mut scratch = vec![0; n.scratch_len()];
+        let mut out = vec![0; n.bound() * 3];
+        assert_eq!(n.select(&boxes, &[0.5, 0.5], &mut scratch, &mut out), 1);
+        assert_eq!(out[..3], [0, 0, 0]);
+    }
+}
