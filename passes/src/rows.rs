@@ -675,6 +675,9 @@ impl<'g> Trace<'g> {
             Op::NonZero => {
                 each(&|_, _| Err("lists the non-zero elements across the padded axis".into()))?
             }
+            Op::Unique { .. } => {
+                each(&|_, _| Err("compares the slices across the padded axis".into()))?
+            }
             Op::NonMaxSuppression(_) => {
                 only_first(self, 1)?;
                 each(&|_, _| Err("selects boxes across the padded axis".into()))?

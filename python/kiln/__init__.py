@@ -240,14 +240,21 @@ class _Runner:
         are converted to the input's dtype).
         Returns the outputs by name, in declared order. With ``out``
         (arrays of the outputs' dtype and shape, C-contiguous), writes into
-        those arrays instead of allocating. The GIL is released while the
-        run executes.
+        those arrays instead of allocating. An output whose size depends on
+        the data (``docs/bounded.md``) is planned at its bound: its array
+        (or ``out``'s) holds the run's data at its start, and the result is
+        a view of the run's shape. The GIL is released while the run
+        executes.
         """
         tuples = self._input_tuples(inputs)
         outputs = self._output_arrays(out, self._outputs_for(tuples))
         if out is not None:
             self._check_no_overlap(tuples, outputs)
-        self._native.run_into(tuples, [_flat_bytes(a) for a in outputs.values()])
+        shapes = self._native.run_into(tuples, [_flat_bytes(a) for a in outputs.values()])
+        for (name, array), shape in zip(list(outputs.items()), shapes):
+            shape = tuple(shape)
+            if array.shape != shape:
+                outputs[name] = array.reshape(-1)[: int(np.prod(shape, dtype=np.int64))].reshape(shape)
         return outputs
 
 

@@ -170,8 +170,9 @@ fn run_detached(
     py: Python<'_>,
     inputs: &[InputTuple<'_>],
     outputs: &mut [PyReadwriteArray1<'_, u8>],
-    run: impl FnOnce(&[TensorRef<'_>], &mut [&mut [u8]]) -> Result<(), kiln_runtime::Error> + Send,
-) -> PyResult<()> {
+    run: impl FnOnce(&[TensorRef<'_>], &mut [&mut [u8]]) -> Result<Vec<Vec<u64>>, kiln_runtime::Error>
+        + Send,
+) -> PyResult<Vec<Vec<u64>>> {
     let views = borrow_inputs(inputs)?;
     let mut outs = borrow_outputs(outputs)?;
     py.detach(|| run(&views, &mut outs)).map_err(runtime_err)
@@ -277,15 +278,16 @@ impl Model {
             .collect()
     }
 
-    /// Runs once on the calling thread, outputs written into `outputs`.
+    /// Runs once on the calling thread, outputs written into `outputs`;
+    /// returns their shapes in this run.
     fn run_into(
         &self,
         py: Python<'_>,
         inputs: Vec<InputTuple<'_>>,
         mut outputs: Vec<PyReadwriteArray1<'_, u8>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Vec<Vec<u64>>> {
         run_detached(py, &inputs, &mut outputs, |views, outs| {
-            self.inner.run_into(views, outs)
+            self.inner.run_into_shaped(views, outs)
         })
     }
 
@@ -338,15 +340,16 @@ impl Session {
         self.lock().threads()
     }
 
-    /// Runs once, outputs written into `outputs`.
+    /// Runs once, outputs written into `outputs`; returns their shapes in
+    /// this run.
     fn run_into(
         &self,
         py: Python<'_>,
         inputs: Vec<InputTuple<'_>>,
         mut outputs: Vec<PyReadwriteArray1<'_, u8>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Vec<Vec<u64>>> {
         run_detached(py, &inputs, &mut outputs, |views, outs| {
-            self.lock().run_into(views, outs)
+            self.lock().run_into_shaped(views, outs)
         })
     }
 }

@@ -57,9 +57,53 @@ type Nms = unsafe extern "C" fn(
     u64,
     u64,
     u64,
+    i64,
     f32,
     f32,
 );
+
+type UniqueFn = unsafe extern "C" fn(*const u64, u64, u64, u64, u64, u64, *mut u32, *mut i64);
+
+/// [`HostFn::Unique`]: `kiln_host::Unique::select` over arena regions the
+/// artifact's kernel passes.
+///
+/// # Safety
+/// `keys` holds `outer · n · inner` 8-byte keys (f64 when `float_keys` is
+/// 1, else i64), `scratch` `2n` u32 and `out` `3n + 1` i64, `scratch` and
+/// `out` overlapping nothing else (distinct arena values).
+unsafe extern "C" fn unique(
+    keys: *const u64,
+    float_keys: u64,
+    outer: u64,
+    n: u64,
+    inner: u64,
+    sorted: u64,
+    scratch: *mut u32,
+    out: *mut i64,
+) {
+    let u = kiln_host::Unique {
+        outer: outer as usize,
+        n: n as usize,
+        inner: inner as usize,
+        sorted: sorted != 0,
+    };
+    let len = u.outer * u.n * u.inner;
+    // SAFETY: per the contract, each region holds these many elements,
+    // 8-byte aligned (arena values are), and the mutable ones overlap
+    // nothing else.
+    let (keys, scratch, out) = unsafe {
+        let keys = match float_keys {
+            1 => kiln_host::Keys::Float(std::slice::from_raw_parts(keys.cast::<f64>(), len)),
+            _ => kiln_host::Keys::Int(std::slice::from_raw_parts(keys.cast::<i64>(), len)),
+        };
+        (
+            keys,
+            std::slice::from_raw_parts_mut(scratch, u.scratch_len()),
+            std::slice::from_raw_parts_mut(out, u.out_len()),
+        )
+    };
+    u.select(keys, scratch, out);
+}
 
 /// [`HostFn::NonMaxSuppression`]: `kiln_host::Nms::select` over arena
 /// regions the artifact's kernel passes; the last of the `bound + 1` rows
@@ -79,9 +123,10 @@ unsafe extern "C" fn non_max_suppression(
     batches: u64,
     classes: u64,
     count: u64,
-    max_per_class: u64,
+    cap: u64,
     center_point_box: u64,
     has_score_threshold: u64,
+    max_per_class: i64,
     iou_threshold: f32,
     score_threshold: f32,
 ) {
@@ -89,7 +134,8 @@ unsafe extern "C" fn non_max_suppression(
         batches: batches as usize,
         classes: classes as usize,
         boxes: count as usize,
-        max_per_class: max_per_class as usize,
+        cap: cap as usize,
+        max_per_class,
         center_point_box: center_point_box != 0,
         iou_threshold,
         score_threshold: (has_score_threshold != 0).then_some(score_threshold),
@@ -146,6 +192,7 @@ pub(crate) fn address(f: HostFn) -> u64 {
         HostFn::Acosf => acosf as F1 as usize,
         HostFn::Tanf => tanf as F1 as usize,
         HostFn::NonMaxSuppression => non_max_suppression as Nms as usize,
+        HostFn::Unique => unique as UniqueFn as usize,
     };
     addr as u64
 }

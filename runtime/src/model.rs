@@ -233,7 +233,8 @@ impl Model {
 
     /// The shapes of the outputs a run of `inputs` returns: those of the
     /// profile they pick, cut back along padded dims (for sizing output
-    /// buffers before [`Model::run_into`]).
+    /// buffers before [`Model::run_into`]); an output whose size depends
+    /// on the data has its bound (`docs/bounded.md`).
     pub fn output_shapes(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Vec<u64>>, Error> {
         let pick = self.with_arena(|program, arena| program.choose(inputs, arena, None))??;
         let count = self.program.outputs().len();
@@ -331,7 +332,23 @@ impl Model {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
-        self.with_arena(|program, arena| program.run_into(arena, None, inputs, outputs, None))?
+        self.with_arena(|program, arena| {
+            program.run_into(arena, None, inputs, outputs, None, None)
+        })?
+    }
+
+    /// [`Model::run_into`], returning the outputs' shapes in this run (for
+    /// outputs whose size depends on the data; allocates the list).
+    pub fn run_into_shaped(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<Vec<Vec<u64>>, Error> {
+        let mut shapes = Vec::new();
+        self.with_arena(|program, arena| {
+            program.run_into(arena, None, inputs, outputs, None, Some(&mut shapes))
+        })??;
+        Ok(shapes)
     }
 
     /// Calls `f` with the cached arena, or with a fresh one while the
@@ -395,6 +412,7 @@ impl Session {
             inputs,
             outputs,
             Some(step_times),
+            None,
         )
     }
 
@@ -410,8 +428,33 @@ impl Session {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
-        self.program
-            .run_into(&mut self.arena, self.pool.as_ref(), inputs, outputs, None)
+        self.program.run_into(
+            &mut self.arena,
+            self.pool.as_ref(),
+            inputs,
+            outputs,
+            None,
+            None,
+        )
+    }
+
+    /// [`Session::run_into`], returning the outputs' shapes in this run
+    /// (as [`Model::run_into_shaped`]).
+    pub fn run_into_shaped(
+        &mut self,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<Vec<Vec<u64>>, Error> {
+        let mut shapes = Vec::new();
+        self.program.run_into(
+            &mut self.arena,
+            self.pool.as_ref(),
+            inputs,
+            outputs,
+            None,
+            Some(&mut shapes),
+        )?;
+        Ok(shapes)
     }
 
     /// The shared program, this session's arena and its threads (for the
@@ -500,7 +543,8 @@ impl Program {
         Ok(outputs.collect())
     }
 
-    /// Runs `inputs` with outputs written to `outputs`.
+    /// Runs `inputs` with outputs written to `outputs`; with `shapes`,
+    /// lists the outputs' shapes in this run there.
     fn run_into(
         &self,
         arena: &mut AlignedBuf,
@@ -508,6 +552,7 @@ impl Program {
         inputs: &[TensorRef<'_>],
         outputs: &mut [&mut [u8]],
         step_times: Option<&mut [std::time::Duration]>,
+        shapes: Option<&mut Vec<Vec<u64>>>,
     ) -> Result<(), Error> {
         let mut pick = self.choose(inputs, arena, pool)?;
         self.check_output_buffers(&pick, outputs.iter().map(|b| b.len()))?;
@@ -532,6 +577,11 @@ impl Program {
                 });
             };
             self.read_output(&pick, arena, i, out);
+        }
+        if let Some(shapes) = shapes {
+            *shapes = (0..outputs.len())
+                .map(|i| self.output_shape(&pick, i))
+                .collect();
         }
         Ok(())
     }

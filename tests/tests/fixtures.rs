@@ -168,15 +168,36 @@ fn run_time_control_flow_matches_onnxruntime() {
 }
 
 /// Outputs whose size depends on the data (`docs/bounded.md`): NonZero,
-/// Compress, TopK and NonMaxSuppression on run-time inputs, a
+/// Compress, TopK, Unique and NonMaxSuppression on run-time inputs, a
 /// detector-style score filter and a detector's tail with NMS inside,
 /// one fixture per data set (lengths 0 to the bound), each artifact
 /// planned at the bound and cut by the run to onnxruntime's shapes.
 #[test]
 fn data_dependent_shapes_match_onnxruntime() {
     let names: Vec<String> = Fixture::names_with_prefix("bounded_");
-    assert_eq!(names.len(), 12, "{names:?}");
+    assert_eq!(names.len(), 16, "{names:?}");
     check_all(&names);
+    // Without the passes too: the markers are resolved before any pass.
+    let mut failures = Vec::new();
+    for name in &names {
+        let fixture = Fixture::load(name);
+        let mut opts = fixture.compile_options();
+        opts.opt_level = 0;
+        let outputs =
+            (fixture.compile_with(&opts)).and_then(|bytes| run_artifact(&bytes, &fixture.inputs()));
+        match outputs {
+            Ok(outputs) => {
+                for (o, r) in outputs.iter().zip(&fixture.reference_outputs()) {
+                    let c = kiln_driver::compare::compare(o, r);
+                    if !c.passes(FP32_TOLERANCE) {
+                        failures.push(format!("{name} -O0: output '{}': {c:?}", c.name));
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("{name} -O0: {e}")),
+        }
+    }
+    kiln_tests::assert_no_failures(&failures);
 }
 
 /// A run whose data-dependent length passes its bound (a TopK's k larger

@@ -416,6 +416,8 @@ fn artifact_seeds() -> Vec<Vec<u8>> {
         "op_slice_basic",
         // Variants of run-time control flow and their condition program.
         "control_if_runtime_then",
+        // Bounded outputs and the NMS host call.
+        "bounded_nms_some",
     ]
     .iter()
     .filter(|n| Fixture::all_names().iter().any(|f| f == *n))

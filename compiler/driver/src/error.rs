@@ -76,7 +76,7 @@ pub enum DriverError {
         /// Why.
         message: String,
     },
-    /// A value of data-dependent size (NonZero, Compress, TopK of a
+    /// A value of data-dependent size (NonZero, Compress, NMS, TopK of a
     /// run-time k) meets an op that reads past its run's length.
     #[error("'{value}' has a size that depends on the data, computed at its bound, and {reason}: only ops that keep the positions along that axis apart may follow it (docs/bounded.md)")]
     Bounded {

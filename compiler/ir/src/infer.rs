@@ -505,11 +505,28 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 [x.shape.len(), x.num_elements()].as_slice(),
             ))
         }
+        Op::Unique { .. } => {
+            let keys = inputs[0];
+            if !matches!(keys.dtype, DType::F64 | DType::I64) || keys.shape.len() != 3 {
+                return Err(IrError::ty(
+                    name,
+                    format!("takes keys f64 or i64 [outer, n, inner], got {keys}"),
+                ));
+            }
+            Ok(ValueType::new(
+                DType::I64,
+                [3 * keys.shape[1] + 1].as_slice(),
+            ))
+        }
         Op::NonMaxSuppression(n) => {
             let (boxes, scores) = (inputs[0], inputs[1]);
             let (b, s) = (&boxes.shape, &scores.shape);
+            let scalar = |t: &ValueType, d: DType| t.dtype == d && t.shape.is_empty();
             let fits = boxes.dtype == DType::F32
                 && scores.dtype == DType::F32
+                && scalar(inputs[2], DType::I64)
+                && scalar(inputs[3], DType::F32)
+                && scalar(inputs[4], DType::F32)
                 && b.len() == 3
                 && b[2] == 4
                 && s.len() == 3
@@ -519,11 +536,12 @@ pub fn infer(op: &Op, inputs: &[&ValueType]) -> Result<ValueType, IrError> {
                 return Err(IrError::ty(
                     name,
                     format!(
-                        "takes boxes f32[B,N,4] and scores f32[B,C,N], got {boxes} and {scores}"
+                        "takes boxes f32[B,N,4], scores f32[B,C,N], an i64 cap and f32 thresholds as scalars, got {}",
+                        inputs.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
                     ),
                 ));
             }
-            let bound = n.at(b[0], s[1], b[1]).bound();
+            let bound = n.at([b[0], s[1], b[1]], 0, 0.0, 0.0).bound();
             Ok(ValueType::new(DType::I64, [bound + 1, 3].as_slice()))
         }
         Op::WithLength { axis } => {

@@ -891,33 +891,40 @@ impl Resize {
     }
 }
 
-/// `NonMaxSuppression`'s attributes, its thresholds and cap folded from
-/// constant inputs (`kiln_host::Nms` is the algorithm).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// `NonMaxSuppression`'s attributes (`kiln_host::Nms` is the algorithm);
+/// the cap and thresholds are its inputs 2 to 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Nms {
     /// Boxes as `[x_center, y_center, width, height]` (else two opposite
     /// corners `[y1, x1, y2, x2]`).
     pub center_point_box: bool,
-    /// The most boxes selected per batch and class.
-    pub max_per_class: usize,
-    /// Overlap above which a box is suppressed.
-    pub iou_threshold: f32,
-    /// Scores at or below it are never selected (none: no threshold).
-    pub score_threshold: Option<f32>,
+    /// The most boxes any run selects per batch and class (the planned
+    /// bound): the model's cap where it is a constant, else every box.
+    pub cap: usize,
+    /// Whether input 4 is a score threshold (else every box is a
+    /// candidate).
+    pub has_score_threshold: bool,
 }
 
 impl Nms {
     /// The algorithm at the sizes of boxes `[batches, boxes, 4]` and
-    /// scores `[batches, classes, boxes]`.
-    pub fn at(&self, batches: usize, classes: usize, boxes: usize) -> kiln_host::Nms {
+    /// scores `[batches, classes, boxes]` and a run's cap and thresholds.
+    pub fn at(
+        &self,
+        [batches, classes, boxes]: [usize; 3],
+        max_per_class: i64,
+        iou_threshold: f32,
+        score_threshold: f32,
+    ) -> kiln_host::Nms {
         kiln_host::Nms {
             batches,
             classes,
             boxes,
-            max_per_class: self.max_per_class,
+            cap: self.cap,
+            max_per_class,
             center_point_box: self.center_point_box,
-            iou_threshold: self.iou_threshold,
-            score_threshold: self.score_threshold,
+            iou_threshold,
+            score_threshold: self.has_score_threshold.then_some(score_threshold),
         }
     }
 }
@@ -1096,13 +1103,25 @@ pub enum Op {
         /// The axis of data-dependent length (non-negative).
         axis: usize,
     },
-    /// ONNX `NonMaxSuppression` of boxes `f32 [B, N, 4]` and scores
-    /// `f32 [B, C, N]`, at its bound: `i64 [bound + 1, 3]`, the selected
+    /// ONNX `NonMaxSuppression` of boxes `f32 [B, N, 4]`, scores
+    /// `f32 [B, C, N]` and the scalars `max_output_boxes_per_class` (i64),
+    /// `iou_threshold` and `score_threshold` (f32), at its bound:
+    /// `i64 [bound + 1, 3]`, the selected
     /// `(batch, class, box)` rows, zero rows up to the bound
-    /// (`B·C·min(N, max_per_class)`), then one row holding the count three
+    /// (`B·C·min(N, cap)`), then one row holding the count three
     /// times. The importer slices the rows and marks them with the count
     /// ([`Op::WithLength`]); one kernel computes both.
     NonMaxSuppression(Nms),
+    /// ONNX `Unique`'s plan over the slices of keys `[outer, n, inner]`
+    /// (f64 or i64; `kiln_host::Unique`): `i64 [3n + 1]`, each unique
+    /// slice's first index (zeros past the unique count), each slice's
+    /// unique slot, each unique slice's count (zeros past), then the
+    /// count. The importer gathers Y by the first indices and marks the
+    /// parts with the count.
+    Unique {
+        /// Ascending order (else first occurrence).
+        sorted: bool,
+    },
 }
 
 impl Op {
@@ -1126,8 +1145,8 @@ impl Op {
             | Op::Compare(_)
             | Op::Logical(_)
             | Op::Bitwise(_)
-            | Op::WithLength { .. }
-            | Op::NonMaxSuppression(_) => (2, 2),
+            | Op::WithLength { .. } => (2, 2),
+            Op::NonMaxSuppression(_) => (5, 5),
             Op::Where => (3, 3),
             Op::Attention { .. } => (3, 4),
             Op::MatMulInteger | Op::ConvInteger(_) => (4, 4),
@@ -1178,7 +1197,8 @@ op_table! {
         Col2Im => "col2im" [grid, image, block, strides, dilations, pads],
         NonZero => "non_zero" [],
         WithLength => "with_length" [axis],
-        NonMaxSuppression => "non_max_suppression" [center_point_box, max_per_class, iou_threshold, score_threshold],
+        NonMaxSuppression => "non_max_suppression" [center_point_box, cap, has_score_threshold],
+        Unique => "unique" [sorted],
         Fused => "fused" [head, head_inputs, store, body, alpha, beta, trans_a, trans_b, strides, pads, dilations, group],
     }
 }

@@ -86,16 +86,22 @@ pub enum HostFn {
     Tanf,
     /// The runtime's `NonMaxSuppression` (`kiln_host::Nms::select`), C ABI
     /// `(boxes: *const f32, scores: *const f32, out: *mut i64, scratch:
-    /// *mut u32, batches, classes, boxes, max_per_class, center_point_box,
-    /// has_score_threshold: u64, iou_threshold, score_threshold: f32)`:
+    /// *mut u32, batches, classes, boxes, cap, center_point_box,
+    /// has_score_threshold: u64, max_per_class: i64, iou_threshold,
+    /// score_threshold: f32)`:
     /// writes the selected rows, zero rows up to the bound and a last row
     /// holding the count.
     NonMaxSuppression,
+    /// The runtime's `Unique` plan (`kiln_host::Unique::select`), C ABI
+    /// `(keys: *const u64, float_keys, outer, n, inner, sorted: u64,
+    /// scratch: *mut u32, out: *mut i64)`: keys are f64 when `float_keys`
+    /// is 1, else i64.
+    Unique,
 }
 
 impl HostFn {
     /// Every host function, in code order.
-    pub const ALL: [HostFn; 33] = [
+    pub const ALL: [HostFn; 34] = [
         HostFn::Expf,
         HostFn::Logf,
         HostFn::Tanhf,
@@ -129,6 +135,7 @@ impl HostFn {
         HostFn::Acosf,
         HostFn::Tanf,
         HostFn::NonMaxSuppression,
+        HostFn::Unique,
     ];
 
     /// The C symbol name (`"expf"`).
@@ -167,6 +174,7 @@ impl HostFn {
             HostFn::Acosf => "acosf",
             HostFn::Tanf => "tanf",
             HostFn::NonMaxSuppression => "kiln_non_max_suppression",
+            HostFn::Unique => "kiln_unique",
         }
     }
 

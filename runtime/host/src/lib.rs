@@ -21,8 +21,13 @@ pub struct Nms {
     pub classes: usize,
     /// Boxes per batch.
     pub boxes: usize,
-    /// The most boxes selected per batch and class.
-    pub max_per_class: usize,
+    /// The most boxes any run selects per batch and class: the planned
+    /// bound (the model's cap where it is a constant, else every box).
+    pub cap: usize,
+    /// The most boxes this run selects per batch and class (ONNX
+    /// `max_output_boxes_per_class`; at most `cap` are taken, none when
+    /// negative).
+    pub max_per_class: i64,
     /// Boxes as `[x_center, y_center, width, height]` (else two opposite
     /// corners `[y1, x1, y2, x2]`, either diagonal).
     pub center_point_box: bool,
@@ -82,13 +87,17 @@ impl Extent {
 impl Nms {
     /// The most rows a run selects: every batch and class at its cap.
     pub fn bound(&self) -> usize {
-        self.batches * self.classes * self.boxes.min(self.max_per_class)
+        self.batches * self.classes * self.per_class_bound()
     }
 
     /// The `u32` scratch a run needs: the candidates of one class in
     /// order, and the boxes kept so far.
     pub fn scratch_len(&self) -> usize {
-        self.boxes + self.boxes.min(self.max_per_class)
+        self.boxes + self.per_class_bound()
+    }
+
+    fn per_class_bound(&self) -> usize {
+        self.boxes.min(self.cap)
     }
 
     /// Selects from `boxes` (`[batches, boxes, 4]`) by `scores`
@@ -109,7 +118,8 @@ impl Nms {
     ) -> usize {
         out.fill(0);
         let (order, kept) = scratch.split_at_mut(self.boxes);
-        let kept = &mut kept[..self.boxes.min(self.max_per_class)];
+        let most = usize::try_from(self.max_per_class.max(0)).unwrap_or(usize::MAX);
+        let kept = &mut kept[..self.per_class_bound().min(most)];
         let mut rows = 0;
         for b in 0..self.batches {
             let extent = |i: u32| {
@@ -157,6 +167,127 @@ impl Nms {
     }
 }
 
+/// The elements `Unique` compares, as exact keys: floats widened to f64
+/// (NaNs equal to one another and after every number), integers to i64.
+#[derive(Clone, Copy, Debug)]
+pub enum Keys<'a> {
+    /// Float elements.
+    Float(&'a [f64]),
+    /// Integer elements.
+    Int(&'a [i64]),
+}
+
+impl Keys<'_> {
+    fn cmp(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        match self {
+            Keys::Float(v) => match (v[a].is_nan(), v[b].is_nan()) {
+                (false, false) => v[a].partial_cmp(&v[b]).unwrap_or(std::cmp::Ordering::Equal),
+                (a_nan, b_nan) => a_nan.cmp(&b_nan),
+            },
+            Keys::Int(v) => v[a].cmp(&v[b]),
+        }
+    }
+}
+
+/// ONNX `Unique` of `n` slices (the flattened elements, or the slices
+/// along an axis of a tensor viewed as `[outer, n, inner]`), as
+/// onnxruntime orders them: ascending when `sorted` (slices compared
+/// element by element), else by first occurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unique {
+    /// Elements before the axis.
+    pub outer: usize,
+    /// Slices along the axis (the elements, flattened).
+    pub n: usize,
+    /// Elements after the axis.
+    pub inner: usize,
+    /// Ascending order (else first occurrence).
+    pub sorted: bool,
+}
+
+impl Unique {
+    /// The `i64` output: per unique slice its first index (`n` slots,
+    /// zeros past the unique count), each slice's unique slot (`n`), each
+    /// unique slice's count (`n` slots, zeros past), then the count.
+    pub fn out_len(&self) -> usize {
+        3 * self.n + 1
+    }
+
+    /// The `u32` scratch a run needs: the slices in order, and each
+    /// group's output slot.
+    pub fn scratch_len(&self) -> usize {
+        2 * self.n
+    }
+
+    /// Writes [`Unique::out_len`] values to `out` from `keys`
+    /// (`outer · n · inner` elements) with [`Unique::scratch_len`] of
+    /// `scratch`; returns the count of unique slices.
+    ///
+    /// # Panics
+    /// When a slice is shorter than the sizes say.
+    pub fn select(&self, keys: Keys<'_>, scratch: &mut [u32], out: &mut [i64]) -> usize {
+        let (n, inner) = (self.n, self.inner);
+        out.fill(0);
+        let (firsts, rest) = out.split_at_mut(n);
+        let (inverse, rest) = rest.split_at_mut(n);
+        let (counts, last) = rest.split_at_mut(n);
+        let element = |slice: usize, k: usize| (k / inner) * n * inner + slice * inner + k % inner;
+        let cmp_slices = |a: usize, b: usize| {
+            (0..self.outer * inner)
+                .map(|k| keys.cmp(element(a, k), element(b, k)))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        };
+        let (order, slot) = scratch.split_at_mut(n);
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i as u32;
+        }
+        // Equal slices end up adjacent, the first occurrence first: a
+        // total order, so the in-place sort is deterministic.
+        order.sort_unstable_by(|&a, &b| cmp_slices(a as usize, b as usize).then(a.cmp(&b)));
+        // Groups in sorted order: `firsts[g]` its first occurrence, and
+        // each slice's group in `inverse` for now.
+        let mut groups = 0;
+        for k in 0..n {
+            let s = order[k] as usize;
+            if k == 0 || cmp_slices(order[k - 1] as usize, s).is_ne() {
+                firsts[groups] = s as i64;
+                groups += 1;
+            }
+            inverse[s] = groups as i64 - 1;
+        }
+        // The output slot of each group: its sorted rank, or its rank by
+        // first occurrence.
+        let slot = &mut slot[..groups];
+        for (g, s) in slot.iter_mut().enumerate() {
+            *s = g as u32;
+        }
+        if !self.sorted {
+            slot.sort_unstable_by_key(|&g| firsts[g as usize]);
+            // `slot` lists groups by occurrence; invert it into `order`
+            // (free again) as group -> slot.
+            for (p, &g) in slot.iter().enumerate() {
+                order[g as usize] = p as u32;
+            }
+            slot.copy_from_slice(&order[..groups]);
+            // `firsts` by slot, through `counts` (zero again below).
+            for g in 0..groups {
+                counts[slot[g] as usize] = firsts[g];
+            }
+            firsts[..groups].copy_from_slice(&counts[..groups]);
+            counts[..groups].fill(0);
+        }
+        for i in inverse.iter_mut() {
+            *i = i64::from(slot[*i as usize]);
+        }
+        for &i in inverse.iter() {
+            counts[i as usize] += 1;
+        }
+        last[0] = groups as i64;
+        groups
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,7 +297,8 @@ mod tests {
             batches: 1,
             classes: 1,
             boxes,
-            max_per_class,
+            cap: max_per_class,
+            max_per_class: max_per_class as i64,
             center_point_box: false,
             iou_threshold: 0.5,
             score_threshold,
@@ -188,6 +320,45 @@ mod tests {
         let mut out = vec![-1; n.bound() * 3];
         assert_eq!(n.select(&boxes, &scores, &mut scratch, &mut out), 1);
         assert_eq!(out, [0, 0, 1]);
+    }
+
+    fn unique(keys: Keys, outer: usize, n: usize, inner: usize, sorted: bool) -> Vec<i64> {
+        let u = Unique {
+            outer,
+            n,
+            inner,
+            sorted,
+        };
+        let mut scratch = vec![0; u.scratch_len()];
+        let mut out = vec![-1; u.out_len()];
+        u.select(keys, &mut scratch, &mut out);
+        out
+    }
+
+    #[test]
+    fn unique_elements_sorted_and_by_first_occurrence() {
+        // x = [2, 1, 1, 3, 4, 3] (the ONNX example).
+        let x = [2.0, 1.0, 1.0, 3.0, 4.0, 3.0];
+        let out = unique(Keys::Float(&x), 1, 6, 1, false);
+        // firsts [0, 1, 3, 4], inverse [0, 1, 1, 2, 3, 2], counts [1, 2, 2, 1], count 4.
+        assert_eq!(
+            out,
+            [0, 1, 3, 4, 0, 0, 0, 1, 1, 2, 3, 2, 1, 2, 2, 1, 0, 0, 4]
+        );
+        let out = unique(Keys::Float(&x), 1, 6, 1, true);
+        // Sorted: [1, 2, 3, 4] at firsts [1, 0, 3, 4].
+        assert_eq!(
+            out,
+            [1, 0, 3, 4, 0, 0, 1, 0, 0, 2, 3, 2, 2, 1, 2, 1, 0, 0, 4]
+        );
+    }
+
+    #[test]
+    fn unique_slices_along_an_axis() {
+        // Rows of [[1, 0, 0], [1, 0, 0], [2, 3, 4]] along axis 0.
+        let x = [1, 0, 0, 1, 0, 0, 2, 3, 4];
+        let out = unique(Keys::Int(&x), 1, 3, 3, true);
+        assert_eq!(out, [0, 2, 0, 0, 0, 1, 2, 1, 0, 2]);
     }
 
     #[test]

@@ -61,9 +61,17 @@ pub(super) fn non_zero(x: &Tensor) -> Data {
 
 /// `NonMaxSuppression`'s selected rows at their bound, then the count
 /// (`Op::NonMaxSuppression`).
-pub(super) fn non_max_suppression(n: &crate::Nms, boxes: &Tensor, scores: &Tensor) -> Data {
+pub(super) fn non_max_suppression(n: &crate::Nms, inputs: &[&Tensor]) -> Data {
+    let [boxes, scores, cap, iou, score] = inputs else {
+        unreachable!("inference checked five inputs")
+    };
     let (b, s) = (boxes.shape(), scores.shape());
-    let nms = n.at(b[0], s[1], b[1]);
+    let nms = n.at(
+        [b[0], s[1], b[1]],
+        cap.to_i64_vec()[0],
+        iou.to_f32_vec()[0],
+        score.to_f32_vec()[0],
+    );
     let mut out = vec![0i64; (nms.bound() + 1) * 3];
     let mut scratch = vec![0u32; nms.scratch_len()];
     let (rows, count) = out.split_at_mut(nms.bound() * 3);
@@ -74,6 +82,26 @@ pub(super) fn non_max_suppression(n: &crate::Nms, boxes: &Tensor, scores: &Tenso
         rows,
     );
     count.fill(selected as i64);
+    Data::I64(out)
+}
+
+/// `Unique`'s plan over keys `[outer, n, inner]` (`Op::Unique`).
+pub(super) fn unique(sorted: bool, keys: &Tensor) -> Data {
+    let s = keys.shape();
+    let u = kiln_host::Unique {
+        outer: s[0],
+        n: s[1],
+        inner: s[2],
+        sorted,
+    };
+    let mut out = vec![0i64; u.out_len()];
+    let mut scratch = vec![0u32; u.scratch_len()];
+    let keys = match keys.data() {
+        Data::F64(v) => kiln_host::Keys::Float(v),
+        Data::I64(v) => kiln_host::Keys::Int(v),
+        _ => unreachable!("inference checked f64 or i64 keys"),
+    };
+    u.select(keys, &mut scratch, &mut out);
     Data::I64(out)
 }
 

@@ -166,7 +166,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Tensor, IrError> {
         Op::Col2Im(c) => resize::col2im(c, inputs[0])?,
         Op::Fused(k) => return fused::fused(k, inputs),
         Op::NonZero => layout::non_zero(inputs[0]),
-        Op::NonMaxSuppression(n) => layout::non_max_suppression(n, inputs[0], inputs[1]),
+        Op::NonMaxSuppression(n) => layout::non_max_suppression(n, inputs),
+        Op::Unique { sorted } => layout::unique(*sorted, inputs[0]),
         Op::WithLength { axis } => return layout::with_length(*axis, inputs[0], inputs[1]),
     };
     // Data movement treats a narrow type's codes as bytes (`Data::U8`);

@@ -1057,14 +1057,13 @@ fn build_op(
                     axis: a.optional("axis", 0, Attrs::usize)?,
                 },
                 "non_zero" => Op::NonZero,
+                "unique" => Op::Unique {
+                    sorted: a.optional("sorted", true, Attrs::bool)?,
+                },
                 "non_max_suppression" => Op::NonMaxSuppression(crate::Nms {
                     center_point_box: a.optional("center_point_box", false, Attrs::bool)?,
-                    max_per_class: a.required("max_per_class", Attrs::usize)?,
-                    iou_threshold: a.optional("iou_threshold", 0.0, Attrs::f32)?,
-                    score_threshold: match a.take("score_threshold") {
-                        Some((v, line)) => Some(a.f32("score_threshold", v, line)?),
-                        None => None,
-                    },
+                    cap: a.required("cap", Attrs::usize)?,
+                    has_score_threshold: a.optional("has_score_threshold", false, Attrs::bool)?,
                 }),
                 "with_length" => Op::WithLength {
                     axis: a.required("axis", Attrs::usize)?,

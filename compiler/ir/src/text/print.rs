@@ -137,16 +137,12 @@ pub(super) fn attributes(op: &Op) -> Vec<String> {
             vec![format!("axis={axis}")]
         }
         Op::Reshape { shape } | Op::Expand { shape } => vec![format!("shape={}", ints(shape))],
-        Op::NonMaxSuppression(n) => {
-            let mut attrs = vec![
-                format!("center_point_box={}", n.center_point_box),
-                format!("max_per_class={}", n.max_per_class),
-                format!("iou_threshold={:?}", n.iou_threshold),
-            ];
-            // No threshold: the attribute is absent.
-            attrs.extend(n.score_threshold.map(|t| format!("score_threshold={t:?}")));
-            attrs
-        }
+        Op::Unique { sorted } => vec![format!("sorted={sorted}")],
+        Op::NonMaxSuppression(n) => vec![
+            format!("center_point_box={}", n.center_point_box),
+            format!("cap={}", n.cap),
+            format!("has_score_threshold={}", n.has_score_threshold),
+        ],
         Op::Transpose { perm } => vec![format!("perm={}", ints(perm))],
         Op::Slice { axes } => {
             let axes: Vec<String> = axes

@@ -10,7 +10,7 @@ use super::build::{cast_to, reshape_to};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, Tensor, ValueType};
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, SliceAxis, Tensor, ValueType};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -756,38 +756,18 @@ fn bounded_by(
     ctx.op(Op::WithLength { axis }, &[values, k], Some(tag))
 }
 
-/// Element `i` of `d` against element `j`, in the order `Unique` sorts:
-/// by value for the type (unsigned as unsigned), NaNs last and equal.
-fn cmp_elements(d: &Data, i: usize, j: usize) -> std::cmp::Ordering {
-    let dtype = d.dtype();
-    if dtype.is_float() {
-        let (a, b) = (d.get_f64(i), d.get_f64(j));
-        match (a.is_nan(), b.is_nan()) {
-            (false, false) => a.partial_cmp(&b).expect("not NaN"),
-            (a_nan, b_nan) => a_nan.cmp(&b_nan),
-        }
-    } else if dtype.is_unsigned() {
-        d.get_u64(i).cmp(&d.get_u64(j))
-    } else {
-        d.get_i64(i).cmp(&d.get_i64(j))
-    }
-}
-
-/// `Unique`: the distinct elements of X (without `axis`, flattened) or
-/// distinct slices along `axis`, sorted (lexicographically, `sorted=1`) or
-/// in order of first occurrence, with each one's first index, the index
-/// of every element's (slice's) unique value, and the counts. Its output
-/// length depends on the values, so only a constant input folds.
+/// `Unique` (`kiln_host::Unique` is the algorithm): the unique elements
+/// (or slices along `axis`), ascending when `sorted`, else by first
+/// occurrence, with each one's first index, each element's unique slot
+/// and each one's count. A constant input folds here; a run-time one
+/// computes the plan at run time (`kiln_ir::Op::Unique`) and its outputs
+/// at their bound, marked with the unique count (`docs/bounded.md`): Y is
+/// the input gathered at the first indices.
 pub fn unique(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
-    let Some(t) = ctx.konst(x).cloned() else {
-        return Err(ctx.not_constant(
-            x,
-            "Unique of run-time data (its output shape depends on the values); only a constant input folds",
-        ));
-    };
+    let xt = ctx.ty(x).clone();
     let sorted = ctx.attr_i_or(node, "sorted", 1)? != 0;
-    let shape = t.shape().to_vec();
+    let shape = xt.shape.to_vec();
     // Slices along `axis` as (outer, n, inner) blocks; flattened without it.
     let (axis, outer, n, inner) = match ctx.attr_i(node, "axis")? {
         Some(a) => {
@@ -796,79 +776,84 @@ pub fn unique(ctx: &mut ImportCtx, node: &NodeProto) -> R {
             let inner: usize = shape[axis + 1..].iter().product();
             (Some(axis), outer, shape[axis], inner)
         }
-        None => (None, 1, t.len(), 1),
+        None => (None, 1, xt.num_elements(), 1),
     };
-    let d = t.data();
-    let element = |slice: usize, k: usize| (k / inner) * n * inner + slice * inner + k % inner;
-    let cmp_slices = |a: usize, b: usize| {
-        (0..outer * inner)
-            .map(|k| cmp_elements(d, element(a, k), element(b, k)))
-            .find(|o| o.is_ne())
-            .unwrap_or(std::cmp::Ordering::Equal)
+    let u = kiln_host::Unique {
+        outer,
+        n,
+        inner,
+        sorted,
     };
-    // Slices in sorted order, ties by position: each run of equal slices
-    // starts at its first occurrence.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| cmp_slices(a, b).then(a.cmp(&b)));
-    let mut firsts: Vec<usize> = Vec::new();
-    let mut group_of = vec![0usize; n];
-    for (k, &s) in order.iter().enumerate() {
-        if k == 0 || cmp_slices(order[k - 1], s).is_ne() {
-            firsts.push(s);
-        }
-        group_of[s] = firsts.len() - 1;
-    }
-    // Output position of each group: sorted order, or first occurrence.
-    let mut rank: Vec<usize> = (0..firsts.len()).collect();
-    if !sorted {
-        rank.sort_by_key(|&g| firsts[g]);
-        let mut position = vec![0; firsts.len()];
-        for (p, &g) in rank.iter().enumerate() {
-            position[g] = p;
-        }
-        rank = position;
-    }
-    let m = firsts.len();
-    let mut first_of = vec![0i64; m];
-    let mut counts = vec![0i64; m];
-    for (g, &f) in firsts.iter().enumerate() {
-        first_of[rank[g]] = f as i64;
-    }
-    let inverse: Vec<i64> = (0..n).map(|s| rank[group_of[s]] as i64).collect();
-    for &i in &inverse {
-        counts[i as usize] += 1;
-    }
-    // Y in (outer, m, inner) order: each unique slice's first occurrence.
-    let idx: Vec<usize> = (0..outer)
-        .flat_map(|o| first_of.iter().map(move |&f| (o, f as usize)))
-        .flat_map(|(o, f)| (0..inner).map(move |i| element(f, o * inner + i)))
-        .collect();
-    let dtype = t.dtype();
-    let y = if dtype.is_float() {
-        Data::from_f64s(dtype, idx.iter().map(|&i| d.get_f64(i)))
-    } else {
-        Data::from_i64s(dtype, idx.iter().map(|&i| d.get_i64(i)))
+    let key_type = match xt.dtype {
+        d if d.is_float() => DType::F64,
+        DType::U64 => return Err(ctx.unsupported("Unique of u64 (its keys are compared as i64)")),
+        d if d.is_int() || d == DType::Bool => DType::I64,
+        d => return Err(ctx.unsupported(format!("Unique of {d}"))),
     };
-    let y_shape = match axis {
-        Some(a) => {
-            let mut s = shape.clone();
-            s[a] = m;
-            s
-        }
-        None => vec![m],
+    // The data the slices gather from: flattened without an axis.
+    let data = match axis {
+        Some(_) => x,
+        None => reshape_to(ctx, x, &[n], Some("flat"))?,
     };
-    let y = Tensor::new(y_shape, y).expect("m slices");
-    let y = gen_const(ctx, y, "Y")?;
-    let mut outs = vec![y];
+    let gather_axis = axis.unwrap_or(0);
+    let Some(t) = ctx.konst(x).cloned() else {
+        let blocks = reshape_to(ctx, x, &[outer, n, inner], Some("blocks"))?;
+        let keys = cast_to(ctx, blocks, key_type, "keys")?;
+        let plan = ctx.op(Op::Unique { sorted }, &[keys], Some("plan"))?;
+        let part = |ctx: &mut ImportCtx, k: usize, len: usize, tag: &str| {
+            let slice = Op::Slice {
+                axes: [SliceAxis {
+                    start: k * n,
+                    step: 1,
+                    len,
+                }]
+                .into_iter()
+                .collect(),
+            };
+            ctx.op(slice, &[plan], Some(tag))
+        };
+        let count = part(ctx, 3, 1, "count_slot")?;
+        let count = reshape_to(ctx, count, &[], Some("count"))?;
+        let firsts = part(ctx, 0, n, "first_slots")?;
+        let firsts = ctx.op(
+            Op::WithLength { axis: 0 },
+            &[firsts, count],
+            Some("indices"),
+        )?;
+        let inverse = part(ctx, 1, n, "inverse_indices")?;
+        let counts = part(ctx, 2, n, "count_slots")?;
+        let counts = ctx.op(Op::WithLength { axis: 0 }, &[counts, count], Some("counts"))?;
+        let y = ctx.op(Op::Gather { axis: gather_axis }, &[data, firsts], Some("Y"))?;
+        return Ok(vec![y, firsts, inverse, counts]);
+    };
+    let keys = t.cast(key_type);
+    let keys = match keys.data() {
+        Data::F64(v) => kiln_host::Keys::Float(v),
+        Data::I64(v) => kiln_host::Keys::Int(v),
+        _ => unreachable!("cast to f64 or i64"),
+    };
+    ctx.charge_generated((u.out_len() * 8) as u64)?;
+    let mut plan = vec![0i64; u.out_len()];
+    let mut scratch = vec![0u32; u.scratch_len()];
+    let m = u.select(keys, &mut scratch, &mut plan);
+    let part = |k: usize, len: usize| plan[k * n..k * n + len].to_vec();
+    let mut outs = vec![];
     for (tag, v) in [
-        ("indices", first_of),
-        ("inverse_indices", inverse),
-        ("counts", counts),
+        ("indices", part(0, m)),
+        ("inverse_indices", part(1, n)),
+        ("counts", part(2, m)),
     ] {
         let len = v.len();
         let t = Tensor::new([len], Data::I64(v)).expect("len");
         outs.push(gen_const(ctx, t, tag)?);
     }
+    // Y: each unique slice's first occurrence.
+    let y = ctx.op(
+        Op::Gather { axis: gather_axis },
+        &[data, outs[0]],
+        Some("Y"),
+    )?;
+    outs.insert(0, y);
     Ok(outs)
 }
 

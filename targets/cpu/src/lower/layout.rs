@@ -241,8 +241,14 @@ pub(crate) fn non_max_suppression(
 ) -> Result<(), CpuError> {
     let (bloc, bty) = cx.inputs[0];
     let (sloc, sty) = cx.inputs[1];
-    let nms = n.at(bty.shape[0], sty.shape[1], bty.shape[1]);
+    let nms = n.at([bty.shape[0], sty.shape[1], bty.shape[1]], 0, 0.0, 0.0);
     let order = scratch.reserve(&[nms.scratch_len() as u64 * 4])[0];
+    // The run's cap and thresholds: scalars in the arena or the weights.
+    let mut scalar = |k: usize, ty| {
+        let p = kb.ptr(cx.inputs[k].0);
+        kb.load(ty, p, 0)
+    };
+    let (max_per_class, iou, score) = (scalar(2, I64), scalar(3, F32), scalar(4, F32));
     let args = [
         kb.ptr(bloc),
         kb.ptr(sloc),
@@ -251,13 +257,46 @@ pub(crate) fn non_max_suppression(
         kb.iconst(nms.batches as i64),
         kb.iconst(nms.classes as i64),
         kb.iconst(nms.boxes as i64),
-        kb.iconst(nms.max_per_class as i64),
+        kb.iconst(nms.cap as i64),
         kb.iconst(i64::from(nms.center_point_box)),
-        kb.iconst(i64::from(nms.score_threshold.is_some())),
-        kb.fconst(F32, f64::from(nms.iou_threshold)),
-        kb.fconst(F32, f64::from(nms.score_threshold.unwrap_or(0.0))),
+        kb.iconst(i64::from(n.has_score_threshold)),
+        max_per_class,
+        iou,
+        score,
     ];
     kb.call_host_returning(HostFn::NonMaxSuppression, &args, None);
+    Ok(())
+}
+
+/// `Unique`'s plan: one call of the runtime's `kiln_host::Unique`
+/// (`HostFn::Unique`, an in-place sort) over the keys, with a scratch in
+/// the arena (`kiln_ir::Op::Unique`).
+pub(crate) fn unique(
+    kb: &mut Kb,
+    cx: &NodeCx,
+    scratch: &mut crate::plan::Scratch,
+    sorted: bool,
+) -> Result<(), CpuError> {
+    let (kloc, kty) = cx.inputs[0];
+    let s = &kty.shape;
+    let u = kiln_host::Unique {
+        outer: s[0],
+        n: s[1],
+        inner: s[2],
+        sorted,
+    };
+    let order = scratch.reserve(&[u.scratch_len() as u64 * 4])[0];
+    let args = [
+        kb.ptr(kloc),
+        kb.iconst(i64::from(kty.dtype == DType::F64)),
+        kb.iconst(u.outer as i64),
+        kb.iconst(u.n as i64),
+        kb.iconst(u.inner as i64),
+        kb.iconst(i64::from(sorted)),
+        kb.ptr(order),
+        kb.ptr(cx.out),
+    ];
+    kb.call_host_returning(HostFn::Unique, &args, None);
     Ok(())
 }
 

@@ -878,6 +878,7 @@ fn lower_cx(
         Op::Fused(k) => fused::fused(kb, cx, (weights, scratch), k),
         Op::NonZero => layout::non_zero(kb, cx),
         Op::NonMaxSuppression(n) => layout::non_max_suppression(kb, cx, scratch, n),
+        Op::Unique { sorted } => layout::unique(kb, cx, scratch, *sorted),
         Op::WithLength { .. } => Err(cx.unsupported(
             "a data-dependent length marker reached code generation; the driver resolves it before the passes",
         )),

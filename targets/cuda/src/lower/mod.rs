@@ -485,7 +485,7 @@ pub(crate) fn lower_job<'g>(
                 "fused kernels with a dense head have no CUDA lowering (the driver runs fuse without dense heads for CUDA)",
             ))
         }
-        Op::NonZero | Op::WithLength { .. } | Op::NonMaxSuppression(_) => {
+        Op::NonZero | Op::WithLength { .. } | Op::NonMaxSuppression(_) | Op::Unique { .. } => {
             return Err(cx.unsupported(
                 "outputs whose size depends on data have no CUDA lowering; compile for a CPU target",
             ))
