@@ -20,7 +20,7 @@ if [ -d "$node_dir" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for name in digits_mlp digits_cnn op_add_bcast op_gather_indices_input op_conv_basic op_slice_basic ppocr_cls control_if_runtime_then; do
+for name in digits_mlp digits_cnn op_add_bcast op_gather_indices_input op_conv_basic op_slice_basic ppocr_cls control_if_runtime_then bounded_nms_some bounded_unique_rows; do
     shapes=$(python3 -c "
 import json,sys
 m=json.load(open('fixtures/models/$name/meta.json'))

@@ -171,6 +171,10 @@ pub struct Source {
     pub pad: Pad,
 }
 
+/// Why position 0 of a value of data-dependent size cannot be read alone.
+const EMPTY_FIRST: &str =
+    "reads position 0 alone, which a run of data-dependent length 0 does not have";
+
 /// What [`trace_rows`] proves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Traced {
@@ -277,6 +281,13 @@ type Refuse<'a> = &'a dyn Fn(&str) -> MixesRows;
 type MoveAxis<'a> = dyn Fn(usize, &Pad) -> Result<Option<usize>, String> + 'a;
 
 impl<'g> Trace<'g> {
+    /// Whether position 0 of a padded axis is always real: a padded dim's
+    /// runs have at least one position; a value of data-dependent size
+    /// (a source) may have none.
+    fn first_is_real(&self) -> bool {
+        self.sources.is_empty()
+    }
+
     fn shape(&self, id: NodeId) -> &'g [usize] {
         &self.graph.node(id).ty.shape[..]
     }
@@ -629,6 +640,8 @@ impl<'g> Trace<'g> {
                         // Position 0 alone is always real; any other
                         // slice moves positions or reads padded ones.
                         return Err(refuse("slices the padded axis"));
+                    } else if !self.first_is_real() {
+                        return Err(refuse(EMPTY_FIRST));
                     }
                 }
                 out
@@ -651,11 +664,13 @@ impl<'g> Trace<'g> {
                             Op::Constant(t) => t.to_i64_vec().iter().all(|&i| i == 0 || i == -n),
                             _ => false,
                         };
+                        let first_is_real = self.first_is_real();
                         let ri = rank(1);
                         each(&|d, _| match d.cmp(axis) {
                             std::cmp::Ordering::Less => Ok(Some(d)),
                             std::cmp::Ordering::Greater => Ok(Some(d - 1 + ri)),
-                            std::cmp::Ordering::Equal if first_only => Ok(None),
+                            std::cmp::Ordering::Equal if first_only && first_is_real => Ok(None),
+                            std::cmp::Ordering::Equal if first_only => Err(EMPTY_FIRST.into()),
                             std::cmp::Ordering::Equal => {
                                 Err("gathers positions of the padded axis other than the first"
                                     .into())
@@ -1055,6 +1070,57 @@ mod tests {
             g.add_output("p", p);
             let traced = trace_rows(&g, &[Some(0)], &[], &[]);
             assert_eq!(traced.is_err(), refused, "{traced:?}");
+        }
+    }
+
+    /// A value of data-dependent size (a source inside the graph) is
+    /// traced like a padded input, except that its position 0 may not
+    /// exist: reading it alone is refused, and a sum over zero padding is
+    /// exact.
+    #[test]
+    fn sources_inside_the_graph_may_be_empty() {
+        let zero = || Pad::Exactly(Tensor::new([], Data::F32(vec![0.0])).unwrap());
+        for (op, index, refused) in [
+            (Op::Unary(UnaryOp::Relu), None, false),
+            (Op::Gather { axis: 0 }, Some(0), true),
+            (
+                Op::Reduce {
+                    op: ReduceOp::Sum,
+                    axes: [0].into_iter().collect(),
+                    keep_dims: false,
+                },
+                None,
+                false,
+            ),
+            (
+                Op::Reduce {
+                    op: ReduceOp::Mean,
+                    axes: [0].into_iter().collect(),
+                    keep_dims: false,
+                },
+                None,
+                true,
+            ),
+        ] {
+            let mut g = Graph::new();
+            let x = g.add_input("x", ValueType::new(DType::F32, [4, 3]));
+            let r = node(&mut g, Op::Unary(UnaryOp::Relu), &[x], "source");
+            let mut args = vec![r];
+            if let Some(i) = index {
+                args.push(g.add_const("i", Tensor::new([1], Data::I64(vec![i])).unwrap()));
+            }
+            let y = node(&mut g, op.clone(), &args, "y");
+            g.add_output("y", y);
+            let source = Source {
+                node: r,
+                axis: 0,
+                pad: zero(),
+            };
+            let traced = trace_rows(&g, &[None], &[], &[source]);
+            assert_eq!(traced.is_err(), refused, "{op:?}: {traced:?}");
+            if let Err(e) = traced {
+                assert!(e.node == "y", "{e}");
+            }
         }
     }
 

@@ -139,7 +139,11 @@ int64_t kiln_model_output_max_byte_size(const KilnModel *m, size_t i);
  * written to output_dims[i] (room for kiln_model_output_rank values)
  * unless output_dims or output_dims[i] is NULL. Shapes no profile has:
  * KILN_ERROR_ARGUMENT, and kiln_last_error() lists the profiles.
- * Thread-safe like kiln_model_run. */
+ * An output whose size depends on the data (NonZero, NonMaxSuppression,
+ * ...; docs/bounded.md) needs a capacity of its bound, the size the
+ * accessors above give; the run writes its data at the buffer's start and
+ * its dims to output_dims. kiln_model_run refuses such a model with
+ * KILN_ERROR_ARGUMENT. Thread-safe like kiln_model_run. */
 int kiln_model_run_shaped(const KilnModel *m, const uint64_t *const *input_dims,
                           const void *const *inputs, void *const *outputs,
                           const size_t *output_capacity, uint64_t *const *output_dims);

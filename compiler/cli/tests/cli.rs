@@ -108,6 +108,14 @@ fn bad_onnx_files_give_clear_errors() {
             4,
             &["'where_nonzero'", "depends on the data", "'mean_of_coords'"],
         ),
+        (
+            "bounded_shape.onnx",
+            4,
+            &[
+                "Shape of a value whose size depends on the data",
+                "shape_of_where",
+            ],
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.kiln");

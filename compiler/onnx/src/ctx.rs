@@ -70,6 +70,10 @@ pub struct ImportCtx<'a> {
     dequantized: HashMap<Val, Dequantized>,
     /// The condition of `Branches::condition_of`, once the import met it.
     pub(crate) condition: Option<Val>,
+    /// Markers of data-dependent size built so far (`Op::WithLength`,
+    /// `docs/bounded.md`): while there are none, every static shape is a
+    /// run's shape.
+    markers: usize,
 }
 
 impl<'a> ImportCtx<'a> {
@@ -92,6 +96,7 @@ impl<'a> ImportCtx<'a> {
             subgraph_inits: HashMap::new(),
             dequantized: HashMap::new(),
             condition: None,
+            markers: 0,
         }
     }
 
@@ -270,6 +275,39 @@ impl<'a> ImportCtx<'a> {
         self.vals[v.0].konst.as_ref()
     }
 
+    /// The data-dependent value (`docs/bounded.md`) that `v` is computed
+    /// from, if any: `v`'s static shape may then hold a bound where a run
+    /// has fewer positions, so a Shape or Size of it would be wrong.
+    pub(crate) fn bounded_source(&mut self, v: Val) -> Option<String> {
+        if self.markers == 0 || self.konst(v).is_some() {
+            return None;
+        }
+        let mut stack = vec![self.node_of(v)];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            let node = self.graph.node(id);
+            if matches!(node.op, Op::WithLength { .. }) {
+                return Some(node.name.clone());
+            }
+            stack.extend(self.graph.inputs_of(id));
+        }
+        None
+    }
+
+    /// Refuses to read `v`'s static shape as its run's shape when `v` has a
+    /// data-dependent size (`what`: the op reading it).
+    pub(crate) fn static_shape_of(&mut self, v: Val, what: &str) -> Result<(), OnnxError> {
+        match self.bounded_source(v) {
+            None => Ok(()),
+            Some(source) => Err(self.unsupported(format!(
+                "{what} of a value whose size depends on the data (computed from '{source}' at its bound): Kiln cuts such values only at the outputs, so its shape here would be the bound, not the run's size (docs/bounded.md)"
+            ))),
+        }
+    }
+
     /// The graph node of `v`, adding a constant node on first use.
     pub fn node_of(&mut self, v: Val) -> NodeId {
         let e = &mut self.vals[v.0];
@@ -310,6 +348,9 @@ impl<'a> ImportCtx<'a> {
     /// graph. `suffix` distinguishes helper nodes of one ONNX
     /// node (`None` for the node's main result).
     pub fn op(&mut self, op: Op, inputs: &[Val], suffix: Option<&str>) -> Result<Val, OnnxError> {
+        if matches!(op, Op::WithLength { .. }) {
+            self.markers += 1;
+        }
         let name = match suffix {
             Some(s) => format!("{}/{s}", self.node_name),
             None => self.node_name.clone(),

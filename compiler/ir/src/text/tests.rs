@@ -748,6 +748,75 @@ fn round_trip_bitwise_ops() {
     assert!(g.add_node(Op::BitwiseNot, &[f], "n").is_err());
 }
 
+/// The ops of data-dependent size (docs/bounded.md) print and parse with
+/// their attributes, and their inputs are checked.
+#[test]
+fn round_trip_data_dependent_ops() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", vt(DType::F32, &[3, 4]));
+    let nz = g.add_node(Op::NonZero, &[x], "nz").unwrap();
+    let scalar = |g: &mut Graph, name: &str, t: Tensor| g.add_const(name, t);
+    let count = scalar(
+        &mut g,
+        "count",
+        Tensor::new([], Data::I64(vec![2])).unwrap(),
+    );
+    let marked = g
+        .add_node(Op::WithLength { axis: 1 }, &[nz, count], "marked")
+        .unwrap();
+    g.add_output("marked", marked);
+    let boxes = g.add_input("boxes", vt(DType::F32, &[1, 5, 4]));
+    let scores = g.add_input("scores", vt(DType::F32, &[1, 2, 5]));
+    let cap = scalar(&mut g, "cap", Tensor::new([], Data::I64(vec![3])).unwrap());
+    let iou = scalar(
+        &mut g,
+        "iou",
+        Tensor::new([], Data::F32(vec![0.5])).unwrap(),
+    );
+    let score = scalar(
+        &mut g,
+        "score",
+        Tensor::new([], Data::F32(vec![0.1])).unwrap(),
+    );
+    let nms = Op::NonMaxSuppression(crate::Nms {
+        center_point_box: true,
+        cap: 3,
+        has_score_threshold: true,
+    });
+    let selected = g
+        .add_node(nms, &[boxes, scores, cap, iou, score], "nms")
+        .unwrap();
+    // 1 batch x 2 classes x min(5, 3) rows, then the count row.
+    assert_eq!(g.node(selected).ty.shape.as_slice(), &[7, 3]);
+    g.add_output("selected", selected);
+    let keys = g.add_input("keys", vt(DType::I64, &[1, 6, 2]));
+    let plan = g
+        .add_node(Op::Unique { sorted: false }, &[keys], "unique")
+        .unwrap();
+    assert_eq!(g.node(plan).ty.shape.as_slice(), &[19]);
+    g.add_output("plan", plan);
+    let text = round_trip(&g);
+    for needle in [
+        "non_zero(",
+        "with_length(",
+        "axis=1",
+        "non_max_suppression(",
+        "cap=3",
+        "has_score_threshold=true",
+        "unique(",
+        "sorted=false",
+    ] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+    // A length must be an i64 scalar; keys f64 or i64 of rank 3.
+    assert!(g
+        .add_node(Op::WithLength { axis: 1 }, &[nz, iou], "bad")
+        .is_err());
+    assert!(g
+        .add_node(Op::Unique { sorted: true }, &[x], "bad")
+        .is_err());
+}
+
 #[test]
 fn round_trip_logic_and_reduce_ops() {
     let text = round_trip(&logic_and_reduce_graph());

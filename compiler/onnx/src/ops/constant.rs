@@ -35,6 +35,7 @@ pub fn constant(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// from opset 15, clamped like Python slicing).
 pub fn shape(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
+    ctx.static_shape_of(x, "Shape")?;
     let dims: Vec<i64> = ctx.ty(x).shape.iter().map(|&d| d as i64).collect();
     let r = dims.len() as i64;
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;

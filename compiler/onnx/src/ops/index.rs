@@ -97,6 +97,7 @@ pub fn range(ctx: &mut ImportCtx, node: &NodeProto) -> R {
 /// `Size`: the static element count as an i64 scalar.
 pub fn size(ctx: &mut ImportCtx, node: &NodeProto) -> R {
     let x = ctx.input(node, 0)?;
+    ctx.static_shape_of(x, "Size")?;
     let n = ctx.ty(x).num_elements() as i64;
     let name = ctx.node_name().to_string();
     one(ctx.constant(Tensor::new([], Data::I64(vec![n])).expect("scalar"), name))
