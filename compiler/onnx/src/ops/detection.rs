@@ -3,10 +3,10 @@
 //! constants, and otherwise selects at run time into rows at the bound,
 //! which the run cuts to the count (`docs/bounded.md`).
 
-use super::build::{cast_to, gen_const, reshape_to, scalar};
+use super::build::{cast_to, gen_const, reshape_to, scalar, slice_along};
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{DType, Data, Nms, Op, SliceAxis, Tensor};
+use kiln_ir::{DType, Data, Nms, Op, Tensor};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -118,24 +118,9 @@ fn selected_at_run_time(ctx: &mut ImportCtx, inputs: [Val; 5], attrs: Nms) -> R 
         Some("selection"),
     )?;
     let bound = ctx.ty(all).shape[0] - 1;
-    let rows = |start: usize, len: usize, cols: usize| Op::Slice {
-        axes: [
-            SliceAxis {
-                start,
-                step: 1,
-                len,
-            },
-            SliceAxis {
-                start: 0,
-                step: 1,
-                len: cols,
-            },
-        ]
-        .into_iter()
-        .collect(),
-    };
-    let selected = ctx.op(rows(0, bound, 3), &[all], Some("rows"))?;
-    let count = ctx.op(rows(bound, 1, 1), &[all], Some("count_row"))?;
+    let selected = slice_along(ctx, all, 0, 0, 1, bound, "rows")?;
+    let count_row = slice_along(ctx, all, 0, bound, 1, 1, "count_row")?;
+    let count = slice_along(ctx, count_row, 1, 0, 1, 1, "count_cell")?;
     let count = reshape_to(ctx, count, &[], Some("count"))?;
     Ok(vec![ctx.op(
         Op::WithLength { axis: 0 },

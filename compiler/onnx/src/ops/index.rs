@@ -6,11 +6,11 @@
 //! triangular 0/1 mask, summed).
 
 use super::build::{build_const, gen_const, int_scalar, ramp};
-use super::build::{cast_to, reshape_to};
+use super::build::{cast_to, reshape_to, slice_along};
 use super::one;
 use crate::ctx::{ImportCtx, Val};
 use crate::OnnxError;
-use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, SliceAxis, Tensor, ValueType};
+use kiln_ir::{BinaryOp, CompareOp, DType, Data, Ints, Op, ReduceOp, Tensor, ValueType};
 use tract_onnx::pb::NodeProto;
 
 type R = Result<Vec<Val>, OnnxError>;
@@ -802,16 +802,7 @@ pub fn unique(ctx: &mut ImportCtx, node: &NodeProto) -> R {
         let keys = cast_to(ctx, blocks, key_type, "keys")?;
         let plan = ctx.op(Op::Unique { sorted }, &[keys], Some("plan"))?;
         let part = |ctx: &mut ImportCtx, k: usize, len: usize, tag: &str| {
-            let slice = Op::Slice {
-                axes: [SliceAxis {
-                    start: k * n,
-                    step: 1,
-                    len,
-                }]
-                .into_iter()
-                .collect(),
-            };
-            ctx.op(slice, &[plan], Some(tag))
+            slice_along(ctx, plan, 0, k * n, 1, len, tag)
         };
         let count = part(ctx, 3, 1, "count_slot")?;
         let count = reshape_to(ctx, count, &[], Some("count"))?;
