@@ -373,7 +373,7 @@ fn recurrent(
         };
         // Input projections of every step at once: [steps, batch, g·h].
         let mut xw = weights.project(ctx, x, false, &tag("x_proj"))?;
-        let mut rb_h = None;
+        let mut rb_inner = None;
         if let Some(b) = bias {
             let bd = direction_of(ctx, b, d, "B")?;
             let bd = cast_to(ctx, bd, dt, &tag("B_cast"))?;
@@ -392,7 +392,18 @@ fn recurrent(
                     Some(&tag("Rb_outer")),
                 )?;
                 xw = add(ctx, xw, rb_zr, &tag("x_proj_b"))?;
-                rb_h = Some(slice_along(ctx, rb, 0, 2 * h, 1, h, &tag("Rb_h"))?);
+                // [0, 0, Rb_h]: added to the one recurrence product of all
+                // three gates (below).
+                let zero_zr =
+                    super::build::build_const(ctx, &[2 * h], dt, &tag("Rb_zr_zero"), |n| {
+                        kiln_ir::Data::zeros(dt, n)
+                    })?;
+                let rb_h = slice_along(ctx, rb, 0, 2 * h, 1, h, &tag("Rb_h"))?;
+                rb_inner = Some(ctx.op(
+                    Op::Concat { axis: 0 },
+                    &[zero_zr, rb_h],
+                    Some(&tag("Rb_inner")),
+                )?);
             } else {
                 xw = add(ctx, xw, rb, &tag("x_proj_b"))?;
             }
@@ -447,26 +458,36 @@ fn recurrent(
                     let DirectionWeights::Float { rt, .. } = weights else {
                         return Err(ctx.unsupported("a GRU with quantized weights"));
                     };
-                    let rt_zr = slice_along(ctx, rt, 1, 0, 1, 2 * h, &st("R_zr"))?;
-                    let rt_h = slice_along(ctx, rt, 1, 2 * h, 1, h, &st("R_h"))?;
-                    let hr = ctx.dense_op(Op::MatMul, &[hs, rt_zr], Some(&st("h_proj_zr")))?;
                     let x_zr = slice_along(ctx, xt, 1, 0, 1, 2 * h, &st("x_zr"))?;
-                    let zr = add(ctx, x_zr, hr, &st("pre_zr"))?;
+                    // With the reset after the product, h·R_h does not wait
+                    // for r: one matrix-vector product for the three gates
+                    // (one step, split over threads, instead of two).
+                    let (hr_zr, hh) = if lbr {
+                        let mut hr = ctx.dense_op(Op::MatMul, &[hs, rt], Some(&st("h_proj")))?;
+                        if let Some(b) = rb_inner {
+                            hr = add(ctx, hr, b, &st("h_proj_b"))?;
+                        }
+                        let hr_zr = slice_along(ctx, hr, 1, 0, 1, 2 * h, &st("h_proj_zr"))?;
+                        (hr_zr, Some(gate(ctx, hr, 2, "h_proj_h")?))
+                    } else {
+                        let rt_zr = slice_along(ctx, rt, 1, 0, 1, 2 * h, &st("R_zr"))?;
+                        let hr_zr =
+                            ctx.dense_op(Op::MatMul, &[hs, rt_zr], Some(&st("h_proj_zr")))?;
+                        (hr_zr, None)
+                    };
+                    let zr = add(ctx, x_zr, hr_zr, &st("pre_zr"))?;
                     let z = gate(ctx, zr, 0, "pre_z")?;
                     let rg = gate(ctx, zr, 1, "pre_r")?;
                     let z = act(ctx, f[0], z, clip, &st("z"))?;
                     let rg = act(ctx, f[0], rg, clip, &st("r"))?;
                     let x_h = gate(ctx, xt, 2, "x_h")?;
-                    let inner = if lbr {
-                        let mut hh =
-                            ctx.dense_op(Op::MatMul, &[hs, rt_h], Some(&st("h_proj_h")))?;
-                        if let Some(b) = rb_h {
-                            hh = add(ctx, hh, b, &st("h_proj_hb"))?;
+                    let inner = match hh {
+                        Some(hh) => mul(ctx, rg, hh, &st("reset"))?,
+                        None => {
+                            let rt_h = slice_along(ctx, rt, 1, 2 * h, 1, h, &st("R_h"))?;
+                            let rh = mul(ctx, rg, hs, &st("reset"))?;
+                            ctx.dense_op(Op::MatMul, &[rh, rt_h], Some(&st("h_proj_h")))?
                         }
-                        mul(ctx, rg, hh, &st("reset"))?
-                    } else {
-                        let rh = mul(ctx, rg, hs, &st("reset"))?;
-                        ctx.dense_op(Op::MatMul, &[rh, rt_h], Some(&st("h_proj_h")))?
                     };
                     let pre = add(ctx, x_h, inner, &st("pre_h"))?;
                     let cand = act(ctx, f[1], pre, clip, &st("candidate"))?;

@@ -568,8 +568,10 @@ fn lower_other(
 }
 
 /// Fewest output elements for which an elementwise node is split over
-/// threads (below, waking a worker costs more than the loop).
-const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
+/// threads (below, handing half to a worker costs more than it saves).
+/// Was 32768 while a hand-over cost 1.1 µs rather than 0.2 µs: see
+/// `partition::MIN_TASK_BYTES` for what lowering both gained.
+pub(crate) const SPLIT_MIN_ELEMENTS: usize = 1 << 13;
 
 /// An elementwise node (unary, binary, cast, a headless fused program,
 /// a layer norm over later axes, a Col2Im by channels, a Resize along an

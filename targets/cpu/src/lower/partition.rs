@@ -38,18 +38,28 @@ use crate::plan::{Base, Loc};
 /// about 40 µs at this machine's single-core GEMM speed, well above the
 /// microsecond or so a step costs while the workers spin (measured: the
 /// attention products of MiniLM-L3 and PP-OCRv4 rec's smaller
-/// convolutions gain from splitting at 4 M, not at 8 M).
+/// convolutions gain from splitting at 4 M, not at 8 M). Not lower: a
+/// convolution split by rows has each task build its own B, which a
+/// one-thread run of the artifact pays twice (DenseNet-121, one thread,
+/// `kiln bench --random --runs 20`, 2026-12-07: 57.1–58.2 ms at 4 M,
+/// 58.3–59.9 ms at 1 M).
 pub(crate) const MIN_TASK_FLOPS: usize = 4 << 20;
 
 /// The least operand traffic (bytes read and written) worth a task of its
 /// own: a kernel that streams more from memory than it computes (a
 /// matrix-vector product's weights, a depthwise convolution's channels)
-/// takes about 40 µs per MB on one core of this machine, as long as
-/// [`MIN_TASK_FLOPS`] take, and a second core streams at once
-/// (MobileNetV2's 1280 → 1000 classifier: 5 MB of weights for 2.6 MFLOP,
-/// 0.26 ms whole; the model at 224², two threads, `kiln bench --runs 50`:
-/// 5.2–5.5 ms with tasks by FLOPs alone, 4.6 ms with this).
-pub(crate) const MIN_TASK_BYTES: usize = 1 << 20;
+/// and whose split costs no extra work (each task reads its own part).
+/// From DRAM a core streams about 1 MB in 40 µs; from its L2 (a recurrent
+/// layer's weights, read again every time step) about 1 MB in 10 µs, so
+/// 128 KB per task still takes several times the 0.2 µs a step's hand-over
+/// costs (`pool::tests::hand_over_cost` in the runtime). Was 1 MB with a
+/// hand-over of 1.1 µs; at 128 KB the GRU zoo model's 768 × 256 recurrence
+/// products split, and at two threads (`kiln bench --random --runs 50
+/// --threads 2`, artifacts of both thresholds alternated, 2026-12-07) it
+/// ran 3.6 → 2.5 ms, MobileNetV2 4.2 → 3.9 ms, EfficientNet-B0 7.7 →
+/// 7.2 ms (with [`SPLIT_MIN_ELEMENTS`](super::SPLIT_MIN_ELEMENTS) lowered
+/// alike); ResNet-18, YOLO, ConvNeXt and BERT within noise.
+pub(crate) const MIN_TASK_BYTES: usize = 128 << 10;
 
 /// How many of `tasks` a kernel of `flops` operations over `bytes` of
 /// operands is worth: one per [`MIN_TASK_FLOPS`] or per
