@@ -18,7 +18,7 @@ fn sample_graph() -> Graph {
         group: 1,
     });
     let y = g.add_node(c, &[x, w], "conv").unwrap();
-    let y = g.add_node(Op::Unary(UnaryOp::Tanh), &[y], "tanh").unwrap();
+    let y = g.add_node(Op::Unary(UnaryOp::Abs), &[y], "abs").unwrap();
     let y = g
         .add_node(Op::Softmax { axis: 1 }, &[y], "softmax")
         .unwrap();

@@ -410,7 +410,7 @@ fn elementwise_programs_vector_and_scalar() {
 
 #[test]
 fn avx512_head_and_program_tail_are_one_chained_kernel() {
-    // conv + tanh (no step form) on AVX-512: the microkernel, then the
+    // conv + sign (no step form) on AVX-512: the microkernel, then the
     // Cranelift tail, entered through the trampoline (push rdi; push rsi;
     // sub rsp, 8; call).
     let g = fused_graph(
@@ -419,7 +419,7 @@ fn avx512_head_and_program_tail_are_one_chained_kernel() {
             vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
         )),
         vec![],
-        vec![Instr::Unary(UnaryOp::Tanh, r(0))],
+        vec![Instr::Unary(UnaryOp::Sign, r(0))],
         10,
     );
     let opts = CpuOptions {
@@ -649,7 +649,7 @@ fn fully_connected_convolutions_keep_per_channel_epilogues() {
 
 #[test]
 fn programs_the_store_loop_cannot_hold_keep_a_tail() {
-    // A tanh has no step form: it stays a Cranelift tail.
+    // A sign has no step form: it stays a Cranelift tail.
     let g = fused_graph(
         Some((
             DenseOp::MatMul,
@@ -658,7 +658,7 @@ fn programs_the_store_loop_cannot_hold_keep_a_tail() {
         vec![],
         vec![
             Instr::Unary(UnaryOp::Relu, r(0)),
-            Instr::Unary(UnaryOp::Tanh, r(1)),
+            Instr::Unary(UnaryOp::Sign, r(1)),
         ],
         31,
     );
@@ -772,26 +772,27 @@ fn headless_chains_run_as_avx512_elementwise_kernels() {
     check(&g, 52);
     let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
     assert_eq!(has_zmm_code(&native), avx512, "round has a step form");
-    // tanh has no step form.
+    // Sign has no step form.
     let g = fused_graph(
         None,
         vec![Arg::Input(vec![4, 33]), Arg::Const(vec![1])],
         vec![
             Instr::Binary(BinaryOp::Mul, r(0), r(1)),
-            Instr::Unary(UnaryOp::Tanh, r(2)),
+            Instr::Unary(UnaryOp::Sign, r(2)),
         ],
         51,
     );
     check(&g, 51);
     let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
-    assert!(!has_zmm_code(&native), "tanh keeps the Cranelift kernel");
+    assert!(!has_zmm_code(&native), "sign keeps the Cranelift kernel");
 }
 
 #[test]
-fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
-    // Headless exp and sigmoid (det's output map) on inputs from -120 to
-    // 120 (both clamps of exp), zeros, infinities and NaN, against the
-    // reference, on the AVX-512 kernel and the Cranelift one.
+fn transcendental_steps_run_over_their_whole_range() {
+    // Headless exp, sigmoid (det's output map), tanh and tanh-form GELU (a
+    // recurrent cell's gates, GPT-2's MLP) on inputs from -122 to 121
+    // (both clamps of exp, tanh's at ±7.9), zeros, infinities and NaN,
+    // against the reference, on the AVX-512 kernel and the Cranelift one.
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     let mut values: Vec<f32> = (0..4 * 61).map(|i| i as f32 - 122.0).collect();
     values.extend([
@@ -805,9 +806,17 @@ fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
         -87.1,
     ]);
     values.extend((0..30).map(|i| (i as f32 - 15.0) * 0.137));
+    values.extend((0..200).map(|i| (i as f32 - 100.0) * 0.0813));
+    values.extend([1e-30, -1e-7, 7.9, -7.91, 20.0]);
     let n = values.len();
     let x = Tensor::new([n], kiln_ir::Data::F32(values)).unwrap();
-    for (i, op) in [UnaryOp::Exp, UnaryOp::Sigmoid].into_iter().enumerate() {
+    let ops = [
+        UnaryOp::Exp,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Gelu { tanh: true },
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
         let g = fused_graph(
             None,
             vec![Arg::Input(vec![n]), Arg::Const(vec![1])],
@@ -815,7 +824,7 @@ fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
                 Instr::Unary(op, r(0)),
                 Instr::Binary(BinaryOp::Add, r(2), r(1)),
             ],
-            53 + i as u64,
+            60 + i as u64,
         );
         for target in [CpuTarget::Native, CpuTarget::X86_64V3] {
             check_for(&g, std::slice::from_ref(&x), 1e-6, target);
@@ -842,6 +851,26 @@ fn exp_and_sigmoid_run_as_steps_over_their_whole_range() {
     );
     check(&g, 55);
     assert!(!has_program_tail(&g));
+    // An RNN cell's tanh(x·W + b) and a tanh-GELU MLP in the store loop.
+    for (i, op) in [UnaryOp::Tanh, UnaryOp::Gelu { tanh: true }]
+        .into_iter()
+        .enumerate()
+    {
+        let g = fused_graph(
+            Some((
+                DenseOp::MatMul,
+                vec![Arg::Input(vec![5, 48]), Arg::Const(vec![48, 70])],
+            )),
+            vec![Arg::Const(vec![70])],
+            vec![
+                Instr::Binary(BinaryOp::Add, r(0), r(1)),
+                Instr::Unary(op, r(2)),
+            ],
+            56 + i as u64,
+        );
+        check(&g, 56 + i as u64);
+        assert!(!has_program_tail(&g), "{op:?} in the store loop");
+    }
 }
 
 /// The end of an int8 activation quantization after `at`: `/ 4`, round,
@@ -945,16 +974,16 @@ fn quantizing_kernels_store_u8_from_every_store_loop() {
 
 #[test]
 fn quantizing_kernels_with_a_program_tail_stage_f32_in_scratch() {
-    // Tanh has no store-loop form, a full-size residual after the head's
+    // Sign has no store-loop form, a full-size residual after the head's
     // first step none either: the head writes f32 scratch, the tail (a
     // Cranelift function, an AVX-512 elementwise kernel) reads it and
     // stores u8.
     let cases: Vec<(&str, Vec<Arg>, Vec<Instr>)> = vec![
         (
-            "tanh",
+            "sign",
             vec![Arg::Value(200.0)],
             vec![
-                Instr::Unary(UnaryOp::Tanh, r(0)),
+                Instr::Unary(UnaryOp::Sign, r(0)),
                 Instr::Binary(BinaryOp::Mul, r(4), r(1)),
             ],
         ),
@@ -973,9 +1002,6 @@ fn quantizing_kernels_with_a_program_tail_stage_f32_in_scratch() {
             vec![Arg::Input(vec![1, 3, 9, 10]), Arg::Const(vec![20, 3, 3, 3])],
         ));
         let g = quantized_graph(head, extra, before, 50 + i as u64);
-        // Tanh's values are not exact: 200·tanh/4 rounds to the same
-        // integer in the kernel and the evaluator unless it lies within a
-        // few ulps of a half (not for these inputs).
         check_exact(&g, 50 + i as u64);
         if has_zmm_code_for(&g) {
             assert!(has_program_tail(&g), "{what}: a tail after the store loop");

@@ -863,7 +863,8 @@ fn absorb_prefix(
 /// product (a bias or an int8 rescale along the last axis), and every instruction is `+ - × ÷`
 /// or a unary op made of them with constants: Relu, Clip, Neg,
 /// LeakyRelu (0 ≤ α ≤ 1), HardSigmoid, HardSwish, Erf (the rational
-/// approximation of `math::erf`) and erf-form Gelu, Exp and Sigmoid (the
+/// approximation of `math::erf`) and erf-form Gelu, Tanh and tanh-form
+/// Gelu (the rational function of `math::tanh`), Exp and Sigmoid (the
 /// polynomial of `math::exp`, `2^n` by `vscalefps`), and Round (ties to
 /// even, one instruction). Constants go to the weights section. `None`
 /// otherwise.
@@ -972,7 +973,8 @@ pub(crate) fn program_steps(
                         let t = b.emit(Mul, x, t);
                         b.emit_const(Mul, t, 1.0 / 6.0)
                     }
-                    UnaryOp::Erf => b.erf(x),
+                    UnaryOp::Erf => b.odd_rational(x, &super::math::ERF),
+                    UnaryOp::Tanh => b.odd_rational(x, &super::math::TANH),
                     // Below e^-87 the Exp kernels' value would be
                     // subnormal; the steps give e^-87 ≈ 1.6e-38 there
                     // (within 2e-38 of the reference) and never produce
@@ -990,10 +992,25 @@ pub(crate) fn program_steps(
                     UnaryOp::Gelu { tanh: false } => {
                         // x · (1 + erf(x / √2)) / 2
                         let t = b.emit_const(Mul, x, std::f32::consts::FRAC_1_SQRT_2);
-                        let t = b.erf(t);
+                        let t = b.odd_rational(t, &super::math::ERF);
                         let t = b.emit_const(Add, t, 1.0);
                         let t = b.emit(Mul, x, t);
                         b.emit_const(Mul, t, 0.5)
+                    }
+                    UnaryOp::Gelu { tanh: true } => {
+                        // x · sigmoid(2u) = x / (1 + e^(-2u)), u = √(2/π) ·
+                        // (x + 0.044715·x³), as `lower::elementwise`
+                        // computes x/2 · (1 + tanh u) without its
+                        // cancellation where tanh u is near -1.
+                        let x2 = b.emit(Mul, x, x);
+                        let x3 = b.emit(Mul, x2, x);
+                        let t = b.emit_const(Mul, x3, 0.044_715);
+                        let t = b.emit(Add, t, x);
+                        let k = -2.0 * (2.0 / std::f64::consts::PI).sqrt();
+                        let t = b.emit_const(Mul, t, k as f32);
+                        let e = b.exp(t);
+                        let d = b.emit_const(Add, e, 1.0);
+                        b.emit(Div, x, d)
                     }
                     _ => return None,
                 }
@@ -1134,14 +1151,13 @@ impl Steps<'_> {
         self.emit(op, a, k)
     }
 
-    /// `erf(x)` as the rational function of `math::erf`; the clamp takes x
-    /// second, so a NaN stays NaN.
-    fn erf(&mut self, x: Operand) -> Operand {
-        use super::math::{ERF_CLAMP, ERF_DENOMINATOR, ERF_NUMERATOR};
+    /// `r` at `x` as `math::odd_rational` computes it (`math::erf`,
+    /// `math::tanh`); the clamps take x second, so a NaN stays NaN.
+    fn odd_rational(&mut self, x: Operand, r: &super::math::OddRational) -> Operand {
         use EpilogueOp::{Add, Div, Max, Min, Mul};
-        let hi = self.konst(ERF_CLAMP);
+        let hi = self.konst(r.clamp);
         let x = self.emit(Min, hi, x);
-        let lo = self.konst(-ERF_CLAMP);
+        let lo = self.konst(-r.clamp);
         let x = self.emit(Max, lo, x);
         let x2 = self.emit(Mul, x, x);
         let mut horner = |coeffs: &[f64]| {
@@ -1152,8 +1168,8 @@ impl Steps<'_> {
             }
             p
         };
-        let n = horner(&ERF_NUMERATOR);
-        let d = horner(&ERF_DENOMINATOR);
+        let n = horner(r.numerator);
+        let d = horner(r.denominator);
         let n = self.emit(Mul, x, n);
         self.emit(Div, n, d)
     }

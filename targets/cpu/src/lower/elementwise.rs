@@ -317,18 +317,18 @@ pub(crate) fn unary_float(kb: &mut Kb, op: UnaryOp, x: Value) -> Value {
             kb.b.ins().fmul(hx, t)
         }
         UnaryOp::Gelu { tanh: true } => {
-            let k = kb.fconst(ty, (2.0 / std::f64::consts::PI).sqrt());
+            // x/2 · (1 + tanh u) = x / (1 + e^(-2u)), u = √(2/π) · (x +
+            // 0.044715·x³): no cancellation where tanh u is near -1.
+            let k = kb.fconst(ty, -2.0 * (2.0 / std::f64::consts::PI).sqrt());
             let c = kb.fconst(ty, 0.044_715);
             let x3 = kb.b.ins().fmul(x, x);
             let x3 = kb.b.ins().fmul(x3, x);
             let inner = kb.fmadd(x3, c, x);
             let inner = kb.b.ins().fmul(inner, k);
-            let t = math::tanh(kb, inner);
+            let e = math::exp(kb, inner);
             let one = kb.fconst(ty, 1.0);
-            let half = kb.fconst(ty, 0.5);
-            let t = kb.b.ins().fadd(t, one);
-            let hx = kb.b.ins().fmul(x, half);
-            kb.b.ins().fmul(hx, t)
+            let d = kb.b.ins().fadd(e, one);
+            kb.b.ins().fdiv(x, d)
         }
         UnaryOp::Elu { alpha } => {
             let zero = kb.fconst(ty, 0.0);
