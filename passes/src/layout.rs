@@ -39,6 +39,12 @@
 //!
 //! so the epilogue joins the MatMul's store loop (`fuse`) instead of being
 //! a pass of its own over the upsampled image.
+//!
+//! A Reshape moves too, past ops whose other operands are single values,
+//! full-size constants (reshaped back) or the same Reshape of a value of the
+//! same shape, so an activation after a view joins the producer's store
+//! loop (YOLO's heads: `conv → reshape [1, 3, 85, h, w] → transpose →
+//! sigmoid` runs the sigmoid in the conv's store loop).
 
 use crate::pass::{Pass, PassError, PassStats};
 use crate::simplify::{remove_dead, Simplify};
@@ -97,6 +103,7 @@ fn inverse(perm: &[usize]) -> Ints {
 enum Movement {
     Transpose(Ints),
     Col2Im(Col2Im),
+    Reshape(Ints),
 }
 
 impl Movement {
@@ -104,6 +111,7 @@ impl Movement {
         match op {
             Op::Transpose { perm } => Some(Movement::Transpose(perm.clone())),
             Op::Col2Im(c) if c.tiles_exactly() => Some(Movement::Col2Im(c.clone())),
+            Op::Reshape { shape } => Some(Movement::Reshape(shape.clone())),
             _ => None,
         }
     }
@@ -112,6 +120,9 @@ impl Movement {
         match self {
             Movement::Transpose(perm) => Op::Transpose { perm: perm.clone() },
             Movement::Col2Im(c) => Op::Col2Im(c.clone()),
+            Movement::Reshape(shape) => Op::Reshape {
+                shape: shape.clone(),
+            },
         }
     }
 
@@ -120,8 +131,13 @@ impl Movement {
     /// a Transpose's constants are permuted back; a Col2Im's must be one
     /// value or one per channel (`[1, C, 1, 1]` after broadcasting), and
     /// repeat each value for the channel's block elements (`[1, C·kh·kw,
-    /// 1]`).
-    fn unmoved_constant(&self, t: &Tensor, out: &[usize]) -> Option<Tensor> {
+    /// 1]`); a Reshape's must be full-size, reshaped to `unmoved`.
+    fn unmoved_constant(&self, t: &Tensor, out: &[usize], unmoved: &[usize]) -> Option<Tensor> {
+        if let Movement::Reshape(_) = self {
+            return (t.shape().as_slice() == out)
+                .then(|| t.reshaped(unmoved))
+                .flatten();
+        }
         let rank = out.len();
         if t.shape().len() > rank {
             return None;
@@ -136,6 +152,7 @@ impl Movement {
                 };
                 kiln_ir::eval::eval(&back, &[&t]).ok()
             }
+            Movement::Reshape(_) => None,
             Movement::Col2Im(c) => {
                 let channels = out[1];
                 if full == [1, 1, 1, 1] {
@@ -178,19 +195,22 @@ impl Layout {
         let out = &node.ty.shape;
         let inputs = graph.inputs_of(id);
         // A Transpose of the op's rank (numpy broadcasting commutes with
-        // the permutation), a Col2Im of the op's own shape (its input has
-        // another rank, so it must not be broadcast).
+        // the permutation), a Col2Im or Reshape of the op's own shape (its
+        // input may have another rank, so it must not be broadcast).
         let moving = |i: NodeId| {
             let input = graph.node(i);
             let fits = |m: &Movement| match m {
                 Movement::Transpose(perm) => perm.len() == out.len(),
-                Movement::Col2Im(_) => input.ty.shape == *out,
+                Movement::Col2Im(_) | Movement::Reshape(_) => input.ty.shape == *out,
             };
             Movement::of(&input.op).filter(|m| fits(m) && single_use(graph, i))
         };
         let (movement, source) = inputs
             .iter()
             .find_map(|&i| Some((moving(i)?, graph.inputs_of(i)[0])))?;
+        let unmoved_shape = graph.node(source).ty.shape.clone();
+        // Two Reshapes to one shape may come from different shapes.
+        let same_source = |i: NodeId| graph.node(graph.inputs_of(i)[0]).ty.shape == unmoved_shape;
         // A single-element operand must not widen the op on the unmoved
         // values (a Col2Im's input has rank 3, its output 4).
         let unmoved_rank = graph.node(source).ty.shape.len();
@@ -198,13 +218,15 @@ impl Layout {
         for &i in &inputs {
             let input = graph.node(i);
             let operand = match &input.op {
-                _ if moving(i).as_ref() == Some(&movement) => {
+                _ if moving(i).as_ref() == Some(&movement) && same_source(i) => {
                     Operand::Unmoved(graph.inputs_of(i)[0])
                 }
                 _ if input.ty.num_elements() == 1 && input.ty.shape.len() <= unmoved_rank => {
                     Operand::AsIs(i)
                 }
-                Op::Constant(t) => Operand::Rearranged(movement.unmoved_constant(t, out)?),
+                Op::Constant(t) => {
+                    Operand::Rearranged(movement.unmoved_constant(t, out, &unmoved_shape)?)
+                }
                 _ => return None,
             };
             operands.push(operand);
@@ -323,6 +345,56 @@ mod tests {
             &[ramp(&[1, 2, 4, 5])],
         );
         assert_eq!(transposes(&g), 0, "{}", kiln_ir::text::print(&g));
+    }
+
+    #[test]
+    fn an_activation_after_a_reshaped_conv_moves_next_to_the_conv() {
+        // YOLO's head: conv → reshape → transpose → sigmoid. The sigmoid
+        // moves above both, onto the conv's output, where `fuse` puts it
+        // in the store loop.
+        let g = run_and_compare(
+            "graph(%x: f32[1,2,2,3]) {
+              %w: f32[6,2,1,1] = const dense<[1.0, -1.0, 0.5, 2.0, -0.25, 1.5, 1.0, 2.0, 3.0, -1.0, 0.5, 0.25]>
+              %c: f32[1,6,2,3] = conv(%x, %w) {strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1}
+              %r: f32[1,2,3,2,3] = reshape(%c) {shape=[1,2,3,2,3]}
+              %t: f32[1,2,2,3,3] = transpose(%r) {perm=[0,1,3,4,2]}
+              %s: f32[1,2,2,3,3] = sigmoid(%t)
+              %k: f32[1] = const dense<[0.5]>
+              %y: f32[1,2,2,3,3] = mul(%s, %k)
+              return %y
+            }",
+            &[ramp(&[1, 2, 2, 3])],
+        );
+        let text = kiln_ir::text::print(&g);
+        let conv = g
+            .node_ids()
+            .find(|&id| matches!(g.node(id).op, Op::Conv(_)))
+            .unwrap();
+        let (user, _) = g.users_of(conv)[0];
+        assert!(matches!(g.node(user).op, Op::Unary(_)), "{text}");
+    }
+
+    #[test]
+    fn reshapes_of_different_shapes_stay_before_their_add() {
+        // [2,3] and [3,2] both reshaped to [6]: adding them unmoved would
+        // broadcast two other shapes.
+        let g = run_and_compare(
+            "graph(%a: f32[2,3], %b: f32[3,2]) {
+              %p: f32[6] = reshape(%a) {shape=[6]}
+              %q: f32[6] = reshape(%b) {shape=[6]}
+              %y: f32[6] = add(%p, %q)
+              return %y
+            }",
+            &[ramp(&[2, 3]), ramp(&[3, 2])],
+        );
+        let add = g
+            .node_ids()
+            .find(|&id| matches!(g.node(id).op, Op::Binary(_)))
+            .unwrap();
+        assert!(g
+            .inputs_of(add)
+            .iter()
+            .all(|&i| matches!(g.node(i).op, Op::Reshape { .. })));
     }
 
     #[test]

@@ -28,6 +28,13 @@ fn transpose_any_dtype() {
             (&[2, 3, 4, 5], &[0, 1, 3, 2]),
             (&[2, 3, 4, 5], &[3, 1, 2, 0]),
             (&[2, 3, 40], &[1, 0, 2]),
+            // The innermost axis moves: 4 × 4 blocks of 4-byte elements,
+            // eight and four source positions at a time, scalar tails on
+            // both axes, and an outer dim between them.
+            (&[3, 85, 20], &[0, 2, 1]),
+            (&[1, 3, 13, 6, 7], &[0, 1, 3, 4, 2]),
+            (&[37, 9], &[1, 0]),
+            (&[2, 64, 16], &[2, 0, 1]),
         ] {
             let mut g = Graph::new();
             let x = g.add_input("x", ValueType::new(d, shape));

@@ -337,6 +337,27 @@ fn matrix_vector_product_split_by_its_weight_bytes() {
 }
 
 #[test]
+fn transposes_that_move_the_innermost_axis_split_by_source_rows() {
+    // YOLO's head layout (the source-contiguous dim is 13 · 11 = 143: 17
+    // groups of eight shared by four tasks, the last with the tail) and an
+    // NCHW → NHWC conversion.
+    for (i, (shape, perm)) in [
+        (vec![1, 3, 85, 13, 11], vec![0, 1, 3, 4, 2]),
+        (vec![1, 24, 40, 40], vec![0, 2, 3, 1]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape.clone()));
+        let perm = kiln_ir::Ints::from_slice(&perm);
+        let y = g.add_node(Op::Transpose { perm }, &[x], "t").unwrap();
+        g.add_output("y", y);
+        check_split(&g, 30 + i as u64);
+    }
+}
+
+#[test]
 fn matmul_split_by_rows_with_packed_a() {
     let mut rng = Rng::new(2);
     let mut g = Graph::new();

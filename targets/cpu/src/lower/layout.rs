@@ -2,6 +2,8 @@
 //! work on any element type by element size. Also NonZero, which lists
 //! where the elements are.
 
+use std::ops::Range;
+
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, I16, I32, I64, I8, I8X16};
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
@@ -69,6 +71,9 @@ pub(crate) fn copy_strided(
     let e = esize as i64;
     let n = *dims.last().expect("non-empty");
     let (ds, ss) = (st[0][dims.len() - 1], st[1][dims.len() - 1]);
+    if let Some(q) = blocked_axis(&dims, &st, esize) {
+        return copy_transposed(kb, &dims, &st, dst, src, q, 0..dims[q]);
+    }
     let outer = dims[..dims.len() - 1].to_vec();
     let outer_st: Vec<Vec<i64>> = st.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
     let ty = int_type(esize);
@@ -84,6 +89,158 @@ pub(crate) fn copy_strided(
             });
         }
     });
+}
+
+/// [`copy_strided`] of 4-byte elements (`dims`, byte strides `st`:
+/// destination then source, collapsed) where the destination is
+/// contiguous along the last dim and the source along dim `q`: blocks of
+/// 4 × 4, each four vector loads along `q`, a transpose by shuffles and
+/// four vector stores along the last dim, instead of a scalar load and
+/// store per element (1.4–5× faster, see `docs/performance.md`). The
+/// tails are scalar.
+fn copy_transposed(
+    kb: &mut Kb,
+    dims: &[usize],
+    st: &[Vec<i64>],
+    dst: Value,
+    src: Value,
+    q: usize,
+    along_q: Range<usize>,
+) {
+    let last = dims.len() - 1;
+    let n = dims[last] as i64;
+    // Destination bytes per step along q, source bytes per step along the
+    // last dim (the other two strides are 4).
+    let (dq, sl) = (st[0][q], st[1][last]);
+    let keep = |d: &usize| *d != q && *d != last;
+    let outer: Vec<usize> = (0..dims.len()).filter(keep).map(|d| dims[d]).collect();
+    let outer_st: Vec<Vec<i64>> = (st.iter())
+        .map(|s| (0..dims.len()).filter(keep).map(|d| s[d]).collect())
+        .collect();
+    let masks = [
+        kb.f32_lanes([0, 4, 1, 5]),
+        kb.f32_lanes([2, 6, 3, 7]),
+        kb.f32_lanes([0, 1, 4, 5]),
+        kb.f32_lanes([2, 3, 6, 7]),
+    ];
+    // One 4 × 4 block: v[l][m] = x[i + m, j + l] read along q, stored
+    // transposed as w[m][l] along the last dim.
+    let block = |kb: &mut Kb, s: Value, d: Value| {
+        let v: Vec<Value> = (0..4).map(|l| kb.load(I8X16, s, l * sl)).collect();
+        let t = [
+            kb.b.ins().shuffle(v[0], v[1], masks[0]),
+            kb.b.ins().shuffle(v[2], v[3], masks[0]),
+            kb.b.ins().shuffle(v[0], v[1], masks[1]),
+            kb.b.ins().shuffle(v[2], v[3], masks[1]),
+        ];
+        let w = [
+            kb.b.ins().shuffle(t[0], t[1], masks[2]),
+            kb.b.ins().shuffle(t[0], t[1], masks[3]),
+            kb.b.ins().shuffle(t[2], t[3], masks[2]),
+            kb.b.ins().shuffle(t[2], t[3], masks[3]),
+        ];
+        for (m, w) in w.into_iter().enumerate() {
+            kb.store(w, d, m as i64 * dq);
+        }
+    };
+    let scalar = |kb: &mut Kb, d: Value, s: Value| {
+        let v = kb.load(I32, s, 0);
+        kb.store(v, d, 0);
+    };
+    // `rows` (4 or 8) positions along q from `i`: the blocks along the
+    // last dim, then its tail element by element. Eight rows at a time read
+    // half of each source row's cache line per step and fill the eight
+    // destination lines over four steps (a 1024 × 1024 transpose 1.06 ms
+    // with sixteen, 0.79 ms with eight, 1.34 ms with four; `docs/performance.md`).
+    let rows = |kb: &mut Kb, p: &[Value], i: Value, rows: i64| {
+        let d_rows = kb.add_scaled(p[0], i, dq);
+        let s_cols = kb.add_scaled(p[1], i, 4);
+        for_range(kb, 0, n / 4 * 4, 4, &mut |kb, j| {
+            let s = kb.add_scaled(s_cols, j, sl);
+            let d = kb.add_scaled(d_rows, j, 4);
+            for b in 0..rows / 4 {
+                let (s, d) = (kb.add_off(s, 16 * b), kb.add_off(d, 4 * b * dq));
+                block(kb, s, d);
+            }
+        });
+        for_range(kb, n / 4 * 4, n, 1, &mut |kb, j| {
+            let s = kb.add_scaled(s_cols, j, sl);
+            let d = kb.add_scaled(d_rows, j, 4);
+            for m in 0..rows {
+                let (d, s) = (kb.add_off(d, m * dq), kb.add_off(s, m * 4));
+                scalar(kb, d, s);
+            }
+        });
+    };
+    let (q0, nq) = (along_q.start as i64, along_q.end as i64);
+    let nq8 = q0 + (nq - q0) / 8 * 8;
+    let nq4 = q0 + (nq - q0) / 4 * 4;
+    nest(kb, &outer, &[dst, src], &outer_st, &mut |kb, p| {
+        for_range(kb, q0, nq8, 8, &mut |kb, i| rows(kb, p, i, 8));
+        for_range(kb, nq8, nq4, 4, &mut |kb, i| rows(kb, p, i, 4));
+        for_range(kb, nq4, nq, 1, &mut |kb, i| {
+            let d_row = kb.add_scaled(p[0], i, dq);
+            let s_col = kb.add_scaled(p[1], i, 4);
+            for_range(kb, 0, n, 1, &mut |kb, j| {
+                let s = kb.add_scaled(s_col, j, sl);
+                let d = kb.add_scaled(d_row, j, 4);
+                scalar(kb, d, s);
+            });
+        });
+    });
+}
+
+/// The dim of a collapsed copy (`dims`, byte strides `st`: destination
+/// then source) along which [`copy_transposed`] reads the source: the
+/// destination contiguous along the last dim and the source along this
+/// one, 4-byte elements, both at least 4 long. `None`: a plain
+/// [`copy_strided`].
+fn blocked_axis(dims: &[usize], st: &[Vec<i64>], esize: usize) -> Option<usize> {
+    let last = dims.len().checked_sub(1)?;
+    let e = esize as i64;
+    if esize != 4 || st[0][last] != e || dims[last] < 4 {
+        return None;
+    }
+    (0..last).find(|&d| st[1][d] == e && st[0][d] != e && dims[d] >= 4)
+}
+
+/// A transpose's index space, collapsed: dims and byte strides
+/// (destination, then source).
+fn transpose_space(cx: &NodeCx, perm: &Ints) -> (Vec<usize>, Vec<Vec<i64>>) {
+    let e = esize_of(cx);
+    let in_st = bytes_strides(&cx.inputs[0].1.shape, e);
+    let src_st: Vec<i64> = perm.iter().map(|&p| in_st[p]).collect();
+    let shape = &cx.node.ty.shape;
+    collapse(shape, &[bytes_strides(shape, e), src_st])
+}
+
+/// A transpose that takes [`copy_transposed`]'s path as `parts` ranges of
+/// its source-contiguous dim (in multiples of eight), for tasks that write
+/// disjoint rows of the output; `None` when it does not take that path or
+/// that dim is too short for `parts`.
+pub(crate) fn transpose_parts(cx: &NodeCx, perm: &Ints, parts: usize) -> Option<Vec<Range<usize>>> {
+    let (dims, st) = transpose_space(cx, perm);
+    let q = blocked_axis(&dims, &st, esize_of(cx))?;
+    let eights = dims[q] / 8;
+    if eights < parts {
+        return None;
+    }
+    let bound = |t: usize| {
+        if t == parts {
+            dims[q]
+        } else {
+            eights * t / parts * 8
+        }
+    };
+    Some((0..parts).map(|t| bound(t)..bound(t + 1)).collect())
+}
+
+/// The rows `along` (of [`transpose_parts`]) of a transpose.
+pub(crate) fn transpose_part(kb: &mut Kb, cx: &NodeCx, perm: &Ints, along: Range<usize>) {
+    let (dims, st) = transpose_space(cx, perm);
+    let q = blocked_axis(&dims, &st, esize_of(cx)).expect("transpose_parts chose the path");
+    let (src, dst) = (kb.ptr(cx.inputs[0].0), kb.ptr(cx.out));
+    copy_transposed(kb, &dims, &st, dst, src, q, along);
 }
 
 fn esize_of(cx: &NodeCx) -> usize {

@@ -137,6 +137,16 @@ impl Kb<'_> {
         self.splat_to(ty, s)
     }
 
+    /// The `shuffle` mask (of two 4-lane vectors of 4-byte elements seen
+    /// as `i8x16`) that picks lanes `order` (0–3 from the first vector,
+    /// 4–7 from the second).
+    pub(crate) fn f32_lanes(&mut self, order: [u8; 4]) -> cranelift_codegen::ir::Immediate {
+        let bytes: Vec<u8> = (order.iter())
+            .flat_map(|&l| (0..4).map(move |b| 4 * l + b))
+            .collect();
+        self.b.func.dfg.immediates.push(bytes.into())
+    }
+
     /// Splats a scalar to `ty` when `ty` is a vector.
     pub(crate) fn splat_to(&mut self, ty: Type, s: Value) -> Value {
         if ty.is_vector() {
@@ -563,6 +573,9 @@ fn lower_other(
         if let Some(funcs) = split_concat(&cx, target)? {
             return Ok(Lowered::ClifTasks(funcs));
         }
+        if let Some(funcs) = split_transpose(&cx, target)? {
+            return Ok(Lowered::ClifTasks(funcs));
+        }
     }
     lower_clif(graph, plan, &job, target).map(|f| Lowered::Clif(Box::new(f)))
 }
@@ -731,6 +744,31 @@ fn split_concat(cx: &NodeCx, target: &Target) -> Result<Option<Vec<Function>>, C
     groups
         .into_iter()
         .map(|range| build_function(target, |kb| layout::concat_inputs(kb, cx, axis, range)))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// A large transpose that moves the innermost axis as up to
+/// `target.tasks` functions, each over a range of the source-contiguous
+/// dim (`layout::transpose_parts`). `None` otherwise.
+fn split_transpose(cx: &NodeCx, target: &Target) -> Result<Option<Vec<Function>>, CpuError> {
+    let Op::Transpose { perm } = &cx.node.op else {
+        return Ok(None);
+    };
+    if cx.node.ty.num_elements() < SPLIT_MIN_ELEMENTS {
+        return Ok(None);
+    }
+    let Some(parts) = layout::transpose_parts(cx, perm, target.tasks) else {
+        return Ok(None);
+    };
+    parts
+        .into_iter()
+        .map(|along| {
+            build_function(target, |kb| {
+                layout::transpose_part(kb, cx, perm, along);
+                Ok(())
+            })
+        })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }

@@ -19,7 +19,7 @@
 //! each value is moved once.
 
 use cranelift_codegen::ir::types::{F32, F32X4, I64, I8X16};
-use cranelift_codegen::ir::{Endianness, Immediate, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
 use kiln_ir::{Col2Im, Resize};
 
 use super::loops::for_range;
@@ -133,15 +133,6 @@ fn whole_factor_upsampling(
     Some((factors[0], factors[1]))
 }
 
-/// The `shuffle` mask (of two `f32x4` seen as `i8x16`) that picks f32
-/// lanes `order` (0–3 from the first vector, 4–7 from the second).
-fn f32_lanes(kb: &mut Kb, order: [u8; 4]) -> Immediate {
-    let bytes: Vec<u8> = (order.iter())
-        .flat_map(|&l| (0..4).map(move |b| 4 * l + b))
-        .collect();
-    kb.b.func.dfg.immediates.push(bytes.into())
-}
-
 /// Nearest upsampling by whole factors `(sh, sw)` of the last two axes:
 /// per input row, the output row widened (`sw` copies of each value),
 /// then copied to the `sh - 1` rows below.
@@ -154,8 +145,8 @@ fn upsample(kb: &mut Kb, cx: &NodeCx, (sh, sw): (usize, usize)) {
     let x = kb.ptr(cx.inputs[0].0);
     let y = kb.ptr(cx.out);
     let flags = MemFlagsData::new().with_endianness(Endianness::Little);
-    let low = f32_lanes(kb, [0, 0, 1, 1]);
-    let high = f32_lanes(kb, [2, 2, 3, 3]);
+    let low = kb.f32_lanes([0, 0, 1, 1]);
+    let high = kb.f32_lanes([2, 2, 3, 3]);
     // Input row `i` (of all planes, in order) lands at output row `i · sh`.
     for_range(kb, 0, rows as i64, 1, &mut |kb, i| {
         let src = kb.add_scaled(x, i, (w * 4) as i64);
@@ -359,8 +350,8 @@ fn col2im_tiled(kb: &mut Kb, c: &Col2Im, x: Value, y: Value, planes: usize) {
     // Pixels of a grid row done four at a time by the pair interleave.
     let vector = if kw == 2 { gw / 4 * 4 } else { 0 };
     let flags = MemFlagsData::new().with_endianness(Endianness::Little);
-    let low = f32_lanes(kb, [0, 4, 1, 5]);
-    let high = f32_lanes(kb, [2, 6, 3, 7]);
+    let low = kb.f32_lanes([0, 4, 1, 5]);
+    let high = kb.f32_lanes([2, 6, 3, 7]);
     for_range(kb, 0, planes as i64, 1, &mut |kb, bc| {
         let xb = kb.add_scaled(x, bc, plane_in);
         let yb = kb.add_scaled(y, bc, plane_out);
