@@ -13,7 +13,11 @@ compiled for the native target, onnxruntime's CPU provider with
 intra-op threads set, tract's default optimized plan (single-threaded; its
 Python API has no thread setting, so it runs only in the 1-thread rows).
 Each process reports p50 and p95 over the timed runs; the harness reads its
-peak RSS from the kernel (wait4). Kiln's throughput is the model's dense
+peak RSS from the kernel (wait4). With --rounds R, Kiln and onnxruntime
+alternate R times per model and thread count, and each engine's row is its
+round of median p50: on a host whose speed drifts from one process to the
+next (this one's two-thread runs do), a single pair can land in different
+states. Kiln's throughput is the model's dense
 FLOPs (MatMul, Gemm, Conv; `kiln inspect --json`) over its p50, also as a
 fraction of the single-core AVX-512 FMA peak measured by the `roofline`
 example in the same run.
@@ -153,6 +157,9 @@ def main():
     ap.add_argument("models", nargs="*", default=None)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate Kiln and onnxruntime this many times per model and thread count and keep "
+                         "each engine's round of median p50 (a host whose speed drifts between processes)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
     ap.add_argument("--roofline", default=os.path.join(ROOT, "target", "release", "examples", "roofline"))
@@ -190,7 +197,9 @@ def main():
     peak_text = f"peak {peak:.1f} GFLOP/s per core (AVX-512 FMA loop)" if peak else "peak not measured"
     header = (
         f"onnxruntime {onnxruntime.__version__}, tract (Python) {tract.version()}, {args.runs} runs after "
-        f"{args.warmup} warm-up, every engine in its own process on the same inputs; {peak_text}"
+        f"{args.warmup} warm-up, every engine in its own process on the same inputs"
+        + (f", Kiln and onnxruntime alternated {args.rounds} times (median p50 kept)" if args.rounds > 1 else "")
+        + f"; {peak_text}"
     )
     print(header)
     cols = f"{'model':<12} {'thr':>3} {'engine':<7} {'p50 ms':>9} {'p95 ms':>9} {'RSS MiB':>8} {'ORT/eng':>8} {'GFLOP/s':>8} {'%peak':>6}"
@@ -240,27 +249,31 @@ def main():
                 )
                 compiled[engine]["path"] = art
             for t in threads:
-                results = {}
-                for engine in builds:
-                    kiln_cmd = [args.kiln, "bench", compiled[engine]["path"], "--runs", str(args.runs),
-                                "--warmup", str(args.warmup), "--json"]
-                    for i in meta["inputs"]:
-                        kiln_cmd += ["--input", f"{i['name']}={os.path.join(model_dir, i['file'])}"]
-                    if kiln_threads:
-                        kiln_cmd += ["--threads", str(t)]
-                    if kiln_threads or t == 1:
-                        out, rss = run_measured(kiln_cmd)
-                        k = json.loads(out)
-                        results[engine] = (k["p50_ms"], k["p95_ms"], rss)
                 worker = [sys.executable, os.path.abspath(__file__), "--model", model_dir, "--threads", str(t),
                           "--runs", str(args.runs), "--warmup", str(args.warmup), "--worker"]
-                out, rss = run_measured(worker + ["ort"])
-                o = json.loads(out)
-                results["ort"] = (o["p50_ms"], o["p95_ms"], rss)
-                if args.int8 and ort_int8:
-                    out, rss = run_measured(worker + ["ort", "--onnx", ort_int8])
+                # Kiln and onnxruntime alternate, round after round; each
+                # engine keeps its round of median p50 (see --rounds).
+                rounds = {}
+                for _ in range(args.rounds):
+                    for engine in builds:
+                        kiln_cmd = [args.kiln, "bench", compiled[engine]["path"], "--runs", str(args.runs),
+                                    "--warmup", str(args.warmup), "--json"]
+                        for i in meta["inputs"]:
+                            kiln_cmd += ["--input", f"{i['name']}={os.path.join(model_dir, i['file'])}"]
+                        if kiln_threads:
+                            kiln_cmd += ["--threads", str(t)]
+                        if kiln_threads or t == 1:
+                            out, rss = run_measured(kiln_cmd)
+                            k = json.loads(out)
+                            rounds.setdefault(engine, []).append((k["p50_ms"], k["p95_ms"], rss))
+                    out, rss = run_measured(worker + ["ort"])
                     o = json.loads(out)
-                    results["ort-i8"] = (o["p50_ms"], o["p95_ms"], rss)
+                    rounds.setdefault("ort", []).append((o["p50_ms"], o["p95_ms"], rss))
+                    if args.int8 and ort_int8:
+                        out, rss = run_measured(worker + ["ort", "--onnx", ort_int8])
+                        o = json.loads(out)
+                        rounds.setdefault("ort-i8", []).append((o["p50_ms"], o["p95_ms"], rss))
+                results = {engine: sorted(rs)[(len(rs) - 1) // 2] for engine, rs in rounds.items()}
                 if t == 1:
                     try:
                         out, rss = run_measured(worker + ["tract"])
