@@ -1918,6 +1918,27 @@ fn fully_connected_conv(
     })
 }
 
+/// The dims of a 2-D convolution node (NCHW): the input `[batch, cin, h,
+/// w]`, the weights `[oc, cin_g, kh, kw]` and the output's `[oh, ow]`.
+#[derive(Clone, Copy)]
+struct ConvDims {
+    x: [usize; 4],
+    w: [usize; 4],
+    y: [usize; 2],
+}
+
+impl ConvDims {
+    fn of(cx: &NodeCx) -> ConvDims {
+        let dims = |s: &[usize]| [s[0], s[1], s[2], s[3]];
+        let y = &cx.node.ty.shape;
+        ConvDims {
+            x: dims(&cx.inputs[0].1.shape),
+            w: dims(&cx.inputs[1].1.shape),
+            y: [y[2], y[3]],
+        }
+    }
+}
+
 /// A 1×1, stride-1, unpadded convolution with constant weights: per image
 /// and group, `Y[oc, p] = bias[oc] + W[oc, :] @ X[:, p]` over the `H*W`
 /// positions `p` (NCHW needs no transposition).
@@ -1927,10 +1948,12 @@ fn pointwise_conv(
     c: &Conv2d,
     machine: Machine,
 ) -> Attempt<GemmSpec> {
-    let (xloc, xty) = cx.inputs[0];
-    let (_, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
-    let (oc, kh, kw) = (wty.shape[0], wty.shape[2], wty.shape[3]);
+    let xloc = cx.inputs[0].0;
+    let ConvDims {
+        x: [batch, cin, h, w],
+        w: [oc, _, kh, kw],
+        ..
+    } = ConvDims::of(cx);
     require((kh, kw) == (1, 1), || {
         format!("the window is {kh}x{kw}, not 1x1")
     })?;
@@ -1984,9 +2007,11 @@ fn im2col_conv(
     c: &Conv2d,
     machine: Machine,
 ) -> Attempt<GemmSpec> {
-    let (_, wty) = cx.inputs[1];
-    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
-    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let ConvDims {
+        w: [oc, cin_g, kh, kw],
+        y: [oh, ow],
+        ..
+    } = ConvDims::of(cx);
     let elem = conv_gemm_elem(cx, c)?;
     f32_on(machine.vector, elem)?;
     let full = Im2col {
@@ -2269,11 +2294,13 @@ fn implicit_conv(
     c: &Conv2d,
     Machine { tasks, vector }: Machine,
 ) -> Attempt<GemmSpec> {
-    let (xloc, xty) = cx.inputs[0];
-    let (_, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
-    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
-    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let xloc = cx.inputs[0].0;
+    let dims = ConvDims::of(cx);
+    let ConvDims {
+        x: [batch, cin, h, w],
+        w: [oc, cin_g, kh, kw],
+        y: [oh, ow],
+    } = dims;
     let [sh, sw] = c.strides;
     require(sw <= MAX_IMPLICIT_W_STRIDE, || {
         format!("W stride {sw} > {MAX_IMPLICIT_W_STRIDE}")
@@ -2292,7 +2319,7 @@ fn implicit_conv(
         format!("{kh}x{kw} taps; the kernel unrolls at most {MAX_TAPS}")
     })?;
     if merges_rows(cx, c, vector) {
-        return row_merged_conv(cx, weights, c, Machine { tasks, vector });
+        return row_merged_conv(cx, weights, c, Machine { tasks, vector }, dims);
     }
     let fill = lane_fill(ow);
     require(fill >= MIN_ROW_FILL || oh == 1, || {
@@ -2459,12 +2486,14 @@ fn row_merged_conv(
     weights: &mut Weights,
     c: &Conv2d,
     Machine { tasks, vector }: Machine,
+    dims: ConvDims,
 ) -> Attempt<GemmSpec> {
-    let (xloc, xty) = cx.inputs[0];
-    let (_, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
-    let (oc, cin_g, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
-    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let ConvDims {
+        x: [batch, cin, h, w],
+        w: [oc, cin_g, kh, kw],
+        y: [oh, ow],
+    } = dims;
+    let xloc = cx.inputs[0].0;
     let [_, sw] = c.strides;
     let [dh, dw] = c.dilations;
     let elem = conv_gemm_elem(cx, c)?;
@@ -2625,11 +2654,12 @@ const MIN_BAND_FILL: f64 = 0.85;
 /// A depthwise convolution (one input channel per group, any depth
 /// multiplier) with W stride 1, weights read as they are.
 fn depthwise_conv(cx: &NodeCx, c: &Conv2d, vector: Vector) -> Attempt<DepthwiseSpec> {
-    let (xloc, xty) = cx.inputs[0];
-    let (wloc, wty) = cx.inputs[1];
-    let (batch, cin, h, w) = (xty.shape[0], xty.shape[1], xty.shape[2], xty.shape[3]);
-    let (oc, cg, kh, kw) = (wty.shape[0], wty.shape[1], wty.shape[2], wty.shape[3]);
-    let (oh, ow) = (cx.node.ty.shape[2], cx.node.ty.shape[3]);
+    let (xloc, wloc) = (cx.inputs[0].0, cx.inputs[1].0);
+    let ConvDims {
+        x: [batch, cin, h, w],
+        w: [oc, cg, kh, kw],
+        y: [oh, ow],
+    } = ConvDims::of(cx);
     require(c.group == cin && cg == 1 && oc % c.group == 0, || {
         format!("{} input channels per group, not 1", cin / c.group)
     })?;
