@@ -74,15 +74,30 @@ struct Shared {
 /// run before they sleep.
 const SPIN: Duration = Duration::from_micros(1000);
 
+/// Rounds of 64 spins (a few microseconds) before a spinning thread also
+/// yields its core between rounds: with more threads than free cores (a
+/// session of 8 threads on 2 cores, or two sessions of 2), a thread that
+/// only spins keeps the one holding a task off the core. MobileNetV2
+/// compiled with `--threads 8`, on this 2-core machine (`kiln bench
+/// --random --runs 200 --threads T`, 2026-12-07): 8 threads 20–28 ms p50
+/// spinning only, 5.2–8.7 ms with the yield; 4 threads 16.7 → 8.5 ms; at
+/// 2 threads (its default artifact) 4.2–4.8 ms either way.
+const SPIN_ROUNDS_BEFORE_YIELD: u32 = 16;
+
 /// Spins until `ready` holds or [`SPIN`] has passed; whether it held.
 fn spin_until(ready: impl Fn() -> bool) -> bool {
     let start = Instant::now();
+    let mut rounds = 0u32;
     loop {
         for _ in 0..64 {
             if ready() {
                 return true;
             }
             std::hint::spin_loop();
+        }
+        rounds += 1;
+        if rounds > SPIN_ROUNDS_BEFORE_YIELD {
+            std::thread::yield_now();
         }
         if start.elapsed() >= SPIN {
             return false;
@@ -364,7 +379,9 @@ mod tests {
     /// with `cargo test --release -p kiln-runtime --lib hand_over_cost --
     /// --ignored --nocapture`. On this 2-core machine: 1.1 µs per step
     /// with the mutex-and-condition-variable pool this one replaced,
-    /// 0.15–0.17 µs now (2026-12-07).
+    /// 0.15–0.17 µs with the lock-free hand-over, 0.04 µs once spinning
+    /// threads also yield (the caller then often runs both empty tasks
+    /// before the worker looks; 2026-12-07).
     #[test]
     #[ignore = "a measurement; run it by name"]
     fn hand_over_cost() {
