@@ -30,8 +30,17 @@ use std::time::{Duration, Instant};
 use crate::code::KernelFn;
 
 /// Bits of [`Shared::claim`] below the epoch: the next unclaimed task.
-const TASK_BITS: u32 = 32;
+/// The other 40 hold the epoch's low bits, so a worker would have to stall
+/// between reading a job and claiming its task for 2^40 steps (hours at
+/// the fastest hand-over) to see its tag come round again.
+const TASK_BITS: u32 = 24;
 const TASK_MASK: u64 = (1 << TASK_BITS) - 1;
+
+/// The claim counter's value at the start of job `epoch` (its low bits
+/// above the task bits; the shift drops the rest).
+fn tag(epoch: u64) -> u64 {
+    epoch << TASK_BITS
+}
 
 struct Shared {
     /// The current job, written by the caller before it publishes the
@@ -109,7 +118,7 @@ impl Shared {
     /// Claims and runs tasks of the job of `epoch` until none is left, or
     /// returns at once when a newer job has replaced it.
     fn work(&self, epoch: u64) {
-        let tag = (epoch & TASK_MASK) << TASK_BITS;
+        let tag = tag(epoch);
         // Read before any claim: a value from a newer job was written after
         // that job retagged `claim` (Release/Acquire), so the claim below
         // then sees the newer tag and fails.
@@ -232,13 +241,26 @@ impl Pool {
     ) -> i32 {
         let s = &*self.shared;
         let count = entries.len();
+        if count as u64 > TASK_MASK {
+            // More tasks than the claim counter holds (no compiler makes
+            // such a step): run them here, one after another.
+            let mut first = 0;
+            for entry in entries {
+                // SAFETY: the caller's contract; one task at a time is
+                // safer still than the concurrency it allows.
+                let code = unsafe { entry(arena, weights) };
+                if first == 0 {
+                    first = code;
+                }
+            }
+            return first;
+        }
         // Every task of the previous job has finished (this function
         // waited for them), so no worker runs with the fields below.
         let epoch = s.published.load(Ordering::Relaxed) + 1;
         // Retag first: a late worker that reads any field written below
         // then also sees the new tag and claims nothing.
-        s.claim
-            .store((epoch & TASK_MASK) << TASK_BITS, Ordering::Release);
+        s.claim.store(tag(epoch), Ordering::Release);
         s.finished.store(0, Ordering::Release);
         s.code.store(0, Ordering::Release);
         s.entries
