@@ -133,36 +133,33 @@ impl Movement {
     /// repeat each value for the channel's block elements (`[1, C·kh·kw,
     /// 1]`); a Reshape's must be full-size, reshaped to `unmoved`.
     fn unmoved_constant(&self, t: &Tensor, out: &[usize], unmoved: &[usize]) -> Option<Tensor> {
-        if let Movement::Reshape(_) = self {
-            return (t.shape().as_slice() == out)
-                .then(|| t.reshaped(unmoved))
-                .flatten();
-        }
         let rank = out.len();
         if t.shape().len() > rank {
             return None;
         }
         let mut full = vec![1; rank - t.shape().len()];
         full.extend_from_slice(t.shape());
-        let t = t.reshaped(&full)?;
+        let padded = t.reshaped(&full)?;
         match self {
             Movement::Transpose(perm) => {
                 let back = Op::Transpose {
                     perm: inverse(perm),
                 };
-                kiln_ir::eval::eval(&back, &[&t]).ok()
+                kiln_ir::eval::eval(&back, &[&padded]).ok()
             }
-            Movement::Reshape(_) => None,
+            Movement::Reshape(_) => (t.shape().as_slice() == out)
+                .then(|| t.reshaped(unmoved))
+                .flatten(),
             Movement::Col2Im(c) => {
                 let channels = out[1];
                 if full == [1, 1, 1, 1] {
-                    return t.reshaped([1, 1, 1]);
+                    return padded.reshaped([1, 1, 1]);
                 }
                 if full != [1, channels, 1, 1] {
                     return None;
                 }
                 let block = c.block[0] * c.block[1];
-                let column = t.reshaped([1, channels, 1])?;
+                let column = padded.reshaped([1, channels, 1])?;
                 let expand = Op::Expand {
                     shape: [1, channels, block].into_iter().collect(),
                 };

@@ -261,13 +261,18 @@ pub(crate) fn reshape(kb: &mut Kb, cx: &NodeCx) -> Result<(), CpuError> {
 
 /// Axis permutation.
 pub(crate) fn transpose(kb: &mut Kb, cx: &NodeCx, perm: &Ints) -> Result<(), CpuError> {
-    let e = esize_of(cx);
-    let in_st = bytes_strides(&cx.inputs[0].1.shape, e);
-    let src_st: Vec<i64> = perm.iter().map(|&p| in_st[p]).collect();
-    let shape = cx.node.ty.shape.clone();
+    let (dims, st) = transpose_space(cx, perm);
     let src = kb.ptr(cx.inputs[0].0);
     let dst = kb.ptr(cx.out);
-    copy_strided(kb, &shape, dst, bytes_strides(&shape, e), src, src_st, e);
+    copy_strided(
+        kb,
+        &dims,
+        dst,
+        st[0].clone(),
+        src,
+        st[1].clone(),
+        esize_of(cx),
+    );
     Ok(())
 }
 
