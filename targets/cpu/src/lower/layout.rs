@@ -96,7 +96,7 @@ pub(crate) fn copy_strided(
 /// contiguous along the last dim and the source along dim `q`: blocks of
 /// 4 × 4, each four vector loads along `q`, a transpose by shuffles and
 /// four vector stores along the last dim, instead of a scalar load and
-/// store per element (1.4–5× faster, see `docs/performance.md`). The
+/// store per element (1.3–5× faster, see `docs/performance.md`). The
 /// tails are scalar.
 fn copy_transposed(
     kb: &mut Kb,
