@@ -206,16 +206,34 @@ fn add_lowered(
         lower::Lowered::ClifTasks(funcs) => text.add_tasks(name, funcs, target)?,
         lower::Lowered::SplitChain(tasks, tail) => {
             text.add_machine(name, &tasks);
-            let name = format!("{name}/tail");
-            match tail {
-                lower::SplitTail::Machine(codes) => text.add_machine(&name, &codes),
-                lower::SplitTail::Clif(funcs) => text.add_tasks(&name, funcs, target)?,
+            add_tail(text, name, tail, target)?;
+        }
+        lower::Lowered::PixelRows(tasks, transpose, tail) => {
+            text.add_machine(name, &tasks);
+            text.add_tasks(&format!("{name}/transpose"), transpose, target)?;
+            if let Some(tail) = tail {
+                add_tail(text, name, tail, target)?;
             }
         }
         lower::Lowered::AfterIm2col(im2col, rest) => {
             text.add_machine(&format!("{name}/im2col"), &im2col);
             add_lowered(text, name, *rest, target)?;
         }
+    }
+    Ok(())
+}
+
+/// Appends the step of job `name`'s fused program after its head.
+fn add_tail(
+    text: &mut emit::Text,
+    name: &str,
+    tail: lower::SplitTail,
+    target: &isa::Target,
+) -> Result<(), CpuError> {
+    let name = format!("{name}/tail");
+    match tail {
+        lower::SplitTail::Machine(codes) => text.add_machine(&name, &codes),
+        lower::SplitTail::Clif(funcs) => text.add_tasks(&name, funcs, target)?,
     }
     Ok(())
 }

@@ -1051,3 +1051,71 @@ fn blocked_depthwise_conv_applies_per_channel_operands_per_lane() {
         "avx512/depthwise-c16"
     );
 }
+
+/// A convolution whose pixels run as rows (49 pixels, 80 channels: the
+/// transposed GEMM, then a transpose) keeps its fused program: a leading
+/// Relu in the store loop with the bias, the rest (a residual add, a
+/// product and a sigmoid) over the output after the transpose. On AVX-512
+/// and AVX2, against the reference evaluator.
+#[test]
+fn pixel_rows_conv_runs_its_program_after_the_transpose() {
+    let head = || {
+        Some((
+            conv(1, 1),
+            vec![
+                Arg::Input(vec![2, 64, 7, 7]),
+                Arg::Const(vec![80, 64, 3, 3]),
+                Arg::Const(vec![80]),
+            ],
+        ))
+    };
+    let residual = || vec![Arg::Input(vec![2, 80, 7, 7])];
+    let graphs = [
+        fused_graph(head(), vec![], vec![Instr::Unary(UnaryOp::Relu, r(0))], 11),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Binary(BinaryOp::Add, r(1), r(0)),
+                Instr::Unary(UnaryOp::Relu, r(2)),
+            ],
+            12,
+        ),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(0)),
+                Instr::Binary(BinaryOp::Mul, r(2), r(1)),
+                Instr::Unary(UnaryOp::Sigmoid, r(3)),
+            ],
+            13,
+        ),
+    ];
+    for (i, g) in graphs.iter().enumerate() {
+        let mut rng = Rng::new(40 + i as u64);
+        let inputs: Vec<Tensor> = (g.inputs().iter())
+            .map(|&id| rand_tensor(&mut rng, DType::F32, &g.node(id).ty.shape))
+            .collect();
+        for (target, isa, feature) in [
+            (CpuTarget::X86_64Avx512, "avx512", "avx512f"),
+            (CpuTarget::X86_64V3, "avx2", "avx2"),
+        ] {
+            let opts = CpuOptions {
+                target,
+                opt_level: 2,
+                threads: 2,
+            };
+            let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
+            let kernel = &a.profiles[0].dense_kernels[0].kernel;
+            assert_eq!(*kernel, format!("{isa}/transposed-gemm"), "program {i}");
+            let runs = match feature {
+                "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+                _ => std::arch::is_x86_feature_detected!("avx2"),
+            };
+            if runs {
+                check_for(g, &inputs, 1e-5, target);
+            }
+        }
+    }
+}

@@ -218,30 +218,65 @@ fn one_dimensional_convolutions_in_every_layout() {
 }
 
 #[test]
-fn small_maps_with_many_channels_pack_rows_together() {
-    // 7x7 rows fill under half a vector: im2col packs them; long K runs in
-    // chunks (the A rows and B columns over K outgrow L1 and L2).
+fn small_maps_with_many_channels_run_pixels_as_rows() {
+    // 49 pixels fill 77% of four vectors, 96 channels all of six: the
+    // transposed GEMM (pixels as rows, channels along the vectors, then a
+    // transpose), A the im2col matrix; its long K runs in chunks.
     let c7 = ConvCase::new([1, 160, 7, 7], 96, [3, 3]).pads([1, 1, 1, 1]);
-    check_kernel(&c7.graph(), "avx512/im2col-gemm", "3x3 on 7x7");
-    let s2 = ConvCase::new([1, 128, 14, 14], 40, [3, 3])
+    check_kernel(&c7.graph(), TRANSPOSED, "3x3 on 7x7");
+    let s2 = ConvCase::new([1, 128, 14, 14], 48, [3, 3])
         .strides([2, 2])
         .pads([1, 1, 1, 1]);
-    check_kernel(&s2.graph(), "avx512/im2col-gemm", "3x3 stride 2 on 14x14");
-    // 14 columns fill 88% of a vector: the implicit GEMM, one tile wide.
+    check_kernel(&s2.graph(), TRANSPOSED, "3x3 stride 2 on 14x14");
+    // A 1x1 reads its input in place as A; 130 channels end in a masked
+    // vector; two images.
+    let pointwise = ConvCase::new([2, 200, 7, 7], 130, [1, 1]);
+    check_kernel(&pointwise.graph(), TRANSPOSED, "1x1 on 7x7");
+    let strided = ConvCase::new([1, 96, 13, 13], 72, [1, 1]).strides([2, 2]);
+    check_kernel(&strided.graph(), TRANSPOSED, "1x1 stride 2 on 13x13");
+    // Groups of 16 channels (RegNet's last stage): a GEMM per group into
+    // its columns of the rows.
+    let grouped = ConvCase::new([1, 80, 7, 7], 80, [3, 3])
+        .pads([1, 1, 1, 1])
+        .group(5);
+    check_kernel(&grouped.graph(), TRANSPOSED, "groups of 16 on 7x7");
+    // 14 columns fill 88% of a vector, and 50 channels 78% of four: the
+    // implicit GEMM, one tile wide.
     let c14 = ConvCase::new([1, 96, 14, 14], 50, [3, 3]).pads([1, 1, 1, 1]);
     check_kernel(&c14.graph(), "avx512/implicit-gemm", "3x3 on 14x14");
     // Past 64 output channels the weights re-read per output row cost more
     // than im2col's copies: im2col first, its K in chunks that sweep every
-    // column tile (196 columns: three full tiles and a masked one).
+    // column tile (196 columns: three full tiles and a masked one); 65
+    // channels fill 81% of five vectors.
     let wide = ConvCase::new([1, 160, 14, 14], 65, [3, 3]).pads([1, 1, 1, 1]);
     check_kernel(&wide.graph(), "avx512/im2col-gemm", "65 channels on 14x14");
-    let narrow = ConvCase::new([1, 160, 14, 14], 64, [3, 3]).pads([1, 1, 1, 1]);
-    check_kernel(
-        &narrow.graph(),
-        "avx512/implicit-gemm",
-        "64 channels on 14x14",
+    // The same on AVX2: eight-lane vectors, so 49 pixels fill 88% of
+    // theirs; 7 images of 9 pixels fill 56%.
+    let v3 = |case: ConvCase, what: &str| {
+        let opts = CpuOptions {
+            target: CpuTarget::X86_64V3,
+            opt_level: 2,
+            threads: 2,
+        };
+        let g = case.graph();
+        let a = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
+        let k = &a.profiles[0].dense_kernels[0];
+        assert_eq!(k.kernel, "avx2/transposed-gemm", "{what}: {k:?}");
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut rng = Rng::new(9);
+            let inputs = [common::rand_tensor(&mut rng, DType::F32, &case.x)];
+            common::check_for(&g, &inputs, 1e-5, CpuTarget::X86_64V3);
+        }
+    };
+    v3(
+        ConvCase::new([7, 40, 3, 3], 64, [3, 3]).pads([1, 1, 1, 1]),
+        "3x3 on 3x3",
     );
+    v3(ConvCase::new([1, 200, 7, 7], 130, [1, 1]), "1x1 on 7x7");
 }
+
+/// The transposed GEMM's name.
+const TRANSPOSED: &str = "avx512/transposed-gemm";
 
 #[test]
 fn asymmetric_strided_and_stem_windows() {
@@ -362,6 +397,7 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     assert_eq!(
         tried,
         [
+            TRANSPOSED,
             "avx512/fully-connected-gemm",
             "avx512/pointwise-gemm",
             "avx512/implicit-gemm",
@@ -369,7 +405,7 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
         ]
     );
     assert!(
-        k.declined[2..]
+        k.declined[3..]
             .iter()
             .all(|d| d.reason == "the weights are not a constant"),
         "{:?}",

@@ -145,12 +145,17 @@ fn avx2_gemms_match_the_reference() {
 /// k×k convolutions on AVX2: the im2col copies (8 floats per ymm move,
 /// single floats at row ends, a gather for W strides above 1) and the
 /// implicit GEMM's padded band copy, over padding, strides, dilations,
-/// groups and channel counts on both sides of the implicit/im2col order.
+/// groups and channel counts on both sides of the implicit/im2col order
+/// (130 channels on 7×7 run pixels as rows: the transposed GEMM).
 #[test]
 fn avx2_kxk_convolutions_match_the_reference() {
     let mut rng = Rng::new(41);
     let mut seed = 4100;
-    let gemms = ["avx2/implicit-gemm", "avx2/im2col-gemm"];
+    let gemms = [
+        "avx2/implicit-gemm",
+        "avx2/im2col-gemm",
+        "avx2/transposed-gemm",
+    ];
     for (x, oc, k, s, p, d) in [
         ([1, 3, 9, 9], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
         ([2, 4, 11, 21], 70, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),

@@ -650,12 +650,13 @@ fn hard_swish_scaled(conv: Conv2d, head_inputs: usize) -> Op {
 
 #[test]
 fn store_loop_epilogue_with_per_channel_operands_split_by_rows() {
-    // Pointwise conv to 512 channels over 10x10 pixels (split by output
-    // rows = channels), then hard-swish and a per-channel scale in the
-    // store loop: each task reads the scales of its own channels.
+    // Pointwise conv to 512 channels over 12x12 pixels (split by output
+    // rows = channels; 144 pixels fill their vectors, so they are not
+    // rows), then hard-swish and a per-channel scale in the store loop:
+    // each task reads the scales of its own channels.
     let mut rng = Rng::new(7);
     let mut g = Graph::new();
-    let x = g.add_input("x", ValueType::new(DType::F32, [1, 384, 10, 10]));
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 384, 12, 12]));
     let w = constant(&mut g, &mut rng, "w", &[512, 384, 1, 1]);
     let scale = constant(&mut g, &mut rng, "scale", &[512, 1, 1]);
     let conv = Conv2d {

@@ -33,6 +33,8 @@ use crate::microkernel::pack::{
 use crate::microkernel::{MicrokernelError, Vector};
 use crate::plan::{Base, Loc, Scratch, Weights};
 
+mod pixel_rows;
+
 /// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,
 /// half for a B panel.
 const MAX_SCRATCH: u64 = 64 << 20;
@@ -91,6 +93,10 @@ pub(crate) struct Served {
     pub codes: Vec<Vec<u8>>,
     /// What is left of a fused program (see [`lower_fused`]).
     pub tail: Option<Tail>,
+    /// Scratch into which the head's tasks wrote their result as `[N, P,
+    /// C]` (pixels as rows, see [`pixel_rows`]): the caller transposes it
+    /// into the output, before the tail. `None`: the head wrote the output.
+    pub pixel_rows: Option<Loc>,
     /// The candidate's name.
     pub kernel: &'static str,
 }
@@ -170,6 +176,7 @@ fn finish(kernel: &'static str, parts: Parts, tail: Option<ElementwiseProgram>) 
         im2col,
         codes: gemm,
         tail: tail.map(|program| Tail { program, src }),
+        pixel_rows: None,
         kernel,
     }
 }
@@ -272,9 +279,10 @@ const FULLY_CONNECTED: &str = "avx512/fully-connected-gemm";
 const POINTWISE: &str = "avx512/pointwise-gemm";
 const IMPLICIT: &str = "avx512/implicit-gemm";
 const IM2COL: &str = "avx512/im2col-gemm";
+const TRANSPOSED: &str = "avx512/transposed-gemm";
 
 /// The name of the float candidates on ymm registers.
-const YMM_NAMES: [(&str, &str); 7] = [
+const YMM_NAMES: [(&str, &str); 8] = [
     (GEMM, "avx2/gemm"),
     (CONV, "avx2/conv"),
     (DEPTHWISE, "avx2/depthwise"),
@@ -282,6 +290,7 @@ const YMM_NAMES: [(&str, &str); 7] = [
     (POINTWISE, "avx2/pointwise-gemm"),
     (IMPLICIT, "avx2/implicit-gemm"),
     (IM2COL, "avx2/im2col-gemm"),
+    (TRANSPOSED, "avx2/transposed-gemm"),
 ];
 
 /// Candidate `name` (a zmm name) built from `vector`'s registers.
@@ -451,6 +460,10 @@ fn candidates(
                 if let Some(served) = trail.attempt(on(vector, DEPTHWISE), served)? {
                     return Ok(Some(served));
                 }
+            }
+            let served = pixel_rows::transposed_conv(cx, c, weights, scratch, fused, machine);
+            if let Some(served) = trail.attempt(on(vector, TRANSPOSED), served)? {
+                return Ok(Some(served));
             }
             let mut chosen = None;
             for (name, candidate) in conv_gemms(cx, c, vector) {
@@ -831,12 +844,7 @@ fn absorb_prefix(
         }
     }
     if let Some(&Instr::Unary(u, r)) = instrs.get(used) {
-        let act = match u {
-            UnaryOp::Relu => Some(Activation::Relu),
-            UnaryOp::Clip { min, max } => Some(Activation::Clip { lo: min, hi: max }),
-            _ => None,
-        };
-        if let (Some(act), true) = (act, r == cur) {
+        if let (Some(act), true) = (activation(u), r == cur) {
             spec.act = act;
             used += 1;
         }
@@ -853,6 +861,15 @@ fn absorb_prefix(
             *spec = saved;
             Some(p.clone())
         }
+    }
+}
+
+/// The store-loop activation that unary op `u` is, if any.
+fn activation(u: UnaryOp) -> Option<Activation> {
+    match u {
+        UnaryOp::Relu => Some(Activation::Relu),
+        UnaryOp::Clip { min, max } => Some(Activation::Clip { lo: min, hi: max }),
+        _ => None,
     }
 }
 

@@ -329,6 +329,10 @@ pub(crate) enum Lowered {
     /// A step of microkernel tasks that build the im2col matrices a
     /// convolution's GEMM tasks share, then the GEMM's kernels.
     AfterIm2col(Vec<Vec<u8>>, Box<Lowered>),
+    /// A GEMM whose tasks write pixels as rows into scratch
+    /// (`dense::Served::pixel_rows`), then a step that transposes that into
+    /// the output, then the rest of a fused program, if any.
+    PixelRows(Vec<Vec<u8>>, Vec<Function>, Option<SplitTail>),
 }
 
 /// The tasks of the second step of a [`Lowered::SplitChain`].
@@ -417,12 +421,27 @@ fn lower_dense(
         im2col,
         codes: tasks,
         tail,
+        pixel_rows,
         kernel,
     }) = served
     else {
         return Ok(None);
     };
-    let lowered = with_tail(plan, id, target, &cx, fused, tasks, tail)?;
+    let lowered = match pixel_rows {
+        Some(rows) => {
+            let transpose = pixel_rows_transpose(&cx, id, rows, target)?;
+            let tail = match (fused, tail) {
+                (Some(k), Some(tail)) => Some(tail_kernels(plan, id, target, &cx, k, tail, true)?),
+                _ => None,
+            };
+            let tail = tail.map(|t| match t {
+                TailKernels::Split(t) => t,
+                TailKernels::Chained(_) => unreachable!("a split tail is asked for"),
+            });
+            Lowered::PixelRows(tasks, transpose, tail)
+        }
+        None => with_tail(plan, id, target, &cx, fused, tasks, tail)?,
+    };
     Ok(Some(match im2col.is_empty() {
         true => (lowered, kernel),
         false => (Lowered::AfterIm2col(im2col, Box::new(lowered)), kernel),
@@ -441,10 +460,37 @@ fn with_tail(
     mut tasks: Vec<Vec<u8>>,
     tail: Option<dense::Tail>,
 ) -> Result<Lowered, CpuError> {
-    let codegen = |e| microkernel_error(cx.node, e);
-    let (Some(k), Some(dense::Tail { program, src })) = (fused, tail) else {
+    let (Some(k), Some(tail)) = (fused, tail) else {
         return Ok(Lowered::Machine(tasks));
     };
+    let split = tasks.len() > 1;
+    Ok(match tail_kernels(plan, id, target, cx, k, tail, split)? {
+        TailKernels::Split(tail) => Lowered::SplitChain(tasks, tail),
+        TailKernels::Chained(tail) => Lowered::Chain(tasks.swap_remove(0), tail),
+    })
+}
+
+/// The kernels of the rest of a fused program ([`dense::Tail`]).
+enum TailKernels {
+    /// A step of its own, split when large.
+    Split(SplitTail),
+    /// Code to run in the head's kernel, after it.
+    Chained(crate::emit::TailCode),
+}
+
+/// The kernels of `tail`, the rest of fused kernel `k`'s program over its
+/// head's result: a step of its own when `split` (the head is split into
+/// tasks, or another step comes between), else code chained to the head.
+fn tail_kernels(
+    plan: &mut Plan,
+    id: NodeId,
+    target: &Target,
+    cx: &NodeCx,
+    k: &FusedKernel,
+    dense::Tail { program, src }: dense::Tail,
+    split: bool,
+) -> Result<TailKernels, CpuError> {
+    let codegen = |e| microkernel_error(cx.node, e);
     let first_extra = k.head().map_or(0, |h| h.inputs);
     // The tail as a headless kernel over the head's result: an AVX-512 or
     // AVX2 elementwise kernel when its program has the step form, else
@@ -465,7 +511,6 @@ fn with_tail(
     };
     tail_cx.input_ids.extend(&cx.input_ids[first_extra..]);
     tail_cx.inputs.extend(&cx.inputs[first_extra..]);
-    let split = tasks.len() > 1;
     let tail_tasks = if split { target.tasks } else { 1 };
     let headless = target.vector().and_then(|vector| {
         let machine = dense::Machine {
@@ -490,13 +535,44 @@ fn with_tail(
                 None => vec![build_function(target, over)?],
             }),
         };
-        return Ok(Lowered::SplitChain(tasks, tail));
+        return Ok(TailKernels::Split(tail));
     }
-    let tail = match machine {
+    Ok(TailKernels::Chained(match machine {
         Some(mut codes) => crate::emit::TailCode::Machine(codes.swap_remove(0)),
         None => crate::emit::TailCode::Clif(Box::new(build_function(target, over)?)),
+    }))
+}
+
+/// The transpose of a head's result written as `[N, P, C]` (pixels as
+/// rows) at `rows` into the output of dense node `cx` (`[N, C, H, W]`, P
+/// = H·W), as the tasks of one step.
+fn pixel_rows_transpose(
+    cx: &NodeCx,
+    id: NodeId,
+    rows: Loc,
+    target: &Target,
+) -> Result<Vec<Function>, CpuError> {
+    let s = &cx.node.ty.shape;
+    let (batch, channels, pixels) = (s[0], s[1], s[2..].iter().product::<usize>());
+    let rows_ty = ValueType::new(DType::F32, vec![batch, pixels, channels]);
+    let perm: kiln_ir::Ints = [0, 2, 1].into_iter().collect();
+    let node = Node {
+        op: Op::Transpose { perm: perm.clone() },
+        name: cx.node.name.clone(),
+        ty: ValueType::new(DType::F32, vec![batch, channels, pixels]),
     };
-    Ok(Lowered::Chain(tasks.swap_remove(0), tail))
+    let tcx = NodeCx {
+        graph: cx.graph,
+        node: &node,
+        input_ids: vec![id],
+        inputs: vec![(rows, &rows_ty)],
+        out: cx.out,
+    };
+    if let Some(parts) = split_transpose(&tcx, target)? {
+        return Ok(parts);
+    }
+    let whole = build_function(target, |kb| layout::transpose(kb, &tcx, &perm))?;
+    Ok(vec![whole])
 }
 
 /// A microkernel that applies but could not be assembled: a compiler bug,

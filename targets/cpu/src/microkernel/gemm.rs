@@ -126,6 +126,28 @@ impl Blocking {
         max_rows: usize,
         fixed: Option<(PackedSide, usize)>,
     ) -> Blocking {
+        match Blocking::scored(vector, m, n, max_rows, fixed) {
+            (cost, tile) if cost.is_finite() => tile,
+            _ => Blocking::choose_for(vector, m, n, max_rows),
+        }
+    }
+
+    /// The modeled cycles per k step of [`Blocking::choose_for`]'s tile
+    /// for an `m × n` output: what comparing two ways of laying out one
+    /// product (channels or pixels along the vectors) weighs.
+    pub(crate) fn modeled_cycles(vector: Vector, m: usize, n: usize, max_rows: usize) -> f64 {
+        Blocking::scored(vector, m, n, max_rows, None).0
+    }
+
+    /// The cheapest tile within the constraints and its modeled cycles
+    /// per k step (infinite when `fixed` allows no tile).
+    fn scored(
+        vector: Vector,
+        m: usize,
+        n: usize,
+        max_rows: usize,
+        fixed: Option<(PackedSide, usize)>,
+    ) -> (f64, Blocking) {
         let cycles = |mr: usize, nv: usize| -> f64 {
             let fma = (mr * nv) as f64 / 2.0;
             let loads = (mr + nv) as f64 / 2.0;
@@ -176,10 +198,7 @@ impl Blocking {
                 }
             }
         }
-        match (fixed, best.0.is_finite()) {
-            (Some(_), false) => Blocking::choose_within(vector, m, n, max_rows, None),
-            _ => best.1,
-        }
+        best
     }
 
     /// The side `side` of this tile.
