@@ -158,6 +158,7 @@ pub(crate) fn lower_microkernel(
             calls: vec![],
             im2col: vec![],
             b_panel: None,
+            im2col_into_a: false,
             u8_zero: None,
             row_sums: None,
             to_f32: false,

@@ -736,11 +736,15 @@ fn assemble_parts(
                 }
             }
         }
-        // B was addressed relative to the start of its scratch.
+        // The im2col operand was addressed relative to the start of its
+        // scratch.
         let col = shared.or((sizes[2 * t] > 0).then(|| locs[2 * t]));
         if let Some(col) = col {
             for call in &mut part.calls {
-                call.b = col.moved(call.b.offset as i64);
+                match part.im2col_into_a {
+                    true => call.a = col.moved(call.a.offset as i64),
+                    false => call.b = col.moved(call.b.offset as i64),
+                }
             }
         }
         if sizes[2 * t + 1] > 0 {
@@ -1590,6 +1594,7 @@ fn matmul(cx: &NodeCx, weights: &mut Weights, vector: Vector) -> Attempt<GemmSpe
         calls,
         im2col: Vec::new(),
         b_panel: None,
+        im2col_into_a: false,
         u8_zero: None,
         row_sums: None,
         to_f32: false,
@@ -1667,6 +1672,7 @@ fn integer_matmul(cx: &NodeCx, weights: &mut Weights) -> Attempt<GemmSpec> {
         }],
         im2col: Vec::new(),
         b_panel: None,
+        im2col_into_a: false,
         u8_zero,
         row_sums: None,
         to_f32: false,
@@ -1790,6 +1796,7 @@ fn gemm(
         }],
         im2col: Vec::new(),
         b_panel: None,
+        im2col_into_a: false,
         u8_zero: None,
         row_sums: None,
         to_f32: false,
@@ -2275,6 +2282,7 @@ fn conv_gemm(m: usize, n: usize, k: usize, elem: Elem, blocking: Blocking, bias:
         calls: Vec::new(),
         im2col: Vec::new(),
         b_panel: None,
+        im2col_into_a: false,
         u8_zero: None,
         row_sums: None,
         to_f32: false,

@@ -105,6 +105,11 @@ pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {
                 .collect();
         }
     }
+    // An A built by im2col (pixels as rows) is built whole by every
+    // task, each multiplying it by its columns of B.
+    if spec.im2col_into_a {
+        return split_columns(spec, tasks);
+    }
     let mr = spec.blocking.mr;
     let row_tiles = spec.m.div_ceil(mr);
     // A convolution short of calls would run on one thread: its row tasks
@@ -187,6 +192,7 @@ pub(crate) fn stage_im2col(spec: &GemmSpec, tasks: usize) -> Option<Staged> {
         || !f32_copies
         || !every_call_builds
         || !matches!(spec.b, BLayout::Strided { .. })
+        || spec.im2col_into_a
     {
         return None;
     }
@@ -196,15 +202,48 @@ pub(crate) fn stage_im2col(spec: &GemmSpec, tasks: usize) -> Option<Staged> {
     };
     // Each call's matrix gets scratch of its own.
     let mut cols = Vec::with_capacity(spec.calls.len());
-    let mut sources = Vec::with_capacity(spec.calls.len());
     let mut col_bytes = 0;
     for call in &spec.calls {
-        let (src, routine) = call.src?;
+        let (_, routine) = call.src?;
         cols.push(col_bytes);
-        sources.push((src, routine, at(col_bytes)));
         col_bytes += spec.im2col[routine].col_bytes().next_multiple_of(64);
     }
-    let im2col = im2col_by_channels(&spec.im2col, &sources, tasks);
+    // The (call, input channel) pairs, cut into `tasks` contiguous runs;
+    // a channel's rows of `col` are contiguous (rows run over
+    // `(channel, th, tw)`).
+    let cin = spec.im2col[0].cin;
+    let units = spec.calls.len() * cin;
+    let mut im2col = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (start, end) = (units * t / tasks, units * (t + 1) / tasks);
+        let mut kernel = Im2colKernel {
+            routines: Vec::new(),
+            jobs: Vec::new(),
+        };
+        let mut u = start;
+        while u < end {
+            let (i, c0) = (u / cin, u % cin);
+            let c1 = cin.min(c0 + end - u);
+            let (src, r) = spec.calls[i].src?;
+            let full = spec.im2col[r];
+            let part = Im2col {
+                cin: c1 - c0,
+                ..full
+            };
+            let routine = super::intern(&mut kernel.routines, part, |&q| q == part);
+            let plane = (full.h * full.w * full.elem_bytes()) as i64;
+            let rows = (full.kh * full.kw * full.row_bytes()) as i64;
+            kernel.jobs.push((
+                src.moved(c0 as i64 * plane),
+                at(cols[i]).moved(c0 as i64 * rows),
+                routine,
+            ));
+            u += c1 - c0;
+        }
+        if !kernel.jobs.is_empty() {
+            im2col.push(kernel);
+        }
+    }
     let mut gemm = spec.clone();
     gemm.im2col.clear();
     for (call, &col) in gemm.calls.iter_mut().zip(&cols) {
@@ -216,54 +255,6 @@ pub(crate) fn stage_im2col(spec: &GemmSpec, tasks: usize) -> Option<Staged> {
         gemm,
         col_bytes,
     })
-}
-
-/// The im2col matrices of `sources` (an image, the routine of `routines`
-/// that converts it, and where its matrix starts), cut into at most
-/// `tasks` kernels by (image, input channel): a channel's rows of a
-/// matrix are contiguous (rows run over `(channel, th, tw)`).
-pub(crate) fn im2col_by_channels(
-    routines: &[Im2col],
-    sources: &[(Loc, usize, Loc)],
-    tasks: usize,
-) -> Vec<Im2colKernel> {
-    let Some(&(_, first, _)) = sources.first() else {
-        return Vec::new();
-    };
-    let cin = routines[first].cin;
-    let units = sources.len() * cin;
-    let mut kernels = Vec::with_capacity(tasks);
-    for t in 0..tasks {
-        let (start, end) = (units * t / tasks, units * (t + 1) / tasks);
-        let mut kernel = Im2colKernel {
-            routines: Vec::new(),
-            jobs: Vec::new(),
-        };
-        let mut u = start;
-        while u < end {
-            let (i, c0) = (u / cin, u % cin);
-            let c1 = cin.min(c0 + end - u);
-            let (src, r, col) = sources[i];
-            let full = routines[r];
-            let part = Im2col {
-                cin: c1 - c0,
-                ..full
-            };
-            let routine = super::intern(&mut kernel.routines, part, |&q| q == part);
-            let plane = (full.h * full.w * full.elem_bytes()) as i64;
-            let rows = (full.kh * full.kw * full.row_bytes()) as i64;
-            kernel.jobs.push((
-                src.moved(c0 as i64 * plane),
-                col.moved(c0 as i64 * rows),
-                routine,
-            ));
-            u += c1 - c0;
-        }
-        if !kernel.jobs.is_empty() {
-            kernels.push(kernel);
-        }
-    }
-    kernels
 }
 
 /// `call` of `spec` moved down to the rows from row tile `first_tile` on:

@@ -454,6 +454,9 @@ pub(crate) struct GemmSpec {
     /// column tile of B is copied before the row tiles read it, so they
     /// stream one contiguous panel instead of K rows a page apart.
     pub b_panel: Option<Loc>,
+    /// The im2col routines build A, not B (a strided A whose rows are
+    /// output pixels: `lower::dense::pixel_rows`), at each call's `a`.
+    pub im2col_into_a: bool,
     /// The int8 kernels: the byte holding the u8 operand's zero point `z`.
     /// [`Elem::U8I8Dot`]: the epilogue subtracts `z * C[j]`, C being B's
     /// column sums (i32, one per column, padded to whole tiles), so the
@@ -792,7 +795,7 @@ impl GemmSpec {
     ) -> Result<(), MicrokernelError> {
         if let Some((src, routine)) = call.src {
             load_address(a, r8, src)?;
-            load_address(a, r9, call.b)?;
+            load_address(a, r9, if self.im2col_into_a { call.a } else { call.b })?;
             a.call(im2col[routine])?;
         }
         load_address(a, A_BASE, call.a)?;
@@ -1594,6 +1597,7 @@ mod tests {
                 }],
                 im2col: Vec::new(),
                 b_panel: None,
+                im2col_into_a: false,
                 u8_zero: None,
                 row_sums: None,
                 to_f32: false,
@@ -1679,6 +1683,7 @@ mod tests {
                 }],
                 im2col: Vec::new(),
                 b_panel: None,
+                im2col_into_a: false,
                 u8_zero: None,
                 row_sums: None,
                 to_f32: false,
@@ -1835,6 +1840,7 @@ mod tests {
                     }],
                     im2col: Vec::new(),
                     b_panel: None,
+                    im2col_into_a: false,
                     u8_zero: None,
                     row_sums: None,
                     to_f32: false,
@@ -1941,6 +1947,7 @@ mod tests {
                     }],
                     im2col: Vec::new(),
                     b_panel: None,
+                    im2col_into_a: false,
                     u8_zero: zero.map(|_| arena_loc(zero_at)),
                     row_sums: None,
                     to_f32: false,
