@@ -240,6 +240,11 @@ fn small_maps_with_many_channels_run_pixels_as_rows() {
         .pads([1, 1, 1, 1])
         .group(5);
     check_kernel(&grouped.graph(), TRANSPOSED, "groups of 16 on 7x7");
+    // Dilation 2 on an odd 9x9 map: 81 pixels fill 84% of six vectors.
+    let dilated = ConvCase::new([1, 64, 9, 9], 96, [3, 3])
+        .pads([2, 2, 2, 2])
+        .dilations([2, 2]);
+    check_kernel(&dilated.graph(), TRANSPOSED, "dilated 3x3 on 9x9");
     // 14 columns fill 88% of a vector, and 50 channels 78% of four: the
     // implicit GEMM, one tile wide.
     let c14 = ConvCase::new([1, 96, 14, 14], 50, [3, 3]).pads([1, 1, 1, 1]);
