@@ -1247,6 +1247,17 @@ impl GemmSpec {
                     a.prefetcht0(byte_ptr(A_K + ahead))?;
                 }
             }
+            if matches!(self.b, BLayout::Packed) {
+                // Packed B (the weights, when the pixels are the rows)
+                // streams from memory once: bring what the next column
+                // tile reads at this k into L2 while this one's row tiles
+                // run (into L1 it would evict the sliver they share).
+                for off in (0..b_unroll).step_by(64) {
+                    if let Ok(ahead) = i32::try_from(g.b_tile + off) {
+                        a.prefetcht1(byte_ptr(B_K + ahead))?;
+                    }
+                }
+            }
             a.add(A_K, imm32(g.a_k * unroll as i64, "A k stride")?)?;
             a.add(B_K, imm32(b_unroll, "B k stride")?)?;
             a.dec(K_COUNT)?;
