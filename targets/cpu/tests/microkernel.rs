@@ -533,7 +533,10 @@ fn depthwise_graph(case: DepthwiseCase, bias: bool, rng: &mut Rng) -> Graph {
 
 /// Depthwise shapes at W stride 1: padding, dilations, H strides, depth
 /// multipliers, maps narrower and wider than a vector of either width.
-const DEPTHWISE_CASES: [DepthwiseCase; 11] = [
+const DEPTHWISE_CASES: [DepthwiseCase; 13] = [
+    // Rows of 7 and 8 vectors: blocks of two output rows.
+    ([1, 3, 9, 100], 1, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ([1, 2, 10, 120], 1, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
     ([1, 9, 7, 7], 1, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
     ([1, 3, 14, 47], 1, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
     ([1, 8, 24, 96], 1, [3, 3], [2, 1], [1, 1, 1, 1], [1, 1]),

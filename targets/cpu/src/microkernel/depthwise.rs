@@ -121,8 +121,8 @@ const STORE_FREE: std::ops::Range<usize> = MAX_TILES..32;
 const MAX_HELD_TAPS: usize = 25;
 
 /// Most 16-pixel vectors of a row that a block of rows accumulates
-/// (a map at most 64 wide; see [`DepthwiseSpec::row_block`]).
-const BLOCK_MAX_TILES: usize = 4;
+/// (a map at most 128 wide; see [`DepthwiseSpec::row_block`]).
+const BLOCK_MAX_TILES: usize = 8;
 
 /// Most output rows of a block.
 const MAX_BLOCK_ROWS: usize = 8;
