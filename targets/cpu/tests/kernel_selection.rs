@@ -492,7 +492,7 @@ fn depthwise_convolutions_of_narrow_maps_run_on_channel_blocks() {
         dw([2, 768, 7, 7], 7, 3),
         dw([1, 33, 7, 7], 5, 2),
         dw([1, 16, 4, 6], 7, 3),
-        dw([1, 24, 13, 13], 5, 2).strides([2, 2]),
+        dw([1, 24, 13, 13], 7, 3).strides([2, 2]),
         dw([1, 20, 8, 8], 7, 6).dilations([2, 2]),
         dw([1, 7, 9, 5], 7, 3).pads([1, 3, 5, 3]),
     ];
@@ -503,9 +503,12 @@ fn depthwise_convolutions_of_narrow_maps_run_on_channel_blocks() {
             &format!("blocked {i}: {case:?}"),
         );
     }
-    // A 3x3 window, a wide map, a tall one (its scratch plane past L2).
+    // A 3x3 window, a wide map, a tall one (its scratch plane past L2),
+    // and a 5x5 window at stride 2 (the row kernel's blocks of rows share
+    // each load and permute).
     let row = [
         dw([1, 40, 7, 7], 3, 1),
+        dw([1, 24, 13, 13], 5, 2).strides([2, 2]),
         dw([1, 40, 7, 30], 7, 3),
         dw([1, 16, 400, 7], 7, 3),
     ];

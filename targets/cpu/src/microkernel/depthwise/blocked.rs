@@ -52,10 +52,24 @@ const FREE: std::ops::Range<usize> = 17..30;
 /// cost (one load, the weight in a register, independent accumulators),
 /// and a gather per input and a scatter per output pixel at 12. Measured
 /// on the sweep's 7×7 maps (768 channels, 7×7 window; 960, 5×5): 0.36 ns
-/// a blocked FMA, 8.6 ns a gather or scatter, 0.68 ns a row FMA.
+/// a blocked FMA, 8.6 ns a gather or scatter, 0.68 ns a row FMA. Where the
+/// row kernel computes blocks of rows (`DepthwiseSpec::row_block`: a
+/// window more than one row tall, rows of at most
+/// [`super::BLOCK_MAX_TILES`] vectors) its input loads, and at W stride 2
+/// their permutes, are shared by several rows: a row FMA then counts 0.8,
+/// and the stride's extra half (fitted on the sweep's depthwise shapes of
+/// at most 14 output columns, both kernels forced, `kiln bench --runs 200
+/// --threads 1`: 5×5 on 7×7 of 960 channels 0.080 ms blocked / 0.088 row,
+/// 5×5/2 on 14×14 of 672 channels 0.093 / 0.074, 7×7 on 14×14 of 384
+/// channels 0.176 / 0.140, 7×7 on 7×7 of 768 channels 0.075 / 0.163).
 pub(crate) fn worth_blocking(spec: &DepthwiseSpec) -> bool {
     let taps = spec.kh * spec.kw;
-    let row_kernel = spec.oh * spec.ow.div_ceil(16) * 16 * taps * spec.stride_w;
+    let row_vectors = spec.oh * spec.ow.div_ceil(16) * 16 * taps;
+    let row_blocks = spec.kh > 1 && spec.ow.div_ceil(16) <= super::BLOCK_MAX_TILES;
+    let row_kernel = match row_blocks {
+        true => row_vectors * (1 + spec.stride_w) * 2 / 5,
+        false => row_vectors * spec.stride_w,
+    };
     let blocked = spec.oh * spec.ow * taps / 2 + 12 * (spec.h * spec.w + spec.oh * spec.ow);
     spec.ow <= MAX_ROW && 10 * blocked < 9 * row_kernel
 }
