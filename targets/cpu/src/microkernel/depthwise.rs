@@ -420,8 +420,8 @@ impl DepthwiseSpec {
             .collect()
     }
 
-    /// Loads the input vector of tile `t` (output pixels from 16·`v`) for
-    /// the tap in column `tw` of the input row `row` bytes from SRC into
+    /// Loads the input vector of output pixels `16·v..16·v + 16` for the
+    /// tap in column `tw` of the input row `row` bytes from SRC into
     /// `regs[0]` (at W stride 2 the even columns of `regs[0..2]`), zero
     /// where the window lies outside the row; `false` when every column is
     /// outside (nothing loaded).

@@ -161,9 +161,11 @@ pub(super) fn transposed_conv(
     Ok(Served {
         im2col: Vec::new(),
         codes: gemm,
+        // The rest of the program runs in place over the output (a fused
+        // head's context writes the fused node's output).
         tail: tail.map(|program| Tail {
             program,
-            src: fused.map_or(cx.out, |(fcx, _)| fcx.out),
+            src: cx.out,
         }),
         pixel_rows: Some(rows),
         kernel: on(vector, TRANSPOSED),
