@@ -208,15 +208,22 @@ fn add_lowered(
             text.add_machine(name, &tasks);
             add_tail(text, name, tail, target)?;
         }
-        lower::Lowered::PixelRows(tasks, transpose, tail) => {
+        lower::Lowered::Then(tasks, then, tail) => {
             text.add_machine(name, &tasks);
-            text.add_tasks(&format!("{name}/transpose"), transpose, target)?;
+            match then {
+                lower::Then::Transpose(transpose) => {
+                    text.add_tasks(&format!("{name}/transpose"), transpose, target)?
+                }
+                lower::Then::Machine(step) => {
+                    text.add_machine(&format!("{name}/{}", step.suffix), &step.tasks)
+                }
+            }
             if let Some(tail) = tail {
                 add_tail(text, name, tail, target)?;
             }
         }
-        lower::Lowered::AfterIm2col(im2col, rest) => {
-            text.add_machine(&format!("{name}/im2col"), &im2col);
+        lower::Lowered::Before(step, rest) => {
+            text.add_machine(&format!("{name}/{}", step.suffix), &step.tasks);
             add_lowered(text, name, *rest, target)?;
         }
     }

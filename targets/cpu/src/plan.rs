@@ -280,6 +280,9 @@ pub(crate) struct Scratch {
     pub offset: u64,
     /// The bytes reserved so far.
     pub bytes: u64,
+    /// Bytes at the start of the region that [`Scratch::hold`] kept for
+    /// all of the job's steps (`offset` starts after them).
+    pub held: u64,
 }
 
 impl Scratch {
@@ -299,7 +302,18 @@ impl Scratch {
                 loc
             })
             .collect();
-        self.bytes = self.bytes.max(at - self.offset);
+        self.bytes = self.bytes.max(self.held + at - self.offset);
+        locs
+    }
+
+    /// Reserves regions that the job's steps pass to each other (a
+    /// Winograd transform's result, read by the GEMM step after it): the
+    /// regions [`Scratch::reserve`] gives later come after them.
+    pub(crate) fn hold(&mut self, sizes: &[u64]) -> Vec<Loc> {
+        let locs = self.reserve(sizes);
+        let held: u64 = sizes.iter().map(|&b| align(b)).sum();
+        self.offset += held;
+        self.held += held;
         locs
     }
 }
@@ -336,7 +350,11 @@ impl Plan {
     /// Starts lowering job `k`: its scratch region, nothing reserved yet.
     pub(crate) fn scratch_for(&mut self, k: usize) {
         let (offset, _) = self.scratch_regions.get(k).copied().unwrap_or_default();
-        self.scratch = Scratch { offset, bytes: 0 };
+        self.scratch = Scratch {
+            offset,
+            bytes: 0,
+            held: 0,
+        };
     }
 
     /// Whether job `k`'s kernels stayed within the scratch the plan gave it.
@@ -923,6 +941,7 @@ pub(crate) fn plan(
         scratch: Scratch {
             offset: 0,
             bytes: 0,
+            held: 0,
         },
         scratch_regions,
         dense_kernels: Vec::new(),

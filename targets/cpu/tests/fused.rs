@@ -1052,6 +1052,71 @@ fn blocked_depthwise_conv_applies_per_channel_operands_per_lane() {
     );
 }
 
+/// A Winograd convolution (AVX-512) with a fused program: a leading Relu
+/// or Clip in the output transform, the rest of the program as a step
+/// after it; 16-bit weights are transformed as f32. Against the reference
+/// evaluator.
+#[test]
+fn winograd_conv_runs_its_program_after_the_output_transform() {
+    let head = || {
+        Some((
+            conv(1, 1),
+            vec![
+                Arg::Input(vec![2, 48, 26, 26]),
+                Arg::Const(vec![40, 48, 3, 3]),
+                Arg::Const(vec![40]),
+            ],
+        ))
+    };
+    let residual = || vec![Arg::Input(vec![2, 40, 26, 26])];
+    let relu = || vec![Instr::Unary(UnaryOp::Relu, r(0))];
+    let graphs = [
+        fused_graph(head(), vec![], relu(), 21),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Binary(BinaryOp::Add, r(1), r(0)),
+                Instr::Unary(UnaryOp::Relu, r(2)),
+            ],
+            22,
+        ),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(0)),
+                Instr::Binary(BinaryOp::Mul, r(2), r(1)),
+                Instr::Unary(UnaryOp::Sigmoid, r(3)),
+            ],
+            23,
+        ),
+        fused_graph_storing(head(), vec![], relu(), 24, (FusedStore::F32, f16_weights)),
+        fused_graph_storing(head(), vec![], relu(), 25, (FusedStore::F32, bf16_weights)),
+    ];
+    for (i, g) in graphs.iter().enumerate() {
+        let opts = CpuOptions {
+            target: CpuTarget::X86_64Avx512,
+            opt_level: 2,
+            threads: 2,
+        };
+        let a = compile(g, &opts, ArtifactInfo::default()).unwrap();
+        let kernel = &a.profiles[0].dense_kernels[0].kernel;
+        assert_eq!(kernel, "avx512/winograd", "program {i}");
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            let mut rng = Rng::new(50 + i as u64);
+            let inputs: Vec<Tensor> = (g.inputs().iter())
+                .map(|&id| rand_tensor(&mut rng, DType::F32, &g.node(id).ty.shape))
+                .collect();
+            // Tolerances relative to each output's scale: the convolution's
+            // values reach ~200 (inputs and weights in ±3), program 2's
+            // sigmoid output 1, so its 5e-4 is ~2e-6 of the convolution's.
+            let tolerance = [2e-5, 2e-5, 5e-4, 2e-5, 2e-5][i];
+            check_for(g, &inputs, tolerance, CpuTarget::X86_64Avx512);
+        }
+    }
+}
+
 /// A convolution whose pixels run as rows (49 pixels, 80 channels: the
 /// transposed GEMM, then a transpose) keeps its fused program: a leading
 /// Relu in the store loop with the bias, the rest (a residual add, a

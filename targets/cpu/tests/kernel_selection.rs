@@ -217,6 +217,53 @@ fn one_dimensional_convolutions_in_every_layout() {
     );
 }
 
+/// Winograd F(4x4, 3x3) tolerance: its transforms scale values by up to
+/// 10 (Bᵀ's 4 and 5, Aᵀ's 8) before they cancel, so f32 rounding is a few
+/// times the direct sum's (measured ~1e-6 of the output's scale here).
+const WINOGRAD_TOLERANCE: f64 = 2e-5;
+
+#[test]
+fn three_by_three_stride_one_convs_run_winograd() {
+    // Whole 4x4 tiles ("same" padding on 28x28), ragged ones (23x70: a
+    // last tile row of 3 output rows, 18 tiles per row, so a second chunk
+    // of 2 tiles; odd channel counts; two images), no padding (30x30 to
+    // 28x28) and asymmetric padding (top-left 2, bottom-right 0).
+    let cases = [
+        (
+            ConvCase::new([1, 32, 28, 28], 48, [3, 3]).pads([1, 1, 1, 1]),
+            "28x28",
+        ),
+        (
+            ConvCase::new([2, 37, 23, 70], 45, [3, 3]).pads([1, 1, 1, 1]),
+            "ragged",
+        ),
+        (ConvCase::new([1, 64, 30, 30], 64, [3, 3]), "unpadded"),
+        (
+            ConvCase::new([1, 48, 30, 30], 64, [3, 3]).pads([2, 2, 0, 0]),
+            "asymmetric",
+        ),
+    ];
+    for (seed, (case, what)) in (60..).zip(cases) {
+        let g = case.graph();
+        let kernels = chosen(&g);
+        assert_eq!(
+            kernels[0].kernel, "avx512/winograd",
+            "{what}: {:?}",
+            kernels[0]
+        );
+        if host_has_avx512() {
+            check_rand(&g, seed, WINOGRAD_TOLERANCE);
+        }
+    }
+    // The tile model declines where the GEMMs would be too narrow: a 7x7
+    // map is 4 tiles, 16 lanes the GEMM fills a quarter of.
+    let small = ConvCase::new([1, 256, 7, 7], 256, [3, 3]).pads([1, 1, 1, 1]);
+    let kernels = chosen(&small.graph());
+    let declined = &kernels[0].declined[0];
+    assert_eq!(declined.kernel, "avx512/winograd");
+    assert!(declined.reason.contains("4 tiles"), "{declined:?}");
+}
+
 #[test]
 fn small_maps_with_many_channels_run_pixels_as_rows() {
     // 49 pixels fill 77% of four vectors, 96 channels all of six: the
@@ -246,14 +293,14 @@ fn small_maps_with_many_channels_run_pixels_as_rows() {
         .dilations([2, 2]);
     check_kernel(&dilated.graph(), TRANSPOSED, "dilated 3x3 on 9x9");
     // 14 columns fill 88% of a vector, and 50 channels 78% of four: the
-    // implicit GEMM, one tile wide.
-    let c14 = ConvCase::new([1, 96, 14, 14], 50, [3, 3]).pads([1, 1, 1, 1]);
+    // implicit GEMM, one tile wide (a 5x3 window: Winograd takes 3x3).
+    let c14 = ConvCase::new([1, 96, 14, 14], 50, [5, 3]).pads([2, 1, 2, 1]);
     check_kernel(&c14.graph(), "avx512/implicit-gemm", "3x3 on 14x14");
     // Past 64 output channels the weights re-read per output row cost more
     // than im2col's copies: im2col first, its K in chunks that sweep every
     // column tile (196 columns: three full tiles and a masked one); 65
     // channels fill 81% of five vectors.
-    let wide = ConvCase::new([1, 160, 14, 14], 65, [3, 3]).pads([1, 1, 1, 1]);
+    let wide = ConvCase::new([1, 160, 14, 14], 65, [5, 3]).pads([2, 1, 2, 1]);
     check_kernel(&wide.graph(), "avx512/im2col-gemm", "65 channels on 14x14");
     // The same on AVX2: eight-lane vectors, so 49 pixels fill 88% of
     // theirs; 7 images of 9 pixels fill 56%.
@@ -402,6 +449,7 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
     assert_eq!(
         tried,
         [
+            "avx512/winograd",
             TRANSPOSED,
             "avx512/fully-connected-gemm",
             "avx512/pointwise-gemm",
@@ -410,8 +458,7 @@ fn the_generic_kernel_says_why_each_microkernel_declined() {
         ]
     );
     assert!(
-        k.declined[3..]
-            .iter()
+        (k.declined[4..].iter().chain(&k.declined[..1]))
             .all(|d| d.reason == "the weights are not a constant"),
         "{:?}",
         k.declined

@@ -467,15 +467,22 @@ fn row_merged_implicit_gemm_conv_split() {
 
 #[test]
 fn im2col_conv_of_few_calls_builds_its_matrices_once() {
-    // 100 output channels over 3x3 windows on rows of 16 (whole vectors,
-    // so no row-merged implicit GEMM) go through im2col; one image
+    // 100 output channels over 3x5 windows on rows of 16 (whole vectors,
+    // so no row-merged implicit GEMM; not 3x3, which Winograd takes) go
+    // through im2col; one image
     // (one GEMM call) or two, split for four threads: a first step of
     // tasks fills the matrices by runs of input channels (37 does not
     // divide among them; with two images a run crosses from one image's
     // matrix into the next), then the GEMM tasks share them.
     let mut rng = Rng::new(7);
     for (batch, seed) in [(1, 18), (2, 19)] {
-        let g = conv_graph(&mut rng, [batch, 37, 16, 16], [100, 37, 3, 3], 1);
+        let conv = Conv2d {
+            strides: [1, 1],
+            pads: [1, 2, 1, 2],
+            dilations: [1, 1],
+            group: 1,
+        };
+        let g = conv_graph_of(&mut rng, [batch, 37, 16, 16], [100, 37, 3, 5], conv);
         let split = artifact(&g, 4);
         let im2col: Vec<&str> = (split.kernels.iter())
             .map(|k| k.name.as_str())

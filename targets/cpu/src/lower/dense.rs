@@ -34,6 +34,7 @@ use crate::microkernel::{MicrokernelError, Vector};
 use crate::plan::{Base, Loc, Scratch, Weights};
 
 mod pixel_rows;
+mod winograd;
 
 /// Most arena scratch (bytes) one kernel uses: half for an im2col matrix,
 /// half for a B panel.
@@ -86,19 +87,34 @@ pub(crate) struct Machine {
 
 /// The code a dense candidate gave.
 pub(crate) struct Served {
-    /// The tasks of a step before the head's that build the im2col
-    /// matrices its tasks share (usually none).
-    pub im2col: Vec<Vec<u8>>,
+    /// A step before the head's (usually none): the im2col matrices its
+    /// tasks share, or a Winograd input transform.
+    pub before: Option<Step>,
     /// The tasks of the head's step.
     pub codes: Vec<Vec<u8>>,
     /// What is left of a fused program (see [`lower_fused`]).
     pub tail: Option<Tail>,
-    /// Scratch into which the head's tasks wrote their result as `[N, P,
-    /// C]` (pixels as rows, see [`pixel_rows`]): the caller transposes it
-    /// into the output, before the tail. `None`: the head wrote the output.
-    pub pixel_rows: Option<Loc>,
+    /// A step between the head's and the tail: `None` when the head wrote
+    /// the output.
+    pub after: Option<After>,
     /// The candidate's name.
     pub kernel: &'static str,
+}
+
+/// Microkernel tasks run as a schedule step of their own, named after
+/// the node with `suffix` (`conv_3/im2col`).
+pub(crate) struct Step {
+    pub suffix: &'static str,
+    pub tasks: Vec<Vec<u8>>,
+}
+
+/// What turns the head's result into the output.
+pub(crate) enum After {
+    /// The head wrote `[N, P, C]` into this scratch (pixels as rows, see
+    /// [`pixel_rows`]): the caller transposes it into the output.
+    Transpose(Loc),
+    /// These tasks write the output (a Winograd output transform).
+    Step(Step),
 }
 
 /// The part of a fused kernel's program that its head's store loop could
@@ -173,10 +189,13 @@ enum HeadOutput {
 fn finish(kernel: &'static str, parts: Parts, tail: Option<ElementwiseProgram>) -> Served {
     let Parts { im2col, gemm, src } = parts;
     Served {
-        im2col,
+        before: (!im2col.is_empty()).then_some(Step {
+            suffix: "im2col",
+            tasks: im2col,
+        }),
         codes: gemm,
         tail: tail.map(|program| Tail { program, src }),
-        pixel_rows: None,
+        after: None,
         kernel,
     }
 }
@@ -280,6 +299,7 @@ const POINTWISE: &str = "avx512/pointwise-gemm";
 const IMPLICIT: &str = "avx512/implicit-gemm";
 const IM2COL: &str = "avx512/im2col-gemm";
 const TRANSPOSED: &str = "avx512/transposed-gemm";
+const WINOGRAD: &str = "avx512/winograd";
 
 /// The name of the float candidates on ymm registers.
 const YMM_NAMES: [(&str, &str); 8] = [
@@ -460,6 +480,10 @@ fn candidates(
                 if let Some(served) = trail.attempt(on(vector, DEPTHWISE), served)? {
                     return Ok(Some(served));
                 }
+            }
+            let served = winograd::winograd_conv(cx, c, weights, scratch, fused, machine);
+            if let Some(served) = trail.attempt(WINOGRAD, served)? {
+                return Ok(Some(served));
             }
             let served = pixel_rows::transposed_conv(cx, c, weights, scratch, fused, machine);
             if let Some(served) = trail.attempt(on(vector, TRANSPOSED), served)? {

@@ -326,13 +326,21 @@ pub(crate) enum Lowered {
     /// Cranelift functions, each over one part of an elementwise node's
     /// output (see [`split_elementwise`]), as the tasks of one step.
     ClifTasks(Vec<Function>),
-    /// A step of microkernel tasks that build the im2col matrices a
-    /// convolution's GEMM tasks share, then the GEMM's kernels.
-    AfterIm2col(Vec<Vec<u8>>, Box<Lowered>),
-    /// A GEMM whose tasks write pixels as rows into scratch
-    /// (`dense::Served::pixel_rows`), then a step that transposes that into
-    /// the output, then the rest of a fused program, if any.
-    PixelRows(Vec<Vec<u8>>, Vec<Function>, Option<SplitTail>),
+    /// A step of microkernel tasks that prepare what a dense head's tasks
+    /// read (im2col matrices, a Winograd input transform), then the head's
+    /// kernels.
+    Before(dense::Step, Box<Lowered>),
+    /// A dense head whose tasks write scratch, then a step that makes the
+    /// output of it, then the rest of a fused program, if any.
+    Then(Vec<Vec<u8>>, Then, Option<SplitTail>),
+}
+
+/// The step of a [`Lowered::Then`] that writes the output.
+pub(crate) enum Then {
+    /// The transpose of pixels as rows (`dense::After::Transpose`).
+    Transpose(Vec<Function>),
+    /// Microkernel tasks (`dense::After::Step`).
+    Machine(dense::Step),
 }
 
 /// The tasks of the second step of a [`Lowered::SplitChain`].
@@ -418,18 +426,23 @@ fn lower_dense(
     }
     .map_err(codegen)?;
     let Some(dense::Served {
-        im2col,
+        before,
         codes: tasks,
         tail,
-        pixel_rows,
+        after,
         kernel,
     }) = served
     else {
         return Ok(None);
     };
-    let lowered = match pixel_rows {
-        Some(rows) => {
-            let transpose = pixel_rows_transpose(&cx, id, rows, target)?;
+    let lowered = match after {
+        Some(after) => {
+            let then = match after {
+                dense::After::Transpose(rows) => {
+                    Then::Transpose(pixel_rows_transpose(&cx, id, rows, target)?)
+                }
+                dense::After::Step(step) => Then::Machine(step),
+            };
             let tail = match (fused, tail) {
                 (Some(k), Some(tail)) => Some(tail_kernels(plan, id, target, &cx, k, tail, true)?),
                 _ => None,
@@ -438,13 +451,13 @@ fn lower_dense(
                 TailKernels::Split(t) => t,
                 TailKernels::Chained(_) => unreachable!("a split tail is asked for"),
             });
-            Lowered::PixelRows(tasks, transpose, tail)
+            Lowered::Then(tasks, then, tail)
         }
         None => with_tail(plan, id, target, &cx, fused, tasks, tail)?,
     };
-    Ok(Some(match im2col.is_empty() {
-        true => (lowered, kernel),
-        false => (Lowered::AfterIm2col(im2col, Box::new(lowered)), kernel),
+    Ok(Some(match before {
+        None => (lowered, kernel),
+        Some(step) => (Lowered::Before(step, Box::new(lowered)), kernel),
     }))
 }
 

@@ -44,6 +44,7 @@ pub(crate) mod pack;
 pub mod peak;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+pub(crate) mod winograd;
 pub(crate) mod ymm;
 
 /// The vector registers a GEMM kernel is built from.

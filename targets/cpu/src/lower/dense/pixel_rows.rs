@@ -159,7 +159,7 @@ pub(super) fn transposed_conv(
         gemm, src: rows, ..
     } = assemble_parts(cx, spec, scratch, tasks, HeadOutput::Scratch)?;
     Ok(Served {
-        im2col: Vec::new(),
+        before: None,
         codes: gemm,
         // The rest of the program runs in place over the output (a fused
         // head's context writes the fused node's output).
@@ -167,14 +167,16 @@ pub(super) fn transposed_conv(
             program,
             src: cx.out,
         }),
-        pixel_rows: Some(rows),
+        after: Some(After::Transpose(rows)),
         kernel: on(vector, TRANSPOSED),
     })
 }
 
 /// A program's leading Relu or Clip of the product (which the store loop
 /// applies after the bias) and the program left after it.
-fn leading_activation(program: &ElementwiseProgram) -> (Activation, Option<ElementwiseProgram>) {
+pub(super) fn leading_activation(
+    program: &ElementwiseProgram,
+) -> (Activation, Option<ElementwiseProgram>) {
     let first = match program.instrs().first() {
         Some(&Instr::Unary(u, Reg(0))) => activation(u),
         _ => None,
