@@ -306,9 +306,9 @@ impl Scratch {
         locs
     }
 
-    /// Reserves regions that the job's steps pass to each other (a
-    /// Winograd transform's result, read by the GEMM step after it): the
-    /// regions [`Scratch::reserve`] gives later come after them.
+    /// Reserves regions that stay apart from every region reserved after
+    /// them ([`Scratch::reserve`] starts each step's regions at the same
+    /// place): a Winograd task's transformed tiles, one set per task.
     pub(crate) fn hold(&mut self, sizes: &[u64]) -> Vec<Loc> {
         let locs = self.reserve(sizes);
         let held: u64 = sizes.iter().map(|&b| align(b)).sum();

@@ -251,6 +251,15 @@ fn three_by_three_stride_one_convs_run_winograd() {
             "{what}: {:?}",
             kernels[0]
         );
+        // Whole images run the input transform as a step of its own.
+        let opts = CpuOptions {
+            target: CpuTarget::X86_64Avx512,
+            opt_level: 2,
+            threads: 2,
+        };
+        let a = compile(&g, &opts, ArtifactInfo::default()).expect("compile");
+        let staged = (a.kernels.iter()).any(|k| k.name.starts_with("conv/winograd-in"));
+        assert_eq!(staged, what != "banded", "{what}: {:?}", a.kernels);
         if host_has_avx512() {
             check_rand(&g, seed, WINOGRAD_TOLERANCE);
         }

@@ -24,6 +24,8 @@
 //! `V` and `M` are `[36][channels][T]` per image (`T = TH · TW` tiles, a
 //! tile row after the other), the GEMM's B and output.
 
+use std::ops::Range;
+
 use iced_x86::code_asm::*;
 
 use super::gemm::Activation;
@@ -264,269 +266,224 @@ fn store_masked(
     Ok(())
 }
 
-/// The kernel's frame: saves the registers it uses, loads the constants
-/// and index tables, runs `jobs` (each sets its registers and calls the
-/// routine), restores, returns; the routine and the table follow.
-fn frame(
-    a: &mut CodeAssembler,
-    table: &[u32; 96],
-    buffer: usize,
-    jobs: &mut dyn FnMut(&mut CodeAssembler, CodeLabel) -> Result<(), MicrokernelError>,
-    routine: &mut dyn FnMut(&mut CodeAssembler, CodeLabel) -> Result<(), MicrokernelError>,
-) -> Result<(), MicrokernelError> {
-    let body = a.create_label();
-    let mut data = a.create_label();
-    for r in SAVED {
-        a.push(r)?;
-    }
-    a.mov(rbp, rsp)?;
-    a.sub(rsp, imm32(buffer as i64 + 64, "stack buffer")?)?;
-    a.and(rsp, -64)?;
-    a.mov(BUF, rsp)?;
-    a.lea(TABLE, qword_ptr(data))?;
-    for (i, &reg) in IDX.iter().chain(&SHIFT).enumerate() {
-        a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * i) as i32))?;
-    }
-    jobs(a, body)?;
-    a.mov(rsp, rbp)?;
-    for r in SAVED.iter().rev() {
-        a.pop(*r)?;
-    }
-    a.vzeroupper()?;
-    a.xor(eax, eax)?;
-    a.ret()?;
-    // The routine's first instruction (its loop's top) carries `body`.
-    routine(a, body)?;
-    a.ret()?;
-    a.set_label(&mut data)?;
-    let scales = SCALES.iter().map(|&s| (s as f32).to_bits());
-    let bytes: Vec<u8> = (table.iter().copied().chain(scales))
-        .flat_map(u32::to_le_bytes)
-        .collect();
-    a.db(&bytes)?;
-    Ok(())
-}
-
-/// Bytes of the index vectors at the start of the kernel's table.
-const INDEX_BYTES: usize = 6 * 64;
-
-/// The index tables, 16 lanes each: `first` four, then the two shifts
-/// (lanes 1–15 of the first source, then lane 0 or 1 of the second).
-fn tables(first: [[u32; 16]; 4]) -> [u32; 96] {
-    let mut t = [0u32; 96];
-    for (i, v) in first.iter().enumerate() {
-        t[16 * i..16 * i + 16].copy_from_slice(v);
-    }
-    for s in 0..2 {
-        for l in 0..16 {
-            t[64 + 16 * s + l] = if l < 15 { l as u32 + 1 } else { 16 + s as u32 };
-        }
-    }
-    t
-}
-
-/// The input transform of whole images: each job converts `channels`
-/// channels of the image at `src` into `V` at `dst` (`[36][C][T]`, ξ
-/// planes `xi_stride` bytes apart, channels `T · 4`).
+/// What a task does, in order.
 #[derive(Clone, Debug)]
-pub(crate) struct WinogradInput {
-    pub tiling: Tiling,
-    pub xi_stride: i64,
-    /// `(image at its first channel, V at that channel, channels)`.
-    pub jobs: Vec<(Loc, Loc, usize)>,
+pub(crate) enum Stage {
+    /// The input transform of `channels` channels from the image at `x`
+    /// into `V` at `v` (both at the first of them), tile rows `rows`.
+    Input {
+        x: Loc,
+        v: Loc,
+        channels: usize,
+        rows: Range<usize>,
+    },
+    /// Runs GEMM kernel `i` of [`WinogradTask::gemms`] (`M` from `V`).
+    Gemm(usize),
+    /// The output transform of `channels` channels of `M` at `m` into the
+    /// image at `y` (both at the first of them; the bias at `bias`), tile
+    /// rows `rows`.
+    Output {
+        m: Loc,
+        y: Loc,
+        bias: Option<Loc>,
+        channels: usize,
+        rows: Range<usize>,
+    },
 }
 
-/// Bytes of the stack buffer between the passes of the input transform:
-/// 6 rows of 5 vectors.
-const INPUT_BUFFER: usize = 6 * 5 * 64;
+/// A Winograd convolution's kernel: stages of input transforms, GEMMs
+/// (kernels assembled by the caller, embedded and called) and output
+/// transforms (bias, activation). `V` and `M` are laid out for a band of
+/// `band` tile rows: `[36][C][band · TW]` (`C`: all of `channels`).
+#[derive(Clone, Debug)]
+pub(crate) struct WinogradTask {
+    pub tiling: Tiling,
+    /// Input and output channels.
+    pub channels: [usize; 2],
+    /// Tile rows of a full band (`V`'s and `M`'s layout).
+    pub band: usize,
+    pub act: Activation,
+    /// Position-independent GEMM kernels (kernel ABI), called by
+    /// [`Stage::Gemm`].
+    pub gemms: Vec<Vec<u8>>,
+    pub stages: Vec<Stage>,
+}
 
-impl WinogradInput {
+/// Bytes of the stack buffer between the passes of a transform: 6 rows of
+/// 5 vectors (input), 4 rows of 6 (output).
+const BUFFER: usize = 6 * 5 * 64;
+
+/// The band offset register of a transform routine: bytes from the image
+/// (or `M`) pointer to the band's first row.
+const BAND: AsmRegister64 = rdx;
+
+/// A routine's rows: runs of `(tile rows, row mask)` (see [`Tiling::runs`]).
+type Runs = Vec<(usize, u32)>;
+
+impl WinogradTask {
+    /// `V`'s (and `M`'s) bytes per channel.
+    pub(crate) fn channel_bytes(&self) -> i64 {
+        (self.band * self.tiling.tiles().1 * 4) as i64
+    }
+
+    /// Bytes between the ξ planes of `V` and of `M`.
+    pub(crate) fn xi_strides(&self) -> [i64; 2] {
+        self.channels.map(|c| c as i64 * self.channel_bytes())
+    }
+
     /// Assembles the kernel (kernel ABI: arena in rdi, weights in rsi).
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        let t = self.tiling;
         let mut a = CodeAssembler::new(64)?;
-        // Level 1 even/odd lanes of two vectors, level 2 the same.
-        let even: [u32; 16] = std::array::from_fn(|l| 2 * l as u32);
-        let odd: [u32; 16] = std::array::from_fn(|l| 2 * l as u32 + 1);
-        let table = tables([even, odd, even, odd]);
-        frame(
-            &mut a,
-            &table,
-            INPUT_BUFFER,
-            &mut |a, body| {
-                for &(src, dst, channels) in &self.jobs {
-                    load_address(a, SRC, src)?;
-                    load_address(a, DST, dst)?;
-                    a.mov(CH, channels as u64)?;
-                    a.call(body)?;
+        let pt = t.pad_tl[0] as i64;
+        // The distinct row runs of the bands, per side.
+        let runs = |rows: &Range<usize>, patch: usize, origin: i64, limit: usize| -> Runs {
+            (t.runs(patch, |ty| 4 * ty as i64 - origin, limit)
+                .into_iter())
+            .filter_map(|(ty0, n, mask)| {
+                let lo = ty0.max(rows.start);
+                let hi = (ty0 + n).min(rows.end);
+                (lo < hi).then(|| (hi - lo, mask))
+            })
+            .collect()
+        };
+        let (mut inputs, mut outputs): (Vec<Runs>, Vec<Runs>) = (Vec::new(), Vec::new());
+        let mut calls = Vec::new();
+        for stage in &self.stages {
+            calls.push(match stage {
+                Stage::Input { rows, .. } => {
+                    let r = runs(rows, 6, pt, t.h);
+                    crate::lower::intern(&mut inputs, r.clone(), |x| *x == r)
                 }
-                Ok(())
-            },
-            &mut |a, top| self.routine(a, top),
-        )?;
+                Stage::Output { rows, .. } => {
+                    let r = runs(rows, 4, 0, t.oh);
+                    crate::lower::intern(&mut outputs, r.clone(), |x| *x == r)
+                }
+                Stage::Gemm(i) => *i,
+            });
+        }
+        let input_labels: Vec<CodeLabel> = inputs.iter().map(|_| a.create_label()).collect();
+        let output_labels: Vec<CodeLabel> = outputs.iter().map(|_| a.create_label()).collect();
+        let mut gemm_labels: Vec<CodeLabel> = self.gemms.iter().map(|_| a.create_label()).collect();
+        let mut data = a.create_label();
+        for r in SAVED {
+            a.push(r)?;
+        }
+        a.mov(rbp, rsp)?;
+        a.sub(rsp, imm32(BUFFER as i64 + 64, "stack buffer")?)?;
+        a.and(rsp, -64)?;
+        a.mov(BUF, rsp)?;
+        a.lea(TABLE, qword_ptr(data))?;
+        let [v_xi, m_xi] = self.xi_strides();
+        let (w4, ow4) = ((t.w * 4) as i64, (t.ow * 4) as i64);
+        for (stage, &routine) in self.stages.iter().zip(&calls) {
+            match stage {
+                &Stage::Input {
+                    x,
+                    v,
+                    channels,
+                    ref rows,
+                } => {
+                    // The index tables are reloaded: a GEMM clobbers them.
+                    for (i, &reg) in IDX.iter().chain(&SHIFT).enumerate() {
+                        a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * i) as i32))?;
+                    }
+                    a.mov(BAND, (4 * rows.start as i64 - pt) * w4)?;
+                    load_address(&mut a, SRC, x)?;
+                    load_address(&mut a, DST, v)?;
+                    a.mov(CH, channels as u64)?;
+                    a.call(input_labels[routine])?;
+                }
+                Stage::Gemm(_) => {
+                    a.push(rdi)?;
+                    a.push(rsi)?;
+                    a.call(gemm_labels[routine])?;
+                    a.pop(rsi)?;
+                    a.pop(rdi)?;
+                }
+                &Stage::Output {
+                    m,
+                    y,
+                    bias,
+                    channels,
+                    ref rows,
+                } => {
+                    for (i, &reg) in IDX.iter().enumerate() {
+                        a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * (6 + i)) as i32))?;
+                    }
+                    a.mov(BAND, 4 * rows.start as i64 * ow4)?;
+                    load_address(&mut a, SRC, m)?;
+                    load_address(&mut a, DST, y)?;
+                    if let Some(bias) = bias {
+                        load_address(&mut a, BIAS, bias)?;
+                    }
+                    a.mov(CH, channels as u64)?;
+                    a.call(output_labels[routine])?;
+                }
+            }
+        }
+        a.mov(rsp, rbp)?;
+        for r in SAVED.iter().rev() {
+            a.pop(*r)?;
+        }
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        for (runs, label) in inputs.iter().zip(input_labels) {
+            self.input_routine(&mut a, label, runs, v_xi)?;
+        }
+        let bias = (self.stages.iter()).any(|s| matches!(s, Stage::Output { bias: Some(_), .. }));
+        for (runs, label) in outputs.iter().zip(output_labels) {
+            self.output_routine(&mut a, label, runs, m_xi, bias)?;
+        }
+        for (code, label) in self.gemms.iter().zip(&mut gemm_labels) {
+            a.set_label(label)?;
+            a.db(code)?;
+        }
+        a.set_label(&mut data)?;
+        a.db(&table_bytes())?;
         Ok(a.assemble(0)?)
     }
 
-    fn routine(&self, a: &mut CodeAssembler, mut top: CodeLabel) -> Result<(), MicrokernelError> {
-        let t = self.tiling;
-        let (_, tw) = t.tiles();
-        let w4 = (t.w * 4) as i64;
-        let pt = t.pad_tl[0] as i64;
-        a.set_label(&mut top)?;
-        for (ty0, rows, mask) in t.runs(6, |ty| 4 * ty as i64 - pt, t.h) {
-            a.lea(
-                ROW,
-                qword_ptr(SRC + imm32((4 * ty0 as i64 - pt) * w4, "row")?),
-            )?;
-            a.lea(
-                OUT,
-                qword_ptr(DST + imm32((ty0 * tw * 4) as i64, "tile row")?),
-            )?;
-            let mut again = a.create_label();
-            if rows > 1 {
-                a.mov(CNT, rows as u64)?;
-                a.set_label(&mut again)?;
-            }
-            for chunk in 0..t.chunks() {
-                self.chunk(a, chunk, mask)?;
-            }
-            if rows > 1 {
-                a.add(ROW, imm32(4 * w4, "tile row stride")?)?;
-                a.add(OUT, imm32((tw * 4) as i64, "tile row")?)?;
-                a.dec(CNT)?;
-                a.jnz(again)?;
-            }
-        }
-        a.add(SRC, imm32((t.h * t.w * 4) as i64, "channel stride")?)?;
-        a.add(DST, imm32((t.count() * 4) as i64, "V channel stride")?)?;
-        a.dec(CH)?;
-        a.jnz(top)?;
-        Ok(())
-    }
-
-    /// Tiles `16 · chunk ..` of the tile row at ROW/OUT; `rows`: which of
-    /// the 6 patch rows lie in the image.
-    fn chunk(
+    /// The input transform of `CH` channels from SRC (+ BAND: the band's
+    /// first patch row) into `V` at DST, tile rows as `runs`.
+    fn input_routine(
         &self,
         a: &mut CodeAssembler,
-        chunk: usize,
-        rows: u32,
+        mut top: CodeLabel,
+        runs: &Runs,
+        xi_stride: i64,
     ) -> Result<(), MicrokernelError> {
         let t = self.tiling;
         let (_, tw) = t.tiles();
         let w4 = (t.w * 4) as i64;
-        let x0 = 64 * chunk as i64 - t.pad_tl[1] as i64;
-        let d: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[i]);
-        let o: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[6 + i]);
-        // Along H: 5 vectors of columns (the last one's two lanes are
-        // patch columns 4 and 5 of the chunk's last tile).
-        for v in 0..5 {
-            let x = x0 + 16 * v as i64;
-            let cols = column_mask(x, t.w, if v < 4 { 16 } else { 2 });
-            for (r, &reg) in d.iter().enumerate() {
-                let mask = if rows >> r & 1 == 1 { cols } else { 0 };
-                let disp = imm32(r as i64 * w4 + 4 * x, "input pixel")?;
-                load_masked(a, reg, zmmword_ptr(ROW + disp), mask)?;
+        a.set_label(&mut top)?;
+        a.lea(ROW, qword_ptr(SRC + BAND))?;
+        a.mov(OUT, DST)?;
+        self.rows_loop(a, runs, |a, mask| {
+            for chunk in 0..t.chunks() {
+                input_chunk(a, t, chunk, mask, xi_stride)?;
             }
-            combine(a, &BT, d, &o)?;
-            for (i, &reg) in o.iter().enumerate() {
-                a.vmovaps(zmmword_ptr(BUF + (64 * (5 * i + v)) as i32), reg)?;
-            }
-        }
-        // Along W, per patch row: the phases, then Bᵀ.
-        let tiles = (tw - 16 * chunk).min(16);
-        let store = (1u32 << tiles) - 1;
-        let xi_stride = self.xi_stride;
-        for i in 0..6 {
-            for (v, &reg) in Z[..5].iter().enumerate() {
-                a.vmovaps(reg, zmmword_ptr(BUF + (64 * (5 * i + v)) as i32))?;
-            }
-            // Level 1: even and odd columns of vectors 0–1 and 2–3.
-            let l1 = [Z[5], Z[6], Z[7], Z[8]];
-            for (j, &reg) in l1.iter().enumerate() {
-                let (src, idx) = ([Z[0], Z[2]][j / 2], IDX[j % 2]);
-                a.vmovaps(reg, idx)?;
-                a.vpermi2ps(reg, src, if j / 2 == 0 { Z[1] } else { Z[3] })?;
-            }
-            // Level 2: phase 0 and 2 from the evens, 1 and 3 from the odds.
-            let p = [Z[9], Z[10], Z[11], Z[12], Z[13], Z[14]];
-            for (phase, &reg) in p[..4].iter().enumerate() {
-                let (lo, hi) = if phase % 2 == 0 {
-                    (l1[0], l1[2])
-                } else {
-                    (l1[1], l1[3])
-                };
-                a.vmovaps(reg, IDX[2 + phase / 2])?;
-                a.vpermi2ps(reg, lo, hi)?;
-            }
-            for s in 0..2 {
-                a.vmovaps(p[4 + s], SHIFT[s])?;
-                a.vpermi2ps(p[4 + s], p[s], Z[4])?;
-            }
-            let out = [Z[15], Z[16], Z[17], Z[18], Z[19], Z[20]];
-            combine(a, &BT, p, &out)?;
-            for (k, &reg) in out.iter().enumerate() {
-                let xi = (6 * i + k) as i64;
-                let disp = imm32(xi * xi_stride + (64 * chunk) as i64, "V position")?;
-                store_masked(a, zmmword_ptr(OUT + disp), reg, store)?;
-            }
-        }
+            a.add(ROW, imm32(4 * w4, "tile row stride")?)?;
+            a.add(OUT, imm32((tw * 4) as i64, "tile row")?)?;
+            Ok(())
+        })?;
+        a.add(SRC, imm32((t.h * t.w * 4) as i64, "channel stride")?)?;
+        a.add(DST, imm32(self.channel_bytes(), "V channel stride")?)?;
+        a.dec(CH)?;
+        a.jnz(top)?;
+        a.ret()?;
         Ok(())
     }
-}
 
-/// The output transform of whole images: each job converts `channels`
-/// output channels of `M` at `src` (`[36][OC][T]`, ξ planes `xi_stride`
-/// bytes apart) into the image at `dst`, adding the bias at `bias` (one
-/// f32 per channel) and applying `act`.
-#[derive(Clone, Debug)]
-pub(crate) struct WinogradOutput {
-    pub tiling: Tiling,
-    pub xi_stride: i64,
-    pub act: Activation,
-    /// `(M at its first channel, output at that channel, bias at that
-    /// channel, channels)`.
-    pub jobs: Vec<(Loc, Loc, Option<Loc>, usize)>,
-}
-
-/// Bytes of the output transform's stack buffer: 4 rows of 6 vectors.
-const OUTPUT_BUFFER: usize = 4 * 6 * 64;
-
-impl WinogradOutput {
-    /// Assembles the kernel (kernel ABI: arena in rdi, weights in rsi).
-    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
-        let mut a = CodeAssembler::new(64)?;
-        // Level 1 interleaves lanes of two vectors, level 2 lane pairs.
-        let lo: [u32; 16] = std::array::from_fn(|l| (l / 2 + 16 * (l % 2)) as u32);
-        let hi: [u32; 16] = std::array::from_fn(|l| (8 + l / 2 + 16 * (l % 2)) as u32);
-        let pair = |base: usize| -> [u32; 16] {
-            std::array::from_fn(|l| (base + 2 * (l / 4) + l % 2 + 16 * (l / 2 % 2)) as u32)
-        };
-        let table = tables([lo, hi, pair(0), pair(8)]);
-        frame(
-            &mut a,
-            &table,
-            OUTPUT_BUFFER,
-            &mut |a, body| {
-                for &(src, dst, bias, channels) in &self.jobs {
-                    load_address(a, SRC, src)?;
-                    load_address(a, DST, dst)?;
-                    if let Some(bias) = bias {
-                        load_address(a, BIAS, bias)?;
-                    }
-                    a.mov(CH, channels as u64)?;
-                    a.call(body)?;
-                }
-                Ok(())
-            },
-            &mut |a, top| self.routine(a, top, self.jobs.iter().any(|j| j.2.is_some())),
-        )?;
-        Ok(a.assemble(0)?)
-    }
-
-    fn routine(
+    /// The output transform of `CH` channels of `M` at SRC into the image
+    /// at DST (+ BAND: the band's first output row), tile rows as `runs`.
+    fn output_routine(
         &self,
         a: &mut CodeAssembler,
         mut top: CodeLabel,
+        runs: &Runs,
+        xi_stride: i64,
         bias: bool,
     ) -> Result<(), MicrokernelError> {
         let t = self.tiling;
@@ -538,114 +495,233 @@ impl WinogradOutput {
             true => a.vbroadcastss(Z[21], dword_ptr(BIAS))?,
             false => a.vpxord(Z[21], Z[21], Z[21])?,
         }
-        for (ty0, rows, mask) in t.runs(4, |ty| 4 * ty as i64, t.oh) {
-            a.lea(
-                ROW,
-                qword_ptr(SRC + imm32((ty0 * tw * 4) as i64, "tile row")?),
-            )?;
-            a.lea(OUT, qword_ptr(DST + imm32(4 * ty0 as i64 * ow4, "row")?))?;
-            let mut again = a.create_label();
-            if rows > 1 {
-                a.mov(CNT, rows as u64)?;
-                a.set_label(&mut again)?;
-            }
+        a.mov(ROW, SRC)?;
+        a.lea(OUT, qword_ptr(DST + BAND))?;
+        self.rows_loop(a, runs, |a, mask| {
             for chunk in 0..t.chunks() {
-                self.chunk(a, chunk, mask)?;
+                output_chunk(a, t, chunk, mask, xi_stride, self.act)?;
             }
-            if rows > 1 {
-                a.add(ROW, imm32((tw * 4) as i64, "tile row")?)?;
-                a.add(OUT, imm32(4 * ow4, "tile row stride")?)?;
-                a.dec(CNT)?;
-                a.jnz(again)?;
-            }
-        }
-        a.add(SRC, imm32((t.count() * 4) as i64, "M channel stride")?)?;
+            a.add(ROW, imm32((tw * 4) as i64, "tile row")?)?;
+            a.add(OUT, imm32(4 * ow4, "tile row stride")?)?;
+            Ok(())
+        })?;
+        a.add(SRC, imm32(self.channel_bytes(), "M channel stride")?)?;
         a.add(DST, imm32((t.oh * t.ow * 4) as i64, "channel stride")?)?;
         if bias {
             a.add(BIAS, 4)?;
         }
         a.dec(CH)?;
         a.jnz(top)?;
+        a.ret()?;
         Ok(())
     }
 
-    /// Tiles `16 · chunk ..` of the tile row at ROW (M) / OUT (image);
-    /// `rows`: which of the tile's 4 output rows lie in the image.
-    fn chunk(
+    /// `row` (a tile row, ending with the pointers' advance) for each
+    /// tile row of `runs`, a loop for a run of several.
+    fn rows_loop(
         &self,
         a: &mut CodeAssembler,
-        chunk: usize,
-        rows: u32,
+        runs: &Runs,
+        mut row: impl FnMut(&mut CodeAssembler, u32) -> Result<(), MicrokernelError>,
     ) -> Result<(), MicrokernelError> {
-        let t = self.tiling;
-        let (_, tw) = t.tiles();
-        let ow4 = (t.ow * 4) as i64;
-        let tiles = (tw - 16 * chunk).min(16);
-        let load = (1u32 << tiles) - 1;
-        let m: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[i]);
-        let y: [AsmRegisterZmm; 4] = std::array::from_fn(|i| Z[6 + i]);
-        // Along H, per patch column k: Aᵀ of the 6 patch rows.
-        for k in 0..6 {
-            for (i, &reg) in m.iter().enumerate() {
-                let xi = (6 * i + k) as i64;
-                let disp = imm32(xi * self.xi_stride + (64 * chunk) as i64, "M position")?;
-                load_masked(a, reg, zmmword_ptr(ROW + disp), load)?;
+        for &(count, mask) in runs {
+            let mut again = a.create_label();
+            if count > 1 {
+                a.mov(CNT, count as u64)?;
+                a.set_label(&mut again)?;
             }
-            combine(a, &AT, m, &y)?;
-            for (r, &reg) in y.iter().enumerate() {
-                a.vmovaps(zmmword_ptr(BUF + (64 * (6 * r + k)) as i32), reg)?;
-            }
-        }
-        // Along W, per output row: Aᵀ, bias, activation, interleave, store.
-        for r in (0..4).filter(|r| rows >> r & 1 == 1) {
-            for (k, &reg) in m.iter().enumerate() {
-                a.vmovaps(reg, zmmword_ptr(BUF + (64 * (6 * r + k)) as i32))?;
-            }
-            combine(a, &AT, m, &y)?;
-            for &reg in &y {
-                a.vaddps(reg, reg, Z[21])?;
-                match self.act {
-                    Activation::None => {}
-                    Activation::Relu => {
-                        a.vpxord(Z[12], Z[12], Z[12])?;
-                        a.vmaxps(reg, reg, Z[12])?;
-                    }
-                    Activation::Clip { lo, hi } => {
-                        splat(a, Z[12], lo)?;
-                        a.vmaxps(reg, reg, Z[12])?;
-                        splat(a, Z[12], hi)?;
-                        a.vminps(reg, reg, Z[12])?;
-                    }
-                }
-            }
-            // Level 1: lanes of phases 0/1 and 2/3 interleaved (low and
-            // high halves); level 2: their pairs.
-            let l1 = [Z[13], Z[14], Z[15], Z[16]];
-            for (j, &reg) in l1.iter().enumerate() {
-                let (p, q) = if j / 2 == 0 {
-                    (y[0], y[1])
-                } else {
-                    (y[2], y[3])
-                };
-                a.vmovaps(reg, IDX[j % 2])?;
-                a.vpermi2ps(reg, p, q)?;
-            }
-            let x0 = 64 * chunk as i64;
-            for v in 0..4 {
-                let reg = Z[17 + v];
-                // Vector v holds tiles 4v..4v+4: the low or high half's
-                // first or second pair run.
-                let (half, run) = (v / 2, v % 2);
-                a.vmovaps(reg, IDX[2 + run])?;
-                a.vpermi2ps(reg, l1[half], l1[2 + half])?;
-                let x = x0 + 16 * v as i64;
-                let mask = column_mask(x, t.ow, 16);
-                let disp = imm32(r as i64 * ow4 + 4 * x, "output pixel")?;
-                store_masked(a, zmmword_ptr(OUT + disp), reg, mask)?;
+            row(a, mask)?;
+            if count > 1 {
+                a.dec(CNT)?;
+                a.jnz(again)?;
             }
         }
         Ok(())
     }
+}
+
+/// The kernel's table: the input side's index vectors (level 1 and 2
+/// even/odd lanes, then the shifts by one tile: lanes 1–15 of the first
+/// source, lane 0 or 1 of the second), the output side's (interleaves of
+/// lanes, then of lane pairs), then [`SCALES`].
+fn table_bytes() -> Vec<u8> {
+    let even: [u32; 16] = std::array::from_fn(|l| 2 * l as u32);
+    let odd: [u32; 16] = std::array::from_fn(|l| 2 * l as u32 + 1);
+    let shift = |s: u32| -> [u32; 16] {
+        std::array::from_fn(|l| if l < 15 { l as u32 + 1 } else { 16 + s })
+    };
+    let lo: [u32; 16] = std::array::from_fn(|l| (l / 2 + 16 * (l % 2)) as u32);
+    let hi: [u32; 16] = std::array::from_fn(|l| (8 + l / 2 + 16 * (l % 2)) as u32);
+    let pair = |base: usize| -> [u32; 16] {
+        std::array::from_fn(|l| (base + 2 * (l / 4) + l % 2 + 16 * (l / 2 % 2)) as u32)
+    };
+    let vectors = [
+        even,
+        odd,
+        even,
+        odd,
+        shift(0),
+        shift(1),
+        lo,
+        hi,
+        pair(0),
+        pair(8),
+    ];
+    let scales = SCALES.iter().map(|&s| (s as f32).to_bits());
+    (vectors.iter().flatten().copied().chain(scales))
+        .flat_map(u32::to_le_bytes)
+        .collect()
+}
+
+/// Bytes of the index vectors at the start of the kernel's table.
+const INDEX_BYTES: usize = 10 * 64;
+
+/// Tiles `16 · chunk ..` of the tile row at ROW (input) / OUT (V); `rows`:
+/// which of the 6 patch rows lie in the image.
+fn input_chunk(
+    a: &mut CodeAssembler,
+    t: Tiling,
+    chunk: usize,
+    rows: u32,
+    xi_stride: i64,
+) -> Result<(), MicrokernelError> {
+    let (_, tw) = t.tiles();
+    let w4 = (t.w * 4) as i64;
+    let x0 = 64 * chunk as i64 - t.pad_tl[1] as i64;
+    let d: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[i]);
+    let o: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[6 + i]);
+    // Along H: 5 vectors of columns (the last one's two lanes are patch
+    // columns 4 and 5 of the chunk's last tile).
+    for v in 0..5 {
+        let x = x0 + 16 * v as i64;
+        let cols = column_mask(x, t.w, if v < 4 { 16 } else { 2 });
+        for (r, &reg) in d.iter().enumerate() {
+            let mask = if rows >> r & 1 == 1 { cols } else { 0 };
+            let disp = imm32(r as i64 * w4 + 4 * x, "input pixel")?;
+            load_masked(a, reg, zmmword_ptr(ROW + disp), mask)?;
+        }
+        combine(a, &BT, d, &o)?;
+        for (i, &reg) in o.iter().enumerate() {
+            a.vmovaps(zmmword_ptr(BUF + (64 * (5 * i + v)) as i32), reg)?;
+        }
+    }
+    // Along W, per patch row: the phases, then Bᵀ.
+    let tiles = (tw - 16 * chunk).min(16);
+    let store = (1u32 << tiles) - 1;
+    for i in 0..6 {
+        for (v, &reg) in Z[..5].iter().enumerate() {
+            a.vmovaps(reg, zmmword_ptr(BUF + (64 * (5 * i + v)) as i32))?;
+        }
+        // Level 1: even and odd columns of vectors 0–1 and 2–3.
+        let l1 = [Z[5], Z[6], Z[7], Z[8]];
+        for (j, &reg) in l1.iter().enumerate() {
+            let (src, idx) = ([Z[0], Z[2]][j / 2], IDX[j % 2]);
+            a.vmovaps(reg, idx)?;
+            a.vpermi2ps(reg, src, if j / 2 == 0 { Z[1] } else { Z[3] })?;
+        }
+        // Level 2: phase 0 and 2 from the evens, 1 and 3 from the odds.
+        let p = [Z[9], Z[10], Z[11], Z[12], Z[13], Z[14]];
+        for (phase, &reg) in p[..4].iter().enumerate() {
+            let (lo, hi) = if phase % 2 == 0 {
+                (l1[0], l1[2])
+            } else {
+                (l1[1], l1[3])
+            };
+            a.vmovaps(reg, IDX[2 + phase / 2])?;
+            a.vpermi2ps(reg, lo, hi)?;
+        }
+        for s in 0..2 {
+            a.vmovaps(p[4 + s], SHIFT[s])?;
+            a.vpermi2ps(p[4 + s], p[s], Z[4])?;
+        }
+        let out = [Z[15], Z[16], Z[17], Z[18], Z[19], Z[20]];
+        combine(a, &BT, p, &out)?;
+        for (k, &reg) in out.iter().enumerate() {
+            let xi = (6 * i + k) as i64;
+            let disp = imm32(xi * xi_stride + (64 * chunk) as i64, "V position")?;
+            store_masked(a, zmmword_ptr(OUT + disp), reg, store)?;
+        }
+    }
+    Ok(())
+}
+
+/// Tiles `16 · chunk ..` of the tile row at ROW (M) / OUT (image); `rows`:
+/// which of the tile's 4 output rows lie in the image.
+fn output_chunk(
+    a: &mut CodeAssembler,
+    t: Tiling,
+    chunk: usize,
+    rows: u32,
+    xi_stride: i64,
+    act: Activation,
+) -> Result<(), MicrokernelError> {
+    let (_, tw) = t.tiles();
+    let ow4 = (t.ow * 4) as i64;
+    let tiles = (tw - 16 * chunk).min(16);
+    let load = (1u32 << tiles) - 1;
+    let m: [AsmRegisterZmm; 6] = std::array::from_fn(|i| Z[i]);
+    let y: [AsmRegisterZmm; 4] = std::array::from_fn(|i| Z[6 + i]);
+    // Along H, per patch column k: Aᵀ of the 6 patch rows.
+    for k in 0..6 {
+        for (i, &reg) in m.iter().enumerate() {
+            let xi = (6 * i + k) as i64;
+            let disp = imm32(xi * xi_stride + (64 * chunk) as i64, "M position")?;
+            load_masked(a, reg, zmmword_ptr(ROW + disp), load)?;
+        }
+        combine(a, &AT, m, &y)?;
+        for (r, &reg) in y.iter().enumerate() {
+            a.vmovaps(zmmword_ptr(BUF + (64 * (6 * r + k)) as i32), reg)?;
+        }
+    }
+    // Along W, per output row: Aᵀ, bias, activation, interleave, store.
+    for r in (0..4).filter(|r| rows >> r & 1 == 1) {
+        for (k, &reg) in m.iter().enumerate() {
+            a.vmovaps(reg, zmmword_ptr(BUF + (64 * (6 * r + k)) as i32))?;
+        }
+        combine(a, &AT, m, &y)?;
+        for &reg in &y {
+            a.vaddps(reg, reg, Z[21])?;
+            match act {
+                Activation::None => {}
+                Activation::Relu => {
+                    a.vpxord(Z[12], Z[12], Z[12])?;
+                    a.vmaxps(reg, reg, Z[12])?;
+                }
+                Activation::Clip { lo, hi } => {
+                    splat(a, Z[12], lo)?;
+                    a.vmaxps(reg, reg, Z[12])?;
+                    splat(a, Z[12], hi)?;
+                    a.vminps(reg, reg, Z[12])?;
+                }
+            }
+        }
+        // Level 1: lanes of phases 0/1 and 2/3 interleaved (low and high
+        // halves); level 2: their pairs.
+        let l1 = [Z[13], Z[14], Z[15], Z[16]];
+        for (j, &reg) in l1.iter().enumerate() {
+            let (p, q) = if j / 2 == 0 {
+                (y[0], y[1])
+            } else {
+                (y[2], y[3])
+            };
+            a.vmovaps(reg, IDX[j % 2])?;
+            a.vpermi2ps(reg, p, q)?;
+        }
+        let x0 = 64 * chunk as i64;
+        for v in 0..4 {
+            let reg = Z[17 + v];
+            // Vector v holds tiles 4v..4v+4: the low or high half's first
+            // or second pair run.
+            let (half, run) = (v / 2, v % 2);
+            a.vmovaps(reg, IDX[2 + run])?;
+            a.vpermi2ps(reg, l1[half], l1[2 + half])?;
+            let x = x0 + 16 * v as i64;
+            let mask = column_mask(x, t.ow, 16);
+            let disp = imm32(r as i64 * ow4 + 4 * x, "output pixel")?;
+            store_masked(a, zmmword_ptr(OUT + disp), reg, mask)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
@@ -668,9 +744,16 @@ mod tests {
         }
     }
 
-    /// A 3×3 stride-1 conv through both kernels and a scalar GEMM, against
-    /// the direct sum.
-    fn check(cin: usize, oc: usize, (h, w): (usize, usize), pads: [usize; 4], act: Activation) {
+    /// A 3×3 stride-1 conv through both transforms and a scalar GEMM, in
+    /// bands of `band` tile rows, against the direct sum.
+    fn check(
+        cin: usize,
+        oc: usize,
+        (h, w): (usize, usize),
+        pads: [usize; 4],
+        act: Activation,
+        band: usize,
+    ) {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             return;
         }
@@ -683,7 +766,8 @@ mod tests {
             ow,
             pad_tl: [pads[0], pads[1]],
         };
-        let tn = tiling.count();
+        let (th, tw) = tiling.tiles();
+        let tb = band * tw;
         let x: Vec<f32> = (0..cin * h * w)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
             .collect();
@@ -692,45 +776,61 @@ mod tests {
             .collect();
         let bias: Vec<f32> = (0..oc).map(|o| o as f32 * 0.25 - 1.0).collect();
         // Arena: x, V, M, y.
-        let (xv, vv, mv) = (0, cin * h * w * 4, (cin * h * w + 36 * cin * tn) * 4);
-        let yv = mv + 36 * oc * tn * 4;
+        let (xv, vv, mv) = (0, cin * h * w * 4, (cin * h * w + 36 * cin * tb) * 4);
+        let yv = mv + 36 * oc * tb * 4;
         let mut mem = vec![0u8; yv + oc * oh * ow * 4 + 64];
         for (i, v) in x.iter().enumerate() {
             mem[xv + 4 * i..][..4].copy_from_slice(&v.to_le_bytes());
         }
-        // Poison V and M: every lane read must have been written.
-        mem[vv..yv].fill(0xff);
-        let input = WinogradInput {
+        let weights: Vec<u8> = bias.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let task = |stages: Vec<Stage>| WinogradTask {
             tiling,
-            xi_stride: (cin * tn * 4) as i64,
-            jobs: vec![(arena(xv), arena(vv), cin)],
+            channels: [cin, oc],
+            band,
+            act,
+            gemms: Vec::new(),
+            stages,
         };
-        assert_eq!(call_kernel(&input.assemble().unwrap(), &mut mem, &[]), 0);
         let f = |m: &[u8], at: usize| f32::from_le_bytes(m[at..at + 4].try_into().unwrap());
         let u = transform_weights(&wt, oc, cin);
-        for xi in 0..36 {
-            for o in 0..oc {
-                for t in 0..tn {
-                    let s: f32 = (0..cin)
-                        .map(|c| {
-                            u[(xi * oc + o) * cin + c] * f(&mem, vv + ((xi * cin + c) * tn + t) * 4)
-                        })
-                        .sum();
-                    mem[mv + ((xi * oc + o) * tn + t) * 4..][..4].copy_from_slice(&s.to_le_bytes());
+        for ty0 in (0..th).step_by(band) {
+            let rows = ty0..(ty0 + band).min(th);
+            let tiles = rows.len() * tw;
+            // Poison V and M: every lane read must have been written.
+            mem[vv..yv].fill(0xff);
+            let input = task(vec![Stage::Input {
+                x: arena(xv),
+                v: arena(vv),
+                channels: cin,
+                rows: rows.clone(),
+            }]);
+            assert_eq!(call_kernel(&input.assemble().unwrap(), &mut mem, &[]), 0);
+            for xi in 0..36 {
+                for o in 0..oc {
+                    for t in 0..tiles {
+                        let s: f32 = (0..cin)
+                            .map(|c| {
+                                u[(xi * oc + o) * cin + c]
+                                    * f(&mem, vv + ((xi * cin + c) * tb + t) * 4)
+                            })
+                            .sum();
+                        mem[mv + ((xi * oc + o) * tb + t) * 4..][..4]
+                            .copy_from_slice(&s.to_le_bytes());
+                    }
                 }
             }
+            let output = task(vec![Stage::Output {
+                m: arena(mv),
+                y: arena(yv),
+                bias: Some(bias_loc(0)),
+                channels: oc,
+                rows,
+            }]);
+            assert_eq!(
+                call_kernel(&output.assemble().unwrap(), &mut mem, &weights),
+                0
+            );
         }
-        let weights: Vec<u8> = bias.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let output = WinogradOutput {
-            tiling,
-            xi_stride: (oc * tn * 4) as i64,
-            act,
-            jobs: vec![(arena(mv), arena(yv), Some(bias_loc(0)), oc)],
-        };
-        assert_eq!(
-            call_kernel(&output.assemble().unwrap(), &mut mem, &weights),
-            0
-        );
         for o in 0..oc {
             for oy in 0..oh {
                 for ox in 0..ow {
@@ -768,21 +868,18 @@ mod tests {
 
     #[test]
     fn transforms_match_the_direct_sum() {
+        let clip = Activation::Clip { lo: -1.0, hi: 3.0 };
         // Whole tiles, "same" padding.
-        check(3, 5, (8, 8), [1, 1, 1, 1], Activation::None);
-        // Ragged tiles, several chunks per tile row, rows not whole.
-        check(2, 3, (13, 70), [1, 1, 1, 1], Activation::Relu);
-        // Unpadded and asymmetric padding.
-        check(4, 2, (9, 11), [0, 0, 0, 0], Activation::None);
-        check(
-            1,
-            2,
-            (6, 5),
-            [2, 0, 1, 2],
-            Activation::Clip { lo: -1.0, hi: 3.0 },
-        );
+        check(3, 5, (8, 8), [1, 1, 1, 1], Activation::None, 2);
+        // Ragged tiles, several chunks per tile row, rows not whole; in
+        // one band, and in bands of 2 tile rows (the last one short).
+        check(2, 3, (13, 70), [1, 1, 1, 1], Activation::Relu, 4);
+        check(2, 3, (21, 70), [1, 1, 1, 1], Activation::Relu, 2);
+        // Unpadded and asymmetric padding, bands of one tile row.
+        check(4, 2, (9, 11), [0, 0, 0, 0], Activation::None, 1);
+        check(1, 2, (6, 5), [2, 0, 1, 2], clip, 1);
         // A single tile smaller than 4×4.
-        check(2, 2, (3, 3), [1, 1, 1, 1], Activation::None);
+        check(2, 2, (3, 3), [1, 1, 1, 1], Activation::None, 1);
     }
 
     #[test]
