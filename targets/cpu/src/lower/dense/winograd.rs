@@ -179,6 +179,9 @@ pub(super) fn winograd_conv(
 /// (VGG-16's 512 channels on 14×14 and 28×28, ResNet-18's 128 and 256).
 const BANDED_RATIO: u64 = 8;
 
+/// The machine code of a step's tasks.
+type Tasks = Vec<Vec<u8>>;
+
 /// A Winograd convolution being lowered.
 struct Winograd<'a, 'g> {
     cx: &'a NodeCx<'g>,
@@ -244,12 +247,7 @@ impl Winograd<'_, '_> {
 
     /// Whole images in three steps: the input transforms' tasks, the
     /// GEMMs' tasks, the output transforms' tasks.
-    #[allow(clippy::type_complexity)]
-    fn staged(
-        &self,
-        scratch: &mut Scratch,
-        tasks: usize,
-    ) -> Attempt<(Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+    fn staged(&self, scratch: &mut Scratch, tasks: usize) -> Attempt<(Tasks, Tasks, Tasks)> {
         let [cin, oc] = self.task.channels;
         let [v_image, m_image] = self.tile_bytes();
         let held = scratch.hold(&[v_image * self.batch as u64, m_image * self.batch as u64]);
@@ -304,7 +302,7 @@ impl Winograd<'_, '_> {
 
     /// Bands of tile rows, each task running all three stages over its
     /// bands (of `bands` per image) with `V` and `M` of its own.
-    fn banded(&self, scratch: &mut Scratch, tasks: usize, bands: usize) -> Attempt<Vec<Vec<u8>>> {
+    fn banded(&self, scratch: &mut Scratch, tasks: usize, bands: usize) -> Attempt<Tasks> {
         let [cin, oc] = self.task.channels;
         let (th, tw) = self.task.tiling.tiles();
         let band = self.task.band;
