@@ -293,15 +293,15 @@ pub(crate) enum Stage {
 
 /// A Winograd convolution's kernel: stages of input transforms, GEMMs
 /// (kernels assembled by the caller, embedded and called) and output
-/// transforms (bias, activation). `V` and `M` are laid out for a band of
-/// `band` tile rows: `[36][C][band · TW]` (`C`: all of `channels`).
+/// transforms (bias, activation). `V` and `M` are `[36][C][row]` (`C`:
+/// all of `channels`; `row` tiles: a band's, or every image's).
 #[derive(Clone, Debug)]
 pub(crate) struct WinogradTask {
     pub tiling: Tiling,
     /// Input and output channels.
     pub channels: [usize; 2],
-    /// Tile rows of a full band (`V`'s and `M`'s layout).
-    pub band: usize,
+    /// Tiles per row of `V` and `M`.
+    pub row: usize,
     pub act: Activation,
     /// Position-independent GEMM kernels (kernel ABI), called by
     /// [`Stage::Gemm`].
@@ -323,7 +323,7 @@ type Runs = Vec<(usize, u32)>;
 impl WinogradTask {
     /// `V`'s (and `M`'s) bytes per channel.
     pub(crate) fn channel_bytes(&self) -> i64 {
-        (self.band * self.tiling.tiles().1 * 4) as i64
+        (self.row * 4) as i64
     }
 
     /// Bytes between the ξ planes of `V` and of `M`.
@@ -786,7 +786,7 @@ mod tests {
         let task = |stages: Vec<Stage>| WinogradTask {
             tiling,
             channels: [cin, oc],
-            band,
+            row: tb,
             act,
             gemms: Vec::new(),
             stages,

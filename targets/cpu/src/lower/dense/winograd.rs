@@ -70,42 +70,39 @@ pub(super) fn winograd_conv(
         pad_tl: [c.pads[0], c.pads[1]],
     };
     let t = tiling.count();
-    let k = 9 * cin;
-    let direct = Blocking::modeled_cycles(vector, oc, oh * ow, packed_a_rows(k)) * k as f64;
-    let gemms = GEMM_CHARGE
-        * POSITIONS as f64
-        * Blocking::modeled_cycles(vector, oc, t, packed_a_rows(cin))
-        * cin as f64;
-    // The transforms run over whole vectors of 16 tiles per tile row.
-    let (th, tw) = tiling.tiles();
-    let lanes = th * tw.div_ceil(16) * 16;
-    let tasks = tasks.max(1);
-    let transforms = TRANSFORM_CYCLES * (POSITIONS * lanes * (cin + oc)) as f64;
-    let winograd = gemms + transforms;
-    require(winograd < direct, || {
-        format!(
-            "F(4x4, 3x3) is modeled at {winograd:.0} cycles per image ({t} tiles: GEMMs \
-             {gemms:.0}, transforms {transforms:.0}), the direct GEMM at {direct:.0}"
-        )
-    })?;
     let (image_bytes, u_bytes) = (
         (POSITIONS * (cin + oc) * t * 4) as u64,
         (POSITIONS * cin * oc * 4) as u64,
     );
     let staged = image_bytes < BANDED_RATIO * u_bytes && batch as u64 * image_bytes <= MAX_SCRATCH;
+    let (th, tw) = tiling.tiles();
+    let tasks = tasks.max(1);
     let (band, bands) = match staged {
         true => (th, 1),
         false => band_rows(&tiling, [cin, oc], batch, tasks),
     };
-    let full_n = band * tw;
+    // Staged, the GEMMs' columns are every image's tiles; in bands, a
+    // band's.
+    let row = if staged { batch * t } else { band * tw };
+    let k = 9 * cin;
+    let direct =
+        batch as f64 * Blocking::modeled_cycles(vector, oc, oh * ow, packed_a_rows(k)) * k as f64;
+    let gemms = GEMM_CHARGE * (POSITIONS * batch * t) as f64 / row as f64
+        * Blocking::modeled_cycles(vector, oc, row, packed_a_rows(cin))
+        * cin as f64;
+    // The transforms run over whole vectors of 16 tiles per tile row.
+    let lanes = batch * th * tw.div_ceil(16) * 16;
+    let transforms = TRANSFORM_CYCLES * (POSITIONS * lanes * (cin + oc)) as f64;
+    let winograd = gemms + transforms;
+    require(winograd < direct, || {
+        format!(
+            "F(4x4, 3x3) is modeled at {winograd:.0} cycles ({batch} images of {t} tiles: \
+             GEMMs {gemms:.0}, transforms {transforms:.0}), the direct GEMM at {direct:.0}"
+        )
+    })?;
     let how = format!("winograd {:?}", cx.inputs[1].1.shape);
     let packed = Some((1, PackedSide::Rows, how));
-    let blocking = packed_blocking(
-        cx,
-        weights,
-        packed,
-        (vector, oc, full_n, packed_a_rows(cin)),
-    );
+    let blocking = packed_blocking(cx, weights, packed, (vector, oc, row, packed_a_rows(cin)));
     let part = packed_w_len(Elem::F32, oc, cin, blocking.mr);
     let u_base = packed_loc(weights, part * POSITIONS, || {
         let u = transform_weights(&wv, oc, cin);
@@ -130,12 +127,13 @@ pub(super) fn winograd_conv(
         task: WinogradTask {
             tiling,
             channels: [cin, oc],
-            band,
+            row,
             act,
             gemms: Vec::new(),
             stages: Vec::new(),
         },
         batch,
+        band,
         u: (u_base, part as i64),
         blocking,
     };
@@ -188,14 +186,16 @@ struct Winograd<'a, 'g> {
     /// The kernels' common part (no stages or GEMMs yet).
     task: WinogradTask,
     batch: usize,
+    /// Tile rows per band (banded).
+    band: usize,
     /// The packed `U` and the bytes per position.
     u: (Loc, i64),
     blocking: Blocking,
 }
 
 impl Winograd<'_, '_> {
-    /// The 36 GEMMs of one image or band: `n` tiles of `V` at `v` into
-    /// `M` at `m`, rows of `V` and `M` strided for the task's band.
+    /// The 36 GEMMs of `n` tiles of `V` at `v` into `M` at `m` (rows of
+    /// the task's row length).
     fn gemm(&self, n: usize, (v, m): (Loc, Loc), panel: Option<Loc>) -> GemmSpec {
         let [cin, oc] = self.task.channels;
         let [v_xi, m_xi] = self.task.xi_strides();
@@ -218,7 +218,8 @@ impl Winograd<'_, '_> {
         }
     }
 
-    /// The bytes of `V` and `M` of one image or band.
+    /// The bytes of `V` and `M`: every image's tiles (staged), or a
+    /// band's.
     fn tile_bytes(&self) -> [u64; 2] {
         (self.task.xi_strides()).map(|xi| (POSITIONS as i64 * xi) as u64)
     }
@@ -249,25 +250,17 @@ impl Winograd<'_, '_> {
     /// GEMMs' tasks, the output transforms' tasks.
     fn staged(&self, scratch: &mut Scratch, tasks: usize) -> Attempt<(Tasks, Tasks, Tasks)> {
         let [cin, oc] = self.task.channels;
-        let [v_image, m_image] = self.tile_bytes();
-        let held = scratch.hold(&[v_image * self.batch as u64, m_image * self.batch as u64]);
+        let held = scratch.hold(&self.tile_bytes());
         let (v, m) = (held[0], held[1]);
+        let t = self.task.tiling.count();
         let th = self.task.tiling.tiles().0;
         let channel = self.task.channel_bytes();
+        // Image `img`'s tiles start `img · T` tiles into each row.
         let image = |img: usize| {
-            (
-                v.moved((img as u64 * v_image) as i64),
-                m.moved((img as u64 * m_image) as i64),
-            )
+            let at = (img * t * 4) as i64;
+            (v.moved(at), m.moved(at))
         };
-        let mut calls = Vec::new();
-        for img in 0..self.batch {
-            calls.extend(self.gemm(self.task.tiling.count(), image(img), None).calls);
-        }
-        let spec = GemmSpec {
-            calls,
-            ..self.gemm(self.task.tiling.count(), (v, m), None)
-        };
+        let spec = self.gemm(self.batch * t, (v, m), None);
         let Parts { gemm, .. } =
             assemble_parts(self.cx, spec, scratch, tasks, HeadOutput::InPlace)?;
         let kernel = |stages: Vec<Stage>| WinogradTask {
@@ -305,7 +298,7 @@ impl Winograd<'_, '_> {
     fn banded(&self, scratch: &mut Scratch, tasks: usize, bands: usize) -> Attempt<Tasks> {
         let [cin, oc] = self.task.channels;
         let (th, tw) = self.task.tiling.tiles();
-        let band = self.task.band;
+        let band = self.band;
         let items: Vec<(usize, usize)> = (0..self.batch)
             .flat_map(|img| (0..bands).map(move |b| (img, b)))
             .collect();
