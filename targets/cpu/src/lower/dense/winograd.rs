@@ -36,7 +36,11 @@ pub(super) fn winograd_conv(
     machine: Machine,
 ) -> Attempt<Served> {
     let Machine { vector, tasks } = machine;
-    zmm_only(vector)?;
+    require(vector == Vector::Zmm, || {
+        "built for AVX-512 only (the transforms split tile columns with two-table permutes \
+         and masks); AVX2 runs the direct GEMMs"
+            .into()
+    })?;
     let ConvDims {
         x: [batch, cin, h, w],
         w: [oc, _, kh, kw],
