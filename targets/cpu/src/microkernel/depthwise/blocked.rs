@@ -5,17 +5,17 @@
 //! of 16, and a 7×7 window on it runs 49 FMAs a row at less than half
 //! width. Here the lanes are 16 channels (onnxruntime's NCHWc blocking,
 //! done inside the kernel): per block of 16 channels the input planes are
-//! gathered pixel by pixel into a scratch plane `[rows][cols][16]` with
-//! zero borders (the padding), every output pixel of a row is an
-//! accumulator, each tap loads its 16 weights once and adds them times
-//! the shifted scratch pixel into every accumulator of the row, and the
-//! row is scattered back to the 16 output planes. No tap needs a mask, any
+//! copied into a scratch plane `[rows][cols][16]` with zero borders (the
+//! padding), 16 pixels of 16 channels at a time through a 16×16 transpose
+//! in registers, every output pixel of a row is an accumulator, each tap
+//! loads its 16 weights once and adds them times the shifted scratch
+//! pixel into every accumulator of the row, and the row is transposed
+//! back and stored to the 16 output planes. No tap needs a mask, any
 //! stride or dilation is an address, and every lane is used but the last
 //! block's past the channel count (masked).
 //!
-//! The gathers and scatters cost about one pixel of the map each, so the
-//! kernel pays where the window is large against the map
-//! ([`worth_blocking`]).
+//! The copies in and out cost about two FMAs a pixel, so the kernel pays
+//! where the window is large enough against the map ([`worth_blocking`]).
 
 use iced_x86::code_asm::*;
 
@@ -39,8 +39,6 @@ const MAX_PLANE_BYTES: u64 = 256 << 10;
 const S_B: AsmRegister64 = r15;
 const WEIGHT: AsmRegisterZmm = zmm15;
 const PIXEL: AsmRegisterZmm = zmm16;
-const IN_INDEX: AsmRegisterZmm = zmm30;
-const OUT_INDEX: AsmRegisterZmm = zmm31;
 /// Registers the epilogue may use beside the accumulator.
 const FREE: std::ops::Range<usize> = 17..30;
 
@@ -50,18 +48,20 @@ const FREE: std::ops::Range<usize> = 17..30;
 /// channel, filling `ow` of 16 lanes (at W stride 2 each also loads twice
 /// and permutes); the blocked one `taps` per output pixel at half that
 /// cost (one load, the weight in a register, independent accumulators),
-/// and a gather per input and a scatter per output pixel at 12. Measured
-/// on the sweep's 7×7 maps (768 channels, 7×7 window; 960, 5×5): 0.36 ns
-/// a blocked FMA, 8.6 ns a gather or scatter, 0.68 ns a row FMA. Where the
-/// row kernel computes blocks of rows (`DepthwiseSpec::row_block`: a
-/// window more than one row tall, rows of at most
-/// [`super::BLOCK_MAX_TILES`] vectors) its input loads, and at W stride 2
-/// their permutes, are shared by several rows: a row FMA then counts 0.8,
-/// and the stride's extra half (fitted on the sweep's depthwise shapes of
-/// at most 14 output columns, both kernels forced, `kiln bench --runs 200
-/// --threads 1`: 5×5 on 7×7 of 960 channels 0.080 ms blocked / 0.088 row,
-/// 5×5/2 on 14×14 of 672 channels 0.093 / 0.074, 7×7 on 14×14 of 384
-/// channels 0.176 / 0.140, 7×7 on 7×7 of 768 channels 0.075 / 0.163).
+/// and the copy of each input and output pixel through the 16×16
+/// transposes at 2. Where the row kernel computes blocks of rows
+/// (`DepthwiseSpec::row_block`: a window more than one row tall, rows of
+/// at most [`super::BLOCK_MAX_TILES`] vectors) its input loads, and at W
+/// stride 2 their permutes, are shared by several rows: a row FMA then
+/// counts 0.8, and the stride's extra half. Fitted on the sweep's 15
+/// depthwise shapes of at most 14 output columns, both kernels forced
+/// (`kiln bench --random --runs 100 --threads 1`, ms blocked / row): the
+/// row kernel wins only 3×3/2 from 28×28 of few channels (ShuffleNetV2's
+/// 116: 0.027 / 0.023; MobileNetV3's 240: 0.052 / 0.049); 3×3 on 14×14 of
+/// 384 ties (0.035 / 0.036); 5×5 on 14×14 of 672 0.105 / 0.133, 7×7 on
+/// 14×14 of 384 0.095 / 0.126, 5×5 on 7×7 of 960 0.039 / 0.088, 3×3 on
+/// 7×7 of 960 0.024 / 0.040. (With a gather and a scatter per pixel, at
+/// 12, 8.6 ns each, the blocked kernel took 0.080 ms for that 5×5 on 7×7.)
 pub(crate) fn worth_blocking(spec: &DepthwiseSpec) -> bool {
     let taps = spec.kh * spec.kw;
     let row_vectors = spec.oh * spec.ow.div_ceil(16) * 16 * taps;
@@ -70,7 +70,7 @@ pub(crate) fn worth_blocking(spec: &DepthwiseSpec) -> bool {
         true => row_vectors * (1 + spec.stride_w) * 2 / 5,
         false => row_vectors * spec.stride_w,
     };
-    let blocked = spec.oh * spec.ow * taps / 2 + 12 * (spec.h * spec.w + spec.oh * spec.ow);
+    let blocked = spec.oh * spec.ow * taps / 2 + 2 * (spec.h * spec.w + spec.oh * spec.ow);
     spec.ow <= MAX_ROW && 10 * blocked < 9 * row_kernel
 }
 
@@ -173,12 +173,9 @@ impl BlockedDepthwise {
             return Err(MicrokernelError::Layout(why));
         }
         let mut a = CodeAssembler::new(64)?;
-        let (mut in_index, mut out_index) = (a.create_label(), a.create_label());
         for r in SAVED {
             a.push(r)?;
         }
-        a.vmovdqu32(IN_INDEX, zmmword_ptr(in_index))?;
-        a.vmovdqu32(OUT_INDEX, zmmword_ptr(out_index))?;
         // The scratch plane's borders are the padding: zero it once.
         load_address(&mut a, SRC, self.scratch)?;
         a.vpxord(PIXEL, PIXEL, PIXEL)?;
@@ -218,16 +215,6 @@ impl BlockedDepthwise {
         a.vzeroupper()?;
         a.xor(eax, eax)?;
         a.ret()?;
-        // Lane i of a block reads channel i's plane, i planes on.
-        let index = |label: &mut CodeLabel, plane: usize, a: &mut CodeAssembler| {
-            a.set_label(label)?;
-            let v: Vec<u8> = (0..LANES as u32)
-                .flat_map(|i| (i * plane as u32 * 4).to_le_bytes())
-                .collect();
-            a.db(&v)
-        };
-        index(&mut in_index, spec.h * spec.w, &mut a)?;
-        index(&mut out_index, spec.oh * spec.ow, &mut a)?;
         Ok(a.assemble(0)?)
     }
 
@@ -238,32 +225,43 @@ impl BlockedDepthwise {
         let (_, cols) = Self::plane(spec);
         let pixel = (LANES * 4) as i64;
         let masked = lanes < LANES;
-        // k3: the block's lanes; k2 a copy each gather or scatter uses up;
-        // k1 the epilogue's mask.
+        // k1: the block's lanes, the epilogue's mask; k2 the pixels of a
+        // partial load or store.
         a.mov(r9d, ((1u32 << lanes) - 1) as i32)?;
-        a.kmovw(k3, r9d)?;
         a.kmovw(k1, r9d)?;
-        // Gather: input row y into scratch row pad + y.
-        a.mov(SRC, X_G)?;
-        let first = (spec.pad_tl[0] * cols + spec.pad_tl[1]) as i64 * pixel;
-        a.lea(DST, qword_ptr(S_B + imm32(first, "scratch pixel")?))?;
-        let mut rows = a.create_label();
-        a.mov(ROWS, spec.h as u64)?;
-        a.set_label(&mut rows)?;
-        for x in 0..spec.w {
-            a.kmovw(k2, k3)?;
-            a.vpxord(PIXEL, PIXEL, PIXEL)?;
-            let at = imm32((x * 4) as i64, "input column")?;
-            a.vgatherdps(PIXEL.k2(), dword_ptr(SRC + IN_INDEX + at))?;
-            a.vmovaps(
-                zmmword_ptr(DST + imm32(x as i64 * pixel, "scratch column")?),
-                PIXEL,
+        // The input planes into the scratch plane, 16 pixels at a time:
+        // a vector of 16 pixels per channel, transposed to a vector of 16
+        // channels per pixel, stored at the pixel's place.
+        let plane = (spec.h * spec.w) as i64;
+        for p0 in (0..spec.h * spec.w).step_by(LANES) {
+            let n = (spec.h * spec.w - p0).min(LANES);
+            for (c, &reg) in ZMM[..LANES].iter().enumerate() {
+                if c >= lanes {
+                    a.vpxord(reg, reg, reg)?;
+                    continue;
+                }
+                let at =
+                    zmmword_ptr(X_G + imm32((c as i64 * plane + p0 as i64) * 4, "input pixel")?);
+                match n {
+                    LANES => a.vmovups(reg, at)?,
+                    _ => {
+                        a.mov(r9d, ((1u32 << n) - 1) as i32)?;
+                        a.kmovw(k2, r9d)?;
+                        a.vmovups(reg.k2().z(), at)?;
+                    }
+                }
+            }
+            let pixels = transpose16(
+                a,
+                std::array::from_fn(|i| ZMM[i]),
+                std::array::from_fn(|i| ZMM[16 + i]),
             )?;
+            for (p, &reg) in pixels[..n].iter().enumerate() {
+                let (y, x) = ((p0 + p) / spec.w, (p0 + p) % spec.w);
+                let at = ((spec.pad_tl[0] + y) * cols + spec.pad_tl[1] + x) as i64 * pixel;
+                a.vmovaps(zmmword_ptr(S_B + imm32(at, "scratch pixel")?), reg)?;
+            }
         }
-        a.add(SRC, imm32((spec.w * 4) as i64, "input row")?)?;
-        a.add(DST, imm32(cols as i64 * pixel, "scratch row")?)?;
-        a.dec(ROWS)?;
-        a.jnz(rows)?;
         // Output rows: SRC the scratch row of tap row 0, DST the output row.
         a.mov(SRC, S_B)?;
         a.mov(DST, OUT_G)?;
@@ -317,18 +315,30 @@ impl BlockedDepthwise {
             }
         }
         for ox in 0..spec.ow {
-            let x = match spec.epilogue.is_empty() {
-                true => acc(ox),
-                false => {
-                    let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(ox))
-                        .chain(free.iter().copied())
-                        .collect();
-                    run_epilogue(a, &epilogue, &home, &regs, (CHANNEL, 0), Some(access))?
+            if !spec.epilogue.is_empty() {
+                let regs: Vec<AsmRegisterZmm> = std::iter::once(acc(ox))
+                    .chain(free.iter().copied())
+                    .collect();
+                let x = run_epilogue(a, &epilogue, &home, &regs, (CHANNEL, 0), Some(access))?;
+                if x != acc(ox) {
+                    a.vmovaps(acc(ox), x)?;
                 }
-            };
-            a.kmovw(k2, k3)?;
-            let at = imm32((ox * 4) as i64, "output column")?;
-            a.vscatterdps(dword_ptr(DST + OUT_INDEX + at).k2(), x)?;
+            }
+        }
+        // The row's pixels (vectors of 16 channels; past `ow` whatever the
+        // registers hold) transposed to a vector of pixels per channel,
+        // stored to its plane's row.
+        let channels = transpose16(
+            a,
+            std::array::from_fn(|i| ZMM[i]),
+            std::array::from_fn(|i| ZMM[16 + i]),
+        )?;
+        a.mov(r9d, ((1u32 << spec.ow) - 1) as i32)?;
+        a.kmovw(k2, r9d)?;
+        let out_plane = (spec.oh * spec.ow * 4) as i64;
+        for (c, &reg) in channels[..lanes].iter().enumerate() {
+            let at = imm32(c as i64 * out_plane, "output plane")?;
+            a.vmovups(zmmword_ptr(DST + at).k2(), reg)?;
         }
         a.add(
             SRC,
@@ -351,4 +361,42 @@ impl BlockedDepthwise {
         a.add(CHANNEL, imm32(block * 4, "channel")?)?;
         Ok(())
     }
+}
+
+/// Transposes the 16×16 f32 matrix in `r` (row i in `r[i]`) with the
+/// temporaries `t`: returns the registers holding its columns, in order
+/// (unpacks of singles, then of pairs, within 128-bit lanes; then two
+/// rounds of 128-bit lane shuffles). 64 shuffles for 256 elements, where a
+/// gather or scatter of 16 took about 8.6 ns on this machine.
+fn transpose16(
+    a: &mut CodeAssembler,
+    r: [AsmRegisterZmm; 16],
+    t: [AsmRegisterZmm; 16],
+) -> Result<[AsmRegisterZmm; 16], MicrokernelError> {
+    for i in 0..8 {
+        a.vunpcklps(t[2 * i], r[2 * i], r[2 * i + 1])?;
+        a.vunpckhps(t[2 * i + 1], r[2 * i], r[2 * i + 1])?;
+    }
+    // r[4g + j], 128-bit lane L: rows 4g..4g+4 of column 4L + j.
+    for g in 0..4 {
+        let q = 4 * g;
+        a.vunpcklpd(r[q], t[q], t[q + 2])?;
+        a.vunpckhpd(r[q + 1], t[q], t[q + 2])?;
+        a.vunpcklpd(r[q + 2], t[q + 1], t[q + 3])?;
+        a.vunpckhpd(r[q + 3], t[q + 1], t[q + 3])?;
+    }
+    // Column 4L + j gathers lane L of r[j], r[4 + j], r[8 + j], r[12 + j],
+    // and ends in r[4L + j].
+    for j in 0..4 {
+        let u = [t[4 * j], t[4 * j + 1], t[4 * j + 2], t[4 * j + 3]];
+        a.vshuff32x4(u[0], r[j], r[4 + j], 0x44)?;
+        a.vshuff32x4(u[1], r[j], r[4 + j], 0xee)?;
+        a.vshuff32x4(u[2], r[8 + j], r[12 + j], 0x44)?;
+        a.vshuff32x4(u[3], r[8 + j], r[12 + j], 0xee)?;
+        a.vshuff32x4(r[j], u[0], u[2], 0x88)?;
+        a.vshuff32x4(r[4 + j], u[0], u[2], 0xdd)?;
+        a.vshuff32x4(r[8 + j], u[1], u[3], 0x88)?;
+        a.vshuff32x4(r[12 + j], u[1], u[3], 0xdd)?;
+    }
+    Ok(r)
 }
