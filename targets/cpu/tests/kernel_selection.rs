@@ -556,6 +556,9 @@ fn depthwise_convolutions_of_narrow_maps_run_on_channel_blocks() {
         // at stride 2 pay too.
         dw([1, 40, 7, 7], 3, 1),
         dw([1, 24, 13, 13], 5, 2).strides([2, 2]),
+        // An input at least 16 wide is copied row by row (27 columns: a
+        // vector and a masked 11).
+        dw([1, 40, 28, 27], 5, 2).strides([2, 2]),
     ];
     for (i, case) in blocked.iter().enumerate() {
         check_kernel(

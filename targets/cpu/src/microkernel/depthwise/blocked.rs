@@ -231,23 +231,36 @@ impl BlockedDepthwise {
         a.kmovw(k1, r9d)?;
         // The input planes into the scratch plane, 16 pixels at a time:
         // a vector of 16 pixels per channel, transposed to a vector of 16
-        // channels per pixel, stored at the pixel's place.
+        // channels per pixel, stored at the pixel's place. Maps at least
+        // 16 wide go row by row (a loop), narrower ones as one run of
+        // pixels across rows (unrolled).
         let plane = (spec.h * spec.w) as i64;
-        for p0 in (0..spec.h * spec.w).step_by(LANES) {
-            let n = (spec.h * spec.w - p0).min(LANES);
+        let (run, rows) = match spec.w >= LANES {
+            true => (spec.w, spec.h),
+            false => (spec.h * spec.w, 1),
+        };
+        a.mov(SRC, X_G)?;
+        let first = (spec.pad_tl[0] * cols + spec.pad_tl[1]) as i64 * pixel;
+        a.lea(DST, qword_ptr(S_B + imm32(first, "scratch pixel")?))?;
+        let mut top = a.create_label();
+        if rows > 1 {
+            a.mov(ROWS, rows as u64)?;
+            a.set_label(&mut top)?;
+        }
+        for p0 in (0..run).step_by(LANES) {
+            let n = (run - p0).min(LANES);
             for (c, &reg) in ZMM[..LANES].iter().enumerate() {
                 if c >= lanes {
                     a.vpxord(reg, reg, reg)?;
                     continue;
                 }
-                let at =
-                    zmmword_ptr(X_G + imm32((c as i64 * plane + p0 as i64) * 4, "input pixel")?);
+                let at = imm32((c as i64 * plane + p0 as i64) * 4, "input pixel")?;
                 match n {
-                    LANES => a.vmovups(reg, at)?,
+                    LANES => a.vmovups(reg, zmmword_ptr(SRC + at))?,
                     _ => {
                         a.mov(r9d, ((1u32 << n) - 1) as i32)?;
                         a.kmovw(k2, r9d)?;
-                        a.vmovups(reg.k2().z(), at)?;
+                        a.vmovups(reg.k2().z(), zmmword_ptr(SRC + at))?;
                     }
                 }
             }
@@ -258,9 +271,15 @@ impl BlockedDepthwise {
             )?;
             for (p, &reg) in pixels[..n].iter().enumerate() {
                 let (y, x) = ((p0 + p) / spec.w, (p0 + p) % spec.w);
-                let at = ((spec.pad_tl[0] + y) * cols + spec.pad_tl[1] + x) as i64 * pixel;
-                a.vmovaps(zmmword_ptr(S_B + imm32(at, "scratch pixel")?), reg)?;
+                let at = (y * cols + x) as i64 * pixel;
+                a.vmovaps(zmmword_ptr(DST + imm32(at, "scratch pixel")?), reg)?;
             }
+        }
+        if rows > 1 {
+            a.add(SRC, imm32((spec.w * 4) as i64, "input row")?)?;
+            a.add(DST, imm32(cols as i64 * pixel, "scratch row")?)?;
+            a.dec(ROWS)?;
+            a.jnz(top)?;
         }
         // Output rows: SRC the scratch row of tap row 0, DST the output row.
         a.mov(SRC, S_B)?;
