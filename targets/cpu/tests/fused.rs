@@ -1070,27 +1070,11 @@ fn winograd_conv_runs_its_program_after_the_output_transform() {
     };
     let residual = || vec![Arg::Input(vec![2, 40, 26, 26])];
     let relu = || vec![Instr::Unary(UnaryOp::Relu, r(0))];
+    let [p0, p1, p2] = head_programs(head, residual, 21);
     let graphs = [
-        fused_graph(head(), vec![], relu(), 21),
-        fused_graph(
-            head(),
-            residual(),
-            vec![
-                Instr::Binary(BinaryOp::Add, r(1), r(0)),
-                Instr::Unary(UnaryOp::Relu, r(2)),
-            ],
-            22,
-        ),
-        fused_graph(
-            head(),
-            residual(),
-            vec![
-                Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(0)),
-                Instr::Binary(BinaryOp::Mul, r(2), r(1)),
-                Instr::Unary(UnaryOp::Sigmoid, r(3)),
-            ],
-            23,
-        ),
+        p0,
+        p1,
+        p2,
         fused_graph_storing(head(), vec![], relu(), 24, (FusedStore::F32, f16_weights)),
         fused_graph_storing(head(), vec![], relu(), 25, (FusedStore::F32, bf16_weights)),
         // A large map of few channels runs in bands of tile rows.
@@ -1134,6 +1118,44 @@ fn winograd_conv_runs_its_program_after_the_output_transform() {
     }
 }
 
+/// `head` with three programs after it (seeds `seed..`): a Relu (the
+/// store loop's), a residual add then a Relu (a tail), and a Clip then a
+/// product with the residual and a Sigmoid (a Clip taken, the rest a
+/// tail).
+fn head_programs(
+    head: impl Fn() -> Option<(DenseOp, Vec<Arg>)>,
+    residual: impl Fn() -> Vec<Arg>,
+    seed: u64,
+) -> [Graph; 3] {
+    [
+        fused_graph(
+            head(),
+            vec![],
+            vec![Instr::Unary(UnaryOp::Relu, r(0))],
+            seed,
+        ),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Binary(BinaryOp::Add, r(1), r(0)),
+                Instr::Unary(UnaryOp::Relu, r(2)),
+            ],
+            seed + 1,
+        ),
+        fused_graph(
+            head(),
+            residual(),
+            vec![
+                Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(0)),
+                Instr::Binary(BinaryOp::Mul, r(2), r(1)),
+                Instr::Unary(UnaryOp::Sigmoid, r(3)),
+            ],
+            seed + 2,
+        ),
+    ]
+}
+
 /// A convolution whose pixels run as rows (49 pixels, 80 channels: the
 /// transposed GEMM, then a transpose) keeps its fused program: a leading
 /// Relu in the store loop with the bias, the rest (a residual add, a
@@ -1153,28 +1175,7 @@ fn pixel_rows_conv_runs_its_program_after_the_transpose() {
         ))
     };
     let residual = || vec![Arg::Input(vec![2, 80, 7, 7])];
-    let graphs = [
-        fused_graph(head(), vec![], vec![Instr::Unary(UnaryOp::Relu, r(0))], 11),
-        fused_graph(
-            head(),
-            residual(),
-            vec![
-                Instr::Binary(BinaryOp::Add, r(1), r(0)),
-                Instr::Unary(UnaryOp::Relu, r(2)),
-            ],
-            12,
-        ),
-        fused_graph(
-            head(),
-            residual(),
-            vec![
-                Instr::Unary(UnaryOp::Clip { min: 0.0, max: 6.0 }, r(0)),
-                Instr::Binary(BinaryOp::Mul, r(2), r(1)),
-                Instr::Unary(UnaryOp::Sigmoid, r(3)),
-            ],
-            13,
-        ),
-    ];
+    let graphs = head_programs(head, residual, 11);
     let relu = || vec![Instr::Unary(UnaryOp::Relu, r(0))];
     let half = [f16_weights as Values, bf16_weights]
         .map(|values| fused_graph_storing(head(), vec![], relu(), 14, (FusedStore::F32, values)));

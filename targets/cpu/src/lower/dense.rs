@@ -676,6 +676,25 @@ fn depthwise_blocked(
     Ok(finish(DEPTHWISE_BLOCKED, parts, tail))
 }
 
+/// The conditions of a head `cx` whose fused program runs after a step
+/// that follows the head's (`after`: what that step does): f32 stored,
+/// and the program's output the head's shape.
+fn program_after_head(
+    cx: &NodeCx,
+    fused: Option<(&NodeCx, &FusedKernel)>,
+    after: &str,
+) -> Attempt<()> {
+    if let Some((fcx, k)) = fused {
+        require(k.store() == FusedStore::F32, || {
+            format!("the fused result is stored as u8; {after} f32")
+        })?;
+        require(fcx.node.ty.shape == cx.node.ty.shape, || {
+            "the fused program broadcasts the convolution's result".into()
+        })?;
+    }
+    Ok(())
+}
+
 /// The f32 bytes of node `cx`'s output.
 fn f32_bytes(cx: &NodeCx) -> u64 {
     4 * cx.node.ty.num_elements() as u64

@@ -481,11 +481,7 @@ pub(crate) struct GemmSpec {
     pub store: Store,
 }
 
-const ZMM: [AsmRegisterZmm; 32] = [
-    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
-    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
-    zmm28, zmm29, zmm30, zmm31,
-];
+use super::ZMM;
 
 /// Register roles in the body.
 const A_BASE: AsmRegister64 = r8;

@@ -89,6 +89,16 @@ impl From<iced_x86::IcedError> for MicrokernelError {
     }
 }
 
+/// The zmm registers by number.
+pub(crate) const ZMM: [iced_x86::code_asm::AsmRegisterZmm; 32] = {
+    use iced_x86::code_asm::*;
+    [
+        zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13,
+        zmm14, zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26,
+        zmm27, zmm28, zmm29, zmm30, zmm31,
+    ]
+};
+
 /// Callee-saved registers (System V) that the microkernel bodies use and
 /// save around their calls.
 pub(crate) const SAVED: [iced_x86::code_asm::AsmRegister64; 6] = {

@@ -175,11 +175,7 @@ const BUF: AsmRegister64 = rbx;
 const BIAS: AsmRegister64 = r13;
 const TMP: AsmRegister32 = eax;
 
-const Z: [AsmRegisterZmm; 32] = [
-    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
-    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
-    zmm28, zmm29, zmm30, zmm31,
-];
+use super::ZMM as Z;
 /// The kernel's table (index vectors, then [`SCALES`]).
 const TABLE: AsmRegister64 = r14;
 /// The two permute index vectors of each level (even/odd lanes on the

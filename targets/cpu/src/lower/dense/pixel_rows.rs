@@ -55,14 +55,7 @@ pub(super) fn transposed_conv(
         elem => elem,
     };
     f32_on(vector, elem)?;
-    if let Some((fcx, k)) = fused {
-        require(k.store() == FusedStore::F32, || {
-            "the fused result is stored as u8; the transpose moves f32".into()
-        })?;
-        require(fcx.node.ty.shape == cx.node.ty.shape, || {
-            "the fused program broadcasts the convolution's result".into()
-        })?;
-    }
+    program_after_head(cx, fused, "the transpose moves")?;
     let wv = float_constant(cx.graph, cx.input_ids[1])
         .or_decline(|| "the weights are not a constant".into())?;
     let (p, oc_g, k) = (oh * ow, oc / c.group, cin_g * kh * kw);

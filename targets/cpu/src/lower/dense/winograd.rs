@@ -56,14 +56,7 @@ pub(super) fn winograd_conv(
     // The weights are transformed in f64 and stored as f32 whatever
     // their type; the image must be f32.
     conv_gemm_elem(cx, c)?;
-    if let Some((fcx, k)) = fused {
-        require(k.store() == FusedStore::F32, || {
-            "the fused result is stored as u8; the output transform writes f32".into()
-        })?;
-        require(fcx.node.ty.shape == cx.node.ty.shape, || {
-            "the fused program broadcasts the convolution's result".into()
-        })?;
-    }
+    program_after_head(cx, fused, "the output transform writes")?;
     let wv = float_constant(cx.graph, cx.input_ids[1])
         .or_decline(|| "the weights are not a constant".into())?;
     let tiling = Tiling {
@@ -88,6 +81,9 @@ pub(super) fn winograd_conv(
     // Staged, the GEMMs' columns are every image's tiles; in bands, a
     // band's.
     let row = if staged { batch * t } else { band * tw };
+    // A band at least as large as U: huge weights make huge bands.
+    let held = (POSITIONS * (cin + oc) * row * 4) as u64;
+    require(held <= MAX_SCRATCH, || too_much_scratch(held))?;
     let k = 9 * cin;
     let direct =
         batch as f64 * Blocking::modeled_cycles(vector, oc, oh * ow, packed_a_rows(k)) * k as f64;
