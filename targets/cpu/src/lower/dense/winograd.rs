@@ -84,6 +84,9 @@ pub(super) fn winograd_conv(
     // A band at least as large as U: huge weights make huge bands.
     let held = (POSITIONS * (cin + oc) * row * 4) as u64;
     require(held <= MAX_SCRATCH, || too_much_scratch(held))?;
+    require(u_bytes <= MAX_TRANSFORMED_WEIGHTS, || {
+        format!("the transformed weights would take {u_bytes} bytes (4x the weights)")
+    })?;
     let k = 9 * cin;
     let direct =
         batch as f64 * Blocking::modeled_cycles(vector, oc, oh * ow, packed_a_rows(k)) * k as f64;
@@ -340,6 +343,11 @@ impl Winograd<'_, '_> {
         Ok(codes)
     }
 }
+
+/// Most bytes of transformed weights (`U`, 4× the weights) one
+/// convolution stores: past it the weights section grows by more than the
+/// direct GEMM saves, and its offsets approach 32-bit displacements.
+const MAX_TRANSFORMED_WEIGHTS: u64 = 256 << 20;
 
 /// Bytes of `V` and `M` a band aims at: they stay in the core's L2 cache
 /// (1 MiB here) from the transform that writes them to the one that reads
