@@ -1,12 +1,14 @@
-//! A 3×3 stride-1 convolution as Winograd F(4×4, 3×3): an input transform
-//! step, 36 GEMMs per image (one per position of the transformed 6×6
-//! tile, channels as rows and tiles along the vectors, the transformed
-//! weights packed at compile time), an output transform step that adds
-//! the bias and a leading Relu or Clip, then the rest of a fused program.
-//! The GEMMs do 4× fewer multiplies than the direct form; the transforms
-//! are passes over `V` and `M` (2.25× the input and the output), so the
-//! tile cost model weighs both (see [`winograd_conv`]).
-//! The kernels are in [`crate::microkernel::winograd`].
+//! A 3×3 stride-1 convolution as Winograd F(4×4, 3×3): an input
+//! transform, 36 GEMMs (one per position of the transformed 6×6 tile,
+//! channels as rows and tiles along the vectors, the transformed weights
+//! packed at compile time), an output transform that adds the bias and a
+//! leading Relu or Clip, then the rest of a fused program. Over whole
+//! images as three steps (a batch's tiles side by side in the GEMMs), or,
+//! for large maps of few channels, per band of tile rows inside each
+//! task's kernel ([`BANDED_RATIO`]). The GEMMs do 4× fewer multiplies than
+//! the direct form; the transforms are passes over `V` and `M` (2.25× the
+//! input and the output), so the tile cost model weighs both (see
+//! [`winograd_conv`]). The kernels are in [`crate::microkernel::winograd`].
 
 use super::*;
 use crate::microkernel::winograd::{transform_weights, Stage, Tiling, WinogradTask, POSITIONS};
