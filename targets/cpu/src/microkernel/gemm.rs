@@ -386,6 +386,37 @@ pub(crate) enum Activation {
     },
 }
 
+impl Activation {
+    /// Applies the activation to `x` in place, with `konst` for its
+    /// bounds (set through `gpr`).
+    pub(crate) fn emit_zmm(
+        self,
+        a: &mut CodeAssembler,
+        x: AsmRegisterZmm,
+        (konst, gpr): (AsmRegisterZmm, AsmRegister32),
+    ) -> Result<(), MicrokernelError> {
+        let splat = |a: &mut CodeAssembler, v: f32| -> Result<(), MicrokernelError> {
+            a.mov(gpr, v.to_bits())?;
+            a.vpbroadcastd(konst, gpr)?;
+            Ok(())
+        };
+        match self {
+            Activation::None => {}
+            Activation::Relu => {
+                a.vpxord(konst, konst, konst)?;
+                a.vmaxps(x, x, konst)?;
+            }
+            Activation::Clip { lo, hi } => {
+                splat(a, lo)?;
+                a.vmaxps(x, x, konst)?;
+                splat(a, hi)?;
+                a.vminps(x, x, konst)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The `C` (bias) operand: `C[i, j]` at `base + i * row + j * col`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CLayout {
@@ -1418,19 +1449,7 @@ impl GemmSpec {
                         a.vfmadd231ps(x, cval, konst)?;
                     }
                 }
-                match self.act {
-                    Activation::None => {}
-                    Activation::Relu => {
-                        a.vpxord(konst, konst, konst)?;
-                        a.vmaxps(x, x, konst)?;
-                    }
-                    Activation::Clip { lo, hi } => {
-                        splat(a, konst, lo)?;
-                        a.vmaxps(x, x, konst)?;
-                        splat(a, konst, hi)?;
-                        a.vminps(x, x, konst)?;
-                    }
-                }
+                self.act.emit_zmm(a, x, (konst, CONST))?;
                 let x = if program.is_empty() {
                     x
                 } else {

@@ -21,8 +21,9 @@
 //! into a stack buffer, `Aᵀ` along W, bias and activation, and an
 //! interleave of the four phases back into 64 output columns.
 //!
-//! `V` and `M` are `[36][channels][T]` per image (`T = TH · TW` tiles, a
-//! tile row after the other), the GEMM's B and output.
+//! `V` and `M` are `[36][channels][row]`, the GEMMs' B and output: `row`
+//! tiles, a tile row after the other, of every image side by side or of
+//! one band of tile rows (see [`WinogradTask`]).
 
 use std::ops::Range;
 
@@ -214,13 +215,6 @@ fn combine(
             }
         }
     }
-    Ok(())
-}
-
-/// `reg` = the f32 `v` in every lane.
-fn splat(a: &mut CodeAssembler, reg: AsmRegisterZmm, v: f32) -> Result<(), MicrokernelError> {
-    a.mov(TMP, v.to_bits())?;
-    a.vpbroadcastd(reg, TMP)?;
     Ok(())
 }
 
@@ -677,19 +671,7 @@ fn output_chunk(
         combine(a, &AT, m, &y)?;
         for &reg in &y {
             a.vaddps(reg, reg, Z[21])?;
-            match act {
-                Activation::None => {}
-                Activation::Relu => {
-                    a.vpxord(Z[12], Z[12], Z[12])?;
-                    a.vmaxps(reg, reg, Z[12])?;
-                }
-                Activation::Clip { lo, hi } => {
-                    splat(a, Z[12], lo)?;
-                    a.vmaxps(reg, reg, Z[12])?;
-                    splat(a, Z[12], hi)?;
-                    a.vminps(reg, reg, Z[12])?;
-                }
-            }
+            act.emit_zmm(a, reg, (Z[12], TMP))?;
         }
         // Level 1: lanes of phases 0/1 and 2/3 interleaved (low and high
         // halves); level 2: their pairs.
