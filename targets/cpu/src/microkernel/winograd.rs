@@ -179,9 +179,9 @@ const TMP: AsmRegister32 = eax;
 use super::ZMM as Z;
 /// The kernel's table (index vectors, then [`SCALES`]).
 const TABLE: AsmRegister64 = r14;
-/// The two permute index vectors of each level (even/odd lanes on the
-/// input side, interleaves on the output side), and the shifts by one
-/// tile for patch columns 4 and 5.
+/// The permute index vectors: even and odd lanes on the input side (the
+/// first two, both levels), the two of each level's interleaves on the
+/// output side; and the shifts by one tile for patch columns 4 and 5.
 const IDX: [AsmRegisterZmm; 4] = [zmm24, zmm25, zmm26, zmm27];
 const SHIFT: [AsmRegisterZmm; 2] = [zmm22, zmm23];
 
@@ -375,7 +375,7 @@ impl WinogradTask {
                     ref rows,
                 } => {
                     // The index tables are reloaded: a GEMM clobbers them.
-                    for (i, &reg) in IDX.iter().chain(&SHIFT).enumerate() {
+                    for (i, &reg) in IDX[..2].iter().chain(&SHIFT).enumerate() {
                         a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * i) as i32))?;
                     }
                     a.mov(BAND, (4 * rows.start as i64 - pt) * w4)?;
@@ -399,7 +399,7 @@ impl WinogradTask {
                     ref rows,
                 } => {
                     for (i, &reg) in IDX.iter().enumerate() {
-                        a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * (6 + i)) as i32))?;
+                        a.vmovdqu32(reg, zmmword_ptr(TABLE + (64 * (4 + i)) as i32))?;
                     }
                     a.mov(BAND, 4 * rows.start as i64 * ow4)?;
                     load_address(&mut a, SRC, m)?;
@@ -530,10 +530,10 @@ impl WinogradTask {
     }
 }
 
-/// The kernel's table: the input side's index vectors (level 1 and 2
-/// even/odd lanes, then the shifts by one tile: lanes 1–15 of the first
-/// source, lane 0 or 1 of the second), the output side's (interleaves of
-/// lanes, then of lane pairs), then [`SCALES`].
+/// The kernel's table: the input side's index vectors (even and odd
+/// lanes, for both levels, then the shifts by one tile: lanes 1–15 of the
+/// first source, lane 0 or 1 of the second), the output side's
+/// (interleaves of lanes, then of lane pairs), then [`SCALES`].
 fn table_bytes() -> Vec<u8> {
     let even: [u32; 16] = std::array::from_fn(|l| 2 * l as u32);
     let odd: [u32; 16] = std::array::from_fn(|l| 2 * l as u32 + 1);
@@ -545,18 +545,7 @@ fn table_bytes() -> Vec<u8> {
     let pair = |base: usize| -> [u32; 16] {
         std::array::from_fn(|l| (base + 2 * (l / 4) + l % 2 + 16 * (l / 2 % 2)) as u32)
     };
-    let vectors = [
-        even,
-        odd,
-        even,
-        odd,
-        shift(0),
-        shift(1),
-        lo,
-        hi,
-        pair(0),
-        pair(8),
-    ];
+    let vectors = [even, odd, shift(0), shift(1), lo, hi, pair(0), pair(8)];
     let scales = SCALES.iter().map(|&s| (s as f32).to_bits());
     (vectors.iter().flatten().copied().chain(scales))
         .flat_map(u32::to_le_bytes)
@@ -564,7 +553,7 @@ fn table_bytes() -> Vec<u8> {
 }
 
 /// Bytes of the index vectors at the start of the kernel's table.
-const INDEX_BYTES: usize = 10 * 64;
+const INDEX_BYTES: usize = 8 * 64;
 
 /// Tiles `16 · chunk ..` of the tile row at ROW (input) / OUT (V); `rows`:
 /// which of the 6 patch rows lie in the image.
@@ -617,7 +606,7 @@ fn input_chunk(
             } else {
                 (l1[1], l1[3])
             };
-            a.vmovaps(reg, IDX[2 + phase / 2])?;
+            a.vmovaps(reg, IDX[phase / 2])?;
             a.vpermi2ps(reg, lo, hi)?;
         }
         for s in 0..2 {
