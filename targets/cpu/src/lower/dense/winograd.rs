@@ -272,7 +272,7 @@ impl Winograd<'_, '_> {
             stages,
             ..self.task.clone()
         };
-        let input = (split_channels(cin, tasks).into_iter())
+        let input = (even_ranges(cin, tasks).into_iter())
             .map(|r| {
                 let stages = (0..self.batch).map(|img| Stage::Input {
                     x: self.image(img, r.start).0,
@@ -283,7 +283,7 @@ impl Winograd<'_, '_> {
                 kernel(stages.collect()).assemble()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let output = (split_channels(oc, tasks).into_iter())
+        let output = (even_ranges(oc, tasks).into_iter())
             .map(|r| {
                 let stages = (0..self.batch).map(|img| Stage::Output {
                     m: image(img).1.moved(r.start as i64 * channel),
@@ -308,7 +308,7 @@ impl Winograd<'_, '_> {
             .flat_map(|img| (0..bands).map(move |b| (img, b)))
             .collect();
         let mut codes = Vec::new();
-        for run in split_channels(items.len(), tasks) {
+        for run in even_ranges(items.len(), tasks) {
             let held = scratch.hold(&self.tile_bytes());
             let vm = (held[0], held[1]);
             let panel_bytes = scratch_bytes(&self.gemm(band * tw, vm, None)).1;
@@ -374,7 +374,7 @@ fn band_rows(tiling: &Tiling, [cin, oc]: [usize; 2], batch: usize, tasks: usize)
 }
 
 /// `0..n` in at most `parts` nearly equal, non-empty ranges.
-fn split_channels(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+fn even_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
     let parts = parts.clamp(1, n.max(1));
     (0..parts)
         .map(|i| n * i / parts..n * (i + 1) / parts)
