@@ -1274,11 +1274,16 @@ impl GemmSpec {
                     a.prefetcht0(byte_ptr(A_K + ahead))?;
                 }
             }
-            if matches!(self.b, BLayout::Packed) {
+            if matches!(self.b, BLayout::Packed) && self.m > self.blocking.mr {
                 // Packed B (the weights, when the pixels are the rows)
                 // streams from memory once: bring what the next column
                 // tile reads at this k into L2 while this one's row tiles
                 // run (into L1 it would evict the sliver they share).
+                // With one row tile B is a single forward stream, which
+                // the hardware prefetchers follow into L1; fetching the
+                // next panel as well doubled the memory instructions and
+                // cost a matrix-vector product a fifth of its speed (see
+                // docs/performance.md, "Matrix-vector products stream B").
                 for off in (0..b_unroll).step_by(64) {
                     if let Ok(ahead) = i32::try_from(g.b_tile + off) {
                         a.prefetcht1(byte_ptr(B_K + ahead))?;
@@ -1584,52 +1589,56 @@ mod tests {
             .any(|w| w[0] == 0x0F && w[1] == 0x0D && w[2] & 0b0011_1111 == 0b0000_1010)
     }
 
+    /// A one-call f32 GEMM of `m × n` over K = 64 with a strided A, B
+    /// laid out as `b`, operands in the arena.
+    fn arena_spec(m: usize, n: usize, vector: Vector, b: BLayout) -> GemmSpec {
+        let k = 64;
+        GemmSpec {
+            m,
+            n,
+            k,
+            elem: Elem::F32,
+            blocking: Blocking::choose_for(vector, m, n, MAX_MR),
+            a: ALayout::Strided {
+                row: (k * 4) as i64,
+                col: 4,
+            },
+            b,
+            out_row: (n * 4) as i64,
+            alpha: 1.0,
+            c: None,
+            act: Activation::None,
+            calls: vec![Call {
+                a: Loc {
+                    base: Base::Arena,
+                    offset: 0,
+                },
+                b: Loc {
+                    base: Base::Arena,
+                    offset: (m * k * 4) as u64,
+                },
+                out: Loc {
+                    base: Base::Arena,
+                    offset: ((m + n) * k * 4) as u64,
+                },
+                c: None,
+                src: None,
+            }],
+            im2col: Vec::new(),
+            b_panel: None,
+            im2col_into_a: false,
+            u8_zero: None,
+            row_sums: None,
+            to_f32: false,
+            store: crate::microkernel::Store::F32,
+            epilogue: Vec::new(),
+        }
+    }
+
     #[test]
     fn large_outputs_prefetch_the_next_row_tile_and_small_ones_do_not() {
         let spec = |m: usize, n: usize, vector: Vector| {
-            let k = 64;
-            GemmSpec {
-                m,
-                n,
-                k,
-                elem: Elem::F32,
-                blocking: Blocking::choose_for(vector, m, n, MAX_MR),
-                a: ALayout::Strided {
-                    row: (k * 4) as i64,
-                    col: 4,
-                },
-                b: BLayout::Strided {
-                    row: (n * 4) as i64,
-                },
-                out_row: (n * 4) as i64,
-                alpha: 1.0,
-                c: None,
-                act: Activation::None,
-                calls: vec![Call {
-                    a: Loc {
-                        base: Base::Arena,
-                        offset: 0,
-                    },
-                    b: Loc {
-                        base: Base::Arena,
-                        offset: (m * k * 4) as u64,
-                    },
-                    out: Loc {
-                        base: Base::Arena,
-                        offset: ((m + n) * k * 4) as u64,
-                    },
-                    c: None,
-                    src: None,
-                }],
-                im2col: Vec::new(),
-                b_panel: None,
-                im2col_into_a: false,
-                u8_zero: None,
-                row_sums: None,
-                to_f32: false,
-                store: crate::microkernel::Store::F32,
-                epilogue: Vec::new(),
-            }
+            arena_spec(m, n, vector, BLayout::Strided { row: (n * 4) as i64 })
         };
         for vector in [Vector::Zmm, Vector::Ymm] {
             // Attention scores of one head: a 9 MB output.
@@ -1637,6 +1646,26 @@ mod tests {
             assert!(prefetches_output(&large), "{vector:?}");
             let small = spec(64, 64, vector).assemble().unwrap();
             assert!(!prefetches_output(&small), "{vector:?}");
+        }
+    }
+
+    /// Whether `code` holds a `prefetcht1` (0F 18 /2) addressed from B's
+    /// k pointer (r14), as the k loop fetches the next packed B panel.
+    fn prefetches_next_b_panel(code: &[u8]) -> bool {
+        code.windows(4)
+            .any(|w| w[..3] == [0x41, 0x0F, 0x18] && w[3] & 0b0011_1111 == 0b0001_0110)
+    }
+
+    #[test]
+    fn packed_b_fetches_the_next_panel_only_for_several_row_tiles() {
+        for vector in [Vector::Zmm, Vector::Ymm] {
+            // A recurrent layer's step (one row): B is one forward stream.
+            let gemv = arena_spec(1, 2048, vector, BLayout::Packed);
+            assert!(!prefetches_next_b_panel(&gemv.assemble().unwrap()));
+            // Pixels as rows: the row tiles share each B panel.
+            let rows = arena_spec(196, 256, vector, BLayout::Packed);
+            assert!(rows.m > rows.blocking.mr);
+            assert!(prefetches_next_b_panel(&rows.assemble().unwrap()));
         }
     }
 
