@@ -156,3 +156,78 @@ fn whole_tensor_max_and_min_on_the_avx512_kernel() {
         }
     }
 }
+
+/// Sum-like f32 reductions over trailing axes on the AVX-512 row-fold
+/// kernel (f64 accumulation, like the evaluator): runs that take whole
+/// blocks of 32, vectors of 8 and the masked tail, unit dims among the
+/// reduced and kept axes, infinities and NaN; a reduction over a middle
+/// axis stays on the Cranelift kernel.
+#[test]
+fn f32_row_folds_on_the_avx512_kernel() {
+    use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions};
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let cases: [(&[usize], &[usize]); 9] = [
+        (&[5, 16], &[1]),
+        (&[4, 17], &[1]),
+        (&[3, 31], &[1]),
+        (&[2, 32], &[1]),
+        (&[2, 1, 33], &[1, 2]),
+        (&[3, 7, 1, 9], &[1, 3]),
+        (&[1, 1000], &[0, 1]),
+        (&[2, 4, 127], &[2]),
+        (&[2, 3, 24, 24], &[2, 3]),
+    ];
+    let folds = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::SumSquare,
+        ReduceOp::L1,
+        ReduceOp::L2,
+    ];
+    for op in folds {
+        for (shape, axes) in cases {
+            for keep in [false, true] {
+                let g = reduce_graph(op, DType::F32, shape, axes, keep);
+                let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+                assert_eq!(
+                    common::has_zmm_code(&native),
+                    avx512,
+                    "{op:?} over {axes:?} of {shape:?}"
+                );
+                let n: usize = shape.iter().product();
+                let mut rng = Rng::new(n as u64);
+                let v: Vec<f32> = (0..n).map(|_| rng.f64(-2.0, 2.0) as f32).collect();
+                check(&g, &[Tensor::new(shape, Data::F32(v.clone())).unwrap()]);
+                let mut w = v;
+                w[n - 1] = f32::NAN;
+                w[0] = f32::INFINITY;
+                check(&g, &[Tensor::new(shape, Data::F32(w)).unwrap()]);
+            }
+        }
+        let middle = reduce_graph(op, DType::F32, &[4, 40, 3], &[1], false);
+        let native = compile(&middle, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+        assert!(!common::has_zmm_code(&native), "{op:?} over a middle axis");
+        check_rand(&middle, 3, 0.0);
+    }
+}
+
+/// `GlobalAveragePool` of f32 planes of at least 16 pixels on the
+/// row-fold kernel; smaller planes on the Cranelift loop.
+#[test]
+fn global_average_pool_on_the_avx512_kernel() {
+    use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions};
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    for (shape, zmm) in [
+        ([2, 37, 13, 11], avx512),
+        ([1, 3, 4, 4], avx512),
+        ([1, 5, 2, 3], false),
+    ] {
+        let mut g = Graph::new();
+        let x = g.add_input("x", ValueType::new(DType::F32, shape));
+        let y = g.add_node(Op::GlobalAveragePool, &[x], "gap").unwrap();
+        g.add_output("y", y);
+        let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+        assert_eq!(common::has_zmm_code(&native), zmm, "{shape:?}");
+        check_rand(&g, 7, 0.0);
+    }
+}

@@ -521,13 +521,16 @@ fn pool_graph(shape: [usize; 4], op: Op) -> Graph {
 }
 
 /// Global pools over planes large enough to be worth a worker, split by
-/// channel (batch 1) and by batch: each task pools its own planes.
+/// channel (batch 1) and by batch: each task pools its own planes. (An
+/// f32 average pool runs on the row-fold kernel where AVX-512 is, which
+/// splits by the bytes it reads, 128 KB a task at least: the batched
+/// case reads 460 KB.)
 #[test]
 fn global_pools_split_by_channels_and_by_batch() {
     for (shape, op) in [
         ([1, 96, 56, 56], Op::GlobalAveragePool),
         ([1, 40, 28, 30], Op::GlobalMaxPool),
-        ([3, 24, 24, 24], Op::GlobalAveragePool),
+        ([3, 24, 40, 40], Op::GlobalAveragePool),
     ] {
         check_split(&pool_graph(shape, op), 18);
     }
@@ -788,4 +791,23 @@ fn blocked_depthwise_conv_split_by_channel_blocks() {
         "avx512/depthwise-c16"
     );
     check_split(&g, 18);
+}
+
+/// A global average pool and a ReduceSum over the last axis split by runs
+/// (each task folds whole runs, so every split gives the same bytes).
+#[test]
+fn row_folds_split_by_runs() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", ValueType::new(DType::F32, [1, 256, 32, 32]));
+    let pooled = g.add_node(Op::GlobalAveragePool, &[x], "gap").unwrap();
+    g.add_output("pooled", pooled);
+    let t = g.add_input("t", ValueType::new(DType::F32, [2, 64, 2048]));
+    let sums = Op::Reduce {
+        op: kiln_ir::ReduceOp::Sum,
+        axes: [2].into_iter().collect(),
+        keep_dims: false,
+    };
+    let sums = g.add_node(sums, &[t], "sums").unwrap();
+    g.add_output("sums", sums);
+    check_split(&g, 17);
 }

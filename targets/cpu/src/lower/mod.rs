@@ -643,7 +643,10 @@ fn lower_other(
             // The kernels below have no ymm form.
             _ if !zmm => None,
             (Op::Reduce { .. }, _) => {
-                reduce::lower_avx512(&cx).map(|code| select::assembled_tasks([code]))
+                reduce::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
+            }
+            (Op::GlobalAveragePool, _) => {
+                reduce::global_average_avx512(&cx, target.tasks).map(select::assembled_tasks)
             }
             (Op::Cast { .. }, _) => {
                 elementwise::narrow_avx512(&cx, target.tasks).map(select::assembled_tasks)

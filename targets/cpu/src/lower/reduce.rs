@@ -15,37 +15,115 @@ use kiln_ir::{DType, ReduceOp};
 use super::elementwise::{int_range, narrow, widen};
 use super::loops::{collapse, for_range_carry, nest};
 use super::{scalar_type, strides, Kb, NodeCx};
-use crate::microkernel::reduce::{Extreme, ExtremeSpec};
+use crate::microkernel::reduce::{Extreme, ExtremeSpec, RowFold, RowFoldSpec};
+use crate::plan::Loc;
 use crate::CpuError;
 
-/// The AVX-512 kernel of a max or min of a whole f32 tensor of at least
-/// 64 elements to one value (`microkernel::reduce`); `None` for any other
-/// reduction.
-pub(crate) fn lower_avx512(
-    cx: &NodeCx,
-) -> Option<Result<Vec<u8>, crate::microkernel::MicrokernelError>> {
+/// The AVX-512 kernels of a reduction, as tasks: a max or min of a whole
+/// f32 tensor of at least 64 elements to one value, or a sum-like fold
+/// ([`RowFold`]) of f32 runs over trailing axes ([`row_folds`]); `None`
+/// for any other reduction.
+pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Assembled>> {
     let kiln_ir::Op::Reduce { op, axes, .. } = &cx.node.op else {
         return None;
     };
-    let extreme = match op {
-        ReduceOp::Max => Extreme::Max,
-        ReduceOp::Min => Extreme::Min,
-        _ => return None,
-    };
     let (x, ty) = cx.inputs[0];
-    let len = ty.num_elements();
-    let whole = axes.len() == ty.shape.len() || cx.node.ty.num_elements() == 1;
-    if ty.dtype != DType::F32 || !whole || len < 64 {
+    if ty.dtype != DType::F32 || axes.is_empty() {
         return None;
     }
-    let spec = ExtremeSpec {
-        extreme,
+    let extreme = match op {
+        ReduceOp::Max => Some(Extreme::Max),
+        ReduceOp::Min => Some(Extreme::Min),
+        _ => None,
+    };
+    if let Some(extreme) = extreme {
+        let len = ty.num_elements();
+        let whole = axes.len() == ty.shape.len() || cx.node.ty.num_elements() == 1;
+        if !whole || len < 64 {
+            return None;
+        }
+        let spec = ExtremeSpec {
+            extreme,
+            len,
+            x,
+            y: cx.out,
+        };
+        return Some(vec![spec.assemble()]);
+    }
+    let fold = match op {
+        ReduceOp::Sum => RowFold::Sum,
+        ReduceOp::Mean => RowFold::Mean,
+        ReduceOp::SumSquare => RowFold::SumSquare,
+        ReduceOp::L1 => RowFold::L1,
+        ReduceOp::L2 => RowFold::L2,
+        _ => return None,
+    };
+    // Every reduced axis longer than 1 after every kept one: the input is
+    // `rows` runs of `len` in a row, one output per run.
+    let long = |a: &usize| ty.shape[*a] > 1;
+    let first_reduced = axes.iter().copied().filter(long).min()?;
+    let kept_after = (first_reduced..ty.shape.len()).any(|a| long(&a) && !axes.contains(&a));
+    if kept_after {
+        return None;
+    }
+    let len: usize = axes.iter().map(|&a| ty.shape[a]).product();
+    row_folds(fold, cx.node.ty.num_elements(), len, x, cx.out, tasks)
+}
+
+/// `GlobalAveragePool` of f32 as [`RowFold::Mean`] over each `(n, c)`
+/// plane; `None` for another op or type.
+pub(crate) fn global_average_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Assembled>> {
+    let (x, ty) = cx.inputs[0];
+    if !matches!(cx.node.op, kiln_ir::Op::GlobalAveragePool) || ty.dtype != DType::F32 {
+        return None;
+    }
+    let len: usize = ty.shape[2..].iter().product();
+    row_folds(
+        RowFold::Mean,
+        ty.shape[0] * ty.shape[1],
         len,
         x,
-        y: cx.out,
-    };
-    Some(spec.assemble())
+        cx.out,
+        tasks,
+    )
 }
+
+/// Fewest elements per run worth the row-fold kernel: shorter runs spend
+/// their time on the per-run finish, which the Cranelift loop does as well.
+const ROW_FOLD_MIN_LEN: usize = 16;
+
+/// `rows` runs of `len` f32 at `x` folded to `rows` f32 at `y` by
+/// [`RowFoldSpec`] kernels: the runs split into tasks by the bytes they
+/// read ([`partition::tasks_worth`](super::partition::tasks_worth)).
+/// `None` when the runs are too short for it.
+fn row_folds(
+    fold: RowFold,
+    rows: usize,
+    len: usize,
+    x: Loc,
+    y: Loc,
+    tasks: usize,
+) -> Option<Vec<Assembled>> {
+    if rows == 0 || len < ROW_FOLD_MIN_LEN {
+        return None;
+    }
+    let parts = super::partition::tasks_worth(tasks, 0, rows * len * 4).min(rows);
+    let task = |t: usize| {
+        let (first, end) = (rows * t / parts, rows * (t + 1) / parts);
+        RowFoldSpec {
+            fold,
+            rows: end - first,
+            len,
+            x: x.moved((first * len * 4) as i64),
+            y: y.moved((first * 4) as i64),
+        }
+        .assemble()
+    };
+    Some((0..parts).map(task).collect())
+}
+
+/// A task's code, or why the microkernel could not make it.
+pub(crate) type Assembled = Result<Vec<u8>, crate::microkernel::MicrokernelError>;
 
 /// Folds `step` over every element of the reduced index space at `ptr`.
 fn fold(

@@ -1638,7 +1638,14 @@ mod tests {
     #[test]
     fn large_outputs_prefetch_the_next_row_tile_and_small_ones_do_not() {
         let spec = |m: usize, n: usize, vector: Vector| {
-            arena_spec(m, n, vector, BLayout::Strided { row: (n * 4) as i64 })
+            arena_spec(
+                m,
+                n,
+                vector,
+                BLayout::Strided {
+                    row: (n * 4) as i64,
+                },
+            )
         };
         for vector in [Vector::Zmm, Vector::Ymm] {
             // Attention scores of one head: a 9 MB output.
