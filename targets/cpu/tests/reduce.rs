@@ -204,10 +204,59 @@ fn f32_row_folds_on_the_avx512_kernel() {
                 check(&g, &[Tensor::new(shape, Data::F32(w)).unwrap()]);
             }
         }
-        let middle = reduce_graph(op, DType::F32, &[4, 40, 3], &[1], false);
-        let native = compile(&middle, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
-        assert!(!common::has_zmm_code(&native), "{op:?} over a middle axis");
-        check_rand(&middle, 3, 0.0);
+        // Three columns per block, or a kept axis between the reduced
+        // ones: the Cranelift kernel.
+        for (shape, axes) in [(&[4, 40, 3][..], &[1][..]), (&[4, 5, 6, 16], &[1, 3])] {
+            let g = reduce_graph(op, DType::F32, shape, axes, false);
+            let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+            assert!(
+                !common::has_zmm_code(&native),
+                "{op:?} over {axes:?} of {shape:?}"
+            );
+            check_rand(&g, 3, 0.0);
+        }
+    }
+}
+
+/// Sum-like f32 reductions over middle axes (`[outer, len, inner]`, a
+/// sequence's mean over its tokens) on the AVX-512 column-fold kernel:
+/// whole chunks of 32 columns, partial chunks of whole and masked
+/// vectors, several reduced axes, one outer block.
+#[test]
+fn f32_column_folds_on_the_avx512_kernel() {
+    use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions};
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let cases: [(&[usize], &[usize]); 6] = [
+        (&[8, 20, 40], &[1]),
+        (&[3, 5, 37], &[1]),
+        (&[2, 7, 1, 96], &[1]),
+        (&[1, 300, 17], &[0, 1]),
+        (&[2, 3, 4, 45], &[1, 2]),
+        (&[40, 70], &[0]),
+    ];
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::SumSquare,
+        ReduceOp::L1,
+        ReduceOp::L2,
+    ] {
+        for (shape, axes) in cases {
+            let g = reduce_graph(op, DType::F32, shape, axes, true);
+            let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+            assert_eq!(
+                common::has_zmm_code(&native),
+                avx512,
+                "{op:?} over {axes:?} of {shape:?}"
+            );
+            let n: usize = shape.iter().product();
+            let mut rng = Rng::new(n as u64 + 1);
+            let mut v: Vec<f32> = (0..n).map(|_| rng.f64(-2.0, 2.0) as f32).collect();
+            check(&g, &[Tensor::new(shape, Data::F32(v.clone())).unwrap()]);
+            v[n - 1] = f32::NAN;
+            v[0] = f32::NEG_INFINITY;
+            check(&g, &[Tensor::new(shape, Data::F32(v)).unwrap()]);
+        }
     }
 }
 

@@ -793,8 +793,9 @@ fn blocked_depthwise_conv_split_by_channel_blocks() {
     check_split(&g, 18);
 }
 
-/// A global average pool and a ReduceSum over the last axis split by runs
-/// (each task folds whole runs, so every split gives the same bytes).
+/// A global average pool and a ReduceSum over the last axis split by runs,
+/// a ReduceMean over a middle axis by outer blocks (each task folds whole
+/// runs or blocks, so every split gives the same bytes).
 #[test]
 fn row_folds_split_by_runs() {
     let mut g = Graph::new();
@@ -809,5 +810,14 @@ fn row_folds_split_by_runs() {
     };
     let sums = g.add_node(sums, &[t], "sums").unwrap();
     g.add_output("sums", sums);
+    // A sequence's mean over its tokens: split by batch entries.
+    let tokens = g.add_input("tokens", ValueType::new(DType::F32, [4, 128, 768]));
+    let mean = Op::Reduce {
+        op: kiln_ir::ReduceOp::Mean,
+        axes: [1].into_iter().collect(),
+        keep_dims: false,
+    };
+    let mean = g.add_node(mean, &[tokens], "mean").unwrap();
+    g.add_output("mean", mean);
     check_split(&g, 17);
 }

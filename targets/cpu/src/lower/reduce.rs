@@ -15,14 +15,15 @@ use kiln_ir::{DType, ReduceOp};
 use super::elementwise::{int_range, narrow, widen};
 use super::loops::{collapse, for_range_carry, nest};
 use super::{scalar_type, strides, Kb, NodeCx};
-use crate::microkernel::reduce::{Extreme, ExtremeSpec, RowFold, RowFoldSpec};
+use crate::microkernel::reduce::{ColumnFoldSpec, Extreme, ExtremeSpec, RowFold, RowFoldSpec};
 use crate::plan::Loc;
 use crate::CpuError;
 
 /// The AVX-512 kernels of a reduction, as tasks: a max or min of a whole
 /// f32 tensor of at least 64 elements to one value, or a sum-like fold
-/// ([`RowFold`]) of f32 runs over trailing axes ([`row_folds`]); `None`
-/// for any other reduction.
+/// ([`RowFold`]) of f32 over a block of consecutive axes: runs over
+/// trailing axes ([`row_folds`]) or columns over middle ones
+/// ([`column_folds`]); `None` for any other reduction.
 pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Assembled>> {
     let kiln_ir::Op::Reduce { op, axes, .. } = &cx.node.op else {
         return None;
@@ -58,16 +59,54 @@ pub(crate) fn lower_avx512(cx: &NodeCx, tasks: usize) -> Option<Vec<Assembled>> 
         ReduceOp::L2 => RowFold::L2,
         _ => return None,
     };
-    // Every reduced axis longer than 1 after every kept one: the input is
-    // `rows` runs of `len` in a row, one output per run.
-    let long = |a: &usize| ty.shape[*a] > 1;
-    let first_reduced = axes.iter().copied().filter(long).min()?;
-    let kept_after = (first_reduced..ty.shape.len()).any(|a| long(&a) && !axes.contains(&a));
-    if kept_after {
+    // The reduced axes longer than 1 with no kept one between them: the
+    // input is `[outer, len, inner]`, the output `[outer, inner]`.
+    let long = |a: usize| ty.shape[a] > 1;
+    let first = axes.iter().copied().find(|&a| long(a))?;
+    let last = axes.iter().copied().rev().find(|&a| long(a))?;
+    if (first..last).any(|a| long(a) && !axes.contains(&a)) {
         return None;
     }
+    let outer: usize = ty.shape[..first].iter().product();
     let len: usize = axes.iter().map(|&a| ty.shape[a]).product();
-    row_folds(fold, cx.node.ty.num_elements(), len, x, cx.out, tasks)
+    let inner: usize = ty.shape[last + 1..].iter().product();
+    if inner == 1 {
+        return row_folds(fold, outer, len, x, cx.out, tasks);
+    }
+    column_folds(fold, [outer, len, inner], x, cx.out, tasks)
+}
+
+/// Fewest results per outer block of a [`ColumnFoldSpec`] kernel: one
+/// vector of f64 lanes.
+const COLUMN_FOLD_MIN_INNER: usize = 8;
+
+/// `[outer, len, inner]` f32 at `x` folded over `len` into `[outer,
+/// inner]` at `y` by [`ColumnFoldSpec`] kernels, split into tasks by outer
+/// blocks. `None` when the inner blocks are too narrow for it.
+fn column_folds(
+    fold: RowFold,
+    [outer, len, inner]: [usize; 3],
+    x: Loc,
+    y: Loc,
+    tasks: usize,
+) -> Option<Vec<Assembled>> {
+    if inner < COLUMN_FOLD_MIN_INNER || outer == 0 {
+        return None;
+    }
+    let parts = super::partition::tasks_worth(tasks, 0, outer * len * inner * 4).min(outer);
+    let task = |t: usize| {
+        let (first, end) = (outer * t / parts, outer * (t + 1) / parts);
+        ColumnFoldSpec {
+            fold,
+            outer: end - first,
+            len,
+            inner,
+            x: x.moved((first * len * inner * 4) as i64),
+            y: y.moved((first * inner * 4) as i64),
+        }
+        .assemble()
+    };
+    Some((0..parts).map(task).collect())
 }
 
 /// `GlobalAveragePool` of f32 as [`RowFold::Mean`] over each `(n, c)`

@@ -8,7 +8,7 @@
 use iced_x86::code_asm::*;
 
 use super::softmax::horizontal;
-use super::{load_address, MicrokernelError};
+use super::{imm32, load_address, MicrokernelError};
 use crate::plan::Loc;
 
 /// Which extreme.
@@ -254,6 +254,141 @@ impl RowFoldSpec {
         a.add(Y, 4)?;
         a.dec(ROWS)?;
         a.jnz(row)?;
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        Ok(a.assemble(0)?)
+    }
+}
+
+/// A [`RowFold`] over the middle axis of `[outer, len, inner]` f32: one
+/// result per `(outer, inner)` pair, `[outer, inner]` (a sequence's mean
+/// over its tokens, `[batch, tokens, hidden]` → `[batch, hidden]`). The
+/// inner elements lie along the vectors: per chunk of 32 of them, four
+/// 8-lane f64 accumulators (widened as loaded, as [`RowFoldSpec`] does)
+/// walk the `len` rows, then finish lane by lane and store 32 f32; the
+/// last chunk is masked, so nothing outside the tensor is read or written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ColumnFoldSpec {
+    pub fold: RowFold,
+    /// Outer blocks (at least one).
+    pub outer: usize,
+    /// Rows folded per result (at least one).
+    pub len: usize,
+    /// Results per outer block (at least one).
+    pub inner: usize,
+    pub x: Loc,
+    pub y: Loc,
+}
+
+/// Columns per chunk: four vectors of eight f64 lanes.
+const CHUNK: usize = 32;
+
+const ROW: AsmRegister64 = r10;
+const CHUNKS: AsmRegister64 = r11;
+
+impl ColumnFoldSpec {
+    fn row_fold(&self) -> RowFoldSpec {
+        RowFoldSpec {
+            fold: self.fold,
+            rows: 1,
+            len: self.len,
+            x: self.x,
+            y: self.y,
+        }
+    }
+
+    /// One chunk of `vectors` vectors at X (the last masked by k1 when
+    /// `masked`), results to Y.
+    fn chunk(
+        &self,
+        a: &mut CodeAssembler,
+        vectors: usize,
+        masked: bool,
+    ) -> Result<(), MicrokernelError> {
+        let fold = self.row_fold();
+        let last = |v: usize| masked && v + 1 == vectors;
+        for acc in &WIDE[..vectors] {
+            a.vxorpd(*acc, *acc, *acc)?;
+        }
+        a.mov(ROW, X)?;
+        let mut top = a.create_label();
+        a.mov(COUNT, self.len as u64)?;
+        a.set_label(&mut top)?;
+        for v in 0..vectors {
+            let at = ymmword_ptr(ROW + 32 * v as i32);
+            match last(v) {
+                true => a.vcvtps2pd(WIDENED[v].k1().z(), at)?,
+                false => a.vcvtps2pd(WIDENED[v], at)?,
+            }
+            fold.accumulate(a, WIDE[v], WIDENED[v])?;
+        }
+        a.add(ROW, imm32((self.inner * 4) as i64, "row stride")?)?;
+        a.dec(COUNT)?;
+        a.jnz(top)?;
+        for v in 0..vectors {
+            let acc = WIDE[v];
+            match self.fold {
+                RowFold::Mean => a.vdivpd(acc, acc, zmm10)?,
+                RowFold::L2 => a.vsqrtpd(acc, acc)?,
+                RowFold::Sum | RowFold::SumSquare | RowFold::L1 => {}
+            }
+            let narrow = [ymm0, ymm1, ymm2, ymm3][v];
+            a.vcvtpd2ps(narrow, acc)?;
+            let at = ymmword_ptr(Y + 32 * v as i32);
+            match last(v) {
+                true => a.vmovups(at.k1(), narrow)?,
+                false => a.vmovups(at, narrow)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        assert!(
+            self.outer > 0 && self.len > 0 && self.inner > 0,
+            "a column fold needs elements"
+        );
+        let mut a = CodeAssembler::new(64)?;
+        if self.fold == RowFold::L1 {
+            a.mov(rax, 0x7fff_ffff_ffff_ffff_u64)?;
+            a.vpbroadcastq(ABS_MASK, rax)?;
+        }
+        if self.fold == RowFold::Mean {
+            a.mov(rax, (self.len as f64).to_bits())?;
+            a.vpbroadcastq(zmm10, rax)?;
+        }
+        let (chunks, rest) = (self.inner / CHUNK, self.inner % CHUNK);
+        if rest % 8 > 0 {
+            a.mov(eax, (1u32 << (rest % 8)) - 1)?;
+            a.kmovw(k1, eax)?;
+        }
+        load_address(&mut a, X, self.x)?;
+        load_address(&mut a, Y, self.y)?;
+        a.mov(ROWS, self.outer as u64)?;
+        let block = (self.len * self.inner * 4) as i64;
+        let mut outer = a.create_label();
+        a.set_label(&mut outer)?;
+        if chunks > 0 {
+            let mut next = a.create_label();
+            a.mov(CHUNKS, chunks as u64)?;
+            a.set_label(&mut next)?;
+            self.chunk(&mut a, 4, false)?;
+            a.add(X, (CHUNK * 4) as i32)?;
+            a.add(Y, (CHUNK * 4) as i32)?;
+            a.dec(CHUNKS)?;
+            a.jnz(next)?;
+        }
+        if rest > 0 {
+            self.chunk(&mut a, rest.div_ceil(8), rest % 8 > 0)?;
+        }
+        // X and Y moved by the whole chunks: on to the next outer block.
+        let done = (chunks * CHUNK * 4) as i64;
+        a.add(X, imm32(block - done, "outer stride")?)?;
+        a.add(Y, imm32((self.inner * 4) as i64 - done, "output stride")?)?;
+        a.dec(ROWS)?;
+        a.jnz(outer)?;
         a.vzeroupper()?;
         a.xor(eax, eax)?;
         a.ret()?;
