@@ -36,6 +36,25 @@ const ACC: [AsmRegisterZmm; 4] = [zmm0, zmm1, zmm5, zmm6];
 const IDENTITY: AsmRegisterZmm = zmm7;
 const LOADED: [AsmRegisterZmm; 4] = [zmm8, zmm9, zmm10, zmm11];
 
+/// Emits a loop of `count` iterations (at least one; COUNT counts them):
+/// `body`, then `ptr` advanced by `stride` bytes.
+fn counted_loop(
+    a: &mut CodeAssembler,
+    count: usize,
+    ptr: AsmRegister64,
+    stride: i32,
+    body: impl FnOnce(&mut CodeAssembler) -> Result<(), MicrokernelError>,
+) -> Result<(), MicrokernelError> {
+    let mut top = a.create_label();
+    a.mov(COUNT, count as u64)?;
+    a.set_label(&mut top)?;
+    body(a)?;
+    a.add(ptr, stride)?;
+    a.dec(COUNT)?;
+    a.jnz(top)?;
+    Ok(())
+}
+
 impl ExtremeSpec {
     fn combine(
         &self,
@@ -70,16 +89,13 @@ impl ExtremeSpec {
         load_address(&mut a, X, self.x)?;
         let (blocks, vectors, tail) = (self.len / 64, (self.len % 64) / 16, self.len % 16);
         if blocks > 0 {
-            let mut top = a.create_label();
-            a.mov(COUNT, blocks as u64)?;
-            a.set_label(&mut top)?;
-            for (v, (&acc, &x)) in ACC.iter().zip(&LOADED).enumerate() {
-                a.vmovups(x, zmmword_ptr(X + 64 * v as i32))?;
-                self.combine(&mut a, acc, x)?;
-            }
-            a.add(X, 256)?;
-            a.dec(COUNT)?;
-            a.jnz(top)?;
+            counted_loop(&mut a, blocks, X, 256, |a| {
+                for (v, (&acc, &x)) in ACC.iter().zip(&LOADED).enumerate() {
+                    a.vmovups(x, zmmword_ptr(X + 64 * v as i32))?;
+                    self.combine(a, acc, x)?;
+                }
+                Ok(())
+            })?;
         }
         for v in 0..vectors {
             a.vmovups(LOADED[v], zmmword_ptr(X + 64 * v as i32))?;
@@ -211,16 +227,13 @@ impl RowFoldSpec {
             a.vxorpd(acc, acc, acc)?;
         }
         if blocks > 0 {
-            let mut top = a.create_label();
-            a.mov(COUNT, blocks as u64)?;
-            a.set_label(&mut top)?;
-            for (v, (&acc, &x)) in WIDE.iter().zip(&WIDENED).enumerate() {
-                a.vcvtps2pd(x, ymmword_ptr(X + 32 * v as i32))?;
-                self.accumulate(&mut a, acc, x)?;
-            }
-            a.add(X, 128)?;
-            a.dec(COUNT)?;
-            a.jnz(top)?;
+            counted_loop(&mut a, blocks, X, 128, |a| {
+                for (v, (&acc, &x)) in WIDE.iter().zip(&WIDENED).enumerate() {
+                    a.vcvtps2pd(x, ymmword_ptr(X + 32 * v as i32))?;
+                    self.accumulate(a, acc, x)?;
+                }
+                Ok(())
+            })?;
         }
         for v in 0..vectors {
             a.vcvtps2pd(WIDENED[v], ymmword_ptr(X + 32 * v as i32))?;
@@ -312,20 +325,18 @@ impl ColumnFoldSpec {
             a.vxorpd(*acc, *acc, *acc)?;
         }
         a.mov(ROW, X)?;
-        let mut top = a.create_label();
-        a.mov(COUNT, self.len as u64)?;
-        a.set_label(&mut top)?;
-        for v in 0..vectors {
-            let at = ymmword_ptr(ROW + 32 * v as i32);
-            match last(v) {
-                true => a.vcvtps2pd(WIDENED[v].k1().z(), at)?,
-                false => a.vcvtps2pd(WIDENED[v], at)?,
+        let stride = imm32((self.inner * 4) as i64, "row stride")?;
+        counted_loop(a, self.len, ROW, stride, |a| {
+            for v in 0..vectors {
+                let at = ymmword_ptr(ROW + 32 * v as i32);
+                match last(v) {
+                    true => a.vcvtps2pd(WIDENED[v].k1().z(), at)?,
+                    false => a.vcvtps2pd(WIDENED[v], at)?,
+                }
+                fold.accumulate(a, WIDE[v], WIDENED[v])?;
             }
-            fold.accumulate(a, WIDE[v], WIDENED[v])?;
-        }
-        a.add(ROW, imm32((self.inner * 4) as i64, "row stride")?)?;
-        a.dec(COUNT)?;
-        a.jnz(top)?;
+            Ok(())
+        })?;
         for v in 0..vectors {
             let acc = WIDE[v];
             match self.fold {
