@@ -280,3 +280,66 @@ fn global_average_pool_on_the_avx512_kernel() {
         check_rand(&g, 7, 0.0);
     }
 }
+
+/// LayerNorm of f32 on the AVX-512 kernel: rows whose length takes the
+/// 32-element blocks, vectors of 8, the masked tails of the f64 sums and
+/// of the 16-lane normalization, with and without a bias, several rows
+/// (and a NaN row, which stays NaN without touching its neighbours).
+#[test]
+fn layer_norm_on_the_avx512_kernel() {
+    use common::check_with;
+    use kiln_target_cpu::{compile, ArtifactInfo, CpuOptions};
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let cases: [(&[usize], usize); 7] = [
+        (&[3, 16], 1),
+        (&[2, 5, 17], 2),
+        (&[4, 37], 1),
+        (&[2, 3, 8, 8], 2),
+        (&[1, 1000], 1),
+        (&[3, 1, 7], 2),
+        (&[2, 96, 40], 2),
+    ];
+    for (shape, axis) in cases {
+        for bias in [false, true] {
+            let size: usize = shape[axis..].iter().product();
+            let mut g = Graph::new();
+            let x = g.add_input("x", ValueType::new(DType::F32, shape));
+            let scale = g.add_input("scale", ValueType::new(DType::F32, &shape[axis..]));
+            let mut inputs = vec![x, scale];
+            if bias {
+                inputs.push(g.add_input("bias", ValueType::new(DType::F32, &shape[axis..])));
+            }
+            let ln = Op::LayerNorm {
+                axis,
+                epsilon: 1e-5,
+            };
+            let y = g.add_node(ln, &inputs, "ln").unwrap();
+            g.add_output("y", y);
+            let native = compile(&g, &CpuOptions::default(), ArtifactInfo::default()).unwrap();
+            assert_eq!(
+                common::has_zmm_code(&native),
+                avx512,
+                "{shape:?} from {axis}"
+            );
+            let n: usize = shape.iter().product();
+            let mut rng = Rng::new(n as u64);
+            let mut tensor = |len: usize, lo: f64, hi: f64| -> Vec<f32> {
+                (0..len).map(|_| rng.f64(lo, hi) as f32).collect()
+            };
+            let mut values = vec![tensor(n, -3.0, 5.0), tensor(size, 0.5, 2.0)];
+            if bias {
+                values.push(tensor(size, -1.0, 1.0));
+            }
+            let tensors = |values: &[Vec<f32>]| -> Vec<Tensor> {
+                (values.iter().zip(&inputs))
+                    .map(|(v, &i)| Tensor::new(&g.node(i).ty.shape, Data::F32(v.clone())).unwrap())
+                    .collect()
+            };
+            check_with(&g, &tensors(&values), 1e-6);
+            if n > size {
+                values[0][size + 1] = f32::NAN;
+                check_with(&g, &tensors(&values), 1e-6);
+            }
+        }
+    }
+}

@@ -645,6 +645,10 @@ fn lower_other(
             (Op::Reduce { .. }, _) => {
                 reduce::lower_avx512(&cx, target.tasks).map(select::assembled_tasks)
             }
+            (Op::LayerNorm { axis, epsilon }, _) => {
+                norm::layer_norm_avx512(&cx, *axis, *epsilon, target.tasks)
+                    .map(select::assembled_tasks)
+            }
             (Op::GlobalAveragePool, _) => {
                 reduce::global_average_avx512(&cx, target.tasks).map(select::assembled_tasks)
             }

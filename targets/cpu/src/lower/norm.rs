@@ -8,7 +8,10 @@ use cranelift_codegen::ir::{InstBuilder, Value};
 use super::loops::{for_range, for_range_carry};
 use super::pool::reduce;
 use super::{Kb, NodeCx};
+use crate::microkernel::reduce::LayerNormSpec;
+use crate::plan::Loc;
 use crate::CpuError;
+use kiln_ir::{DType, ValueType};
 
 /// LayerNorm on f32 with scale (and bias) covering the normalized shape.
 pub(crate) fn layer_norm(
@@ -106,4 +109,41 @@ fn squared_deviation_sum(kb: &mut Kb, p: Value, n: usize, mean: Value) -> Value 
         acc = kb.fmadd(d, d, acc);
     }
     acc
+}
+
+/// LayerNorm of f32 rows on the AVX-512 kernel ([`LayerNormSpec`]), the
+/// rows split into tasks by the bytes they read; `None` where the
+/// Cranelift kernel keeps it (another type, an empty tensor).
+pub(crate) fn layer_norm_avx512(
+    cx: &NodeCx,
+    axis: usize,
+    epsilon: f32,
+    tasks: usize,
+) -> Option<Vec<super::reduce::Assembled>> {
+    let shape = &cx.node.ty.shape;
+    let rows: usize = shape[..axis].iter().product();
+    let size: usize = shape[axis..].iter().product();
+    let f32_covering = |(_, ty): &(Loc, &ValueType)| ty.dtype == DType::F32;
+    let sizes_ok = cx.inputs[1..]
+        .iter()
+        .all(|(_, ty)| ty.num_elements() == size);
+    if rows * size == 0 || !cx.inputs.iter().all(f32_covering) || !sizes_ok {
+        return None;
+    }
+    let parts = super::partition::tasks_worth(tasks, 0, rows * size * 4).min(rows);
+    let task = |t: usize| {
+        let (first, end) = (rows * t / parts, rows * (t + 1) / parts);
+        let at = (first * size * 4) as i64;
+        LayerNormSpec {
+            rows: end - first,
+            size,
+            epsilon,
+            x: cx.inputs[0].0.moved(at),
+            y: cx.out.moved(at),
+            scale: cx.inputs[1].0,
+            bias: cx.inputs.get(2).map(|(loc, _)| *loc),
+        }
+        .assemble()
+    };
+    Some((0..parts).map(task).collect())
 }

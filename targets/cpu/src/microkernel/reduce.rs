@@ -180,6 +180,73 @@ const WIDENED: [AsmRegisterZmm; 4] = [zmm4, zmm5, zmm6, zmm7];
 const ABS_MASK: AsmRegisterZmm = zmm8;
 const DIVISOR: AsmRegisterXmm = xmm9;
 
+/// Sets `mask` to the low `tail` lanes (nothing when `tail` is 0).
+fn set_tail_mask(
+    a: &mut CodeAssembler,
+    mask: AsmRegisterK,
+    tail: usize,
+) -> Result<(), MicrokernelError> {
+    if tail > 0 {
+        a.mov(eax, (1u32 << tail) - 1)?;
+        a.kmovw(mask, eax)?;
+    }
+    Ok(())
+}
+
+/// The f64 sum of `f(x)` over the `len` f32 at X into xmm0, X left past
+/// them: blocks of 32 elements (8 per accumulator of [`WIDE`]), whole
+/// vectors of 8, then a tail masked by k1 ([`set_tail_mask`] of `len %
+/// 8`) that reads nothing past the run. `add(a, acc, x, masked)` adds
+/// `f(x)` of the widened `x` to `acc`; `masked` marks the tail, whose
+/// lanes past the run hold 0. Clobbers zmm0–zmm7.
+fn widened_sum(
+    a: &mut CodeAssembler,
+    len: usize,
+    add: impl Fn(
+        &mut CodeAssembler,
+        AsmRegisterZmm,
+        AsmRegisterZmm,
+        bool,
+    ) -> Result<(), MicrokernelError>,
+) -> Result<(), MicrokernelError> {
+    let (blocks, vectors, tail) = (len / 32, (len % 32) / 8, len % 8);
+    for acc in WIDE {
+        a.vxorpd(acc, acc, acc)?;
+    }
+    if blocks > 0 {
+        counted_loop(a, blocks, X, 128, |a| {
+            for (v, (&acc, &x)) in WIDE.iter().zip(&WIDENED).enumerate() {
+                a.vcvtps2pd(x, ymmword_ptr(X + 32 * v as i32))?;
+                add(a, acc, x, false)?;
+            }
+            Ok(())
+        })?;
+    }
+    for v in 0..vectors {
+        a.vcvtps2pd(WIDENED[v], ymmword_ptr(X + 32 * v as i32))?;
+        add(a, WIDE[v], WIDENED[v], false)?;
+    }
+    if tail > 0 {
+        let x = WIDENED[vectors % 4];
+        a.vcvtps2pd(x.k1().z(), ymmword_ptr(X + 32 * vectors as i32))?;
+        add(a, WIDE[vectors % 4], x, true)?;
+    }
+    let rest = 32 * vectors + 4 * tail;
+    if rest > 0 {
+        a.add(X, rest as i32)?;
+    }
+    a.vaddpd(zmm0, zmm0, zmm1)?;
+    a.vaddpd(zmm2, zmm2, zmm3)?;
+    a.vaddpd(zmm0, zmm0, zmm2)?;
+    a.vextractf64x4(ymm1, zmm0, 1)?;
+    a.vaddpd(ymm0, ymm0, ymm1)?;
+    a.vextractf128(xmm1, ymm0, 1)?;
+    a.vaddpd(xmm0, xmm0, xmm1)?;
+    a.vunpckhpd(xmm1, xmm0, xmm0)?;
+    a.vaddsd(xmm0, xmm0, xmm1)?;
+    Ok(())
+}
+
 impl RowFoldSpec {
     /// `acc += f(x)` for the fold's per-element `f`.
     fn accumulate(
@@ -214,49 +281,10 @@ impl RowFoldSpec {
         load_address(&mut a, X, self.x)?;
         load_address(&mut a, Y, self.y)?;
         a.mov(ROWS, self.rows as u64)?;
-        // Per run: blocks of 32 elements (8 per accumulator), then whole
-        // vectors of 8, then a masked tail that reads nothing past the run.
-        let (blocks, vectors, tail) = (self.len / 32, (self.len % 32) / 8, self.len % 8);
-        if tail > 0 {
-            a.mov(eax, (1u32 << tail) - 1)?;
-            a.kmovw(k1, eax)?;
-        }
+        set_tail_mask(&mut a, k1, self.len % 8)?;
         let mut row = a.create_label();
         a.set_label(&mut row)?;
-        for acc in WIDE {
-            a.vxorpd(acc, acc, acc)?;
-        }
-        if blocks > 0 {
-            counted_loop(&mut a, blocks, X, 128, |a| {
-                for (v, (&acc, &x)) in WIDE.iter().zip(&WIDENED).enumerate() {
-                    a.vcvtps2pd(x, ymmword_ptr(X + 32 * v as i32))?;
-                    self.accumulate(a, acc, x)?;
-                }
-                Ok(())
-            })?;
-        }
-        for v in 0..vectors {
-            a.vcvtps2pd(WIDENED[v], ymmword_ptr(X + 32 * v as i32))?;
-            self.accumulate(&mut a, WIDE[v], WIDENED[v])?;
-        }
-        if tail > 0 {
-            let x = WIDENED[vectors % 4];
-            a.vcvtps2pd(x.k1().z(), ymmword_ptr(X + 32 * vectors as i32))?;
-            self.accumulate(&mut a, WIDE[vectors % 4], x)?;
-        }
-        let rest = 32 * vectors + 4 * tail;
-        if rest > 0 {
-            a.add(X, rest as i32)?;
-        }
-        a.vaddpd(zmm0, zmm0, zmm1)?;
-        a.vaddpd(zmm2, zmm2, zmm3)?;
-        a.vaddpd(zmm0, zmm0, zmm2)?;
-        a.vextractf64x4(ymm1, zmm0, 1)?;
-        a.vaddpd(ymm0, ymm0, ymm1)?;
-        a.vextractf128(xmm1, ymm0, 1)?;
-        a.vaddpd(xmm0, xmm0, xmm1)?;
-        a.vunpckhpd(xmm1, xmm0, xmm0)?;
-        a.vaddsd(xmm0, xmm0, xmm1)?;
+        widened_sum(&mut a, self.len, |a, acc, x, _| self.accumulate(a, acc, x))?;
         match self.fold {
             RowFold::Mean => a.vdivsd(xmm0, xmm0, DIVISOR)?,
             RowFold::L2 => a.vsqrtsd(xmm0, xmm0, xmm0)?,
@@ -400,6 +428,126 @@ impl ColumnFoldSpec {
         a.add(Y, imm32((self.inner * 4) as i64 - done, "output stride")?)?;
         a.dec(ROWS)?;
         a.jnz(outer)?;
+        a.vzeroupper()?;
+        a.xor(eax, eax)?;
+        a.ret()?;
+        Ok(a.assemble(0)?)
+    }
+}
+
+/// Layer normalization of `rows` contiguous rows of `size` f32:
+/// `(x − mean) · (var + ε)^-½ · scale + bias`, `scale` and `bias` of
+/// `size` elements each. Per row three passes: the sum and the sum of
+/// squared deviations in f64 ([`widened_sum`], as [`RowFoldSpec`]), then
+/// the normalization in f32 vectors of 16, the last masked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayerNormSpec {
+    /// Rows (at least one).
+    pub rows: usize,
+    /// Elements per row (at least one).
+    pub size: usize,
+    pub epsilon: f32,
+    pub x: Loc,
+    pub y: Loc,
+    pub scale: Loc,
+    pub bias: Option<Loc>,
+}
+
+const SCALE: AsmRegister64 = r11;
+const BIAS: AsmRegister64 = rsi;
+const OFFSET: AsmRegister64 = rax;
+const MEAN64: AsmRegisterZmm = zmm11;
+const MEAN: AsmRegisterZmm = zmm12;
+const INV_STD: AsmRegisterZmm = zmm13;
+const LANES: AsmRegisterZmm = zmm14;
+
+impl LayerNormSpec {
+    /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
+    pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
+        assert!(
+            self.rows > 0 && self.size > 0,
+            "a layer norm needs elements"
+        );
+        let mut a = CodeAssembler::new(64)?;
+        let n = self.size as f64;
+        a.mov(rax, n.to_bits())?;
+        a.vmovq(DIVISOR, rax)?;
+        set_tail_mask(&mut a, k1, self.size % 8)?;
+        set_tail_mask(&mut a, k2, self.size % 16)?;
+        load_address(&mut a, ROW, self.x)?;
+        load_address(&mut a, Y, self.y)?;
+        load_address(&mut a, SCALE, self.scale)?;
+        // Last: BIAS is rsi, the weights' base.
+        if let Some(bias) = self.bias {
+            load_address(&mut a, BIAS, bias)?;
+        }
+        a.mov(ROWS, self.rows as u64)?;
+        let mut row = a.create_label();
+        a.set_label(&mut row)?;
+        // The mean, in f64 and as f32 lanes.
+        a.mov(X, ROW)?;
+        widened_sum(&mut a, self.size, |a, acc, x, _| Ok(a.vaddpd(acc, acc, x)?))?;
+        a.vdivsd(xmm0, xmm0, DIVISOR)?;
+        a.vbroadcastsd(MEAN64, xmm0)?;
+        a.vcvtsd2ss(xmm0, xmm0, xmm0)?;
+        a.vbroadcastss(MEAN, xmm0)?;
+        // The variance: Σ (x − mean)², the tail's lanes past the row kept 0.
+        a.mov(X, ROW)?;
+        widened_sum(&mut a, self.size, |a, acc, x, masked| {
+            match masked {
+                true => a.vsubpd(x.k1().z(), x, MEAN64)?,
+                false => a.vsubpd(x, x, MEAN64)?,
+            }
+            Ok(a.vfmadd231pd(acc, x, x)?)
+        })?;
+        a.vdivsd(xmm0, xmm0, DIVISOR)?;
+        a.mov(rax, f64::from(self.epsilon).to_bits())?;
+        a.vmovq(xmm1, rax)?;
+        a.vaddsd(xmm0, xmm0, xmm1)?;
+        a.vsqrtsd(xmm0, xmm0, xmm0)?;
+        a.mov(rax, 1.0f64.to_bits())?;
+        a.vmovq(xmm1, rax)?;
+        a.vdivsd(xmm0, xmm1, xmm0)?;
+        a.vcvtsd2ss(xmm0, xmm0, xmm0)?;
+        a.vbroadcastss(INV_STD, xmm0)?;
+        // The normalized row.
+        let (vectors, tail) = (self.size / 16, self.size % 16);
+        let normalize = |a: &mut CodeAssembler, masked: bool| -> Result<(), MicrokernelError> {
+            let at = |base: AsmRegister64| zmmword_ptr(base + OFFSET);
+            match masked {
+                true => a.vmovups(LANES.k2().z(), at(ROW))?,
+                false => a.vmovups(LANES, at(ROW))?,
+            }
+            a.vsubps(LANES, LANES, MEAN)?;
+            a.vmulps(LANES, LANES, INV_STD)?;
+            match masked {
+                true => a.vmulps(LANES.k2().z(), LANES, at(SCALE))?,
+                false => a.vmulps(LANES, LANES, at(SCALE))?,
+            }
+            if self.bias.is_some() {
+                match masked {
+                    true => a.vaddps(LANES.k2().z(), LANES, at(BIAS))?,
+                    false => a.vaddps(LANES, LANES, at(BIAS))?,
+                }
+            }
+            match masked {
+                true => a.vmovups(at(Y).k2(), LANES)?,
+                false => a.vmovups(at(Y), LANES)?,
+            }
+            Ok(())
+        };
+        a.xor(OFFSET, OFFSET)?;
+        if vectors > 0 {
+            counted_loop(&mut a, vectors, OFFSET, 64, |a| normalize(a, false))?;
+        }
+        if tail > 0 {
+            normalize(&mut a, true)?;
+        }
+        let row_bytes = imm32((self.size * 4) as i64, "row stride")?;
+        a.add(ROW, row_bytes)?;
+        a.add(Y, row_bytes)?;
+        a.dec(ROWS)?;
+        a.jnz(row)?;
         a.vzeroupper()?;
         a.xor(eax, eax)?;
         a.ret()?;
