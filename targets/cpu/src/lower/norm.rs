@@ -130,12 +130,10 @@ pub(crate) fn layer_norm_avx512(
     if rows * size == 0 || !cx.inputs.iter().all(f32_covering) || !sizes_ok {
         return None;
     }
-    let parts = super::partition::tasks_worth(tasks, 0, rows * size * 4).min(rows);
-    let task = |t: usize| {
-        let (first, end) = (rows * t / parts, rows * (t + 1) / parts);
-        let at = (first * size * 4) as i64;
+    let task = |part: std::ops::Range<usize>| {
+        let at = (part.start * size * 4) as i64;
         LayerNormSpec {
-            rows: end - first,
+            rows: part.len(),
             size,
             epsilon,
             x: cx.inputs[0].0.moved(at),
@@ -145,5 +143,9 @@ pub(crate) fn layer_norm_avx512(
         }
         .assemble()
     };
-    Some((0..parts).map(task).collect())
+    Some(
+        super::reduce::by_bytes(rows, size * 4, tasks)
+            .map(task)
+            .collect(),
+    )
 }

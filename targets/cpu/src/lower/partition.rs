@@ -70,6 +70,14 @@ pub(crate) fn tasks_worth(tasks: usize, flops: usize, bytes: usize) -> usize {
         .max(1)
 }
 
+/// `0..n` in at most `parts` nearly equal, non-empty ranges.
+pub(crate) fn even_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    (0..parts)
+        .map(|i| n * i / parts..n * (i + 1) / parts)
+        .collect()
+}
+
 /// `spec` as at most `tasks` independent kernels (see the module docs);
 /// one when splitting does not pay or does not apply.
 pub(crate) fn split(spec: GemmSpec, tasks: usize) -> Vec<GemmSpec> {

@@ -18,6 +18,7 @@ use super::{scalar_type, strides, Kb, NodeCx};
 use crate::microkernel::reduce::{ColumnFoldSpec, Extreme, ExtremeSpec, RowFold, RowFoldSpec};
 use crate::plan::Loc;
 use crate::CpuError;
+use std::ops::Range;
 
 /// The AVX-512 kernels of a reduction, as tasks: a max or min of a whole
 /// f32 tensor of at least 64 elements to one value, or a sum-like fold
@@ -93,20 +94,18 @@ fn column_folds(
     if inner < COLUMN_FOLD_MIN_INNER || outer == 0 {
         return None;
     }
-    let parts = super::partition::tasks_worth(tasks, 0, outer * len * inner * 4).min(outer);
-    let task = |t: usize| {
-        let (first, end) = (outer * t / parts, outer * (t + 1) / parts);
+    let task = |part: Range<usize>| {
         ColumnFoldSpec {
             fold,
-            outer: end - first,
+            outer: part.len(),
             len,
             inner,
-            x: x.moved((first * len * inner * 4) as i64),
-            y: y.moved((first * inner * 4) as i64),
+            x: x.moved((part.start * len * inner * 4) as i64),
+            y: y.moved((part.start * inner * 4) as i64),
         }
         .assemble()
     };
-    Some((0..parts).map(task).collect())
+    Some(by_bytes(outer, len * inner * 4, tasks).map(task).collect())
 }
 
 /// `GlobalAveragePool` of f32 as [`RowFold::Mean`] over each `(n, c)`
@@ -146,19 +145,28 @@ fn row_folds(
     if rows == 0 || len < ROW_FOLD_MIN_LEN {
         return None;
     }
-    let parts = super::partition::tasks_worth(tasks, 0, rows * len * 4).min(rows);
-    let task = |t: usize| {
-        let (first, end) = (rows * t / parts, rows * (t + 1) / parts);
+    let task = |part: Range<usize>| {
         RowFoldSpec {
             fold,
-            rows: end - first,
+            rows: part.len(),
             len,
-            x: x.moved((first * len * 4) as i64),
-            y: y.moved((first * 4) as i64),
+            x: x.moved((part.start * len * 4) as i64),
+            y: y.moved((part.start * 4) as i64),
         }
         .assemble()
     };
-    Some((0..parts).map(task).collect())
+    Some(by_bytes(rows, len * 4, tasks).map(task).collect())
+}
+
+/// `0..items` split into the tasks that items of `item_bytes` read are
+/// worth ([`partition::tasks_worth`](super::partition::tasks_worth)).
+pub(crate) fn by_bytes(
+    items: usize,
+    item_bytes: usize,
+    tasks: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let parts = super::partition::tasks_worth(tasks, 0, items * item_bytes);
+    super::partition::even_ranges(items, parts).into_iter()
 }
 
 /// A task's code, or why the microkernel could not make it.

@@ -178,7 +178,8 @@ const ROWS: AsmRegister64 = rdx;
 const WIDE: [AsmRegisterZmm; 4] = [zmm0, zmm1, zmm2, zmm3];
 const WIDENED: [AsmRegisterZmm; 4] = [zmm4, zmm5, zmm6, zmm7];
 const ABS_MASK: AsmRegisterZmm = zmm8;
-const DIVISOR: AsmRegisterXmm = xmm9;
+const DIVISOR: AsmRegisterZmm = zmm9;
+const DIVISOR_LOW: AsmRegisterXmm = xmm9;
 
 /// Sets `mask` to the low `tail` lanes (nothing when `tail` is 0).
 fn set_tail_mask(
@@ -247,15 +248,15 @@ fn widened_sum(
     Ok(())
 }
 
-impl RowFoldSpec {
+impl RowFold {
     /// `acc += f(x)` for the fold's per-element `f`.
     fn accumulate(
-        &self,
+        self,
         a: &mut CodeAssembler,
         acc: AsmRegisterZmm,
         x: AsmRegisterZmm,
     ) -> Result<(), MicrokernelError> {
-        match self.fold {
+        match self {
             RowFold::Sum | RowFold::Mean => a.vaddpd(acc, acc, x)?,
             RowFold::SumSquare | RowFold::L2 => a.vfmadd231pd(acc, x, x)?,
             RowFold::L1 => {
@@ -266,27 +267,42 @@ impl RowFoldSpec {
         Ok(())
     }
 
+    /// The constants the fold reads, for runs of `len`: the magnitude mask
+    /// of L1 in [`ABS_MASK`], the divisor of Mean in every lane of
+    /// [`DIVISOR`].
+    fn load_constants(self, a: &mut CodeAssembler, len: usize) -> Result<(), MicrokernelError> {
+        match self {
+            RowFold::L1 => {
+                a.mov(rax, 0x7fff_ffff_ffff_ffff_u64)?;
+                a.vpbroadcastq(ABS_MASK, rax)?;
+            }
+            RowFold::Mean => {
+                a.mov(rax, (len as f64).to_bits())?;
+                a.vpbroadcastq(DIVISOR, rax)?;
+            }
+            RowFold::Sum | RowFold::SumSquare | RowFold::L2 => {}
+        }
+        Ok(())
+    }
+}
+
+impl RowFoldSpec {
     /// Assembles the kernel (the kernel ABI: arena in rdi, weights in rsi).
     pub(crate) fn assemble(&self) -> Result<Vec<u8>, MicrokernelError> {
         assert!(self.rows > 0 && self.len > 0, "a row fold needs elements");
         let mut a = CodeAssembler::new(64)?;
-        if self.fold == RowFold::L1 {
-            a.mov(rax, 0x7fff_ffff_ffff_ffff_u64)?;
-            a.vpbroadcastq(ABS_MASK, rax)?;
-        }
-        if self.fold == RowFold::Mean {
-            a.mov(rax, (self.len as f64).to_bits())?;
-            a.vmovq(DIVISOR, rax)?;
-        }
+        self.fold.load_constants(&mut a, self.len)?;
         load_address(&mut a, X, self.x)?;
         load_address(&mut a, Y, self.y)?;
         a.mov(ROWS, self.rows as u64)?;
         set_tail_mask(&mut a, k1, self.len % 8)?;
         let mut row = a.create_label();
         a.set_label(&mut row)?;
-        widened_sum(&mut a, self.len, |a, acc, x, _| self.accumulate(a, acc, x))?;
+        widened_sum(&mut a, self.len, |a, acc, x, _| {
+            self.fold.accumulate(a, acc, x)
+        })?;
         match self.fold {
-            RowFold::Mean => a.vdivsd(xmm0, xmm0, DIVISOR)?,
+            RowFold::Mean => a.vdivsd(xmm0, xmm0, DIVISOR_LOW)?,
             RowFold::L2 => a.vsqrtsd(xmm0, xmm0, xmm0)?,
             RowFold::Sum | RowFold::SumSquare | RowFold::L1 => {}
         }
@@ -329,16 +345,6 @@ const ROW: AsmRegister64 = r10;
 const CHUNKS: AsmRegister64 = r11;
 
 impl ColumnFoldSpec {
-    fn row_fold(&self) -> RowFoldSpec {
-        RowFoldSpec {
-            fold: self.fold,
-            rows: 1,
-            len: self.len,
-            x: self.x,
-            y: self.y,
-        }
-    }
-
     /// One chunk of `vectors` vectors at X (the last masked by k1 when
     /// `masked`), results to Y.
     fn chunk(
@@ -347,7 +353,7 @@ impl ColumnFoldSpec {
         vectors: usize,
         masked: bool,
     ) -> Result<(), MicrokernelError> {
-        let fold = self.row_fold();
+        let fold = self.fold;
         let last = |v: usize| masked && v + 1 == vectors;
         for acc in &WIDE[..vectors] {
             a.vxorpd(*acc, *acc, *acc)?;
@@ -368,7 +374,7 @@ impl ColumnFoldSpec {
         for v in 0..vectors {
             let acc = WIDE[v];
             match self.fold {
-                RowFold::Mean => a.vdivpd(acc, acc, zmm10)?,
+                RowFold::Mean => a.vdivpd(acc, acc, DIVISOR)?,
                 RowFold::L2 => a.vsqrtpd(acc, acc)?,
                 RowFold::Sum | RowFold::SumSquare | RowFold::L1 => {}
             }
@@ -390,19 +396,9 @@ impl ColumnFoldSpec {
             "a column fold needs elements"
         );
         let mut a = CodeAssembler::new(64)?;
-        if self.fold == RowFold::L1 {
-            a.mov(rax, 0x7fff_ffff_ffff_ffff_u64)?;
-            a.vpbroadcastq(ABS_MASK, rax)?;
-        }
-        if self.fold == RowFold::Mean {
-            a.mov(rax, (self.len as f64).to_bits())?;
-            a.vpbroadcastq(zmm10, rax)?;
-        }
+        self.fold.load_constants(&mut a, self.len)?;
         let (chunks, rest) = (self.inner / CHUNK, self.inner % CHUNK);
-        if rest % 8 > 0 {
-            a.mov(eax, (1u32 << (rest % 8)) - 1)?;
-            a.kmovw(k1, eax)?;
-        }
+        set_tail_mask(&mut a, k1, rest % 8)?;
         load_address(&mut a, X, self.x)?;
         load_address(&mut a, Y, self.y)?;
         a.mov(ROWS, self.outer as u64)?;
@@ -471,7 +467,7 @@ impl LayerNormSpec {
         let mut a = CodeAssembler::new(64)?;
         let n = self.size as f64;
         a.mov(rax, n.to_bits())?;
-        a.vmovq(DIVISOR, rax)?;
+        a.vmovq(DIVISOR_LOW, rax)?;
         set_tail_mask(&mut a, k1, self.size % 8)?;
         set_tail_mask(&mut a, k2, self.size % 16)?;
         load_address(&mut a, ROW, self.x)?;
@@ -487,7 +483,7 @@ impl LayerNormSpec {
         // The mean, in f64 and as f32 lanes.
         a.mov(X, ROW)?;
         widened_sum(&mut a, self.size, |a, acc, x, _| Ok(a.vaddpd(acc, acc, x)?))?;
-        a.vdivsd(xmm0, xmm0, DIVISOR)?;
+        a.vdivsd(xmm0, xmm0, DIVISOR_LOW)?;
         a.vbroadcastsd(MEAN64, xmm0)?;
         a.vcvtsd2ss(xmm0, xmm0, xmm0)?;
         a.vbroadcastss(MEAN, xmm0)?;
@@ -500,7 +496,7 @@ impl LayerNormSpec {
             }
             Ok(a.vfmadd231pd(acc, x, x)?)
         })?;
-        a.vdivsd(xmm0, xmm0, DIVISOR)?;
+        a.vdivsd(xmm0, xmm0, DIVISOR_LOW)?;
         a.mov(rax, f64::from(self.epsilon).to_bits())?;
         a.vmovq(xmm1, rax)?;
         a.vaddsd(xmm0, xmm0, xmm1)?;

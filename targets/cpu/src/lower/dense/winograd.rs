@@ -11,6 +11,7 @@
 //! [`winograd_conv`]). The kernels are in [`crate::microkernel::winograd`].
 
 use super::*;
+use crate::lower::partition::even_ranges;
 use crate::microkernel::winograd::{transform_weights, Stage, Tiling, WinogradTask, POSITIONS};
 
 /// Modeled cycles (the tile model's units: 64 FLOPs at the measured
@@ -371,12 +372,4 @@ fn band_rows(tiling: &Tiling, [cin, oc]: [usize; 2], batch: usize, tasks: usize)
         band = th.div_ceil(wanted.div_ceil(batch));
     }
     (band, th.div_ceil(band))
-}
-
-/// `0..n` in at most `parts` nearly equal, non-empty ranges.
-fn even_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
-    (0..parts)
-        .map(|i| n * i / parts..n * (i + 1) / parts)
-        .collect()
 }
